@@ -1,0 +1,1 @@
+"""inferlab's application layer: CLI, desktop window, engine host thread, benchmarks."""

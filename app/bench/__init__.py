@@ -1,0 +1,1 @@
+"""Benchmarks: each one measures inferlab and its baseline side by side in one run."""

@@ -1,0 +1,59 @@
+"""The `inferlab` command: the desktop app by default, plus generate / bench subcommands."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.config import DEFAULT_MODEL
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder, .gguf file or Hub id")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferlab", description=__doc__)
+    parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
+    parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
+    parser.add_argument("--run-seconds", type=float, default=5.0)
+    sub = parser.add_subparsers(dest="command")
+
+    gen = sub.add_parser("generate", help="generate text, streamed to stdout")
+    _engine_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--stats", action="store_true", help="print timings to stderr at the end")
+
+    bench = sub.add_parser("bench", help="benchmarks; results as JSON")
+    from app.bench.cli import add_bench_args
+
+    add_bench_args(bench, _engine_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        from app.generate import run_generate
+
+        return run_generate(args)
+    if args.command == "bench":
+        from app.bench.cli import run_bench
+
+        return run_bench(args)
+    from app.gui import run_gui
+
+    return run_gui(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`inferlab generate`: stream one completion to stdout as the engine produces it."""
+from __future__ import annotations
+
+import sys
+import time
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.loader import ModelLoadError
+
+
+def stderr_progress(message: str, fraction: float) -> None:
+    sys.stderr.write(f"\r{message} {fraction * 100:5.1f}%" + ("\n" if fraction >= 1 else ""))
+    sys.stderr.flush()
+
+
+def run_generate(args) -> int:
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, stop=args.stop)
+        engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                        num_threads=args.threads), progress=stderr_progress)
+        prompt = args.prompt
+        if args.chat:
+            if not engine.tokenizer.has_chat_template:
+                raise ValueError("this model has no chat template; drop --chat")
+            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        t0 = time.perf_counter()
+        rid = engine.add_request(prompt, params)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"inferlab: error: {exc}", file=sys.stderr)
+        return 2
+    first = None
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id != rid:
+                continue
+            if out.new_token_ids and first is None:
+                first = time.perf_counter()
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+            final = out
+    sys.stdout.write("\n")
+    if args.stats and final is not None:
+        dt = time.perf_counter() - t0
+        n = len(final.token_ids)
+        decode = (time.perf_counter() - first) / max(n - 1, 1) if first else 0.0
+        print(f"[{n} tokens, finish={final.finish_reason}, TTFT {(first - t0) * 1e3:.0f} ms, "
+              f"{1 / decode if decode else 0:.1f} tok/s decode, {dt:.2f} s total]", file=sys.stderr)
+    return 0

@@ -1,0 +1,55 @@
+"""EngineConfig: every knob of the engine as explicit data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL  # a built-in name, a Hugging Face folder, a .gguf file or a Hub id
+    dtype: str = "auto"  # "auto" (bf16 on CPU and CUDA), "bfloat16", "float16", "float32"
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    seed: int = 0
+    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+
+    # KV cache
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 512 * 2**20  # the CPU budget for KV blocks
+    gpu_memory_utilization: float = 0.90  # share of device memory the engine may use on a GPU
+    num_kv_blocks: int | None = None  # overrides the budget (tests)
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # defaults to the model's context length
+
+    # Scheduling
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # the token budget of one step
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    # Model execution
+    attention_backend: str = "fast"  # "fast" or "reference"
+    compile: bool = False  # torch.compile the decode path
+
+    # Later features (quantization, speculation, LoRA) read these
+    quant_bits: int = 16
+    quant_group_size: int = 64
+    spec_method: str | None = None
+    num_speculative_tokens: int = 0
+    draft_model: str | None = None
+    max_loras: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.attention_backend not in ("fast", "reference"):
+            raise ValueError(f"attention_backend must be 'fast' or 'reference', got {self.attention_backend!r}")
+        if self.quant_bits not in (16, 8, 4):
+            raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

@@ -1,0 +1,186 @@
+"""Torch-free contracts that leave the engine.
+
+Everything here is a frozen dataclass of plain Python values, so the GUI (widgets/), the HTTP server
+and the benchmarks can consume engine output without importing torch. This is the only engine module
+that widgets/ may import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TokenSource(str, Enum):
+    """How a token came to be: the colours of the token stream."""
+
+    PROMPT = "prompt"
+    DECODED = "decoded"  # one plain decode step produced it
+    ACCEPTED = "accepted"  # a speculative draft token the target agreed with
+    CORRECTED = "corrected"  # the target's own token at the first disagreement
+    BONUS = "bonus"  # the extra token after a fully accepted draft
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    # top alternatives as (token_id, logprob, text), best first
+    top: tuple[tuple[int, float, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request (a delta, not the whole text)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    token_ids: tuple[int, ...]  # every generated token so far
+    text: str  # every generated (released) character so far
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "rejected"
+    sources: tuple[TokenSource, ...] = ()  # one per new token
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per new token when asked for
+    num_prompt_tokens: int = 0
+    error: str | None = None
+    held_back_chars: int = 0  # characters decoded but not yet released (partial UTF-8 / stop string)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Published after every engine step."""
+
+    step: int
+    t_start: float  # time.perf_counter() at the start of the step
+    wall_time_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int  # preemptions that happened in this step
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_verify_tokens: int = 0
+    num_rejected: int = 0  # requests refused by admission control in this step
+    num_finished: int = 0
+    # per request scheduled this step: (request_id, num_tokens, "prefill" | "decode" | "verify")
+    scheduled: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    weights_bytes: int
+    kv_block_bytes: int  # bytes of one KV block across all layers (K and V)
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached: int  # free but holding a reusable prefix
+    activation_bytes: int
+    other_bytes: int
+    free_bytes: int
+    device_total_bytes: int
+    source: str  # "nvml" | "torch.cuda" | "budget"
+    device: str = "cpu"
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return self.kv_block_bytes * self.kv_blocks_total
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    block_id: int
+    ref_count: int
+    cached: bool  # holds a full block registered in the prefix cache
+    owners: tuple[str, ...] = ()  # request ids whose block table contains it
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMapSnapshot:
+    block_size: int
+    num_blocks: int
+    block_tables: dict[str, tuple[int, ...]] = field(default_factory=dict)  # request_id -> blocks
+    blocks: tuple[BlockInfo, ...] = ()  # only blocks in use or cached; the rest are free
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    """Per-request timings (perf_counter seconds), filled in as the request advances."""
+
+    request_id: str
+    arrival: float
+    num_prompt_tokens: int
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.finished is None or self.first_token is None or self.num_output_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.num_output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodeStats:
+    """Speculative decoding counters for one step (all zero when speculation is off)."""
+
+    step: int
+    method: str | None  # "draft" | "ngram" | "mtp" | None
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_emitted_tokens: int  # accepted + corrected/bonus
+    num_verify_passes: int  # requests verified in this step
+    accepted_per_position: tuple[int, ...] = ()  # index i: drafts accepted at position i
+    drafted_per_position: tuple[int, ...] = ()
+    predicted_speedup: float | None = None  # from the acceptance rate and a cost model; labelled predicted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TradeoffPoint:
+    """One measured configuration on the speed / cost / quality plot."""
+
+    label: str  # e.g. "bits=4 batch=32 k=0"
+    config: dict[str, object]
+    tokens_per_s_per_user: float  # measured
+    total_tokens_per_s: float  # measured
+    perplexity_delta_pct: float | None  # measured vs 16 bits; None until measured
+    cost_per_million_tokens: float | None = None  # from total tokens/s and the price per GPU-hour
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStepEvent:
+    """Everything one step published, in one immutable bundle (what the GUI host forwards)."""
+
+    stats: StepStats
+    outputs: tuple[RequestOutput, ...] = ()
+    finished: tuple[RequestTimeline, ...] = ()  # requests that ended in this step
+    spec: SpecDecodeStats | None = None
+    arrived: tuple[tuple[str, float, int], ...] = ()  # (request_id, arrival time, prompt tokens) admitted to the queue

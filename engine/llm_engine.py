@@ -1,0 +1,274 @@
+"""LLMEngine: add_request / abort / step(). One step = schedule -> run -> update -> publish events."""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput, StepStats
+from engine.loader import LoadedModel, load_model
+from engine.memory import snapshot, weights_bytes
+from engine.model_runner import ModelRunner
+from engine.models.llama import LlamaForCausalLM
+from engine.output_processor import append_token, make_output, timeline
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledRequest, Scheduler
+from engine.setup import kv_block_bytes, num_kv_blocks, resolve_device, resolve_dtype
+
+StepListener = Callable[[EngineStepEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_requests: int
+    num_finished: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    num_steps: int
+    num_prefix_cache_hit_tokens: int
+    num_preemptions: int
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
+                 progress: Callable[[str, float], None] | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        loaded = loaded or load_model(config.model, progress=progress)
+        self.tokenizer = loaded.tokenizer
+        self.model_path = loaded.path
+        self.model_config = mc = loaded.config
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
+        torch.manual_seed(config.seed)
+        model = LlamaForCausalLM(mc, max_positions=mc.max_position_embeddings)
+        model.load_weights(loaded.state_dict)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.model.rotary.cos, self.model.rotary.sin = (  # keep RoPE tables in float32
+            self.model.rotary.cos.float(), self.model.rotary.sin.float())
+        self.model.set_attention_backend(config.attention_backend)
+        self.weights_bytes = weights_bytes(self.model)
+        blocks = num_kv_blocks(config, self.device, self.block_bytes)
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 mc.max_position_embeddings, blocks * config.block_size)
+        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
+        self._requests: dict[str, Request] = {}
+        self._inbox: list[tuple[str, object]] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._listeners: list[StepListener] = []
+        self._step = 0
+        self._last_activation_bytes = 0
+        self._counts = dict(requests=0, finished=0, prompt=0, generated=0, cached=0)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        """Validate and queue a request (thread-safe). Raises ValueError for a bad request."""
+        params = params or SamplingParams()
+        params.validate()
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must lie in [0, {self.model_config.vocab_size})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the context "
+                f"length of {self.max_model_len} tokens")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        req = Request(rid, ids, params, priority=priority)
+        req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        req.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        with self._lock:
+            if rid in self._requests or any(c == "add" and r.request_id == rid for c, r in self._inbox):
+                raise ValueError(f"request id {rid!r} is already in use")
+            self._inbox.append(("add", req))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._inbox.append(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            pending = bool(self._inbox)
+        return pending or self.scheduler.has_unfinished()
+
+    def add_listener(self, listener: StepListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: StepListener) -> None:
+        self._listeners.remove(listener)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        outputs: dict[str, RequestOutput] = {}
+        finished: list[Request] = []
+        arrived = self._drain_inbox(outputs, finished)
+        sched = self.scheduler.schedule()
+        if sched.is_empty and not outputs and not arrived:
+            return []
+        for req in sched.preempted:
+            req.status = RequestStatus.PREEMPTED
+        if not sched.is_empty:
+            try:
+                result = self.runner.execute(sched, self.block_manager)
+            except Exception as exc:  # a failing batch fails alone; the engine keeps serving
+                for s in sched.scheduled:
+                    self._finish(s.request, RequestStatus.FINISHED_ERROR, f"{type(exc).__name__}: {exc}")
+                    outputs[s.request.request_id] = make_output(s.request, [], "", None, self.tokenizer.id_to_piece)
+                    finished.append(s.request)
+            else:
+                self._last_activation_bytes = result.activation_bytes
+                self._update(result, outputs, finished)
+        self._step += 1
+        event = EngineStepEvent(
+            stats=self._step_stats(t0, sched, len(finished)),
+            outputs=tuple(outputs.values()),
+            finished=tuple(timeline(r) for r in finished),
+            arrived=tuple(arrived),
+        )
+        for listener in self._listeners:
+            listener(event)
+        return list(outputs.values())
+
+    def _drain_inbox(self, outputs: dict[str, RequestOutput], finished: list[Request]) -> list:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        arrived = []
+        for cmd, arg in inbox:
+            if cmd == "add":
+                self._requests[arg.request_id] = arg
+                self.scheduler.add(arg)
+                self._counts["requests"] += 1
+                arrived.append((arg.request_id, arg.arrival_time, arg.num_prompt_tokens))
+            elif cmd == "abort":
+                req = self._requests.get(arg)
+                if req is not None and not req.is_finished:
+                    self._finish(req, RequestStatus.FINISHED_ABORTED)
+                    outputs[req.request_id] = make_output(req, [], "", None, self.tokenizer.id_to_piece)
+                    finished.append(req)
+        return arrived
+
+    def _update(self, result, outputs: dict[str, RequestOutput], finished: list[Request]) -> None:
+        bm = self.block_manager
+        for s, token, lp in zip(result.order, result.sampled, result.logprobs):
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
+            bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            if token is None:
+                continue
+            if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
+                self._counts["prompt"] += req.num_prompt_tokens
+                self._counts["cached"] += req.num_cached_tokens if req.num_preemptions == 0 else 0
+            text = append_token(req, token, self.eos_token_ids, self.max_model_len)
+            self._counts["generated"] += 1
+            outputs[req.request_id] = make_output(
+                req, [token], text, [lp] if lp is not None else None, self.tokenizer.id_to_piece)
+            if req.is_finished:
+                self._finish(req, req.status)
+                finished.append(req)
+
+    def _finish(self, req: Request, status: RequestStatus, error: str | None = None) -> None:
+        req.status = status
+        req.error = error
+        req.finished_time = time.perf_counter()
+        self.scheduler.remove(req)
+        self._requests.pop(req.request_id, None)
+        self._counts["finished"] += 1
+
+    def _step_stats(self, t0: float, sched, num_finished: int) -> StepStats:
+        bm = self.block_manager
+        return StepStats(
+            step=self._step,
+            t_start=t0,
+            wall_time_s=time.perf_counter() - t0,
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_tokens,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_preempted=len(sched.preempted),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            num_finished=num_finished,
+            scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
+        )
+
+    # ---- conveniences and snapshots ------------------------------------------------------------
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion; returns the final RequestOutput of each, in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} sampling params")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        pending = set(ids)
+        while pending:
+            for out in self.step():
+                if out.finished and out.request_id in pending:
+                    final[out.request_id] = out
+                    pending.discard(out.request_id)
+        return [final[i] for i in ids]
+
+    @torch.inference_mode()
+    def score(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
+        temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
+        ids = [int(t) for t in token_ids]
+        if not 0 < len(ids) <= self.max_model_len:
+            raise ValueError(f"score() takes 1 to {self.max_model_len} tokens, got {len(ids)}")
+        rid = f"__score-{next(self._ids)}"
+        if self.block_manager.allocate(rid, ids, len(ids), use_prefix_cache=False) is None:
+            raise RuntimeError("not enough free KV blocks to score this text now")
+        try:
+            req = Request(rid, ids, SamplingParams(max_tokens=1))
+            hidden = self.runner.forward([ScheduledRequest(req, len(ids), "prefill")], self.block_manager)
+            return self.model.compute_logits(hidden)
+        finally:
+            self.block_manager.free(rid)
+
+    def stats(self) -> EngineStats:
+        c = self._counts
+        return EngineStats(
+            num_requests=c["requests"],
+            num_finished=c["finished"],
+            num_prompt_tokens=c["prompt"],
+            num_generated_tokens=c["generated"],
+            num_steps=self._step,
+            num_prefix_cache_hit_tokens=c["cached"],
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    def memory(self) -> MemorySnapshot:
+        bm = self.block_manager
+        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
+                        bm.num_cached_free_blocks, self._last_activation_bytes)
+
+    def block_map(self) -> BlockMapSnapshot:
+        return self.block_manager.snapshot()

@@ -1,0 +1,136 @@
+"""Turns a SchedulerOutput into tensors, runs the model and samples. Owns the KV cache tensors.
+
+It never decides who runs: it executes exactly what the scheduler handed out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.layers.attention import AttentionMetadata, PrefillSeq
+from engine.layers.sampler import SampleResult, sample
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(slots=True)
+class StepResult:
+    # The scheduled requests in the order they ran (decodes first) and, for those that reached the end
+    # of their known tokens, the sampled token (None for a prefill chunk that stops short).
+    order: list[ScheduledRequest]
+    sampled: list[int | None]
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    activation_bytes: int
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.cfg = model_config
+        self.device, self.dtype = device, dtype
+        self.block_size = block_size
+        shape = (num_blocks * block_size, model_config.num_key_value_heads, model_config.head_dim)
+        # One (K, V) pair of flat slot tensors per layer.
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(model_config.num_hidden_layers)
+        ]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        for src, dst in copies:
+            for k, v in self.kv_caches:
+                k[dst * bs : (dst + 1) * bs] = k[src * bs : (src + 1) * bs]
+                v[dst * bs : (dst + 1) * bs] = v[src * bs : (src + 1) * bs]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, bm: BlockManager) -> StepResult:
+        if sched.block_copies:
+            self.copy_blocks(sched.block_copies)
+        order = [s for s in sched.scheduled if s.kind == "decode"] + [
+            s for s in sched.scheduled if s.kind != "decode"]
+        hidden = self.forward(order, bm)
+        # Rows that produce a token: the last position of each request that reaches its end.
+        rows, producers = [], []
+        offset = 0
+        for s in order:
+            offset += s.num_tokens
+            if s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+                rows.append(offset - 1)
+                producers.append(s)
+        sampled: list[int | None] = [None] * len(order)
+        logprobs: list = [None] * len(order)
+        if rows:
+            logits = self.model.compute_logits(hidden[rows])
+            result: SampleResult = sample(
+                logits, [s.request.sampling_params for s in producers], [s.request.generator for s in producers])
+            where = {id(s): i for i, s in enumerate(order)}
+            for s, tok, lp in zip(producers, result.token_ids, result.logprobs):
+                sampled[where[id(s)]] = tok
+                logprobs[where[id(s)]] = lp
+        act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
+        return StepResult(order, sampled, logprobs, act)
+
+    def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
+        """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
+        input_ids, positions, md = self._prepare(order, bm)
+        return self.model(input_ids, positions, self.kv_caches, md)
+
+    def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        seqs = []
+        prefills: list[PrefillSeq] = []
+        dec_tables, dec_lens = [], []
+        for s in order:
+            req = s.request
+            start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
+            table = bm.block_table(req.request_id)
+            q_start = len(ids)
+            tokens = req.all_token_ids[start:end]
+            ids.extend(tokens)
+            pos.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            seqs.append((q_start, s.num_tokens, end, table))
+            if s.kind == "decode":
+                dec_tables.append(table)
+                dec_lens.append(end)
+            else:
+                ctx_slots = None
+                if start > 0:
+                    ctx_slots = self._slots_of(table, end)
+                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_slots))
+        dev = self.device
+        decode_slots = decode_mask = None
+        if dec_tables:
+            max_ctx = max(dec_lens)
+            max_blocks = -(-max_ctx // bs)
+            bt = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in dec_tables])
+            p = torch.arange(max_ctx)
+            decode_slots = (bt[:, p // bs] * bs + p % bs).to(dev)  # (num_decodes, max_ctx)
+            decode_mask = (p.unsqueeze(0) < torch.tensor(dec_lens).unsqueeze(1)).to(dev)[:, None, None, :]
+        md = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev),
+            num_decode_tokens=len(dec_tables),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=prefills,
+            seqs=seqs,
+            block_size=bs,
+        )
+        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
+
+    def _slots_of(self, table: list[int], n: int) -> torch.Tensor:
+        bs = self.block_size
+        p = torch.arange(n)
+        return (torch.tensor(table)[p // bs] * bs + p % bs).to(self.device)

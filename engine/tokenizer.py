@@ -1,0 +1,175 @@
+"""Tokenizer: a fast `tokenizers.Tokenizer` plus the chat template, read from a Hugging Face folder.
+
+transformers is not imported at runtime; this file reproduces what `AutoTokenizer.from_pretrained`
+does for encode, decode and `apply_chat_template` (tests compare the two). As in transformers 5,
+tokenizer.json's post-processor alone decides whether BOS/EOS are added; the add_bos_token flag in
+tokenizer_config.json is ignored when tokenizer.json exists.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as FastTokenizer
+from tokenizers import decoders
+
+_NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class Tokenizer:
+    __slots__ = (
+        "_byte_level", "_clean_up_spaces", "_template", "_tok",
+        "all_special_ids", "bos_token_id", "eos_token_id", "special_tokens",
+    )
+
+    def __init__(self, fast: FastTokenizer, tokenizer_config: dict[str, Any], chat_template: str | None) -> None:
+        self._tok = fast
+        self.special_tokens: dict[str, str] = {
+            name: _token_text(tokenizer_config[name]) for name in _NAMED_SPECIAL if tokenizer_config.get(name)
+        }
+        self.bos_token_id = self._id_of(self.special_tokens.get("bos_token"))
+        self.eos_token_id = self._id_of(self.special_tokens.get("eos_token"))
+        # transformers v5 defaults this to False; older configs that say True get the same cleanup.
+        self._clean_up_spaces = bool(tokenizer_config.get("clean_up_tokenization_spaces", False))
+        self._byte_level = _has_byte_level_decoder(fast.decoder)
+        added = fast.get_added_tokens_decoder()
+        special = {i for i, t in added.items() if t.special}
+        special |= {i for i in (self._id_of(t) for t in self.special_tokens.values()) if i is not None}
+        self.all_special_ids: tuple[int, ...] = tuple(sorted(special))
+        self._template = _compile_template(chat_template) if chat_template else None
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> Tokenizer:
+        folder = Path(path)
+        tok_file = folder / "tokenizer.json"
+        if not tok_file.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {folder} (only fast tokenizers are supported)")
+        config = _read_json(folder / "tokenizer_config.json")
+        # Older folders keep the named special tokens in a separate file.
+        for name, value in _read_json(folder / "special_tokens_map.json").items():
+            config.setdefault(name, value)
+        # transformers v5 prefers the standalone .jinja file over the config entry.
+        jinja_file = folder / "chat_template.jinja"
+        template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default")
+        return cls(FastTokenizer.from_file(str(tok_file)), config, template)
+
+    # -- encode / decode -------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up_tokenization(text) if self._clean_up_spaces else text
+
+    def id_to_piece(self, token_id: int) -> str:
+        """Readable text of one token for display: a space shows as a space, and a token that holds
+        only part of a UTF-8 character shows its bytes, e.g. "<0xE4><0xBD>", instead of U+FFFD."""
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text
+        piece = self._tok.id_to_token(token_id) or ""
+        if self._byte_level:
+            raw = bytes(_BYTE_DECODER.get(ch, 0x3F) for ch in piece)
+            return "".join(f"<0x{b:02X}>" for b in raw)
+        return piece  # sentencepiece byte-fallback pieces are already spelled "<0xE4>"
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    # -- chat ------------------------------------------------------------------------------------
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render the conversation as the model expects it (same variables as transformers)."""
+        if self._template is None:
+            raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+
+def _token_text(value: Any) -> str:
+    # Special tokens are written either as a string or as a serialized AddedToken dict.
+    return value["content"] if isinstance(value, dict) else str(value)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _has_byte_level_decoder(decoder: Any) -> bool:
+    if isinstance(decoder, decoders.ByteLevel):
+        return True
+    return isinstance(decoder, decoders.Sequence) and "ByteLevel" in repr(decoder)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable character table used by byte-level BPE vocabularies.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODER = {ch: b for b, ch in _bytes_to_unicode().items()}
+
+
+def _clean_up_tokenization(text: str) -> str:
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    # `{% generation %}...{% endgeneration %}` marks assistant text for training masks; rendering
+    # just passes the body through.
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Any) -> list:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # Jinja's own tojson HTML-escapes; chat templates expect plain JSON (as in transformers).
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _compile_template(source: str) -> jinja2.Template:
+    # Templates come from downloaded files, so they run sandboxed.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

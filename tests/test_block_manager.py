@@ -1,0 +1,118 @@
+"""Block manager: exact block ids, ref counts, prefix hits, eviction order, copy-on-write."""
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+
+BS = 4
+
+
+def toks(n, start=0):
+    return list(range(start, start + n))
+
+
+def test_allocate_hands_out_blocks_in_order_and_free_returns_them():
+    bm = BlockManager(8, BS)
+    assert bm.allocate("a", toks(10), 10) == 0
+    assert bm.block_table("a") == [0, 1, 2]
+    assert bm.allocate("b", toks(5, 100), 5) == 0
+    assert bm.block_table("b") == [3, 4]
+    assert bm.num_free_blocks == 3
+    bm.free("b")  # nothing committed: worthless blocks go to the front, tail first
+    assert bm.free_block_order()[:2] == [3, 4]
+
+
+def test_ensure_slots_grows_one_block_at_a_boundary():
+    bm = BlockManager(8, BS)
+    bm.allocate("a", toks(4), 4)
+    assert bm.block_table("a") == [0]
+    ok, copies = bm.ensure_slots("a", 4, 5)
+    assert ok and copies == [] and bm.block_table("a") == [0, 1]
+    ok, _ = bm.ensure_slots("a", 5, 8)
+    assert bm.block_table("a") == [0, 1]
+
+
+def test_out_of_blocks_changes_nothing():
+    bm = BlockManager(3, BS)
+    bm.allocate("a", toks(8), 8)
+    assert bm.allocate("b", toks(9, 50), 9) is None
+    assert bm.block_table("b") == [] and bm.num_free_blocks == 1
+    ok, _ = bm.ensure_slots("a", 8, 13)
+    assert not ok and bm.block_table("a") == [0, 1]
+
+
+def test_prefix_cache_hit_shares_blocks_and_leaves_last_token():
+    bm = BlockManager(10, BS)
+    prompt = toks(12)
+    bm.allocate("a", prompt, 12)
+    bm.commit("a", prompt, 12)
+    # Same 8-token prefix: two full blocks are shared; the third block differs.
+    other = toks(8) + [90, 91, 92]
+    assert bm.allocate("b", other, 11) == 8
+    assert bm.block_table("b")[:2] == [0, 1]
+    assert bm.block_table("b")[2] == 3
+    assert bm.ref_count(0) == 2 and bm.ref_count(2) == 1
+    # An identical prompt reuses only 2 of its 3 full blocks: the last token must be computed.
+    assert bm.allocate("c", prompt, 12) == 8
+    assert bm.num_cache_hit_blocks == 4
+
+
+def test_freed_cached_blocks_are_hit_later_and_evicted_last_lru():
+    bm = BlockManager(6, BS)
+    pa, pb = toks(8), toks(8, 40)
+    bm.allocate("a", pa, 8)
+    bm.commit("a", pa, 8)
+    bm.allocate("b", pb, 8)
+    bm.commit("b", pb, 8)
+    bm.allocate("c", toks(6, 80), 6)  # uncommitted blocks 4, 5
+    bm.free("a")  # cached blocks go to the back, tail first: 1, 0
+    bm.free("c")  # worthless blocks go to the front: 5, 4 then
+    bm.free("b")  # 3, 2 at the back
+    assert bm.free_block_order() == [4, 5, 1, 0, 3, 2]
+    assert bm.num_cached_free_blocks == 4
+    # a hit on a's prefix takes its blocks back out of the free queue
+    assert bm.allocate("a2", pa + [1], 9) == 8
+    assert bm.block_table("a2") == [0, 1, 4]
+    assert bm.free_block_order() == [5, 3, 2]
+    # pressure: allocating 3 fresh blocks evicts the worthless one first, then b's blocks, LRU
+    bm.allocate("d", toks(12, 200), 12)
+    assert bm.block_table("d") == [5, 3, 2]
+    assert bm.cached_prefix(pb + [1]) == []  # b's prefix was evicted
+    assert bm.cached_prefix(pa + [1]) == [0, 1]
+
+
+def test_fork_then_copy_on_write():
+    bm = BlockManager(8, BS)
+    bm.allocate("p", toks(6), 6)
+    bm.fork("p", "c")
+    assert bm.block_table("c") == [0, 1] and bm.ref_count(1) == 2
+    # the child writes token 6 into shared block 1: it gets its own copy
+    ok, copies = bm.ensure_slots("c", 6, 7)
+    assert ok and copies == [(1, 2)]
+    assert bm.block_table("c") == [0, 2] and bm.ref_count(1) == 1 and bm.ref_count(0) == 2
+    # the parent now owns block 1 alone and writes in place
+    ok, copies = bm.ensure_slots("p", 6, 7)
+    assert ok and copies == []
+    bm.free("c")
+    assert bm.ref_count(0) == 1 and bm.ref_count(2) == 0
+
+
+def test_truncate_returns_speculative_blocks():
+    bm = BlockManager(8, BS)
+    bm.allocate("a", toks(6), 6)
+    bm.ensure_slots("a", 6, 13)
+    assert bm.block_table("a") == [0, 1, 2, 3]
+    bm.truncate("a", 7)
+    assert bm.block_table("a") == [0, 1] and bm.free_block_order()[:2] == [2, 3]
+
+
+def test_snapshot_reports_owners_refs_and_cached():
+    bm = BlockManager(6, BS)
+    p = toks(9)
+    bm.allocate("a", p, 9)
+    bm.commit("a", p, 9)
+    bm.allocate("b", p[:8] + [77], 9)
+    snap = bm.snapshot()
+    info = {b.block_id: b for b in snap.blocks}
+    assert info[0].ref_count == 2 and set(info[0].owners) == {"a", "b"} and info[0].cached
+    assert info[2].ref_count == 1 and not info[2].cached
+    assert snap.block_tables == {"a": (0, 1, 2), "b": (0, 1, 3)}
