@@ -18,6 +18,7 @@ from engine.memory import snapshot, weights_bytes
 from engine.model_runner import ModelRunner
 from engine.models.llama import LlamaForCausalLM
 from engine.output_processor import append_token, make_output, timeline
+from engine.policies import make_policy
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler
@@ -111,6 +112,21 @@ class LLMEngine:
         with self._lock:
             self._inbox.append(("abort", request_id))
 
+    RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy")
+
+    def reconfigure(self, **changes) -> None:
+        """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
+        Raises ValueError for a knob that cannot change at run time or a bad value."""
+        unknown = set(changes) - set(self.RECONFIGURABLE)
+        if unknown:
+            raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {self.RECONFIGURABLE}")
+        if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if "policy" in changes:
+            make_policy(changes["policy"])  # validate now, in the caller's thread
+        with self._lock:
+            self._inbox.append(("config", changes))
+
     def has_unfinished(self) -> bool:
         with self._lock:
             pending = bool(self._inbox)
@@ -165,6 +181,11 @@ class LLMEngine:
                 self.scheduler.add(arg)
                 self._counts["requests"] += 1
                 arrived.append((arg.request_id, arg.arrival_time, arg.num_prompt_tokens))
+            elif cmd == "config":
+                for key, value in arg.items():
+                    setattr(self.config, key, value)
+                if "policy" in arg:
+                    self.scheduler.policy = make_policy(arg["policy"])
             elif cmd == "abort":
                 req = self._requests.get(arg)
                 if req is not None and not req.is_finished:

@@ -195,3 +195,23 @@ def test_stop_token_ids_and_max_tokens(tiny_llama, reference):
                                                      stop_token_ids=[stop_at]))[0]
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] == stop_at and len(out.token_ids) == reference[0].index(stop_at) + 1
+
+
+def test_reconfigure_applies_between_steps(tiny_llama):
+    events = []
+    eng = make(tiny_llama, max_num_seqs=4)
+    eng.add_listener(events.append)
+    for p in PROMPTS:
+        eng.add_request(p, GREEDY)
+    eng.step()
+    assert events[-1].stats.num_running == 4
+    eng.reconfigure(max_num_seqs=2, max_num_batched_tokens=64)
+    with pytest.raises(ValueError):
+        eng.reconfigure(block_size=8)
+    with pytest.raises(ValueError):
+        eng.reconfigure(policy="nonsense")
+    while eng.has_unfinished():
+        eng.step()
+    # running requests are not evicted by the change; new admissions respect the new cap
+    assert max(e.stats.num_running for e in events[3:]) <= 4
+    assert events[-2].stats.num_running <= 2 and eng.config.max_num_seqs == 2

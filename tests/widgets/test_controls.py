@@ -1,0 +1,93 @@
+"""ControlsPanel: debounced config signals, silent presets, load/burst/reset, busy and unavailable states."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+
+from widgets.controls import CONFIG_KEYS, DEBOUNCE_MS, ControlsPanel
+
+
+@pytest.fixture
+def panel(show):
+    return show(ControlsPanel(), 500, 500)
+
+
+def test_slider_drag_is_debounced_into_one_signal(panel, qtbot):
+    emitted = []
+    panel.sigConfigChanged.connect(emitted.append)
+    slider = panel.row("max_num_seqs").slider
+    with qtbot.waitSignal(panel.sigConfigChanged, timeout=2000) as blocker:
+        for v in range(10, 40):  # a drag: 30 moves
+            slider.setValue(v)
+    assert len(emitted) == 1
+    assert blocker.args[0] == {"max_num_seqs": 40, "quant_bits": 16, "num_speculative_tokens": 0,
+                               "max_num_batched_tokens": 512}
+    assert set(blocker.args[0]) == set(CONFIG_KEYS)
+    qtbot.wait(DEBOUNCE_MS + 100)
+    assert len(emitted) == 1
+    assert panel.row("max_num_seqs").value_text() == "40"
+
+
+def test_quant_and_budget_sliders(panel, qtbot):
+    with qtbot.waitSignal(panel.sigConfigChanged, timeout=2000) as blocker:
+        panel.row("quant_bits").slider.setValue(2)
+    assert blocker.args[0]["quant_bits"] == 4
+    with qtbot.waitSignal(panel.sigBudgetChanged, timeout=2000) as blocker:
+        panel.row("ttft_budget_s").set_value(0.25)  # silent
+        panel.row("tpot_budget_s").slider.setValue(panel.row("tpot_budget_s").slider.value() + 1)
+    assert blocker.args == [pytest.approx(0.25), pytest.approx(0.105)]
+    with qtbot.waitSignal(panel.sigLoadChanged, timeout=2000) as blocker:
+        panel.row("arrival_rate").slider.setValue(55)
+    assert blocker.args[0] == {"arrival_rate": pytest.approx(5.5)}
+
+
+def test_set_values_is_silent(panel, qtbot):
+    with qtbot.assertNotEmitted(panel.sigConfigChanged, wait=DEBOUNCE_MS + 100):
+        panel.set_values({"max_num_seqs": 8, "quant_bits": 8, "num_speculative_tokens": 4,
+                          "max_num_batched_tokens": 1000, "arrival_rate": 1.5, "burst_size": 32,
+                          "model": "ignored"})
+    v = panel.snapshot_data()["values"]
+    assert v["max_num_seqs"] == 8 and v["quant_bits"] == 8 and v["num_speculative_tokens"] == 4
+    assert v["max_num_batched_tokens"] == 1024  # nearest slider stop
+    assert v["arrival_rate"] == pytest.approx(1.5) and v["burst_size"] == 32
+
+
+def test_preset_cancels_a_pending_drag(panel, qtbot):
+    panel.row("max_num_seqs").slider.setValue(3)
+    with qtbot.assertNotEmitted(panel.sigConfigChanged, wait=DEBOUNCE_MS + 100):
+        panel.set_values({"max_num_seqs": 16})
+
+
+def test_load_burst_reset_buttons(panel, qtbot):
+    with qtbot.waitSignal(panel.sigStartLoad, timeout=1000):
+        qtbot.mouseClick(panel._load_button, Qt.MouseButton.LeftButton)
+    assert panel._load_button.text() == "Stop load" and panel.snapshot_data()["load_running"]
+    with qtbot.waitSignal(panel.sigStopLoad, timeout=1000):
+        qtbot.mouseClick(panel._load_button, Qt.MouseButton.LeftButton)
+    panel._burst_size.setValue(12)
+    with qtbot.waitSignal(panel.sigBurst, timeout=1000) as blocker:
+        qtbot.mouseClick(panel._burst_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == [12]
+    with qtbot.waitSignal(panel.sigReset, timeout=1000):
+        qtbot.mouseClick(panel._reset_button, Qt.MouseButton.LeftButton)
+
+
+def test_busy_and_unavailable(panel):
+    panel.set_busy("requantizing to 4-bit…", 0.25)
+    data = panel.snapshot_data()
+    assert data["busy"] == "requantizing to 4-bit…" and data["busy_fraction"] == pytest.approx(0.25)
+    panel.set_busy("loading…")  # indeterminate
+    assert panel.snapshot_data()["busy_fraction"] is None
+    panel.set_busy(None)
+    assert panel.snapshot_data()["busy"] is None
+    panel.set_feature_available("quant_bits", False, "quantization is not implemented yet")
+    row = panel.row("quant_bits")
+    assert not row.isEnabled() and row.toolTip() == "quantization is not implemented yet"
+    assert row.value_text() == "n/a"
+    assert panel.snapshot_data()["unavailable"] == {"quant_bits": "quantization is not implemented yet"}
+    panel.set_feature_available("burst", False, "no load generator")
+    assert not panel._burst_button.isEnabled()
+    panel.set_feature_available("quant_bits", True)
+    assert row.isEnabled() and row.value_text() == "16-bit"
+    with pytest.raises(KeyError):
+        panel.set_feature_available("warp_drive", False)

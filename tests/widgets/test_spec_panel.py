@@ -1,0 +1,77 @@
+"""SpecPanel: an honest "off" state, rolling acceptance, per-position acceptance, predicted vs measured."""
+from __future__ import annotations
+
+import pytest
+from widget_fakes import spec_stats
+
+from engine.events import SpecDecodeStats
+from widgets.spec_panel import OFF_TEXT, SpecPanel, rolling_ratio
+
+
+@pytest.fixture
+def panel(show):
+    return show(SpecPanel(window_steps=10), 800, 600)
+
+
+def test_off_without_stats(panel):
+    panel.flush()
+    assert panel.overlay_text() == OFF_TEXT == "Speculative decoding: off"
+    assert panel._overlay.isVisible()
+    data = panel.snapshot_data()
+    assert data["off"] and data["acceptance_rate"] is None and data["num_steps"] == 0
+    assert len(panel._rate_curve.getData()[0] or []) == 0  # nothing drawn underneath
+
+
+def test_off_when_method_is_none(panel):
+    panel.add_spec_stats(SpecDecodeStats(step=0, method=None, num_draft_tokens=0, num_accepted_tokens=0,
+                                         num_emitted_tokens=0, num_verify_passes=0))
+    panel.flush()
+    assert panel.overlay_text() == OFF_TEXT and panel.snapshot_data()["num_steps"] == 0
+
+
+def test_acceptance_numbers(panel):
+    # 2 verify passes, k = 3: drafted 2/2/1 per position, accepted 2/1/0
+    for i in range(3):
+        panel.add_spec_stats(SpecDecodeStats(step=i, method="ngram", num_draft_tokens=5, num_accepted_tokens=3,
+                                             num_emitted_tokens=5, num_verify_passes=2,
+                                             accepted_per_position=(2, 1, 0), drafted_per_position=(2, 2, 1),
+                                             predicted_speedup=1.8))
+    panel.set_measured_speedup(1.5)
+    panel.flush()
+    assert panel.overlay_text() == "" and not panel._overlay.isVisible()
+    data = panel.snapshot_data()
+    assert data["method"] == "ngram" and data["num_steps"] == 3
+    assert data["acceptance_rate"] == pytest.approx(0.6)
+    assert data["per_position"] == pytest.approx([1.0, 0.5, 0.0])
+    assert data["tokens_per_step"] == pytest.approx(2.5)
+    assert data["predicted_speedup"] == 1.8 and data["measured_speedup"] == 1.5
+    summary = panel._summary.text()
+    assert "acceptance <b>60%</b>" in summary and "<i>predicted</i> 1.80×" in summary and "1.50×" in summary
+    assert panel._speed_text[0].textItem.toPlainText() == "predicted\n1.80×"
+    assert list(panel._pos_bars.opts["height"]) == pytest.approx([100.0, 50.0, 0.0])
+
+
+def test_rolling_window_and_reset(panel):
+    for i in range(40):
+        panel.add_spec_stats(spec_stats(i, accept_prob=0.9 if i < 20 else 0.2))
+    panel.flush()
+    x, y = panel._rate_curve.getData()
+    assert len(x) == 40 and y[15] > y[-1]  # the window forgets the good early steps
+    panel.reset()
+    panel.flush()
+    assert panel.overlay_text() == OFF_TEXT
+
+
+def test_unavailable_reason_wins(panel):
+    panel.add_spec_stats(spec_stats(0))
+    panel.set_available(False, "needs a draft model")
+    assert panel.overlay_text() == "needs a draft model"
+    panel.set_available(True)
+    panel.flush()
+    assert panel.overlay_text() == ""
+
+
+def test_rolling_ratio():
+    import numpy as np
+    r = rolling_ratio(np.array([1, 1, 0, 0]), np.array([2, 2, 2, 0]), 2)
+    assert list(r) == pytest.approx([0.5, 0.5, 0.25, 0.0])

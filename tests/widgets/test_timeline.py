@@ -1,0 +1,105 @@
+"""TimelinePanel: stacked tokens per step, queue lines, markers, config changes, and the Gantt rows."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint
+from widget_fakes import TrafficSim
+
+from engine.events import StepStats
+from widgets.timeline import TimelinePanel
+
+
+def step(i: int, t: float, scheduled=(), prefill=0, decode=0, verify=0, preempted=0, rejected=0,
+         running=1, waiting=0, wall=0.02) -> StepStats:
+    return StepStats(step=i, t_start=t, wall_time_s=wall, num_prefill_tokens=prefill, num_decode_tokens=decode,
+                     num_running=running, num_waiting=waiting, num_preempted=preempted, kv_blocks_used=0,
+                     kv_blocks_total=100, num_verify_tokens=verify, num_rejected=rejected,
+                     scheduled=tuple(scheduled))
+
+
+@pytest.fixture
+def panel(show):
+    return show(TimelinePanel(max_steps=50), 700, 700)
+
+
+def test_steps_markers_and_ring_buffer(panel):
+    for i in range(80):
+        panel.add_step(step(i, 10 + 0.03 * i, prefill=100 if i % 4 == 0 else 0, decode=8, verify=3 * (i % 2),
+                            preempted=int(i == 70), rejected=int(i in (60, 75)), running=8, waiting=i % 5))
+    panel.flush()
+    data = panel.snapshot_data()
+    assert data["num_steps"] == 50 and data["first_step"] == 30 and data["last_step"] == 79
+    assert data["last"] == {"prefill": 0, "decode": 8, "verify": 3, "running": 8, "waiting": 4}
+    assert data["num_preemption_markers"] == 1 and data["num_rejection_markers"] == 2
+    # the stacked curves: prefill, then decode on top, then verify on top of both
+    y_prefill = panel._fills["prefill"].getData()[1]
+    y_verify = panel._fills["verify"].getData()[1]
+    assert y_prefill[-4] == 100 and y_verify[-4] == 100 + 8 + 3 * (76 % 2)
+    assert len(panel._preempt.getData()[0]) == 1 and len(panel._reject.getData()[0]) == 2
+
+
+def test_config_change_lines_scroll_out(panel):
+    panel.add_step(step(0, 1.0))
+    panel.mark_config_change("max_num_seqs 8 → 32")
+    panel.flush()
+    assert panel.snapshot_data()["config_changes"] == ["max_num_seqs 8 → 32"]
+    assert panel._marks[0][2].label.toPlainText() == "max_num_seqs 8 → 32"
+    for i in range(1, 60):
+        panel.add_step(step(i, 1.0 + i * 0.03))
+    panel.flush()
+    assert panel.snapshot_data()["config_changes"] == []  # its step left the ring buffer
+
+
+def test_gantt_segments(panel):
+    g = panel.gantt
+    panel.request_arrived("a", 0.0)
+    panel.request_arrived("b", 0.05)
+    # a: two prefill chunks, then two decode steps (merged), b queued until its prefill at 0.3
+    panel.add_step(step(0, 0.1, [("a", 256, "prefill")], prefill=256))
+    panel.add_step(step(1, 0.13, [("a", 100, "prefill")], prefill=100))
+    panel.add_step(step(2, 0.16, [("a", 1, "decode")], decode=1))
+    panel.add_step(step(3, 0.19, [("a", 1, "decode")], decode=1))
+    # a is preempted (recompute: back to prefill) while b runs
+    panel.add_step(step(4, 0.30, [("b", 40, "prefill")], prefill=40))
+    panel.add_step(step(5, 0.50, [("a", 358, "prefill"), ("b", 1, "decode")], prefill=358, decode=1))
+    panel.request_finished("b", 0.6, "stop")
+    panel.flush()
+    data = g.snapshot_data()
+    assert data["rows"] == ["a", "b"]
+    kinds_a = [s[2] for s in data["segments"]["a"]]
+    assert kinds_a == ["prefill", "prefill", "decode", "preempted", "prefill"]
+    decode = data["segments"]["a"][2]
+    assert decode[0] == pytest.approx(0.16) and decode[1] == pytest.approx(0.21)  # merged
+    assert data["segments"]["b"][0][0] == pytest.approx(0.30)  # queued 0.05 → 0.30
+    assert data["finished"] == {"b": "stop"}
+    tip = g.tooltip_at(QPoint(g.width() - 5, 2))  # row 0, "now"
+    assert tip.startswith("a\nwaiting (not scheduled) at -0.0")
+
+
+def test_explicit_preemption_and_window(panel):
+    g = panel.gantt
+    g.set_window(5.0)
+    panel.request_arrived("a", 0.0)
+    panel.add_step(step(0, 0.0, [("a", 1, "decode")]))
+    panel.request_preempted("a", 0.1)
+    panel.add_step(step(1, 1.0, [("a", 1, "decode")]))
+    assert [s[2] for s in g.snapshot_data()["segments"]["a"]] == ["decode", "preempted", "decode"]
+    panel.request_finished("a", 1.1, "length")
+    panel.request_arrived("z", 10.0)  # now = 10: a finished more than 5 s ago
+    assert g.snapshot_data()["rows"] == ["z"]
+
+
+def test_simulated_trace_and_reset(panel):
+    sim = TrafficSim(seed=3)
+    for _ in range(200):
+        s = sim.next_step()
+        for rid, t in sim.arrivals:
+            panel.request_arrived(rid, t)
+        sim.arrivals.clear()
+        panel.add_step(s)
+    panel.flush()
+    panel.grab()
+    assert panel.snapshot_data()["gantt"]["rows"]
+    panel.reset()
+    data = panel.snapshot_data()
+    assert data["num_steps"] == 0 and data["gantt"]["rows"] == []

@@ -1,0 +1,54 @@
+"""CaptionBanner: the title and caption of the current preset, large in presenter mode."""
+from __future__ import annotations
+
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
+
+_NORMAL_PT = (13.0, 10.0)  # (title, caption) point sizes
+_PRESENTER_PT = (24.0, 17.0)
+
+
+class CaptionBanner(QFrame):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setAutoFillBackground(True)
+        self.setBackgroundRole(QPalette.ColorRole.AlternateBase)
+        self._presenter = False
+        self._title = QLabel()
+        self._caption = QLabel()
+        self._caption.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(4)
+        layout.addWidget(self._title)
+        layout.addWidget(self._caption)
+        self._apply_fonts()
+        self.reset()
+
+    def set_caption(self, title: str, caption: str) -> None:
+        self._title.setText(title)
+        self._caption.setText(caption)
+        self._title.setVisible(bool(title))
+        self._caption.setVisible(bool(caption))
+
+    def set_presenter(self, presenter: bool) -> None:
+        self._presenter = presenter
+        self._apply_fonts()
+
+    def reset(self) -> None:
+        self.set_caption("", "")
+
+    def snapshot_data(self) -> dict:
+        return {"title": self._title.text(), "caption": self._caption.text(),
+                "presenter": self._presenter}
+
+    def _apply_fonts(self) -> None:
+        title_pt, caption_pt = _PRESENTER_PT if self._presenter else _NORMAL_PT
+        font = self.font()
+        font.setPointSizeF(title_pt)
+        font.setBold(True)
+        self._title.setFont(font)
+        font.setPointSizeF(caption_pt)
+        font.setBold(False)
+        self._caption.setFont(font)

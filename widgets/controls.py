@@ -1,0 +1,194 @@
+"""ControlsPanel: the knobs. Emits what the user asked for; the app decides what happens.
+
+Slider drags are debounced (DEBOUNCE_MS after the last move) so a drag across 200 positions becomes
+one reconfigure, not 200. `set_values` loads a preset silently and cancels pending emissions.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget
+
+from widgets.slider_row import SliderRow
+
+DEBOUNCE_MS = 300
+CONFIG_KEYS = ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
+TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
+DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "num_speculative_tokens": 0,
+            "max_num_batched_tokens": 512, "arrival_rate": 2.0, "burst_size": 16,
+            "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}
+
+
+def _rows() -> dict[str, SliderRow]:
+    return {
+        "max_num_seqs": SliderRow("max batch size", range(1, 257), DEFAULTS["max_num_seqs"]),
+        "quant_bits": SliderRow("weight bits", (16, 8, 4), DEFAULTS["quant_bits"], lambda v: f"{v}-bit"),
+        "num_speculative_tokens": SliderRow("draft length", range(0, 9), DEFAULTS["num_speculative_tokens"],
+                                            lambda v: "off" if v == 0 else f"{v} tokens"),
+        "max_num_batched_tokens": SliderRow("token budget / chunk", TOKEN_BUDGETS,
+                                            DEFAULTS["max_num_batched_tokens"], lambda v: f"{v} tok"),
+        "arrival_rate": SliderRow("arrival rate", [i / 10 for i in range(201)], DEFAULTS["arrival_rate"],
+                                  lambda v: f"{v:.1f} req/s"),
+        "ttft_budget_s": SliderRow("TTFT budget", [i / 1000 for i in range(50, 5001, 50)],
+                                   DEFAULTS["ttft_budget_s"], lambda v: f"{v * 1e3:.0f} ms"),
+        "tpot_budget_s": SliderRow("TPOT budget", [i / 1000 for i in range(5, 501, 5)],
+                                   DEFAULTS["tpot_budget_s"], lambda v: f"{v * 1e3:.0f} ms"),
+    }
+
+
+def _debouncer(parent: QWidget, slot) -> QTimer:
+    timer = QTimer(parent)
+    timer.setSingleShot(True)
+    timer.setInterval(DEBOUNCE_MS)
+    timer.timeout.connect(slot)
+    return timer
+
+
+class ControlsPanel(QWidget):
+    sigConfigChanged = Signal(dict)  # the four CONFIG_KEYS
+    sigLoadChanged = Signal(dict)  # {"arrival_rate": req/s}
+    sigBudgetChanged = Signal(float, float)  # (ttft_s, tpot_s)
+    sigStartLoad = Signal()
+    sigStopLoad = Signal()
+    sigBurst = Signal(int)  # number of long prompts
+    sigReset = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._rows = _rows()
+        self._config_timer = _debouncer(self, self._on_config_timeout)
+        self._load_timer = _debouncer(self, self._on_load_timeout)
+        self._budget_timer = _debouncer(self, self._on_budget_timeout)
+        timers = {**dict.fromkeys(CONFIG_KEYS, self._config_timer), "arrival_rate": self._load_timer,
+                  "ttft_budget_s": self._budget_timer, "tpot_budget_s": self._budget_timer}
+        for key, timer in timers.items():
+            # (re)start: the signal fires once, DEBOUNCE_MS after the last move
+            self._rows[key].sigValueChanged.connect(lambda _value, t=timer: t.start())
+
+        self._load_button = QPushButton("Start load")
+        self._load_button.setCheckable(True)
+        self._load_button.clicked.connect(self._on_load_clicked)
+        self._burst_size = QSpinBox()
+        self._burst_size.setRange(1, 256)
+        self._burst_size.setSuffix(" prompts")
+        self._burst_button = QPushButton("Burst of long prompts")
+        self._burst_button.clicked.connect(self._on_burst)
+        self._reset_button = QPushButton("Reset")
+        self._reset_button.clicked.connect(self.sigReset)
+        self._busy_label = QLabel()
+        self._busy_bar = QProgressBar()
+        self._busy_bar.setMaximumWidth(220)
+        self._feature_why: dict[str, str] = {}
+        self._build_layout()
+        self.reset()
+
+    def _build_layout(self) -> None:
+        engine = QGroupBox("Engine")
+        el = QVBoxLayout(engine)
+        for key in CONFIG_KEYS:
+            el.addWidget(self._rows[key])
+        load = QGroupBox("Load generator")
+        ll = QVBoxLayout(load)
+        ll.addWidget(self._rows["arrival_rate"])
+        buttons = QHBoxLayout()
+        for w in (self._load_button, self._burst_button, self._burst_size):
+            buttons.addWidget(w)
+        ll.addLayout(buttons)
+        budget = QGroupBox("Latency budget")
+        bl = QVBoxLayout(budget)
+        bl.addWidget(self._rows["ttft_budget_s"])
+        bl.addWidget(self._rows["tpot_budget_s"])
+        bottom = QHBoxLayout()
+        bottom.addWidget(self._reset_button)
+        bottom.addStretch(1)
+        bottom.addWidget(self._busy_label)
+        bottom.addWidget(self._busy_bar)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        for box in (engine, load, budget):
+            layout.addWidget(box)
+        layout.addLayout(bottom)
+        layout.addStretch(1)
+
+    # --- setters ------------------------------------------------------------------------------
+    def set_values(self, values: dict) -> None:
+        """Show a preset's values without emitting anything (unknown keys are ignored)."""
+        for key, value in values.items():
+            if key in self._rows:
+                self._rows[key].set_value(value)
+            elif key == "burst_size":
+                self._burst_size.setValue(int(value))
+            elif key == "load_running":
+                self.set_load_running(bool(value))
+        for timer in (self._config_timer, self._load_timer, self._budget_timer):
+            timer.stop()
+
+    def set_load_running(self, running: bool) -> None:
+        self._load_button.setChecked(running)
+        self._load_button.setText("Stop load" if running else "Start load")
+
+    def set_busy(self, text: str | None, fraction: float | None = None) -> None:
+        """Show progress of background work (requantize, reload); text None or "" hides it.
+        fraction None: indeterminate."""
+        busy = bool(text)
+        self._busy_label.setVisible(busy)
+        self._busy_bar.setVisible(busy)
+        self._busy_label.setText(text or "")
+        if fraction is None:
+            self._busy_bar.setRange(0, 0)
+        else:
+            self._busy_bar.setRange(0, 1000)
+            self._busy_bar.setValue(round(1000 * min(1.0, max(0.0, fraction))))
+
+    def set_feature_available(self, name: str, available: bool, why: str = "") -> None:
+        """Grey out one control with the reason as its tooltip: a CONFIG_KEYS name, "arrival_rate",
+        "ttft_budget_s", "tpot_budget_s", "load", "burst" or "reset"."""
+        buttons = {"load": (self._load_button,), "burst": (self._burst_button, self._burst_size),
+                   "reset": (self._reset_button,)}
+        if name in self._rows:
+            self._rows[name].set_available(available, why)
+        elif name in buttons:
+            for w in buttons[name]:
+                w.setEnabled(available)
+                w.setToolTip("" if available else why)
+        else:
+            raise KeyError(f"unknown control {name!r}")
+        if available:
+            self._feature_why.pop(name, None)
+        else:
+            self._feature_why[name] = why
+
+    def reset(self) -> None:
+        self.set_values(DEFAULTS)
+        self.set_load_running(False)
+        self.set_busy(None)
+
+    def row(self, name: str) -> SliderRow:
+        return self._rows[name]
+
+    def config_values(self) -> dict:
+        return {key: self._rows[key].value() for key in CONFIG_KEYS}
+
+    def snapshot_data(self) -> dict:
+        return {"values": {**{k: r.value() for k, r in self._rows.items()},
+                           "burst_size": self._burst_size.value()},
+                "load_running": self._load_button.isChecked(),
+                "busy": self._busy_label.text() if self._busy_label.isVisibleTo(self) else None,
+                "busy_fraction": (None if self._busy_bar.maximum() == 0 else self._busy_bar.value() / 1000),
+                "unavailable": dict(self._feature_why)}
+
+    # --- slots --------------------------------------------------------------------------------
+    def _on_config_timeout(self) -> None:
+        self.sigConfigChanged.emit(self.config_values())
+
+    def _on_load_timeout(self) -> None:
+        self.sigLoadChanged.emit({"arrival_rate": self._rows["arrival_rate"].value()})
+
+    def _on_budget_timeout(self) -> None:
+        self.sigBudgetChanged.emit(self._rows["ttft_budget_s"].value(), self._rows["tpot_budget_s"].value())
+
+    def _on_load_clicked(self, checked: bool) -> None:
+        self._load_button.setText("Stop load" if checked else "Start load")
+        (self.sigStartLoad if checked else self.sigStopLoad).emit()
+
+    def _on_burst(self) -> None:
+        self.sigBurst.emit(self._burst_size.value())

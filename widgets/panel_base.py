@@ -1,0 +1,86 @@
+"""Panel: the shared skeleton of every monitor panel.
+
+Setters only record data and mark the panel dirty; a ~20 Hz timer repaints when (and only when)
+something changed and the panel is visible. This keeps a step from ever waiting on a repaint and
+keeps per-token events from turning into per-token paints.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtWidgets import QWidget
+
+from widgets.overlay import Overlay
+
+REPAINT_INTERVAL_MS = 50  # 20 Hz
+
+
+class Panel(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._dirty = False
+        self._overlay = Overlay(self)
+        self._unavailable_reason = ""
+        self._repaint_timer = QTimer(self)
+        self._repaint_timer.setInterval(REPAINT_INTERVAL_MS)
+        self._repaint_timer.timeout.connect(self._on_repaint_timer)
+
+    # --- public -------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Repaint now if anything changed (the timer does this; tests and screenshots call it)."""
+        if self._dirty:
+            self._dirty = False
+            self._repaint()
+
+    def set_available(self, available: bool, why: str = "") -> None:
+        """Grey the panel out under a message, e.g. set_available(False, "needs a GPU")."""
+        self._unavailable_reason = "" if available else (why or "not available")
+        self._update_overlay()
+
+    def is_available(self) -> bool:
+        return not self._unavailable_reason
+
+    def overlay_text(self) -> str:
+        """What the overlay shows ("" when the panel shows its data)."""
+        return self._overlay.text()
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def snapshot_data(self) -> dict:
+        raise NotImplementedError
+
+    # --- for subclasses -----------------------------------------------------------------------
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+
+    def _repaint(self) -> None:
+        """Push the buffered data into the visible items (setData, update())."""
+
+    def _off_text(self) -> str:
+        """A panel-specific "off" message ("" when on); shown unless a reason from set_available."""
+        return ""
+
+    def _update_overlay(self) -> None:
+        self._overlay.set_text(self._unavailable_reason or self._off_text())
+
+    def _on_palette_changed(self) -> None:
+        """Restyle plots and cached colours after a theme switch."""
+
+    # --- Qt plumbing --------------------------------------------------------------------------
+    def _on_repaint_timer(self) -> None:
+        self.flush()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self._repaint_timer.start()
+        self.flush()
+        super().showEvent(event)
+
+    def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self._repaint_timer.stop()
+        super().hideEvent(event)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._on_palette_changed()
+            self._dirty = True
+        super().changeEvent(event)

@@ -1,0 +1,199 @@
+"""TimelinePanel: what each engine step did, and a per-request Gantt chart underneath.
+
+Top plot: tokens per step stacked as prefill / decode / verify, with preemptions (×) and admission
+rejections (▲) as markers and configuration changes as labelled vertical lines.
+Middle plot: running and waiting request counts.
+x is the step index; the last `max_steps` steps are kept in a ring buffer.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
+
+from engine.events import StepStats
+from widgets.gantt import GanttView
+from widgets.panel_base import Panel
+from widgets.theme import phase_color, style_plot
+
+DEFAULT_MAX_STEPS = 600
+_PHASES = ("prefill", "decode", "verify")
+_HEADROOM = 1.3
+
+
+def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
+    color = phase_color(phase)
+    return plot.plot([0.0], [], stepMode="center", fillLevel=0, brush=color,
+                     pen=pg.mkPen(color, width=1), name=phase)
+
+
+class TimelinePanel(Panel):
+    def __init__(self, parent: QWidget | None = None, max_steps: int = DEFAULT_MAX_STEPS) -> None:
+        super().__init__(parent)
+        self._steps: deque[StepStats] = deque(maxlen=max_steps)
+        self._marks: deque[tuple[int, str, pg.InfiniteLine, pg.InfiniteLine]] = deque()
+
+        self._tokens_plot = pg.PlotWidget()
+        self._queue_plot = pg.PlotWidget()
+        tp, qp = self._tokens_plot.getPlotItem(), self._queue_plot.getPlotItem()
+        tp.setTitle("tokens per step")
+        tp.addLegend(offset=(-5, 5), colCount=5, brush=pg.mkBrush(128, 128, 128, 60))
+        qp.addLegend(offset=(-5, 5), colCount=2, brush=pg.mkBrush(128, 128, 128, 60))
+        qp.setXLink(tp)
+        qp.setLabel("bottom", "engine step")
+        for p in (tp, qp):
+            p.showGrid(x=False, y=True, alpha=0.25)
+            p.setMouseEnabled(x=False, y=False)
+            p.hideButtons()
+        # drawn back to front: each curve is the cumulative top of its phase, filled down to 0
+        self._fills = {ph: _fill_curve(tp, ph) for ph in reversed(_PHASES)}
+        self._preempt = pg.ScatterPlotItem(symbol="x", size=10, pen=pg.mkPen(phase_color("preempted"), width=2),
+                                           brush=phase_color("preempted"), name="preempted")
+        self._reject = pg.ScatterPlotItem(symbol="t1", size=10, pen=None, brush=phase_color("rejected"),
+                                          name="rejected")
+        tp.addItem(self._preempt)
+        tp.addItem(self._reject)
+        self._running = qp.plot([], [], pen=pg.mkPen(phase_color("running"), width=2), name="running")
+        self._waiting = qp.plot([], [], pen=pg.mkPen(phase_color("waiting"), width=2), name="waiting")
+
+        self._gantt = GanttView()
+        self._gantt_label = QLabel()
+        self._gantt_label.setTextFormat(Qt.TextFormat.RichText)
+        gantt_box = QWidget()
+        gl = QVBoxLayout(gantt_box)
+        gl.setContentsMargins(0, 0, 0, 0)
+        gl.addWidget(self._gantt_label)
+        gl.addWidget(self._gantt, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        for w, stretch in ((self._tokens_plot, 3), (self._queue_plot, 2), (gantt_box, 3)):
+            splitter.addWidget(w)
+            splitter.setStretchFactor(splitter.count() - 1, stretch)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(splitter)
+        self._update_gantt_legend()
+        self._on_palette_changed()
+
+    # --- setters ------------------------------------------------------------------------------
+    def add_step(self, stats: StepStats) -> None:
+        self._steps.append(stats)
+        self._gantt.add_step(stats)
+        self._mark_dirty()
+
+    def request_arrived(self, request_id: str, t: float) -> None:
+        self._gantt.request_arrived(request_id, t)
+        self._mark_dirty()
+
+    def request_preempted(self, request_id: str, t: float) -> None:
+        self._gantt.request_preempted(request_id, t)
+        self._mark_dirty()
+
+    def request_finished(self, request_id: str, t: float, reason: str | None) -> None:
+        self._gantt.request_finished(request_id, t, reason)
+        self._mark_dirty()
+
+    def mark_config_change(self, text: str) -> None:
+        """A labelled vertical line after the latest step (e.g. "max_num_seqs 8 → 32")."""
+        x = (self._steps[-1].step + 0.5) if self._steps else 0.0
+        top = pg.InfiniteLine(pos=x, angle=90, label=text,
+                              labelOpts={"position": 0.85, "anchors": [(0, 0), (0, 0)]})
+        bottom = pg.InfiniteLine(pos=x, angle=90)
+        self._style_mark(top, bottom)
+        self._tokens_plot.addItem(top)
+        self._queue_plot.addItem(bottom)
+        self._marks.append((int(x), text, top, bottom))
+        self._mark_dirty()
+
+    def set_gantt_window(self, seconds: float) -> None:
+        self._gantt.set_window(seconds)
+
+    def reset(self) -> None:
+        self._steps.clear()
+        while self._marks:
+            self._drop_oldest_mark()
+        self._gantt.reset()
+        self._mark_dirty()
+        self.flush()
+
+    @property
+    def gantt(self) -> GanttView:
+        return self._gantt
+
+    def snapshot_data(self) -> dict:
+        steps = list(self._steps)
+        last = steps[-1] if steps else None
+        return {
+            "num_steps": len(steps), "first_step": steps[0].step if steps else None,
+            "last_step": last.step if last else None,
+            "last": None if last is None else {
+                "prefill": last.num_prefill_tokens, "decode": last.num_decode_tokens,
+                "verify": last.num_verify_tokens, "running": last.num_running, "waiting": last.num_waiting},
+            "num_preemption_markers": sum(1 for s in steps if s.num_preempted),
+            "num_rejection_markers": sum(1 for s in steps if s.num_rejected),
+            "config_changes": [text for _x, text, _a, _b in self._marks],
+            "gantt": self._gantt.snapshot_data(),
+        }
+
+    # --- painting -----------------------------------------------------------------------------
+    def _repaint(self) -> None:
+        self._drop_scrolled_marks()
+        self._gantt.update()
+        if not self._steps:
+            for fill in self._fills.values():
+                fill.setData([0.0], [])  # step mode: one more edge than values
+            for item in (self._running, self._waiting, self._preempt, self._reject):
+                item.setData([], [])
+            for plot in (self._tokens_plot, self._queue_plot):
+                plot.setYRange(0, 1, padding=0)
+            return
+        a = np.array([(s.step, s.num_prefill_tokens, s.num_decode_tokens, s.num_verify_tokens,
+                       s.num_running, s.num_waiting, s.num_preempted, s.num_rejected) for s in self._steps],
+                     dtype=np.float64)
+        x = a[:, 0]
+        edges = np.append(x - 0.5, x[-1] + 0.5)
+        top = np.zeros(len(x))
+        for i, ph in enumerate(_PHASES):
+            top = top + a[:, 1 + i]
+            self._fills[ph].setData(edges, top.copy())
+        self._running.setData(x, a[:, 4])
+        self._waiting.setData(x, a[:, 5])
+        pre, rej = a[:, 6] > 0, a[:, 7] > 0
+        bump = max(1.0, top.max() * 0.04)
+        self._preempt.setData(x[pre], top[pre] + bump)
+        self._reject.setData(x[rej], top[rej] + 2 * bump)
+        # headroom above the data keeps the legend from covering it
+        self._tokens_plot.setYRange(0, max(1.0, top.max() + 2 * bump) * _HEADROOM, padding=0)
+        self._queue_plot.setYRange(0, max(1.0, a[:, 4].max(), a[:, 5].max()) * _HEADROOM, padding=0)
+
+    def _drop_scrolled_marks(self) -> None:
+        if not self._steps:
+            return
+        while self._marks and self._marks[0][0] < self._steps[0].step - 1:
+            self._drop_oldest_mark()
+
+    def _drop_oldest_mark(self) -> None:
+        _x, _text, top, bottom = self._marks.popleft()
+        self._tokens_plot.removeItem(top)
+        self._queue_plot.removeItem(bottom)
+
+    def _update_gantt_legend(self) -> None:
+        chips = " ".join(f"<span style='color:{phase_color(k).name()}'>■</span> {k}"
+                         for k in ("queued", "prefill", "decode", "verify", "preempted"))
+        self._gantt_label.setText(f"<b>requests</b> (last seconds, newest at the bottom) &nbsp; {chips}"
+                                  " &nbsp; | finished")
+
+    def _style_mark(self, top: pg.InfiniteLine, bottom: pg.InfiniteLine) -> None:
+        fg = self.palette().color(self.palette().ColorRole.Text)
+        pen = pg.mkPen(fg, width=1, style=Qt.PenStyle.DashLine)
+        top.setPen(pen)
+        bottom.setPen(pen)
+        top.label.setColor(fg)
+
+    def _on_palette_changed(self) -> None:
+        for plot in (self._tokens_plot, self._queue_plot):
+            style_plot(plot, self.palette())
+        for _x, _text, top, bottom in self._marks:
+            self._style_mark(top, bottom)
