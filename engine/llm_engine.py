@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -72,7 +73,7 @@ class LLMEngine:
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._seed_rng = random.Random(config.seed)
         self._listeners: list[StepListener] = []
         self._step = 0
         self._last_activation_bytes = 0
@@ -97,10 +98,9 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the context "
                 f"length of {self.max_model_len} tokens")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else int(
-            torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
         req = Request(rid, ids, params, priority=priority)
-        req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        req.seed = seed  # its torch.Generator is made in the engine thread, when the request is drained
         req.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         with self._lock:
             if rid in self._requests or any(c == "add" and r.request_id == rid for c, r in self._inbox):
@@ -177,6 +177,7 @@ class LLMEngine:
         arrived = []
         for cmd, arg in inbox:
             if cmd == "add":
+                arg.generator = torch.Generator(device=self.device).manual_seed(arg.seed)
                 self._requests[arg.request_id] = arg
                 self.scheduler.add(arg)
                 self._counts["requests"] += 1

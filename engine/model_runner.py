@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.block_manager import BlockManager
-from engine.layers.attention import AttentionMetadata, PrefillSeq
+from engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.layers.sampler import SampleResult, sample
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
@@ -33,7 +33,7 @@ class ModelRunner:
         self.cfg = model_config
         self.device, self.dtype = device, dtype
         self.block_size = block_size
-        shape = (num_blocks * block_size, model_config.num_key_value_heads, model_config.head_dim)
+        shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -48,15 +48,16 @@ class ModelRunner:
         bs = self.block_size
         for src, dst in copies:
             for k, v in self.kv_caches:
-                k[dst * bs : (dst + 1) * bs] = k[src * bs : (src + 1) * bs]
-                v[dst * bs : (dst + 1) * bs] = v[src * bs : (src + 1) * bs]
+                k[:, dst * bs : (dst + 1) * bs] = k[:, src * bs : (src + 1) * bs]
+                v[:, dst * bs : (dst + 1) * bs] = v[:, src * bs : (src + 1) * bs]
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, bm: BlockManager) -> StepResult:
         if sched.block_copies:
             self.copy_blocks(sched.block_copies)
-        order = [s for s in sched.scheduled if s.kind == "decode"] + [
-            s for s in sched.scheduled if s.kind != "decode"]
+        # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
+        decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
+        order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
         hidden = self.forward(order, bm)
         # Rows that produce a token: the last position of each request that reaches its end.
         rows, producers = [], []
@@ -111,24 +112,37 @@ class ModelRunner:
                     ctx_slots = self._slots_of(table, end)
                 prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_slots))
         dev = self.device
-        decode_slots = decode_mask = None
-        if dec_tables:
-            max_ctx = max(dec_lens)
-            max_blocks = -(-max_ctx // bs)
-            bt = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in dec_tables])
-            p = torch.arange(max_ctx)
-            decode_slots = (bt[:, p // bs] * bs + p % bs).to(dev)  # (num_decodes, max_ctx)
-            decode_mask = (p.unsqueeze(0) < torch.tensor(dec_lens).unsqueeze(1)).to(dev)[:, None, None, :]
+        groups = self._decode_groups(dec_tables, dec_lens)
         md = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev),
             num_decode_tokens=len(dec_tables),
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
+            decode_groups=groups,
             prefills=prefills,
             seqs=seqs,
             block_size=bs,
         )
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
+
+    def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
+        """Decodes arrive sorted by context length; cut them where a group's longest context would
+        exceed twice its shortest, so padding never more than doubles the gathered K/V."""
+        bs, groups, start = self.block_size, [], 0
+        while start < len(lens):
+            end = start + 1
+            while end < len(lens) and lens[end] <= 2 * lens[start]:
+                end += 1
+            max_ctx = lens[end - 1]
+            max_blocks = -(-max_ctx // bs)
+            bt = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables[start:end]])
+            p = torch.arange(max_ctx)
+            slots = (bt[:, p // bs] * bs + p % bs).reshape(-1)
+            valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
+            mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
+            # the mask broadcasts over (kv_heads, n, group, max_ctx)
+            groups.append(DecodeGroup(start, end - start, max_ctx, slots.to(self.device),
+                                      mask.to(self.device)[:, None, :]))
+            start = end
+        return groups
 
     def _slots_of(self, table: list[int], n: int) -> torch.Tensor:
         bs = self.block_size

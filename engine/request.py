@@ -55,7 +55,8 @@ class Request:
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at admission
     num_preemptions: int = 0
     detokenizer: IncrementalDetokenizer | None = None
-    generator: object | None = None  # the sampler's per-request RNG
+    seed: int = 0
+    generator: object | None = None  # the sampler's per-request RNG (a torch.Generator)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

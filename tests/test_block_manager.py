@@ -116,3 +116,51 @@ def test_snapshot_reports_owners_refs_and_cached():
     assert info[0].ref_count == 2 and set(info[0].owners) == {"a", "b"} and info[0].cached
     assert info[2].ref_count == 1 and not info[2].cached
     assert snap.block_tables == {"a": (0, 1, 2), "b": (0, 1, 3)}
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ops = st.lists(st.tuples(st.sampled_from(["alloc", "grow", "commit", "free", "fork"]),
+                          st.integers(0, 5), st.integers(1, 40), st.integers(0, 2)), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ops)
+def test_random_operations_never_lose_or_double_count_blocks(ops):
+    bm = BlockManager(24, BS)
+    live: dict[str, list[int]] = {}  # request -> its tokens
+    computed: dict[str, int] = {}
+    for op, who, n, prefix in ops:
+        rid = f"r{who}"
+        if op == "alloc" and rid not in live:
+            tokens = [prefix] * 8 + list(range(n))  # a few shared prefixes, so cache hits happen
+            got = bm.allocate(rid, tokens, len(tokens))
+            if got is not None:
+                live[rid], computed[rid] = tokens, len(tokens)
+        elif op == "grow" and rid in live:
+            ok, _ = bm.ensure_slots(rid, computed[rid], computed[rid] + n % 7 + 1)
+            if ok:
+                computed[rid] += n % 7 + 1
+                live[rid] = live[rid] + [n] * (n % 7 + 1)
+        elif op == "commit" and rid in live:
+            bm.commit(rid, live[rid], computed[rid])
+        elif op == "free" and rid in live:
+            bm.free(rid)
+            del live[rid], computed[rid]
+        elif op == "fork" and rid in live and f"{rid}f" not in live:
+            bm.fork(rid, f"{rid}f")
+            live[f"{rid}f"], computed[f"{rid}f"] = list(live[rid]), computed[rid]
+        # invariants: every block is free xor referenced; ref counts equal table occurrences
+        refs = [0] * bm.num_blocks
+        for r in live:
+            for b in bm.block_table(r):
+                refs[b] += 1
+        assert refs == [bm.ref_count(b) for b in range(bm.num_blocks)]
+        free = set(bm.free_block_order())
+        assert free == {b for b in range(bm.num_blocks) if refs[b] == 0}
+        for r in live:
+            assert len(bm.block_table(r)) * BS >= computed[r]
+    for r in list(live):
+        bm.free(r)
+    assert bm.num_free_blocks == bm.num_blocks

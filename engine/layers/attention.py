@@ -1,14 +1,16 @@
 """Attention over a paged KV cache.
 
-The KV cache of one layer is two flat tensors of slots, (num_blocks * block_size, num_kv_heads,
-head_dim): slot = block_id * block_size + offset. New keys/values are written at ``slot_mapping``;
-each sequence reads its context back through the slots listed by its block table.
+The KV cache of one layer is two head-major tensors of slots, (num_kv_heads, num_blocks * block_size,
+head_dim): slot = block_id * block_size + offset. Head-major means a gather of slots lands directly in
+the (heads, tokens, head_dim) layout attention multiplies, with no copy to rearrange it. New keys and
+values are written at ``slot_mapping``; each sequence reads its context back through the slots listed
+by its block table.
 
 Two paths compute the same thing:
 - ``reference``: one sequence at a time, walking its block table block by block, softmax written out.
   Slow and obvious; the tests hold the fast path to it.
-- ``fast``: all decode tokens of the step in one batched SDPA call (the GQA group dimension rides in
-  the query-length slot, so K/V are never repeated), prefill chunks one SDPA call each.
+- ``fast``: decode tokens batched by similar context length (a few matmuls per group; the GQA group
+  dimension rides along, so K/V are never repeated), prefill chunks one SDPA call each.
 
 The flat batch is ordered decodes first, then prefill chunks (the model runner guarantees it).
 """
@@ -30,11 +32,21 @@ class PrefillSeq:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Decode tokens of similar context length, attended together (padding stays small)."""
+
+    start: int  # first row in the flat batch
+    num_seqs: int
+    max_ctx: int
+    slots: torch.Tensor  # (num_seqs * max_ctx,) context slots, padded with slot 0
+    mask: torch.Tensor  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (num_tokens,) where each new token's K/V is written
     num_decode_tokens: int
-    decode_slots: torch.Tensor | None  # (num_decodes, max_ctx) context slots, padded with 0
-    decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, max_ctx) True where a key is attended
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
     # For the reference path: (q_start, q_len, ctx_len, block_table) per sequence, in batch order.
     seqs: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
@@ -43,9 +55,9 @@ class AttentionMetadata:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    # k, v: (num_tokens, num_kv_heads, head_dim) -> caches (num_slots, num_kv_heads, head_dim)
-    k_cache.index_copy_(0, slot_mapping, k)
-    v_cache.index_copy_(0, slot_mapping, v)
+    # k, v: (num_tokens, num_kv_heads, head_dim) -> caches (num_kv_heads, num_slots, head_dim)
+    k_cache.index_copy_(1, slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, slot_mapping, v.transpose(0, 1))
 
 
 def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -53,18 +65,11 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     """q: (num_tokens, num_heads, head_dim); k, v: this step's (num_tokens, num_kv_heads, head_dim).
     Returns (num_tokens, num_heads, head_dim). K/V must already be written to the cache."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
-    group = num_heads // num_kv_heads
+    group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
-    nd = md.num_decode_tokens
-    if nd:
-        # (nd, kv_heads, group, head_dim): the group of query heads sharing a KV head acts as the
-        # "query length" of SDPA, so one call covers GQA without repeating K/V.
-        qd = q[:nd].view(nd, num_kv_heads, group, head_dim)
-        kd = k_cache[md.decode_slots].transpose(1, 2)  # (nd, kv_heads, max_ctx, head_dim)
-        vd = v_cache[md.decode_slots].transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask, scale=scale)
-        out[:nd] = od.reshape(nd, num_heads, head_dim)
+    for g in md.decode_groups:
+        out[g.start : g.start + g.num_seqs] = _decode_attention(q[g.start : g.start + g.num_seqs], k_cache,
+                                                                 v_cache, g, group, scale)
     for p in md.prefills:
         qp = q[p.q_start : p.q_start + p.q_len].transpose(0, 1)  # (heads, q_len, head_dim)
         if p.slots is None:  # nothing cached: this chunk is the whole context
@@ -72,8 +77,8 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
             vp = v[p.q_start : p.q_start + p.q_len].transpose(0, 1)
             mask, causal = None, True
         else:
-            kp = k_cache[p.slots].transpose(0, 1)  # (kv_heads, ctx_len, head_dim)
-            vp = v_cache[p.slots].transpose(0, 1)
+            kp = k_cache.index_select(1, p.slots)  # (kv_heads, ctx_len, head_dim)
+            vp = v_cache.index_select(1, p.slots)
             mask, causal = _offset_causal_mask(p.q_len, p.ctx_len, q.device), False
         if group > 1:
             kp = kp.repeat_interleave(group, dim=0)
@@ -81,6 +86,24 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal, scale=scale)
         out[p.q_start : p.q_start + p.q_len] = op.transpose(0, 1)
     return out
+
+
+def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
+                      group: int, scale: float) -> torch.Tensor:
+    """One query token per sequence. The query heads sharing a KV head ride together as a (group,)
+    dimension, so K/V are read once per KV head, never repeated. Plain matmuls beat SDPA's flash kernel
+    here: with one query row per head there is nothing to tile, and the gather dominates anyway."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[0]
+    # (kv_heads, n, group, head_dim); scale the few queries, not the many scores
+    qd = (q.view(n, num_kv_heads, group, head_dim) * scale).transpose(0, 1)
+    # index_select gathers rows far faster than advanced indexing on the CPU; the result is already
+    # (kv_heads, n, max_ctx, head_dim), contiguous, so the matmuls run on it without a copy.
+    kd = k_cache.index_select(1, g.slots).view(num_kv_heads, n, g.max_ctx, head_dim)
+    vd = v_cache.index_select(1, g.slots).view(num_kv_heads, n, g.max_ctx, head_dim)
+    scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
+    out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
+    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 
 
 def _offset_causal_mask(q_len: int, ctx_len: int, device: torch.device) -> torch.Tensor:
@@ -93,7 +116,7 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               md: AttentionMetadata, scale: float) -> torch.Tensor:
     """The same result, one sequence at a time, reading K/V block by block through the block table."""
     num_heads = q.shape[1]
-    group = num_heads // k_cache.shape[1]
+    group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
     bs = md.block_size
     for q_start, q_len, ctx_len, block_table in md.seqs:
@@ -102,8 +125,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
             n = min(bs, ctx_len - i * bs)
             if n <= 0:
                 break
-            keys.append(k_cache[block * bs : block * bs + n])
-            values.append(v_cache[block * bs : block * bs + n])
+            keys.append(k_cache[:, block * bs : block * bs + n].transpose(0, 1))  # (n, kv_heads, head_dim)
+            values.append(v_cache[:, block * bs : block * bs + n].transpose(0, 1))
         key = torch.cat(keys).float().repeat_interleave(group, dim=1)  # (ctx_len, heads, head_dim)
         value = torch.cat(values).float().repeat_interleave(group, dim=1)
         query = q[q_start : q_start + q_len].float()  # (q_len, heads, head_dim)
