@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import loader
+from engine import gguf_convert
 from engine.loader import ModelLoadError, load_model
 
 HF_TO_GGUF = {
@@ -215,7 +215,7 @@ def test_gguf_conversion_is_cached(tiny_llama, tmp_path, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr(loader, "_write_converted", no_conversion)
+    monkeypatch.setattr(gguf_convert, "_write_converted", no_conversion)
     moved = tmp_path / "elsewhere" / "renamed.gguf"  # the cache is keyed by content, not by path
     moved.parent.mkdir()
     shutil.copy(gguf_path, moved)
