@@ -17,6 +17,9 @@ class EngineConfig:
     # KV cache
     block_size: int = 16
     kv_cache_memory_bytes: int = 512 * 2**20  # the CPU budget for KV blocks
+    # When set (CPU): one budget for weights + KV; the KV cache gets what the weights leave, so fewer
+    # weight bytes (quantization) buy more KV blocks. Overrides kv_cache_memory_bytes.
+    memory_budget_bytes: int | None = None
     gpu_memory_utilization: float = 0.90  # share of device memory the engine may use on a GPU
     num_kv_blocks: int | None = None  # overrides the budget (tests)
     enable_prefix_caching: bool = True
@@ -35,12 +38,22 @@ class EngineConfig:
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16
     quant_group_size: int = 64
+    quant_outlier_channels: int = 0  # input channels per layer kept in 16 bits (LLM.int8 style)
+    quant_reference: bool = False  # dequantize-then-matmul instead of the fast kernels
     spec_method: str | None = None
     num_speculative_tokens: int = 0
     draft_model: str | None = None
     max_loras: int = 0
 
+    # Admission control (engine/admission.py): beyond these add_request raises RequestRejected; None = off
+    max_queue_len: int | None = None  # waiting requests (queued + preempted)
+    max_predicted_wait_s: float | None = None  # predicted queue wait, from measured step rates
+
     def __post_init__(self) -> None:
+        if self.max_queue_len is not None and self.max_queue_len < 0:
+            raise ValueError(f"max_queue_len must be >= 0 or None, got {self.max_queue_len}")
+        if self.max_predicted_wait_s is not None and not self.max_predicted_wait_s >= 0:
+            raise ValueError(f"max_predicted_wait_s must be >= 0 or None, got {self.max_predicted_wait_s}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:
@@ -51,5 +64,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
         if self.attention_backend not in ("fast", "reference"):
             raise ValueError(f"attention_backend must be 'fast' or 'reference', got {self.attention_backend!r}")
+        if self.quant_group_size not in (32, 64, 128):
+            raise ValueError(f"quant_group_size must be 32, 64 or 128, got {self.quant_group_size}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

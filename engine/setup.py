@@ -28,7 +28,7 @@ def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     return block_size * mc.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
 
 
-def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int) -> int:
+def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if device.type == "cuda":
@@ -36,6 +36,8 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int) 
         # What the utilisation target leaves after what is already in use (weights are loaded by now),
         # minus a reserve for activations.
         budget = int(total * config.gpu_memory_utilization) - (total - free) - 512 * 2**20
+    elif config.memory_budget_bytes is not None:
+        budget = config.memory_budget_bytes - weights_bytes
     else:
         budget = config.kv_cache_memory_bytes
     blocks = budget // block_bytes

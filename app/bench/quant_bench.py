@@ -1,0 +1,64 @@
+"""`inferlab bench quant`: 16 / 8 / 4 bits side by side in one run — bytes, KV blocks, speed, quality."""
+from __future__ import annotations
+
+import time
+
+from app.bench.runs import engine_one_stream
+from app.bench.workload import corpus_tokens
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.quality import compare_logits, heldout_texts, reference_logits
+
+
+def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: int) -> float:
+    """Output tokens/s with `streams` requests decoding together (prefill excluded)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(streams):
+        engine.add_request(prompt[i % 7 :], params)
+    while any(e for e in [engine.scheduler.waiting]) or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.step()  # finish every prefill first
+    t0, produced = time.perf_counter(), 0
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+    return produced / (time.perf_counter() - t0)
+
+
+def run_quant_bench(args) -> dict:
+    texts = heldout_texts()
+    results, reference, ppl16 = {}, None, None
+    for bits in args.bits:
+        cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                           quant_bits=bits, quant_group_size=args.group_size,
+                           quant_outlier_channels=args.outliers if bits != 16 else 0,
+                           memory_budget_bytes=args.memory_budget_mib * 2**20, max_num_seqs=64)
+        engine = LLMEngine(cfg)
+        mem = engine.memory()
+        prompt = corpus_tokens(engine.tokenizer)[:32]
+        engine_one_stream(engine, prompt, 8)  # warm-up
+        one = engine_one_stream(engine, prompt, args.max_tokens)
+        many = decode_rate(engine, prompt, args.streams, args.max_tokens)
+        if reference is None:
+            reference = reference_logits(engine, texts) if bits == 16 else None
+        ppl = engine.perplexity(texts)
+        ppl16 = ppl if bits == 16 else ppl16
+        row = {"weights_bytes": mem.weights_bytes, "kv_blocks": mem.kv_blocks_total,
+               "kv_tokens": mem.kv_blocks_total * cfg.block_size,
+               "decode_tokens_per_s_1_stream": one["decode_tokens_per_s"],
+               f"decode_tokens_per_s_{args.streams}_streams": many, "perplexity": ppl}
+        if ppl16 is not None:
+            row["perplexity_change_pct"] = 100 * (ppl / ppl16 - 1)
+        if reference is not None:
+            row.update(compare_logits(engine, texts, reference))
+        if bits != 16:
+            errs = engine.set_quantization(bits)  # same modules again, to read the per-layer error
+            row["layer_error_mean"] = sum(errs.values()) / len(errs)
+            row["layer_error_max"] = max(errs.values())
+        results[str(bits)] = row
+        del engine
+    base = results.get("16")
+    if base:
+        for row in results.values():
+            row["speedup_1_stream_vs_16"] = row["decode_tokens_per_s_1_stream"] / base["decode_tokens_per_s_1_stream"]
+    return {"group_size": args.group_size, "outlier_channels": args.outliers,
+            "memory_budget_mib": args.memory_budget_mib, "heldout_text": "assets/heldout.txt",
+            "results": results}
