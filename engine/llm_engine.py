@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.admission import AdmissionController, RequestRejected
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_quant import QuantizedWeights
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput, StepStats
 from engine.loader import LoadedModel, load_model
 from engine.memory import snapshot, weights_bytes
@@ -20,6 +22,7 @@ from engine.model_runner import ModelRunner
 from engine.models.llama import LlamaForCausalLM
 from engine.output_processor import append_token, make_output, timeline
 from engine.policies import make_policy
+from engine.quant import original_weights, swap_modules
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler
@@ -39,9 +42,10 @@ class EngineStats:
     num_preemptions: int
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_rejected: int = 0  # refused by admission control
 
 
-class LLMEngine:
+class LLMEngine(QuantizedWeights):
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Callable[[str, float], None] | None = None) -> None:
         self.config = config = config or EngineConfig()
@@ -62,8 +66,14 @@ class LLMEngine:
         self.model.rotary.cos, self.model.rotary.sin = (  # keep RoPE tables in float32
             self.model.rotary.cos.float(), self.model.rotary.sin.float())
         self.model.set_attention_backend(config.attention_backend)
+        # The 16-bit weights of every quantizable layer: the source of every (re)quantization.
+        self._originals = {n: w.to("cpu") if self.device.type != "cpu" else w
+                           for n, w in original_weights(self.model).items()}
+        self._act_absmax: dict[str, torch.Tensor] | None = None
+        if config.quant_bits != 16:
+            swap_modules(self.model, self.build_quantized(config.quant_bits))
         self.weights_bytes = weights_bytes(self.model)
-        blocks = num_kv_blocks(config, self.device, self.block_bytes)
+        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes)
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
@@ -78,11 +88,16 @@ class LLMEngine:
         self._step = 0
         self._last_activation_bytes = 0
         self._counts = dict(requests=0, finished=0, prompt=0, generated=0, cached=0)
+        self.admission = AdmissionController(config)
+        self._num_rejected = 0  # cumulative; each StepStats carries the rejections since the last step
+        self._num_rejected_published = 0
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0) -> str:
-        """Validate and queue a request (thread-safe). Raises ValueError for a bad request."""
+        """Validate and queue a request (thread-safe). Raises ValueError for a bad request and
+        RequestRejected (engine.admission) when admission control refuses it (config.max_queue_len,
+        config.max_predicted_wait_s)."""
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str):
@@ -105,14 +120,26 @@ class LLMEngine:
         with self._lock:
             if rid in self._requests or any(c == "add" and r.request_id == rid for c, r in self._inbox):
                 raise ValueError(f"request id {rid!r} is already in use")
+            self._admit_or_reject()
             self._inbox.append(("add", req))
         return rid
+
+    def _admit_or_reject(self) -> None:
+        """Admission control, with self._lock held: the queue after the last step plus requests not yet
+        drained. Raises RequestRejected (and counts it) when one more would break a limit."""
+        pending = [r for c, r in self._inbox if c == "add"]
+        try:
+            self.admission.check(self.admission.queue(len(pending), sum(r.num_tokens for r in pending)))
+        except RequestRejected:
+            self._num_rejected += 1
+            raise
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._inbox.append(("abort", request_id))
 
-    RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy")
+    RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
+                      "max_queue_len", "max_predicted_wait_s")
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
@@ -167,6 +194,7 @@ class LLMEngine:
             finished=tuple(timeline(r) for r in finished),
             arrived=tuple(arrived),
         )
+        self.admission.observe(event.stats, self.scheduler.waiting)
         for listener in self._listeners:
             listener(event)
         return list(outputs.values())
@@ -187,6 +215,12 @@ class LLMEngine:
                     setattr(self.config, key, value)
                 if "policy" in arg:
                     self.scheduler.policy = make_policy(arg["policy"])
+            elif cmd == "swap":
+                modules, settings = arg
+                swap_modules(self.model, modules)
+                for key, value in settings.items():
+                    setattr(self.config, key, value)
+                self.weights_bytes = weights_bytes(self.model)
             elif cmd == "abort":
                 req = self._requests.get(arg)
                 if req is not None and not req.is_finished:
@@ -236,8 +270,14 @@ class LLMEngine:
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
             num_finished=num_finished,
+            num_rejected=self._take_rejected(),
             scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
         )
+
+    def _take_rejected(self) -> int:
+        with self._lock:
+            n, self._num_rejected_published = self._num_rejected - self._num_rejected_published, self._num_rejected
+        return n
 
     # ---- conveniences and snapshots ------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
@@ -285,6 +325,7 @@ class LLMEngine:
             num_steps=self._step,
             num_prefix_cache_hit_tokens=c["cached"],
             num_preemptions=self.scheduler.num_preemptions,
+            num_rejected=self._num_rejected,
         )
 
     def memory(self) -> MemorySnapshot:

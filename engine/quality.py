@@ -19,7 +19,7 @@ def heldout_texts() -> list[str]:
 
 
 def windows(engine, texts: Sequence[str], window: int = 512) -> list[list[int]]:
-    window = min(window, engine.max_model_len)
+    window = min(window, getattr(engine, "max_model_len", window))
     out = []
     for text in texts:
         ids = engine.tokenizer.encode(text)
@@ -70,8 +70,25 @@ def activation_absmax(engine, texts: Sequence[str], window: int = 256) -> dict[s
             hooks.append(mod.register_forward_pre_hook(hook))
     try:
         for ids in windows(engine, texts, window)[:4]:
-            engine.score(ids)
+            _forward_fresh(engine, ids)
     finally:
         for h in hooks:
             h.remove()
     return stats
+
+
+def _forward_fresh(engine, ids: list[int]) -> None:
+    """One prefill pass in a throw-away KV cache: works before the engine's own cache exists."""
+    from engine.block_manager import BlockManager
+    from engine.model_runner import ModelRunner
+    from engine.request import Request
+    from engine.sampling_params import SamplingParams
+    from engine.scheduler import ScheduledRequest
+
+    bs = engine.config.block_size
+    blocks = -(-len(ids) // bs)
+    runner = ModelRunner(engine.model, engine.model_config, blocks, bs, engine.device, engine.dtype)
+    bm = BlockManager(blocks, bs, enable_prefix_caching=False)
+    bm.allocate("calibration", ids, len(ids))
+    runner.forward([ScheduledRequest(Request("calibration", ids, SamplingParams(max_tokens=1)), len(ids),
+                                     "prefill")], bm)
