@@ -42,7 +42,8 @@ class EngineConfig:
     quant_reference: bool = False  # dequantize-then-matmul instead of the fast kernels
     spec_method: str | None = None
     num_speculative_tokens: int = 0
-    draft_model: str | None = None
+    draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
+    draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
     max_loras: int = 0
 
     # Admission control (engine/admission.py): beyond these add_request raises RequestRejected; None = off

@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_quant import QuantizedWeights
+from engine.engine_spec import SpeculativeDecoding
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput, StepStats
 from engine.loader import LoadedModel, load_model
 from engine.memory import snapshot, weights_bytes
@@ -43,9 +44,21 @@ class EngineStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_rejected: int = 0  # refused by admission control
+    num_verify_passes: int = 0  # speculative: requests verified (one target pass each)
+    num_spec_emitted_tokens: int = 0  # tokens those passes produced (accepted + corrected/bonus)
+    accepted_per_position: tuple[int, ...] = ()
+    drafted_per_position: tuple[int, ...] = ()
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        return self.num_spec_emitted_tokens / self.num_verify_passes if self.num_verify_passes else 0.0
 
 
-class LLMEngine(QuantizedWeights):
+class LLMEngine(QuantizedWeights, SpeculativeDecoding):
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Callable[[str, float], None] | None = None) -> None:
         self.config = config = config or EngineConfig()
@@ -88,6 +101,7 @@ class LLMEngine(QuantizedWeights):
         self._step = 0
         self._last_activation_bytes = 0
         self._counts = dict(requests=0, finished=0, prompt=0, generated=0, cached=0)
+        self._init_spec(loaded)
         self.admission = AdmissionController(config)
         self._num_rejected = 0  # cumulative; each StepStats carries the rejections since the last step
         self._num_rejected_published = 0
@@ -171,6 +185,8 @@ class LLMEngine(QuantizedWeights):
         outputs: dict[str, RequestOutput] = {}
         finished: list[Request] = []
         arrived = self._drain_inbox(outputs, finished)
+        self._begin_spec_step()
+        self._propose()
         sched = self.scheduler.schedule()
         if sched.is_empty and not outputs and not arrived:
             return []
@@ -193,6 +209,7 @@ class LLMEngine(QuantizedWeights):
             outputs=tuple(outputs.values()),
             finished=tuple(timeline(r) for r in finished),
             arrived=tuple(arrived),
+            spec=self._spec_event(self._step - 1),
         )
         self.admission.observe(event.stats, self.scheduler.waiting)
         for listener in self._listeners:
@@ -231,7 +248,10 @@ class LLMEngine(QuantizedWeights):
 
     def _update(self, result, outputs: dict[str, RequestOutput], finished: list[Request]) -> None:
         bm = self.block_manager
-        for s, token, lp in zip(result.order, result.sampled, result.logprobs):
+        for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
+            if i in result.verify_logits:
+                self._apply_verify(s, result.verify_logits[i], outputs, finished)
+                continue
             req = s.request
             req.num_computed_tokens += s.num_tokens
             bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
@@ -253,6 +273,7 @@ class LLMEngine(QuantizedWeights):
         req.error = error
         req.finished_time = time.perf_counter()
         self.scheduler.remove(req)
+        self._free_spec(req.request_id)
         self._requests.pop(req.request_id, None)
         self._counts["finished"] += 1
 
@@ -264,6 +285,7 @@ class LLMEngine(QuantizedWeights):
             wall_time_s=time.perf_counter() - t0,
             num_prefill_tokens=sched.num_prefill_tokens,
             num_decode_tokens=sched.num_decode_tokens,
+            num_verify_tokens=sched.num_verify_tokens,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted),
@@ -326,6 +348,12 @@ class LLMEngine(QuantizedWeights):
             num_prefix_cache_hit_tokens=c["cached"],
             num_preemptions=self.scheduler.num_preemptions,
             num_rejected=self._num_rejected,
+            num_draft_tokens=self.spec_totals["draft"],
+            num_accepted_tokens=self.spec_totals["accepted"],
+            num_verify_passes=self.spec_totals["verify"],
+            num_spec_emitted_tokens=self.spec_totals["emitted"],
+            accepted_per_position=tuple(self.spec_accepted_per_pos),
+            drafted_per_position=tuple(self.spec_drafted_per_pos),
         )
 
     def memory(self) -> MemorySnapshot:

@@ -4,7 +4,7 @@ It never decides who runs: it executes exactly what the scheduler handed out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ class StepResult:
     sampled: list[int | None]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
     activation_bytes: int
+    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # order index -> (n, vocab)
 
 
 class ModelRunner:
@@ -59,26 +60,35 @@ class ModelRunner:
         decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
         order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
         hidden = self.forward(order, bm)
-        # Rows that produce a token: the last position of each request that reaches its end.
-        rows, producers = [], []
+        # Rows that produce a token: the last position of each request that reaches its end; every
+        # position of a verify run (one per draft token, plus the bonus position).
+        rows, producers, verify_spans = [], [], []
         offset = 0
         for s in order:
             offset += s.num_tokens
-            if s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+            if s.kind == "verify":
+                verify_spans.append((s, len(rows), s.num_tokens))
+                rows.extend(range(offset - s.num_tokens, offset))
+            elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+                producers.append((s, len(rows)))
                 rows.append(offset - 1)
-                producers.append(s)
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
+        verify_logits: dict[int, torch.Tensor] = {}
         if rows:
             logits = self.model.compute_logits(hidden[rows])
-            result: SampleResult = sample(
-                logits, [s.request.sampling_params for s in producers], [s.request.generator for s in producers])
             where = {id(s): i for i, s in enumerate(order)}
-            for s, tok, lp in zip(producers, result.token_ids, result.logprobs):
-                sampled[where[id(s)]] = tok
-                logprobs[where[id(s)]] = lp
+            if producers:
+                result: SampleResult = sample(
+                    logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                    [s.request.generator for s, _ in producers])
+                for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
+                    sampled[where[id(s)]] = tok
+                    logprobs[where[id(s)]] = lp
+            for s, first, n in verify_spans:
+                verify_logits[where[id(s)]] = logits[first : first + n]
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act)
+        return StepResult(order, sampled, logprobs, act, verify_logits)
 
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
@@ -98,7 +108,7 @@ class ModelRunner:
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
             table = bm.block_table(req.request_id)
             q_start = len(ids)
-            tokens = req.all_token_ids[start:end]
+            tokens = (req.all_token_ids + req.spec_token_ids if s.kind == "verify" else req.all_token_ids)[start:end]
             ids.extend(tokens)
             pos.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))

@@ -54,6 +54,9 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at admission
     num_preemptions: int = 0
+    # Draft tokens proposed for this step's verification; they are not part of the request's tokens
+    # until the target accepts them.
+    spec_token_ids: list[int] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     seed: int = 0
     generator: object | None = None  # the sampler's per-request RNG (a torch.Generator)

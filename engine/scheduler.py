@@ -22,7 +22,7 @@ from engine.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_tokens: int  # tokens to run this step, starting at request.num_computed_tokens
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode" or "verify" (the last token + draft tokens)
 
 
 @dataclass(slots=True)
@@ -38,6 +38,10 @@ class SchedulerOutput:
     @property
     def num_decode_tokens(self) -> int:
         return sum(s.num_tokens for s in self.scheduled if s.kind == "decode")
+
+    @property
+    def num_verify_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled if s.kind == "verify")
 
     @property
     def is_empty(self) -> bool:
@@ -76,7 +80,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            pending = req.num_tokens - req.num_computed_tokens
+            n = min(pending + (len(req.spec_token_ids) if pending == 1 else 0), budget)
             if n <= 0:
                 i += 1
                 continue
@@ -84,7 +89,13 @@ class Scheduler:
                 # No blocks left even after preempting everyone behind it: preempt it too.
                 self._preempt(req, out)
                 continue
-            out.scheduled.append(ScheduledRequest(req, n, "decode" if n == 1 and not req.is_prefill else "prefill"))
+            if pending == 1 and n > 1:  # the last token plus n - 1 draft tokens, checked in one pass
+                del req.spec_token_ids[n - 1 :]
+                kind = "verify"
+            else:
+                req.spec_token_ids.clear()
+                kind = "decode" if pending == 1 else "prefill"
+            out.scheduled.append(ScheduledRequest(req, n, kind))
             scheduled_ids.add(req.request_id)
             budget -= n
             i += 1
@@ -139,6 +150,7 @@ class Scheduler:
         self.running.remove(req)
         self.block_manager.free(req.request_id)
         req.num_computed_tokens = 0
+        req.spec_token_ids.clear()
         req.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
