@@ -33,7 +33,7 @@ class EngineConfig:
 
     # Model execution
     attention_backend: str = "fast"  # "fast" or "reference"
-    compile: bool = False  # torch.compile the decode path
+    compile: bool = False  # torch.compile the dense layers (first steps slow, then fused kernels)
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

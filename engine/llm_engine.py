@@ -85,6 +85,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
         self._act_absmax: dict[str, torch.Tensor] | None = None
         if config.quant_bits != 16:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
+        if config.compile:
+            self.model.compile_dense()  # compiled lazily: the first steps pay for it
         self.weights_bytes = weights_bytes(self.model)
         blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes)
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,

@@ -215,3 +215,9 @@ def test_reconfigure_applies_between_steps(tiny_llama):
     # running requests are not evicted by the change; new admissions respect the new cap
     assert max(e.stats.num_running for e in events[3:]) <= 4
     assert events[-2].stats.num_running <= 2 and eng.config.max_num_seqs == 2
+
+
+@pytest.mark.slow
+def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
+    eng = make(tiny_llama, compile=True)
+    assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == reference[:2]

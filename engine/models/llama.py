@@ -96,6 +96,16 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def compile_dense(self) -> None:
+        """torch.compile the dense parts of every layer (norms, projections, RoPE, MLP), where
+        elementwise chains fuse into single kernels. Attention stays eager: its inputs are paged and
+        ragged. Shapes are marked dynamic so a new batch size does not trigger a recompile."""
+        for layer in self.layers:
+            layer.mlp = torch.compile(layer.mlp, dynamic=True)
+            layer.input_layernorm = torch.compile(layer.input_layernorm, dynamic=True)
+            layer.post_attention_layernorm = torch.compile(layer.post_attention_layernorm, dynamic=True)
+        self.norm = torch.compile(self.norm, dynamic=True)
+
     def set_attention_backend(self, backend: str) -> None:
         for layer in self.layers:
             layer.self_attn.reference = backend == "reference"
