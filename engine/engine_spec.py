@@ -38,6 +38,28 @@ class SpeculativeDecoding:
         else:
             raise ValueError(f"spec_method must be None, 'draft', 'ngram' or 'mtp', got {method!r}")
 
+    def _check_spec_switch(self, method: str | None) -> None:
+        """At run time the proposer can switch between none and n-gram lookup, or stay as it is; a
+        draft model is loaded only at start-up (its weights take a while to load)."""
+        current = self.proposer.name if self.proposer else None
+        if method not in (None, "none", "ngram", current):
+            raise ValueError(f"cannot switch speculation to {method!r} at run time; start the engine with it")
+
+    def _switch_spec(self, method: str | None) -> None:
+        if method in (None, "none"):
+            self._free_all_drafts()
+            self.proposer = None
+        elif method == "ngram" and not isinstance(self.proposer, NgramProposer):
+            self._free_all_drafts()
+            self.proposer = NgramProposer()
+        for r in self.scheduler.running:
+            r.spec_token_ids.clear()
+
+    def _free_all_drafts(self) -> None:
+        if isinstance(self.proposer, DraftModelProposer):
+            for rid in list(self.proposer.computed):
+                self.proposer.free(rid)
+
     def _make_draft(self, target_loaded) -> DraftModelProposer:
         cfg = self.config
         loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded

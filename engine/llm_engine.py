@@ -155,7 +155,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
             self._inbox.append(("abort", request_id))
 
     RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
-                      "max_queue_len", "max_predicted_wait_s")
+                      "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method")
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
@@ -167,6 +167,9 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if "policy" in changes:
             make_policy(changes["policy"])  # validate now, in the caller's thread
+        if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
+            raise ValueError("num_speculative_tokens must be between 0 and 8")
+        self._check_spec_switch(changes.get("spec_method", self.config.spec_method))
         with self._lock:
             self._inbox.append(("config", changes))
 
@@ -234,6 +237,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
                     setattr(self.config, key, value)
                 if "policy" in arg:
                     self.scheduler.policy = make_policy(arg["policy"])
+                if "spec_method" in arg:
+                    self._switch_spec(arg["spec_method"])
             elif cmd == "swap":
                 modules, settings = arg
                 swap_modules(self.model, modules)

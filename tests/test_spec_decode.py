@@ -90,3 +90,25 @@ def test_sampled_speculation_is_reproducible(tiny_llama):
 def test_mtp_is_refused_clearly(tiny_llama):
     with pytest.raises(ValueError, match="mtp"):
         make(tiny_llama, spec_method="mtp", num_speculative_tokens=2)
+
+
+def test_speculation_switches_at_run_time(tiny_llama):
+    plain = make(tiny_llama).generate(PROMPTS, GREEDY)
+    eng = make(tiny_llama)
+    ids = [eng.add_request(p, GREEDY) for p in PROMPTS]
+    eng.step()
+    eng.reconfigure(spec_method="ngram", num_speculative_tokens=3)
+    with pytest.raises(ValueError):
+        eng.reconfigure(spec_method="draft")
+    with pytest.raises(ValueError):
+        eng.reconfigure(num_speculative_tokens=12)
+    final = {}
+    for _ in range(6):
+        for o in eng.step():
+            final[o.request_id] = o
+    eng.reconfigure(num_speculative_tokens=0)
+    while eng.has_unfinished():
+        for o in eng.step():
+            final[o.request_id] = o
+    assert [final[i].token_ids for i in ids] == [o.token_ids for o in plain]
+    assert eng.stats().num_draft_tokens > 0
