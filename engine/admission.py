@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.events import StepStats
@@ -74,11 +74,14 @@ class AdmissionController:
             return None
         return queued_tokens / tps + num_waiting * step
 
-    def queue(self, pending_requests: int = 0, pending_tokens: int = 0) -> QueueState:
-        """The queue as of the last step plus requests added since (not yet drained by the engine)."""
+    def queue(self, num_waiting_now: int | None = None, pending: Sequence[Request] = ()) -> QueueState:
+        """The queue a new request would join: the waiting requests (counted now when the caller can,
+        else as of the last step) plus `pending` ones added but not yet drained by the engine. Queued
+        tokens are as of the last step plus the pending prompts (the wait is a prediction anyway)."""
         with self._lock:
             q = self._queue
-        return QueueState(q.num_waiting + pending_requests, q.queued_tokens + pending_tokens)
+        waiting = q.num_waiting if num_waiting_now is None else num_waiting_now
+        return QueueState(waiting + len(pending), q.queued_tokens + sum(r.num_tokens for r in pending))
 
     def check(self, queue: QueueState) -> None:
         """Raise RequestRejected when one more request would break a limit."""

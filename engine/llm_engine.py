@@ -144,8 +144,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
         """Admission control, with self._lock held: the queue after the last step plus requests not yet
         drained. Raises RequestRejected (and counts it) when one more would break a limit."""
         pending = [r for c, r in self._inbox if c == "add"]
-        try:
-            self.admission.check(self.admission.queue(len(pending), sum(r.num_tokens for r in pending)))
+        try:  # len() of the live deque is safe from any thread; drained requests are in it at once
+            self.admission.check(self.admission.queue(len(self.scheduler.waiting), pending))
         except RequestRejected:
             self._num_rejected += 1
             raise

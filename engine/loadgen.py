@@ -14,9 +14,10 @@ missing) tokenized by the engine's own tokenizer and cut to length, so prefill s
 statistics. With `shared_prefix_tokens` every prompt starts with the same "system prompt", which the
 prefix cache turns into shared KV blocks.
 
-Arrival processes are separate objects behind one small protocol (`next_time`, `pop`), so closed-loop
-users (issue 6: each user waits for its answer, thinks, then asks again) can be added as another
-process that also listens to `on_finished`.
+Arrival processes are separate objects behind one small protocol (`next_time`, `pop`). Closed-loop
+users (LoadConfig.num_users, engine/closed_loop.py) are one of them: each waits for its answer,
+thinks, then asks again, so the caller reports `on_submitted(request_id or None, arrival, now)` after
+submitting and `on_finished(request_id, now)` when one of its requests ends.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
+
+from engine.closed_loop import ClosedLoopUsers
 
 _ASSET = Path(__file__).resolve().parents[1] / "assets" / "heldout.txt"
 _FALLBACK = (
@@ -50,7 +53,9 @@ class LoadConfig:
     burst_output_tokens: tuple[int, int] = (16, 64)
     shared_prefix_tokens: int = 0  # a common "system prompt" in front of every prompt
     temperature: float = 0.8
-    ignore_eos: bool = True  # outputs run to max_tokens, so the workload is what the config says
+    ignore_eos: bool = False  # True: every output runs to max_tokens (fixed work, for benchmarks)
+    num_users: int = 0  # closed-loop users (engine/closed_loop.py) on top of the Poisson arrivals; 0 = none
+    think_time_s: float = 1.0  # a user's mean pause (exponential) between an answer and its next question
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_rate, (int, float)) and math.isfinite(self.arrival_rate)
@@ -65,13 +70,17 @@ class LoadConfig:
             raise ValueError(f"shared_prefix_tokens must be an integer >= 0, got {self.shared_prefix_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.num_users, int) or self.num_users < 0:
+            raise ValueError(f"num_users must be an integer >= 0, got {self.num_users!r}")
+        if not (math.isfinite(self.think_time_s) and self.think_time_s >= 0):
+            raise ValueError(f"think_time_s must be a number >= 0, got {self.think_time_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
     prompt_token_ids: list[int]
     sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
-    kind: str = "poisson"  # "poisson" | "burst" (issue 6 adds "user")
+    kind: str = "poisson"  # "poisson" | "burst" | "user" (closed loop)
     due: float = 0.0  # when it was meant to arrive (perf_counter seconds)
 
 
@@ -142,6 +151,8 @@ class LoadGenerator:
         self._max_len = max_model_len
         self._poisson: PoissonProcess | None = None
         self._bursts = BurstQueue()
+        self._users: ClosedLoopUsers | None = None
+        self._user_requests: set[str] = set()  # request ids of the users' questions in flight
         self._num_generated = 0
 
     # --- control ------------------------------------------------------------------------------
@@ -150,11 +161,14 @@ class LoadGenerator:
         return self._poisson is not None
 
     def start(self, now: float) -> None:
-        """Start Poisson arrivals (bursts are due whether or not it runs)."""
+        """Start Poisson arrivals and closed-loop users (bursts are due whether or not it runs)."""
         self._poisson = PoissonProcess(self._rng, self.config.arrival_rate, now)
+        self._users = ClosedLoopUsers(self._rng, self.config.num_users, self.config.think_time_s, now)
 
     def stop(self) -> None:
         self._poisson = None
+        self._users = None
+        self._user_requests.clear()
 
     def burst(self, n: int, now: float) -> None:
         """n long prompts, due now."""
@@ -169,16 +183,33 @@ class LoadGenerator:
         self.config = config
         if self._poisson is not None:
             self._poisson.set_rate(config.arrival_rate, now)
+        if self._users is not None:
+            self._users.think_time_s = config.think_time_s
+            self._users.set_users(config.num_users, now)
 
     def set_rate(self, arrival_rate: float, now: float) -> None:
         self.set_config(replace(self.config, arrival_rate=arrival_rate), now)
 
+    def on_submitted(self, request_id: str | None, arrival: Arrival, now: float) -> None:
+        """The caller submitted `arrival` as `request_id` (None: the engine refused it). Closed-loop
+        users need it: a refused user thinks and asks again; an accepted one waits for on_finished."""
+        if arrival.kind != "user" or self._users is None:
+            return
+        if request_id is None:
+            self._users.answered(now)
+        else:
+            self._user_requests.add(request_id)
+
     def on_finished(self, request_id: str, now: float) -> None:
-        """A request of ours ended (the hook closed-loop users will need; open-loop ignores it)."""
+        """A request of ours ended: if a closed-loop user asked it, that user thinks, then asks again."""
+        if request_id in self._user_requests:
+            self._user_requests.discard(request_id)
+            if self._users is not None:
+                self._users.answered(now)
 
     # --- arrivals -----------------------------------------------------------------------------
     def _processes(self) -> list[ArrivalProcess]:
-        return [p for p in (self._poisson, self._bursts) if p is not None]
+        return [p for p in (self._poisson, self._bursts, self._users) if p is not None]
 
     def next_due(self) -> float:
         """perf_counter time of the next arrival (inf when nothing is planned)."""

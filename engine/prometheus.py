@@ -110,7 +110,8 @@ class ServingMetrics:
         out: list[str] = []
 
         def sample(name: str, kind: str, help_: str, value: float) -> None:
-            out.extend([f"# HELP {p}:{name} {help_}", f"# TYPE {p}:{name} {kind}", f"{p}:{name}{{{lab}}} {_num(value)}"])
+            out.extend([f"# HELP {p}:{name} {help_}", f"# TYPE {p}:{name} {kind}",
+                        f"{p}:{name}{{{lab}}} {_num(value)}"])
 
         for name, kind, help_, value in self._scalars():
             sample(name, kind, help_, value)

@@ -1,0 +1,154 @@
+"""create_app(async_engine): the OpenAI-compatible routes, /metrics and /health over one AsyncEngine.
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the model's chat template),
+GET /metrics (Prometheus text), GET /health. With `api_key`, every /v1 route wants
+`Authorization: Bearer <api_key>` (401 otherwise); /metrics and /health stay open, as in vLLM.
+
+This is a single-model server: the request's `model` field is accepted whatever it says and the
+served name is echoed back.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from app.server import formats
+from app.server.errors import APIError, bad_request, install_handlers, rejected
+from app.server.protocol import ChatCompletionRequest, CompletionRequest
+from app.server.streams import close_all, collect, stream_sse
+from engine.admission import RequestRejected
+from engine.async_engine import AsyncEngine, RequestStream
+from engine.prometheus import ServingMetrics
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: AsyncEngine
+    model_name: str
+    metrics: ServingMetrics
+    created: int
+
+    def submit(self, prompts: list, params, meta: formats.ResponseMeta, priority: int,
+               param: str) -> list[RequestStream]:
+        """Queue one engine request per choice; all or none (a refusal closes those already queued)."""
+        streams: list[RequestStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                streams.append(self.engine.add_request(prompt, params, request_id=f"{meta.id}-{i}",
+                                                       priority=priority))
+        except RequestRejected as exc:
+            close_all(streams)
+            raise rejected(exc) from None
+        except ValueError as exc:
+            close_all(streams)
+            raise bad_request(exc, param) from None
+        return streams
+
+
+def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
+               metrics: ServingMetrics | None = None) -> FastAPI:
+    """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (one is attached
+    when omitted). The caller owns the AsyncEngine's lifecycle (start/shutdown)."""
+    name = model_name or str(async_engine.engine.config.model)
+    metrics = metrics or ServingMetrics(async_engine.engine, name).attach()
+    state = ServerState(async_engine, name, metrics, int(time.time()))
+    app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.inferlab = state
+    install_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "inferlab",
+                "max_model_len": async_engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        body.refuse_unsupported()
+        meta = formats.ResponseMeta("completion", state.model_name)
+        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt")
+        return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
+                              body.logprobs is not None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        body.refuse_unsupported()
+        tok = async_engine.tokenizer
+        if not tok.has_chat_template:
+            raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+        try:
+            text = tok.apply_chat_template(body.chat_messages(), add_generation_prompt=True)
+        except Exception as exc:  # the template itself may raise (e.g. roles it does not allow)
+            raise bad_request(f"the chat template failed: {exc}", "messages") from None
+        ids = tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
+        params = body.sampling_params(len(ids), async_engine.max_model_len)
+        meta = formats.ResponseMeta("chat", state.model_name)
+        streams = state.submit([ids], params, meta, body.priority, "messages")
+        return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)
+
+    async def _respond(request: Request, kind: str, meta, streams, stream: bool, include_usage: bool,
+                       want_logprobs: bool):
+        piece = async_engine.tokenizer.id_to_piece
+        if stream:
+            events = stream_sse(kind, meta, streams, piece, include_usage, want_logprobs)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return await _unless_disconnected(request, collect(kind, meta, streams, piece, want_logprobs), streams)
+
+    return app
+
+
+async def _unless_disconnected(request: Request, work, streams: list[RequestStream]):
+    """Run `work`; if the client disconnects first, cancel it (its streams close, their requests abort)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        close_all(streams)
+        return Response(status_code=499)  # nobody will read it
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class APIKeyMiddleware:
+    """Pure ASGI (not BaseHTTPMiddleware, which would sit between a stream and its disconnect)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # constant time: no timing oracle on the key
+                body = APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                code="invalid_api_key").body()
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

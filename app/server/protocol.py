@@ -1,0 +1,157 @@
+"""Request bodies of the OpenAI API (the subset inferlab serves) and their SamplingParams.
+
+Unknown fields are ignored, as the OpenAI API does for fields it does not know; fields inferlab knows
+but cannot honour (n > 1, echo, penalties, logit_bias, tools) are refused with 400 rather than
+silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and `priority` are vLLM-style extensions.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from app.server.errors import APIError, bad_request
+from engine.sampling_params import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    priority: int = 0
+    user: str | None = None
+
+    def refuse_unsupported(self) -> None:
+        if self.n != 1:
+            raise APIError(400, "only n=1 is supported", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported", param=name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        kwargs: dict[str, Any] = dict(max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, seed=self.seed,
+                                      stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs)
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(exc) from None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = DEFAULT_COMPLETION_MAX_TOKENS
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per choice: a string or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
+            return list(p)
+        raise APIError(400, "prompt must be a string, a list of strings, token ids or lists of token ids",
+                       param="prompt")
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of is not supported", param="best_of")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+
+    def sampling_params(self) -> SamplingParams:
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return self.sampling(max_tokens, self.logprobs)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text; content parts other than text are refused."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise APIError(400, f"content parts of type {part.get('type')!r} are not supported",
+                               param="messages")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if not self.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        if self.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError(400, "only response_format type 'text' is supported", param="response_format")
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def sampling_params(self, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+        """Without a limit the answer may fill the rest of the context (as the OpenAI API does)."""
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if limit is None:
+            limit = max_model_len - num_prompt_tokens
+            if limit < 1:
+                raise bad_request(f"the prompt ({num_prompt_tokens} tokens) fills the context length of "
+                                  f"{max_model_len} tokens", param="messages")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling(limit, logprobs)
+
+

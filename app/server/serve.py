@@ -1,0 +1,66 @@
+"""`inferlab serve`: load the engine, step it in a background thread, serve the OpenAI API with uvicorn."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.policies import POLICIES
+
+
+def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
+    engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
+    p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $INFERLAB_API_KEY, else none)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
+    p.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one piece")
+    p.add_argument("--policy", default="fcfs", choices=sorted(POLICIES), help="which waiting request goes next")
+    p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
+    p.add_argument("--max-predicted-wait", type=float, default=None, metavar="SECONDS",
+                   help="refuse (429) when the predicted queue wait exceeds this")
+    p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def engine_config(args):
+    from engine.config import EngineConfig
+
+    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy,
+              max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait)
+    if args.kv_cache_mib:
+        kw["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
+    return EngineConfig(**kw)
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from app.generate import stderr_progress
+    from app.server.api import create_app
+    from engine.async_engine import AsyncEngine
+    from engine.llm_engine import LLMEngine
+    from engine.loader import ModelLoadError
+
+    try:
+        engine = LLMEngine(engine_config(args), progress=stderr_progress)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"inferlab: error: {exc}", file=sys.stderr)
+        return 2
+    async_engine = AsyncEngine(engine).start()
+    name = args.served_model_name or args.model
+    app = create_app(async_engine, model_name=name, api_key=args.api_key)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=2)
+    finally:
+        async_engine.shutdown()
+    return 0
