@@ -1,4 +1,4 @@
-"""The `inferlab` command: the desktop app by default, plus generate / bench subcommands."""
+"""The `inferlab` command: the desktop app by default, plus generate / serve / bench subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
     parser.add_argument("--run-seconds", type=float, default=5.0)
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="the app's model: built-in name, Hugging Face folder, .gguf file or Hub id")
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")
@@ -33,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--stats", action="store_true", help="print timings to stderr at the end")
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1, /metrics)")
+    from app.server.serve import add_serve_args
+
+    add_serve_args(serve, _engine_args)
+
     bench = sub.add_parser("bench", help="benchmarks; results as JSON")
     from app.bench.cli import add_bench_args
 
@@ -46,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.generate import run_generate
 
         return run_generate(args)
+    if args.command == "serve":
+        from app.server.serve import run_serve
+
+        return run_serve(args)
     if args.command == "bench":
         from app.bench.cli import run_bench
 

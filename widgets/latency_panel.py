@@ -83,6 +83,7 @@ class LatencyPanel(Panel):
             w.addItem(line)
         label = QLabel()
         label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        label.setWordWrap(True)  # growing numbers must not widen the dock
         self._plots[key], self._lines[key], self._labels[key] = w, lines, label
         grid.addWidget(w, 0, col)
         grid.addWidget(label, 1, col)
@@ -182,6 +183,7 @@ class LatencyPanel(Panel):
                 lines[q].hide()
             self._labels[key].setText("no finished requests yet")
             self._plots[key].setYRange(0, 1, padding=0)
+            self._plots[key].setXRange(0, (budget or 1.0) * 1.3, padding=0)
             return
         hi = max(pct[99] * 1.3, (budget or 0.0) * 1.15, 1e-9)
         counts, edges = np.histogram(np.minimum(vals, hi), bins=_BINS, range=(0.0, hi))

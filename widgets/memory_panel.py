@@ -26,6 +26,7 @@ class MemoryPanel(Panel):
         self._blocks: BlockMapSnapshot | None = None
 
         self._header = QLabel()
+        self._header.setWordWrap(True)  # long headers wrap instead of widening the dock
         self._header.setTextFormat(Qt.TextFormat.RichText)
         self._bar = MemoryBar()
         self._legend_labels: dict[str, QLabel] = {}
@@ -35,9 +36,11 @@ class MemoryPanel(Panel):
         for i, cat in enumerate(MEMORY_CATEGORIES):
             label = QLabel()
             label.setTextFormat(Qt.TextFormat.RichText)
+            label.setWordWrap(True)  # growing numbers must not widen the dock
             self._legend_labels[cat] = label
             legend.addWidget(label, i // _LEGEND_COLUMNS, i % _LEGEND_COLUMNS)
         self._block_header = QLabel()
+        self._block_header.setWordWrap(True)
         self._block_map = BlockMapView()
         self._block_legend = QLabel()
         self._block_legend.setTextFormat(Qt.TextFormat.RichText)

@@ -61,6 +61,7 @@ class TimelinePanel(Panel):
 
         self._gantt = GanttView()
         self._gantt_label = QLabel()
+        self._gantt_label.setWordWrap(True)  # a long legend wraps instead of widening the panel
         self._gantt_label.setTextFormat(Qt.TextFormat.RichText)
         gantt_box = QWidget()
         gl = QVBoxLayout(gantt_box)

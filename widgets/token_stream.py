@@ -71,6 +71,7 @@ class TokenStreamPanel(Panel):
         shortcut.setContext(Qt.ShortcutContext.WidgetShortcut)
         shortcut.activated.connect(self._on_send)
         self._legend = QLabel()
+        self._legend.setWordWrap(True)  # a long legend wraps instead of widening the panel
         self._tabs = QTabWidget()
         self._tabs.setDocumentMode(True)
         self._empty = QLabel("No streams yet: send a prompt or start the load generator.")
@@ -97,7 +98,8 @@ class TokenStreamPanel(Panel):
         for s in self._streams.values():
             s.view.set_decoder(decoder)
 
-    def add_stream(self, request_id: str, title: str, prompt: str | None = None) -> None:
+    def add_stream(self, request_id: str, title: str, prompt: str | None = None, activate: bool = True) -> None:
+        """activate=False adds the tab without switching to it (background streams)."""
         if request_id in self._streams:
             return
         self._evict_if_full()
@@ -114,7 +116,8 @@ class TokenStreamPanel(Panel):
         lay.addWidget(view, 1)
         self._streams[request_id] = _Stream(title, page, view, status)
         self._tabs.addTab(page, title)
-        self._tabs.setCurrentWidget(page)
+        if activate or self._tabs.count() == 1:
+            self._tabs.setCurrentWidget(page)
         self._tabs.show()
         self._empty.hide()
         self._mark_dirty()

@@ -56,6 +56,7 @@ class TradeoffPanel(Panel):
         self._sweep = QPushButton("Run sweep")
         self._sweep.clicked.connect(self.sigSweep)
         self._legend = QLabel()
+        self._legend.setWordWrap(True)  # a long legend wraps instead of widening the panel
         self._legend.setTextFormat(Qt.TextFormat.RichText)
 
         self._plot = pg.PlotWidget()
@@ -139,11 +140,14 @@ class TradeoffPanel(Panel):
                 text = self._labels[p.label] = pg.TextItem()
                 self._plot.addItem(text)
             # labels point inwards so the outermost ones stay inside the plot
-            text.setAnchor((1.0, 1.1) if p.tokens_per_s_per_user > mid_x else (0.0, 1.1))
+            text.setAnchor((1.0, 1.1) if p.tokens_per_s_per_user >= mid_x else (0.0, 1.1))
             text.setText(p.label if measured else f"{p.label}\n({NOT_MEASURED})")
             text.setColor(fg)
             text.setPos(p.tokens_per_s_per_user, cost)
         self._scatter.setData(spots)
+        if spots:  # from zero, with headroom: one point alone would get a degenerate auto-range
+            self._plot.setXRange(0, max(sp["pos"][0] for sp in spots) * 1.3, padding=0)
+            self._plot.setYRange(0, max(sp["pos"][1] for sp in spots) * 1.3, padding=0)
         cur = self._points.get(self._current or "")
         cur_cost = cost_per_million_tokens(price, cur.total_tokens_per_s) if cur else None
         self._ring.setData([cur.tokens_per_s_per_user] if cur_cost is not None else [],

@@ -29,15 +29,59 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--kv-cache-mib", type=int, default=1024)
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
+    qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
+    engine_args(qb)
+    qb.add_argument("--json", metavar="OUT", help="write the results here")
+    qb.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4])
+    qb.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128])
+    qb.add_argument("--outliers", type=int, default=0, help="input channels per layer kept in 16 bits")
+    qb.add_argument("--streams", type=int, default=16)
+    qb.add_argument("--max-tokens", type=int, default=64)
+    qb.add_argument("--memory-budget-mib", type=int, default=1024, help="weights + KV budget")
+    sp = sub.add_parser("spec", help="speculative decoding vs none at 1 and many streams, outputs checked")
+    engine_args(sp)
+    sp.add_argument("--json", metavar="OUT", help="write the results here")
+    sp.add_argument("--k", type=int, default=4, help="draft length")
+    sp.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    sp.add_argument("--max-tokens", type=int, default=64)
+    sp.add_argument("--methods", nargs="*", help="subset of: ngram draft-int4-self")
+    from app.bench.serve_bench import add_serve_bench_args
+
+    add_serve_bench_args(sub.add_parser("serve", help="goodput, p99 TTFT/TPOT vs arrival rate; policies; chunking"),
+                         engine_args)
+    from app.bench import gui_overhead
+
+    gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
+                          engine_args)
 
 
 def run_bench(args) -> int:
+    if args.bench == "gui" and args.threads is None:
+        from app.gui import engine_threads
+
+        args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
     torch.set_num_threads(args.threads or torch.get_num_threads())
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         result.update(_throughput(args))
+    elif args.bench == "spec":
+        from app.bench.spec_bench import run_spec_bench
+
+        result.update(run_spec_bench(args))
+    elif args.bench == "quant":
+        from app.bench.quant_bench import run_quant_bench
+
+        result.update(run_quant_bench(args))
+    elif args.bench == "serve":
+        from app.bench.serve_bench import run_serve_bench
+
+        result.update(run_serve_bench(args))
+    elif args.bench == "gui":
+        from app.bench import gui_overhead
+
+        result.update(gui_overhead.run(args))
     else:
         result.update(_decode(args))
     text = json.dumps(result, indent=2)

@@ -1,0 +1,34 @@
+"""Slow jobs that run in the engine thread between steps: requantizing the weights and measuring
+perplexity. The window stays live (only the engine pauses); progress goes out as ("busy", …) events."""
+from __future__ import annotations
+
+
+def quantize(host, bits: int) -> None:
+    """Requantize from the original 16-bit weights; measure perplexity before and after when the
+    engine can (once per bit width), so the tradeoff plot gets a measured quality delta."""
+    engine = host.engine
+
+    def busy(text: str, fraction: float | None) -> None:
+        host.publish("busy", {"text": text, "fraction": fraction})
+
+    measure = "perplexity" in host.info.capabilities
+    try:
+        if measure:
+            measure_perplexity(host, busy)  # the current weights, before they change
+        busy(f"quantizing weights to {bits} bits…", 0.0)
+        engine.set_quantization(bits, progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
+        engine.step()  # the new layers are swapped in at the top of a step
+        host.publish("quantized", engine.config.quant_bits)
+        if measure:
+            measure_perplexity(host, busy)
+    finally:
+        busy("", None)
+
+
+def measure_perplexity(host, busy) -> None:
+    bits = host.engine.config.quant_bits
+    if bits in host.perplexity:
+        return
+    busy(f"measuring perplexity at {bits} bits on the held-out text…", None)
+    host.perplexity[bits] = host.engine.perplexity()
+    host.publish("perplexity", dict(host.perplexity))

@@ -1,0 +1,271 @@
+"""MainWindow: every panel in a dock, the caption on top, load progress in the status bar.
+
+The window only arranges things; AppController (app/controller.py) decides what a click means,
+PanelFeeder (app/panel_feeder.py) moves engine events into panels on a ~30 Hz timer.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QSizePolicy,
+    QToolBar,
+    QWidget,
+)
+
+from app.controller import AppController
+from app.engine_host import EngineHost
+from app.panel_feeder import PanelFeeder
+from app.trace_recorder import TraceRecorder
+from app.tradeoff_meter import TradeoffMeter
+from app.window_menus import build_menus
+from widgets import (
+    CaptionBanner,
+    ControlsPanel,
+    LatencyPanel,
+    MemoryPanel,
+    SpecPanel,
+    TimelinePanel,
+    TokenStreamPanel,
+    TradeoffPanel,
+    apply_theme,
+)
+
+DRAIN_INTERVAL_MS = 33  # ~30 Hz
+DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
+STATE_VERSION = 1
+PRESENTER_FONT_SCALE = 1.4
+PANEL_TITLES = {
+    "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
+    "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
+}
+
+
+def make_panels() -> dict[str, QWidget]:
+    return {"controls": ControlsPanel(), "tokens": TokenStreamPanel(max_streams=16), "memory": MemoryPanel(),
+            "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
+            "tradeoff": TradeoffPanel()}
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, host: EngineHost, settings: QSettings | None = None, *, persist: bool = True,
+                 tradeoff_seconds: float = 5.0) -> None:
+        super().__init__()
+        self.setWindowTitle("inferlab")
+        self.setObjectName("inferlab-main")
+        self.host = host
+        self.settings = settings
+        self.persist = persist and settings is not None
+        self.panels = make_panels()
+        self.caption = CaptionBanner()
+        self.docks: dict[str, QDockWidget] = {}
+        self.recorder = TraceRecorder()
+        self.meter = TradeoffMeter(min_seconds=tradeoff_seconds)
+        self.feeder = PanelFeeder(self.panels, self.meter, self.recorder, self)
+        self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
+        self._presenter = False
+        self._normal_font: QFont | None = None
+        self._layout_before_presenting = None
+        self._emphasised: tuple[str, ...] = ()
+        self._build_docks()
+        self._build_caption_bar()
+        self._build_status_bar()
+        self.theme = str(self._setting("theme", "dark"))
+        self.actions_by_name = build_menus(self)
+        self._drain_timer = QTimer(self)
+        self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
+        self._drain_timer.timeout.connect(self._on_drain)
+        self._drain_timer.start()
+        host.sigLoadProgress.connect(self._on_load_progress)
+        host.sigLoaded.connect(self._on_loaded)
+        host.sigLoadFailed.connect(self._on_load_failed)
+        self.feeder.sigMessage.connect(self.show_message)
+        self.resize(1600, 1000)
+        self.default_state = self.saveState(STATE_VERSION)
+        self.set_theme(self.theme)
+        if self.persist:
+            self._restore_settings()
+
+    # --- construction -------------------------------------------------------------------------
+    def _build_docks(self) -> None:
+        self.setDockNestingEnabled(True)
+        for name, panel in self.panels.items():
+            dock = QDockWidget(PANEL_TITLES[name], self)
+            dock.setObjectName(f"dock-{name}")
+            dock.setWidget(panel)
+            dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                             | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                             | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+            self.docks[name] = dock
+        d = self.docks
+        # three columns: controls + tradeoff | tokens + timeline | memory + latency/spec
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["controls"])
+        self.splitDockWidget(d["controls"], d["tokens"], Qt.Orientation.Horizontal)
+        self.splitDockWidget(d["tokens"], d["memory"], Qt.Orientation.Horizontal)
+        self.splitDockWidget(d["controls"], d["tradeoff"], Qt.Orientation.Vertical)
+        self.splitDockWidget(d["tokens"], d["timeline"], Qt.Orientation.Vertical)
+        self.splitDockWidget(d["memory"], d["latency"], Qt.Orientation.Vertical)
+        self.tabifyDockWidget(d["latency"], d["spec"])
+        d["latency"].raise_()
+        self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
+        self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)
+        self.resizeDocks([d["tokens"], d["timeline"]], [380, 580], Qt.Orientation.Vertical)
+        self.resizeDocks([d["memory"], d["latency"]], [470, 490], Qt.Orientation.Vertical)
+
+    def _build_caption_bar(self) -> None:
+        bar = QToolBar("Caption", self)
+        bar.setObjectName("caption-bar")
+        bar.setMovable(False)
+        self.caption.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        bar.addWidget(self.caption)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, bar)
+        self.caption_bar = bar
+
+    def _build_status_bar(self) -> None:
+        self.status_label = QLabel("starting…")
+        self.engine_label = QLabel()
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(260)
+        self.progress.setRange(0, 1000)
+        sb = self.statusBar()
+        sb.addWidget(self.status_label, 1)
+        sb.addPermanentWidget(self.engine_label)
+        sb.addPermanentWidget(self.progress)
+
+    # --- engine host signals ------------------------------------------------------------------
+    def _on_load_progress(self, message: str, fraction: float) -> None:
+        self.progress.show()
+        self.progress.setValue(round(1000 * max(0.0, min(1.0, fraction))))
+        self.progress.setFormat(f"{message} %p%")
+        self.status_label.setText(f"loading {self.host.config.model}: {message}")
+
+    def _on_loaded(self, info) -> None:
+        self.progress.hide()
+        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {info.num_kv_blocks} KV blocks "
+                                  f"× {info.block_size} · context {info.max_model_len}")
+        self.show_message(f"model loaded: {info.model_path}")
+        self.controller.on_loaded(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.engine_label.setText("no model")
+        self.controller.on_load_failed(message)
+
+    def _on_drain(self) -> None:
+        items = self.host.drain(DRAIN_LIMIT)
+        if items:
+            self.feeder.feed(items)
+
+    # --- window-level state -------------------------------------------------------------------
+    def show_message(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    def set_theme(self, name: str) -> None:
+        app = QApplication.instance()
+        apply_theme(app, name if name in ("dark", "light") else "dark")
+        self.theme = name
+        if self.persist:
+            self.settings.setValue("theme", name)
+        for n, action in getattr(self, "actions_by_name", {}).items():
+            if n in ("theme-dark", "theme-light"):
+                action.setChecked(n == f"theme-{name}")
+
+    def set_presenter(self, on: bool) -> None:
+        """Full screen, larger fonts, the caption banner large."""
+        app = QApplication.instance()
+        if on == self._presenter:
+            return
+        self._presenter = on
+        if on:
+            self._layout_before_presenting = self.saveState(STATE_VERSION)
+            self._normal_font = app.font()
+            font = QFont(self._normal_font)
+            font.setPointSizeF(self._normal_font.pointSizeF() * PRESENTER_FONT_SCALE)
+            app.setFont(font)
+            self.caption_bar.show()
+            self.showFullScreen()
+        else:
+            if self._normal_font is not None:
+                app.setFont(self._normal_font)
+            self.showNormal()
+            if self._layout_before_presenting is not None:
+                self.restoreState(self._layout_before_presenting, STATE_VERSION)
+        self.caption.set_presenter(on)
+        self._focus_presented_panels()
+        if "presenter" in self.actions_by_name:
+            self.actions_by_name["presenter"].setChecked(on)
+
+    @property
+    def presenter(self) -> bool:
+        return self._presenter
+
+    def emphasise(self, names) -> None:
+        """Show and raise the preset's panels; mark them with a star in their title."""
+        self._emphasised = tuple(names)
+        for name, dock in self.docks.items():
+            star = name in names
+            dock.setWindowTitle(("★ " if star else "") + PANEL_TITLES[name])
+            if star:
+                dock.show()
+                dock.raise_()
+        self._focus_presented_panels()
+
+    def _focus_presented_panels(self) -> None:
+        """In presenter mode only the preset's panels stay on screen, large enough to read."""
+        if self._presenter and self._emphasised:
+            for name, dock in self.docks.items():
+                dock.setVisible(name in self._emphasised)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self.default_state, STATE_VERSION)
+        for dock in self.docks.values():
+            dock.show()
+
+    def flush_panels(self) -> None:
+        self.feeder.flush_pending()
+        for panel in self.panels.values():
+            if hasattr(panel, "flush"):
+                panel.flush()
+
+    # --- settings -----------------------------------------------------------------------------
+    def _setting(self, key: str, default):
+        if self.settings is None or not self.persist:
+            return default
+        return self.settings.value(key, default)
+
+    def _restore_settings(self) -> None:
+        geometry = self.settings.value("geometry")
+        state = self.settings.value("windowState")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.restoreState(state, STATE_VERSION)
+        price = self.settings.value("price_per_hour")
+        if price is not None:
+            self.panels["tradeoff"].set_price_per_hour(float(price))
+
+    def save_settings(self) -> None:
+        if not self.persist:
+            return
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("windowState", self.saveState(STATE_VERSION))
+        self.settings.setValue("theme", self.theme)
+        self.settings.setValue("price_per_hour", self.panels["tradeoff"].price_per_hour())
+        if self.controller.preset is not None:
+            self.settings.setValue("last_preset", self.controller.preset.path)
+        self.settings.sync()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if self._presenter:
+            self.set_presenter(False)
+        self.save_settings()
+        self._drain_timer.stop()
+        self.controller.shutdown()
+        if not self.host.shutdown(timeout=5.0):
+            self.show_message("the engine thread did not stop within 5 s (a model load cannot be interrupted)")
+        super().closeEvent(event)

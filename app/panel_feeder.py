@@ -1,0 +1,258 @@
+"""PanelFeeder: the GUI-thread consumer of the engine host's channel. It only hands data to panels.
+
+Drained ~30 times a second: step events feed the token streams and the tradeoff meter at once, the
+timeline/Gantt (10 Hz) and the latency panel (4 Hz) in batches; memory and block-map snapshots feed
+the memory panel (the latest one only); load-generator arrivals open token-stream tabs, up to a cap,
+replacing the oldest finished tab.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal
+
+from app.trace_recorder import TraceRecorder
+from app.tradeoff_meter import TradeoffMeter
+from engine.events import EngineStepEvent
+
+TIMELINE_EVERY_S = 0.1  # 10 Hz: the timeline scrolls smoothly enough
+LATENCY_EVERY_S = 0.25  # histograms change only when requests finish
+MEMORY_EVERY_S = 0.2  # the block map and memory bar
+MAX_LOAD_TABS = 8  # load-generator streams shown at once
+MAX_USER_TABS = 4
+MIN_TAB_INTERVAL_S = 0.5
+PROMPT_TAIL_TOKENS = 24  # how much of a load-generator prompt its tab shows
+
+
+@dataclass(slots=True)
+class _Timing:
+    arrival: float | None = None
+    first: float | None = None
+    last: float | None = None
+    num_tokens: int = 0
+    finished: bool = False
+    dirty: bool = False
+
+    def ttft(self) -> float | None:
+        return None if self.first is None or self.arrival is None else self.first - self.arrival
+
+    def tokens_per_s(self) -> float | None:
+        if self.first is None or self.last is None or self.num_tokens < 2 or self.last <= self.first:
+            return None
+        return (self.num_tokens - 1) / (self.last - self.first)
+
+
+class PanelFeeder(QObject):
+    sigSweepProgress = Signal(str, float)  # text ("" when done), fraction
+    sigMessage = Signal(str)  # errors and notes for the status bar
+    sigReset = Signal()  # the engine finished a reset: panels were cleared
+    sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
+    sigQuantized = Signal(int)  # the weights now have this many bits
+
+    def __init__(self, panels: dict, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
+        super().__init__(parent)
+        self.panels = panels
+        self.meter = meter
+        self.recorder = recorder
+        self._streams: OrderedDict[str, _Timing] = OrderedDict()  # shown streams, oldest first
+        self._user: set[str] = set()
+        self._followed: str | None = None  # the stream we switched to last
+        self._timeline_pending: list[EngineStepEvent] = []
+        self._latency_pending: list[EngineStepEvent] = []
+        self._timeline_fed = self._latency_fed = self._memory_fed = 0.0
+        self._memory = self._blocks = None  # the latest snapshots not yet shown
+        self.num_steps = 0
+        self.tokenizer = None  # set once the model is loaded
+        self._last_tab = 0.0
+        self._points: dict = {}  # tradeoff label -> latest measured point
+
+    # --- streams ------------------------------------------------------------------------------
+    def add_user_stream(self, request_id: str, title: str, prompt: str) -> None:
+        users = [r for r in self._streams if r in self._user]
+        if len(users) >= MAX_USER_TABS:
+            self._drop(users[0])
+        self._user.add(request_id)
+        self._streams[request_id] = _Timing()
+        self._followed = request_id
+        self.panels["tokens"].add_stream(request_id, title, prompt)
+
+    def _prompt_tail(self, prompt_ids) -> str | None:
+        """The end of a load-generator prompt, as text (the GUI may run the tokenizer, never torch)."""
+        if self.tokenizer is None or not prompt_ids:
+            return None
+        tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        text = self.tokenizer.decode(tail).replace("\n", " ").strip()
+        return ("… " if len(prompt_ids) > len(tail) else "") + text + f"   [{len(prompt_ids)} prompt tokens]"
+
+    def _add_load_stream(self, request_id: str, kind: str, prompt_ids=None) -> None:
+        now = time.perf_counter()
+        if now - self._last_tab < MIN_TAB_INTERVAL_S:
+            return  # heavy traffic: a new tab (a text view) at most every MIN_TAB_INTERVAL_S
+        shown = [r for r in self._streams if r not in self._user]
+        if len(shown) >= MAX_LOAD_TABS:
+            done = [r for r in shown if self._streams[r].finished]
+            if not done:
+                return  # every tab is still streaming: this one is not shown
+            self._drop(done[0])
+        self._last_tab = now
+        self._streams[request_id] = _Timing()
+        # switch to the newest stream only once the one on show has finished (never away from the user's)
+        followed = self._streams.get(self._followed) if self._followed else None
+        activate = followed is None or (followed.finished and self._followed not in self._user)
+        if activate:
+            self._followed = request_id
+        self.panels["tokens"].add_stream(request_id, f"{request_id} ({kind})", self._prompt_tail(prompt_ids),
+                                         activate=activate)
+
+    def _drop(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._user.discard(request_id)
+        self.panels["tokens"].remove_stream(request_id)
+
+    # --- the drain ----------------------------------------------------------------------------
+    def feed(self, items: list[tuple]) -> None:
+        memory = blocks = None
+        for kind, payload in items:
+            if kind == "step":
+                self._on_step(payload)
+            elif kind == "memory":
+                memory = payload
+            elif kind == "blocks":
+                blocks = payload
+            elif kind == "loadgen":
+                self._add_load_stream(*payload)
+            elif kind == "reset":
+                memory = blocks = None
+                self._memory = self._blocks = None
+                self.clear()
+                self.sigReset.emit()
+            elif kind == "sweep":
+                self.sigSweepProgress.emit(payload["text"], payload["fraction"])
+            elif kind == "sweep_point":
+                self.panels["tradeoff"].add_point(payload)
+            elif kind == "sweep_done":
+                self.sigSweepProgress.emit("", 1.0)
+            elif kind == "error":
+                self.sigMessage.emit(str(payload))
+            elif kind == "busy":
+                self.sigBusy.emit(payload["text"], payload["fraction"])
+            elif kind == "quantized":
+                self.sigQuantized.emit(int(payload))
+            elif kind == "perplexity":
+                self.meter.perplexity.update(payload)
+                self.sigMessage.emit("perplexity on the held-out text: " + ", ".join(
+                    f"{bits}-bit {ppl:.3f}" for bits, ppl in sorted(payload.items(), reverse=True)))
+        self._feed_plots()
+        self._memory = memory or self._memory
+        self._blocks = blocks or self._blocks
+        self._feed_memory()
+        self._push_timings()
+
+    def _on_step(self, event: EngineStepEvent) -> None:
+        self.num_steps += 1
+        stats = event.stats
+        t_end = stats.t_start + stats.wall_time_s
+        tokens = self.panels["tokens"]
+        self.recorder.add(event)
+        self._timeline_pending.append(event)
+        self._latency_pending.append(event)
+        for rid, t_arrival, _n in event.arrived:
+            if rid in self._streams:
+                self._streams[rid].arrival = t_arrival
+        for out in event.outputs:
+            timing = self._streams.get(out.request_id)
+            if timing is None:
+                continue
+            tokens.append_output(out)
+            if out.new_token_ids:
+                timing.first = timing.first if timing.first is not None else t_end
+                timing.last = t_end
+                timing.num_tokens += len(out.new_token_ids)
+            timing.finished = timing.finished or out.finished
+            timing.dirty = True
+        for tl in event.finished:
+            timing = self._streams.get(tl.request_id)
+            if timing is not None and tl.first_token is not None:  # the engine's own timestamps win
+                timing.arrival, timing.first = tl.arrival, tl.first_token
+                timing.last = tl.finished if tl.finished is not None else timing.last
+                timing.dirty = True
+        if event.spec is not None:
+            self.panels["spec"].add_spec_stats(event.spec)
+        point = self.meter.add(event)
+        if point is not None:
+            self.panels["tradeoff"].add_point(point)
+            self.panels["tradeoff"].set_current(point.label)
+            self._points[point.label] = point
+            self._update_measured_speedup(point)
+
+    def flush_pending(self) -> None:
+        """Hand every batched event to the plot panels now (screenshots, exports, tests)."""
+        self._feed_plots(force=True)
+        self._feed_memory(force=True)
+
+    def _feed_memory(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if (self._memory or self._blocks) and (force or now - self._memory_fed >= MEMORY_EVERY_S):
+            self._memory_fed = now
+            if self._memory is not None:
+                self.panels["memory"].set_memory(self._memory)
+            if self._blocks is not None:
+                self.panels["memory"].set_block_map(self._blocks)
+            self._memory = self._blocks = None
+
+    def _update_measured_speedup(self, point) -> None:
+        """Speculation's measured speed-up: tokens/s per user of this configuration over the same
+        configuration with draft length 0, when both have run (under their own load, in this session)."""
+        k = point.config.get("num_speculative_tokens", 0)
+        if not k:
+            return
+        plain = {**point.config, "num_speculative_tokens": 0}
+        base = next((p for p in self._points.values() if p.config == plain), None)
+        if base is not None and base.tokens_per_s_per_user > 0:
+            self.panels["spec"].set_measured_speedup(point.tokens_per_s_per_user / base.tokens_per_s_per_user)
+
+    def _feed_plots(self, force: bool = False) -> None:
+        """The plot panels get their events in batches (TIMELINE_EVERY_S, LATENCY_EVERY_S): a panel
+        repaints only when fed, and a pyqtgraph repaint costs milliseconds; the text streams stay live."""
+        now = time.perf_counter()
+        if self._timeline_pending and (force or now - self._timeline_fed >= TIMELINE_EVERY_S):
+            self._timeline_fed = now
+            timeline = self.panels["timeline"]
+            for event in self._timeline_pending:
+                for rid, t_arrival, _n in event.arrived:
+                    timeline.request_arrived(rid, t_arrival)
+                timeline.add_step(event.stats)
+                t_end = event.stats.t_start + event.stats.wall_time_s
+                for tl in event.finished:
+                    timeline.request_finished(tl.request_id, tl.finished if tl.finished is not None else t_end,
+                                              tl.finish_reason)
+            self._timeline_pending.clear()
+        if self._latency_pending and (force or now - self._latency_fed >= LATENCY_EVERY_S):
+            self._latency_fed = now
+            latency = self.panels["latency"]
+            for event in self._latency_pending:
+                latency.add_step(event.stats)
+                for tl in event.finished:
+                    latency.add_finished(tl)
+            self._latency_pending.clear()
+
+    def _push_timings(self) -> None:
+        tokens = self.panels["tokens"]
+        for rid, t in self._streams.items():
+            if t.dirty:
+                t.dirty = False
+                tokens.set_stream_timing(rid, t.ttft(), t.tokens_per_s())
+
+    def clear(self) -> None:
+        """Empty every data panel (not the controls, not the tradeoff points: they are history)."""
+        for name in ("tokens", "memory", "timeline", "latency", "spec"):
+            self.panels[name].reset()
+        self._streams.clear()
+        self._user.clear()
+        self._followed = None
+        self._timeline_pending.clear()
+        self._latency_pending.clear()
+        self.meter.restart()
+        self.recorder.clear()

@@ -1,0 +1,93 @@
+"""Applying a preset: caption, emphasised panels, the engine's configuration (reconfigured between
+steps, or the engine rebuilt when a construction-time field such as the KV cache size changes),
+quantization, the workload and the latency budget. Mixed into AppController."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from app import presets
+
+SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy")
+SPEC_METHODS = ("ngram", "draft")  # what a preset or the draft-length slider may switch on
+
+
+class PresetActions:
+    """Needs from the controller: window, host, panels, caption, config, capabilities, engine_ready,
+    engine_bits, spec_method, start_kv_blocks, presets_dir, _push_config, _sync_actions, set_load_running,
+    error."""
+
+    def apply_preset(self, name_or_path: str | Path) -> bool:
+        """Load, validate and apply a preset; on error say so (file:line: key: why) and change nothing."""
+        try:
+            preset = presets.load_preset(name_or_path, self.presets_dir)
+        except presets.PresetError as exc:
+            self.error(str(exc), title="Broken preset")
+            return False
+        self.preset = preset
+        self._show_caption(preset)
+        self.window.emphasise(preset.panels)
+        self.window.setWindowTitle(f"inferlab — {preset.title}")
+        self.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
+        self.config["quant_bits"] = preset.engine["quant_bits"] if "quantization" in self.capabilities else 16
+        self.spec_method, self.config["num_speculative_tokens"] = self._spec_of(preset)
+        self.arrival_rate = preset.load.arrival_rate
+        self._sync_actions()
+        self.panels["controls"].set_values({**self.config, "arrival_rate": self.arrival_rate,
+                                            "burst_size": preset.burst_size, "ttft_budget_s": preset.ttft_s,
+                                            "tpot_budget_s": preset.tpot_s, "load_running": preset.autostart})
+        self.panels["latency"].set_budget(preset.ttft_s, preset.tpot_s)
+        if self.engine_ready:
+            self._push_preset(preset)
+        self.window.show_message(f"preset: {preset.name} ({preset.path})")
+        return True
+
+    def _show_caption(self, preset: presets.Preset) -> None:
+        missing = preset.unavailable(self.capabilities)
+        self.caption.set_caption(preset.title, preset.caption + "".join(f"\n⚠ Not available yet: {why}."
+                                                                        for why in missing))
+
+    def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
+        method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
+        if "speculative" not in self.capabilities or method not in SPEC_METHODS or not k:
+            return None, 0
+        return method, k
+
+    def _rebuild(self, changes: dict, knob: bool) -> None:
+        """Build a new engine with changed construction-time fields; on_loaded continues."""
+        self.engine_ready = False
+        self._rebuilt_for_knob = knob
+        self.window.show_message("rebuilding the engine: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+        self.host.reload(**changes)
+
+    def _spec_live(self) -> bool:
+        """Speculation switches between steps (reconfigure) unless it needs a draft model."""
+        info = self.host.info
+        return info is not None and "spec_method" in info.reconfigurable and self.spec_method in (None, "ngram")
+
+    def _push_preset(self, preset: presets.Preset) -> None:
+        wants = {"num_kv_blocks": preset.engine["num_kv_blocks"] or self.start_kv_blocks}
+        if not self._spec_live():
+            wants.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
+        if any(self.host.info.config.get(k) != v for k, v in wants.items()):
+            self._rebuild(wants, knob=False)  # on_loaded pushes the preset again, on the new engine
+            return
+        self.host.cancel_sweep()
+        self.host.reset()
+        self._push_config()
+        if self.config["quant_bits"] != self.engine_bits:
+            self.host.quantize(self.config["quant_bits"])
+        self.host.set_load_config(replace(preset.load, arrival_rate=self.arrival_rate))
+        if preset.burst:
+            self.host.burst(preset.burst)
+        self.set_load_running(preset.autostart)
+
+    def step_preset(self, delta: int) -> None:
+        names = presets.available(self.presets_dir)
+        if not names:
+            return
+        current = self.preset.name if self.preset is not None else None
+        i = names.index(current) if current in names else -delta
+        self.apply_preset(names[(i + delta) % len(names)])
+
+    # --- controls -----------------------------------------------------------------------------
