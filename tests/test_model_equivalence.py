@@ -60,3 +60,21 @@ def test_fast_attention_equals_reference(tiny_llama):
         assert ids_f == ids_r
         torch.testing.assert_close(torch.tensor(lp_f), torch.tensor(lp_r), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(outs["fast-score"], outs["reference-score"], atol=1e-4, rtol=1e-4)
+
+
+def test_long_prompt_attends_in_query_slices(tiny_llama, monkeypatch):
+    """A long prompt in one step runs its attention a slice of queries at a time; same logits as HF."""
+    import random
+
+    import engine.layers.attention as att
+
+    rng = random.Random(0)
+    ids = [rng.randrange(3, 300) for _ in range(250)]
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32))
+    calls = []
+    real = att._chunk_attention
+    monkeypatch.setattr(att, "QUERY_SLICE", 64)
+    monkeypatch.setattr(att, "_chunk_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    ours = eng.score(ids)
+    assert calls == [64, 64, 64, 58] * eng.model_config.num_hidden_layers
+    torch.testing.assert_close(ours, hf_logits(tiny_llama, ids), atol=1e-4, rtol=1e-4)

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+
+QUERY_SLICE = 1024  # prefill queries attended at once; bounds the (heads, queries, context) scores
 
 
 @dataclass(slots=True)
@@ -71,21 +72,35 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         out[g.start : g.start + g.num_seqs] = _decode_attention(q[g.start : g.start + g.num_seqs], k_cache,
                                                                  v_cache, g, group, scale)
     for p in md.prefills:
-        qp = q[p.q_start : p.q_start + p.q_len].transpose(0, 1)  # (heads, q_len, head_dim)
+        rows = slice(p.q_start, p.q_start + p.q_len)
         if p.slots is None:  # nothing cached: this chunk is the whole context
-            kp = k[p.q_start : p.q_start + p.q_len].transpose(0, 1)
-            vp = v[p.q_start : p.q_start + p.q_len].transpose(0, 1)
-            mask, causal = None, True
+            kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
-            kp = k_cache.index_select(1, p.slots)  # (kv_heads, ctx_len, head_dim)
-            vp = v_cache.index_select(1, p.slots)
-            mask, causal = _offset_causal_mask(p.q_len, p.ctx_len, q.device), False
-        if group > 1:
-            kp = kp.repeat_interleave(group, dim=0)
-            vp = vp.repeat_interleave(group, dim=0)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal, scale=scale)
-        out[p.q_start : p.q_start + p.q_len] = op.transpose(0, 1)
+            kp, vp = k_cache.index_select(1, p.slots), v_cache.index_select(1, p.slots)
+        for start in range(0, p.q_len, QUERY_SLICE):
+            n = min(QUERY_SLICE, p.q_len - start)
+            sub = PrefillSeq(p.q_start + start, n, p.ctx_len - p.q_len + start + n, None)
+            r = slice(sub.q_start, sub.q_start + n)
+            out[r] = _chunk_attention(q[r], kp[:, : sub.ctx_len], vp[:, : sub.ctx_len], sub, group, scale)
     return out
+
+
+def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: PrefillSeq,
+                     group: int, scale: float) -> torch.Tensor:
+    """A prefill chunk (or a verify run): q (q_len, heads, head_dim) against its whole context
+    kp, vp (kv_heads, ctx_len, head_dim), causal from the chunk's offset. Two matmuls with the query
+    heads of a KV head stacked (K/V never repeated): on the CPU this beats SDPA's masked kernel by
+    about 4x and its causal one too at these sizes. Long chunks go 1024 queries at a time, so the
+    score matrix stays bounded."""
+    q_len, num_heads, head_dim = q.shape
+    num_kv_heads = kp.shape[0]
+    qg = (q * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
+    scores = torch.matmul(qg, kp.transpose(-1, -2)).view(num_kv_heads, group, q_len, p.ctx_len)
+    mask = torch.zeros(q_len, p.ctx_len, dtype=q.dtype, device=q.device)
+    mask.masked_fill_(~_offset_causal_mask(q_len, p.ctx_len, q.device), float("-inf"))
+    probs = (scores + mask).softmax(dim=-1).view(num_kv_heads, group * q_len, p.ctx_len)
+    out = torch.matmul(probs, vp)  # (kv_heads, group * q_len, head_dim)
+    return out.view(num_heads, q_len, head_dim).transpose(0, 1)
 
 
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
