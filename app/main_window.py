@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from app.controller import AppController
 from app.engine_host import EngineHost
 from app.panel_feeder import PanelFeeder
+from app.server_control import ServerControl
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
 from app.window_menus import build_menus
@@ -68,6 +69,7 @@ class MainWindow(QMainWindow):
         self.meter = TradeoffMeter(min_seconds=tradeoff_seconds)
         self.feeder = PanelFeeder(self.panels, self.meter, self.recorder, self)
         self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
+        self.server = ServerControl(host)
         self._presenter = False
         self._normal_font: QFont | None = None
         self._layout_before_presenting = None
@@ -260,7 +262,22 @@ class MainWindow(QMainWindow):
             self.settings.setValue("last_preset", self.controller.preset.path)
         self.settings.sync()
 
+    def toggle_server(self, on: bool) -> None:
+        """Serve the OpenAI-compatible API on this window's engine: external requests show in the panels."""
+        if not on:
+            self.server.stop()
+            self.show_message("OpenAI-compatible server stopped")
+            return
+        try:
+            url = self.server.start()
+        except (RuntimeError, OSError) as exc:
+            self.actions_by_name["serve"].setChecked(False)
+            self.show_message(f"server not started: {exc}")
+            return
+        self.show_message(f"serving the OpenAI-compatible API at {url}; its requests show in the panels")
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.server.stop()
         if self._presenter:
             self.set_presenter(False)
         self.save_settings()

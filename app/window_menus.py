@@ -61,6 +61,8 @@ def build_menus(window) -> dict[str, QAction]:
     load.addSeparator()
     add(load, "chunked", "Chunked prefill", lambda on: ctl.set_chunked_prefill(on), "C", checkable=True)
     add(load, "sweep", "Run tradeoff sweep", lambda: ctl.run_sweep())
+    load.addSeparator()
+    add(load, "serve", "Serve OpenAI API on 127.0.0.1:8000", lambda on: window.toggle_server(on), checkable=True)
     return actions
 
 

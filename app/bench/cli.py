@@ -25,10 +25,11 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--num-docs", type=int, default=12)
     tp.add_argument("--hf-batch-size", type=int, default=8)
     tp.add_argument("--max-num-seqs", type=int, default=64)
-    tp.add_argument("--max-num-batched-tokens", type=int, default=512)
+    tp.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget (offline: large)")
     tp.add_argument("--kv-cache-mib", type=int, default=1024)
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
+    dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF rounds (median)")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
@@ -123,21 +124,36 @@ def _throughput(args) -> dict:
 
 
 def _decode(args) -> dict:
+    """Alternate inferlab and HF for a few rounds and compare medians: the machine's speed drifts
+    (shared hosts), and interleaving exposes both sides to the same drift."""
     engine = _engine(args)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
     runs.engine_one_stream(engine, prompt, 8)  # warm-up
-    ours = runs.engine_one_stream(engine, prompt, args.max_tokens)
-    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "inferlab": _no_tokens(ours)}
-    if not args.no_baseline:
-        model = _hf(engine)
+    model = None if args.no_baseline else _hf(engine)
+    if model is not None:
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
-        hf = hf_baseline.hf_one_stream(model, prompt, args.max_tokens)
+    ours_runs, hf_runs = [], []
+    for _ in range(args.rounds):
+        ours_runs.append(runs.engine_one_stream(engine, prompt, args.max_tokens))
+        if model is not None:
+            hf_runs.append(hf_baseline.hf_one_stream(model, prompt, args.max_tokens))
+    ours = _median_run(ours_runs)
+    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds,
+           "inferlab": _no_tokens(ours),
+           "inferlab_decode_tokens_per_s_each_round": [r["decode_tokens_per_s"] for r in ours_runs]}
+    if model is not None:
+        hf = _median_run(hf_runs)
         out["hf_transformers"] = _no_tokens(hf)
+        out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
         out["speedup_decode"] = ours["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
         out["speedup_end_to_end"] = hf["seconds"] / ours["seconds"]
         same = sum(a == b for a, b in zip(ours["tokens"], hf["tokens"]))
         out["greedy_tokens_agree"] = f"{same}/{args.max_tokens}"
     return out
+
+
+def _median_run(results: list[dict]) -> dict:
+    return sorted(results, key=lambda r: r["decode_tokens_per_s"])[len(results) // 2]
 
 
 def _no_tokens(d: dict) -> dict:
