@@ -11,10 +11,11 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams"]
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.llm_engine import EngineStats, LLMEngine
+    from engine.engine_queries import EngineStats
+    from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-_WHERE = {"EngineConfig": "engine.config", "EngineStats": "engine.llm_engine", "LLMEngine": "engine.llm_engine",
+_WHERE = {"EngineConfig": "engine.config", "EngineStats": "engine.engine_queries", "LLMEngine": "engine.llm_engine",
           "SamplingParams": "engine.sampling_params"}
 
 

@@ -6,7 +6,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -15,10 +14,11 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_quant import QuantizedWeights
+from engine.engine_queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
 from engine.engine_spec import SpeculativeDecoding
-from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput, StepStats
+from engine.events import EngineStepEvent, RequestOutput, StepStats
 from engine.loader import LoadedModel, load_model
-from engine.memory import snapshot, weights_bytes
+from engine.memory import weights_bytes
 from engine.model_runner import ModelRunner
 from engine.models.llama import LlamaForCausalLM
 from engine.output_processor import append_token, make_output, timeline
@@ -26,39 +26,13 @@ from engine.policies import make_policy
 from engine.quant import original_weights, swap_modules
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledRequest, Scheduler
+from engine.scheduler import Scheduler
 from engine.setup import kv_block_bytes, num_kv_blocks, resolve_device, resolve_dtype
 
 StepListener = Callable[[EngineStepEvent], None]
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_requests: int
-    num_finished: int
-    num_prompt_tokens: int
-    num_generated_tokens: int
-    num_steps: int
-    num_prefix_cache_hit_tokens: int
-    num_preemptions: int
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_rejected: int = 0  # refused by admission control
-    num_verify_passes: int = 0  # speculative: requests verified (one target pass each)
-    num_spec_emitted_tokens: int = 0  # tokens those passes produced (accepted + corrected/bonus)
-    accepted_per_position: tuple[int, ...] = ()
-    drafted_per_position: tuple[int, ...] = ()
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def tokens_per_verify(self) -> float:
-        return self.num_spec_emitted_tokens / self.num_verify_passes if self.num_verify_passes else 0.0
-
-
-class LLMEngine(QuantizedWeights, SpeculativeDecoding):
+class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Callable[[str, float], None] | None = None) -> None:
         self.config = config = config or EngineConfig()
@@ -307,66 +281,3 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding):
         with self._lock:
             n, self._num_rejected_published = self._num_rejected - self._num_rejected_published, self._num_rejected
         return n
-
-    # ---- conveniences and snapshots ------------------------------------------------------------
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run prompts to completion; returns the final RequestOutput of each, in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} sampling params")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        final: dict[str, RequestOutput] = {}
-        pending = set(ids)
-        while pending:
-            for out in self.step():
-                if out.finished and out.request_id in pending:
-                    final[out.request_id] = out
-                    pending.discard(out.request_id)
-        return [final[i] for i in ids]
-
-    @torch.inference_mode()
-    def score(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
-        temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
-        ids = [int(t) for t in token_ids]
-        if not 0 < len(ids) <= self.max_model_len:
-            raise ValueError(f"score() takes 1 to {self.max_model_len} tokens, got {len(ids)}")
-        rid = f"__score-{next(self._ids)}"
-        if self.block_manager.allocate(rid, ids, len(ids), use_prefix_cache=False) is None:
-            raise RuntimeError("not enough free KV blocks to score this text now")
-        try:
-            req = Request(rid, ids, SamplingParams(max_tokens=1))
-            hidden = self.runner.forward([ScheduledRequest(req, len(ids), "prefill")], self.block_manager)
-            return self.model.compute_logits(hidden)
-        finally:
-            self.block_manager.free(rid)
-
-    def stats(self) -> EngineStats:
-        c = self._counts
-        return EngineStats(
-            num_requests=c["requests"],
-            num_finished=c["finished"],
-            num_prompt_tokens=c["prompt"],
-            num_generated_tokens=c["generated"],
-            num_steps=self._step,
-            num_prefix_cache_hit_tokens=c["cached"],
-            num_preemptions=self.scheduler.num_preemptions,
-            num_rejected=self._num_rejected,
-            num_draft_tokens=self.spec_totals["draft"],
-            num_accepted_tokens=self.spec_totals["accepted"],
-            num_verify_passes=self.spec_totals["verify"],
-            num_spec_emitted_tokens=self.spec_totals["emitted"],
-            accepted_per_position=tuple(self.spec_accepted_per_pos),
-            drafted_per_position=tuple(self.spec_drafted_per_pos),
-        )
-
-    def memory(self) -> MemorySnapshot:
-        bm = self.block_manager
-        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
-                        bm.num_cached_free_blocks, self._last_activation_bytes)
-
-    def block_map(self) -> BlockMapSnapshot:
-        return self.block_manager.snapshot()
