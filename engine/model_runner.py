@@ -15,6 +15,10 @@ from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledRequest, SchedulerOutput
 
+# Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
+# less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
+DECODE_GROUP_RATIO = 2.0
+
 
 @dataclass(slots=True)
 class StepResult:
@@ -135,11 +139,11 @@ class ModelRunner:
 
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
-        exceed twice its shortest, so padding never more than doubles the gathered K/V."""
+        exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V."""
         bs, groups, start = self.block_size, [], 0
         while start < len(lens):
             end = start + 1
-            while end < len(lens) and lens[end] <= 2 * lens[start]:
+            while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
                 end += 1
             max_ctx = lens[end - 1]
             max_blocks = -(-max_ctx // bs)
