@@ -234,8 +234,10 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
                 self._apply_verify(s, result.verify_logits[i], outputs, finished)
                 continue
             req = s.request
+            before = req.num_computed_tokens
             req.num_computed_tokens += s.num_tokens
-            bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
+                bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if token is None:
                 continue
             if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:

@@ -112,7 +112,10 @@ class ModelRunner:
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
             table = bm.block_table(req.request_id)
             q_start = len(ids)
-            tokens = (req.all_token_ids + req.spec_token_ids if s.kind == "verify" else req.all_token_ids)[start:end]
+            if s.kind == "verify":  # the last known token, then the drafts being checked
+                tokens = req.token_slice(start, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
+            else:
+                tokens = req.token_slice(start, end)
             ids.extend(tokens)
             pos.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))

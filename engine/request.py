@@ -81,6 +81,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) without building the whole prompt + output list (a per-step hot path)."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
     def token_id_at(self, pos: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]

@@ -14,8 +14,8 @@ def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i in range(streams):
         engine.add_request(prompt[i % 7 :], params)
-    while any(e for e in [engine.scheduler.waiting]) or any(
-            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+    sched = engine.scheduler
+    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         engine.step()  # finish every prefill first
     t0, produced = time.perf_counter(), 0
     while engine.has_unfinished():
