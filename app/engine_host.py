@@ -16,7 +16,6 @@ makes its torch.Generator when it drains the request), `reconfigure` and `abort`
 """
 from __future__ import annotations
 
-import gc
 import queue
 import threading
 import time
@@ -190,9 +189,6 @@ class EngineHost(QObject):
             self.load_error = f"{type(exc).__name__}: {exc}"
             self.sigLoadFailed.emit(self.load_error)
             return
-        # The model, torch and Qt are loaded for good: freezing them out of the cyclic GC turns the
-        # 100+ ms full collections (which stall both threads) into sub-millisecond ones.
-        gc.freeze()
         self.engine.add_listener(self._on_step)
         self.sigLoaded.emit(self.info)
         try:
@@ -301,15 +297,12 @@ class EngineHost(QObject):
         self.abort_all()
         old = self.engine
         old.remove_listener(self._on_step)
-        gc.unfreeze()  # let the old engine's objects be collected
         try:
             self.engine = LLMEngine(replace(old.config, **changes), progress=self.sigLoadProgress.emit)
         except Exception as exc:
             self.engine = old
             self.publish("error", f"rebuild failed, keeping the previous engine: {type(exc).__name__}: {exc}")
-        del old
-        gc.collect()
-        gc.freeze()
+        del old  # its cycles are collected in the GUI thread (app.gui_gc), never here
         self.loadgen = LoadGenerator(self.loadgen.config, corpus_ids=self.loadgen.corpus_ids,
                                      rng_seed=self._load_seed, max_model_len=self.engine.max_model_len)
         self._live.clear()

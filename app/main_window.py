@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import gui_gc
 from app.controller import AppController
 from app.engine_host import EngineHost
 from app.panel_feeder import PanelFeeder
@@ -60,6 +61,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("inferlab")
         self.setObjectName("inferlab-main")
         self.host = host
+        gui_gc.acquire()
+        self._gc_held = True
         self.settings = settings
         self.persist = persist and settings is not None
         self.panels = make_panels()
@@ -147,6 +150,7 @@ class MainWindow(QMainWindow):
         self.status_label.setText(f"loading {self.host.config.model}: {message}")
 
     def _on_loaded(self, info) -> None:
+        gui_gc.collect_and_freeze()
         self.progress.hide()
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {info.num_kv_blocks} KV blocks "
                                   f"× {info.block_size} · context {info.max_model_len}")
@@ -285,4 +289,7 @@ class MainWindow(QMainWindow):
         self.controller.shutdown()
         if not self.host.shutdown(timeout=5.0):
             self.show_message("the engine thread did not stop within 5 s (a model load cannot be interrupted)")
+        if self._gc_held:
+            self._gc_held = False
+            gui_gc.release()
         super().closeEvent(event)

@@ -1,6 +1,7 @@
 """Open the real main window on a tiny model, offscreen, for the app tests (not a test module)."""
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -55,3 +56,4 @@ def close_window(window: MainWindow) -> None:
     assert host._thread is None or not host._thread.is_alive(), "engine thread still running after close"
     window.deleteLater()
     run_for(QApplication.instance(), 0.05)
+    gc.collect()  # Qt garbage dies here in the GUI thread, not in a later test's worker thread
