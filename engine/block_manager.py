@@ -101,6 +101,30 @@ class BlockManager:
         return need <= len(self._free) - taken_from_free
 
     # ---- verbs ---------------------------------------------------------------------------------
+    def resize(self, num_blocks: int) -> int:
+        """Grow to ``num_blocks`` (the new, empty blocks are handed out first), or shrink as far as the
+        blocks above the new end are free (a cached prefix there is forgotten). Returns the new count;
+        a shrink blocked by blocks in use can be retried once they are freed."""
+        old = self.num_blocks
+        if num_blocks > old:
+            self._ref_count += [0] * (num_blocks - old)
+            self._block_hash += [None] * (num_blocks - old)
+            for b in range(num_blocks - 1, old - 1, -1):
+                self._free[b] = None
+                self._free.move_to_end(b, last=False)
+        else:
+            end = old
+            while end > max(num_blocks, 1) and (end - 1) in self._free:
+                end -= 1
+            for b in range(end, old):
+                h = self._block_hash[b]
+                if h is not None and self._hash_to_block.get(h) == b:
+                    del self._hash_to_block[h]
+                del self._free[b]
+            del self._ref_count[end:], self._block_hash[end:]
+        self.num_blocks = len(self._ref_count)
+        return self.num_blocks
+
     def allocate(self, request_id: str, token_ids: Sequence[int], num_tokens: int,
                  use_prefix_cache: bool = True) -> int | None:
         """Start a table for a new (or preempted) request: reuse its cached prefix, then allocate

@@ -38,6 +38,7 @@ class EngineConfig:
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16
     quant_group_size: int = 32  # 32 keeps int4 closest to 16 bits; 64 and 128 store fewer scales
+    quant_embeddings: bool = False  # also the embedding table and lm_head (int8 per row; see quant_embed)
     quant_outlier_channels: int = 0  # input channels per layer kept in 16 bits (LLM.int8 style)
     quant_reference: bool = False  # dequantize-then-matmul instead of the fast kernels
     spec_method: str | None = None

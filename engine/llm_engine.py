@@ -27,7 +27,7 @@ from engine.quant import original_weights, swap_modules
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.setup import kv_block_bytes, num_kv_blocks, resolve_device, resolve_dtype
+from engine.setup import kv_block_bytes, kv_blocks_after_requant, num_kv_blocks, resolve_device, resolve_dtype
 
 StepListener = Callable[[EngineStepEvent], None]
 
@@ -57,12 +57,16 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         self._originals = {n: w.to("cpu") if self.device.type != "cpu" else w
                            for n, w in original_weights(self.model).items()}
         self._act_absmax: dict[str, torch.Tensor] | None = None
-        if config.quant_bits != 16:
+        weights16 = weights_bytes(self.model)
+        if config.quant_bits != 16 or config.quant_embeddings:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
         if config.compile:
             self.model.compile_dense()  # compiled lazily: the first steps pay for it
         self.weights_bytes = weights_bytes(self.model)
-        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes)
+        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes,
+                               weights_saved=weights16 - self.weights_bytes)
+        self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
+        self._kv_target = blocks
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
@@ -164,6 +168,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         outputs: dict[str, RequestOutput] = {}
         finished: list[Request] = []
         arrived = self._drain_inbox(outputs, finished)
+        if self._kv_target != self.block_manager.num_blocks:
+            self._resize_kv()
         self._begin_spec_step()
         self._propose()
         sched = self.scheduler.schedule()
@@ -219,6 +225,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
                 for key, value in settings.items():
                     setattr(self.config, key, value)
                 self.weights_bytes = weights_bytes(self.model)
+                self._kv_target = kv_blocks_after_requant(self.config, *self._kv_base, self.weights_bytes,
+                                                          self.block_bytes)
             elif cmd == "abort":
                 req = self._requests.get(arg)
                 if req is not None and not req.is_finished:

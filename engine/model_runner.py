@@ -45,6 +45,16 @@ class ModelRunner:
             for _ in range(model_config.num_hidden_layers)
         ]
 
+    def resize_kv(self, num_blocks: int) -> None:
+        """New K/V tensors of `num_blocks` blocks; the slots both sizes share are copied over."""
+        keep = min(num_blocks * self.block_size, self.kv_caches[0][0].shape[1])
+        for i, (k, v) in enumerate(self.kv_caches):  # layer by layer: the peak is one layer's extra copy
+            shape = (k.shape[0], num_blocks * self.block_size, k.shape[2])
+            k2, v2 = k.new_zeros(shape), v.new_zeros(shape)
+            k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
+            self.kv_caches[i] = (k2, v2)
+            del k, v
+
     @property
     def kv_cache_bytes(self) -> int:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)

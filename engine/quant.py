@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.linear import Linear
+from engine.quant_embed import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -48,9 +49,9 @@ class QuantLinear(nn.Module):
             raise ValueError(f"QuantLinear takes 8 or 4 bits, got {bits}")
 
     def _quantize_int8(self, w: torch.Tensor) -> None:
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
-        self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(self.dtype))
+        q, scale = int8_rows(w, self.dtype)  # one scale per output row
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scale)
 
     def _quantize_int4(self, w: torch.Tensor) -> None:
         g = self.group_size
@@ -119,9 +120,10 @@ class QuantLinear(nn.Module):
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
                    outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
-                   progress=None) -> dict[str, nn.Module]:
-    """New modules for every quantizable Linear, built from the ORIGINAL 16-bit weights in `originals`
-    (never from already quantized ones). Returns {module name: module}; `swap_modules` installs them."""
+                   progress=None, embeddings: bool = False) -> dict[str, nn.Module]:
+    """New modules for every quantizable Linear (and the embedding table and lm_head, quantized when
+    `embeddings`), built from the ORIGINAL 16-bit weights in `originals` (never from already quantized
+    ones). Returns {module name: module}; `swap_modules` installs them."""
     names = [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
@@ -138,6 +140,8 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             new[name] = QuantLinear(weight, bias, bits, group_size, idx, reference)
         if progress:
             progress(f"quantizing to {bits} bits", (i + 1) / len(names))
+    if EMBED in originals:
+        new.update(embedding_modules(model, originals, bits, group_size, embeddings, reference))
     return new
 
 
@@ -148,8 +152,12 @@ def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
 
 
 def original_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The 16-bit weights of every quantizable Linear, kept so that requantizing starts from them."""
-    return {n: m.weight.detach() for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE}
+    """The 16-bit weights of every quantizable Linear, the embedding table and the lm_head, kept so
+    that requantizing starts from them."""
+    out = {n: m.weight.detach() for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE}
+    out[EMBED] = model.get_submodule(EMBED).weight.detach()
+    out[HEAD] = model.get_submodule(HEAD).weight.detach()
+    return out
 
 
 def outlier_channels(act_absmax: dict[str, torch.Tensor], originals: dict[str, torch.Tensor],
@@ -157,6 +165,8 @@ def outlier_channels(act_absmax: dict[str, torch.Tensor], originals: dict[str, t
     """Per layer, the `count` input channels with the largest activation x weight magnitude."""
     out = {}
     for name, w in originals.items():
+        if name.split(".")[-1] not in QUANTIZABLE:
+            continue
         score = w.float().abs().amax(dim=0)
         if name in act_absmax:
             score = score * act_absmax[name].float()
@@ -168,7 +178,7 @@ def weight_error_report(originals: dict[str, torch.Tensor], modules: dict[str, n
     """Relative Frobenius error ||W - deq(Wq)|| / ||W|| per quantized layer (the GUI's heatmap)."""
     report = {}
     for name, mod in modules.items():
-        if isinstance(mod, QuantLinear):
+        if hasattr(mod, "dequantize"):
             w = originals[name].float()
             report[name] = float((w - mod.dequantize()).norm() / w.norm().clamp(min=1e-12))
     return report

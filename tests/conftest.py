@@ -80,6 +80,12 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tied(tmp_path_factory) -> Path:
+    """A Llama whose lm_head is its embedding table (as in SmolLM2)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-tied"), "llama", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 

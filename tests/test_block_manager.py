@@ -80,6 +80,24 @@ def test_freed_cached_blocks_are_hit_later_and_evicted_last_lru():
     assert bm.cached_prefix(pa + [1]) == [0, 1]
 
 
+def test_resize_grows_at_the_front_and_shrinks_only_free_top_blocks():
+    bm = BlockManager(4, BS)
+    pa = toks(8)
+    bm.allocate("a", pa, 8)
+    bm.commit("a", pa, 8)  # blocks 0, 1 hold a's prefix
+    bm.allocate("b", toks(4, 50), 4)  # block 2
+    assert bm.resize(7) == 7
+    assert bm.free_block_order() == [4, 5, 6, 3]  # new empty blocks are handed out before old ones
+    bm.free("a")  # 1, 0 cached at the back
+    assert bm.resize(2) == 3  # block 2 is in use: the shrink stops above it
+    assert bm.free_block_order() == [1, 0] and bm.num_blocks == 3
+    assert bm.cached_prefix(pa + [1]) == [0, 1]
+    bm.free("b")
+    assert bm.resize(1) == 1  # now it goes all the way; block 1's cached prefix is forgotten
+    assert bm.free_block_order() == [0] and bm.cached_prefix(pa + [1]) == [0]
+    assert bm.allocate("c", toks(4, 90), 4) == 0 and bm.block_table("c") == [0]
+
+
 def test_fork_then_copy_on_write():
     bm = BlockManager(8, BS)
     bm.allocate("p", toks(6), 6)

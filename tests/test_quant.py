@@ -82,6 +82,35 @@ def test_requantize_at_runtime_from_originals_keeps_requests(tiny_llama):
     torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def test_requantizing_at_runtime_resizes_the_kv_cache(tiny_llama):
+    budget = 2 * 2**20
+    fresh4 = make(tiny_llama, quant_bits=4, num_kv_blocks=None, memory_budget_bytes=budget)
+    eng = make(tiny_llama, num_kv_blocks=None, memory_budget_bytes=budget)
+    start = eng.memory().kv_blocks_total
+    p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ids = [eng.add_request(f"The quick brown fox {i}", p) for i in range(4)]
+    eng.step()
+    eng.set_quantization(4)
+    eng.step()
+    grown = eng.memory().kv_blocks_total
+    assert abs(grown - fresh4.memory().kv_blocks_total) <= 1 and grown > start
+    assert eng.runner.kv_caches[0][0].shape[1] == grown * eng.config.block_size
+    eng.set_quantization(16)
+    finished = {o.request_id for o in _drain(eng) if o.finished}
+    assert finished == set(ids)  # nothing lost across both resizes
+    eng.step()
+    assert eng.memory().kv_blocks_total == start and eng.block_manager.num_used_blocks == 0
+    out = eng.generate(["The quick brown fox"], p)[0]
+    assert out.token_ids == make(tiny_llama).generate(["The quick brown fox"], p)[0].token_ids
+
+
+def _drain(eng):
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    return outs
+
+
 def test_perplexity_matches_transformers_loss(tiny_llama):
     eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=128))
     text = "The quick brown fox jumps over the lazy dog. Paged attention stores keys and values in blocks."
@@ -104,3 +133,37 @@ def test_quality_vs_16_bits(tiny_llama):
     eng.step()  # the swap happens at the top of a step
     q = compare_logits(eng, texts, ref)
     assert 0 < q["kl_divergence"] and q["greedy_agreement"] < 1.0
+
+
+def test_tied_embeddings_and_head_share_one_int8_table(tiny_tied):
+    from engine.quant_embed import Int8Embedding
+
+    plain = make(tiny_tied, quant_bits=8)
+    eng = make(tiny_tied, quant_bits=8, quant_embeddings=True)
+    emb, head = eng.model.embed_tokens, eng.model.lm_head
+    assert isinstance(emb, Int8Embedding) and emb.qweight is head.qweight and emb.scales is head.scales
+    vocab, hidden = emb.qweight.shape
+    # the 16-bit table (stored once, tied) becomes one int8 table plus a scale per row, still stored once
+    saved = plain.memory().weights_bytes - eng.memory().weights_bytes
+    assert saved == vocab * hidden * 2 - (vocab * hidden + vocab * 2)
+    ids = torch.tensor([3, 1, 3, vocab - 1])
+    torch.testing.assert_close(emb(ids).float(), emb.dequantize()[ids].to(torch.bfloat16).float())
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert len(eng.generate(["Hello world"], p)[0].token_ids) == 12
+    report = eng.set_quantization(8)
+    assert 0 < report["embed_tokens"] < 0.01 and report["lm_head"] == report["embed_tokens"]
+    eng.set_quantization(16)  # back to the original tied 16-bit table
+    eng.step()
+    assert eng.model.lm_head.weight is eng.model.embed_tokens.weight
+    ref = make(tiny_tied)
+    assert eng.generate(["Hello world"], p)[0].token_ids == ref.generate(["Hello world"], p)[0].token_ids
+
+
+def test_untied_head_follows_the_bits_and_embeddings_stay_int8(tiny_llama):
+    eng = make(tiny_llama, quant_bits=4, quant_embeddings=True)
+    assert eng.model.lm_head.bits == 4 and eng.model.embed_tokens.qweight.dtype == torch.int8
+    assert eng.memory().weights_bytes < make(tiny_llama, quant_bits=4).memory().weights_bytes
+    report = eng.set_quantization(4)
+    assert report["lm_head"] > report["embed_tokens"] > 0  # 4-bit groups lose more than int8 rows
+    out = eng.generate(["The quick brown fox"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 8
