@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def quantize(host, bits: int) -> None:
     """Requantize from the original 16-bit weights; measure perplexity before and after when the
-    engine can (once per bit width), so the tradeoff plot gets a measured quality delta."""
+    engine can (once per bit width), so the tradeoff plot gets a measured quality delta. The engine's
+    per-layer weight error goes to the quantization-error heatmap."""
     engine = host.engine
 
     def busy(text: str, fraction: float | None) -> None:
@@ -16,8 +17,9 @@ def quantize(host, bits: int) -> None:
         if measure:
             measure_perplexity(host, busy)  # the current weights, before they change
         busy(f"quantizing weights to {bits} bits…", 0.0)
-        engine.set_quantization(bits, progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
+        report = engine.set_quantization(bits, progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
         engine.step()  # the new layers are swapped in at the top of a step
+        host.publish("quant_error", {"bits": bits, "errors": report})  # {module: ||W - Ŵ|| / ||W||}
         host.publish("quantized", engine.config.quant_bits)
         if measure:
             measure_perplexity(host, busy)

@@ -31,6 +31,7 @@ from widgets import (
     ControlsPanel,
     LatencyPanel,
     MemoryPanel,
+    QuantErrorPanel,
     SpecPanel,
     TimelinePanel,
     TokenStreamPanel,
@@ -45,13 +46,14 @@ PRESENTER_FONT_SCALE = 1.4
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
+    "quant": "Quantization error",
 }
 
 
 def make_panels() -> dict[str, QWidget]:
     return {"controls": ControlsPanel(), "tokens": TokenStreamPanel(max_streams=16), "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel()}
+            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel()}
 
 
 class MainWindow(QMainWindow):
@@ -108,7 +110,7 @@ class MainWindow(QMainWindow):
                              | QDockWidget.DockWidgetFeature.DockWidgetClosable)
             self.docks[name] = dock
         d = self.docks
-        # three columns: controls + tradeoff | tokens + timeline | memory + latency/spec
+        # three columns: controls + tradeoff | tokens + timeline | memory + latency/spec/quantization error
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["controls"])
         self.splitDockWidget(d["controls"], d["tokens"], Qt.Orientation.Horizontal)
         self.splitDockWidget(d["tokens"], d["memory"], Qt.Orientation.Horizontal)
@@ -116,6 +118,7 @@ class MainWindow(QMainWindow):
         self.splitDockWidget(d["tokens"], d["timeline"], Qt.Orientation.Vertical)
         self.splitDockWidget(d["memory"], d["latency"], Qt.Orientation.Vertical)
         self.tabifyDockWidget(d["latency"], d["spec"])
+        self.tabifyDockWidget(d["latency"], d["quant"])
         d["latency"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)

@@ -138,6 +138,8 @@ class PanelFeeder(QObject):
                 self.sigMessage.emit(str(payload))
             elif kind == "busy":
                 self.sigBusy.emit(payload["text"], payload["fraction"])
+            elif kind == "quant_error":  # kept across resets and rebuilds: the weights keep their bits
+                self.panels["quant"].set_report(payload["bits"], payload["errors"])
             elif kind == "quantized":
                 self.sigQuantized.emit(int(payload))
             elif kind == "perplexity":
@@ -246,7 +248,8 @@ class PanelFeeder(QObject):
                 tokens.set_stream_timing(rid, t.ttft(), t.tokens_per_s())
 
     def clear(self) -> None:
-        """Empty every data panel (not the controls, not the tradeoff points: they are history)."""
+        """Empty every data panel (not the controls, not the tradeoff points: they are history; not the
+        quantization error: the weights keep their bits through a reset or a rebuild)."""
         for name in ("tokens", "memory", "timeline", "latency", "spec"):
             self.panels[name].reset()
         self._streams.clear()

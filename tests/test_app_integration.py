@@ -98,6 +98,8 @@ def test_weight_bits_slider_requantizes_and_measures_quality(qapp, window):
     controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 8})
     wait_until(qapp, lambda: window.host.engine.config.quant_bits == 8 and not window.controller.engine_busy, 60)
     assert "weights 16 → 8-bit" in data(window, "timeline")["config_changes"]
+    quant = data(window, "quant")  # the engine's per-layer weight error reached the heatmap
+    assert quant["bits"] == 8 and quant["num_cells"] > 0 and 0 < quant["max_error"] < 0.1, quant
     if "perplexity" in window.host.info.capabilities:
         assert set(window.meter.perplexity) == {16, 8}
         wait_until(qapp, lambda: any(p["perplexity_delta_pct"] is not None and "8-bit" in p["label"]
