@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_args(serve, _engine_args)
 
+    train = sub.add_parser("train-mtp", help="train multi-token prediction heads on the model's own text")
+    from app.train_mtp import add_train_mtp_args
+
+    add_train_mtp_args(train, _engine_args)
+
     bench = sub.add_parser("bench", help="benchmarks; results as JSON")
     from app.bench.cli import add_bench_args
 
@@ -57,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.server.serve import run_serve
 
         return run_serve(args)
+    if args.command == "train-mtp":
+        from app.train_mtp import run_train_mtp
+
+        return run_train_mtp(args)
     if args.command == "bench":
         from app.bench.cli import run_bench
 

@@ -37,7 +37,19 @@ def engine_capabilities(engine) -> frozenset[str]:
         found.add("perplexity")
     if hasattr(engine.config, "spec_method") and importlib.util.find_spec("engine.spec_decode") is not None:
         found.add("speculative")
+        if mtp_heads_file(engine) is not None:
+            found.add("mtp")
     return frozenset(found)
+
+
+def mtp_heads_file(engine) -> str | None:
+    """The multi-token prediction heads this engine's model can use, if they have been trained."""
+    from pathlib import Path
+
+    from engine.mtp import heads_path
+
+    path = getattr(engine.config, "mtp_heads", None) or heads_path(str(engine.model_path))
+    return str(path) if Path(path).exists() else None
 
 
 def make_info(e) -> EngineInfo:

@@ -9,7 +9,7 @@ from pathlib import Path
 from app import presets
 
 SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy")
-SPEC_METHODS = ("ngram", "draft")  # what a preset or the draft-length slider may switch on
+SPEC_METHODS = ("ngram", "draft", "mtp")  # what a preset or the draft-length slider may switch on
 
 
 class PresetActions:
@@ -51,6 +51,8 @@ class PresetActions:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
         if "speculative" not in self.capabilities or method not in SPEC_METHODS or not k:
             return None, 0
+        if method == "mtp" and "mtp" not in self.capabilities:
+            return None, 0  # heads not trained for this model: the caption says how to train them
         return method, k
 
     def _rebuild(self, changes: dict, knob: bool) -> None:

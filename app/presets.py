@@ -150,8 +150,9 @@ class Preset:
             if self.engine.get(key) != FEATURE_OFF[key] and cap not in capabilities and why not in out:
                 out.append(why)
         if self.engine["spec_method"] == "mtp" and "mtp" not in capabilities and "speculative" in capabilities:
-            out.append("multi-token prediction heads (spec_method 'mtp') are not built yet; this runs without "
-                       "speculation (the n-gram and draft-model proposers are: see the 'speculative' preset)")
+            out.append("this model has no multi-token prediction heads yet: train them with `inferlab train-mtp` "
+                       "(a few minutes on the CPU) and open this preset again; until then it runs without "
+                       "speculation (the n-gram and draft-model proposers need no training: see 'speculative')")
         return out
 
 

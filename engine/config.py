@@ -45,6 +45,8 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
     draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
+    mtp_heads: str | None = None  # spec_method "mtp": a heads .safetensors (default: where train-mtp saves)
+    mtp_tree_widths: tuple[int, ...] = (3, 2, 1, 1, 1, 1, 1, 1)  # candidates per tree level
     max_loras: int = 0
 
     # Admission control (engine/admission.py): beyond these add_request raises RequestRejected; None = off

@@ -62,10 +62,16 @@ class EngineQueries:
                     pending.discard(out.request_id)
         return [final[i] for i in ids]
 
-    @torch.inference_mode()
     def score(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
         temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
+        with torch.inference_mode():
+            return self.model.compute_logits(self.hidden_states(token_ids))
+
+    @torch.inference_mode()
+    def hidden_states(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The final (normed) hidden states (len(token_ids), hidden) that the lm_head reads, computed as
+        score() computes its logits."""
         ids = [int(t) for t in token_ids]
         if not 0 < len(ids) <= self.max_model_len:
             raise ValueError(f"score() takes 1 to {self.max_model_len} tokens, got {len(ids)}")
@@ -74,8 +80,7 @@ class EngineQueries:
             raise RuntimeError("not enough free KV blocks to score this text now")
         try:
             req = Request(rid, ids, SamplingParams(max_tokens=1))
-            hidden = self.runner.forward([ScheduledRequest(req, len(ids), "prefill")], self.block_manager)
-            return self.model.compute_logits(hidden)
+            return self.runner.forward([ScheduledRequest(req, len(ids), "prefill")], self.block_manager)
         finally:
             self.block_manager.free(rid)
 

@@ -2,15 +2,18 @@
 each verify run into accepted / corrected / bonus tokens. Mixed into LLMEngine."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from engine.draft_model import DraftModelProposer
 from engine.events import SpecDecodeStats
 from engine.loader import load_model
 from engine.models.llama import LlamaForCausalLM
+from engine.mtp import MtpProposer, heads_path, load_heads
 from engine.output_processor import append_token, make_output
 from engine.quant import original_weights, quantize_model, swap_modules
-from engine.spec_decode import NgramProposer, verify
+from engine.spec_decode import NgramProposer, verify, verify_tree
 
 MAX_DRAFT = 8
 
@@ -33,8 +36,8 @@ class SpeculativeDecoding:
         elif method == "draft":
             self.proposer = self._make_draft(loaded)
         elif method == "mtp":
-            raise ValueError("spec_method 'mtp' (multi-token prediction heads) is not built yet; "
-                             "use 'draft' or 'ngram'")
+            self.proposer = self._make_mtp(loaded)
+            self.runner.keep_hidden = True
         else:
             raise ValueError(f"spec_method must be None, 'draft', 'ngram' or 'mtp', got {method!r}")
 
@@ -52,8 +55,10 @@ class SpeculativeDecoding:
         elif method == "ngram" and not isinstance(self.proposer, NgramProposer):
             self._free_all_drafts()
             self.proposer = NgramProposer()
+        self.runner.keep_hidden = isinstance(self.proposer, MtpProposer)
         for r in self.scheduler.running:
             r.spec_token_ids.clear()
+            r.spec_tree.clear()
 
     def _free_all_drafts(self) -> None:
         if isinstance(self.proposer, DraftModelProposer):
@@ -77,6 +82,25 @@ class SpeculativeDecoding:
         return DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
                                   self.dtype)
 
+    def _make_mtp(self, loaded) -> MtpProposer:
+        path = self.config.mtp_heads or heads_path(loaded.path)
+        if not path or not Path(path).exists():
+            raise ValueError(f"spec_method 'mtp' needs prediction heads trained for this model, and there are "
+                             f"none at {path}: run `inferlab train-mtp --model {self.config.model}` (a few "
+                             f"minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
+        heads, meta = load_heads(Path(path), self.model_config.hidden_size)
+        heads = heads.to(device=self.device, dtype=self.dtype).eval()
+        return MtpProposer(heads, self.model.lm_head, tuple(self.config.mtp_tree_widths), meta)
+
+    def _propose_mtp(self, want: dict) -> None:
+        ready = [(r, kr) for r, kr in want.values() if r.mtp_hidden is not None]
+        if not ready:
+            return
+        hidden = torch.stack([r.mtp_hidden for r, _ in ready])
+        depths = [min(kr, self.proposer.heads.num_heads) for _, kr in ready]
+        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths)):
+            r.spec_token_ids, r.spec_tree = tokens, list(parents)
+
     def _propose(self) -> None:
         k = min(self.config.num_speculative_tokens, MAX_DRAFT)
         if self.proposer is None or k <= 0:
@@ -87,7 +111,9 @@ class SpeculativeDecoding:
                 room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
                 if room > 0:
                     want[r.request_id] = (r, min(k, room))
-        if isinstance(self.proposer, NgramProposer):
+        if isinstance(self.proposer, MtpProposer):
+            self._propose_mtp(want)
+        elif isinstance(self.proposer, NgramProposer):
             for r, kr in want.values():
                 r.spec_token_ids = self.proposer.propose(r.all_token_ids, kr)
         elif want:
@@ -96,11 +122,22 @@ class SpeculativeDecoding:
                 r, kr = want[rid]
                 r.spec_token_ids = tokens[:kr]
 
-    def _apply_verify(self, s, logits: torch.Tensor, outputs: dict, finished: list) -> None:
+    def _apply_verify(self, s, logits: torch.Tensor, outputs: dict, finished: list,
+                      hidden: torch.Tensor | None = None) -> None:
         req = s.request
         draft = list(req.spec_token_ids)
         req.spec_token_ids.clear()
-        res = verify(draft, logits, req.sampling_params, req.generator)
+        if req.spec_tree:
+            parents = req.spec_tree[: len(draft)]
+            req.spec_tree = []
+            res = verify_tree(draft, parents, logits, req.sampling_params, req.generator)
+            self._keep_tree_path(req, res.path)
+            if hidden is not None:  # the row that produced the corrected or bonus token
+                req.mtp_hidden = hidden[res.path[-1] if res.path else 0]
+            drafted = max(_depths(parents))
+        else:
+            res = verify(draft, logits, req.sampling_params, req.generator)
+            drafted = len(draft)
         req.num_computed_tokens += 1 + res.num_accepted  # the last token and the accepted drafts
         text, new_ids, sources = "", [], []
         for tok, src in zip(res.tokens, res.sources):
@@ -110,7 +147,7 @@ class SpeculativeDecoding:
             if req.is_finished:
                 break
         self._counts["generated"] += len(new_ids)
-        self._count_spec(len(draft), res.num_accepted, len(new_ids))
+        self._count_spec(drafted, res.num_accepted, len(new_ids))
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.rollback(req.request_id, req.num_computed_tokens)
         if not req.is_finished:
@@ -120,6 +157,19 @@ class SpeculativeDecoding:
         if req.is_finished:
             self._finish(req, req.status)
             finished.append(req)
+
+    def _keep_tree_path(self, req, path: list[int]) -> None:
+        """The accepted path's K/V were written at the slots of their tree rows; move them to the
+        positions they now hold (row path[j] -> the position after the last known token + j)."""
+        bs = self.config.block_size
+        table = self.block_manager.block_table(req.request_id)
+        start = req.num_computed_tokens  # the last known token's position (tree row 0)
+
+        def slot(pos: int) -> int:
+            return table[pos // bs] * bs + pos % bs
+
+        self.runner.move_slots([(slot(start + row), slot(start + 1 + j))
+                                for j, row in enumerate(path) if row != j + 1])
 
     def _count_spec(self, drafted: int, accepted: int, emitted: int) -> None:
         t = self.spec_totals
@@ -162,3 +212,10 @@ class SpeculativeDecoding:
     def _free_spec(self, request_id: str) -> None:
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.free(request_id)
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth

@@ -239,7 +239,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         bm = self.block_manager
         for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
             if i in result.verify_logits:
-                self._apply_verify(s, result.verify_logits[i], outputs, finished)
+                self._apply_verify(s, result.verify_logits[i], outputs, finished, result.hidden.get(i))
                 continue
             req = s.request
             before = req.num_computed_tokens
@@ -248,6 +248,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
                 bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if token is None:
                 continue
+            if i in result.hidden:  # for the MTP heads: the state that produced this token
+                req.mtp_hidden = result.hidden[i][0]
             if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
                 self._counts["prompt"] += req.num_prompt_tokens
                 self._counts["cached"] += req.num_cached_tokens if req.num_preemptions == 0 else 0

@@ -29,6 +29,21 @@ class StepResult:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
     activation_bytes: int
     verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # order index -> (n, vocab)
+    # With keep_hidden: order index -> final hidden states of the rows that produce tokens ((1, hidden)
+    # for a sampled token, (n, hidden) for a verify run), which multi-token prediction heads read.
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """(depth of each row, (rows, rows) ancestor-or-self mask) of a draft tree whose row 0 is the last
+    known token and row i + 1 the draft with parent row parents[i]."""
+    n = len(parents) + 1
+    depth = [0] * n
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents, start=1):
+        depth[i] = depth[p] + 1
+        mask[i] |= mask[p]
+    return depth, mask.to(device)
 
 
 class ModelRunner:
@@ -38,6 +53,7 @@ class ModelRunner:
         self.cfg = model_config
         self.device, self.dtype = device, dtype
         self.block_size = block_size
+        self.keep_hidden = False  # set while MTP heads need the final hidden states
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
@@ -89,8 +105,10 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
         verify_logits: dict[int, torch.Tensor] = {}
+        kept: dict[int, torch.Tensor] = {}
         if rows:
-            logits = self.model.compute_logits(hidden[rows])
+            row_hidden = hidden[rows]
+            logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             if producers:
                 result: SampleResult = sample(
@@ -101,8 +119,11 @@ class ModelRunner:
                     logprobs[where[id(s)]] = lp
             for s, first, n in verify_spans:
                 verify_logits[where[id(s)]] = logits[first : first + n]
+            if self.keep_hidden:
+                kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
+                kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act, verify_logits)
+        return StepResult(order, sampled, logprobs, act, verify_logits, kept)
 
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
@@ -117,17 +138,22 @@ class ModelRunner:
         seqs = []
         prefills: list[PrefillSeq] = []
         dec_tables, dec_lens = [], []
+        tree_masks: dict[int, torch.Tensor] = {}
         for s in order:
             req = s.request
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
             table = bm.block_table(req.request_id)
             q_start = len(ids)
+            tree = None
             if s.kind == "verify":  # the last known token, then the drafts being checked
                 tokens = req.token_slice(start, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
+                if req.spec_tree:
+                    tree = tree_layout(req.spec_tree[: s.num_tokens - 1], self.device)
             else:
                 tokens = req.token_slice(start, end)
             ids.extend(tokens)
-            pos.extend(range(start, end))
+            # A tree's rows sit in consecutive slots, but each at the position of its depth.
+            pos.extend(range(start, end) if tree is None else (start + d for d in tree[0]))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             seqs.append((q_start, s.num_tokens, end, table))
             if s.kind == "decode":
@@ -137,7 +163,10 @@ class ModelRunner:
                 ctx_slots = None
                 if start > 0:
                     ctx_slots = self._slots_of(table, end)
-                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_slots))
+                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_slots,
+                                           None if tree is None else tree[1]))
+                if tree is not None:
+                    tree_masks[q_start] = tree[1]
         dev = self.device
         groups = self._decode_groups(dec_tables, dec_lens)
         md = AttentionMetadata(
@@ -147,6 +176,7 @@ class ModelRunner:
             prefills=prefills,
             seqs=seqs,
             block_size=bs,
+            tree_masks=tree_masks,
         )
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
 
@@ -170,6 +200,17 @@ class ModelRunner:
                                       mask.to(self.device)[:, None, :]))
             start = end
         return groups
+
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Copy K/V from slot src to slot dst in every layer, in order (a tree's accepted path moving to
+        the positions it now holds)."""
+        if not moves:
+            return
+        src = torch.tensor([a for a, _ in moves], device=self.device)
+        dst = torch.tensor([b for _, b in moves], device=self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(1, dst, k.index_select(1, src))
+            v.index_copy_(1, dst, v.index_select(1, src))
 
     def _slots_of(self, table: list[int], n: int) -> torch.Tensor:
         bs = self.block_size

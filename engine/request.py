@@ -57,6 +57,10 @@ class Request:
     # Draft tokens proposed for this step's verification; they are not part of the request's tokens
     # until the target accepts them.
     spec_token_ids: list[int] = field(default_factory=list)
+    # When the drafts form a tree (multi-token prediction): the parent row of each draft, where row 0 is
+    # the last known token and row i the i-th draft; parents come before children. Empty: a chain.
+    spec_tree: list[int] = field(default_factory=list)
+    mtp_hidden: object | None = None  # the final hidden state that produced the last token (MTP heads read it)
     detokenizer: IncrementalDetokenizer | None = None
     seed: int = 0
     generator: object | None = None  # the sampler's per-request RNG (a torch.Generator)

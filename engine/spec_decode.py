@@ -90,3 +90,50 @@ class NgramProposer:
                     if follow:
                         return follow
         return []
+
+
+@dataclass(slots=True)
+class TreeVerifyResult(VerifyResult):
+    path: list[int]  # the accepted draft rows, root to leaf (row i is draft i - 1)
+
+
+def verify_tree(drafts: list[int], parents: list[int], logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> TreeVerifyResult:
+    """Verify a tree of drafts in one pass. Row 0 is the last known token, row i the draft drafts[i-1]
+    whose parent row is parents[i-1]; logits (rows, vocab) predict the token after each row.
+
+    Walking down from the root, the children of a row are tried in turn, each a deterministic proposal
+    (q one-hot): accept child x with probability p(x) under what is left of p; on rejection set p(x) = 0
+    and renormalize (the residual max(0, p - q)). The first accepted child becomes the row to continue
+    from; when none is, sample from the residual. Each row's emitted token is then distributed exactly as
+    p, so the text is distributed as the target's (greedy: p is one-hot, so this follows the argmax).
+    """
+    probs = target_probs(logits, params)
+    children: list[list[int]] = [[] for _ in range(len(drafts) + 1)]
+    for row, parent in enumerate(parents, start=1):
+        children[parent].append(row)
+    tokens: list[int] = []
+    sources: list[TokenSource] = []
+    path: list[int] = []
+    row = 0
+    while True:
+        p = probs[row].clone()
+        chosen = None
+        for child in children[row]:
+            x = drafts[child - 1]
+            total = float(p.sum())
+            px = float(p[x]) / total if total > 0 else 0.0
+            u = 0.5 if params.greedy else float(torch.rand((), generator=generator, device=p.device))
+            if u < px:
+                chosen = child
+                break
+            p[x] = 0.0
+        if chosen is None:
+            tokens.append(_sample(p, params, generator))
+            sources.append(TokenSource.CORRECTED if children[row] else
+                           TokenSource.BONUS if path else TokenSource.DECODED)
+            return TreeVerifyResult(tokens, sources, len(path), path)
+        tokens.append(drafts[chosen - 1])
+        sources.append(TokenSource.ACCEPTED)
+        path.append(chosen)
+        row = chosen

@@ -33,6 +33,8 @@ def test_unbuilt_features_say_so():
         missing = presets.load_preset(name).unavailable(capabilities=frozenset())
         assert missing and word in " ".join(missing), name
     assert presets.load_preset("speculative").unavailable({"speculative"}) == []
+    assert "train-mtp" in " ".join(presets.load_preset("multi-token").unavailable({"speculative"}))
+    assert presets.load_preset("multi-token").unavailable({"speculative", "mtp"}) == []
     assert presets.load_preset("kv-cache").unavailable(frozenset()) == []
 
 

@@ -87,11 +87,6 @@ def test_sampled_speculation_is_reproducible(tiny_llama):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
-def test_mtp_is_refused_clearly(tiny_llama):
-    with pytest.raises(ValueError, match="mtp"):
-        make(tiny_llama, spec_method="mtp", num_speculative_tokens=2)
-
-
 def test_speculation_switches_at_run_time(tiny_llama):
     plain = make(tiny_llama).generate(PROMPTS, GREEDY)
     eng = make(tiny_llama)

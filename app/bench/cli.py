@@ -45,7 +45,7 @@ def add_bench_args(p, engine_args) -> None:
     sp.add_argument("--k", type=int, default=4, help="draft length")
     sp.add_argument("--streams", type=int, nargs="+", default=[1, 16])
     sp.add_argument("--max-tokens", type=int, default=64)
-    sp.add_argument("--methods", nargs="*", help="subset of: ngram draft-int4-self")
+    sp.add_argument("--methods", nargs="*", help="subset of: ngram draft-int4-self mtp")
     from app.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(sub.add_parser("serve", help="goodput, p99 TTFT/TPOT vs arrival rate; policies; chunking"),

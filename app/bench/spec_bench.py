@@ -6,7 +6,8 @@ import time
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quality import heldout_texts
 
-METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_method="draft", draft_quant_bits=4)}
+METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_method="draft", draft_quant_bits=4),
+           "mtp": dict(spec_method="mtp")}
 
 
 def prompts(engine: LLMEngine, n: int) -> list[list[int]]:
@@ -63,7 +64,11 @@ def run_spec_bench(args) -> dict:
     for name, extra in METHODS.items():
         if args.methods and name not in args.methods:
             continue
-        eng = LLMEngine(EngineConfig(**base_cfg, num_speculative_tokens=args.k, **extra))
+        try:
+            eng = LLMEngine(EngineConfig(**base_cfg, num_speculative_tokens=args.k, **extra))
+        except ValueError as exc:  # e.g. MTP heads not trained for this model yet
+            results[name] = {"skipped": str(exc)}
+            continue
         rows = {}
         for n, batch in batches.items():
             timed_run(eng, batch[:1], 4)
@@ -71,6 +76,8 @@ def run_spec_bench(args) -> dict:
             info["speedup"] = baseline[n][0] / dt
             info.update(agreement(tokens, baseline[n][1]))
             rows[str(n)] = info
+        if name == "mtp":
+            rows["heads"] = eng.proposer.meta
         results[name] = rows
         del eng
     return {"k": args.k, "max_tokens": args.max_tokens, "streams": args.streams, "results": results}

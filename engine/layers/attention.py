@@ -30,6 +30,9 @@ class PrefillSeq:
     q_len: int  # tokens in this chunk
     ctx_len: int  # tokens of context after this chunk (cached + chunk)
     slots: torch.Tensor | None  # (ctx_len,) slots of the whole context; None when nothing was cached
+    # A verify run over a tree of drafts: (q_len, q_len) bool, row i sees chunk row j iff j is i or one of
+    # its ancestors (instead of every earlier row). The context before the chunk is seen by every row.
+    tree_mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +55,7 @@ class AttentionMetadata:
     # For the reference path: (q_start, q_len, ctx_len, block_table) per sequence, in batch order.
     seqs: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
     block_size: int = 16
+    tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -77,6 +81,10 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
             kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
             kp, vp = k_cache.index_select(1, p.slots), v_cache.index_select(1, p.slots)
+        if p.tree_mask is not None:  # a tree verify run: short, one slice, its own mask
+            r = slice(p.q_start, p.q_start + p.q_len)
+            out[r] = _chunk_attention(q[r], kp, vp, p, group, scale)
+            continue
         for start in range(0, p.q_len, QUERY_SLICE):
             n = min(QUERY_SLICE, p.q_len - start)
             sub = PrefillSeq(p.q_start + start, n, p.ctx_len - p.q_len + start + n, None)
@@ -97,7 +105,7 @@ def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: Pre
     qg = (q * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
     scores = torch.matmul(qg, kp.transpose(-1, -2)).view(num_kv_heads, group, q_len, p.ctx_len)
     mask = torch.zeros(q_len, p.ctx_len, dtype=q.dtype, device=q.device)
-    mask.masked_fill_(~_offset_causal_mask(q_len, p.ctx_len, q.device), float("-inf"))
+    mask.masked_fill_(~chunk_mask(q_len, p.ctx_len, q.device, p.tree_mask), float("-inf"))
     probs = (scores + mask).softmax(dim=-1).view(num_kv_heads, group * q_len, p.ctx_len)
     out = torch.matmul(probs, vp)  # (kv_heads, group * q_len, head_dim)
     return out.view(num_heads, q_len, head_dim).transpose(0, 1)
@@ -121,10 +129,15 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 
 
-def _offset_causal_mask(q_len: int, ctx_len: int, device: torch.device) -> torch.Tensor:
-    # Query i sits at position ctx_len - q_len + i and sees keys 0..that position.
+def chunk_mask(q_len: int, ctx_len: int, device: torch.device, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(q_len, ctx_len) bool: which keys each query of a chunk sees. Query i sits at slot row
+    ctx_len - q_len + i and sees every key before the chunk, then (causal) the chunk rows up to its own,
+    or (tree) its ancestors and itself."""
     q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device).unsqueeze(1)
-    return torch.arange(ctx_len, device=device).unsqueeze(0) <= q_pos  # (q_len, ctx_len)
+    mask = torch.arange(ctx_len, device=device).unsqueeze(0) <= q_pos
+    if tree_mask is not None:
+        mask[:, ctx_len - q_len :] = tree_mask
+    return mask
 
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -146,7 +159,7 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         value = torch.cat(values).float().repeat_interleave(group, dim=1)
         query = q[q_start : q_start + q_len].float()  # (q_len, heads, head_dim)
         scores = torch.einsum("qhd,khd->hqk", query, key) * scale  # (heads, q_len, ctx_len)
-        scores = scores.masked_fill(~_offset_causal_mask(q_len, ctx_len, q.device), -math.inf)
+        scores = scores.masked_fill(~chunk_mask(q_len, ctx_len, q.device, md.tree_masks.get(q_start)), -math.inf)
         probs = scores.softmax(dim=-1)
         out[q_start : q_start + q_len] = torch.einsum("hqk,khd->qhd", probs, value).to(q.dtype)
     return out

@@ -1,0 +1,34 @@
+"""`inferlab train-mtp`: train the model's multi-token prediction heads (engine/mtp_train.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
+    engine_args(p)
+    p.add_argument("--heads", type=int, default=3, help="prediction heads (tokens 2, 3, … ahead)")
+    p.add_argument("--max-tokens", type=int, default=128, help="length of each self-written answer")
+    p.add_argument("--prompts", type=int, default=None, help="use only the first N training prompts")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", default=None, help="where to save (default: the user cache, where the engine looks)")
+
+
+def run_train_mtp(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.mtp_train import default_prompts, train_mtp
+
+    def progress(message: str, fraction: float | None) -> None:
+        pct = "" if fraction is None else f"{100 * fraction:5.1f}% "
+        print(f"\r{pct}{message:<70}", end="", file=sys.stderr, flush=True)
+
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                                    max_num_seqs=32, max_num_batched_tokens=2048), progress=progress)
+    prompts = default_prompts()[: args.prompts] if args.prompts else None
+    report = train_mtp(engine, num_heads=args.heads, prompts=prompts, max_tokens=args.max_tokens,
+                       epochs=args.epochs, out=args.out, progress=progress)
+    print(file=sys.stderr)
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,121 @@
+"""Multi-token prediction: Medusa-style heads on the target model propose a tree of drafts.
+
+Head k (k = 1..K) reads the final hidden state h_t that produced token t+1 and guesses token t+1+k:
+
+    logits_k = lm_head(h_t + SiLU(W_k h_t + b_k))
+
+one residual block per head in front of the model's own (frozen, shared) lm_head, so a head costs
+hidden² weights instead of a vocabulary-sized matrix. W_k starts at zero: an untrained head repeats the
+model's next-token guess. The heads are trained by `inferlab train-mtp` on text the model writes itself
+(engine/mtp_train.py) and saved as safetensors.
+
+Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
+the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one
+pass with a tree attention mask (engine/layers/attention.py) and keeps the longest path it agrees with
+(engine/spec_decode.verify_tree).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
+
+
+class MtpHeads(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for b in self.blocks:
+            nn.init.zeros_(b.weight)
+            nn.init.zeros_(b.bias)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """(n, hidden) -> (n, heads, hidden): what each head hands the lm_head."""
+        blocks = self.blocks[: num_heads or self.num_heads]
+        return torch.stack([hidden + F.silu(b(hidden)) for b in blocks], dim=1)
+
+
+def heads_path(model_path: str) -> Path:
+    """Where `inferlab train-mtp` saves the heads of a model by default (the user cache dir)."""
+    from engine.loader import cache_root
+
+    key = hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "mtp" / key / "heads.safetensors"
+
+
+def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, str(path), metadata={"inferlab_mtp": json.dumps(meta)})
+
+
+def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    heads = MtpHeads(hidden_size, num)
+    if num == 0 or state["blocks.0.weight"].shape != (hidden_size, hidden_size):
+        raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
+    heads.load_state_dict(state)
+    return heads, meta
+
+
+def tree_nodes(widths: tuple[int, ...], depth: int) -> list[tuple[int, ...]]:
+    """Every node of the candidate tree as the tuple of candidate ranks on its path, parents first
+    (breadth first): widths (3, 2), depth 2 -> (0,) (1,) (2,) (0, 0) (0, 1) (1, 0) …"""
+    level: list[tuple[int, ...]] = [()]
+    nodes: list[tuple[int, ...]] = []
+    for d in range(depth):
+        width = widths[d] if d < len(widths) else 1
+        level = [node + (r,) for node in level for r in range(width)]
+        nodes.extend(level)
+    return nodes
+
+
+class MtpProposer:
+    """Proposes a tree of drafts per request from its last hidden state."""
+
+    name = "mtp"
+
+    def __init__(self, heads: MtpHeads, lm_head: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
+                 meta: dict | None = None) -> None:
+        self.heads, self.lm_head, self.widths = heads, lm_head, widths
+        self.meta = meta or {}
+        self._trees: dict[int, tuple[list[tuple[int, ...]], list[int]]] = {}
+
+    def tree(self, depth: int) -> tuple[list[tuple[int, ...]], list[int]]:
+        """(nodes, parent row of each node) for a tree `depth` levels deep."""
+        if depth not in self._trees:
+            nodes = tree_nodes(self.widths, depth)
+            row = {node: i + 1 for i, node in enumerate(nodes)}
+            self._trees[depth] = (nodes, [row.get(node[:-1], 0) for node in nodes])
+        return self._trees[depth]
+
+    @torch.inference_mode()
+    def propose_batch(self, hidden: torch.Tensor, depths: list[int]) -> list[tuple[list[int], list[int]]]:
+        """hidden (n, hidden) for n requests -> per request (draft tokens, parent rows)."""
+        depth = max(depths)
+        out = self.heads(hidden.to(self.heads.blocks[0].weight.dtype), depth)  # (n, depth, hidden)
+        logits = self.lm_head(out.to(hidden.dtype))  # (n, depth, vocab)
+        width = max(self.widths[:depth]) if depth else 1
+        top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
+        result = []
+        for i, d in enumerate(depths):
+            nodes, parents = self.tree(d)
+            result.append(([top[i][len(node) - 1][node[-1]] for node in nodes], parents))
+        return result

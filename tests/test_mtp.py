@@ -1,0 +1,148 @@
+"""Multi-token prediction: tree layout and mask, exact tree verification, the engine with MTP heads
+(greedy equals plain decoding, accepted paths move their K/V), training and the heads file."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.events import TokenSource
+from engine.model_runner import tree_layout
+from engine.mtp import MtpHeads, MtpProposer, load_heads, save_heads, tree_nodes
+from engine.spec_decode import verify_tree
+
+PROMPTS = [[8, 9, 10, 8, 9], list(range(30, 41)), [100, 5, 7, 5, 100, 5]]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def make(folder, **kw):
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("block_size", 4)
+    return LLMEngine(EngineConfig(model=str(folder), dtype="float32", **kw))
+
+
+@pytest.fixture(scope="module")
+def heads_file(tiny_llama, tmp_path_factory):
+    torch.manual_seed(3)
+    heads = MtpHeads(64, 3)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.weight, std=0.2)
+    path = tmp_path_factory.mktemp("mtp") / "heads.safetensors"
+    save_heads(heads, path, {"model": "tiny"})
+    return path
+
+
+def test_tree_nodes_parents_and_mask():
+    assert tree_nodes((3, 2), 2) == [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    prop = MtpProposer(MtpHeads(8, 2), torch.nn.Identity(), (2, 2))
+    nodes, parents = prop.tree(2)
+    assert parents == [0, 0, 1, 1, 2, 2]
+    depth, mask = tree_layout(parents, torch.device("cpu"))
+    assert depth == [0, 1, 1, 2, 2, 2, 2]
+    assert mask[3].tolist() == [True, True, False, True, False, False, False]  # row 3 sees 0, 1 and itself
+    assert mask[6].tolist() == [True, False, True, False, False, False, True]
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_tree_verify_logits_equal_scoring_each_path(tiny_llama, backend):
+    eng = make(tiny_llama, attention_backend=backend)
+    rid = eng.add_request(list(range(30, 40)), SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    eng.step()  # prefill: one token sampled, not yet in the cache
+    req = eng._requests[rid]
+    drafts, parents = [11, 12, 13, 14, 15], [0, 0, 1, 1, 3]
+    req.spec_token_ids, req.spec_tree = list(drafts), list(parents)
+    sched = eng.scheduler.schedule()
+    assert [s.kind for s in sched.scheduled] == ["verify"]
+    logits = eng.runner.execute(sched, eng.block_manager).verify_logits[0]
+    known = req.all_token_ids
+    paths = [[], [11], [12], [11, 13], [11, 14], [11, 13, 15]]
+    for row, path in enumerate(paths):
+        torch.testing.assert_close(logits[row], eng.score(known + path)[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_tree_verification_keeps_the_target_distribution():
+    """Root with children [0, 1]; draft row 1 (token 0) has child [2]. Joint law of the first two
+    emitted tokens must be p_root(a) * p_row(a)(b), whatever the drafts."""
+    torch.manual_seed(0)
+    vocab = 4
+    logits = torch.randn(4, vocab)
+    p = logits.softmax(-1)
+    drafts, parents = [0, 1, 2], [0, 0, 1]
+    params = SamplingParams(temperature=1.0, max_tokens=4)
+    gen = torch.Generator().manual_seed(1)
+    n, counts, firsts = 30000, collections.Counter(), collections.Counter()
+    for _ in range(n):
+        res = verify_tree(drafts, parents, logits, params, gen)
+        firsts[res.tokens[0]] += 1
+        if len(res.tokens) > 1:
+            counts[tuple(res.tokens[:2])] += 1
+    assert torch.allclose(torch.tensor([firsts[t] / n for t in range(vocab)]), p[0], atol=0.012)
+    # after token 0 (draft row 1) the next token follows row 1; after token 1 (row 2) it follows row 2
+    for a, row in ((0, 1), (1, 2)):
+        got = torch.tensor([counts[(a, b)] / n for b in range(vocab)])
+        assert torch.allclose(got, p[0, a] * p[row], atol=0.012), (a, got, p[0, a] * p[row])
+
+
+def test_greedy_tree_verification_follows_the_argmax():
+    logits = torch.full((4, 5), -5.0)
+    logits[0, 3] = logits[2, 4] = logits[1, 0] = 5.0
+    res = verify_tree([2, 3, 1], [0, 0, 2], logits, SamplingParams(temperature=0.0), None)
+    assert res.tokens == [3, 4] and res.path == [2] and res.sources == [TokenSource.ACCEPTED, TokenSource.CORRECTED]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_mtp_equals_plain_decoding(tiny_llama, heads_file, k):
+    plain = make(tiny_llama).generate(PROMPTS, GREEDY)
+    eng = make(tiny_llama, spec_method="mtp", num_speculative_tokens=k, mtp_heads=str(heads_file))
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == [o.token_ids for o in plain]
+    st = eng.stats()
+    assert st.num_verify_passes > 0 and st.num_draft_tokens > 0
+    assert eng.block_manager.num_used_blocks == 0
+
+
+def test_accepted_side_branches_move_their_kv(tiny_llama, heads_file, monkeypatch):
+    """An oracle puts the true next tokens on side branches of the tree (rank 2, then rank 1), so every
+    accepted path needs its K/V moved; the text must still equal plain decoding, with drafts accepted."""
+    plain = make(tiny_llama).generate(PROMPTS[:2], GREEDY)
+    truth = {tuple(p): list(o.token_ids) for p, o in zip(PROMPTS[:2], plain)}
+    eng = make(tiny_llama, spec_method="mtp", num_speculative_tokens=2, mtp_heads=str(heads_file),
+               mtp_tree_widths=(3, 2))
+    reqs = {}
+
+    def oracle(hidden, depths):
+        out = []
+        for r, d in zip(reqs["running"](), depths):
+            nodes, parents = eng.proposer.tree(d)
+            future = truth[tuple(r.prompt_token_ids)][r.num_output_tokens:] + [0, 0]
+            right = {(2,): future[0], (2, 1): future[1]}
+            vocab = eng.model_config.vocab_size
+            out.append(([right.get(n, (future[len(n) - 1] + 1 + n[-1]) % vocab) for n in nodes], parents))
+        return out
+
+    reqs["running"] = lambda: [r for r in eng.scheduler.running if r.mtp_hidden is not None
+                               and r.num_tokens - r.num_computed_tokens == 1]
+    monkeypatch.setattr(eng.proposer, "propose_batch", oracle)
+    got = eng.generate(PROMPTS[:2], GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    assert eng.stats().num_accepted_tokens > 0.5 * eng.stats().num_draft_tokens
+
+
+def test_missing_heads_say_how_to_train_them(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="train-mtp"):
+        make(tiny_llama, spec_method="mtp", num_speculative_tokens=2, mtp_heads=str(tmp_path / "none.safetensors"))
+
+
+def test_training_learns_and_saves_heads(tiny_llama, tmp_path):
+    from engine.mtp_train import train_mtp
+
+    eng = make(tiny_llama, num_kv_blocks=512, max_num_seqs=16)
+    out = tmp_path / "heads.safetensors"
+    # a repetitive prompt set: the tiny random model loops, which heads can learn to foresee
+    report = train_mtp(eng, num_heads=2, prompts=[[8 + i % 5, 9, 10, 8 + i % 5, 9] for i in range(20)],
+                       max_tokens=32, epochs=12, lr=1e-2, out=out)
+    heads, meta = load_heads(out, 64)
+    assert heads.num_heads == 2 and meta["num_heads"] == 2 and meta["train_positions"] > 100
+    # the tiny random model's text is close to noise: the heads must at least fit what they saw
+    assert report["train_top1_per_head"][0] > report["train_top1_untrained"][0] + 0.05, report
