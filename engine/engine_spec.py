@@ -98,7 +98,9 @@ class SpeculativeDecoding:
             return
         hidden = torch.stack([r.mtp_hidden for r, _ in ready])
         depths = [min(kr, self.proposer.heads.num_heads) for _, kr in ready]
-        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths)):
+        # Many requests verifying at once make the step compute-bound: share a budget of tree rows.
+        max_nodes = max(max(depths), self.config.mtp_max_tree_tokens // len(ready))
+        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths, max_nodes)):
             r.spec_token_ids, r.spec_tree = tokens, list(parents)
 
     def _propose(self) -> None:

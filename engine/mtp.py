@@ -98,16 +98,20 @@ class MtpProposer:
         self.meta = meta or {}
         self._trees: dict[int, tuple[list[tuple[int, ...]], list[int]]] = {}
 
-    def tree(self, depth: int) -> tuple[list[tuple[int, ...]], list[int]]:
-        """(nodes, parent row of each node) for a tree `depth` levels deep."""
-        if depth not in self._trees:
-            nodes = tree_nodes(self.widths, depth)
+    def tree(self, depth: int, max_nodes: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
+        """(nodes, parent row of each node) for a tree `depth` levels deep, most likely nodes first: by
+        the sum of their candidate ranks, then depth (so the top-1 chain leads and a parent always comes
+        before its children), cut to `max_nodes` when the step has many requests to verify."""
+        key = (depth, max_nodes)
+        if key not in self._trees:
+            nodes = sorted(tree_nodes(self.widths, depth), key=lambda n: (sum(n), len(n), n))[:max_nodes]
             row = {node: i + 1 for i, node in enumerate(nodes)}
-            self._trees[depth] = (nodes, [row.get(node[:-1], 0) for node in nodes])
-        return self._trees[depth]
+            self._trees[key] = (nodes, [row.get(node[:-1], 0) for node in nodes])
+        return self._trees[key]
 
     @torch.inference_mode()
-    def propose_batch(self, hidden: torch.Tensor, depths: list[int]) -> list[tuple[list[int], list[int]]]:
+    def propose_batch(self, hidden: torch.Tensor, depths: list[int],
+                      max_nodes: int | None = None) -> list[tuple[list[int], list[int]]]:
         """hidden (n, hidden) for n requests -> per request (draft tokens, parent rows)."""
         depth = max(depths)
         out = self.heads(hidden.to(self.heads.blocks[0].weight.dtype), depth)  # (n, depth, hidden)
@@ -116,6 +120,6 @@ class MtpProposer:
         top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
         result = []
         for i, d in enumerate(depths):
-            nodes, parents = self.tree(d)
+            nodes, parents = self.tree(d, max_nodes)
             result.append(([top[i][len(node) - 1][node[-1]] for node in nodes], parents))
         return result

@@ -1,8 +1,8 @@
 """Train multi-token prediction heads by self-distillation (`inferlab train-mtp`).
 
-1. The model answers a set of instructions itself (assets/mtp_prompts.txt, through its chat template
-   when it has one), half greedily and half sampled at temperature 0.7: the text the heads must learn
-   to foresee is the text this model writes.
+1. The model answers a set of instructions itself (assets/mtp_prompts.txt, 256 of them, through its
+   chat template when it has one), three in four greedily and one sampled at temperature 0.7: the text
+   the heads must learn to foresee is the text this model writes.
 2. One forward pass per answer gives the final hidden state h_t at every position.
 3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head), on the
    answer positions only. A tenth of the answers is held out to measure each head's top-1 accuracy.
@@ -40,7 +40,8 @@ def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int) ->
         if isinstance(p, str) and tok.has_chat_template:
             p = tok.apply_chat_template([{"role": "user", "content": p}])
         ids.append(tok.encode(p) if isinstance(p, str) else list(p))
-    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0 if i % 2 == 0 else 0.7, seed=i)
+    # Mostly greedy (what the heads will be asked to foresee), every fourth answer sampled for variety.
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.7 if i % 4 == 3 else 0.0, seed=i)
               for i in range(len(ids))]
     outs = engine.generate(ids, params)
     return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]

@@ -37,12 +37,14 @@ def heads_file(tiny_llama, tmp_path_factory):
 def test_tree_nodes_parents_and_mask():
     assert tree_nodes((3, 2), 2) == [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     prop = MtpProposer(MtpHeads(8, 2), torch.nn.Identity(), (2, 2))
-    nodes, parents = prop.tree(2)
-    assert parents == [0, 0, 1, 1, 2, 2]
+    nodes, parents = prop.tree(2)  # most likely first: the top-1 chain, then by rank sum
+    assert nodes == [(0,), (0, 0), (1,), (0, 1), (1, 0), (1, 1)]
+    assert parents == [0, 1, 0, 1, 3, 3]
+    assert prop.tree(2, max_nodes=3) == (nodes[:3], parents[:3])
     depth, mask = tree_layout(parents, torch.device("cpu"))
-    assert depth == [0, 1, 1, 2, 2, 2, 2]
-    assert mask[3].tolist() == [True, True, False, True, False, False, False]  # row 3 sees 0, 1 and itself
-    assert mask[6].tolist() == [True, False, True, False, False, False, True]
+    assert depth == [0, 1, 2, 1, 2, 2, 2]
+    assert mask[2].tolist() == [True, True, True, False, False, False, False]  # row 2 sees 0, 1 and itself
+    assert mask[6].tolist() == [True, False, False, True, False, False, True]
 
 
 @pytest.mark.parametrize("backend", ["fast", "reference"])
@@ -111,10 +113,10 @@ def test_accepted_side_branches_move_their_kv(tiny_llama, heads_file, monkeypatc
                mtp_tree_widths=(3, 2))
     reqs = {}
 
-    def oracle(hidden, depths):
+    def oracle(hidden, depths, max_nodes=None):
         out = []
         for r, d in zip(reqs["running"](), depths):
-            nodes, parents = eng.proposer.tree(d)
+            nodes, parents = eng.proposer.tree(d, max_nodes)
             future = truth[tuple(r.prompt_token_ids)][r.num_output_tokens:] + [0, 0]
             right = {(2,): future[0], (2, 1): future[1]}
             vocab = eng.model_config.vocab_size

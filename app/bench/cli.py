@@ -36,6 +36,7 @@ def add_bench_args(p, engine_args) -> None:
     qb.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4])
     qb.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128])
     qb.add_argument("--outliers", type=int, default=0, help="input channels per layer kept in 16 bits")
+    qb.add_argument("--embeddings", action="store_true", help="also quantize the embedding table and lm_head")
     qb.add_argument("--streams", type=int, default=16)
     qb.add_argument("--max-tokens", type=int, default=64)
     qb.add_argument("--memory-budget-mib", type=int, default=1024, help="weights + KV budget")

@@ -30,6 +30,7 @@ def run_quant_bench(args) -> dict:
         cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                            quant_bits=bits, quant_group_size=args.group_size,
                            quant_outlier_channels=args.outliers if bits != 16 else 0,
+                           quant_embeddings=getattr(args, "embeddings", False),
                            memory_budget_bytes=args.memory_budget_mib * 2**20, max_num_seqs=64)
         engine = LLMEngine(cfg)
         mem = engine.memory()
@@ -60,5 +61,6 @@ def run_quant_bench(args) -> dict:
         for row in results.values():
             row["speedup_1_stream_vs_16"] = row["decode_tokens_per_s_1_stream"] / base["decode_tokens_per_s_1_stream"]
     return {"group_size": args.group_size, "outlier_channels": args.outliers,
+            "embeddings_quantized": getattr(args, "embeddings", False),
             "memory_budget_mib": args.memory_budget_mib, "heldout_text": "assets/heldout.txt",
             "results": results}
