@@ -19,10 +19,10 @@ NUM_KV_BLOCKS = 256
 
 
 def open_window(model_path, preset: str | None = None, tradeoff_seconds: float = 0.5,
-                timeout_s: float = 60.0) -> MainWindow:
-    """A shown MainWindow whose engine (1 thread, 256 KV blocks) has loaded; no settings are touched."""
+                timeout_s: float = 60.0, **config) -> MainWindow:
+    """A shown MainWindow whose engine (1 thread, 256 KV blocks, `config`) has loaded; no settings are touched."""
     app = QApplication.instance()
-    host = EngineHost(EngineConfig(model=str(model_path), num_kv_blocks=NUM_KV_BLOCKS, num_threads=1))
+    host = EngineHost(EngineConfig(model=str(model_path), num_kv_blocks=NUM_KV_BLOCKS, num_threads=1, **config))
     window = MainWindow(host, None, persist=False, tradeoff_seconds=tradeoff_seconds)
     window.controller.interactive = False
     window.resize(1600, 1000)

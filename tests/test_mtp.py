@@ -148,3 +148,26 @@ def test_training_learns_and_saves_heads(tiny_llama, tmp_path):
     assert heads.num_heads == 2 and meta["num_heads"] == 2 and meta["train_positions"] > 100
     # the tiny random model's text is close to noise: the heads must at least fit what they saw
     assert report["train_top1_per_head"][0] > report["train_top1_untrained"][0] + 0.05, report
+
+
+def test_multi_token_preset_runs_the_heads_in_the_app(qapp, tiny_llama, heads_file):
+    from app_helpers import close_window, open_window, wait_until
+
+    window = open_window(tiny_llama, preset="kv-cache", mtp_heads=str(heads_file))
+    try:
+        assert "mtp" in window.host.info.capabilities
+        assert window.controller.apply_preset("multi-token")
+        assert "train-mtp" not in window.caption.snapshot_data()["caption"]
+        wait_until(qapp, lambda: window.controller.engine_ready
+                   and window.host.engine.config.spec_method == "mtp", 60)
+        window.controller.burst(2)
+
+        def spec():
+            window.feeder.flush_pending()
+            window.panels["spec"].flush()
+            return window.panels["spec"].snapshot_data()
+
+        wait_until(qapp, lambda: spec()["num_steps"] > 0, 60)
+        assert spec()["method"] == "mtp" and window.controller.last_error is None
+    finally:
+        close_window(window)
