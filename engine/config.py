@@ -47,7 +47,8 @@ class EngineConfig:
     draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
     mtp_heads: str | None = None  # spec_method "mtp": a heads .safetensors (default: where train-mtp saves)
     mtp_tree_widths: tuple[int, ...] = (3, 2, 1, 1, 1, 1, 1, 1)  # candidates per tree level
-    mtp_max_tree_tokens: int = 32  # tree rows per step, shared by the requests (at least a chain each)
+    mtp_max_tree_tokens: int = 8  # tree rows per step, shared by the requests (at least a chain each);
+    # small on the CPU, where each extra row costs compute; a GPU verifies 64 rows as fast as one
     max_loras: int = 0
 
     # Admission control (engine/admission.py): beyond these add_request raises RequestRejected; None = off

@@ -90,7 +90,7 @@ class SpeculativeDecoding:
                              f"minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
         heads, meta = load_heads(Path(path), self.model_config.hidden_size)
         heads = heads.to(device=self.device, dtype=self.dtype).eval()
-        return MtpProposer(heads, self.model.lm_head, tuple(self.config.mtp_tree_widths), meta)
+        return MtpProposer(heads, self.model, tuple(self.config.mtp_tree_widths), meta)
 
     def _propose_mtp(self, want: dict) -> None:
         ready = [(r, kr) for r, kr in want.values() if r.mtp_hidden is not None]
@@ -100,7 +100,8 @@ class SpeculativeDecoding:
         depths = [min(kr, self.proposer.heads.num_heads) for _, kr in ready]
         # Many requests verifying at once make the step compute-bound: share a budget of tree rows.
         max_nodes = max(max(depths), self.config.mtp_max_tree_tokens // len(ready))
-        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths, max_nodes)):
+        last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
+        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths, max_nodes, last)):
             r.spec_token_ids, r.spec_tree = tokens, list(parents)
 
     def _propose(self) -> None:

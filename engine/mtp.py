@@ -28,9 +28,15 @@ DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
 
 
 class MtpHeads(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int) -> None:
+    """With `use_token`, each head also reads the embedding of token t+1, the token h_t just produced
+    (known when the heads run): [h_t ; emb(x_{t+1})] -> hidden. Without it a head has to guess token t+2
+    without knowing t+1 (plain Medusa); with it, it only has to do what the model's next pass would."""
+
+    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        self.use_token = use_token
+        width = 2 * hidden_size if use_token else hidden_size
+        self.blocks = nn.ModuleList(nn.Linear(width, hidden_size) for _ in range(num_heads))
         for b in self.blocks:
             nn.init.zeros_(b.weight)
             nn.init.zeros_(b.bias)
@@ -39,10 +45,13 @@ class MtpHeads(nn.Module):
     def num_heads(self) -> int:
         return len(self.blocks)
 
-    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """(n, hidden) -> (n, heads, hidden): what each head hands the lm_head."""
+    def forward(self, hidden: torch.Tensor, token_emb: torch.Tensor | None = None,
+                num_heads: int | None = None) -> torch.Tensor:
+        """hidden (n, hidden) [+ token_emb (n, hidden)] -> (n, heads, hidden), what each head hands the
+        lm_head."""
         blocks = self.blocks[: num_heads or self.num_heads]
-        return torch.stack([hidden + F.silu(b(hidden)) for b in blocks], dim=1)
+        x = torch.cat([hidden, token_emb], dim=-1) if self.use_token else hidden
+        return torch.stack([hidden + F.silu(b(x)) for b in blocks], dim=1)
 
 
 def heads_path(model_path: str) -> Path:
@@ -68,9 +77,10 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
     num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
-    heads = MtpHeads(hidden_size, num)
-    if num == 0 or state["blocks.0.weight"].shape != (hidden_size, hidden_size):
+    shape = tuple(state["blocks.0.weight"].shape) if num else ()
+    if shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
         raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
+    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size)
     heads.load_state_dict(state)
     return heads, meta
 
@@ -92,9 +102,10 @@ class MtpProposer:
 
     name = "mtp"
 
-    def __init__(self, heads: MtpHeads, lm_head: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
+    def __init__(self, heads: MtpHeads, model: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
                  meta: dict | None = None) -> None:
-        self.heads, self.lm_head, self.widths = heads, lm_head, widths
+        # the model's lm_head and embedding table are looked up at each call: requantizing swaps them
+        self.heads, self.model, self.widths = heads, model, widths
         self.meta = meta or {}
         self._trees: dict[int, tuple[list[tuple[int, ...]], list[int]]] = {}
 
@@ -110,12 +121,16 @@ class MtpProposer:
         return self._trees[key]
 
     @torch.inference_mode()
-    def propose_batch(self, hidden: torch.Tensor, depths: list[int],
-                      max_nodes: int | None = None) -> list[tuple[list[int], list[int]]]:
-        """hidden (n, hidden) for n requests -> per request (draft tokens, parent rows)."""
+    def propose_batch(self, hidden: torch.Tensor, depths: list[int], max_nodes: int | None = None,
+                      last_tokens: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+        """hidden (n, hidden) for n requests (and the tokens they produced) -> per request (draft
+        tokens, parent rows)."""
         depth = max(depths)
-        out = self.heads(hidden.to(self.heads.blocks[0].weight.dtype), depth)  # (n, depth, hidden)
-        logits = self.lm_head(out.to(hidden.dtype))  # (n, depth, vocab)
+        emb = None
+        if self.heads.use_token:
+            emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(hidden.dtype)
+        out = self.heads(hidden, emb, depth)  # (n, depth, hidden)
+        logits = self.model.lm_head(out.to(hidden.dtype))  # (n, depth, vocab)
         width = max(self.widths[:depth]) if depth else 1
         top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
         result = []

@@ -48,10 +48,11 @@ def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int) ->
 
 
 def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
-                      num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """h (N, hidden) float32 at every answer position t (from the last prompt token on) and labels
-    (N, heads): token t+1+k for head k (1-based), IGNORE past the end."""
-    hs, labels = [], []
+                      num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h (N, hidden) float32 at every answer position t (from the last prompt token on), the token
+    t+1 that h_t produced (N,), and labels (N, heads): token t+1+k for head k (1-based), IGNORE past
+    the end."""
+    hs, nexts, labels = [], [], []
     for ids, n_prompt in seqs:
         h = engine.hidden_states(ids).float()
         t = torch.arange(n_prompt - 1, len(ids) - 1)
@@ -61,24 +62,28 @@ def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
             ok = t + 1 + k < len(ids)
             lab[ok, k - 1] = ids_t[t[ok] + 1 + k]
         hs.append(h[t])
+        nexts.append(ids_t[t + 1])
         labels.append(lab)
-    return torch.cat(hs), torch.cat(labels)
+    return torch.cat(hs), torch.cat(nexts), torch.cat(labels)
 
 
-def head_loss(heads: MtpHeads, lm_weight: torch.Tensor, h: torch.Tensor, labels: torch.Tensor):
-    """(mean cross-entropy, per-head top-1 hits, per-head counted positions)."""
-    logits = heads(h) @ lm_weight.t()  # (n, heads, vocab)
+def head_loss(heads: MtpHeads, weights: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, nxt: torch.Tensor,
+              labels: torch.Tensor):
+    """(mean cross-entropy, per-head top-1 hits, per-head counted positions). weights: (lm_head, embedding
+    table), 16-bit originals as float32."""
+    lm_weight, emb_weight = weights
+    logits = heads(h, emb_weight[nxt] if heads.use_token else None) @ lm_weight.t()  # (n, heads, vocab)
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     valid = labels != IGNORE
     hits = ((logits.argmax(-1) == labels) & valid).sum(0)
     return loss, hits, valid.sum(0)
 
 
-def train_heads(h: torch.Tensor, labels: torch.Tensor, lm_weight: torch.Tensor, num_heads: int, *,
-                epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
-                progress: Progress | None = None) -> MtpHeads:
+def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor],
+                num_heads: int, *, epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
+                use_token: bool = True, progress: Progress | None = None) -> MtpHeads:
     torch.manual_seed(seed)
-    heads = MtpHeads(h.shape[1], num_heads)
+    heads = MtpHeads(h.shape[1], num_heads, use_token)
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     steps = epochs * -(-len(h) // batch)
     done = 0
@@ -86,7 +91,7 @@ def train_heads(h: torch.Tensor, labels: torch.Tensor, lm_weight: torch.Tensor, 
         order = torch.randperm(len(h))
         for i in range(0, len(h), batch):
             idx = order[i : i + batch]
-            loss, _, _ = head_loss(heads, lm_weight, h[idx], labels[idx])
+            loss, _, _ = head_loss(heads, weights, h[idx], nxt[idx], labels[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -97,43 +102,64 @@ def train_heads(h: torch.Tensor, labels: torch.Tensor, lm_weight: torch.Tensor, 
 
 
 @torch.no_grad()
-def accuracy(heads: MtpHeads, lm_weight: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> list[float]:
+def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
     hits = torch.zeros(heads.num_heads, dtype=torch.long)
     count = torch.zeros(heads.num_heads, dtype=torch.long)
     for i in range(0, len(h), 512):
-        _, hh, cc = head_loss(heads, lm_weight, h[i : i + 512], labels[i : i + 512])
+        _, hh, cc = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], labels[i : i + 512])
         hits += hh
         count += cc
     return [float(a) / max(1, int(c)) for a, c in zip(hits, count)]
 
 
+def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], max_tokens: int,
+                  seed: int = 0) -> dict:
+    """The self-distilled examples: train and validation (h, next token, labels), a tenth of the answers
+    held out."""
+    seqs = self_distill(engine, prompts, max_tokens)
+    random.Random(seed).shuffle(seqs)
+    n_val = max(1, len(seqs) // 10)
+    return {"train": hidden_and_labels(engine, seqs[n_val:], num_heads),
+            "val": hidden_and_labels(engine, seqs[:n_val], num_heads)}
+
+
+def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 16-bit lm_head and embedding table as float32, whatever the engine runs now."""
+    return engine._originals["lm_head"].float(), engine._originals["embed_tokens"].float()
+
+
+def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, seed: int = 0,
+              use_token: bool = True, progress: Progress | None = None) -> tuple[MtpHeads, dict]:
+    """Train, then measure top-1 accuracy per head on the held-out answers (and on a sample of the
+    training ones), against untrained heads."""
+    train, val = data["train"], data["val"]
+    heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token,
+                        progress=progress)
+    untrained = MtpHeads(train[0].shape[1], num_heads, use_token)
+    sample = tuple(t[:4096] for t in train)  # how well the heads fit what they saw
+
+    def pct(hs, split):
+        return [round(a, 4) for a in accuracy(hs, weights, *split)]
+
+    return heads, dict(train_positions=len(train[0]), val_positions=len(val[0]),
+                       val_top1_per_head=pct(heads, val), val_top1_untrained=pct(untrained, val),
+                       train_top1_per_head=pct(heads, sample), train_top1_untrained=pct(untrained, sample))
+
+
 def train_mtp(engine, *, num_heads: int = 3, prompts: Sequence[str | list[int]] | None = None,
               max_tokens: int = 128, epochs: int = 3, lr: float = 3e-3, out: str | Path | None = None,
-              seed: int = 0, progress: Progress | None = None) -> dict:
+              seed: int = 0, use_token: bool = True, progress: Progress | None = None) -> dict:
     """Generate, extract, train, measure, save. Returns a report (also stored in the file's metadata)."""
     report = progress or (lambda message, fraction: None)
     t0 = time.perf_counter()
     prompts = list(prompts or default_prompts())
-    report(f"the model answers {len(prompts)} prompts itself…", 0.0)
-    seqs = self_distill(engine, prompts, max_tokens)
-    random.Random(seed).shuffle(seqs)
-    n_val = max(1, len(seqs) // 10)
-    report("reading the hidden states…", 0.0)
-    h_tr, y_tr = hidden_and_labels(engine, seqs[n_val:], num_heads)
-    h_va, y_va = hidden_and_labels(engine, seqs[:n_val], num_heads)
-    lm_weight = engine._originals["lm_head"].float()  # the 16-bit head, whatever the engine runs now
-    untrained = accuracy(MtpHeads(h_tr.shape[1], num_heads), lm_weight, h_va, y_va)
-    heads = train_heads(h_tr, y_tr, lm_weight, num_heads, epochs=epochs, lr=lr, seed=seed, progress=report)
-    acc = accuracy(heads, lm_weight, h_va, y_va)
-    fit = accuracy(heads, lm_weight, h_tr, y_tr)
+    report(f"the model answers {len(prompts)} prompts itself, then its hidden states are read…", 0.0)
+    data = training_data(engine, num_heads, prompts, max_tokens, seed)
+    heads, measured = fit_heads(data, original_weights(engine), num_heads, epochs=epochs, lr=lr, seed=seed,
+                                use_token=use_token, progress=report)
     path = Path(out) if out else heads_path(engine.model_path)
-    meta = dict(model=str(engine.model_path), num_heads=num_heads, train_positions=len(h_tr),
-                val_positions=len(h_va), prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr,
-                val_top1_per_head=[round(a, 4) for a in acc],
-                val_top1_untrained=[round(a, 4) for a in untrained],
-                train_top1_per_head=[round(a, 4) for a in fit],
-                train_top1_untrained=[round(a, 4) for a in accuracy(MtpHeads(h_tr.shape[1], num_heads), lm_weight,
-                                                                      h_tr, y_tr)],
+    meta = dict(model=str(engine.model_path), num_heads=num_heads, reads_last_token=use_token,
+                prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr, **measured,
                 seconds=round(time.perf_counter() - t0, 1))
     save_heads(heads, path, meta)
     report(f"saved {path}", 1.0)

@@ -110,10 +110,10 @@ def test_accepted_side_branches_move_their_kv(tiny_llama, heads_file, monkeypatc
     plain = make(tiny_llama).generate(PROMPTS[:2], GREEDY)
     truth = {tuple(p): list(o.token_ids) for p, o in zip(PROMPTS[:2], plain)}
     eng = make(tiny_llama, spec_method="mtp", num_speculative_tokens=2, mtp_heads=str(heads_file),
-               mtp_tree_widths=(3, 2))
+               mtp_tree_widths=(3, 2), mtp_max_tree_tokens=32)
     reqs = {}
 
-    def oracle(hidden, depths, max_nodes=None):
+    def oracle(hidden, depths, max_nodes=None, last_tokens=None):
         out = []
         for r, d in zip(reqs["running"](), depths):
             nodes, parents = eng.proposer.tree(d, max_nodes)
@@ -171,3 +171,17 @@ def test_multi_token_preset_runs_the_heads_in_the_app(qapp, tiny_llama, heads_fi
         assert spec()["method"] == "mtp" and window.controller.last_error is None
     finally:
         close_window(window)
+
+
+def test_bench_spec_runs_and_reports_missing_heads(tiny_llama):
+    import argparse
+
+    from app.bench.spec_bench import run_spec_bench
+
+    args = argparse.Namespace(model=str(tiny_llama), dtype="float32", device="cpu", threads=1, streams=[1, 2],
+                              k=2, max_tokens=6, methods=["ngram", "mtp"], workload="chat")
+    out = run_spec_bench(args)
+    assert set(out["results"]["ngram"]) == {"chat/1", "chat/2"}  # (echo prompts exceed the tiny context)
+    row = out["results"]["ngram"]["chat/2"]
+    assert row["same_outputs"] == 1.0 and row["speedup"] > 0  # fp32: speculation changes nothing
+    assert "train-mtp" in out["results"]["mtp"]["skipped"]

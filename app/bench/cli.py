@@ -45,6 +45,8 @@ def add_bench_args(p, engine_args) -> None:
     sp.add_argument("--json", metavar="OUT", help="write the results here")
     sp.add_argument("--k", type=int, default=4, help="draft length")
     sp.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    sp.add_argument("--workload", choices=["echo", "chat", "both"], default="both",
+                    help="echo: answers that quote the prompt; chat: fresh questions")
     sp.add_argument("--max-tokens", type=int, default=64)
     sp.add_argument("--methods", nargs="*", help="subset of: ngram draft-int4-self mtp")
     from app.bench.serve_bench import add_serve_bench_args

@@ -10,13 +10,23 @@ METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_meth
            "mtp": dict(spec_method="mtp")}
 
 
-def prompts(engine: LLMEngine, n: int) -> list[list[int]]:
-    """Chat prompts that ask the model to restate a paragraph: the kind of answer that echoes its prompt."""
+QUESTIONS = ["Why do cats purr?", "How do I make a paper airplane?", "What should I pack for a weekend hike?",
+             "How does a microwave oven heat food?", "Give me advice for a first job interview.",
+             "Why is the ocean salty?", "How do noise-cancelling headphones work?", "What is a good morning routine?"]
+
+
+def prompts(engine: LLMEngine, n: int, workload: str = "echo") -> list[list[int]]:
+    """Chat prompts. "echo": restate a paragraph, the kind of answer that quotes its prompt (n-gram lookup's
+    best case); "chat": fresh questions (none from the MTP training prompts), answered in free text."""
     paras = heldout_texts()
     out = []
     for i in range(n):
-        text = paras[i % len(paras)][:600]
-        msg = [{"role": "user", "content": f"Repeat this paragraph, then summarise it:\n\n{text}"}]
+        if workload == "echo":
+            text = paras[i % len(paras)][:600]
+            content = f"Repeat this paragraph, then summarise it:\n\n{text}"
+        else:
+            content = QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (version {i})")
+        msg = [{"role": "user", "content": content}]
         out.append(engine.tokenizer.encode(engine.tokenizer.apply_chat_template(msg)))
     return out
 
@@ -54,13 +64,15 @@ def run_spec_bench(args) -> dict:
     base_cfg = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                     max_num_seqs=max(args.streams), kv_cache_memory_bytes=1024 * 2**20)
     plain = LLMEngine(EngineConfig(**base_cfg))
-    batches = {n: prompts(plain, n) for n in args.streams}
+    workloads = ["echo", "chat"] if args.workload == "both" else [args.workload]
+    # one row per (workload, streams), named like "chat/16"
+    batches = {f"{w}/{n}": prompts(plain, n, w) for w in workloads for n in args.streams}
     baseline = {}
+    timed_run(plain, batches[next(iter(batches))][:1], 4)  # warm-up
     for n, batch in batches.items():
-        timed_run(plain, batch[:1], 4)  # warm-up
         baseline[n] = timed_run(plain, batch, args.max_tokens)
     del plain
-    results = {"baseline": {str(n): b[2] for n, b in baseline.items()}}
+    results = {"baseline": {n: b[2] for n, b in baseline.items()}}
     for name, extra in METHODS.items():
         if args.methods and name not in args.methods:
             continue
@@ -70,14 +82,15 @@ def run_spec_bench(args) -> dict:
             results[name] = {"skipped": str(exc)}
             continue
         rows = {}
+        timed_run(eng, batches[next(iter(batches))][:1], 4)  # warm-up
         for n, batch in batches.items():
-            timed_run(eng, batch[:1], 4)
             dt, tokens, info = timed_run(eng, batch, args.max_tokens)
             info["speedup"] = baseline[n][0] / dt
             info.update(agreement(tokens, baseline[n][1]))
-            rows[str(n)] = info
+            rows[n] = info
         if name == "mtp":
             rows["heads"] = eng.proposer.meta
         results[name] = rows
         del eng
-    return {"k": args.k, "max_tokens": args.max_tokens, "streams": args.streams, "results": results}
+    return {"k": args.k, "max_tokens": args.max_tokens, "streams": args.streams, "workloads": workloads,
+            "results": results}
