@@ -79,8 +79,10 @@ class SpeculativeDecoding:
         bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
         if bits != 16:
             swap_modules(model, quantize_model(model, original_weights(model), bits, cfg.quant_group_size))
-        return DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
-                                  self.dtype)
+        proposer = DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
+                                      self.dtype)
+        proposer.runner.fused_decode = self.runner.fused_decode
+        return proposer
 
     def _make_mtp(self, loaded) -> MtpProposer:
         path = self.config.mtp_heads or heads_path(loaded.path)

@@ -72,6 +72,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
+        self.runner.fused_decode = config.attention_backend == "compiled"
         self._requests: dict[str, Request] = {}
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()

@@ -54,6 +54,7 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
+        self.fused_decode = False  # the compiled gather-fused decode attention (attention_backend "fast")
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
@@ -160,10 +161,10 @@ class ModelRunner:
                 dec_tables.append(table)
                 dec_lens.append(end)
             else:
-                ctx_slots = None
+                ctx_blocks = None
                 if start > 0:
-                    ctx_slots = self._slots_of(table, end)
-                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_slots,
+                    ctx_blocks = torch.tensor(table[: -(-end // bs)], device=self.device)
+                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
@@ -177,6 +178,7 @@ class ModelRunner:
             seqs=seqs,
             block_size=bs,
             tree_masks=tree_masks,
+            fused_decode=self.fused_decode,
         )
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
 
@@ -188,15 +190,14 @@ class ModelRunner:
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
                 end += 1
-            max_ctx = lens[end - 1]
-            max_blocks = -(-max_ctx // bs)
+            max_blocks = -(-lens[end - 1] // bs)
+            max_ctx = max_blocks * bs  # whole blocks are gathered; the tail past each length is masked
             bt = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables[start:end]])
             p = torch.arange(max_ctx)
-            slots = (bt[:, p // bs] * bs + p % bs).reshape(-1)
             valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
             mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
-            groups.append(DecodeGroup(start, end - start, max_ctx, slots.to(self.device),
+            groups.append(DecodeGroup(start, end - start, max_ctx, bt.reshape(-1).to(self.device),
                                       mask.to(self.device)[:, None, :]))
             start = end
         return groups
@@ -211,8 +212,3 @@ class ModelRunner:
         for k, v in self.kv_caches:
             k.index_copy_(1, dst, k.index_select(1, src))
             v.index_copy_(1, dst, v.index_select(1, src))
-
-    def _slots_of(self, table: list[int], n: int) -> torch.Tensor:
-        bs = self.block_size
-        p = torch.arange(n)
-        return (torch.tensor(table)[p // bs] * bs + p % bs).to(self.device)

@@ -29,7 +29,8 @@ class PrefillSeq:
     q_start: int  # first row of this chunk in the flat batch
     q_len: int  # tokens in this chunk
     ctx_len: int  # tokens of context after this chunk (cached + chunk)
-    slots: torch.Tensor | None  # (ctx_len,) slots of the whole context; None when nothing was cached
+    # (ceil(ctx_len / block_size),) the blocks holding the whole context; None when nothing was cached
+    blocks: torch.Tensor | None
     # A verify run over a tree of drafts: (q_len, q_len) bool, row i sees chunk row j iff j is i or one of
     # its ancestors (instead of every earlier row). The context before the chunk is seen by every row.
     tree_mask: torch.Tensor | None = None
@@ -41,8 +42,8 @@ class DecodeGroup:
 
     start: int  # first row in the flat batch
     num_seqs: int
-    max_ctx: int
-    slots: torch.Tensor  # (num_seqs * max_ctx,) context slots, padded with slot 0
+    max_ctx: int  # a whole number of blocks
+    blocks: torch.Tensor  # (num_seqs * max_ctx / block_size,) each sequence's blocks, padded with block 0
     mask: torch.Tensor  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
 
 
@@ -56,6 +57,16 @@ class AttentionMetadata:
     seqs: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
     block_size: int = 16
     tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
+    fused_decode: bool = False  # decode through the compiled gather-fused kernel (see decode_attention_math)
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(kv_heads, len(blocks) * block_size, head_dim): the listed blocks' slots, in order. Gathering whole
+    blocks (rows of block_size * head_dim values) runs several times faster than gathering the same
+    bytes slot by slot; this copy is most of a long-context decode step on the CPU."""
+    kv_heads, _, head_dim = cache.shape
+    rows = cache.view(kv_heads, -1, block_size * head_dim).index_select(1, blocks)
+    return rows.view(kv_heads, -1, head_dim)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -73,14 +84,26 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
     for g in md.decode_groups:
-        out[g.start : g.start + g.num_seqs] = _decode_attention(q[g.start : g.start + g.num_seqs], k_cache,
-                                                                 v_cache, g, group, scale)
+        n = g.num_seqs
+        qg = q[g.start : g.start + n]
+        fused = _fused_decode() if md.fused_decode else None
+        if fused is not None:
+            qd = (qg.view(n, -1, group, head_dim) * scale).transpose(0, 1)  # (kv_heads, n, group, head_dim)
+            try:
+                o = fused(qd, k_cache, v_cache, g.blocks.view(n, -1), g.mask, md.block_size)
+            except Exception as exc:  # the compiler failed (e.g. no C++ toolchain): eager from now on
+                disable_fused_decode(f"{type(exc).__name__}: {exc}")
+            else:
+                out[g.start : g.start + n] = o.transpose(0, 1).reshape(n, num_heads, head_dim)
+                continue
+        out[g.start : g.start + n] = _decode_attention(qg, k_cache, v_cache, g, group, scale, md.block_size)
     for p in md.prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
-        if p.slots is None:  # nothing cached: this chunk is the whole context
+        if p.blocks is None:  # nothing cached: this chunk is the whole context
             kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
-            kp, vp = k_cache.index_select(1, p.slots), v_cache.index_select(1, p.slots)
+            kp = gather_blocks(k_cache, p.blocks, md.block_size)[:, : p.ctx_len]
+            vp = gather_blocks(v_cache, p.blocks, md.block_size)[:, : p.ctx_len]
         if p.tree_mask is not None:  # a tree verify run: short, one slice, its own mask
             r = slice(p.q_start, p.q_start + p.q_len)
             out[r] = _chunk_attention(q[r], kp, vp, p, group, scale)
@@ -111,8 +134,42 @@ def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: Pre
     return out.view(num_heads, q_len, head_dim).transpose(0, 1)
 
 
+def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                          mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Decode attention written as gathers, products and sums, for torch.compile: inductor fuses the
+    block gather into the two reductions, so K and V are read once where they lie and never copied
+    (the eager path copies every context into a padded batch first: for 64 sequences of 800 tokens
+    this is ~5x faster on the CPU; for the small groups of a mixed workload ~1.5x).
+    qd (kv_heads, n, group, head_dim), already scaled; blocks (n, max_blocks); mask (n, 1, max_ctx)
+    additive. Scores and sums in float32. Returns (kv_heads, n, group, head_dim)."""
+    kv_heads, n, _, head_dim = qd.shape
+    k = k_cache.view(kv_heads, -1, block_size, head_dim)[:, blocks].reshape(kv_heads, n, -1, head_dim)
+    scores = (qd.unsqueeze(-2).float() * k.unsqueeze(2).float()).sum(-1) + mask  # (kv_heads, n, group, ctx)
+    probs = scores.softmax(-1)
+    v = v_cache.view(kv_heads, -1, block_size, head_dim)[:, blocks].reshape(kv_heads, n, -1, head_dim)
+    return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(-2).to(qd.dtype)
+
+
+_FUSED: dict[str, object] = {}
+
+
+def _fused_decode():
+    """The compiled decode_attention_math, or None where torch.compile cannot build it (no C++
+    compiler, an unsupported platform): the eager path then serves, after one warning."""
+    if "fn" not in _FUSED:
+        _FUSED["fn"] = torch.compile(decode_attention_math, dynamic=True)
+    return _FUSED["fn"]
+
+
+def disable_fused_decode(reason: str) -> None:
+    import warnings
+
+    warnings.warn(f"compiled decode attention unavailable, using the eager path: {reason}", stacklevel=2)
+    _FUSED["fn"] = None
+
+
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
-                      group: int, scale: float) -> torch.Tensor:
+                      group: int, scale: float, block_size: int) -> torch.Tensor:
     """One query token per sequence. The query heads sharing a KV head ride together as a (group,)
     dimension, so K/V are read once per KV head, never repeated. Plain matmuls beat SDPA's flash kernel
     here: with one query row per head there is nothing to tile, and the gather dominates anyway."""
@@ -122,8 +179,8 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qd = (q.view(n, num_kv_heads, group, head_dim) * scale).transpose(0, 1)
     # index_select gathers rows far faster than advanced indexing on the CPU; the result is already
     # (kv_heads, n, max_ctx, head_dim), contiguous, so the matmuls run on it without a copy.
-    kd = k_cache.index_select(1, g.slots).view(num_kv_heads, n, g.max_ctx, head_dim)
-    vd = v_cache.index_select(1, g.slots).view(num_kv_heads, n, g.max_ctx, head_dim)
+    kd = gather_blocks(k_cache, g.blocks, block_size).view(num_kv_heads, n, g.max_ctx, head_dim)
+    vd = gather_blocks(v_cache, g.blocks, block_size).view(num_kv_heads, n, g.max_ctx, head_dim)
     scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
     out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
