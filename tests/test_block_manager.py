@@ -98,6 +98,18 @@ def test_resize_grows_at_the_front_and_shrinks_only_free_top_blocks():
     assert bm.allocate("c", toks(4, 90), 4) == 0 and bm.block_table("c") == [0]
 
 
+def test_reset_prefix_cache_forgets_free_blocks_only():
+    bm = BlockManager(6, BS)
+    pa, pb = toks(8), toks(8, 40)
+    for rid, p in (("a", pa), ("b", pb)):
+        bm.allocate(rid, p, 8)
+        bm.commit(rid, p, 8)
+    bm.free("a")
+    bm.reset_prefix_cache()
+    assert bm.cached_prefix(pa + [1]) == [] and bm.cached_prefix(pb + [1]) == [2, 3]  # b still runs
+    assert bm.num_cached_free_blocks == 0
+
+
 def test_fork_then_copy_on_write():
     bm = BlockManager(8, BS)
     bm.allocate("p", toks(6), 6)

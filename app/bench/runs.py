@@ -8,7 +8,9 @@ from engine import LLMEngine, SamplingParams
 
 
 def engine_throughput(engine: LLMEngine, requests: list[BenchRequest]) -> dict:
-    """All requests arrive at once; continuous batching does the rest."""
+    """All requests arrive at once; continuous batching does the rest. Starts with a cold prefix cache
+    (what earlier runs left is forgotten), so repeated rounds measure the same work."""
+    engine.block_manager.reset_prefix_cache()
     t0 = time.perf_counter()
     for r in requests:
         engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0,
