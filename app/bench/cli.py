@@ -123,7 +123,7 @@ def _throughput(args) -> dict:
         ours_runs.append(runs.engine_throughput(engine, reqs))
         if model is not None:
             hf_runs.append(hf_baseline.hf_generate_static(model, reqs, args.hf_batch_size, pad))
-    ours = _median_run(ours_runs)
+    ours = _median_run(ours_runs, "output_tokens_per_s")
     out = {"workload": {"requests": len(reqs), "chats": args.num_chats, "documents": args.num_docs,
                         "prompt_tokens": sum(len(r.prompt_token_ids) for r in reqs),
                         "output_tokens": sum(r.max_tokens for r in reqs)},
@@ -132,15 +132,11 @@ def _throughput(args) -> dict:
                         "max_num_batched_tokens": args.max_num_batched_tokens,
                         "output_tokens_per_s_each_round": [r["output_tokens_per_s"] for r in ours_runs]}}
     if model is not None:
-        hf = _median_run(hf_runs)
+        hf = _median_run(hf_runs, "output_tokens_per_s")
         out["hf_transformers"] = {**hf, "batch_size": args.hf_batch_size,
                                   "output_tokens_per_s_each_round": [r["output_tokens_per_s"] for r in hf_runs]}
         out["speedup"] = ours["output_tokens_per_s"] / hf["output_tokens_per_s"]
     return out
-
-
-def _median_run(rounds: list[dict]) -> dict:
-    return sorted(rounds, key=lambda r: r["output_tokens_per_s"])[len(rounds) // 2]
 
 
 def _decode(args) -> dict:
@@ -162,7 +158,7 @@ def _decode(args) -> dict:
            "inferlab": _no_tokens(ours),
            "inferlab_decode_tokens_per_s_each_round": [r["decode_tokens_per_s"] for r in ours_runs]}
     if model is not None:
-        hf = _median_run(hf_runs)
+        hf = _median_run(hf_runs, "output_tokens_per_s")
         out["hf_transformers"] = _no_tokens(hf)
         out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
         out["speedup_decode"] = ours["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
@@ -172,8 +168,8 @@ def _decode(args) -> dict:
     return out
 
 
-def _median_run(results: list[dict]) -> dict:
-    return sorted(results, key=lambda r: r["decode_tokens_per_s"])[len(results) // 2]
+def _median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
+    return sorted(results, key=lambda r: r[key])[len(results) // 2]
 
 
 def _no_tokens(d: dict) -> dict:
