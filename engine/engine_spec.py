@@ -9,6 +9,7 @@ import torch
 from engine.draft_model import DraftModelProposer
 from engine.events import SpecDecodeStats
 from engine.loader import load_model
+from engine.model_runner import tree_depths
 from engine.models.llama import LlamaForCausalLM
 from engine.mtp import MtpProposer, heads_path, load_heads
 from engine.output_processor import append_token, make_output
@@ -139,7 +140,7 @@ class SpeculativeDecoding:
             self._keep_tree_path(req, res.path)
             if hidden is not None:  # the row that produced the corrected or bonus token
                 req.mtp_hidden = hidden[res.path[-1] if res.path else 0]
-            drafted = max(_depths(parents))
+            drafted = max(tree_depths(parents))
         else:
             res = verify(draft, logits, req.sampling_params, req.generator)
             drafted = len(draft)
@@ -217,10 +218,3 @@ class SpeculativeDecoding:
     def _free_spec(self, request_id: str) -> None:
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.free(request_id)
-
-
-def _depths(parents: list[int]) -> list[int]:
-    depth = [0]
-    for p in parents:
-        depth.append(depth[p] + 1)
-    return depth

@@ -34,16 +34,21 @@ class StepResult:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+def tree_depths(parents: list[int]) -> list[int]:
+    """Depth of each row of a draft tree whose row 0 is the last known token and row i + 1 the draft
+    with parent row parents[i] (parents come first)."""
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth
+
+
 def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
-    """(depth of each row, (rows, rows) ancestor-or-self mask) of a draft tree whose row 0 is the last
-    known token and row i + 1 the draft with parent row parents[i]."""
-    n = len(parents) + 1
-    depth = [0] * n
-    mask = torch.eye(n, dtype=torch.bool)
+    """(depth of each row, (rows, rows) ancestor-or-self mask) of a draft tree (see tree_depths)."""
+    mask = torch.eye(len(parents) + 1, dtype=torch.bool)
     for i, p in enumerate(parents, start=1):
-        depth[i] = depth[p] + 1
         mask[i] |= mask[p]
-    return depth, mask.to(device)
+    return tree_depths(parents), mask.to(device)
 
 
 class ModelRunner:

@@ -1,13 +1,14 @@
 """Multi-token prediction: Medusa-style heads on the target model propose a tree of drafts.
 
-Head k (k = 1..K) reads the final hidden state h_t that produced token t+1 and guesses token t+1+k:
+Head k (k = 1..K) reads the final hidden state h_t that produced token t+1, and the embedding of that
+token, and guesses token t+1+k:
 
-    logits_k = lm_head(h_t + SiLU(W_k h_t + b_k))
+    logits_k = lm_head(h_t + SiLU(W_k [h_t ; emb(x_{t+1})] + b_k))
 
 one residual block per head in front of the model's own (frozen, shared) lm_head, so a head costs
-hidden² weights instead of a vocabulary-sized matrix. W_k starts at zero: an untrained head repeats the
-model's next-token guess. The heads are trained by `inferlab train-mtp` on text the model writes itself
-(engine/mtp_train.py) and saved as safetensors.
+2·hidden² weights instead of a vocabulary-sized matrix. W_k starts at zero: an untrained head repeats
+the model's next-token guess. (Plain Medusa heads, without the token, load too.) The heads are trained
+by `inferlab train-mtp` on text the model writes itself (engine/mtp_train.py) and saved as safetensors.
 
 Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
 the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one
@@ -107,7 +108,7 @@ class MtpProposer:
         # the model's lm_head and embedding table are looked up at each call: requantizing swaps them
         self.heads, self.model, self.widths = heads, model, widths
         self.meta = meta or {}
-        self._trees: dict[int, tuple[list[tuple[int, ...]], list[int]]] = {}
+        self._trees: dict[tuple[int, int | None], tuple[list[tuple[int, ...]], list[int]]] = {}
 
     def tree(self, depth: int, max_nodes: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
         """(nodes, parent row of each node) for a tree `depth` levels deep, most likely nodes first: by
