@@ -90,6 +90,7 @@ class MainWindow(QMainWindow):
         self._drain_timer.start()
         host.sigLoadProgress.connect(self._on_load_progress)
         host.sigLoaded.connect(self._on_loaded)
+        self.feeder.sigQuantized.connect(self._on_quantized)
         host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.resize(1600, 1000)
@@ -155,10 +156,20 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, info) -> None:
         gui_gc.collect_and_freeze()
         self.progress.hide()
-        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {info.num_kv_blocks} KV blocks "
-                                  f"× {info.block_size} · context {info.max_model_len}")
+        self._show_engine_label(info.num_kv_blocks)
         self.show_message(f"model loaded: {info.model_path}")
         self.controller.on_loaded(info)
+
+    def _show_engine_label(self, num_kv_blocks: int) -> None:
+        info = self.host.info
+        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks "
+                                  f"× {info.block_size} · context {info.max_model_len}")
+
+    def _on_quantized(self, _bits: int) -> None:
+        """Requantizing resized the KV cache (the bytes the weights freed or took back)."""
+        engine = self.host.engine
+        if engine is not None and self.host.info is not None:
+            self._show_engine_label(engine.block_manager.num_blocks)
 
     def _on_load_failed(self, message: str) -> None:
         self.progress.hide()

@@ -22,7 +22,8 @@ def open_window(model_path, preset: str | None = None, tradeoff_seconds: float =
                 timeout_s: float = 60.0, **config) -> MainWindow:
     """A shown MainWindow whose engine (1 thread, 256 KV blocks, `config`) has loaded; no settings are touched."""
     app = QApplication.instance()
-    host = EngineHost(EngineConfig(model=str(model_path), num_kv_blocks=NUM_KV_BLOCKS, num_threads=1, **config))
+    config = {"num_kv_blocks": NUM_KV_BLOCKS, "num_threads": 1, **config}
+    host = EngineHost(EngineConfig(model=str(model_path), **config))
     window = MainWindow(host, None, persist=False, tradeoff_seconds=tradeoff_seconds)
     window.controller.interactive = False
     window.resize(1600, 1000)

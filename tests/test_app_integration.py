@@ -161,3 +161,20 @@ def test_qt_void_calls_keep_none_alive(qapp):
         poly.resize(4)
         path.moveTo(1.0, 1.0)
     assert sys.getrefcount(None) >= before - 10
+
+
+def test_requantizing_in_the_app_grows_the_kv_cache(qapp, tiny_llama):
+    w = open_window(tiny_llama, num_kv_blocks=None, memory_budget_bytes=2 * 2**20)
+    try:
+        if "quantization" not in w.host.info.capabilities:
+            pytest.skip("this engine has no weight quantization")
+        before = w.host.engine.block_manager.num_blocks
+        controls = w.panels["controls"]
+        controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 4})
+        wait_until(qapp, lambda: w.host.engine.config.quant_bits == 4 and not w.controller.engine_busy, 60)
+        after = w.host.engine.block_manager.num_blocks
+        assert after > before  # the bytes the weights freed became KV blocks
+        assert f"{after} KV blocks" in w.engine_label.text()
+        wait_until(qapp, lambda: data(w, "memory")["blocks"].get("total") == after, 10)  # the block map too
+    finally:
+        close_window(w)
