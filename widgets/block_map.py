@@ -16,9 +16,10 @@ import math
 import numpy as np
 from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette, QPen
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from engine.events import BlockInfo, BlockMapSnapshot
+from widgets.hover_tips import HoverTips
 from widgets.theme import blend, free_block_color, memory_color, request_color
 
 _MIN_CELL_FOR_GAP = 5
@@ -36,14 +37,13 @@ def grid_layout(num_blocks: int, width: int, height: int) -> tuple[int, int]:
     return cell, max(1, width // cell)
 
 
-class BlockMapView(QWidget):
+class BlockMapView(HoverTips, QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._snap: BlockMapSnapshot | None = None
         self._infos: dict[int, BlockInfo] = {}
         self._image: QImage | None = None
         self._cell, self._cols = 1, 1
-        self._hover_request: str | None = None
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumSize(120, 60)
@@ -153,7 +153,7 @@ class BlockMapView(QWidget):
         if self._image is None:
             self._image = self._build_image()
         p.drawImage(0, 0, self._image)
-        table = self._snap.block_tables.get(self._hover_request or "", ())
+        table = self._snap.block_tables.get(self._hover or "", ())
         if table:
             p.setPen(QPen(pal.color(QPalette.ColorRole.Text), 1))
             p.setBrush(Qt.BrushStyle.NoBrush)
@@ -170,25 +170,8 @@ class BlockMapView(QWidget):
             self._image = None
         super().changeEvent(event)
 
-    def mouseMoveEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        block_id = self.block_at(event.position().toPoint())
+    def hover_key(self, pos) -> str | None:
+        """The request owning the block under the mouse: all its blocks get outlined."""
+        block_id = self.block_at(pos.toPoint())
         info = self._infos.get(block_id) if block_id is not None else None
-        owner = info.owners[0] if info and info.owners else None
-        if owner != self._hover_request:
-            self._hover_request = owner
-            self.update()
-
-    def leaveEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        if self._hover_request is not None:
-            self._hover_request = None
-            self.update()
-
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            text = self.tooltip_at(event.pos())
-            if text:
-                QToolTip.showText(event.globalPos(), text, self)
-            else:
-                QToolTip.hideText()
-            return True
-        return super().event(event)
+        return info.owners[0] if info and info.owners else None

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
+from PySide6.QtCore import QPoint, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette, QPen
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from engine.events import StepStats
+from widgets.hover_tips import HoverTips
 from widgets.theme import FINISH_COLORS, phase_color, request_color
 
 MERGE_GAP_S = 0.1  # decode steps closer than this draw as one bar
@@ -32,7 +33,7 @@ class _Row:
     reason: str | None = None
 
 
-class GanttView(QWidget):
+class GanttView(HoverTips, QWidget):
     def __init__(self, parent: QWidget | None = None, window_s: float = 20.0, max_rows: int = 48) -> None:
         super().__init__(parent)
         self._window_s = window_s
@@ -191,9 +192,3 @@ class GanttView(QWidget):
                        "now" if k == 0 else f"-{k * step} s")
             k += 1
 
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            text = self.tooltip_at(event.pos())
-            QToolTip.showText(event.globalPos(), text, self) if text else QToolTip.hideText()
-            return True
-        return super().event(event)

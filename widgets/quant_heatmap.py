@@ -12,9 +12,11 @@ import re
 from dataclasses import dataclass, field
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPalette, QPen
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from widgets.hover_tips import HoverTips
 
 # The model's projection order; kinds not listed follow in name order.
 KIND_ORDER = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "gate_proj", "up_proj",
@@ -69,7 +71,7 @@ def text_color_on(color: QColor) -> QColor:
     return QColor("#000000") if luma > 0.5 else QColor("#ffffff")
 
 
-class HeatmapView(QWidget):
+class HeatmapView(HoverTips, QWidget):
     """Paints the grid with QPainter; hover a cell for its module name and error."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -78,7 +80,6 @@ class HeatmapView(QWidget):
         self._errors: dict[str, float] = {}
         self._grid = Grid()
         self._max = 0.0
-        self._hover: str | None = None
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumSize(220, 160)
@@ -231,23 +232,5 @@ class HeatmapView(QWidget):
             p.drawText(r, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, pct(frac * self._max))
 
     # --- events -------------------------------------------------------------------------------
-    def mouseMoveEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        name = self.cell_at(event.position())
-        if name != self._hover:
-            self._hover = name
-            self.update()
-
-    def leaveEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        if self._hover is not None:
-            self._hover = None
-            self.update()
-
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            text = self.tooltip_at(QPointF(event.pos()))
-            if text:
-                QToolTip.showText(event.globalPos(), text, self)
-            else:
-                QToolTip.hideText()
-            return True
-        return super().event(event)
+    def hover_key(self, pos: QPointF) -> str | None:
+        return self.cell_at(pos)

@@ -110,3 +110,20 @@ def test_many_blocks_paint_fast(qtbot):
         view.grab()
     assert (time.perf_counter() - t0) / 5 < 0.1
     assert view.counts()["used"] == 200 * 60 + 4
+
+
+def test_real_mouse_events_outline_the_owner_and_show_the_tip(panel, qtbot):
+    from PySide6.QtCore import QEvent
+    from PySide6.QtGui import QHelpEvent
+    from PySide6.QtWidgets import QApplication, QToolTip
+
+    panel.set_block_map(block_map(num_blocks=500, num_requests=3, shared_prefix=2))
+    panel.flush()
+    view = panel.block_map
+    pos = view.block_rect(1).center()
+    qtbot.mouseMove(view, pos)
+    assert view._hover == "req-0"  # the owner whose blocks get outlined
+    QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, pos, view.mapToGlobal(pos)))
+    assert QToolTip.text().startswith("block 1")
+    QApplication.sendEvent(view, QEvent(QEvent.Type.Leave))
+    assert view._hover is None
