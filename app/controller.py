@@ -21,7 +21,8 @@ FEATURE_CONTROLS = {  # control -> (capability, why it is greyed out)
 SPEC_OFF = "Speculative decoding: not available in this engine\n(arrives with issue 4)"
 USER_MAX_TOKENS = 128
 _LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",
-           "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals"}
+           "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals",
+           "compile": "torch.compile"}
 
 
 class AppController(PresetActions, QObject):
@@ -38,7 +39,7 @@ class AppController(PresetActions, QObject):
         self._rebuilt_for_knob = False
         self.engine_busy = False  # requantizing / measuring in the engine thread
         self.config: dict = {"max_num_seqs": 64, "max_num_batched_tokens": 512, "enable_chunked_prefill": True,
-                             "policy": "fcfs", "quant_bits": 16, "num_speculative_tokens": 0}
+                             "policy": "fcfs", "compile": False, "quant_bits": 16, "num_speculative_tokens": 0}
         self.arrival_rate = 2.0
         self.load_running = False
         self.sweeping = False
@@ -107,10 +108,17 @@ class AppController(PresetActions, QObject):
     def set_chunked_prefill(self, on: bool) -> None:
         self._on_config_changed({"enable_chunked_prefill": bool(on)})
 
+    def set_compiled(self, on: bool) -> None:
+        self._on_config_changed({"compile": bool(on)})
+        if on and self.engine_ready:
+            self.window.show_message("torch.compile on: the next steps compile the dense layers (tens of "
+                                     "seconds on a CPU), then run the fused kernels")
+
     def _sync_actions(self) -> None:
-        action = self.window.actions_by_name.get("chunked")
-        if action is not None:
-            action.setChecked(bool(self.config["enable_chunked_prefill"]))
+        for name, key in (("chunked", "enable_chunked_prefill"), ("compile", "compile")):
+            action = self.window.actions_by_name.get(name)
+            if action is not None:
+                action.setChecked(bool(self.config[key]))
 
     def _on_config_changed(self, values: dict) -> None:
         if self.engine_ready:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from app import presets
 
-SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy")
+# switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
+# steps after switching on pay for the compilation, which the step-time plot shows
+SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "compile")
 SPEC_METHODS = ("ngram", "draft", "mtp")  # what a preset or the draft-length slider may switch on
 
 

@@ -116,12 +116,10 @@ FEATURES = {
     "quant_bits": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
     "num_speculative_tokens": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
     "spec_method": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
-    "compile": ("compile", "switching torch.compile on from the app is not wired yet (EngineConfig.compile "
-                           "exists); this runs eagerly"),
     "max_loras": ("lora", "multi-LoRA serving is not built yet; every request uses the base model"),
 }
 RELOAD_KEYS = ("num_kv_blocks",)  # fixed when the engine is built: changing one rebuilds it
-FEATURE_OFF = {"quant_bits": 16, "num_speculative_tokens": 0, "spec_method": None, "compile": False, "max_loras": 0}
+FEATURE_OFF = {"quant_bits": 16, "num_speculative_tokens": 0, "spec_method": None, "max_loras": 0}
 
 
 @dataclass(frozen=True, slots=True)

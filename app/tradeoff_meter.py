@@ -69,6 +69,8 @@ def config_label(config: dict) -> str:
         parts.append(f"{config['quant_bits']}-bit")
     if config.get("num_speculative_tokens", 0):
         parts.append(f"k={config['num_speculative_tokens']}")
+    if config.get("compile"):
+        parts.append("compiled")
     if "arrival_rate" in config:
         parts.append(f"{config['arrival_rate']:g} req/s")
     return " · ".join(parts)

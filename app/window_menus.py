@@ -60,6 +60,7 @@ def build_menus(window) -> dict[str, QAction]:
     add(load, "reset", "Reset", ctl.reset, "R")
     load.addSeparator()
     add(load, "chunked", "Chunked prefill", lambda on: ctl.set_chunked_prefill(on), "C", checkable=True)
+    add(load, "compile", "torch.compile the dense layers", lambda on: ctl.set_compiled(on), "K", checkable=True)
     add(load, "sweep", "Run tradeoff sweep", lambda: ctl.run_sweep())
     load.addSeparator()
     add(load, "serve", "Serve OpenAI API on 127.0.0.1:8000", lambda on: window.toggle_server(on), checkable=True)

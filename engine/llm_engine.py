@@ -61,7 +61,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         if config.quant_bits != 16 or config.quant_embeddings:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
         if config.compile:
-            self.model.compile_dense()  # compiled lazily: the first steps pay for it
+            self.model.set_compiled(True)  # compiled lazily: the first steps pay for it
         self.weights_bytes = weights_bytes(self.model)
         blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes,
                                weights_saved=weights16 - self.weights_bytes)
@@ -134,7 +134,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
             self._inbox.append(("abort", request_id))
 
     RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
-                      "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method")
+                      "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile")
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
@@ -220,6 +220,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
                     self.scheduler.policy = make_policy(arg["policy"])
                 if "spec_method" in arg:
                     self._switch_spec(arg["spec_method"])
+                if "compile" in arg and bool(arg["compile"]) != self.model.compiled:
+                    self.model.set_compiled(bool(arg["compile"]))
             elif cmd == "swap":
                 modules, settings = arg
                 swap_modules(self.model, modules)

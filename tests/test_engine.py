@@ -220,4 +220,15 @@ def test_reconfigure_applies_between_steps(tiny_llama):
 @pytest.mark.slow
 def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     eng = make(tiny_llama, compile=True)
+    assert eng.model.compiled
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == reference[:2]
+    # switched off and on between steps; a requantization swaps layers inside the compiled modules
+    eng.reconfigure(compile=False)
+    assert [o.token_ids for o in eng.generate(PROMPTS[2:4], GREEDY)] == reference[2:4]
+    assert not eng.model.compiled
+    eng.set_quantization(8)
+    eng.reconfigure(compile=True)
+    int8 = eng.generate(PROMPTS[:2], GREEDY)
+    assert eng.model.compiled and eng.config.quant_bits == 8
+    eng.reconfigure(compile=False)
+    assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]

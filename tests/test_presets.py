@@ -29,13 +29,15 @@ def test_one_preset_per_concept_and_all_parse():
 
 def test_unbuilt_features_say_so():
     for name, word in (("quantization", "issue 5"), ("speculative", "issue 4"), ("multi-token", "issue 4"),
-                       ("compilation", "compile"), ("multi-lora", "LoRA")):
+                       ("multi-lora", "LoRA")):
         missing = presets.load_preset(name).unavailable(capabilities=frozenset())
         assert missing and word in " ".join(missing), name
     assert presets.load_preset("speculative").unavailable({"speculative"}) == []
     assert "train-mtp" in " ".join(presets.load_preset("multi-token").unavailable({"speculative"}))
     assert presets.load_preset("multi-token").unavailable({"speculative", "mtp"}) == []
     assert presets.load_preset("kv-cache").unavailable(frozenset()) == []
+    compilation = presets.load_preset("compilation")  # switched between steps like a scheduling knob
+    assert compilation.unavailable(frozenset()) == [] and compilation.scheduling()["compile"] is True
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -84,11 +86,12 @@ def test_every_preset_opens_and_runs_then_a_broken_one_leaves_the_app_up(qapp, t
             assert ctl.apply_preset(name), ctl.last_error
             wait_until(qapp, lambda: ctl.engine_ready and not ctl.engine_busy, 30)  # rebuilds, requantizing
             ctl.burst(1)  # work now, whatever the preset's arrival rate
-            wait_until(qapp, lambda s=steps: window.feeder.num_steps > s + 3, 15)
+            wait_until(qapp, lambda s=steps: window.feeder.num_steps > s + 3, 45)  # compilation: compiles first
             run_for(qapp, 0.2)
             assert ctl.last_error is None, f"{name}: {ctl.last_error}"
             assert window.caption.snapshot_data()["title"] == presets.load_preset(name).title
             assert window.host.engine.config.max_num_seqs == presets.load_preset(name).engine["max_num_seqs"]
+            assert window.host.engine.model.compiled == presets.load_preset(name).engine["compile"]
         broken = tmp_path / "broken.toml"
         broken.write_text(GOOD.replace("max_num_seqs = 4", 'max_num_seqs = "many"'))
         assert not ctl.apply_preset(str(broken))

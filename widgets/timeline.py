@@ -2,7 +2,8 @@
 
 Top plot: tokens per step stacked as prefill / decode / verify, with preemptions (×) and admission
 rejections (▲) as markers and configuration changes as labelled vertical lines.
-Middle plot: running and waiting request counts.
+Middle plots: running and waiting request counts; the wall time of each step (what compilation,
+quantization or a bigger batch change), with its median over the last steps in the title.
 x is the step index; the last `max_steps` steps are kept in a ring buffer.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from widgets.theme import phase_color, style_plot
 DEFAULT_MAX_STEPS = 600
 _PHASES = ("prefill", "decode", "verify")
 _HEADROOM = 1.3
+_MEDIAN_OF = 50  # steps behind the step-time plot's median
 
 
 def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
@@ -34,17 +36,20 @@ class TimelinePanel(Panel):
     def __init__(self, parent: QWidget | None = None, max_steps: int = DEFAULT_MAX_STEPS) -> None:
         super().__init__(parent)
         self._steps: deque[StepStats] = deque(maxlen=max_steps)
-        self._marks: deque[tuple[int, str, pg.InfiniteLine, pg.InfiniteLine]] = deque()
+        self._marks: deque[tuple[int, str, tuple[pg.InfiniteLine, ...]]] = deque()
 
         self._tokens_plot = pg.PlotWidget()
         self._queue_plot = pg.PlotWidget()
-        tp, qp = self._tokens_plot.getPlotItem(), self._queue_plot.getPlotItem()
+        self._time_plot = pg.PlotWidget()
+        tp, qp, wp = (w.getPlotItem() for w in (self._tokens_plot, self._queue_plot, self._time_plot))
         tp.setTitle("tokens per step")
         tp.addLegend(offset=(-5, 5), colCount=5, brush=pg.mkBrush(128, 128, 128, 60))
         qp.addLegend(offset=(-5, 5), colCount=2, brush=pg.mkBrush(128, 128, 128, 60))
         qp.setXLink(tp)
-        qp.setLabel("bottom", "engine step")
-        for p in (tp, qp):
+        wp.setXLink(tp)
+        wp.setLabel("bottom", "engine step")
+        wp.setLabel("left", "ms")
+        for p in (tp, qp, wp):
             p.showGrid(x=False, y=True, alpha=0.25)
             p.setMouseEnabled(x=False, y=False)
             p.hideButtons()
@@ -58,6 +63,7 @@ class TimelinePanel(Panel):
         tp.addItem(self._reject)
         self._running = qp.plot([], [], pen=pg.mkPen(phase_color("running"), width=2), name="running")
         self._waiting = qp.plot([], [], pen=pg.mkPen(phase_color("waiting"), width=2), name="waiting")
+        self._step_ms = wp.plot([], [], pen=pg.mkPen(phase_color("decode"), width=1.5))
 
         self._gantt = GanttView()
         self._gantt_label = QLabel()
@@ -69,7 +75,7 @@ class TimelinePanel(Panel):
         gl.addWidget(self._gantt_label)
         gl.addWidget(self._gantt, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
-        for w, stretch in ((self._tokens_plot, 3), (self._queue_plot, 2), (gantt_box, 3)):
+        for w, stretch in ((self._tokens_plot, 3), (self._queue_plot, 2), (self._time_plot, 2), (gantt_box, 3)):
             splitter.addWidget(w)
             splitter.setStretchFactor(splitter.count() - 1, stretch)
         layout = QVBoxLayout(self)
@@ -99,13 +105,13 @@ class TimelinePanel(Panel):
     def mark_config_change(self, text: str) -> None:
         """A labelled vertical line after the latest step (e.g. "max_num_seqs 8 → 32")."""
         x = (self._steps[-1].step + 0.5) if self._steps else 0.0
-        top = pg.InfiniteLine(pos=x, angle=90, label=text,
-                              labelOpts={"position": 0.85, "anchors": [(0, 0), (0, 0)]})
-        bottom = pg.InfiniteLine(pos=x, angle=90)
-        self._style_mark(top, bottom)
-        self._tokens_plot.addItem(top)
-        self._queue_plot.addItem(bottom)
-        self._marks.append((int(x), text, top, bottom))
+        lines = (pg.InfiniteLine(pos=x, angle=90, label=text,
+                                 labelOpts={"position": 0.85, "anchors": [(0, 0), (0, 0)]}),
+                 pg.InfiniteLine(pos=x, angle=90), pg.InfiniteLine(pos=x, angle=90))
+        self._style_mark(lines)
+        for plot, line in zip(self._plots(), lines, strict=True):
+            plot.addItem(line)
+        self._marks.append((int(x), text, lines))
         self._mark_dirty()
 
     def set_gantt_window(self, seconds: float) -> None:
@@ -134,7 +140,8 @@ class TimelinePanel(Panel):
                 "verify": last.num_verify_tokens, "running": last.num_running, "waiting": last.num_waiting},
             "num_preemption_markers": sum(1 for s in steps if s.num_preempted),
             "num_rejection_markers": sum(1 for s in steps if s.num_rejected),
-            "config_changes": [text for _x, text, _a, _b in self._marks],
+            "config_changes": [text for _x, text, _lines in self._marks],
+            "step_ms": None if last is None else last.wall_time_s * 1e3,
             "gantt": self._gantt.snapshot_data(),
         }
 
@@ -145,13 +152,15 @@ class TimelinePanel(Panel):
         if not self._steps:
             for fill in self._fills.values():
                 fill.setData([0.0], [])  # step mode: one more edge than values
-            for item in (self._running, self._waiting, self._preempt, self._reject):
+            for item in (self._running, self._waiting, self._preempt, self._reject, self._step_ms):
                 item.setData([], [])
-            for plot in (self._tokens_plot, self._queue_plot):
+            for plot in self._plots():
                 plot.setYRange(0, 1, padding=0)
+            self._time_plot.setTitle("step time")
             return
         a = np.array([(s.step, s.num_prefill_tokens, s.num_decode_tokens, s.num_verify_tokens,
-                       s.num_running, s.num_waiting, s.num_preempted, s.num_rejected) for s in self._steps],
+                       s.num_running, s.num_waiting, s.num_preempted, s.num_rejected, s.wall_time_s * 1e3)
+                      for s in self._steps],
                      dtype=np.float64)
         x = a[:, 0]
         edges = np.append(x - 0.5, x[-1] + 0.5)
@@ -168,6 +177,11 @@ class TimelinePanel(Panel):
         # headroom above the data keeps the legend from covering it
         self._tokens_plot.setYRange(0, max(1.0, top.max() + 2 * bump) * _HEADROOM, padding=0)
         self._queue_plot.setYRange(0, max(1.0, a[:, 4].max(), a[:, 5].max()) * _HEADROOM, padding=0)
+        ms = a[:, 8]
+        self._step_ms.setData(x, ms)
+        self._time_plot.setYRange(0, max(1.0, ms.max()) * 1.1, padding=0)
+        self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms, median of the last {min(len(ms), _MEDIAN_OF)} "
+                                 f"steps {np.median(ms[-_MEDIAN_OF:]):.0f} ms")
 
     def _drop_scrolled_marks(self) -> None:
         if not self._steps:
@@ -176,9 +190,12 @@ class TimelinePanel(Panel):
             self._drop_oldest_mark()
 
     def _drop_oldest_mark(self) -> None:
-        _x, _text, top, bottom = self._marks.popleft()
-        self._tokens_plot.removeItem(top)
-        self._queue_plot.removeItem(bottom)
+        _x, _text, lines = self._marks.popleft()
+        for plot, line in zip(self._plots(), lines, strict=True):
+            plot.removeItem(line)
+
+    def _plots(self) -> tuple[pg.PlotWidget, ...]:
+        return self._tokens_plot, self._queue_plot, self._time_plot
 
     def _update_gantt_legend(self) -> None:
         chips = " ".join(f"<span style='color:{phase_color(k).name()}'>■</span> {k}"
@@ -186,15 +203,15 @@ class TimelinePanel(Panel):
         self._gantt_label.setText(f"<b>requests</b> (last seconds, newest at the bottom) &nbsp; {chips}"
                                   " &nbsp; | finished")
 
-    def _style_mark(self, top: pg.InfiniteLine, bottom: pg.InfiniteLine) -> None:
+    def _style_mark(self, lines: tuple[pg.InfiniteLine, ...]) -> None:
         fg = self.palette().color(self.palette().ColorRole.Text)
         pen = pg.mkPen(fg, width=1, style=Qt.PenStyle.DashLine)
-        top.setPen(pen)
-        bottom.setPen(pen)
-        top.label.setColor(fg)
+        for line in lines:
+            line.setPen(pen)
+        lines[0].label.setColor(fg)
 
     def _on_palette_changed(self) -> None:
-        for plot in (self._tokens_plot, self._queue_plot):
+        for plot in self._plots():
             style_plot(plot, self.palette())
-        for _x, _text, top, bottom in self._marks:
-            self._style_mark(top, bottom)
+        for _x, _text, lines in self._marks:
+            self._style_mark(lines)

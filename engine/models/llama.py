@@ -96,15 +96,23 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def compile_dense(self) -> None:
-        """torch.compile the dense parts of every layer (norms, projections, RoPE, MLP), where
-        elementwise chains fuse into single kernels. Attention stays eager: its inputs are paged and
-        ragged. Shapes are marked dynamic so a new batch size does not trigger a recompile."""
-        for layer in self.layers:
-            layer.mlp = torch.compile(layer.mlp, dynamic=True)
-            layer.input_layernorm = torch.compile(layer.input_layernorm, dynamic=True)
-            layer.post_attention_layernorm = torch.compile(layer.post_attention_layernorm, dynamic=True)
-        self.norm = torch.compile(self.norm, dynamic=True)
+    def set_compiled(self, on: bool) -> None:
+        """torch.compile (or stop compiling) the dense parts of every layer: norms, projections, RoPE,
+        MLP, where elementwise chains fuse into single kernels. Attention stays eager: its inputs are
+        paged and ragged. Compiled in place (`Module.compile`), so the module tree and its names stay
+        the same and a requantization can still swap layers (the next call recompiles). Shapes are
+        dynamic, so a new batch size does not recompile; the first calls after switching on compile."""
+        dense = [m for layer in self.layers for m in (layer.mlp, layer.input_layernorm,
+                                                       layer.post_attention_layernorm)] + [self.norm]
+        for m in dense:
+            if on:
+                m.compile(dynamic=True)
+            else:
+                m._compiled_call_impl = None  # Module.compile's hook: None calls forward eagerly
+
+    @property
+    def compiled(self) -> bool:
+        return self.norm._compiled_call_impl is not None
 
     def set_attention_backend(self, backend: str) -> None:
         for layer in self.layers:

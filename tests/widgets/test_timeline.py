@@ -38,12 +38,25 @@ def test_steps_markers_and_ring_buffer(panel):
     assert len(panel._preempt.getData()[0]) == 1 and len(panel._reject.getData()[0]) == 2
 
 
+def test_step_time_plot_and_median(panel):
+    walls = [0.040] * 30 + [12.0] + [0.010] * 19  # eager steps, one compiling step, compiled steps
+    for i, wall in enumerate(walls):
+        panel.add_step(step(i, float(i), decode=4, wall=wall))
+    panel.flush()
+    x, ms = panel._step_ms.getData()
+    assert list(x) == list(range(50)) and ms[30] == pytest.approx(12000) and ms[-1] == pytest.approx(10)
+    assert panel.snapshot_data()["step_ms"] == pytest.approx(10)
+    title = panel._time_plot.getPlotItem().titleLabel.text
+    assert "last 10 ms" in title and "median of the last 50 steps 40 ms" in title
+
+
 def test_config_change_lines_scroll_out(panel):
     panel.add_step(step(0, 1.0))
     panel.mark_config_change("max_num_seqs 8 → 32")
     panel.flush()
     assert panel.snapshot_data()["config_changes"] == ["max_num_seqs 8 → 32"]
-    assert panel._marks[0][2].label.toPlainText() == "max_num_seqs 8 → 32"
+    lines = panel._marks[0][2]
+    assert lines[0].label.toPlainText() == "max_num_seqs 8 → 32" and len(lines) == 3  # one per plot
     for i in range(1, 60):
         panel.add_step(step(i, 1.0 + i * 0.03))
     panel.flush()
