@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from app import gui_gc
 from app.controller import AppController
 from app.engine_host import EngineHost
+from app.frame_governor import FrameGovernor
 from app.panel_feeder import PanelFeeder
 from app.server_control import ServerControl
 from app.trace_recorder import TraceRecorder
@@ -88,6 +89,8 @@ class MainWindow(QMainWindow):
         self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
         self._drain_timer.timeout.connect(self._on_drain)
         self._drain_timer.start()
+        self.governor = FrameGovernor(self.panels.values(), self)
+        self.governor.sigRateChanged.connect(self._on_frame_rate)
         host.sigLoadProgress.connect(self._on_load_progress)
         host.sigLoaded.connect(self._on_loaded)
         self.feeder.sigQuantized.connect(self._on_quantized)
@@ -138,11 +141,15 @@ class MainWindow(QMainWindow):
     def _build_status_bar(self) -> None:
         self.status_label = QLabel("starting…")
         self.engine_label = QLabel()
+        self.rate_label = QLabel("panels 20 Hz")
+        self.rate_label.setToolTip("How often the panels repaint: slowed while the GUI thread's CPU time would "
+                                   "slow the engine (they share Python's GIL)")
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(260)
         self.progress.setRange(0, 1000)
         sb = self.statusBar()
         sb.addWidget(self.status_label, 1)
+        sb.addPermanentWidget(self.rate_label)
         sb.addPermanentWidget(self.engine_label)
         sb.addPermanentWidget(self.progress)
 
@@ -175,6 +182,10 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self.engine_label.setText("no model")
         self.controller.on_load_failed(message)
+
+    def _on_frame_rate(self, hz: float) -> None:
+        self.rate_label.setText(f"panels {hz:.0f} Hz")
+        self._drain_timer.setInterval(max(DRAIN_INTERVAL_MS, round(500 / hz)))  # twice per repaint
 
     def _on_drain(self) -> None:
         items = self.host.drain(DRAIN_LIMIT)
@@ -300,6 +311,7 @@ class MainWindow(QMainWindow):
             self.set_presenter(False)
         self.save_settings()
         self._drain_timer.stop()
+        self.governor.stop()
         self.controller.shutdown()
         if not self.host.shutdown(timeout=5.0):
             self.show_message("the engine thread did not stop within 5 s (a model load cannot be interrupted)")

@@ -1,6 +1,7 @@
 """Panel: the shared skeleton of every monitor panel.
 
-Setters only record data and mark the panel dirty; a ~20 Hz timer repaints when (and only when)
+Setters only record data and mark the panel dirty; a timer (~20 Hz, slower when the app's frame
+governor says so) repaints when (and only when)
 something changed and the panel is visible. This keeps a step from ever waiting on a repaint and
 keeps per-token events from turning into per-token paints.
 """
@@ -30,6 +31,10 @@ class Panel(QWidget):
         if self._dirty:
             self._dirty = False
             self._repaint()
+
+    def set_repaint_interval(self, ms: int) -> None:
+        """How often the timer repaints (the app slows it when the GUI's CPU time would slow the engine)."""
+        self._repaint_timer.setInterval(max(1, int(ms)))
 
     def set_available(self, available: bool, why: str = "") -> None:
         """Grey the panel out under a message, e.g. set_available(False, "needs a GPU")."""

@@ -49,6 +49,8 @@ class TimelinePanel(Panel):
         wp.setXLink(tp)
         wp.setLabel("bottom", "engine step")
         wp.setLabel("left", "ms")
+        tp.hideAxis("bottom")  # x is shared: only the lowest plot labels the steps (and repaints ticks)
+        qp.hideAxis("bottom")
         for p in (tp, qp, wp):
             p.showGrid(x=False, y=True, alpha=0.25)
             p.setMouseEnabled(x=False, y=False)

@@ -7,11 +7,18 @@ three ways in one run, interleaved so that drift in the machine's speed hits all
   gui       the same, with the main window open and every panel fed and repainting
 tokens/s = generated tokens / (last step end - first step start). The GUI run also records the event
 loop's delay with a 10 ms QTimer probe.
+
+The bare runs and the engine's construction run in worker threads too, never in the main thread, as in
+the app (whose GUI thread never runs torch): torch's OpenMP (libgomp) keeps one thread pool per thread
+that used it, and once the pools hold more threads than there are cores it stops spin-waiting between
+parallel regions, so a step in a second thread ran ~25 % slower than in the first (measured on 2 cores:
+bare 14.4 s vs host 19.2 s for the same 103 steps when the main thread had run torch first).
 """
 from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -27,7 +34,7 @@ def add_args(p, engine_args) -> None:
     p.add_argument("--requests", type=int, default=24, help="requests in the fixed workload")
     p.add_argument("--prompt-tokens", type=int, nargs=2, default=(64, 256), metavar=("LO", "HI"))
     p.add_argument("--output-tokens", type=int, default=96, help="max_tokens of every request (EOS ignored)")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of bare / host / gui")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of bare / host / gui (medians compared)")
 
 
 class _Counter:
@@ -58,9 +65,31 @@ def _workload(engine, args) -> list:
     return [gen.make_arrival() for _ in range(args.requests)]
 
 
+def _in_thread(fn, *args):
+    """fn(*args) in a new thread (as the app's engine host runs the engine); its result or its exception."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=target, name="bench-engine")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def _run_bare(engine, arrivals) -> dict:
+    import torch
+
     from engine.sampling_params import SamplingParams
 
+    if engine.config.num_threads:
+        torch.set_num_threads(engine.config.num_threads)  # per OS thread
     counter = _Counter()
     engine.add_listener(counter)
     try:
@@ -112,6 +141,7 @@ def _run_hosted(engine, arrivals, app, with_window: bool) -> dict:
     loop.exec()
     probe.stop()
     poll.stop()
+    rate_hz = window.governor.rate_hz if window is not None else None
     if window is not None:
         window.close()
         window.deleteLater()
@@ -119,6 +149,8 @@ def _run_hosted(engine, arrivals, app, with_window: bool) -> dict:
         host.shutdown()
     engine.remove_listener(counter)
     out = counter.result("gui" if with_window else "host")
+    if rate_hz is not None:
+        out["panel_repaint_hz"] = round(rate_hz, 1)  # where the frame governor settled
     if with_window and len(stamps) > 2:
         delays = np.diff(stamps) * 1e3 - PROBE_MS
         out["event_loop_delay_ms"] = {"p50": round(float(np.percentile(delays, 50)), 1),
@@ -133,30 +165,33 @@ def run(args) -> dict:
     from PySide6.QtWidgets import QApplication
 
     from app.generate import stderr_progress
-    from app.gui import prepare_qt_environment
+    from app.gui import engine_threads, prepare_qt_environment
 
     prepare_qt_environment()
     from engine import EngineConfig, LLMEngine
 
     app = QApplication.instance() or QApplication([])
     # no prefix caching: every run must do the same work, not reuse the previous run's prompts
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                                    enable_prefix_caching=False), progress=stderr_progress)
+    threads = args.threads or engine_threads()  # the app's default unless --threads says otherwise
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=threads,
+                          enable_prefix_caching=False)
+    engine = _in_thread(lambda: LLMEngine(config, progress=stderr_progress))
     arrivals = _workload(engine, args)
-    _run_bare(engine, arrivals[:4])  # warm-up
+    _in_thread(_run_bare, engine, arrivals[:4])  # warm-up
     runs = []
     for _ in range(args.repeats):
-        runs.append(_run_bare(engine, arrivals))
+        runs.append(_in_thread(_run_bare, engine, arrivals))
         runs.append(_run_hosted(engine, arrivals, app, with_window=False))
         runs.append(_run_hosted(engine, arrivals, app, with_window=True))
-    mean = {m: statistics.mean(r["tokens_per_s"] for r in runs if r["mode"] == m) for m in ("bare", "host", "gui")}
+    # medians over the rounds: one slow minute of this shared machine does not decide the ratio
+    med = {m: statistics.median(r["tokens_per_s"] for r in runs if r["mode"] == m) for m in ("bare", "host", "gui")}
     return {
         "workload": {"requests": len(arrivals), "prompt_tokens": sum(len(a.prompt_token_ids) for a in arrivals),
                      "output_tokens": sum(a.sampling["max_tokens"] for a in arrivals),
                      "max_num_seqs": engine.config.max_num_seqs},
-        "qt_platform": app.platformName(), "engine_threads": args.threads,
-        "runs": runs, "tokens_per_s": {m: round(v, 2) for m, v in mean.items()},
-        "ratio_gui_vs_bare": round(mean["gui"] / mean["bare"], 3),
-        "ratio_gui_vs_host": round(mean["gui"] / mean["host"], 3),
-        "ratio_host_vs_bare": round(mean["host"] / mean["bare"], 3),
+        "qt_platform": app.platformName(), "engine_threads": threads,
+        "runs": runs, "tokens_per_s_median": {m: round(v, 2) for m, v in med.items()},
+        "ratio_gui_vs_bare": round(med["gui"] / med["bare"], 3),
+        "ratio_gui_vs_host": round(med["gui"] / med["host"], 3),
+        "ratio_host_vs_bare": round(med["host"] / med["bare"], 3),
     }
