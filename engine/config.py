@@ -38,7 +38,10 @@ class EngineConfig:
     # the whole run ~8 %; falls back to "fast" where it cannot compile); "reference": the readable
     # one-sequence-at-a-time path the tests hold the others to.
     attention_backend: str = "fast"
-    compile: bool = False  # torch.compile the dense layers (first steps slow, then fused kernels)
+    # torch.compile the dense layers (norms, MLP) and run single 16-bit rows on the CPU (decode of one
+    # stream) through a compiled matrix-vector reduction at ~2x the library's memory bandwidth
+    # (engine/layers/gemv.py); the first steps after switching on pay for compiling
+    compile: bool = False
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

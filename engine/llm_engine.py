@@ -60,8 +60,6 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         weights16 = weights_bytes(self.model)
         if config.quant_bits != 16 or config.quant_embeddings:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
-        if config.compile:
-            self.model.set_compiled(True)  # compiled lazily: the first steps pay for it
         self.weights_bytes = weights_bytes(self.model)
         blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes,
                                weights_saved=weights16 - self.weights_bytes)
@@ -72,7 +70,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
-        self.runner.fused_decode = config.attention_backend == "compiled"
+        self._set_compiled(config.compile)
         self._requests: dict[str, Request] = {}
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()
@@ -152,6 +150,13 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         with self._lock:
             self._inbox.append(("config", changes))
 
+    def _set_compiled(self, on: bool) -> None:
+        """compile=True: the model's dense regions and single-row kernel, and the gather-fused decode
+        attention (unless the readable reference path was asked for); compiled lazily by the next steps."""
+        self.model.set_compiled(on)
+        backend = self.config.attention_backend
+        self.runner.fused_decode = backend == "compiled" or (on and backend != "reference")
+
     def has_unfinished(self) -> bool:
         with self._lock:
             pending = bool(self._inbox)
@@ -221,10 +226,11 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
                 if "spec_method" in arg:
                     self._switch_spec(arg["spec_method"])
                 if "compile" in arg and bool(arg["compile"]) != self.model.compiled:
-                    self.model.set_compiled(bool(arg["compile"]))
+                    self._set_compiled(bool(arg["compile"]))
             elif cmd == "swap":
                 modules, settings = arg
                 swap_modules(self.model, modules)
+                self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
                 for key, value in settings.items():
                     setattr(self.config, key, value)
                 self.weights_bytes = weights_bytes(self.model)

@@ -140,31 +140,39 @@ def _throughput(args) -> dict:
 
 
 def _decode(args) -> dict:
-    """Alternate inferlab and HF for a few rounds and compare medians: the machine's speed drifts
-    (shared hosts), and interleaving exposes both sides to the same drift."""
+    """Alternate HF, inferlab eager and inferlab with compile=True (dense layers compiled, single-row
+    products through the compiled kernel) for a few rounds and compare medians: the machine's speed
+    drifts (shared hosts), and interleaving exposes every side to the same drift."""
     engine = _engine(args)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
-    runs.engine_one_stream(engine, prompt, 8)  # warm-up
+    modes = ("eager", "compile")
+    for mode in modes:  # warm-up at full length: compiling (and recompiling for new shapes) stays out of the rounds
+        engine.reconfigure(compile=mode == "compile")
+        runs.engine_one_stream(engine, prompt, args.max_tokens)
     model = None if args.no_baseline else _hf(engine)
     if model is not None:
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
-    ours_runs, hf_runs = [], []
+    ours_runs: dict[str, list[dict]] = {m: [] for m in modes}
+    hf_runs = []
     for _ in range(args.rounds):
-        ours_runs.append(runs.engine_one_stream(engine, prompt, args.max_tokens))
+        for mode in modes:
+            engine.reconfigure(compile=mode == "compile")
+            ours_runs[mode].append(runs.engine_one_stream(engine, prompt, args.max_tokens))
         if model is not None:
             hf_runs.append(hf_baseline.hf_one_stream(model, prompt, args.max_tokens))
-    ours = _median_run(ours_runs)
+    ours = {m: _median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds,
-           "inferlab": _no_tokens(ours),
-           "inferlab_decode_tokens_per_s_each_round": [r["decode_tokens_per_s"] for r in ours_runs]}
+           "inferlab": _no_tokens(ours["eager"]), "inferlab_compile": _no_tokens(ours["compile"]),
+           "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
+                                                       for m in modes}}
     if model is not None:
-        hf = _median_run(hf_runs, "output_tokens_per_s")
+        hf = _median_run(hf_runs)
         out["hf_transformers"] = _no_tokens(hf)
         out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
-        out["speedup_decode"] = ours["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
-        out["speedup_end_to_end"] = hf["seconds"] / ours["seconds"]
-        same = sum(a == b for a, b in zip(ours["tokens"], hf["tokens"]))
-        out["greedy_tokens_agree"] = f"{same}/{args.max_tokens}"
+        out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf["decode_tokens_per_s"] for m in modes}
+        out["speedup_end_to_end"] = {m: hf["seconds"] / ours[m]["seconds"] for m in modes}
+        out["greedy_tokens_agree"] = {m: f"{sum(a == b for a, b in zip(ours[m]['tokens'], hf['tokens']))}"
+                                         f"/{args.max_tokens}" for m in modes}
     return out
 
 

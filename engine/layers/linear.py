@@ -5,9 +5,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.gemv import gemv_math, wants_gemv
+
 
 class Linear(nn.Module):
-    """y = x W^T + b, weights stored (out_features, in_features) like Hugging Face checkpoints."""
+    """y = x W^T + b, weights stored (out_features, in_features) like Hugging Face checkpoints.
+    `gemv`, when set (EngineConfig.compile), computes single 16-bit rows on the CPU: see
+    engine/layers/gemv.py."""
+
+    gemv = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -16,6 +22,10 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None and wants_gemv(x):
+            # inside a compiled region the math is traced into the region's own graph
+            y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 

@@ -15,6 +15,7 @@ from engine.layers.attention import (
     paged_attention_reference,
     write_kv,
 )
+from engine.layers.gemv import CompiledGemv
 from engine.layers.linear import Linear, silu_and_mul
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -36,8 +37,8 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.reference = False
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+    def project(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
+        """x (n, hidden) -> q (n, heads, head_dim), k and v (n, kv_heads, head_dim), RoPE applied."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
@@ -46,13 +47,23 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        """Write k, v into the paged cache and attend over it: (n, heads * head_dim), before o_proj."""
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, md.slot_mapping)
         if self.reference:
             o = paged_attention_reference(q, k_cache, v_cache, md, self.scale)
         else:
             o = paged_attention_fast(q, k, v, k_cache, v_cache, md, self.scale)
-        return self.o_proj(o.reshape(n, self.q_size))
+        return o.reshape(q.shape[0], self.q_size)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.project(x, positions, rotary)
+        return self.o_proj(self.attend(q, k, v, kv_cache, md))
 
 
 class MLP(nn.Module):
@@ -73,23 +84,53 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+        # the dense code between two attentions runs as one call (compiled by set_compiled): the
+        # forward pass alternates attend -> post_then_pre; the next layer is set by the model
+        self._pre, self._post_pre = self.pre_attention, self.post_then_pre
+        object.__setattr__(self, "_next", None)  # not a submodule: names and state_dict stay the same
+
     def forward(self, x, residual, positions, rotary, kv_cache, md):
+        q, k, v, residual = self.pre_attention(x, residual, positions, rotary)
+        return self.post_attention(self.self_attn.attend(q, k, v, kv_cache, md), residual)
+
+    def pre_attention(self, x, residual, positions, rotary):
+        """Everything before the paged attention: add & norm, q/k/v projection, RoPE."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm.forward_add(x, residual)
-        x = self.self_attn(x, positions, rotary, kv_cache, md)
-        x, residual = self.post_attention_layernorm.forward_add(x, residual)
+        q, k, v = self.self_attn.project(x, positions, rotary)
+        return q, k, v, residual
+
+    def post_attention(self, o, residual):
+        """Everything after it: o_proj, add & norm, the MLP."""
+        x, residual = self.post_attention_layernorm.forward_add(self.self_attn.o_proj(o), residual)
         return self.mlp(x), residual
+
+    def post_then_pre(self, o, residual, positions, rotary):
+        """This layer's post_attention, then the next layer's pre_attention."""
+        x, residual = self.post_attention(o, residual)
+        return self._next.pre_attention(x, residual, positions, rotary)
+
+    def set_compiled(self, on: bool) -> None:
+        if on:
+            self._pre = torch.compile(self.pre_attention, dynamic=True)
+            self._post_pre = torch.compile(self.post_then_pre, dynamic=True)
+        else:
+            self._pre, self._post_pre = self.pre_attention, self.post_then_pre
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = cfg
+        self.compiled = False  # set_compiled
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        for layer, nxt in zip(self.layers, self.layers[1:]):
+            object.__setattr__(layer, "_next", nxt)
+        self._finish = self.finish
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
@@ -97,22 +138,22 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def set_compiled(self, on: bool) -> None:
-        """torch.compile (or stop compiling) the dense parts of every layer: norms, projections, RoPE,
-        MLP, where elementwise chains fuse into single kernels. Attention stays eager: its inputs are
-        paged and ragged. Compiled in place (`Module.compile`), so the module tree and its names stay
-        the same and a requantization can still swap layers (the next call recompiles). Shapes are
-        dynamic, so a new batch size does not recompile; the first calls after switching on compile."""
-        dense = [m for layer in self.layers for m in (layer.mlp, layer.input_layernorm,
-                                                       layer.post_attention_layernorm)] + [self.norm]
-        for m in dense:
-            if on:
-                m.compile(dynamic=True)
-            else:
-                m._compiled_call_impl = None  # Module.compile's hook: None calls forward eagerly
-
-    @property
-    def compiled(self) -> bool:
-        return self.norm._compiled_call_impl is not None
+        """torch.compile (or stop compiling) each layer's two dense regions, before and after the paged
+        attention (norms, projections, RoPE, MLP: one compiled call each instead of dozens of small
+        kernels), and give every 16-bit Linear the single-row kernel (engine/layers/gemv.py: decode of
+        one stream is bound by reading the weights, which the library kernel does at half the
+        bandwidth; inside a compiled region its math is traced instead). The paged attention stays
+        eager: its inputs are ragged. The module tree and its names stay the same, so a requantization
+        still swaps layers (the next call recompiles). Shapes are dynamic (one row is its own graph);
+        the first calls after switching on compile."""
+        for layer in self.layers:
+            layer.set_compiled(on)
+        self._finish = torch.compile(self.finish, dynamic=True) if on else self.finish
+        kernel = CompiledGemv() if on else None
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.gemv = kernel
+        self.compiled = on
 
     def set_attention_backend(self, backend: str) -> None:
         for layer in self.layers:
@@ -121,12 +162,20 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
-        x = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.rotary, kv_cache, md)
-        x, _ = self.norm.forward_add(x, residual)
-        return x
+        # The same computation as calling each DecoderLayer in turn, cut at the attentions instead of at
+        # the layers, so the dense code between two attentions is one (compiled) call.
+        q, k, v, residual = self.layers[0]._pre(self.embed_tokens(input_ids), None, positions, self.rotary)
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            o = layer.self_attn.attend(q, k, v, kv_cache, md)
+            if i < last:
+                q, k, v, residual = layer._post_pre(o, residual, positions, self.rotary)
+        return self._finish(o, residual)
+
+    def finish(self, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's post_attention and the final norm."""
+        x, residual = self.layers[-1].post_attention(o, residual)
+        return self.norm.forward_add(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (n, vocab)
