@@ -83,6 +83,7 @@ class SpeculativeDecoding:
         proposer = DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
                                       self.dtype)
         proposer.runner.fused_decode = self.runner.fused_decode
+        proposer.runner.native_decode = self.runner.native_decode
         return proposer
 
     def _make_mtp(self, loaded) -> MtpProposer:

@@ -17,6 +17,7 @@ from engine.engine_quant import QuantizedWeights
 from engine.engine_queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
 from engine.engine_spec import SpeculativeDecoding
 from engine.events import EngineStepEvent, RequestOutput, StepStats
+from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.loader import LoadedModel, load_model
 from engine.memory import weights_bytes
 from engine.model_runner import ModelRunner
@@ -71,6 +72,8 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
         self._set_compiled(config.compile)
+        if config.attention_backend == "native" and native_decode_applies(mc, self.device, self.dtype):
+            self.runner.native_decode = paged_decode_kernel(progress)
         self._requests: dict[str, Request] = {}
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()

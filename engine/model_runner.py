@@ -59,7 +59,8 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
-        self.fused_decode = False  # the compiled gather-fused decode attention (attention_backend "fast")
+        self.fused_decode = False  # the compiled gather-fused decode attention (compile=True or "compiled")
+        self.native_decode = None  # the C++ paged-decode kernel module (attention_backend "native")
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
@@ -184,6 +185,7 @@ class ModelRunner:
             block_size=bs,
             tree_masks=tree_masks,
             fused_decode=self.fused_decode,
+            native_decode=self.native_decode,
         )
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
 
@@ -203,7 +205,7 @@ class ModelRunner:
             mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
             groups.append(DecodeGroup(start, end - start, max_ctx, bt.reshape(-1).to(self.device),
-                                      mask.to(self.device)[:, None, :]))
+                                      mask.to(self.device)[:, None, :], torch.tensor(lens[start:end])))
             start = end
         return groups
 

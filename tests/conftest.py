@@ -86,6 +86,13 @@ def tiny_tied(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_hd64(tmp_path_factory) -> Path:
+    """head_dim 64 as in SmolLM2: the native decode kernel's case."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-hd64"), "llama", hidden_size=128,
+                            num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 

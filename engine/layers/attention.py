@@ -46,6 +46,7 @@ class DecodeGroup:
     max_ctx: int  # a whole number of blocks
     blocks: torch.Tensor  # (num_seqs * max_ctx / block_size,) each sequence's blocks, padded with block 0
     mask: torch.Tensor  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
+    ctx_lens: torch.Tensor | None = None  # (num_seqs,) int64: each sequence's context (the native kernel)
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class AttentionMetadata:
     block_size: int = 16
     tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
     fused_decode: bool = False  # decode through the compiled gather-fused kernel (see decode_attention_math)
+    native_decode: object = None  # the C++ paged-decode module (engine/kernels), when attention_backend "native"
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -87,6 +89,12 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     for g in md.decode_groups:
         n = g.num_seqs
         qg = q[g.start : g.start + n]
+        if _native_ok(md, qg, g, group):  # K/V streamed from the cache by the C++ kernel, no copy
+            qd = (qg.view(n, -1, group, head_dim) * scale).contiguous()  # (n, kv_heads, group, head_dim)
+            o = md.native_decode.paged_decode(qd, k_cache, v_cache, g.blocks.view(n, -1), g.ctx_lens,
+                                              md.block_size)
+            out[g.start : g.start + n] = o.view(n, num_heads, head_dim)
+            continue
         fused = _fused_decode() if md.fused_decode else None
         if fused is not None:
             qd = (qg.view(n, -1, group, head_dim) * scale).transpose(0, 1)  # (kv_heads, n, group, head_dim)
@@ -152,6 +160,12 @@ def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 _FUSED: dict[str, object] = {}
+
+
+def _native_ok(md: AttentionMetadata, q: torch.Tensor, g: DecodeGroup, group: int) -> bool:
+    """What the native kernel handles: bf16 on the CPU, head_dim 64 or 128, up to 8 query heads per KV head."""
+    return (md.native_decode is not None and g.ctx_lens is not None and q.dtype == torch.bfloat16
+            and q.device.type == "cpu" and q.shape[-1] in (64, 128) and group <= 8)
 
 
 def _fused_decode():

@@ -1,0 +1,41 @@
+"""Native CPU kernels, compiled on first use with torch.utils.cpp_extension (needs a C++ compiler and
+ninja; the build is cached under torch's extensions directory, ~25 s the first time).
+
+paged_decode.cpp: decode attention straight from the paged KV cache (EngineConfig.attention_backend
+"native"). The eager path copies every context into a padded batch and multiplies it with small bf16
+matmuls; the kernel streams each sequence's K and V blocks once where they lie, in float32 registers.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+_BUILT: dict[str, object] = {}  # name -> the loaded module, or None after a failed build
+
+
+def native_decode_applies(model_config, device, dtype) -> bool:
+    """The kernel's cases: bf16 on the CPU, head_dim 64 or 128, at most 8 query heads per KV head."""
+    import torch
+
+    group = model_config.num_attention_heads // model_config.num_key_value_heads
+    return (device.type == "cpu" and dtype == torch.bfloat16 and model_config.head_dim in (64, 128)
+            and group <= 8)
+
+
+def paged_decode_kernel(progress: Callable[[str, float], None] | None = None):
+    """The compiled paged-decode module (its `paged_decode` function), or None where it cannot be built
+    (no compiler, no ninja): callers fall back to the eager path after one warning."""
+    if "paged_decode" not in _BUILT:
+        if progress is not None:
+            progress("building the paged-attention kernel (once)", 0.95)
+        try:
+            from torch.utils.cpp_extension import load
+
+            _BUILT["paged_decode"] = load(
+                name="inferlab_paged_decode", sources=[str(Path(__file__).with_name("paged_decode.cpp"))],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as exc:  # noqa: BLE001 (any build failure means: use the eager path)
+            warnings.warn(f"native paged-decode kernel unavailable, using the eager path: {exc}", stacklevel=2)
+            _BUILT["paged_decode"] = None
+    return _BUILT["paged_decode"]
