@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 
 import torch
@@ -106,73 +107,86 @@ def _hf(engine: LLMEngine):
     return hf_baseline.load_hf(engine.model_path, engine.dtype)
 
 
+MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
+
+
+def _alternate(engine, rounds: int, ours, hf) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Rounds alternate HF and both engine modes: the machine's speed drifts (shared hosts), and
+    interleaving exposes every side to the same drift. ours(), hf(): one measured run each."""
+    ours_runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    hf_runs: list[dict] = []
+    for _ in range(rounds):
+        for mode in MODES:
+            engine.reconfigure(compile=mode == "compile")
+            ours_runs[mode].append(ours())
+        if hf is not None:
+            hf_runs.append(hf())
+    return ours_runs, hf_runs
+
+
+def _warm_up(engine, run) -> None:
+    """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them."""
+    for mode in MODES:
+        engine.reconfigure(compile=mode == "compile")
+        run()
+
+
 def _throughput(args) -> dict:
     engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      kv_cache_memory_bytes=args.kv_cache_mib * 2**20)
     reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs)
-    runs.engine_throughput(engine, reqs[:2])  # warm-up
-    model = None
+    _warm_up(engine, lambda: runs.engine_throughput(engine, reqs[:16]))
+    model = hf = None
     if not args.no_baseline:
         model = _hf(engine)
         pad = engine.tokenizer.eos_token_id or 0
         hf_baseline.hf_generate_static(model, reqs[:2], 2, pad)  # warm-up
-    # Rounds alternate the two sides (each ours-round starts with a cold prefix cache): the machine's
-    # speed drifts, and alternating exposes both to the same drift; medians are compared.
-    ours_runs, hf_runs = [], []
-    for _ in range(args.rounds):
-        ours_runs.append(runs.engine_throughput(engine, reqs))
-        if model is not None:
-            hf_runs.append(hf_baseline.hf_generate_static(model, reqs, args.hf_batch_size, pad))
-    ours = _median_run(ours_runs, "output_tokens_per_s")
+        hf = lambda: hf_baseline.hf_generate_static(model, reqs, args.hf_batch_size, pad)  # noqa: E731
+    # each ours-round starts with a cold prefix cache (runs.engine_throughput resets it)
+    ours_runs, hf_runs = _alternate(engine, args.rounds, lambda: runs.engine_throughput(engine, reqs), hf)
+    key = "output_tokens_per_s"
     out = {"workload": {"requests": len(reqs), "chats": args.num_chats, "documents": args.num_docs,
                         "prompt_tokens": sum(len(r.prompt_token_ids) for r in reqs),
                         "output_tokens": sum(r.max_tokens for r in reqs)},
-           "rounds": args.rounds,
-           "inferlab": {**ours, "max_num_seqs": args.max_num_seqs,
-                        "max_num_batched_tokens": args.max_num_batched_tokens,
-                        "output_tokens_per_s_each_round": [r["output_tokens_per_s"] for r in ours_runs]}}
+           "rounds": args.rounds, "max_num_seqs": args.max_num_seqs,
+           "max_num_batched_tokens": args.max_num_batched_tokens,
+           "inferlab": {m: {**_median_run(r, key), f"{key}_each_round": [x[key] for x in r],
+                            f"{key}_median": statistics.median(x[key] for x in r)} for m, r in ours_runs.items()}}
     if model is not None:
-        hf = _median_run(hf_runs, "output_tokens_per_s")
-        out["hf_transformers"] = {**hf, "batch_size": args.hf_batch_size,
-                                  "output_tokens_per_s_each_round": [r["output_tokens_per_s"] for r in hf_runs]}
-        out["speedup"] = ours["output_tokens_per_s"] / hf["output_tokens_per_s"]
+        hf_med = statistics.median(x[key] for x in hf_runs)
+        out["hf_transformers"] = {**_median_run(hf_runs, key), "batch_size": args.hf_batch_size,
+                                  f"{key}_each_round": [x[key] for x in hf_runs], f"{key}_median": hf_med}
+        out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in MODES}
+        out["speedup_each_round"] = {m: [a[key] / b[key] for a, b in zip(r, hf_runs)] for m, r in ours_runs.items()}
     return out
 
 
 def _decode(args) -> dict:
-    """Alternate HF, inferlab eager and inferlab with compile=True (dense layers compiled, single-row
-    products through the compiled kernel) for a few rounds and compare medians: the machine's speed
-    drifts (shared hosts), and interleaving exposes every side to the same drift."""
+    """One stream: HF, inferlab eager and inferlab with compile=True (dense code between attentions
+    compiled, single-row products through the compiled kernel), medians over alternating rounds."""
     engine = _engine(args)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
-    modes = ("eager", "compile")
-    for mode in modes:  # warm-up at full length: compiling (and recompiling for new shapes) stays out of the rounds
-        engine.reconfigure(compile=mode == "compile")
-        runs.engine_one_stream(engine, prompt, args.max_tokens)
-    model = None if args.no_baseline else _hf(engine)
-    if model is not None:
+    _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens))
+    model = hf = None
+    if not args.no_baseline:
+        model = _hf(engine)
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
-    ours_runs: dict[str, list[dict]] = {m: [] for m in modes}
-    hf_runs = []
-    for _ in range(args.rounds):
-        for mode in modes:
-            engine.reconfigure(compile=mode == "compile")
-            ours_runs[mode].append(runs.engine_one_stream(engine, prompt, args.max_tokens))
-        if model is not None:
-            hf_runs.append(hf_baseline.hf_one_stream(model, prompt, args.max_tokens))
+        hf = lambda: hf_baseline.hf_one_stream(model, prompt, args.max_tokens)  # noqa: E731
+    ours_runs, hf_runs = _alternate(engine, args.rounds,
+                                    lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf)
     ours = {m: _median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds,
            "inferlab": _no_tokens(ours["eager"]), "inferlab_compile": _no_tokens(ours["compile"]),
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
-                                                       for m in modes}}
+                                                       for m in MODES}}
     if model is not None:
-        hf = _median_run(hf_runs)
-        out["hf_transformers"] = _no_tokens(hf)
+        hf_res = _median_run(hf_runs)
+        out["hf_transformers"] = _no_tokens(hf_res)
         out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
-        out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf["decode_tokens_per_s"] for m in modes}
-        out["speedup_end_to_end"] = {m: hf["seconds"] / ours[m]["seconds"] for m in modes}
-        out["greedy_tokens_agree"] = {m: f"{sum(a == b for a, b in zip(ours[m]['tokens'], hf['tokens']))}"
-                                         f"/{args.max_tokens}" for m in modes}
+        out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf_res["decode_tokens_per_s"] for m in MODES}
+        out["speedup_end_to_end"] = {m: hf_res["seconds"] / ours[m]["seconds"] for m in MODES}
+        out["greedy_tokens_agree"] = {m: f"{sum(a == b for a, b in zip(ours[m]['tokens'], hf_res['tokens']))}"
+                                         f"/{args.max_tokens}" for m in MODES}
     return out
 
 

@@ -28,7 +28,7 @@ def paged_decode_kernel(progress: Callable[[str, float], None] | None = None):
     (no compiler, no ninja): callers fall back to the eager path after one warning."""
     if "paged_decode" not in _BUILT:
         if progress is not None:
-            progress("building the paged-attention kernel (once)", 0.95)
+            progress("loading the paged-attention kernel (built once per machine, ~25 s)", 0.95)
         try:
             from torch.utils.cpp_extension import load
 
