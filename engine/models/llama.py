@@ -60,11 +60,6 @@ class Attention(nn.Module):
             o = paged_attention_fast(q, k, v, k_cache, v_cache, md, self.scale)
         return o.reshape(q.shape[0], self.q_size)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.project(x, positions, rotary)
-        return self.o_proj(self.attend(q, k, v, kv_cache, md))
-
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -88,10 +83,6 @@ class DecoderLayer(nn.Module):
         # forward pass alternates attend -> post_then_pre; the next layer is set by the model
         self._pre, self._post_pre = self.pre_attention, self.post_then_pre
         object.__setattr__(self, "_next", None)  # not a submodule: names and state_dict stay the same
-
-    def forward(self, x, residual, positions, rotary, kv_cache, md):
-        q, k, v, residual = self.pre_attention(x, residual, positions, rotary)
-        return self.post_attention(self.self_attn.attend(q, k, v, kv_cache, md), residual)
 
     def pre_attention(self, x, residual, positions, rotary):
         """Everything before the paged attention: add & norm, q/k/v projection, RoPE."""
