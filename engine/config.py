@@ -40,9 +40,10 @@ class EngineConfig:
     # the block gather fused into its reductions. "reference": the readable one-sequence-at-a-time path
     # the tests hold the others to.
     attention_backend: str = "native"
-    # torch.compile the dense layers (norms, MLP) and run single 16-bit rows on the CPU (decode of one
-    # stream) through a compiled matrix-vector reduction at ~2x the library's memory bandwidth
-    # (engine/layers/gemv.py); the first steps after switching on pay for compiling
+    # torch.compile the dense code between two attentions (one call per layer), run single 16-bit rows on
+    # the CPU (decode of one stream) through a compiled matrix-vector reduction at ~2x the library's
+    # memory bandwidth (engine/layers/gemv.py), decode attention gather-fused where the native kernel
+    # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
 
     # Later features (quantization, speculation, LoRA) read these

@@ -8,6 +8,7 @@ import torch
 
 from engine.draft_model import DraftModelProposer
 from engine.events import SpecDecodeStats
+from engine.kernels import native_decode_applies
 from engine.loader import load_model
 from engine.model_runner import tree_depths
 from engine.models.llama import LlamaForCausalLM
@@ -83,7 +84,8 @@ class SpeculativeDecoding:
         proposer = DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
                                       self.dtype)
         proposer.runner.fused_decode = self.runner.fused_decode
-        proposer.runner.native_decode = self.runner.native_decode
+        if native_decode_applies(mc, self.device, self.dtype):  # the draft may have other head shapes
+            proposer.runner.native_decode = self.runner.native_decode
         return proposer
 
     def _make_mtp(self, loaded) -> MtpProposer:

@@ -175,7 +175,7 @@ class ModelRunner:
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
         dev = self.device
-        groups = self._decode_groups(dec_tables, dec_lens)
+        groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
         md = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev),
             num_decode_tokens=len(dec_tables),
@@ -191,23 +191,32 @@ class ModelRunner:
 
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
-        exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V."""
+        exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
+        The native kernel reads each context to its own length: one group, no padding mask."""
         bs, groups, start = self.block_size, [], 0
+        if self.native_decode is not None:
+            max_blocks = -(-lens[-1] // bs)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None,
+                                torch.tensor(lens))]
         while start < len(lens):
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
                 end += 1
             max_blocks = -(-lens[end - 1] // bs)
             max_ctx = max_blocks * bs  # whole blocks are gathered; the tail past each length is masked
-            bt = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables[start:end]])
             p = torch.arange(max_ctx)
             valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
             mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
-            groups.append(DecodeGroup(start, end - start, max_ctx, bt.reshape(-1).to(self.device),
+            groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
                                       mask.to(self.device)[:, None, :], torch.tensor(lens[start:end])))
             start = end
         return groups
+
+    def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
+        """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
+        rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
 
     def move_slots(self, moves: list[tuple[int, int]]) -> None:
         """Copy K/V from slot src to slot dst in every layer, in order (a tree's accepted path moving to

@@ -23,8 +23,6 @@ static inline uint16_t float_to_bf16(float f) {  // round to nearest even, as to
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// One (sequence, KV head): scores over the context block by block, softmax, weighted sum of V.
-// D is a compile-time constant so the inner loops vectorise (bf16 widened to float32 in registers).
 // Calls row(t, x) for every context token t in order, x its D values widened to float32, walking the
 // sequence's blocks (one block: block_size rows of D in one KV head's slots).
 template <int D, typename Row>

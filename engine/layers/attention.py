@@ -45,8 +45,8 @@ class DecodeGroup:
     num_seqs: int
     max_ctx: int  # a whole number of blocks
     blocks: torch.Tensor  # (num_seqs * max_ctx / block_size,) each sequence's blocks, padded with block 0
-    mask: torch.Tensor  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
-    ctx_lens: torch.Tensor | None = None  # (num_seqs,) int64: each sequence's context (the native kernel)
+    mask: torch.Tensor | None  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
+    ctx_lens: torch.Tensor  # (num_seqs,) int64: each sequence's context (all the native kernel needs)
 
 
 @dataclass(slots=True)
@@ -60,7 +60,8 @@ class AttentionMetadata:
     block_size: int = 16
     tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
     fused_decode: bool = False  # decode through the compiled gather-fused kernel (see decode_attention_math)
-    native_decode: object = None  # the C++ paged-decode module (engine/kernels), when attention_backend "native"
+    # the C++ paged-decode module (engine/kernels): set only where it applies (native_decode_applies)
+    native_decode: object = None
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -89,7 +90,7 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     for g in md.decode_groups:
         n = g.num_seqs
         qg = q[g.start : g.start + n]
-        if _native_ok(md, qg, g, group):  # K/V streamed from the cache by the C++ kernel, no copy
+        if md.native_decode is not None:  # K/V streamed from the cache by the C++ kernel, no copy
             qd = (qg.view(n, -1, group, head_dim) * scale).contiguous()  # (n, kv_heads, group, head_dim)
             o = md.native_decode.paged_decode(qd, k_cache, v_cache, g.blocks.view(n, -1), g.ctx_lens,
                                               md.block_size)
@@ -160,12 +161,6 @@ def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 _FUSED: dict[str, object] = {}
-
-
-def _native_ok(md: AttentionMetadata, q: torch.Tensor, g: DecodeGroup, group: int) -> bool:
-    """What the native kernel handles: bf16 on the CPU, head_dim 64 or 128, up to 8 query heads per KV head."""
-    return (md.native_decode is not None and g.ctx_lens is not None and q.dtype == torch.bfloat16
-            and q.device.type == "cpu" and q.shape[-1] in (64, 128) and group <= 8)
 
 
 def _fused_decode():

@@ -129,14 +129,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def set_compiled(self, on: bool) -> None:
-        """torch.compile (or stop compiling) each layer's two dense regions, before and after the paged
-        attention (norms, projections, RoPE, MLP: one compiled call each instead of dozens of small
-        kernels), and give every 16-bit Linear the single-row kernel (engine/layers/gemv.py: decode of
-        one stream is bound by reading the weights, which the library kernel does at half the
-        bandwidth; inside a compiled region its math is traced instead). The paged attention stays
-        eager: its inputs are ragged. The module tree and its names stay the same, so a requantization
-        still swaps layers (the next call recompiles). Shapes are dynamic (one row is its own graph);
-        the first calls after switching on compile."""
+        """torch.compile (or stop compiling) the dense code between two paged attentions (o_proj, add &
+        norm, MLP, the next layer's norm, q/k/v and RoPE: one compiled call per layer instead of dozens
+        of small kernels; plus the first layer's prologue and the final norm), and give every 16-bit
+        Linear the single-row kernel (engine/layers/gemv.py: decode of one stream is bound by reading
+        the weights, which the library kernel does at half the bandwidth; inside a compiled region its
+        math is traced instead). The paged attention stays eager: its inputs are ragged. The module
+        tree and its names stay the same, so a requantization still swaps layers (the next call
+        recompiles). Shapes are dynamic (one row is its own graph); the first calls after switching on
+        compile."""
         for layer in self.layers:
             layer.set_compiled(on)
         self._finish = torch.compile(self.finish, dynamic=True) if on else self.finish
