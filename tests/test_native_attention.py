@@ -10,9 +10,10 @@ from engine.kernels import paged_decode_kernel
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    mod = paged_decode_kernel()
+@pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
+def kernel(request):
+    """The build for this CPU (AVX-512 bf16 intrinsics where present) and the plain C++ one."""
+    mod = paged_decode_kernel(portable=request.param)
     if mod is None:
         pytest.skip("no C++ toolchain to build the kernel")
     return mod
@@ -46,6 +47,29 @@ def test_kernel_matches_float32_attention(kernel, bs, d, group):
     assert out.dtype == torch.bfloat16 and out.shape == qd.shape
     torch.testing.assert_close(out.float(), reference(qd, k_cache, v_cache, tables, lens, bs),
                                rtol=1e-2, atol=4e-3)  # one bf16 rounding of the output
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_kernel_splits_work_by_context_length(kernel, threads):
+    """A batch of short chats with a few long documents at the end (the mixed workload's shape): the
+    threads get runs of jobs with equal total context, and every job is computed exactly once."""
+    g = torch.Generator().manual_seed(threads)
+    bs, d, group, kv_heads = 16, 64, 3, 3
+    lens = torch.tensor([1, 15, 16, 17, 33, 2, 40, 9, 300, 511, 17, 257])
+    max_blocks = int(-(-lens.max() // bs))
+    num_blocks = len(lens) * max_blocks
+    k_cache = torch.randn(kv_heads, num_blocks * bs, d, generator=g).bfloat16()
+    v_cache = torch.randn(kv_heads, num_blocks * bs, d, generator=g).bfloat16()
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = [perm[i * max_blocks:(i + 1) * max_blocks].tolist() for i in range(len(lens))]
+    qd = (torch.randn(len(lens), kv_heads, group, d, generator=g) * 2 * d**-0.5).bfloat16()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernel.paged_decode(qd, k_cache, v_cache, torch.tensor(tables), lens, bs)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out.float(), reference(qd, k_cache, v_cache, tables, lens, bs), rtol=1e-2, atol=4e-3)
 
 
 def test_kernel_refuses_what_it_does_not_handle(kernel):

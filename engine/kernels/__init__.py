@@ -23,19 +23,22 @@ def native_decode_applies(model_config, device, dtype) -> bool:
             and group <= 8)
 
 
-def paged_decode_kernel(progress: Callable[[str, float], None] | None = None):
+def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
     """The compiled paged-decode module (its `paged_decode` function), or None where it cannot be built
-    (no compiler, no ninja): callers fall back to the eager path after one warning."""
-    if "paged_decode" not in _BUILT:
+    (no compiler, no ninja): callers fall back to the eager path after one warning. The build targets
+    this machine's CPU, so AVX-512 with bf16 dot products is used where present; `portable` builds the
+    plain C++ body only (what CPUs without those instructions run; the tests check it too)."""
+    name = "inferlab_paged_decode" + ("_portable" if portable else "")
+    if name not in _BUILT:
         if progress is not None:
             progress("loading the paged-attention kernel (built once per machine, ~25 s)", 0.95)
         try:
             from torch.utils.cpp_extension import load
 
-            _BUILT["paged_decode"] = load(
-                name="inferlab_paged_decode", sources=[str(Path(__file__).with_name("paged_decode.cpp"))],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+            flags = ["-O3", "-march=native", "-fopenmp"] + (["-DINFERLAB_PORTABLE"] if portable else [])
+            _BUILT[name] = load(name=name, sources=[str(Path(__file__).with_name("paged_decode.cpp"))],
+                                extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as exc:  # noqa: BLE001 (any build failure means: use the eager path)
             warnings.warn(f"native paged-decode kernel unavailable, using the eager path: {exc}", stacklevel=2)
-            _BUILT["paged_decode"] = None
-    return _BUILT["paged_decode"]
+            _BUILT[name] = None
+    return _BUILT[name]
