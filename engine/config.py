@@ -45,6 +45,9 @@ class EngineConfig:
     # memory bandwidth (engine/layers/gemv.py), decode attention gather-fused where the native kernel
     # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
+    # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/layers/linear.py;
+    # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
+    pack_weights: bool = True
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

@@ -9,6 +9,7 @@ import torch
 from engine.draft_model import DraftModelProposer
 from engine.events import SpecDecodeStats
 from engine.kernels import native_decode_applies
+from engine.layers.linear import pack_linears
 from engine.loader import load_model
 from engine.model_runner import tree_depths
 from engine.models.llama import LlamaForCausalLM
@@ -81,6 +82,7 @@ class SpeculativeDecoding:
         bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
         if bits != 16:
             swap_modules(model, quantize_model(model, original_weights(model), bits, cfg.quant_group_size))
+        pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
         proposer = DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, self.device,
                                       self.dtype)
         proposer.runner.fused_decode = self.runner.fused_decode

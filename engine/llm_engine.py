@@ -18,6 +18,7 @@ from engine.engine_queries import EngineQueries, EngineStats  # noqa: F401 (Engi
 from engine.engine_spec import SpeculativeDecoding
 from engine.events import EngineStepEvent, RequestOutput, StepStats
 from engine.kernels import native_decode_applies, paged_decode_kernel
+from engine.layers.linear import pack_linears
 from engine.loader import LoadedModel, load_model
 from engine.memory import weights_bytes
 from engine.model_runner import ModelRunner
@@ -61,9 +62,10 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         weights16 = weights_bytes(self.model)
         if config.quant_bits != 16 or config.quant_embeddings:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
-        self.weights_bytes = weights_bytes(self.model)
-        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes,
-                               weights_saved=weights16 - self.weights_bytes)
+        weights_saved = weights16 - weights_bytes(self.model)
+        pack_linears(self.model, config.pack_weights)
+        self.weights_bytes = weights_bytes(self.model)  # with the packed copies
+        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes, weights_saved)
         self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
         self._kv_target = blocks
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
@@ -233,6 +235,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
             elif cmd == "swap":
                 modules, settings = arg
                 swap_modules(self.model, modules)
+                pack_linears(self.model, self.config.pack_weights)
                 self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
                 for key, value in settings.items():
                     setattr(self.config, key, value)

@@ -16,7 +16,8 @@ from engine.events import MemorySnapshot
 
 
 def weights_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and persistent buffers, each storage counted once (tied embeddings)."""
+    """Bytes of parameters and persistent buffers, each storage counted once (tied embeddings), plus the
+    oneDNN-packed copies of Linear weights (engine/layers/linear.py)."""
     seen: set[int] = set()
     total = 0
     tensors = [t for _, t in model.named_parameters()] + [b for _, b in model.named_buffers(remove_duplicate=True)]
@@ -26,7 +27,7 @@ def weights_bytes(model: nn.Module) -> int:
             continue
         seen.add(key)
         total += t.untyped_storage().nbytes()
-    return total
+    return total + sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
 
 
 def device_memory(device: torch.device) -> tuple[int, int, str]:

@@ -145,7 +145,9 @@ def test_tied_embeddings_and_head_share_one_int8_table(tiny_tied):
     vocab, hidden = emb.qweight.shape
     # the 16-bit table (stored once, tied) becomes one int8 table plus a scale per row, still stored once
     saved = plain.memory().weights_bytes - eng.memory().weights_bytes
-    assert saved == vocab * hidden * 2 - (vocab * hidden + vocab * 2)
+    # ... and the 16-bit head's oneDNN-packed copy (bf16 on the CPU) goes with it
+    assert plain.model.lm_head.packed_bytes() == vocab * hidden * 2
+    assert saved == vocab * hidden * 2 - (vocab * hidden + vocab * 2) + plain.model.lm_head.packed_bytes()
     ids = torch.tensor([3, 1, 3, vocab - 1])
     torch.testing.assert_close(emb(ids).float(), emb.dequantize()[ids].to(torch.bfloat16).float())
     p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
