@@ -42,7 +42,7 @@ class EngineStats:
 
 class EngineQueries:
     """Needs from the engine: add_request, step, config, scheduler, block_manager, runner, model, device,
-    weights_bytes, block_bytes, max_model_len, spec_totals, spec_*_per_pos, _counts, _step, _ids."""
+    weights_bytes, packed_bytes, block_bytes, max_model_len, spec_totals, spec_*_per_pos, _counts, _step, _ids."""
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -106,7 +106,7 @@ class EngineQueries:
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager
         return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
-                        bm.num_cached_free_blocks, self._last_activation_bytes)
+                        bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes)
 
     def block_map(self) -> BlockMapSnapshot:
         return self.block_manager.snapshot()

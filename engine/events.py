@@ -88,6 +88,7 @@ class MemorySnapshot:
     device_total_bytes: int
     source: str  # "nvml" | "torch.cuda" | "budget"
     device: str = "cpu"
+    packed_weights_bytes: int = 0  # part of weights_bytes: the oneDNN-packed copies (EngineConfig.pack_weights)
 
     @property
     def kv_bytes_total(self) -> int:

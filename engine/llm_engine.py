@@ -63,7 +63,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         if config.quant_bits != 16 or config.quant_embeddings:
             swap_modules(self.model, self.build_quantized(config.quant_bits))
         weights_saved = weights16 - weights_bytes(self.model)
-        pack_linears(self.model, config.pack_weights)
+        self.packed_bytes = pack_linears(self.model, config.pack_weights)
         self.weights_bytes = weights_bytes(self.model)  # with the packed copies
         blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes, weights_saved)
         self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
@@ -235,7 +235,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
             elif cmd == "swap":
                 modules, settings = arg
                 swap_modules(self.model, modules)
-                pack_linears(self.model, self.config.pack_weights)
+                self.packed_bytes = pack_linears(self.model, self.config.pack_weights)
                 self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
                 for key, value in settings.items():
                     setattr(self.config, key, value)

@@ -68,7 +68,7 @@ def process_resident_bytes() -> int:
 
 
 def snapshot(device: torch.device, weights: int, kv_block_bytes: int, blocks_total: int, blocks_used: int,
-             blocks_cached: int, activation_bytes: int) -> MemorySnapshot:
+             blocks_cached: int, activation_bytes: int, packed_weights: int = 0) -> MemorySnapshot:
     total, free, source = device_memory(device)
     kv_total = kv_block_bytes * blocks_total
     if device.type == "cuda":
@@ -88,4 +88,5 @@ def snapshot(device: torch.device, weights: int, kv_block_bytes: int, blocks_tot
         device_total_bytes=total,
         source=source,
         device=str(device),
+        packed_weights_bytes=packed_weights,
     )

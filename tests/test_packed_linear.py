@@ -67,6 +67,7 @@ def test_engine_packs_counts_and_repacks_after_requantization(tiny_llama):
     assert all(m.packed is None for m in plain.model.modules() if isinstance(m, Linear))
     extra = sum(m.weight.numel() * 2 for m in linears)  # a second bf16 copy of every Linear weight
     assert packed.memory().weights_bytes - plain.memory().weights_bytes == extra
+    assert packed.memory().packed_weights_bytes == extra and plain.memory().packed_weights_bytes == 0
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
     prompts = [[5, 17, 42, 8, 99, 3], [9, 4, 4, 61, 2]]
     res = {}
@@ -85,3 +86,5 @@ def test_engine_packs_counts_and_repacks_after_requantization(tiny_llama):
     packed.step()
     assert all(m.packed is not None for m in packed.model.modules() if isinstance(m, Linear))
     assert packed.memory().weights_bytes == before
+    assert pack_linears(packed.model, on=False) == 0
+    assert all(m.packed is None for m in packed.model.modules() if isinstance(m, Linear))

@@ -121,8 +121,10 @@ class MemoryPanel(Panel):
         for cat, label in self._legend_labels.items():
             n = parts[cat]
             pct = 100 * n / total if total else 0.0
+            packed = (f", of which {human_bytes(snap.packed_weights_bytes)} a oneDNN-packed copy"
+                      if cat == "weights" and snap.packed_weights_bytes else "")
             label.setText(f"{_chip(memory_color(cat, pal).name())} {MEMORY_LABELS[cat]}: "
-                          f"<b>{human_bytes(n)}</b> ({pct:.1f}%)")
+                          f"<b>{human_bytes(n)}</b> ({pct:.1f}%{packed})")
 
     def _repaint_block_header(self) -> None:
         if self._blocks is None:

@@ -8,7 +8,6 @@ copy of each weight (counted in the engine's weights bytes); EngineConfig.pack_w
 """
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import torch
@@ -17,21 +16,26 @@ from torch import nn
 
 from engine.layers.gemv import gemv_math, wants_gemv
 
-# Packed weights by key. Compiled regions cannot hold oneDNN's opaque tensors, so they call the op
-# below with the layer's key; the op looks the packed weight up when it runs.
+# Packed weights by the address of the weight they copy. Compiled regions cannot hold oneDNN's opaque
+# tensors, so they call the op below with the plain weight (a graph input like any parameter, so the
+# 30 layers share one compiled graph); the op looks its packed copy up when it runs.
 _PACKED: dict[int, torch.Tensor] = {}
-_keys = itertools.count()
 
 
 @torch.library.custom_op("inferlab::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, key: int) -> torch.Tensor:
-    """x W^T through the packed copy of `weight` (x 2-D bf16; `weight` gives the compiler the shape)."""
-    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[key], None, "none", [], "")
+def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T through the packed copy of `weight` (x 2-D bf16)."""
+    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[weight.data_ptr()], None, "none", [], "")
 
 
 @packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, key: int) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _forget(key: int, packed: torch.Tensor) -> None:
+    if _PACKED.get(key) is packed:  # not a newer weight's copy at a reused address
+        del _PACKED[key]
 
 
 def packing_available(weight: torch.Tensor) -> bool:
@@ -61,13 +65,12 @@ class Linear(nn.Module):
         w = self.weight.detach()
         if packing_available(w):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
-            self.packed_key = next(_keys)
-            _PACKED[self.packed_key] = self.packed
-            weakref.finalize(self, _PACKED.pop, self.packed_key, None)
+            _PACKED[w.data_ptr()] = self.packed
+            self._finalizer = weakref.finalize(self, _forget, w.data_ptr(), self.packed)
 
     def unpack(self) -> None:
         if self.packed is not None:
-            _PACKED.pop(self.packed_key, None)
+            self._finalizer()  # forgets the registry entry; the copy goes with the last reference
             self.packed = None
 
     def packed_bytes(self) -> int:
@@ -76,7 +79,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and not x.requires_grad:
             if torch.compiler.is_compiling():  # an opaque call in the compiled graph; the bias add fuses
-                y = packed_linear(x, self.weight, self.packed_key)
+                y = packed_linear(x, self.weight)
                 return y if self.bias is None else y + self.bias
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.gemv is not None and wants_gemv(x):

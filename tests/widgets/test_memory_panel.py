@@ -42,6 +42,19 @@ def test_breakdown_and_legend(panel):
     assert _close(img.pixelColor(rects["weights"].center()), memory_color("weights", panel.palette()))
 
 
+def test_legend_says_how_much_of_the_weights_is_a_packed_copy(panel):
+    import dataclasses
+
+    snap = dataclasses.replace(memory_snapshot(source="budget", device="cpu"), packed_weights_bytes=100 * MiB)
+    panel.set_memory(snap)
+    panel.flush()
+    text = panel._legend_labels["weights"].text()
+    assert "Weights: <b>270.0 MiB</b>" in text and "of which 100.0 MiB a oneDNN-packed copy" in text
+    panel.set_memory(memory_snapshot(source="budget", device="cpu"))
+    panel.flush()
+    assert "packed" not in panel._legend_labels["weights"].text()
+
+
 def test_cpu_budget_source_named(panel):
     panel.set_memory(memory_snapshot(source="budget", device="cpu"))
     panel.flush()
