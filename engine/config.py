@@ -34,7 +34,7 @@ class EngineConfig:
     # Model execution
     # "native" (default): decode attention by a C++ kernel that streams each sequence's K/V blocks from
     # the paged cache once, in float32 registers (engine/kernels; bf16 on the CPU, head_dim 64/128; built
-    # once per machine, ~25 s; measured on the mixed workload: +31-36 % tokens/s over "fast"); everything
+    # once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
     # the block gather fused into its reductions. "reference": the readable one-sequence-at-a-time path

@@ -46,9 +46,9 @@ def test_linear_routes_single_16_bit_rows_only():
 @pytest.mark.slow
 @pytest.mark.parametrize("pack", [False, True])
 def test_compiled_bf16_decode_stays_close_to_eager(tiny_llama, pack):
-    """compile=True in bf16: single-row decode goes through the compiled kernel (without packed
-    weights) or the packed-weight op inside the compiled regions; its log-probabilities match the eager
-    engine's to bf16 precision while the greedy tokens agree."""
+    """compile=True in bf16, with and without packed weights: single-row decode goes through the
+    compiled kernel; its log-probabilities match the eager engine's to bf16 precision while the greedy
+    tokens agree."""
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", num_kv_blocks=64, block_size=4,

@@ -7,8 +7,9 @@ inductor (bf16 loads widened to fp32, vectorised along K, threads over the outpu
 20-34 GB/s (measured per layer shape: gate_up 226 -> 155 us, down 118 -> 88 us, lm_head 4.4 ->
 1.7 ms). With two or more rows the library kernel wins again (it reuses each weight row across the
 rows), so only single rows take this path; results agree with F.linear to bf16 rounding.
-With oneDNN-packed weights (engine/layers/linear.py, the default for bf16) single rows take the packed
-path instead, which is faster still; this kernel serves where packing is off or unavailable.
+Held hot in cache, oneDNN's packed weights (engine/layers/linear.py) run one row faster still; but a
+decode step streams all weights from memory, and there this kernel wins (one stream, compile=True:
+53 tokens/s through it vs 44 through the packed weights), so single rows keep it under compile=True.
 """
 from __future__ import annotations
 
