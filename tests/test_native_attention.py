@@ -72,6 +72,33 @@ def test_kernel_splits_work_by_context_length(kernel, threads):
     torch.testing.assert_close(out.float(), reference(qd, k_cache, v_cache, tables, lens, bs), rtol=1e-2, atol=4e-3)
 
 
+def test_kernel_runs_without_the_gil(kernel):
+    """While one thread runs the kernel back to back, another still runs Python (the app's GUI thread)."""
+    import threading
+    import time
+
+    bs, n, blocks_per_seq = 16, 8, 64
+    cache = torch.randn(2, n * blocks_per_seq * bs, 64).bfloat16()
+    qd = torch.randn(n, 2, 2, 64).bfloat16()
+    tables = torch.arange(n * blocks_per_seq).view(n, blocks_per_seq)
+    lens = torch.full((n,), blocks_per_seq * bs)
+    calls, stop = [], time.perf_counter() + 1.0
+
+    def work():
+        while time.perf_counter() < stop:
+            kernel.paged_decode(qd, cache, cache, tables, lens, bs)
+            calls.append(1)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    ticks = 0
+    while worker.is_alive():
+        ticks += 1
+        time.sleep(0.001)
+    worker.join()
+    assert len(calls) > 10 and ticks > 100  # holding the GIL, the main thread got no tick in a second
+
+
 def test_kernel_refuses_what_it_does_not_handle(kernel):
     q = torch.zeros(1, 1, 2, 64)  # float32
     cache = torch.zeros(1, 16, 64).bfloat16()

@@ -239,5 +239,7 @@ torch::Tensor paged_decode(torch::Tensor qd, torch::Tensor k_cache, torch::Tenso
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)");
+  // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
+  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }
