@@ -96,7 +96,9 @@ def test_weight_bits_slider_requantizes_and_measures_quality(qapp, window):
         pytest.skip("this engine has no weight quantization")
     controls = window.panels["controls"]
     controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 8})
-    wait_until(qapp, lambda: window.host.engine.config.quant_bits == 8 and not window.controller.engine_busy, 60)
+    # the swap lands in the engine before the per-layer error reaches the heatmap through the GUI's queue
+    wait_until(qapp, lambda: (window.host.engine.config.quant_bits == 8 and not window.controller.engine_busy
+                              and data(window, "quant")["bits"] == 8), 60)
     assert "weights 16 → 8-bit" in data(window, "timeline")["config_changes"]
     quant = data(window, "quant")  # the engine's per-layer weight error reached the heatmap
     assert quant["bits"] == 8 and quant["num_cells"] > 0 and 0 < quant["max_error"] < 0.1, quant
