@@ -54,8 +54,8 @@ class FrameGovernor(QObject):
             interval = max(MIN_INTERVAL_MS, round(interval / 1.25))
         if interval != self.interval_ms:
             self.interval_ms = interval
-            for panel in self._panels:
-                panel.set_repaint_interval(interval)
+            for i, panel in enumerate(self._panels):  # phases spread over the interval: one long paint
+                panel.set_repaint_interval(interval, i * interval // len(self._panels))  # becomes several short
             self.sigRateChanged.emit(self.rate_hz)
         return interval
 

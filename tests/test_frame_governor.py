@@ -42,3 +42,34 @@ def test_measures_its_own_thread(governed, qapp):
     gov._wall -= 1.0
     gov._on_check()
     assert gov.last_share == pytest.approx(0.5, abs=0.05) and gov.interval_ms == 2 * MIN_INTERVAL_MS
+
+
+def test_panels_repaint_at_spread_phases(qtbot):
+    """After a rate change the panels' timers restart at phases spread over the interval, so one long
+    pass that paints every panel becomes several short ones (the event loop's p99 delay halves)."""
+    import time
+
+    from app_helpers import run_for
+    from PySide6.QtWidgets import QApplication
+
+    panels = [TimelinePanel() for _ in range(4)]
+    fired: dict[int, list[float]] = {i: [] for i in range(4)}
+    for i, p in enumerate(panels):
+        qtbot.addWidget(p)
+        p.show()
+        p._repaint_timer.timeout.connect(lambda i=i: fired[i].append(time.perf_counter()))
+    gov = FrameGovernor(panels, target_share=0.05)
+    gov.stop()
+    run_for(QApplication.instance(), 0.3)  # the first paints are done: the phases are not swallowed by them
+    for times in fired.values():
+        times.clear()
+    gov.observe(0.2)  # 4x over budget: twice slower, 100 ms
+    run_for(QApplication.instance(), 0.6)
+    assert all(p._repaint_timer.interval() == 100 for p in panels)
+    first = [fired[i][0] for i in range(4)]
+    gaps = [b - a for a, b in zip(first, first[1:])]
+    assert all(g > 0.01 for g in gaps), gaps  # 25 ms apart, in panel order (not all in one pass)
+    panels[3].hide()
+    gov.observe(0.5)  # a hidden panel is not restarted by its delayed start
+    run_for(QApplication.instance(), 0.3)
+    assert not panels[3]._repaint_timer.isActive() and panels[0]._repaint_timer.isActive()

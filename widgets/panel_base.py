@@ -32,9 +32,18 @@ class Panel(QWidget):
             self._dirty = False
             self._repaint()
 
-    def set_repaint_interval(self, ms: int) -> None:
-        """How often the timer repaints (the app slows it when the GUI's CPU time would slow the engine)."""
+    def set_repaint_interval(self, ms: int, phase_ms: int = 0) -> None:
+        """How often the timer repaints (the app slows it when the GUI's CPU time would slow the engine).
+        `phase_ms` delays the restart, so panels given different phases paint at different moments
+        instead of all in one long pass of the event loop."""
         self._repaint_timer.setInterval(max(1, int(ms)))
+        if self._repaint_timer.isActive() and phase_ms > 0:
+            self._repaint_timer.stop()
+            QTimer.singleShot(int(phase_ms), self, self._start_if_visible)
+
+    def _start_if_visible(self) -> None:
+        if self.isVisible():
+            self._repaint_timer.start()
 
     def set_available(self, available: bool, why: str = "") -> None:
         """Grey the panel out under a message, e.g. set_available(False, "needs a GPU")."""
