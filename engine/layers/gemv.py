@@ -8,8 +8,9 @@ inductor (bf16 loads widened to fp32, vectorised along K, threads over the outpu
 1.7 ms). With two or more rows the library kernel wins again (it reuses each weight row across the
 rows), so only single rows take this path; results agree with F.linear to bf16 rounding.
 Held hot in cache, oneDNN's packed weights (engine/layers/linear.py) run one row faster still; but a
-decode step streams all weights from memory, and there this kernel wins (one stream, compile=True:
-53 tokens/s through it vs 44 through the packed weights), so single rows keep it under compile=True.
+decode step streams all weights from memory, and there this kernel wins (one stream, compile=True,
+`inferlab bench decode`: 58-63 tokens/s through it vs 42-44 through the packed weights), so single
+rows keep it under compile=True.
 """
 from __future__ import annotations
 

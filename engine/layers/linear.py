@@ -79,7 +79,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv is not None and wants_gemv(x):
             # One row, compile=True. Streaming every weight from memory once per token, the compiled
-            # reduction beats even the packed kernel (one stream: 53 vs 44 tokens/s, measured side by side).
+            # reduction beats even the packed kernel (one stream: 58-63 vs 42-44 tokens/s, bench decode).
             # Inside a compiled region the math is traced into the region's own graph.
             y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
             return y if self.bias is None else y + self.bias
