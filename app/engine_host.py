@@ -7,7 +7,7 @@ Threads
                  (woken by any command; never a busy loop).
 
 The engine listener only appends the immutable EngineStepEvent to a deque (appends are atomic), so a
-step never waits for the GUI. Every ~100 ms the engine thread also appends `engine.memory()` and
+step never waits for the GUI. Every ~100 ms the engine thread also appends `engine.runner.memory()` and
 `engine.block_map()` snapshots to the same deque; the snapshot interval stretches when a snapshot is
 expensive (thousands of blocks) so snapshots stay under ~5% of the engine's time.
 
@@ -25,9 +25,9 @@ from PySide6.QtCore import QObject, Signal
 
 from app import engine_work
 from app.engine_info import EngineInfo, make_info
+from app.load.generator import LoadConfig, LoadGenerator
 from engine.config import EngineConfig
 from engine.events import EngineStepEvent
-from engine.loadgen import LoadConfig, LoadGenerator
 
 SNAPSHOT_INTERVAL_S = 0.1
 SNAPSHOT_MAX_SHARE = 0.05  # snapshots may take at most this share of the engine thread's time

@@ -35,7 +35,7 @@ def engine_capabilities(engine) -> frozenset[str]:
         found.add("quantization")
     if callable(getattr(engine, "perplexity", None)):
         found.add("perplexity")
-    if hasattr(engine.config, "spec_method") and importlib.util.find_spec("engine.spec_decode") is not None:
+    if hasattr(engine.config, "spec_method") and importlib.util.find_spec("engine.spec.verify") is not None:
         found.add("speculative")
         if mtp_heads_file(engine) is not None:
             found.add("mtp")
@@ -46,7 +46,7 @@ def mtp_heads_file(engine) -> str | None:
     """The multi-token prediction heads this engine's model can use, if they have been trained."""
     from pathlib import Path
 
-    from engine.mtp import heads_path
+    from engine.spec.mtp import heads_path
 
     path = getattr(engine.config, "mtp_heads", None) or heads_path(str(engine.model_path))
     return str(path) if Path(path).exists() else None

@@ -5,7 +5,7 @@ import sys
 import time
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.loader import ModelLoadError
+from engine.loading.loader import ModelLoadError
 
 
 def stderr_progress(message: str, fraction: float) -> None:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.loadgen import LoadConfig
-from engine.policies import POLICIES
+from app.load.generator import LoadConfig
+from engine.core.policies import POLICIES
 
 try:
     import tomllib

@@ -3,7 +3,7 @@ openai client, a load tool) shows up in the panels beside the app's own requests
 from __future__ import annotations
 
 from app.server import ServerThread, create_app
-from engine.async_engine import AsyncEngine
+from engine.serving.async_engine import AsyncEngine
 
 
 class ServerControl:

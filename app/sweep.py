@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from app.load.generator import LoadConfig, LoadGenerator
 from app.tradeoff_meter import RateMeter, config_label, make_point
-from engine.loadgen import LoadConfig, LoadGenerator
 
 DEFAULT_GRID = (1, 4, 16, 64)
 

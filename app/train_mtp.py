@@ -1,4 +1,4 @@
-"""`inferlab train-mtp`: train the model's multi-token prediction heads (engine/mtp_train.py)."""
+"""`inferlab train-mtp`: train the model's multi-token prediction heads (engine/spec/mtp_train.py)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,7 @@ def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
 def run_train_mtp(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.mtp_train import default_prompts, train_mtp
+    from engine.spec.mtp_train import default_prompts, train_mtp
 
     def progress(message: str, fraction: float | None) -> None:
         pct = "" if fraction is None else f"{100 * fraction:5.1f}% "

@@ -11,11 +11,11 @@ __all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams"]
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.engine_queries import EngineStats
     from engine.llm_engine import LLMEngine
+    from engine.queries import EngineStats
     from engine.sampling_params import SamplingParams
 
-_WHERE = {"EngineConfig": "engine.config", "EngineStats": "engine.engine_queries", "LLMEngine": "engine.llm_engine",
+_WHERE = {"EngineConfig": "engine.config", "EngineStats": "engine.queries", "LLMEngine": "engine.llm_engine",
           "SamplingParams": "engine.sampling_params"}
 
 

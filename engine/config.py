@@ -42,10 +42,10 @@ class EngineConfig:
     attention_backend: str = "native"
     # torch.compile the dense code between two attentions (one call per layer), run single 16-bit rows on
     # the CPU (decode of one stream) through a compiled matrix-vector reduction at ~2x the library's
-    # memory bandwidth (engine/layers/gemv.py), decode attention gather-fused where the native kernel
+    # memory bandwidth (engine/models/layers/gemv.py), decode attention gather-fused where the native kernel
     # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
-    # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/layers/linear.py;
+    # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
     # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
     pack_weights: bool = True
 
@@ -65,7 +65,7 @@ class EngineConfig:
     # small on the CPU, where each extra row costs compute; a GPU verifies 64 rows as fast as one
     max_loras: int = 0
 
-    # Admission control (engine/admission.py): beyond these add_request raises RequestRejected; None = off
+    # Admission control (engine/core/admission.py): beyond these add_request raises RequestRejected; None = off
     max_queue_len: int | None = None  # waiting requests (queued + preempted)
     max_predicted_wait_s: float | None = None  # predicted queue wait, from measured step rates
 

@@ -9,27 +9,27 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.admission import AdmissionController, RequestRejected
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.engine_quant import QuantizedWeights
-from engine.engine_queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
-from engine.engine_spec import SpeculativeDecoding
+from engine.core.admission import AdmissionController, RequestRejected
+from engine.core.block_manager import BlockManager
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.output_processor import append_token, make_output, timeline
+from engine.core.policies import make_policy
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.events import EngineStepEvent, RequestOutput, StepStats
-from engine.kernels import native_decode_applies, paged_decode_kernel
-from engine.layers.linear import pack_linears
-from engine.loader import LoadedModel, load_model
-from engine.memory import weights_bytes
-from engine.model_runner import ModelRunner
+from engine.loading.loader import LoadedModel, load_model
+from engine.models.layers.linear import pack_linears
 from engine.models.llama import LlamaForCausalLM
-from engine.output_processor import append_token, make_output, timeline
-from engine.policies import make_policy
-from engine.quant import original_weights, swap_modules
-from engine.request import Request, RequestStatus
+from engine.quant.manager import QuantizedWeights
+from engine.quant.weight_only import original_weights, swap_modules
+from engine.queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
+from engine.runner.kernels import native_decode_applies, paged_decode_kernel
+from engine.runner.memory import weights_bytes
+from engine.runner.model_runner import ModelRunner
+from engine.runner.setup import kv_block_bytes, kv_blocks_after_requant, num_kv_blocks, resolve_device, resolve_dtype
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.setup import kv_block_bytes, kv_blocks_after_requant, num_kv_blocks, resolve_device, resolve_dtype
+from engine.spec.decoder import SpeculativeDecoding
 
 StepListener = Callable[[EngineStepEvent], None]
 

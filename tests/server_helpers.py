@@ -7,7 +7,7 @@ import time
 
 from app.server import ServerThread, create_app
 from engine import EngineConfig, LLMEngine
-from engine.async_engine import AsyncEngine
+from engine.serving.async_engine import AsyncEngine
 
 MODEL_NAME = "tiny-llama"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.admission import AdmissionController, QueueState, RequestRejected
+from engine.core.admission import AdmissionController, QueueState, RequestRejected
 from engine.events import StepStats
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

@@ -7,8 +7,8 @@ import pytest
 from app_helpers import close_window, open_window, run_for, wait_until
 
 from app import window_menus
+from app.load.generator import LoadConfig
 from app.sweep import SweepSpec
-from engine.loadgen import LoadConfig
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Block manager: exact block ids, ref counts, prefix hits, eviction order, copy-on-write."""
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 
 BS = 4
 

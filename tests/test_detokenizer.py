@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_tokenizer import build_sp_tokenizer  # tests/ is on sys.path (rootdir conftest)
 
-from engine.detokenizer import PREFIX_WINDOW, IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.core.detokenizer import PREFIX_WINDOW, IncrementalDetokenizer
+from engine.loading.tokenizer import Tokenizer
 
 MIXED = "Hello 🙂 world! 世界こんにちは 🚀🚀 naïve café, ok.\nDone"
 

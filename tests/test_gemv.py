@@ -1,12 +1,12 @@
-"""The compiled single-row kernel (engine/layers/gemv.py) against F.linear, and when Linear uses it."""
+"""The compiled single-row kernel (engine/models/layers/gemv.py) against F.linear, and when Linear uses it."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers.gemv import CompiledGemv, gemv_math, wants_gemv
-from engine.layers.linear import Linear
+from engine.models.layers.gemv import CompiledGemv, gemv_math, wants_gemv
+from engine.models.layers.linear import Linear
 
 
 @pytest.mark.parametrize("n, k", [(96, 64), (40, 200)])

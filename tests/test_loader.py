@@ -1,4 +1,4 @@
-"""engine.loader: HF folders (single and sharded), GGUF conversion and its cache, built-in wheel, errors."""
+"""engine.loading.loader: HF folders (single and sharded), GGUF conversion and its cache, built-in wheel, errors."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import gguf_convert
-from engine.loader import ModelLoadError, load_model
+from engine.loading import gguf_convert
+from engine.loading.loader import ModelLoadError, load_model
 
 HF_TO_GGUF = {
     "model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -180,7 +180,7 @@ def test_gguf_f32_round_trips_to_the_hf_weights(tiny_llama, tmp_path, isolated_c
     with torch.no_grad():
         torch.testing.assert_close(conv(ids).logits, ref(ids).logits)
     # and its tokenizer encodes like the original one
-    from engine.tokenizer import Tokenizer
+    from engine.loading.tokenizer import Tokenizer
 
     orig = Tokenizer.from_folder(tiny_llama)
     for text in ("Hello world", "naïve café 12345 🙂", "<|im_start|>user\nhi<|im_end|>"):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.loadgen import Arrival, LoadConfig, LoadGenerator, corpus_text
+from app.load.generator import Arrival, LoadConfig, LoadGenerator, corpus_text
 
 CORPUS = list(range(1000, 3000))
 
@@ -130,7 +130,7 @@ def test_needs_a_corpus_and_uses_a_tokenizer():
 
 
 def test_imports_no_torch():
-    code = "import sys, engine.loadgen; print('torch' in sys.modules)"
+    code = "import sys, app.load.generator; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.core.metrics import SLO, latency_report, percentile, percentiles, request_timings
 from engine.events import RequestTimeline
-from engine.metrics import SLO, latency_report, percentile, percentiles, request_timings
-from engine.prometheus import Histogram, ServingMetrics
+from engine.serving.prometheus import Histogram, ServingMetrics
 
 
 def tl(rid="r", arrival=0.0, sched=0.5, first=1.0, done=3.0, n_out=5, reason="length") -> RequestTimeline:

@@ -47,7 +47,7 @@ def test_decode_logits_equal_transformers(arch, request):
 
 @pytest.mark.parametrize("fast_backend", ["fast", "compiled"])
 def test_fast_attention_equals_reference(tiny_llama, fast_backend):
-    from engine.layers import attention
+    from engine.models.layers import attention
     from engine.sampling_params import SamplingParams
 
     outs = {}
@@ -71,7 +71,7 @@ def test_long_prompt_attends_in_query_slices(tiny_llama, monkeypatch):
     """A long prompt in one step runs its attention a slice of queries at a time; same logits as HF."""
     import random
 
-    import engine.layers.attention as att
+    import engine.models.layers.attention as att
 
     rng = random.Random(0)
     ids = [rng.randrange(3, 300) for _ in range(250)]

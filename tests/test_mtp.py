@@ -9,9 +9,9 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.events import TokenSource
-from engine.model_runner import tree_layout
-from engine.mtp import MtpHeads, MtpProposer, load_heads, save_heads, tree_nodes
-from engine.spec_decode import verify_tree
+from engine.runner.model_runner import tree_layout
+from engine.spec.mtp import MtpHeads, MtpProposer, load_heads, save_heads, tree_nodes
+from engine.spec.verify import verify_tree
 
 PROMPTS = [[8, 9, 10, 8, 9], list(range(30, 41)), [100, 5, 7, 5, 100, 5]]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -137,7 +137,7 @@ def test_missing_heads_say_how_to_train_them(tiny_llama, tmp_path):
 
 
 def test_training_learns_and_saves_heads(tiny_llama, tmp_path):
-    from engine.mtp_train import train_mtp
+    from engine.spec.mtp_train import train_mtp
 
     eng = make(tiny_llama, num_kv_blocks=512, max_num_seqs=16)
     out = tmp_path / "heads.safetensors"

@@ -1,4 +1,4 @@
-"""oneDNN-packed weights (engine/layers/linear.py): the same products as F.linear, inside compiled regions
+"""oneDNN-packed weights (engine/models/layers/linear.py): the same products as F.linear, inside compiled regions
 too, counted in the engine's weight bytes, refreshed when a requantization swaps the layers."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers.linear import Linear, pack_linears
+from engine.models.layers.linear import Linear, pack_linears
 
 
 def bf16_linear(n: int, k: int, seed: int) -> Linear:

@@ -6,8 +6,8 @@ from collections import deque
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.policies import FCFS, POLICIES, PriorityFirst, ShortestPromptFirst, make_policy
-from engine.request import Request, RequestStatus
+from engine.core.policies import FCFS, POLICIES, PriorityFirst, ShortestPromptFirst, make_policy
+from engine.core.request import Request, RequestStatus
 
 
 def req(rid: str, n_tokens: int, arrival: float, priority: int = 0) -> Request:

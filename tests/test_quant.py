@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.quant import QuantLinear
+from engine.quant.weight_only import QuantLinear
 
 torch.manual_seed(0)
 W = torch.randn(256, 256).to(torch.bfloat16)
@@ -122,7 +122,7 @@ def test_perplexity_matches_transformers_loss(tiny_llama):
 
 
 def test_quality_vs_16_bits(tiny_llama):
-    from engine.quality import compare_logits, heldout_texts, reference_logits
+    from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 
     texts = heldout_texts()[:2]
     eng = make(tiny_llama, num_kv_blocks=256)
@@ -136,7 +136,7 @@ def test_quality_vs_16_bits(tiny_llama):
 
 
 def test_tied_embeddings_and_head_share_one_int8_table(tiny_tied):
-    from engine.quant_embed import Int8Embedding
+    from engine.quant.embeddings import Int8Embedding
 
     plain = make(tiny_tied, quant_bits=8)
     eng = make(tiny_tied, quant_bits=8, quant_embeddings=True)

@@ -1,11 +1,11 @@
 """Scheduler on counts only: token budget, chunked prefill, decode priority, preemption."""
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.request import Request, RequestStatus
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 
 
 def req(rid, n):

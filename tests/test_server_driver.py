@@ -8,7 +8,7 @@ import openai
 
 from app.server import ServerThread, create_app
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.async_engine import AsyncEngine
+from engine.serving.async_engine import AsyncEngine
 
 
 class MiniHost:

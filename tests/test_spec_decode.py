@@ -9,7 +9,7 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.events import TokenSource
-from engine.spec_decode import NgramProposer, verify
+from engine.spec.verify import NgramProposer, verify
 
 PROMPTS = [
     [5, 17, 42, 99, 7, 250, 3, 64, 5, 17, 42, 99, 7, 250, 3, 64, 128, 11],

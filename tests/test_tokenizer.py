@@ -1,4 +1,4 @@
-"""engine.tokenizer.Tokenizer agrees with transformers.AutoTokenizer on the same folder."""
+"""engine.loading.tokenizer.Tokenizer agrees with transformers.AutoTokenizer on the same folder."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world",

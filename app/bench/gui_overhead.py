@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from engine.loadgen import LoadConfig, LoadGenerator
+from app.load.generator import LoadConfig, LoadGenerator
 
 PROBE_MS = 10
 

@@ -6,7 +6,7 @@ import time
 from app.bench.runs import engine_one_stream
 from app.bench.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.quality import compare_logits, heldout_texts, reference_logits
+from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 
 
 def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: int) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from app.bench.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.metrics import SLO, latency_report, percentile, request_timings
+from engine.core.metrics import SLO, latency_report, percentile, request_timings
 
 
 @dataclass(frozen=True, slots=True)

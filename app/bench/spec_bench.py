@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.quality import heldout_texts
+from engine.quant.quality import heldout_texts
 
 METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_method="draft", draft_quant_bits=4),
            "mtp": dict(spec_method="mtp")}

@@ -21,9 +21,9 @@ from app.server import formats
 from app.server.errors import APIError, bad_request, install_handlers, rejected
 from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from app.server.streams import close_all, collect, stream_sse
-from engine.admission import RequestRejected
-from engine.async_engine import AsyncEngine, RequestStream
-from engine.prometheus import ServingMetrics
+from engine.core.admission import RequestRejected
+from engine.serving.async_engine import AsyncEngine, RequestStream
+from engine.serving.prometheus import ServingMetrics
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -8,7 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.admission import RequestRejected
+from engine.core.admission import RequestRejected
 
 
 class APIError(Exception):

@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from engine.policies import POLICIES
+from engine.core.policies import POLICIES
 
 
 def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
@@ -43,9 +43,9 @@ def run_serve(args) -> int:
 
     from app.generate import stderr_progress
     from app.server.api import create_app
-    from engine.async_engine import AsyncEngine
     from engine.llm_engine import LLMEngine
-    from engine.loader import ModelLoadError
+    from engine.loading.loader import ModelLoadError
+    from engine.serving.async_engine import AsyncEngine
 
     try:
         engine = LLMEngine(engine_config(args), progress=stderr_progress)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from app.server import formats
 from app.server.errors import APIError
-from engine.async_engine import EngineDied, RequestStream
 from engine.events import RequestOutput, TokenLogprob
+from engine.serving.async_engine import EngineDied, RequestStream
 
 
 @dataclass(slots=True)

@@ -9,17 +9,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.attention import (
+from engine.models.layers.attention import (
     AttentionMetadata,
     paged_attention_fast,
     paged_attention_reference,
     write_kv,
 )
-from engine.layers.gemv import CompiledGemv
-from engine.layers.linear import Linear, silu_and_mul
-from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
-from engine.model_config import ModelConfig
+from engine.models.layers.gemv import CompiledGemv
+from engine.models.layers.linear import Linear, silu_and_mul
+from engine.models.layers.norm import RMSNorm
+from engine.models.layers.rotary import RotaryEmbedding
+from engine.models.model_config import ModelConfig
 
 
 class Attention(nn.Module):
@@ -132,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         """torch.compile (or stop compiling) the dense code between two paged attentions (o_proj, add &
         norm, MLP, the next layer's norm, q/k/v and RoPE: one compiled call per layer instead of dozens
         of small kernels; plus the first layer's prologue and the final norm), and give every 16-bit
-        Linear the single-row kernel (engine/layers/gemv.py: decode of one stream is bound by reading
+        Linear the single-row kernel (engine/models/layers/gemv.py: decode of one stream is bound by reading
         the weights, which the library kernel does at half the bandwidth; inside a compiled region its
         math is traced instead). The paged attention stays eager: its inputs are ragged. The module
         tree and its names stay the same, so a requantization still swaps layers (the next call

@@ -1,0 +1,67 @@
+"""After a step: append sampled tokens, detokenize, check stop conditions, build RequestOutputs."""
+from __future__ import annotations
+
+import time
+
+from engine.core.request import Request, RequestStatus
+from engine.events import RequestOutput, RequestTimeline, TokenLogprob, TokenSource
+
+
+def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_len: int) -> str:
+    """Add one sampled token; returns the newly released text. Sets req.status when it finishes."""
+    now = time.perf_counter()
+    if req.first_token_time is None:
+        req.first_token_time = now
+    req.output_token_ids.append(token)
+    params = req.sampling_params
+    if token in params.stop_token_ids or (token in stop_ids and not params.ignore_eos):
+        req.status = RequestStatus.FINISHED_STOPPED
+        return req.detokenizer.finish() if req.detokenizer else ""
+    text = req.detokenizer.push([token]) if req.detokenizer else ""
+    if req.detokenizer is not None and req.detokenizer.stopped:
+        req.status = RequestStatus.FINISHED_STOPPED
+    elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= max_model_len:
+        req.status = RequestStatus.FINISHED_LENGTH
+        text += req.detokenizer.finish() if req.detokenizer else ""
+    return text
+
+
+def make_output(req: Request, new_ids: list[int], new_text: str,
+                new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None,
+                id_to_piece, sources: list[TokenSource] | None = None) -> RequestOutput:
+    logprobs = None
+    if new_logprobs is not None and req.sampling_params.logprobs is not None:
+        logprobs = tuple(
+            TokenLogprob(tok, lp, tuple((i, v, id_to_piece(i)) for i, v in alts))
+            for tok, (lp, alts) in zip(new_ids, new_logprobs)
+        )
+    detok = req.detokenizer
+    return RequestOutput(
+        request_id=req.request_id,
+        new_token_ids=tuple(new_ids),
+        new_text=new_text,
+        token_ids=tuple(req.output_token_ids),
+        text=detok.text if detok else "",
+        finished=req.is_finished,
+        finish_reason=req.status.finish_reason,
+        sources=tuple(sources) if sources is not None else (TokenSource.DECODED,) * len(new_ids),
+        logprobs=logprobs,
+        num_prompt_tokens=req.num_prompt_tokens,
+        error=req.error,
+        held_back_chars=detok.held_back_chars if detok else 0,
+    )
+
+
+def timeline(req: Request) -> RequestTimeline:
+    return RequestTimeline(
+        request_id=req.request_id,
+        arrival=req.arrival_time,
+        num_prompt_tokens=req.num_prompt_tokens,
+        first_scheduled=req.first_scheduled_time,
+        first_token=req.first_token_time,
+        finished=req.finished_time,
+        num_output_tokens=req.num_output_tokens,
+        num_preemptions=req.num_preemptions,
+        num_cached_tokens=req.num_cached_tokens,
+        finish_reason=req.status.finish_reason,
+    )

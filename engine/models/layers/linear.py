@@ -1,0 +1,111 @@
+"""Linear layers. Quantized variants (engine/quant/weight_only.py) replace these by module swap.
+
+On the CPU, 16-bit (bf16) weights are also kept in oneDNN's blocked layout ("packed", `pack_linears`):
+the library's GEMM then reads each weight in the order its kernel walks it instead of re-blocking it
+on every call. Measured on the 2-core test machine (SmolLM2-135M shapes, bf16): one row 2-3x faster
+(gate_up 141 -> 51 us), 47 rows ~15 % (460 -> 398 us), 256 rows ~5 %. The packed copy is a second
+copy of each weight (counted in the engine's weights bytes); EngineConfig.pack_weights turns it off.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.layers.gemv import gemv_math, wants_gemv
+
+# Packed weights by the address of the weight they copy. Compiled regions cannot hold oneDNN's opaque
+# tensors, so they call the op below with the plain weight (a graph input like any parameter, so the
+# 30 layers share one compiled graph); the op looks its packed copy up when it runs.
+_PACKED: dict[int, torch.Tensor] = {}
+
+
+@torch.library.custom_op("inferlab::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T through the packed copy of `weight` (x 2-D bf16)."""
+    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[weight.data_ptr()], None, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _forget(key: int, packed: torch.Tensor) -> None:
+    if _PACKED.get(key) is packed:  # not a newer weight's copy at a reused address
+        del _PACKED[key]
+
+
+def packing_available(weight: torch.Tensor) -> bool:
+    """bf16 weights on a CPU torch built with oneDNN (mkldnn)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, weights stored (out_features, in_features) like Hugging Face checkpoints.
+    `gemv`, when set (EngineConfig.compile), computes single 16-bit rows on the CPU: see
+    engine/models/layers/gemv.py. `packed`, when set (`pack`), is the weight in oneDNN's layout, used for the
+    other 2-D bf16 inputs (inside compiled regions through the `inferlab::packed_linear` op)."""
+
+    gemv = None
+    packed = None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+
+    def pack(self) -> None:
+        """Keep (or refresh) the oneDNN-packed copy of the weight, where packing applies."""
+        self.unpack()
+        w = self.weight.detach()
+        if packing_available(w):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            _PACKED[w.data_ptr()] = self.packed
+            self._finalizer = weakref.finalize(self, _forget, w.data_ptr(), self.packed)
+
+    def unpack(self) -> None:
+        if self.packed is not None:
+            self._finalizer()  # forgets the registry entry; the copy goes with the last reference
+            self.packed = None
+
+    def packed_bytes(self) -> int:
+        return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None and wants_gemv(x):
+            # One row, compile=True. Streaming every weight from memory once per token, the compiled
+            # reduction beats even the packed kernel (one stream: 58-63 vs 42-44 tokens/s, bench decode).
+            # Inside a compiled region the math is traced into the region's own graph.
+            y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
+            return y if self.bias is None else y + self.bias
+        if self.packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and not x.requires_grad:
+            if torch.compiler.is_compiling():  # an opaque call in the compiled graph; the bias add fuses
+                y = packed_linear(x, self.weight)
+                return y if self.bias is None else y + self.bias
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def pack_linears(model: nn.Module, on: bool = True) -> int:
+    """Pack (on) or drop the packed copies of every Linear of `model` that lacks (has) one; returns the
+    bytes the packed copies hold."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear):
+            if not on:
+                m.unpack()
+            elif m.packed is None:
+                m.pack()
+            total += m.packed_bytes()
+    return total
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: silu(gate) * up, with gate and up side by side in the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,184 @@
+"""Weight-only quantization as a module swap: int8 per output channel, int4 with group-wise scales.
+
+    w ≈ scale * q                      int8: one scale per output row, q in [-127, 127]
+    w ≈ (q - 8) * scale + zero         int4: one (scale, zero) per group of input columns, q in [0, 15]
+
+Activations stay in 16 bits. On the CPU the fast paths are torch's weight-only kernels
+(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, both want bf16 activations); everywhere else,
+and as the reference the tests hold them to, the weight is dequantized and multiplied.
+
+Outliers (LLM.int8 style): the few input channels with the largest activation x weight magnitude are
+kept out of the quantized matrix and multiplied in 16 bits, so one huge value no longer stretches the
+scale of everything it shares a row or group with.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.layers.linear import Linear
+from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
+
+QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
+                 outlier_idx: torch.Tensor | None = None, reference: bool = False) -> None:
+        super().__init__()
+        self.bits, self.group_size, self.reference = bits, group_size, reference
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
+        w = weight.float()
+        if outlier_idx is not None and outlier_idx.numel():
+            self.register_buffer("outlier_idx", outlier_idx)
+            self.register_buffer("outlier_w", weight[:, outlier_idx].clone())  # (out, n_outliers), 16 bits
+            w = w.clone()
+            w[:, outlier_idx] = 0.0
+        else:
+            self.outlier_idx = None
+        self.bias = bias
+        if bits == 8:
+            self._quantize_int8(w)
+        elif bits == 4:
+            self._quantize_int4(w)
+        else:
+            raise ValueError(f"QuantLinear takes 8 or 4 bits, got {bits}")
+
+    def _quantize_int8(self, w: torch.Tensor) -> None:
+        q, scale = int8_rows(w, self.dtype)  # one scale per output row
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scale)
+
+    def _quantize_int4(self, w: torch.Tensor) -> None:
+        g = self.group_size
+        if self.in_features % g:
+            raise ValueError(f"in_features {self.in_features} is not a multiple of the group size {g}")
+        wg = w.reshape(self.out_features, -1, g)
+        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+        scale = (hi - lo).clamp(min=1e-8) / 15.0
+        zero = lo + 8 * scale  # so that w = (q - 8) * scale + zero
+        q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
+        # (groups, out, 2) scale-and-zero table, the layout the CPU kernel expects
+        sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_zeros", sz.to(self.dtype))
+        if not self.reference and self._kernel_available(q.device):
+            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 2))
+            self.q_nibbles = None
+        else:  # two 4-bit values per byte, for the dequantize-then-matmul path
+            self.packed = None
+            self.register_buffer("q_nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))
+
+    def _kernel_available(self, device: torch.device) -> bool:
+        return device.type == "cpu" and self.dtype == torch.bfloat16 and self.in_features % (2 * self.group_size) == 0
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight this module effectively multiplies by, (out, in), float32 (outliers included)."""
+        if self.bits == 8:
+            w = self.qweight.float() * self.scales.float()[:, None]
+        elif self.packed is not None:
+            # The kernel's packed layout is opaque: let the kernel multiply the identity.
+            eye = torch.eye(self.in_features, dtype=self.dtype, device=self.packed.device)
+            w = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).float().t()
+        else:
+            q = torch.stack([self.q_nibbles & 0xF, self.q_nibbles >> 4], dim=-1).reshape(self.out_features, -1)
+            sz = self.scales_zeros.float().transpose(0, 1)  # (out, groups, 2)
+            q = q.float().reshape(self.out_features, -1, self.group_size)
+            w = ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(self.out_features, self.in_features)
+        if self.outlier_idx is not None:
+            w[:, self.outlier_idx] = self.outlier_w.float()
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reference or not self._fast_ok(x):
+            return F.linear(x, self.dequantize().to(x.dtype), self.bias)
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.bits == 8:
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+        if self.outlier_idx is not None:
+            y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _fast_ok(self, x: torch.Tensor) -> bool:
+        if x.device.type != "cpu" or x.dtype != torch.bfloat16:
+            return False
+        return self.bits == 8 or self.packed is not None
+
+    def nbytes(self) -> int:
+        """Bytes held: quantized weights, scales, outlier columns, bias."""
+        tensors = list(self.buffers()) + ([self.bias] if self.bias is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
+                   outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
+                   progress=None, embeddings: bool = False) -> dict[str, nn.Module]:
+    """New modules for every quantizable Linear (and the embedding table and lm_head, quantized when
+    `embeddings`), built from the ORIGINAL 16-bit weights in `originals` (never from already quantized
+    ones). Returns {module name: module}; `swap_modules` installs them."""
+    names = [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
+    new: dict[str, nn.Module] = {}
+    for i, name in enumerate(names):
+        mod = model.get_submodule(name)
+        weight = originals[name]
+        bias = mod.bias
+        if bits == 16:
+            lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            lin.weight = nn.Parameter(weight, requires_grad=False)
+            lin.bias = bias
+            new[name] = lin
+        else:
+            idx = outliers.get(name) if outliers else None
+            new[name] = QuantLinear(weight, bias, bits, group_size, idx, reference)
+        if progress:
+            progress(f"quantizing to {bits} bits", (i + 1) / len(names))
+    if EMBED in originals:
+        new.update(embedding_modules(model, originals, bits, group_size, embeddings, reference))
+    return new
+
+
+def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+    for name, mod in modules.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, mod)
+
+
+def original_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The 16-bit weights of every quantizable Linear, the embedding table and the lm_head, kept so
+    that requantizing starts from them."""
+    out = {n: m.weight.detach() for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE}
+    out[EMBED] = model.get_submodule(EMBED).weight.detach()
+    out[HEAD] = model.get_submodule(HEAD).weight.detach()
+    return out
+
+
+def outlier_channels(act_absmax: dict[str, torch.Tensor], originals: dict[str, torch.Tensor],
+                     count: int) -> dict[str, torch.Tensor]:
+    """Per layer, the `count` input channels with the largest activation x weight magnitude."""
+    out = {}
+    for name, w in originals.items():
+        if name.split(".")[-1] not in QUANTIZABLE:
+            continue
+        score = w.float().abs().amax(dim=0)
+        if name in act_absmax:
+            score = score * act_absmax[name].float()
+        out[name] = score.topk(min(count, score.numel())).indices.sort().values
+    return out
+
+
+def weight_error_report(originals: dict[str, torch.Tensor], modules: dict[str, nn.Module]) -> dict[str, float]:
+    """Relative Frobenius error ||W - deq(Wq)|| / ||W|| per quantized layer (the GUI's heatmap)."""
+    report = {}
+    for name, mod in modules.items():
+        if hasattr(mod, "dequantize"):
+            w = originals[name].float()
+            report[name] = float((w - mod.dequantize()).norm() / w.norm().clamp(min=1e-12))
+    return report

@@ -1,0 +1,230 @@
+"""Turns a SchedulerOutput into tensors, runs the model and samples. Owns the KV cache tensors.
+
+It never decides who runs: it executes exactly what the scheduler handed out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.models.layers.attention import AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.models.layers.sampler import SampleResult, sample
+from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import ModelConfig
+
+# Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
+# less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
+DECODE_GROUP_RATIO = 2.0
+
+
+@dataclass(slots=True)
+class StepResult:
+    # The scheduled requests in the order they ran (decodes first) and, for those that reached the end
+    # of their known tokens, the sampled token (None for a prefill chunk that stops short).
+    order: list[ScheduledRequest]
+    sampled: list[int | None]
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    activation_bytes: int
+    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # order index -> (n, vocab)
+    # With keep_hidden: order index -> final hidden states of the rows that produce tokens ((1, hidden)
+    # for a sampled token, (n, hidden) for a verify run), which multi-token prediction heads read.
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Depth of each row of a draft tree whose row 0 is the last known token and row i + 1 the draft
+    with parent row parents[i] (parents come first)."""
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth
+
+
+def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """(depth of each row, (rows, rows) ancestor-or-self mask) of a draft tree (see tree_depths)."""
+    mask = torch.eye(len(parents) + 1, dtype=torch.bool)
+    for i, p in enumerate(parents, start=1):
+        mask[i] |= mask[p]
+    return tree_depths(parents), mask.to(device)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.cfg = model_config
+        self.device, self.dtype = device, dtype
+        self.block_size = block_size
+        self.keep_hidden = False  # set while MTP heads need the final hidden states
+        self.fused_decode = False  # the compiled gather-fused decode attention (compile=True or "compiled")
+        self.native_decode = None  # the C++ paged-decode kernel module (attention_backend "native")
+        shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
+        # One (K, V) pair of flat slot tensors per layer.
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(model_config.num_hidden_layers)
+        ]
+
+    def resize_kv(self, num_blocks: int) -> None:
+        """New K/V tensors of `num_blocks` blocks; the slots both sizes share are copied over."""
+        keep = min(num_blocks * self.block_size, self.kv_caches[0][0].shape[1])
+        for i, (k, v) in enumerate(self.kv_caches):  # layer by layer: the peak is one layer's extra copy
+            shape = (k.shape[0], num_blocks * self.block_size, k.shape[2])
+            k2, v2 = k.new_zeros(shape), v.new_zeros(shape)
+            k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
+            self.kv_caches[i] = (k2, v2)
+            del k, v
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        for src, dst in copies:
+            for k, v in self.kv_caches:
+                k[:, dst * bs : (dst + 1) * bs] = k[:, src * bs : (src + 1) * bs]
+                v[:, dst * bs : (dst + 1) * bs] = v[:, src * bs : (src + 1) * bs]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, bm: BlockManager) -> StepResult:
+        if sched.block_copies:
+            self.copy_blocks(sched.block_copies)
+        # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
+        decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
+        order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
+        hidden = self.forward(order, bm)
+        # Rows that produce a token: the last position of each request that reaches its end; every
+        # position of a verify run (one per draft token, plus the bonus position).
+        rows, producers, verify_spans = [], [], []
+        offset = 0
+        for s in order:
+            offset += s.num_tokens
+            if s.kind == "verify":
+                verify_spans.append((s, len(rows), s.num_tokens))
+                rows.extend(range(offset - s.num_tokens, offset))
+            elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+                producers.append((s, len(rows)))
+                rows.append(offset - 1)
+        sampled: list[int | None] = [None] * len(order)
+        logprobs: list = [None] * len(order)
+        verify_logits: dict[int, torch.Tensor] = {}
+        kept: dict[int, torch.Tensor] = {}
+        if rows:
+            row_hidden = hidden[rows]
+            logits = self.model.compute_logits(row_hidden)
+            where = {id(s): i for i, s in enumerate(order)}
+            if producers:
+                result: SampleResult = sample(
+                    logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                    [s.request.generator for s, _ in producers])
+                for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
+                    sampled[where[id(s)]] = tok
+                    logprobs[where[id(s)]] = lp
+            for s, first, n in verify_spans:
+                verify_logits[where[id(s)]] = logits[first : first + n]
+            if self.keep_hidden:
+                kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
+                kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
+        act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
+        return StepResult(order, sampled, logprobs, act, verify_logits, kept)
+
+    def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
+        """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
+        input_ids, positions, md = self._prepare(order, bm)
+        return self.model(input_ids, positions, self.kv_caches, md)
+
+    def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        seqs = []
+        prefills: list[PrefillSeq] = []
+        dec_tables, dec_lens = [], []
+        tree_masks: dict[int, torch.Tensor] = {}
+        for s in order:
+            req = s.request
+            start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
+            table = bm.block_table(req.request_id)
+            q_start = len(ids)
+            tree = None
+            if s.kind == "verify":  # the last known token, then the drafts being checked
+                tokens = req.token_slice(start, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
+                if req.spec_tree:
+                    tree = tree_layout(req.spec_tree[: s.num_tokens - 1], self.device)
+            else:
+                tokens = req.token_slice(start, end)
+            ids.extend(tokens)
+            # A tree's rows sit in consecutive slots, but each at the position of its depth.
+            pos.extend(range(start, end) if tree is None else (start + d for d in tree[0]))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            seqs.append((q_start, s.num_tokens, end, table))
+            if s.kind == "decode":
+                dec_tables.append(table)
+                dec_lens.append(end)
+            else:
+                ctx_blocks = None
+                if start > 0:
+                    ctx_blocks = torch.tensor(table[: -(-end // bs)], device=self.device)
+                prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
+                                           None if tree is None else tree[1]))
+                if tree is not None:
+                    tree_masks[q_start] = tree[1]
+        dev = self.device
+        groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
+        md = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev),
+            num_decode_tokens=len(dec_tables),
+            decode_groups=groups,
+            prefills=prefills,
+            seqs=seqs,
+            block_size=bs,
+            tree_masks=tree_masks,
+            fused_decode=self.fused_decode,
+            native_decode=self.native_decode,
+        )
+        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
+
+    def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
+        """Decodes arrive sorted by context length; cut them where a group's longest context would
+        exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
+        The native kernel reads each context to its own length: one group, no padding mask."""
+        bs, groups, start = self.block_size, [], 0
+        if self.native_decode is not None:
+            max_blocks = -(-lens[-1] // bs)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None,
+                                torch.tensor(lens))]
+        while start < len(lens):
+            end = start + 1
+            while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
+                end += 1
+            max_blocks = -(-lens[end - 1] // bs)
+            max_ctx = max_blocks * bs  # whole blocks are gathered; the tail past each length is masked
+            p = torch.arange(max_ctx)
+            valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
+            mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
+            # the mask broadcasts over (kv_heads, n, group, max_ctx)
+            groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
+                                      mask.to(self.device)[:, None, :], torch.tensor(lens[start:end])))
+            start = end
+        return groups
+
+    def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
+        """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
+        rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
+
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Copy K/V from slot src to slot dst in every layer, in order (a tree's accepted path moving to
+        the positions it now holds)."""
+        if not moves:
+            return
+        src = torch.tensor([a for a, _ in moves], device=self.device)
+        dst = torch.tensor([b for _, b in moves], device=self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(1, dst, k.index_select(1, src))
+            v.index_copy_(1, dst, v.index_select(1, src))

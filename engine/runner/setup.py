@@ -1,0 +1,60 @@
+"""Engine set-up decisions: device, dtype, and how many KV blocks the memory budget buys."""
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.model_config import ModelConfig
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    # bf16 by default everywhere: on the CPU it runs on AMX and halves the bytes read per token.
+    return torch.bfloat16 if name == "auto" else _DTYPES[name]
+
+
+def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block: K and V for block_size tokens across every layer."""
+    return block_size * mc.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+
+
+def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
+                  weights_saved: int = 0) -> int:
+    """Blocks the budget buys. `weights_saved` (bytes quantization took off the 16-bit weights) goes to
+    KV on every path: the device's free memory already shows it, a whole-memory budget subtracts the
+    smaller weights, and the CPU's KV budget (sized for 16-bit weights) gets it added."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the 16-bit weights that quantization replaced
+        free, total = torch.cuda.mem_get_info(device)
+        # What the utilisation target leaves after what is already in use (weights are loaded by now),
+        # minus a reserve for activations.
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - 512 * 2**20
+    elif config.memory_budget_bytes is not None:
+        budget = config.memory_budget_bytes - weights_bytes
+    else:
+        budget = config.kv_cache_memory_bytes + weights_saved
+    blocks = budget // block_bytes
+    if blocks < 1:
+        raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes")
+    return int(blocks)
+
+
+def kv_blocks_after_requant(config: EngineConfig, base_blocks: int, base_weights: int, weights_now: int,
+                            block_bytes: int) -> int:
+    """After a runtime requantization: the blocks the engine started with, plus (or minus) what the
+    change in weight bytes buys at the same total memory. A fixed `num_kv_blocks` never changes."""
+    if config.num_kv_blocks is not None:
+        return base_blocks
+    return max(1, base_blocks + (base_weights - weights_now) // block_bytes)

@@ -1,0 +1,71 @@
+"""A draft model that proposes tokens for speculative decoding, with its own paged KV cache.
+
+It shadows every target request it drafts for: its cache holds the request's tokens up to
+``computed[request_id]``; each round catches up on the tokens the target accepted since, then drafts
+k tokens greedily (one batched pass per token). After verification the target tells it how many of
+its positions are still valid (rollback); the rest is simply overwritten next time.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import ModelConfig
+from engine.runner.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.computed: dict[str, int] = {}  # draft KV is valid for positions < computed[request_id]
+        self._greedy = SamplingParams(temperature=0.0, max_tokens=1)
+
+    @torch.inference_mode()
+    def propose_batch(self, requests: list[Request], k: int) -> dict[str, list[int]]:
+        """k greedy draft tokens per request (fewer or none when the draft cache is full)."""
+        bm = self.block_manager
+        shadows: list[Request] = []
+        for req in requests:
+            rid, tokens = req.request_id, req.all_token_ids
+            if rid not in self.computed:
+                if bm.allocate(rid, tokens, 0) is None:
+                    continue
+                self.computed[rid] = 0
+            ok, _ = bm.ensure_slots(rid, self.computed[rid], len(tokens) + k - 1)
+            if not ok:
+                continue
+            shadow = Request(rid, tokens, self._greedy)
+            shadow.num_computed_tokens = self.computed[rid]
+            shadows.append(shadow)
+        for _ in range(k):
+            if not shadows:
+                break
+            sched = SchedulerOutput(scheduled=[
+                ScheduledRequest(s, s.num_tokens - s.num_computed_tokens,
+                                 "decode" if s.num_tokens - s.num_computed_tokens == 1 else "prefill")
+                for s in shadows])
+            result = self.runner.execute(sched, bm)
+            for s, token in zip(result.order, result.sampled):
+                s.request.num_computed_tokens += s.num_tokens
+                s.request.output_token_ids.append(token)
+        for s in shadows:
+            # the last draft token was sampled but never fed back in: its KV is not in the cache
+            self.computed[s.request_id] = s.num_computed_tokens
+        return {s.request_id: s.output_token_ids for s in shadows}
+
+    def rollback(self, request_id: str, num_valid_tokens: int) -> None:
+        if request_id in self.computed:
+            self.computed[request_id] = min(self.computed[request_id], num_valid_tokens)
+
+    def free(self, request_id: str) -> None:
+        self.block_manager.free(request_id)
+        self.computed.pop(request_id, None)

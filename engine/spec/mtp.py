@@ -1,0 +1,141 @@
+"""Multi-token prediction: Medusa-style heads on the target model propose a tree of drafts.
+
+Head k (k = 1..K) reads the final hidden state h_t that produced token t+1, and the embedding of that
+token, and guesses token t+1+k:
+
+    logits_k = lm_head(h_t + SiLU(W_k [h_t ; emb(x_{t+1})] + b_k))
+
+one residual block per head in front of the model's own (frozen, shared) lm_head, so a head costs
+2·hidden² weights instead of a vocabulary-sized matrix. W_k starts at zero: an untrained head repeats
+the model's next-token guess. (Plain Medusa heads, without the token, load too.) The heads are trained
+by `inferlab train-mtp` on text the model writes itself (engine/spec/mtp_train.py) and saved as safetensors.
+
+Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
+the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one
+pass with a tree attention mask (engine/models/layers/attention.py) and keeps the longest path it agrees with
+(engine/spec_decode.verify_tree).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
+
+
+class MtpHeads(nn.Module):
+    """With `use_token`, each head also reads the embedding of token t+1, the token h_t just produced
+    (known when the heads run): [h_t ; emb(x_{t+1})] -> hidden. Without it a head has to guess token t+2
+    without knowing t+1 (plain Medusa); with it, it only has to do what the model's next pass would."""
+
+    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True) -> None:
+        super().__init__()
+        self.use_token = use_token
+        width = 2 * hidden_size if use_token else hidden_size
+        self.blocks = nn.ModuleList(nn.Linear(width, hidden_size) for _ in range(num_heads))
+        for b in self.blocks:
+            nn.init.zeros_(b.weight)
+            nn.init.zeros_(b.bias)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor, token_emb: torch.Tensor | None = None,
+                num_heads: int | None = None) -> torch.Tensor:
+        """hidden (n, hidden) [+ token_emb (n, hidden)] -> (n, heads, hidden), what each head hands the
+        lm_head."""
+        blocks = self.blocks[: num_heads or self.num_heads]
+        x = torch.cat([hidden, token_emb], dim=-1) if self.use_token else hidden
+        return torch.stack([hidden + F.silu(b(x)) for b in blocks], dim=1)
+
+
+def heads_path(model_path: str) -> Path:
+    """Where `inferlab train-mtp` saves the heads of a model by default (the user cache dir)."""
+    from engine.loading.loader import cache_root
+
+    key = hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "mtp" / key / "heads.safetensors"
+
+
+def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, str(path), metadata={"inferlab_mtp": json.dumps(meta)})
+
+
+def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    shape = tuple(state["blocks.0.weight"].shape) if num else ()
+    if shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
+        raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
+    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size)
+    heads.load_state_dict(state)
+    return heads, meta
+
+
+def tree_nodes(widths: tuple[int, ...], depth: int) -> list[tuple[int, ...]]:
+    """Every node of the candidate tree as the tuple of candidate ranks on its path, parents first
+    (breadth first): widths (3, 2), depth 2 -> (0,) (1,) (2,) (0, 0) (0, 1) (1, 0) …"""
+    level: list[tuple[int, ...]] = [()]
+    nodes: list[tuple[int, ...]] = []
+    for d in range(depth):
+        width = widths[d] if d < len(widths) else 1
+        level = [node + (r,) for node in level for r in range(width)]
+        nodes.extend(level)
+    return nodes
+
+
+class MtpProposer:
+    """Proposes a tree of drafts per request from its last hidden state."""
+
+    name = "mtp"
+
+    def __init__(self, heads: MtpHeads, model: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
+                 meta: dict | None = None) -> None:
+        # the model's lm_head and embedding table are looked up at each call: requantizing swaps them
+        self.heads, self.model, self.widths = heads, model, widths
+        self.meta = meta or {}
+        self._trees: dict[tuple[int, int | None], tuple[list[tuple[int, ...]], list[int]]] = {}
+
+    def tree(self, depth: int, max_nodes: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
+        """(nodes, parent row of each node) for a tree `depth` levels deep, most likely nodes first: by
+        the sum of their candidate ranks, then depth (so the top-1 chain leads and a parent always comes
+        before its children), cut to `max_nodes` when the step has many requests to verify."""
+        key = (depth, max_nodes)
+        if key not in self._trees:
+            nodes = sorted(tree_nodes(self.widths, depth), key=lambda n: (sum(n), len(n), n))[:max_nodes]
+            row = {node: i + 1 for i, node in enumerate(nodes)}
+            self._trees[key] = (nodes, [row.get(node[:-1], 0) for node in nodes])
+        return self._trees[key]
+
+    @torch.inference_mode()
+    def propose_batch(self, hidden: torch.Tensor, depths: list[int], max_nodes: int | None = None,
+                      last_tokens: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+        """hidden (n, hidden) for n requests (and the tokens they produced) -> per request (draft
+        tokens, parent rows)."""
+        depth = max(depths)
+        emb = None
+        if self.heads.use_token:
+            emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(hidden.dtype)
+        out = self.heads(hidden, emb, depth)  # (n, depth, hidden)
+        logits = self.model.lm_head(out.to(hidden.dtype))  # (n, depth, vocab)
+        width = max(self.widths[:depth]) if depth else 1
+        top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
+        result = []
+        for i, d in enumerate(depths):
+            nodes, parents = self.tree(d, max_nodes)
+            result.append(([top[i][len(node) - 1][node[-1]] for node in nodes], parents))
+        return result

@@ -1,0 +1,166 @@
+"""Train multi-token prediction heads by self-distillation (`inferlab train-mtp`).
+
+1. The model answers a set of instructions itself (assets/mtp_prompts.txt, 256 of them, through its
+   chat template when it has one), three in four greedily and one sampled at temperature 0.7: the text
+   the heads must learn to foresee is the text this model writes.
+2. One forward pass per answer gives the final hidden state h_t at every position.
+3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head), on the
+   answer positions only. A tenth of the answers is held out to measure each head's top-1 accuracy.
+The heads are small (hidden² + hidden per head) and train in minutes on the CPU.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.sampling_params import SamplingParams
+from engine.spec.mtp import MtpHeads, heads_path, save_heads
+
+PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "mtp_prompts.txt"
+IGNORE = -100
+
+Progress = Callable[[str, float], None]
+
+
+def default_prompts() -> list[str]:
+    lines = PROMPTS.read_text(encoding="utf-8").splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt + answer token ids, prompt length) for each prompt, answered by the engine itself."""
+    tok = engine.tokenizer
+    ids = []
+    for p in prompts:
+        if isinstance(p, str) and tok.has_chat_template:
+            p = tok.apply_chat_template([{"role": "user", "content": p}])
+        ids.append(tok.encode(p) if isinstance(p, str) else list(p))
+    # Mostly greedy (what the heads will be asked to foresee), every fourth answer sampled for variety.
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.7 if i % 4 == 3 else 0.0, seed=i)
+              for i in range(len(ids))]
+    outs = engine.generate(ids, params)
+    return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]
+
+
+def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
+                      num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h (N, hidden) float32 at every answer position t (from the last prompt token on), the token
+    t+1 that h_t produced (N,), and labels (N, heads): token t+1+k for head k (1-based), IGNORE past
+    the end."""
+    hs, nexts, labels = [], [], []
+    for ids, n_prompt in seqs:
+        h = engine.hidden_states(ids).float()
+        t = torch.arange(n_prompt - 1, len(ids) - 1)
+        lab = torch.full((len(t), num_heads), IGNORE, dtype=torch.long)
+        ids_t = torch.tensor(ids)
+        for k in range(1, num_heads + 1):
+            ok = t + 1 + k < len(ids)
+            lab[ok, k - 1] = ids_t[t[ok] + 1 + k]
+        hs.append(h[t])
+        nexts.append(ids_t[t + 1])
+        labels.append(lab)
+    return torch.cat(hs), torch.cat(nexts), torch.cat(labels)
+
+
+def head_loss(heads: MtpHeads, weights: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, nxt: torch.Tensor,
+              labels: torch.Tensor):
+    """(mean cross-entropy, per-head top-1 hits, per-head counted positions). weights: (lm_head, embedding
+    table), 16-bit originals as float32."""
+    lm_weight, emb_weight = weights
+    logits = heads(h, emb_weight[nxt] if heads.use_token else None) @ lm_weight.t()  # (n, heads, vocab)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    valid = labels != IGNORE
+    hits = ((logits.argmax(-1) == labels) & valid).sum(0)
+    return loss, hits, valid.sum(0)
+
+
+def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor],
+                num_heads: int, *, epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
+                use_token: bool = True, progress: Progress | None = None) -> MtpHeads:
+    torch.manual_seed(seed)
+    heads = MtpHeads(h.shape[1], num_heads, use_token)
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    steps = epochs * -(-len(h) // batch)
+    done = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(h))
+        for i in range(0, len(h), batch):
+            idx = order[i : i + batch]
+            loss, _, _ = head_loss(heads, weights, h[idx], nxt[idx], labels[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            done += 1
+            if progress:
+                progress(f"training heads: loss {loss.item():.3f}", done / steps)
+    return heads
+
+
+@torch.no_grad()
+def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    hits = torch.zeros(heads.num_heads, dtype=torch.long)
+    count = torch.zeros(heads.num_heads, dtype=torch.long)
+    for i in range(0, len(h), 512):
+        _, hh, cc = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], labels[i : i + 512])
+        hits += hh
+        count += cc
+    return [float(a) / max(1, int(c)) for a, c in zip(hits, count)]
+
+
+def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], max_tokens: int,
+                  seed: int = 0) -> dict:
+    """The self-distilled examples: train and validation (h, next token, labels), a tenth of the answers
+    held out."""
+    seqs = self_distill(engine, prompts, max_tokens)
+    random.Random(seed).shuffle(seqs)
+    n_val = max(1, len(seqs) // 10)
+    return {"train": hidden_and_labels(engine, seqs[n_val:], num_heads),
+            "val": hidden_and_labels(engine, seqs[:n_val], num_heads)}
+
+
+def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 16-bit lm_head and embedding table as float32, whatever the engine runs now."""
+    return engine._originals["lm_head"].float(), engine._originals["embed_tokens"].float()
+
+
+def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, seed: int = 0,
+              use_token: bool = True, progress: Progress | None = None) -> tuple[MtpHeads, dict]:
+    """Train, then measure top-1 accuracy per head on the held-out answers (and on a sample of the
+    training ones), against untrained heads."""
+    train, val = data["train"], data["val"]
+    heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token,
+                        progress=progress)
+    untrained = MtpHeads(train[0].shape[1], num_heads, use_token)
+    sample = tuple(t[:4096] for t in train)  # how well the heads fit what they saw
+
+    def pct(hs, split):
+        return [round(a, 4) for a in accuracy(hs, weights, *split)]
+
+    return heads, dict(train_positions=len(train[0]), val_positions=len(val[0]),
+                       val_top1_per_head=pct(heads, val), val_top1_untrained=pct(untrained, val),
+                       train_top1_per_head=pct(heads, sample), train_top1_untrained=pct(untrained, sample))
+
+
+def train_mtp(engine, *, num_heads: int = 3, prompts: Sequence[str | list[int]] | None = None,
+              max_tokens: int = 128, epochs: int = 3, lr: float = 3e-3, out: str | Path | None = None,
+              seed: int = 0, use_token: bool = True, progress: Progress | None = None) -> dict:
+    """Generate, extract, train, measure, save. Returns a report (also stored in the file's metadata)."""
+    report = progress or (lambda message, fraction: None)
+    t0 = time.perf_counter()
+    prompts = list(prompts or default_prompts())
+    report(f"the model answers {len(prompts)} prompts itself, then its hidden states are read…", 0.0)
+    data = training_data(engine, num_heads, prompts, max_tokens, seed)
+    heads, measured = fit_heads(data, original_weights(engine), num_heads, epochs=epochs, lr=lr, seed=seed,
+                                use_token=use_token, progress=report)
+    path = Path(out) if out else heads_path(engine.model_path)
+    meta = dict(model=str(engine.model_path), num_heads=num_heads, reads_last_token=use_token,
+                prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr, **measured,
+                seconds=round(time.perf_counter() - t0, 1))
+    save_heads(heads, path, meta)
+    report(f"saved {path}", 1.0)
+    return dict(meta, path=str(path))
