@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from engine.config import DEFAULT_MODEL
 
@@ -14,8 +15,20 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
+def _epilog() -> str:
+    from app.keys import keys_help
+    from app.presets import PRESETS_DIR, available
+
+    names = available(PRESETS_DIR)
+    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ")
+    return (f"presets (--preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
+            f"keys in the app:\n{keys_help()}\n\n"
+            "subcommands have their own --help, e.g. `inferlab bench --help`.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferlab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="inferlab", description=__doc__, epilog=_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
     parser.add_argument("--run-seconds", type=float, default=5.0)
@@ -32,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--chat", action="store_true",
+                     help="require the model's chat template (the default where the model has one)")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
     gen.add_argument("--stats", action="store_true", help="print timings to stderr at the end")
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1, /metrics)")

@@ -8,25 +8,58 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.loading.loader import ModelLoadError
 
 
+class StderrProgress:
+    """Loading progress on stderr, one line per phase updated in place; `close()` ends the open line so
+    that what follows (the answer, the stats) starts on a line of its own."""
+
+    def __init__(self) -> None:
+        self._message: str | None = None
+
+    def __call__(self, message: str, fraction: float) -> None:
+        if self._message is not None and message != self._message:
+            sys.stderr.write("\n")
+        self._message = message
+        sys.stderr.write(f"\r{message} {fraction * 100:5.1f}%")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._message is not None:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self._message = None
+
+
 def stderr_progress(message: str, fraction: float) -> None:
+    """One-shot progress lines (for callers that print nothing else on stderr meanwhile)."""
     sys.stderr.write(f"\r{message} {fraction * 100:5.1f}%" + ("\n" if fraction >= 1 else ""))
     sys.stderr.flush()
 
 
+def chat_prompt(tokenizer, text: str, raw: bool, chat: bool) -> str:
+    """The prompt the model sees: an instruct model answers its chat template, so that is the default
+    where the model has one (`--raw` sends the text as it is; `--chat` insists on the template)."""
+    if raw:
+        return text
+    if not tokenizer.has_chat_template:
+        if chat:
+            raise ValueError("this model has no chat template; drop --chat")
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
 def run_generate(args) -> int:
+    progress = StderrProgress()
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, stop=args.stop)
         engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                        num_threads=args.threads), progress=stderr_progress)
-        prompt = args.prompt
-        if args.chat:
-            if not engine.tokenizer.has_chat_template:
-                raise ValueError("this model has no chat template; drop --chat")
-            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+                                        num_threads=args.threads), progress=progress)
+        progress.close()
+        prompt = chat_prompt(engine.tokenizer, args.prompt, args.raw, args.chat)
         t0 = time.perf_counter()
         rid = engine.add_request(prompt, params)
     except (ValueError, ModelLoadError) as exc:
+        progress.close()
         print(f"inferlab: error: {exc}", file=sys.stderr)
         return 2
     first = None

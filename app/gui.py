@@ -28,6 +28,12 @@ def run_gui(args) -> int:
     prepare_qt_environment()
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.qt_check import platform_problem
+
+    problem = platform_problem()
+    if problem is not None:  # Qt would abort the process with a message that names one library at best
+        print(f"inferlab: error: {problem}", file=sys.stderr)
+        return 2
     import qasync
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication

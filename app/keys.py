@@ -1,0 +1,19 @@
+"""The app's keyboard shortcuts as data: the menus bind them, `inferlab --help` and the README list them."""
+from __future__ import annotations
+
+KEYS: tuple[tuple[str, str], ...] = (
+    ("Space", "start / stop the load generator"),
+    ("B", "a burst of long prompts"),
+    ("R", "reset: stop the load, abort every request, clear the panels"),
+    ("C", "chunked prefill on / off"),
+    ("K", "torch.compile of the dense layers on / off"),
+    ("PgDown / PgUp", "next / previous preset"),
+    ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
+    ("Ctrl+Enter", "send the prompt typed in the token stream"),
+    ("Ctrl+Q", "quit"),
+)
+
+
+def keys_help() -> str:
+    width = max(len(k) for k, _ in KEYS)
+    return "\n".join(f"  {k:<{width}}  {text}" for k, text in KEYS)
