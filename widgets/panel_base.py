@@ -11,6 +11,7 @@ from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QWidget
 
 from widgets.overlay import Overlay
+from widgets.presenter import clipped_texts, scale_plots
 
 REPAINT_INTERVAL_MS = 50  # 20 Hz
 
@@ -21,6 +22,7 @@ class Panel(QWidget):
         self._dirty = False
         self._overlay = Overlay(self)
         self._unavailable_reason = ""
+        self._presenter_scale = 1.0
         self._repaint_timer = QTimer(self)
         self._repaint_timer.setInterval(REPAINT_INTERVAL_MS)
         self._repaint_timer.timeout.connect(self._on_repaint_timer)
@@ -56,6 +58,19 @@ class Panel(QWidget):
     def overlay_text(self) -> str:
         """What the overlay shows ("" when the panel shows its data)."""
         return self._overlay.text()
+
+    def set_presenter_scale(self, scale: float) -> None:
+        """Enlarge (or restore, scale 1) the plots' fonts, lines, markers and legends for a projector."""
+        self._presenter_scale = scale
+        scale_plots(self, scale)
+        self._mark_dirty()
+
+    def presenter_scale(self) -> float:
+        return self._presenter_scale
+
+    def clipped_texts(self) -> list[str]:
+        """Texts on this panel cut by the room they have ([] when every title and label fits)."""
+        return clipped_texts(self)
 
     def reset(self) -> None:
         raise NotImplementedError

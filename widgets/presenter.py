@@ -1,0 +1,135 @@
+"""Presenter scale for plots, and a check that no text on a panel is cut.
+
+The app font grows in presenter mode (Qt widgets follow it), but pyqtgraph draws axis ticks, axis labels,
+plot titles, legends and curves with sizes of its own. `scale_plots` multiplies each of them by one factor
+(and back: the sizes a panel set are remembered on first use), so the charts can be read from the back of
+a room, not only the caption. `clipped_texts` lists every label, plot title and axis label whose text is
+wider than the room it has: what a projector would show as "time per output toke".
+"""
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtGui import QFont, QFontMetrics, QTextDocument
+from PySide6.QtWidgets import QLabel, QWidget
+
+TICK_PT = 8.5  # pyqtgraph's defaults, the base that a scale multiplies
+LABEL_PT = 9.0
+TITLE_PT = 11.0
+_BASE = "_presenter_base"  # attribute on a graphics item: the sizes it had at scale 1
+
+
+def plot_items(root: QWidget) -> list[pg.PlotItem]:
+    """Every PlotItem drawn inside `root` (PlotWidgets and GraphicsLayoutWidgets)."""
+    items: list[pg.PlotItem] = []
+    for view in root.findChildren(pg.GraphicsView):
+        scene = view.scene()
+        if scene is None:
+            continue
+        items.extend(i for i in scene.items() if isinstance(i, pg.PlotItem))
+    return list(dict.fromkeys(items))
+
+
+def scale_plots(root: QWidget, scale: float) -> None:
+    """Fonts, line widths, marker sizes and legends of every plot in `root` at `scale` x their base."""
+    for plot in plot_items(root):
+        _scale_axes(plot, scale)
+        _scale_title(plot, scale)
+        for item in plot.items:
+            if isinstance(item, pg.PlotDataItem):
+                _scale_curve(item, scale)
+            elif isinstance(item, pg.ScatterPlotItem):
+                _scale_scatter(item, scale)
+        if plot.legend is not None:
+            plot.legend.setScale(scale)
+
+
+def _base(item, **current):
+    base = getattr(item, _BASE, None)
+    if base is None:
+        base = dict(current)
+        setattr(item, _BASE, base)
+    return base
+
+
+def _scale_axes(plot: pg.PlotItem, scale: float) -> None:
+    for name in ("left", "bottom", "right", "top"):
+        axis = plot.getAxis(name)
+        font = QFont(axis.style.get("tickFont") or QFont())
+        base = _base(axis, tick_pt=font.pointSizeF() if font.pointSizeF() > 0 else TICK_PT)
+        font.setPointSizeF(base["tick_pt"] * scale)
+        axis.setStyle(tickFont=font, tickTextOffset=max(2, int(round(3 * scale))))
+        axis.labelStyle["font-size"] = f"{LABEL_PT * scale:.1f}pt"
+        axis._updateLabel()  # pyqtgraph re-renders the label HTML from labelStyle here
+        if name in ("left", "right"):
+            axis.setWidth(None)  # let the axis grow with its tick text
+        else:
+            axis.setHeight(None)
+
+
+def _scale_title(plot: pg.PlotItem, scale: float) -> None:
+    label = plot.titleLabel
+    if not label.text:
+        return
+    label.setText(label.text, size=f"{TITLE_PT * scale:.1f}pt")
+
+
+def _scale_curve(item: pg.PlotDataItem, scale: float) -> None:
+    pen = pg.mkPen(item.opts.get("pen"))
+    base = _base(item, width=pen.widthF() or 1.0, symbol_size=item.opts.get("symbolSize", 10))
+    if item.opts.get("pen") is not None:
+        pen.setWidthF(base["width"] * scale)
+        item.setPen(pen)
+    if item.opts.get("symbol") is not None:
+        item.setSymbolSize(base["symbol_size"] * scale)
+
+
+def _scale_scatter(item: pg.ScatterPlotItem, scale: float) -> None:
+    base = _base(item, size=item.opts.get("size", 7))
+    item.opts["size"] = base["size"] * scale  # the size of points added from now on (panels set data often)
+    sizes = item.data["size"] if len(item.data) else None
+    if sizes is not None and (sizes == sizes[0]).all():
+        item.setSize(base["size"] * scale)
+
+
+# --- the check --------------------------------------------------------------------------------
+def _text_width(label: QLabel) -> int:
+    text = label.text()
+    if label.textFormat() == label.textFormat().RichText or ("<" in text and ">" in text):
+        doc = QTextDocument()
+        doc.setDefaultFont(label.font())
+        doc.setHtml(text)
+        doc.setDocumentMargin(0)
+        return int(doc.idealWidth())
+    fm = QFontMetrics(label.font())
+    return max((fm.horizontalAdvance(line) for line in text.splitlines()), default=0)
+
+
+def _room(plot: pg.PlotItem, item) -> float:
+    """The width an item of a plot can show: its own cell, the plot, and the view the plot is seen in
+    (a long title widens its cell and the plot beyond the view, where it is cut)."""
+    views = plot.scene().views() if plot.scene() is not None else []
+    view_w = min((v.viewport().width() for v in views), default=float("inf"))
+    return min(item.geometry().width(), plot.geometry().width(), view_w)
+
+
+def clipped_texts(root: QWidget, slack: int = 2) -> list[str]:
+    """Texts in `root` cut by the room they have, as "where: text" lines ([] when all fit). Only what is
+    on screen counts: hidden widgets and empty texts are skipped; word-wrapped labels wrap, they are not cut."""
+    found = []
+    for label in root.findChildren(QLabel):
+        if not label.isVisible() or not label.text() or label.wordWrap():
+            continue
+        if _text_width(label) > label.contentsRect().width() + slack:
+            found.append(f"label: {label.text()[:60]}")
+    for plot in plot_items(root):
+        title = plot.titleLabel
+        if title.isVisible() and title.text and title.item.boundingRect().width() > _room(plot, title) + slack:
+            found.append(f"plot title: {title.text[:60]}")
+        for name in ("left", "bottom", "right", "top"):
+            axis = plot.getAxis(name)
+            if not (axis.isVisible() and axis.label.isVisible() and axis.labelText):
+                continue
+            room = axis.geometry().height() if name in ("left", "right") else axis.geometry().width()
+            if axis.label.boundingRect().width() > room + slack:
+                found.append(f"{name} axis label: {axis.labelText[:60]}")
+    return found
