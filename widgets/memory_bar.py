@@ -10,9 +10,25 @@ from widgets.fmt import human_bytes
 from widgets.theme import MEMORY_CATEGORIES, MEMORY_LABELS, memory_color
 
 
+def scaled_to_budget(snap: MemorySnapshot) -> bool:
+    """On the CPU the engine's memory is a budget (weights + KV cache + workspace) inside the host's RAM:
+    the bar spans that budget, or the weights would be 1 % of a 24 GiB machine and the lesson (the KV
+    cache is what is left after the weights) invisible. On a GPU the bar spans the device."""
+    return snap.source == "budget"
+
+
 def memory_breakdown(snap: MemorySnapshot) -> dict[str, int]:
-    """Bytes per category, in bar order. KV free = blocks neither used nor holding a cached prefix."""
+    """Bytes per category, in bar order. KV free = blocks neither used nor holding a cached prefix.
+    Scaled to the budget (the CPU), the process's other memory and the host's free RAM are not in it."""
     kv_free_blocks = max(0, snap.kv_blocks_total - snap.kv_blocks_used - snap.kv_blocks_cached)
+    if scaled_to_budget(snap):
+        return {
+            "weights": snap.weights_bytes,
+            "kv_used": snap.kv_blocks_used * snap.kv_block_bytes,
+            "kv_cached": snap.kv_blocks_cached * snap.kv_block_bytes,
+            "kv_free": kv_free_blocks * snap.kv_block_bytes,
+            "activations": snap.activation_bytes,
+        }
     return {
         "weights": snap.weights_bytes,
         "kv_used": snap.kv_blocks_used * snap.kv_block_bytes,

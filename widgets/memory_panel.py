@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from engine.events import BlockMapSnapshot, MemorySnapshot
 from widgets.block_map import BlockMapView
 from widgets.fmt import human_bytes
-from widgets.memory_bar import MemoryBar, memory_breakdown
+from widgets.memory_bar import MemoryBar, memory_breakdown, scaled_to_budget
 from widgets.panel_base import Panel
 from widgets.theme import MEMORY_CATEGORIES, MEMORY_LABELS, blend, free_block_color, memory_color
 
@@ -112,13 +112,24 @@ class MemoryPanel(Panel):
                 label.setText(f"{_chip(memory_color(cat, pal).name())} {MEMORY_LABELS[cat]}")
             return
         parts = memory_breakdown(snap)
-        self._bar.set_breakdown(parts, snap.device_total_bytes)
+        budget = scaled_to_budget(snap)
+        self._bar.set_breakdown(parts, sum(parts.values()) if budget else snap.device_total_bytes)
         total = self._bar.total()
-        unaccounted = total - sum(parts.values())
-        note = f" · unaccounted {human_bytes(unaccounted)}" if unaccounted > 0.01 * total else ""
-        self._header.setText(f"<b>Device memory</b> — {snap.device} · source: <b>{self._source_name()}</b>"
-                             f" · total {human_bytes(total)}{note}")
+        if budget:
+            self._header.setText(
+                f"<b>Engine memory</b> — {snap.device} · the bar is the engine's budget: weights + KV cache + "
+                f"workspace = <b>{human_bytes(total)}</b> · host RAM {human_bytes(snap.free_bytes)} free of "
+                f"{human_bytes(snap.device_total_bytes)}, the process's other memory "
+                f"{human_bytes(snap.other_bytes)} (not in the bar)")
+        else:
+            unaccounted = total - sum(parts.values())
+            note = f" · unaccounted {human_bytes(unaccounted)}" if unaccounted > 0.01 * total else ""
+            self._header.setText(f"<b>Device memory</b> — {snap.device} · source: <b>{self._source_name()}</b>"
+                                 f" · total {human_bytes(total)}{note}")
         for cat, label in self._legend_labels.items():
+            label.setVisible(cat in parts)
+            if cat not in parts:
+                continue
             n = parts[cat]
             pct = 100 * n / total if total else 0.0
             packed = (f", of which {human_bytes(snap.packed_weights_bytes)} a oneDNN-packed copy"

@@ -140,3 +140,20 @@ def test_real_mouse_events_outline_the_owner_and_show_the_tip(panel, qtbot):
     assert QToolTip.text().startswith("block 1")
     QApplication.sendEvent(view, QEvent(QEvent.Type.Leave))
     assert view._hover is None
+
+
+def test_cpu_bar_spans_the_engine_budget_not_the_host(panel):
+    snap = memory_snapshot(source="budget", device="cpu")
+    panel.set_memory(snap)
+    panel.flush()
+    data = panel.snapshot_data()
+    budget = snap.weights_bytes + snap.kv_bytes_total + snap.activation_bytes
+    assert data["total_bytes"] == budget < snap.device_total_bytes
+    assert set(data["bytes"]) == {"weights", "kv_used", "kv_cached", "kv_free", "activations"}
+    assert "the bar is the engine's budget" in data["header"]
+    assert panel._legend_labels["free"].isHidden() and panel._legend_labels["other"].isHidden()
+    gpu = memory_snapshot(source="nvml", device="cuda:0")
+    panel.set_memory(gpu)
+    panel.flush()
+    assert panel.snapshot_data()["total_bytes"] == gpu.device_total_bytes
+    assert not panel._legend_labels["free"].isHidden()
