@@ -204,6 +204,13 @@ def test_gguf_quantized_tied_and_bos(tiny_llama, tmp_path):
             v = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.float().numpy(), q8), q8))
         assert torch.equal(m.state_dict[k], v.to(torch.bfloat16)), k
     assert m.tokenizer.encode("Hello")[0] == 0  # add_bos_token in the GGUF is honoured
+    # where the weights came from, for the quality figures: the share stored as Q8_0, counted from the file
+    q8_share = 100 * sum(v.numel() for k, v in hf_state(tiny_llama).items()
+                         if v.dim() == 2 and k != "lm_head.weight") / sum(
+        v.numel() for k, v in hf_state(tiny_llama).items() if k != "lm_head.weight")
+    assert m.origin.startswith("dequantized from q8.gguf: weights stored ")
+    assert f"{q8_share:.0f} % as Q8_0 (8-bit, 32-weight blocks)" in m.origin
+    assert load_model(str(tiny_llama)).origin == ""  # an HF folder: its weights are what it stores
 
 
 def test_gguf_conversion_is_cached(tiny_llama, tmp_path, monkeypatch):

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from engine.loading.errors import ModelLoadError, Progress, read_json
+from engine.loading.origin import MARKER, tensor_type_elements
 
 # -- GGUF conversion ------------------------------------------------------------------------------
 # A GGUF is converted once into an HF folder in the cache, named by the file's content hash, so a
 # moved or renamed file still hits the cache and a changed file never does.
 
 CONVERTER_VERSION = 1  # bump when the output changes; older conversions are redone
-_MARKER = "inferlab_conversion.json"
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _GGUF_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_LAYER = {
@@ -57,7 +57,7 @@ def convert_gguf(gguf_path: Path, out_root: Path, report: Progress) -> Path:
 
 
 def _is_current_conversion(folder: Path) -> bool:
-    return read_json(folder / _MARKER).get("converter_version") == CONVERTER_VERSION
+    return read_json(folder / MARKER).get("converter_version") == CONVERTER_VERSION
 
 
 def _sha256_16(path: Path, report: Progress) -> str:
@@ -94,8 +94,9 @@ def _write_converted(gguf_path: Path, out: Path, digest: str, report: Progress) 
     generation = {"bos_token_id": hf_config["bos_token_id"], "eos_token_id": sorted(set(eos), key=eos.index)}
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    marker = {"converter_version": CONVERTER_VERSION, "source": str(gguf_path), "sha256_16": digest}
-    (out / _MARKER).write_text(json.dumps(marker, indent=2))
+    marker = {"converter_version": CONVERTER_VERSION, "source": str(gguf_path), "sha256_16": digest,
+              "tensor_types": tensor_type_elements(reader)}
+    (out / MARKER).write_text(json.dumps(marker, indent=2))
 
 
 def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:

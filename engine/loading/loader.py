@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from engine.loading.errors import ModelLoadError, Progress, read_json
 from engine.loading.gguf_convert import convert_gguf
+from engine.loading.origin import weights_origin
 from engine.loading.tokenizer import Tokenizer
 from engine.models.model_config import ModelConfig
 
@@ -34,6 +35,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     path: str  # the local folder the weights came from
     eos_token_ids: tuple[int, ...]  # config.json and generation_config.json together
+    origin: str = ""  # where the weights came from, in words (engine/loading/origin.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,7 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
     if not eos_ids and tokenizer.eos_token_id is not None:
         eos_ids = (tokenizer.eos_token_id,)
     report("model loaded", 1.0)
-    return LoadedModel(config, hf_config, state_dict, tokenizer, str(folder), eos_ids)
+    return LoadedModel(config, hf_config, state_dict, tokenizer, str(folder), eos_ids, weights_origin(folder))
 
 
 def _weight_files(folder: Path) -> list[Path]:
