@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.policies import make_policy
 from engine.core.request import Request
+
+# The knobs reconfigure() may change between steps; the rest need a new engine.
+RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
+                  "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,22 @@ class AbortRequest:
 @dataclass(frozen=True, slots=True)
 class Reconfigure:
     changes: Mapping[str, Any]  # knob -> value, names from LLMEngine.RECONFIGURABLE, values validated
+
+
+def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
+    """The command for these changes, validated in the caller's thread. Raises ValueError for a knob
+    that cannot change at run time or a bad value (whether a proposer can be switched to is the
+    speculative decoder's to say)."""
+    unknown = set(changes) - set(RECONFIGURABLE)
+    if unknown:
+        raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
+    if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
+        raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    if "policy" in changes:
+        make_policy(changes["policy"])
+    if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
+        raise ValueError("num_speculative_tokens must be between 0 and 8")
+    return Reconfigure(dict(changes))
 
 
 @dataclass(frozen=True, slots=True)

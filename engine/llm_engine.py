@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.commands import AbortRequest, AddRequest, CommandInbox, EngineCommand, Reconfigure, SwapWeights
+import engine.commands as cmd
 from engine.config import EngineConfig
 from engine.core.admission import AdmissionController
 from engine.core.block_manager import BlockManager
@@ -25,12 +25,12 @@ from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput, StepStats
+from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
-from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate
+from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
 from engine.runner.attention_backend import select_backend
 from engine.runner.memory import snapshot
 from engine.runner.model_runner import ModelRunner, StepResult
@@ -44,8 +44,7 @@ Outputs = dict[str, RequestOutput]
 
 
 class LLMEngine:
-    RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
-                      "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile")
+    RECONFIGURABLE = cmd.RECONFIGURABLE
 
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Progress | None = None) -> None:
@@ -76,7 +75,7 @@ class LLMEngine:
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
                                        self.eos_token_ids, self.max_model_len)
         self.admission = AdmissionController(config)
-        self._inbox = CommandInbox()
+        self._inbox = cmd.CommandInbox()
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
@@ -95,26 +94,18 @@ class LLMEngine:
                 raise ValueError(f"request id {rid!r} is already in use")
             # the queue after the last step (len() of the live deque is safe from any thread) + not drained
             self.admission.check(self.admission.queue(len(self.scheduler.waiting), pending))
-            self._inbox.put_locked(AddRequest(req))
+            self._inbox.put_locked(cmd.AddRequest(req))
         return rid
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(AbortRequest(request_id))
+        self._inbox.put(cmd.AbortRequest(request_id))
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
         Raises ValueError for a knob that cannot change at run time or a bad value."""
-        unknown = set(changes) - set(self.RECONFIGURABLE)
-        if unknown:
-            raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {self.RECONFIGURABLE}")
-        if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if "policy" in changes:
-            make_policy(changes["policy"])  # validate now, in the caller's thread
-        if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
-            raise ValueError("num_speculative_tokens must be between 0 and 8")
+        command = cmd.reconfigure_command(changes)
         self.spec.check_switch(changes.get("spec_method", self.config.spec_method))
-        self._inbox.put(Reconfigure(dict(changes)))
+        self._inbox.put(command)
 
     def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
                          progress: Progress | None = None, embeddings: bool | None = None) -> dict[str, float]:
@@ -166,25 +157,25 @@ class LLMEngine:
                 reason = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"engine command {type(command).__name__} failed: {reason}", RuntimeWarning,
                               stacklevel=2)
-                if isinstance(command, AddRequest) and not command.request.is_finished:
+                if isinstance(command, cmd.AddRequest) and not command.request.is_finished:
                     self._close(command.request, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
         return arrived
 
-    def _apply(self, command: EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
+    def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
         match command:
-            case AddRequest(request=req):
+            case cmd.AddRequest(request=req):
                 req.generator = torch.Generator(device=self.device).manual_seed(req.seed)
                 self._requests[req.request_id] = req
                 self.scheduler.add(req)
                 self.counters.requests += 1
                 arrived.append((req.request_id, req.arrival_time, req.num_prompt_tokens))
-            case AbortRequest(request_id=rid):
+            case cmd.AbortRequest(request_id=rid):
                 req = self._requests.get(rid)
                 if req is not None and not req.is_finished:
                     self._close(req, RequestStatus.FINISHED_ABORTED, outputs, finished)
-            case Reconfigure(changes=changes):
+            case cmd.Reconfigure(changes=changes):
                 self._reconfigure_now(changes)
-            case SwapWeights(settings=settings):
+            case cmd.SwapWeights(settings=settings):
                 self.weights.apply_swap(command, self.config)
                 self.config = dataclasses.replace(self.config, **settings)
 
@@ -263,16 +254,9 @@ class LLMEngine:
 
     def _publish(self, t0: float, sched: SchedulerOutput, outputs: Outputs, finished: list[Request],
                  arrived: list) -> None:
-        bm, step = self.block_manager, self.counters.steps
-        stats = StepStats(
-            step=step, t_start=t0, wall_time_s=time.perf_counter() - t0,
-            num_prefill_tokens=sched.num_prefill_tokens, num_decode_tokens=sched.num_decode_tokens,
-            num_verify_tokens=sched.num_verify_tokens, num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting), num_preempted=len(sched.preempted),
-            kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks, num_finished=len(finished),
-            num_rejected=self.admission.take_rejected(),
-            scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
-        )
+        step = self.counters.steps
+        stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
+                           self.admission.take_rejected())
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
                                 spec=self.spec.step_event(step - 1))

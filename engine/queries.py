@@ -1,8 +1,10 @@
 """The engine's conveniences and read-only views: generate() (a loop over the public verbs), the scoring
-forward pass behind score() and hidden_states(), and the EngineStats that stats() returns. LLMEngine's
+forward pass behind score() and hidden_states(), the EngineStats that stats() returns and the StepStats
+each step publishes. LLMEngine's
 methods call these; none of them changes what the scheduler will do next."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -11,8 +13,8 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.counters import EngineCounters
 from engine.core.request import Request
-from engine.core.scheduler import ScheduledRequest
-from engine.events import RequestOutput
+from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.events import RequestOutput, StepStats
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
@@ -100,4 +102,25 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
         num_spec_emitted_tokens=spec.totals["emitted"],
         accepted_per_position=tuple(spec.accepted_per_pos),
         drafted_per_position=tuple(spec.drafted_per_pos),
+    )
+
+
+def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
+               num_finished: int, num_rejected: int) -> StepStats:
+    """The counts of one step, its wall time measured from t0 to now."""
+    return StepStats(
+        step=step,
+        t_start=t0,
+        wall_time_s=time.perf_counter() - t0,
+        num_prefill_tokens=sched.num_prefill_tokens,
+        num_decode_tokens=sched.num_decode_tokens,
+        num_verify_tokens=sched.num_verify_tokens,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_preempted=len(sched.preempted),
+        kv_blocks_used=bm.num_used_blocks,
+        kv_blocks_total=bm.num_blocks,
+        num_finished=num_finished,
+        num_rejected=num_rejected,
+        scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
     )
