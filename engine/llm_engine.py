@@ -31,7 +31,6 @@ from engine.models.build import build_model
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
-from engine.runner.attention_backend import select_backend
 from engine.runner.memory import snapshot
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
@@ -67,9 +66,8 @@ class LLMEngine:
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
-        backend = select_backend(config.attention_backend, mc, self.device, self.dtype, config.compile, progress)
-        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype, backend)
-        self.model.set_compiled(config.compile)
+        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
+        self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -189,15 +187,7 @@ class LLMEngine:
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
         if "compile" in changes and bool(cfg.compile) != self.model.compiled:
-            self._set_compiled(bool(cfg.compile))
-
-    def _set_compiled(self, on: bool) -> None:
-        """compile=True: the model's dense regions and single-row kernel, and (the backend re-selected)
-        the gather-fused decode attention unless the readable reference path was asked for; compiled
-        lazily by the next steps."""
-        self.model.set_compiled(on)
-        self.runner.set_backend(select_backend(self.config.attention_backend, self.model_config, self.device,
-                                               self.dtype, on, previous=self.runner.backend))
+            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
 
     def _run(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         try:

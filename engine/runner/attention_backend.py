@@ -3,7 +3,7 @@
 EngineConfig.attention_backend names a wish; what runs also depends on the model, the device, the
 dtype and whether compile is on. `select_backend` turns all of that into one frozen AttentionBackend
 (engine/models/layers/attention.py) that the runner holds and hands to the layers in each step's
-metadata. The engine re-selects when compile switches at run time.
+metadata. The runner selects it at start-up and again when compile switches (ModelRunner.set_execution).
 
 - "reference": the readable path, nothing else (the tests hold every other path to it).
 - "native": the C++ paged-decode kernel where it applies (bf16 on the CPU, head_dim 64/128, at most 8
@@ -36,7 +36,8 @@ def select_backend(name: str, model_config: ModelConfig, device: torch.device, d
                    compile: bool, progress: Callable[[str, float], None] | None = None,
                    previous: AttentionBackend | None = None) -> AttentionBackend:
     """The backend for `name` (EngineConfig.attention_backend) on this model, device and dtype.
-    `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off."""
+    `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off (a previous
+    of another kind, e.g. a bare runner's EAGER, has none to keep)."""
     if name == "reference":
         return AttentionBackend(name, reference=True)
     compiled = None

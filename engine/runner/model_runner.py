@@ -6,6 +6,7 @@ It never decides who runs: it executes exactly what the scheduler handed out.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,7 @@ from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMet
 from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.runner.attention_backend import select_backend
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
@@ -61,7 +63,7 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
-        self.backend = backend  # replaced whole (set_backend) when compile switches
+        self.backend = backend  # replaced whole by set_execution
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
@@ -69,8 +71,15 @@ class ModelRunner:
             for _ in range(model_config.num_hidden_layers)
         ]
 
-    def set_backend(self, backend: AttentionBackend) -> None:
-        self.backend = backend
+    def set_execution(self, attention_backend: str, compile: bool,
+                      progress: Callable[[str, float], None] | None = None) -> None:
+        """How the model runs (at start-up, and again when compile switches): compile=True compiles the
+        model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
+        for that (compile=True adds the gather-fused decode attention unless the readable reference path
+        was asked for). What is compiled is compiled lazily, by the next steps."""
+        self.model.set_compiled(compile)
+        self.backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
+                                      previous=self.backend)
 
     @property
     def native_decode(self):
