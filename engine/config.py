@@ -33,12 +33,12 @@ class EngineConfig:
 
     # Model execution
     # "native" (default): decode attention by a C++ kernel that streams each sequence's K/V blocks from
-    # the paged cache once, in float32 registers (engine/kernels; bf16 on the CPU, head_dim 64/128; built
-    # once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
+    # the paged cache once, in float32 registers (engine/runner/kernels; bf16 on the CPU, head_dim 64/128;
+    # built once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
     # the block gather fused into its reductions. "reference": the readable one-sequence-at-a-time path
-    # the tests hold the others to.
+    # the tests hold the others to. What runs is chosen once, by engine/runner/attention_backend.py.
     attention_backend: str = "native"
     # torch.compile the dense code between two attentions (one call per layer), run single 16-bit rows on
     # the CPU (decode of one stream) through a compiled matrix-vector reduction at ~2x the library's

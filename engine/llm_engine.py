@@ -1,171 +1,122 @@
-"""LLMEngine: add_request / abort / step(). One step = schedule -> run -> update -> publish events."""
+"""LLMEngine: add_request / abort / reconfigure from any thread; step() in one.
+
+One step, top to bottom: drain the commands other threads queued -> fit the KV cache to the weights ->
+propose drafts -> schedule -> run the model -> update the requests -> publish one event. The engine
+composes parts, each with its own constructor and no access to another's fields: the scheduler and
+block manager (counts), the model runner (tensors, KV cache, attention backend), the weights manager
+(requantization, KV size), the speculative decoder, request intake and admission control.
+"""
 from __future__ import annotations
 
-import itertools
-import random
-import threading
+import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
+import engine.commands as cmd
 from engine.config import EngineConfig
-from engine.core.admission import AdmissionController, RequestRejected
+from engine.core.admission import AdmissionController
 from engine.core.block_manager import BlockManager
-from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.counters import EngineCounters
+from engine.core.intake import RequestIntake
 from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
-from engine.events import EngineStepEvent, RequestOutput, StepStats
+from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
 from engine.loading.loader import LoadedModel, load_model
-from engine.models.layers.linear import pack_linears
-from engine.models.llama import LlamaForCausalLM
-from engine.quant.manager import QuantizedWeights
-from engine.quant.weight_only import original_weights, swap_modules
-from engine.queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
-from engine.runner.kernels import native_decode_applies, paged_decode_kernel
-from engine.runner.memory import weights_bytes
-from engine.runner.model_runner import ModelRunner
-from engine.runner.setup import kv_block_bytes, kv_blocks_after_requant, num_kv_blocks, resolve_device, resolve_dtype
+from engine.models.build import build_model
+from engine.quant.manager import WeightsManager
+from engine.quant.quality import activation_absmax, heldout_texts, perplexity
+from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
+from engine.runner.memory import snapshot
+from engine.runner.model_runner import ModelRunner, StepResult
+from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
 from engine.sampling_params import SamplingParams
-from engine.spec.decoder import SpeculativeDecoding
+from engine.spec.decoder import SpeculativeDecoder
 
 StepListener = Callable[[EngineStepEvent], None]
+Progress = Callable[[str, float], None]
+Outputs = dict[str, RequestOutput]
 
 
-class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
+class LLMEngine:
+    RECONFIGURABLE = cmd.RECONFIGURABLE
+
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
-                 progress: Callable[[str, float], None] | None = None) -> None:
-        self.config = config = config or EngineConfig()
+                 progress: Progress | None = None) -> None:
+        self.config = config = config or EngineConfig()  # replaced (never mutated) by reconfigure
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         loaded = loaded or load_model(config.model, progress=progress)
-        self.tokenizer = loaded.tokenizer
-        self.model_path = loaded.path
-        self.model_config = mc = loaded.config
+        self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
+        mc = self.model_config
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(mc, max_positions=mc.max_position_embeddings)
-        model.load_weights(loaded.state_dict)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.model.rotary.cos, self.model.rotary.sin = (  # keep RoPE tables in float32
-            self.model.rotary.cos.float(), self.model.rotary.sin.float())
-        self.model.set_attention_backend(config.attention_backend)
-        # The 16-bit weights of every quantizable layer: the source of every (re)quantization.
-        self._originals = {n: w.to("cpu") if self.device.type != "cpu" else w
-                           for n, w in original_weights(self.model).items()}
-        self._act_absmax: dict[str, torch.Tensor] | None = None
-        weights16 = weights_bytes(self.model)
-        if config.quant_bits != 16 or config.quant_embeddings:
-            swap_modules(self.model, self.build_quantized(config.quant_bits))
-        weights_saved = weights16 - weights_bytes(self.model)
-        self.packed_bytes = pack_linears(self.model, config.pack_weights)
-        self.weights_bytes = weights_bytes(self.model)  # with the packed copies
-        blocks = num_kv_blocks(config, self.device, self.block_bytes, self.weights_bytes, weights_saved)
-        self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
-        self._kv_target = blocks
+        self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+        self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
+                                      calibrate=lambda: activation_absmax(self, heldout_texts()))
+        blocks = self.weights.kv_target
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
-        self._set_compiled(config.compile)
-        if config.attention_backend == "native" and native_decode_applies(mc, self.device, self.dtype):
-            self.runner.native_decode = paged_decode_kernel(progress)
-        self._requests: dict[str, Request] = {}
-        self._inbox: list[tuple[str, object]] = []
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._seed_rng = random.Random(config.seed)
-        self._listeners: list[StepListener] = []
-        self._step = 0
-        self._last_activation_bytes = 0
-        self._counts = dict(requests=0, finished=0, prompt=0, generated=0, cached=0)
-        self._init_spec(loaded)
+        self.runner.set_execution(config.attention_backend, config.compile, progress)
+        self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
+        self.counters = EngineCounters()
+        self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
+                                       self.eos_token_ids, self.max_model_len)
         self.admission = AdmissionController(config)
-        self._num_rejected = 0  # cumulative; each StepStats carries the rejections since the last step
-        self._num_rejected_published = 0
+        self._inbox = cmd.CommandInbox()
+        self._requests: dict[str, Request] = {}  # drained and not finished, by id
+        self._listeners: list[StepListener] = []
+        self._last_activation_bytes = 0
 
-    # ---- requests ------------------------------------------------------------------------------
+    # ---- commands (any thread) -----------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0) -> str:
         """Validate and queue a request (thread-safe). Raises ValueError for a bad request and
-        RequestRejected (engine.admission) when admission control refuses it (config.max_queue_len,
+        RequestRejected (engine.core.admission) when admission control refuses it (config.max_queue_len,
         config.max_predicted_wait_s)."""
-        params = params or SamplingParams()
-        params.validate()
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
-            raise ValueError(f"prompt token ids must lie in [0, {self.model_config.vocab_size})")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the context "
-                f"length of {self.max_model_len} tokens")
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
-        req = Request(rid, ids, params, priority=priority)
-        req.seed = seed  # its torch.Generator is made in the engine thread, when the request is drained
-        req.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
-        with self._lock:
-            if rid in self._requests or any(c == "add" and r.request_id == rid for c, r in self._inbox):
+        req = self.intake.new_request(prompt, params, request_id, priority)
+        rid = req.request_id
+        with self._inbox.lock:
+            pending = self._inbox.pending_requests()
+            if rid in self._requests or any(r.request_id == rid for r in pending):
                 raise ValueError(f"request id {rid!r} is already in use")
-            self._admit_or_reject()
-            self._inbox.append(("add", req))
+            # the queue after the last step (len() of the live deque is safe from any thread) + not drained
+            self.admission.check(self.admission.queue(len(self.scheduler.waiting), pending))
+            self._inbox.put_locked(cmd.AddRequest(req))
         return rid
 
-    def _admit_or_reject(self) -> None:
-        """Admission control, with self._lock held: the queue after the last step plus requests not yet
-        drained. Raises RequestRejected (and counts it) when one more would break a limit."""
-        pending = [r for c, r in self._inbox if c == "add"]
-        try:  # len() of the live deque is safe from any thread; drained requests are in it at once
-            self.admission.check(self.admission.queue(len(self.scheduler.waiting), pending))
-        except RequestRejected:
-            self._num_rejected += 1
-            raise
-
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._inbox.append(("abort", request_id))
-
-    RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
-                      "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile")
+        self._inbox.put(cmd.AbortRequest(request_id))
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
         Raises ValueError for a knob that cannot change at run time or a bad value."""
-        unknown = set(changes) - set(self.RECONFIGURABLE)
-        if unknown:
-            raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {self.RECONFIGURABLE}")
-        if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if "policy" in changes:
-            make_policy(changes["policy"])  # validate now, in the caller's thread
-        if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
-            raise ValueError("num_speculative_tokens must be between 0 and 8")
-        self._check_spec_switch(changes.get("spec_method", self.config.spec_method))
-        with self._lock:
-            self._inbox.append(("config", changes))
+        command = cmd.reconfigure_command(changes)
+        self.spec.check_switch(changes.get("spec_method", self.config.spec_method))
+        self._inbox.put(command)
 
-    def _set_compiled(self, on: bool) -> None:
-        """compile=True: the model's dense regions and single-row kernel, and the gather-fused decode
-        attention (unless the readable reference path was asked for); compiled lazily by the next steps."""
-        self.model.set_compiled(on)
-        backend = self.config.attention_backend
-        self.runner.fused_decode = backend == "compiled" or (on and backend != "reference")
+    def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
+                         progress: Progress | None = None, embeddings: bool | None = None) -> dict[str, float]:
+        """Requantize from the original weights (slow: in the caller's thread) and swap the new layers in
+        at the top of the next step; queued and running requests carry on. Returns the per-layer
+        relative weight error."""
+        command, report = self.weights.prepare_swap(self.config, bits, group_size, outlier_channels, progress,
+                                                    embeddings)
+        self._inbox.put(command)
+        return report
 
     def has_unfinished(self) -> bool:
-        with self._lock:
-            pending = bool(self._inbox)
-        return pending or self.scheduler.has_unfinished()
+        return bool(self._inbox) or self.scheduler.has_unfinished()
 
     def add_listener(self, listener: StepListener) -> None:
         self._listeners.append(listener)
@@ -176,135 +127,182 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        outputs: dict[str, RequestOutput] = {}
+        outputs: Outputs = {}
         finished: list[Request] = []
-        arrived = self._drain_inbox(outputs, finished)
-        if self._kv_target != self.block_manager.num_blocks:
-            self._resize_kv()
-        self._begin_spec_step()
-        self._propose()
+        arrived = self._drain_commands(outputs, finished)
+        self.weights.fit_kv(self.block_manager, self.runner)
+        self.spec.begin_step()
+        self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if sched.is_empty and not outputs and not arrived:
             return []
         for req in sched.preempted:
             req.status = RequestStatus.PREEMPTED
         if not sched.is_empty:
-            try:
-                result = self.runner.execute(sched, self.block_manager)
-            except Exception as exc:  # a failing batch fails alone; the engine keeps serving
-                for s in sched.scheduled:
-                    self._finish(s.request, RequestStatus.FINISHED_ERROR, f"{type(exc).__name__}: {exc}")
-                    outputs[s.request.request_id] = make_output(s.request, [], "", None, self.tokenizer.id_to_piece)
-                    finished.append(s.request)
-            else:
-                self._last_activation_bytes = result.activation_bytes
-                self._update(result, outputs, finished)
-        self._step += 1
-        event = EngineStepEvent(
-            stats=self._step_stats(t0, sched, len(finished)),
-            outputs=tuple(outputs.values()),
-            finished=tuple(timeline(r) for r in finished),
-            arrived=tuple(arrived),
-            spec=self._spec_event(self._step - 1),
-        )
-        self.admission.observe(event.stats, self.scheduler.waiting)
-        for listener in self._listeners:
-            listener(event)
+            self._run(sched, outputs, finished)
+        self.counters.steps += 1
+        self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
 
-    def _drain_inbox(self, outputs: dict[str, RequestOutput], finished: list[Request]) -> list:
-        with self._lock:
-            inbox, self._inbox = self._inbox, []
-        arrived = []
-        for cmd, arg in inbox:
-            if cmd == "add":
-                arg.generator = torch.Generator(device=self.device).manual_seed(arg.seed)
-                self._requests[arg.request_id] = arg
-                self.scheduler.add(arg)
-                self._counts["requests"] += 1
-                arrived.append((arg.request_id, arg.arrival_time, arg.num_prompt_tokens))
-            elif cmd == "config":
-                for key, value in arg.items():
-                    setattr(self.config, key, value)
-                if "policy" in arg:
-                    self.scheduler.policy = make_policy(arg["policy"])
-                if "spec_method" in arg:
-                    self._switch_spec(arg["spec_method"])
-                if "compile" in arg and bool(arg["compile"]) != self.model.compiled:
-                    self._set_compiled(bool(arg["compile"]))
-            elif cmd == "swap":
-                modules, settings = arg
-                swap_modules(self.model, modules)
-                self.packed_bytes = pack_linears(self.model, self.config.pack_weights)
-                self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
-                for key, value in settings.items():
-                    setattr(self.config, key, value)
-                self.weights_bytes = weights_bytes(self.model)
-                self._kv_target = kv_blocks_after_requant(self.config, *self._kv_base, self.weights_bytes,
-                                                          self.block_bytes)
-            elif cmd == "abort":
-                req = self._requests.get(arg)
-                if req is not None and not req.is_finished:
-                    self._finish(req, RequestStatus.FINISHED_ABORTED)
-                    outputs[req.request_id] = make_output(req, [], "", None, self.tokenizer.id_to_piece)
-                    finished.append(req)
+    def _drain_commands(self, outputs: Outputs, finished: list[Request]) -> list:
+        """Apply every queued command; one that fails is reported (a warning; a request that cannot
+        be added finishes with an error) and the others still apply."""
+        arrived: list = []
+        for command in self._inbox.take_all():
+            try:
+                self._apply(command, outputs, finished, arrived)
+            except Exception as exc:  # noqa: BLE001 (any failure: report it, keep the rest of the batch)
+                reason = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"engine command {type(command).__name__} failed: {reason}", RuntimeWarning,
+                              stacklevel=2)
+                if isinstance(command, cmd.AddRequest) and not command.request.is_finished:
+                    self._close(command.request, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
         return arrived
 
-    def _update(self, result, outputs: dict[str, RequestOutput], finished: list[Request]) -> None:
-        bm = self.block_manager
+    def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
+        match command:
+            case cmd.AddRequest(request=req):
+                req.generator = torch.Generator(device=self.device).manual_seed(req.seed)
+                self._requests[req.request_id] = req
+                self.scheduler.add(req)
+                self.counters.requests += 1
+                arrived.append((req.request_id, req.arrival_time, req.num_prompt_tokens))
+            case cmd.AbortRequest(request_id=rid):
+                req = self._requests.get(rid)
+                if req is not None and not req.is_finished:
+                    self._close(req, RequestStatus.FINISHED_ABORTED, outputs, finished)
+            case cmd.Reconfigure(changes=changes):
+                self._reconfigure_now(changes)
+            case cmd.SwapWeights(settings=settings):
+                self.weights.apply_swap(command, self.config)
+                self.config = dataclasses.replace(self.config, **settings)
+
+    def _reconfigure_now(self, changes) -> None:
+        """A new config object (readers of engine.config see the old or the new one, never a mix); each
+        part gets its own copy of the knobs it uses."""
+        self.config = cfg = dataclasses.replace(self.config, **changes)
+        self.scheduler.reconfigure(SchedulerConfig.of(cfg), make_policy(cfg.policy) if "policy" in changes else None)
+        self.admission.set_limits(cfg.max_queue_len, cfg.max_predicted_wait_s)
+        self.spec.set_num_tokens(cfg.num_speculative_tokens)
+        if "spec_method" in changes:
+            self.spec.switch(cfg.spec_method, self.scheduler.running)
+        if "compile" in changes and bool(cfg.compile) != self.model.compiled:
+            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
+
+    def _run(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
+        try:
+            result = self.runner.execute(sched, self.block_manager)
+        except Exception as exc:  # a failing batch fails alone; the engine keeps serving
+            for s in sched.scheduled:
+                self._close(s.request, RequestStatus.FINISHED_ERROR, outputs, finished, f"{type(exc).__name__}: {exc}")
+        else:
+            self._last_activation_bytes = result.activation_bytes
+            self._update(result, outputs, finished)
+
+    def _update(self, result: StepResult, outputs: Outputs, finished: list[Request]) -> None:
+        bm, piece = self.block_manager, self.tokenizer.id_to_piece
         for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
-            if i in result.verify_logits:
-                self._apply_verify(s, result.verify_logits[i], outputs, finished, result.hidden.get(i))
-                continue
             req = s.request
-            before = req.num_computed_tokens
-            req.num_computed_tokens += s.num_tokens
-            if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
-                bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
-            if token is None:
-                continue
-            if i in result.hidden:  # for the MTP heads: the state that produced this token
-                req.mtp_hidden = result.hidden[i][0]
-            if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
-                self._counts["prompt"] += req.num_prompt_tokens
-                self._counts["cached"] += req.num_cached_tokens if req.num_preemptions == 0 else 0
-            text = append_token(req, token, self.eos_token_ids, self.max_model_len)
-            self._counts["generated"] += 1
-            outputs[req.request_id] = make_output(
-                req, [token], text, [lp] if lp is not None else None, self.tokenizer.id_to_piece)
+            if i in result.verify_logits:
+                v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
+                self.counters.generated += len(v.token_ids)
+                outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
+            else:
+                before = req.num_computed_tokens
+                req.num_computed_tokens += s.num_tokens
+                if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
+                    bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+                if token is None:
+                    continue
+                if i in result.hidden:  # for the MTP heads: the state that produced this token
+                    req.mtp_hidden = result.hidden[i][0]
+                if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
+                    self.counters.prompt += req.num_prompt_tokens
+                    self.counters.cached += req.num_cached_tokens if req.num_preemptions == 0 else 0
+                text = append_token(req, token, self.eos_token_ids, self.max_model_len)
+                self.counters.generated += 1
+                outputs[req.request_id] = make_output(req, [token], text, [lp] if lp is not None else None, piece)
             if req.is_finished:
                 self._finish(req, req.status)
                 finished.append(req)
+
+    def _close(self, req: Request, status: RequestStatus, outputs: Outputs, finished: list[Request],
+               error: str | None = None) -> None:
+        """Finish a request that produced nothing this step (abort, error) and publish that."""
+        self._finish(req, status, error)
+        outputs[req.request_id] = make_output(req, [], "", None, self.tokenizer.id_to_piece)
+        finished.append(req)
 
     def _finish(self, req: Request, status: RequestStatus, error: str | None = None) -> None:
         req.status = status
         req.error = error
         req.finished_time = time.perf_counter()
         self.scheduler.remove(req)
-        self._free_spec(req.request_id)
+        self.spec.free(req.request_id)
         self._requests.pop(req.request_id, None)
-        self._counts["finished"] += 1
+        self.counters.finished += 1
 
-    def _step_stats(self, t0: float, sched, num_finished: int) -> StepStats:
+    def _publish(self, t0: float, sched: SchedulerOutput, outputs: Outputs, finished: list[Request],
+                 arrived: list) -> None:
+        step = self.counters.steps
+        stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
+                           self.admission.take_rejected())
+        event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
+                                finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
+                                spec=self.spec.step_event(step - 1))
+        self.admission.observe(event.stats, self.scheduler.waiting)
+        for listener in self._listeners:
+            listener(event)
+
+    # ---- conveniences and read-only views --------------------------------------------------------
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion; returns the final RequestOutput of each, in input order."""
+        return generate(self, prompts, params)
+
+    def score(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
+        temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
+        with torch.inference_mode():
+            return self.model.compute_logits(self.hidden_states(token_ids))
+
+    def hidden_states(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The final (normed) hidden states (len(token_ids), hidden) that the lm_head reads, computed as
+        score() computes its logits."""
+        return fresh_hidden_states(self.runner, self.block_manager, lambda: self.intake.next_id("__score-"),
+                                   token_ids, self.max_model_len)
+
+    def build_quantized(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
+                        progress: Progress | None = None, embeddings: bool | None = None) -> dict:
+        return self.weights.build_quantized(self.config, bits, group_size, outlier_channels, progress, embeddings)
+
+    def perplexity(self, texts: Sequence[str] | None = None) -> float:
+        """Perplexity of the current weights on `texts` (default: the held-out text in assets/)."""
+        return perplexity(self, texts or heldout_texts())
+
+    def stats(self) -> EngineStats:
+        return engine_stats(self.counters, self.scheduler.num_preemptions, self.admission.num_rejected, self.spec)
+
+    def memory(self) -> MemorySnapshot:
         bm = self.block_manager
-        return StepStats(
-            step=self._step,
-            t_start=t0,
-            wall_time_s=time.perf_counter() - t0,
-            num_prefill_tokens=sched.num_prefill_tokens,
-            num_decode_tokens=sched.num_decode_tokens,
-            num_verify_tokens=sched.num_verify_tokens,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_preempted=len(sched.preempted),
-            kv_blocks_used=bm.num_used_blocks,
-            kv_blocks_total=bm.num_blocks,
-            num_finished=num_finished,
-            num_rejected=self._take_rejected(),
-            scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
-        )
+        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
+                        bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes)
 
-    def _take_rejected(self) -> int:
-        with self._lock:
-            n, self._num_rejected_published = self._num_rejected - self._num_rejected_published, self._num_rejected
-        return n
+    def block_map(self) -> BlockMapSnapshot:
+        return self.block_manager.snapshot()
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.weights.weights_bytes
+
+    @property
+    def packed_bytes(self) -> int:
+        return self.weights.packed_bytes
+
+    @property
+    def proposer(self):
+        return self.spec.proposer
+
+    @property
+    def spec_totals(self) -> dict[str, int]:
+        return self.spec.totals

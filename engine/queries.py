@@ -1,17 +1,23 @@
-"""The engine's conveniences and read-only views: generate(), score(), stats(), memory(), block_map().
-Mixed into LLMEngine; none of them changes what the scheduler will do next."""
+"""The engine's conveniences and read-only views: generate() (a loop over the public verbs), the scoring
+forward pass behind score() and hidden_states(), the EngineStats that stats() returns and the StepStats
+each step publishes. LLMEngine's
+methods call these; none of them changes what the scheduler will do next."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.core.block_manager import BlockManager
+from engine.core.counters import EngineCounters
 from engine.core.request import Request
-from engine.core.scheduler import ScheduledRequest
-from engine.events import BlockMapSnapshot, MemorySnapshot, RequestOutput
-from engine.runner.memory import snapshot
+from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.events import RequestOutput, StepStats
+from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.spec.decoder import SpeculativeDecoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,73 +46,81 @@ class EngineStats:
         return self.num_spec_emitted_tokens / self.num_verify_passes if self.num_verify_passes else 0.0
 
 
-class EngineQueries:
-    """Needs from the engine: add_request, step, config, scheduler, block_manager, runner, model, device,
-    weights_bytes, packed_bytes, block_bytes, max_model_len, spec_totals, spec_*_per_pos, _counts, _step, _ids."""
+def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    """Run prompts to completion through engine.add_request / engine.step; the final RequestOutput of
+    each, in input order."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+    if len(plist) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(plist)} sampling params")
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist)]
+    final: dict[str, RequestOutput] = {}
+    pending = set(ids)
+    while pending:
+        for out in engine.step():
+            if out.finished and out.request_id in pending:
+                final[out.request_id] = out
+                pending.discard(out.request_id)
+    return [final[i] for i in ids]
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run prompts to completion; returns the final RequestOutput of each, in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} sampling params")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        final: dict[str, RequestOutput] = {}
-        pending = set(ids)
-        while pending:
-            for out in self.step():
-                if out.finished and out.request_id in pending:
-                    final[out.request_id] = out
-                    pending.discard(out.request_id)
-        return [final[i] for i in ids]
 
-    def score(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
-        temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
-        with torch.inference_mode():
-            return self.model.compute_logits(self.hidden_states(token_ids))
+@torch.inference_mode()
+def fresh_hidden_states(runner: ModelRunner, block_manager: BlockManager, make_id: Callable[[], str],
+                        token_ids: Sequence[int], max_model_len: int) -> torch.Tensor:
+    """The final (normed) hidden states (len(token_ids), hidden) of a text, computed in temporary KV
+    blocks (never taken from or added to the prefix cache) held under a fresh id. Call between steps."""
+    ids = [int(t) for t in token_ids]
+    if not 0 < len(ids) <= max_model_len:
+        raise ValueError(f"score() takes 1 to {max_model_len} tokens, got {len(ids)}")
+    request_id = make_id()
+    if block_manager.allocate(request_id, ids, len(ids), use_prefix_cache=False) is None:
+        raise RuntimeError("not enough free KV blocks to score this text now")
+    try:
+        req = Request(request_id, ids, SamplingParams(max_tokens=1))
+        return runner.forward([ScheduledRequest(req, len(ids), "prefill")], block_manager)
+    finally:
+        block_manager.free(request_id)
 
-    @torch.inference_mode()
-    def hidden_states(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """The final (normed) hidden states (len(token_ids), hidden) that the lm_head reads, computed as
-        score() computes its logits."""
-        ids = [int(t) for t in token_ids]
-        if not 0 < len(ids) <= self.max_model_len:
-            raise ValueError(f"score() takes 1 to {self.max_model_len} tokens, got {len(ids)}")
-        rid = f"__score-{next(self._ids)}"
-        if self.block_manager.allocate(rid, ids, len(ids), use_prefix_cache=False) is None:
-            raise RuntimeError("not enough free KV blocks to score this text now")
-        try:
-            req = Request(rid, ids, SamplingParams(max_tokens=1))
-            return self.runner.forward([ScheduledRequest(req, len(ids), "prefill")], self.block_manager)
-        finally:
-            self.block_manager.free(rid)
 
-    def stats(self) -> EngineStats:
-        c = self._counts
-        return EngineStats(
-            num_requests=c["requests"],
-            num_finished=c["finished"],
-            num_prompt_tokens=c["prompt"],
-            num_generated_tokens=c["generated"],
-            num_steps=self._step,
-            num_prefix_cache_hit_tokens=c["cached"],
-            num_preemptions=self.scheduler.num_preemptions,
-            num_rejected=self._num_rejected,
-            num_draft_tokens=self.spec_totals["draft"],
-            num_accepted_tokens=self.spec_totals["accepted"],
-            num_verify_passes=self.spec_totals["verify"],
-            num_spec_emitted_tokens=self.spec_totals["emitted"],
-            accepted_per_position=tuple(self.spec_accepted_per_pos),
-            drafted_per_position=tuple(self.spec_drafted_per_pos),
-        )
+def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: int,
+                 spec: SpeculativeDecoder) -> EngineStats:
+    c = counters
+    return EngineStats(
+        num_requests=c.requests,
+        num_finished=c.finished,
+        num_prompt_tokens=c.prompt,
+        num_generated_tokens=c.generated,
+        num_steps=c.steps,
+        num_prefix_cache_hit_tokens=c.cached,
+        num_preemptions=num_preemptions,
+        num_rejected=num_rejected,
+        num_draft_tokens=spec.totals["draft"],
+        num_accepted_tokens=spec.totals["accepted"],
+        num_verify_passes=spec.totals["verify"],
+        num_spec_emitted_tokens=spec.totals["emitted"],
+        accepted_per_position=tuple(spec.accepted_per_pos),
+        drafted_per_position=tuple(spec.drafted_per_pos),
+    )
 
-    def memory(self) -> MemorySnapshot:
-        bm = self.block_manager
-        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
-                        bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes)
 
-    def block_map(self) -> BlockMapSnapshot:
-        return self.block_manager.snapshot()
+def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
+               num_finished: int, num_rejected: int) -> StepStats:
+    """The counts of one step, its wall time measured from t0 to now."""
+    return StepStats(
+        step=step,
+        t_start=t0,
+        wall_time_s=time.perf_counter() - t0,
+        num_prefill_tokens=sched.num_prefill_tokens,
+        num_decode_tokens=sched.num_decode_tokens,
+        num_verify_tokens=sched.num_verify_tokens,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_preempted=len(sched.preempted),
+        kv_blocks_used=bm.num_used_blocks,
+        kv_blocks_total=bm.num_blocks,
+        num_finished=num_finished,
+        num_rejected=num_rejected,
+        scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
+    )

@@ -82,9 +82,9 @@ def test_controller_measures_and_predicts():
     assert ctl.step_s == pytest.approx(0.8 * 0.05 + 0.2 * 0.1)
     assert ctl.predicted_wait_s(2, 500) == pytest.approx(0.5 + 2 * ctl.step_s)
     ctl.check(QueueState(100, 10**6))  # limits off: never refuses
-    cfg.max_predicted_wait_s = 1.0
+    ctl.set_limits(None, 1.0)  # (its own copy of the limits: the config it was built from stays as it is)
     with pytest.raises(RequestRejected):
         ctl.check(QueueState(1, 2000))
-    cfg.max_queue_len = 1
+    ctl.set_limits(1, 1.0)
     with pytest.raises(RequestRejected, match="queue is full"):
         ctl.check(QueueState(1, 0))

@@ -47,7 +47,6 @@ def test_decode_logits_equal_transformers(arch, request):
 
 @pytest.mark.parametrize("fast_backend", ["fast", "compiled"])
 def test_fast_attention_equals_reference(tiny_llama, fast_backend):
-    from engine.models.layers import attention
     from engine.sampling_params import SamplingParams
 
     outs = {}
@@ -58,13 +57,14 @@ def test_fast_attention_equals_reference(tiny_llama, fast_backend):
         res = eng.generate([PROMPT, PROMPT[:5], PROMPT[3:15]], params)
         outs[backend] = [(o.token_ids, [lp.logprob for lp in o.logprobs or ()]) for o in res]
         outs[backend + "-score"] = eng.score(PROMPT)
+        if backend == "compiled":  # it really ran compiled (no silent fallback to the eager path)
+            compiled = eng.runner.backend.compiled_decode
+            assert compiled is not None and compiled.fn is not None and compiled.ran
     fast = next(k for k in outs if k != "reference" and not k.endswith("-score"))
     for (ids_f, lp_f), (ids_r, lp_r) in zip(outs[fast], outs["reference"]):
         assert ids_f == ids_r
         torch.testing.assert_close(torch.tensor(lp_f), torch.tensor(lp_r), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(outs[fast + "-score"], outs["reference-score"], atol=1e-4, rtol=1e-4)
-    if fast == "compiled":  # it really ran compiled (no silent fallback to the eager path)
-        assert attention._FUSED.get("fn") is not None
 
 
 def test_long_prompt_attends_in_query_slices(tiny_llama, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.sampling_params import SamplingParams
 
 
@@ -23,7 +23,7 @@ def advance(sched, out):
 
 def make(num_blocks=64, **kw):
     cfg = EngineConfig(block_size=4, **kw)
-    return Scheduler(cfg, BlockManager(num_blocks, 4, enable_prefix_caching=False))
+    return Scheduler(SchedulerConfig.of(cfg), BlockManager(num_blocks, 4, enable_prefix_caching=False))
 
 
 def test_token_budget_and_chunked_prefill():

@@ -49,11 +49,24 @@ class AdmissionController:
     """Holds the measured rates; `check` runs in the caller's thread, `observe` in the engine thread."""
 
     def __init__(self, config) -> None:
-        self.config = config  # EngineConfig, read live so reconfigure() changes the limits
+        # The two limits, its own copy (set_limits changes them); one tuple, so a check sees both at once.
+        self._limits: tuple[int | None, float | None] = (config.max_queue_len, config.max_predicted_wait_s)
         self._lock = threading.Lock()
+        self.num_rejected = 0  # cumulative; each StepStats carries the rejections since the last step
+        self._num_rejected_published = 0
         self._queue = QueueState(0, 0)  # the queue after the last step
         self.prefill_tokens_per_s: float | None = None
         self.step_s: float | None = None
+
+    def set_limits(self, max_queue_len: int | None, max_predicted_wait_s: float | None) -> None:
+        """New limits (engine.reconfigure), for the next check."""
+        self._limits = (max_queue_len, max_predicted_wait_s)
+
+    def take_rejected(self) -> int:
+        """Rejections since the last call (the engine thread, once per step)."""
+        with self._lock:
+            n, self._num_rejected_published = self.num_rejected - self._num_rejected_published, self.num_rejected
+        return n
 
     def observe(self, stats: StepStats, waiting: Iterable[Request]) -> None:
         """After a step: update the moving averages and remember the queue (engine thread)."""
@@ -84,8 +97,16 @@ class AdmissionController:
         return QueueState(waiting + len(pending), q.queued_tokens + sum(r.num_tokens for r in pending))
 
     def check(self, queue: QueueState) -> None:
-        """Raise RequestRejected when one more request would break a limit."""
-        max_len, max_wait = self.config.max_queue_len, self.config.max_predicted_wait_s
+        """Raise RequestRejected (and count it) when one more request would break a limit."""
+        try:
+            self._check(queue)
+        except RequestRejected:
+            with self._lock:
+                self.num_rejected += 1
+            raise
+
+    def _check(self, queue: QueueState) -> None:
+        max_len, max_wait = self._limits
         if max_len is not None and queue.num_waiting >= max_len:
             drain = self.predicted_wait_s(queue.num_waiting, queue.queued_tokens)
             raise RequestRejected(

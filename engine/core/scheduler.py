@@ -12,10 +12,26 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.policies import Policy, make_policy
 from engine.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The scheduler's own knobs: a copy, replaced whole by Scheduler.reconfigure (never shared with
+    the engine's config, so a change lands between two schedule() calls, not in the middle of one)."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # the token budget of one step
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    @classmethod
+    def of(cls, config) -> SchedulerConfig:
+        """The scheduling knobs of an EngineConfig."""
+        return cls(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                   config.policy)
 
 
 @dataclass(slots=True)
@@ -49,13 +65,19 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, policy: Policy | None = None):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: Policy | None = None):
         self.config = config
         self.block_manager = block_manager
         self.policy = policy or make_policy(config.policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0  # cumulative
+
+    def reconfigure(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
+        """New knobs for the next schedule(); a new policy object when one is given."""
+        self.config = config
+        if policy is not None:
+            self.policy = policy
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING

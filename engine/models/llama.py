@@ -35,7 +35,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
-        self.reference = False
 
     def project(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
         """x (n, hidden) -> q (n, heads, head_dim), k and v (n, kv_heads, head_dim), RoPE applied."""
@@ -54,7 +53,7 @@ class Attention(nn.Module):
         """Write k, v into the paged cache and attend over it: (n, heads * head_dim), before o_proj."""
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, md.slot_mapping)
-        if self.reference:
+        if md.backend.reference:  # the path is the runner's one AttentionBackend, not a flag per layer
             o = paged_attention_reference(q, k_cache, v_cache, md, self.scale)
         else:
             o = paged_attention_fast(q, k, v, k_cache, v_cache, md, self.scale)
@@ -146,10 +145,6 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, Linear):
                 m.gemv = kernel
         self.compiled = on
-
-    def set_attention_backend(self, backend: str) -> None:
-        for layer in self.layers:
-            layer.self_attn.reference = backend == "reference"
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata) -> torch.Tensor:

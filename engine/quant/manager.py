@@ -1,60 +1,96 @@
-"""The engine's weight-quantization verbs: build quantized layers from the original 16-bit weights,
-swap them in between steps, and measure perplexity. Mixed into LLMEngine."""
+"""The weights manager: the engine's part that owns what the weights are and what they cost.
+
+It keeps the original 16-bit weights of every quantizable layer (the source of every requantization,
+so int8 -> int4 -> 16 never compounds error), builds quantized layers from them off the engine thread,
+swaps them in between steps (SwapWeights), and re-sizes the KV cache to what the new weight bytes leave:
+at the same total memory, every byte quantization takes off the weights buys KV blocks.
+"""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from engine.quant.quality import activation_absmax, heldout_texts, perplexity
+import torch
+from torch import nn
+
+from engine.commands import SwapWeights
+from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.models.layers.linear import pack_linears
+from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
-from engine.quant.weight_only import quantize_model, weight_error_report
+from engine.runner.memory import weights_bytes
+from engine.runner.model_runner import ModelRunner
+from engine.runner.setup import kv_blocks_after_requant, num_kv_blocks
+
+Progress = Callable[[str, float], None]
 
 
-class QuantizedWeights:
-    """Needs from the engine: config, device, model, _originals, _act_absmax, _lock, _inbox, score(),
-    block_manager, runner, _kv_target."""
+class WeightsManager:
+    """`calibrate()` returns the per-layer input-channel |activation| maxima (on held-out text) that
+    outlier channels are picked from; it is called once, the first time they are asked for."""
 
-    def build_quantized(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
-                        progress: Callable[[str, float], None] | None = None,
+    def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
+                 calibrate: Callable[[], dict[str, torch.Tensor]]) -> None:
+        self.model = model
+        self.device = device
+        self.block_bytes = block_bytes
+        self._calibrate = calibrate
+        self._act_absmax: dict[str, torch.Tensor] | None = None
+        # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
+        self.originals = {n: w.to("cpu") if device.type != "cpu" else w for n, w in original_weights(model).items()}
+        weights16 = weights_bytes(model)
+        if config.quant_bits != 16 or config.quant_embeddings:
+            swap_modules(model, self.build_quantized(config, config.quant_bits))
+        weights_saved = weights16 - weights_bytes(model)
+        self.packed_bytes = pack_linears(model, config.pack_weights)
+        self.weights_bytes = weights_bytes(model)  # with the packed copies
+        blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes, weights_saved)
+        self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
+        self.kv_target = blocks  # the KV blocks the current weights leave room for
+
+    def build_quantized(self, config: EngineConfig, bits: int, group_size: int | None = None,
+                        outlier_channels: int | None = None, progress: Progress | None = None,
                         embeddings: bool | None = None) -> dict:
         """Quantized modules built from the original 16-bit weights (slow: run it off the GUI thread).
         Outlier channels need activation statistics, gathered once from the held-out text."""
-        cfg = self.config
-        group_size = group_size or cfg.quant_group_size
-        n_out = cfg.quant_outlier_channels if outlier_channels is None else outlier_channels
+        group_size = group_size or config.quant_group_size
+        n_out = config.quant_outlier_channels if outlier_channels is None else outlier_channels
         outliers = None
         if n_out and bits != 16:
             if self._act_absmax is None:
-                self._act_absmax = activation_absmax(self, heldout_texts())
-            outliers = outlier_channels_for(self._act_absmax, self._originals, n_out)
-        originals = {n: w.to(self.device) for n, w in self._originals.items()}
-        embeddings = cfg.quant_embeddings if embeddings is None else embeddings
-        return quantize_model(self.model, originals, bits, group_size, outliers, cfg.quant_reference, progress,
+                self._act_absmax = self._calibrate()
+            outliers = outlier_channels_for(self._act_absmax, self.originals, n_out)
+        originals = {n: w.to(self.device) for n, w in self.originals.items()}
+        embeddings = config.quant_embeddings if embeddings is None else embeddings
+        return quantize_model(self.model, originals, bits, group_size, outliers, config.quant_reference, progress,
                               embeddings)
 
-    def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
-                         progress: Callable[[str, float], None] | None = None,
-                         embeddings: bool | None = None) -> dict[str, float]:
-        """Requantize from the original weights and swap the new layers in at the top of the next step;
-        queued and running requests carry on. Returns the per-layer relative weight error."""
+    def prepare_swap(self, config: EngineConfig, bits: int, group_size: int | None = None,
+                     outlier_channels: int | None = None, progress: Progress | None = None,
+                     embeddings: bool | None = None) -> tuple[SwapWeights, dict[str, float]]:
+        """The SwapWeights command for a requantization, and the per-layer relative weight error."""
         if bits not in (16, 8, 4):
             raise ValueError(f"bits must be 16, 8 or 4, got {bits}")
-        modules = self.build_quantized(bits, group_size, outlier_channels, progress, embeddings)
-        settings = dict(quant_bits=bits, quant_group_size=group_size or self.config.quant_group_size,
-                        quant_embeddings=self.config.quant_embeddings if embeddings is None else embeddings,
-                        quant_outlier_channels=self.config.quant_outlier_channels
+        modules = self.build_quantized(config, bits, group_size, outlier_channels, progress, embeddings)
+        settings = dict(quant_bits=bits, quant_group_size=group_size or config.quant_group_size,
+                        quant_embeddings=config.quant_embeddings if embeddings is None else embeddings,
+                        quant_outlier_channels=config.quant_outlier_channels
                         if outlier_channels is None else outlier_channels)
-        with self._lock:
-            self._inbox.append(("swap", (modules, settings)))
-        return weight_error_report(self._originals, modules)
+        return SwapWeights(modules, settings), weight_error_report(self.originals, modules)
 
-    def _resize_kv(self) -> None:
-        """Give the KV cache the blocks the new weight size leaves (at the top of a step): growing is
+    def apply_swap(self, command: SwapWeights, config: EngineConfig) -> None:
+        """Swap the new layers in (engine thread, between steps) and set the KV target they leave."""
+        swap_modules(self.model, dict(command.modules))
+        self.packed_bytes = pack_linears(self.model, config.pack_weights)
+        self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
+        self.weights_bytes = weights_bytes(self.model)
+        self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes, self.block_bytes)
+
+    def fit_kv(self, block_manager: BlockManager, runner: ModelRunner) -> None:
+        """Give the KV cache the blocks the weight size leaves (at the top of a step): growing is
         immediate; shrinking goes as far as the blocks at the top are free and resumes as they free up."""
-        n = self.block_manager.resize(self._kv_target)
-        if n * self.config.block_size != self.runner.kv_caches[0][0].shape[1]:
-            self.runner.resize_kv(n)
-
-    def perplexity(self, texts: Sequence[str] | None = None) -> float:
-        """Perplexity of the current weights on `texts` (default: the held-out text in assets/)."""
-        return perplexity(self, texts or heldout_texts())
-
+        if self.kv_target == block_manager.num_blocks:
+            return
+        n = block_manager.resize(self.kv_target)
+        if n * block_manager.block_size != runner.kv_caches[0][0].shape[1]:
+            runner.resize_kv(n)

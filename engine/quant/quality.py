@@ -82,12 +82,14 @@ def _forward_fresh(engine, ids: list[int]) -> None:
     from engine.core.block_manager import BlockManager
     from engine.core.request import Request
     from engine.core.scheduler import ScheduledRequest
+    from engine.runner.attention_backend import eager_backend
     from engine.runner.model_runner import ModelRunner
     from engine.sampling_params import SamplingParams
 
     bs = engine.config.block_size
     blocks = -(-len(ids) // bs)
-    runner = ModelRunner(engine.model, engine.model_config, blocks, bs, engine.device, engine.dtype)
+    runner = ModelRunner(engine.model, engine.model_config, blocks, bs, engine.device, engine.dtype,
+                         eager_backend(engine.config.attention_backend))
     bm = BlockManager(blocks, bs, enable_prefix_caching=False)
     bm.allocate("calibration", ids, len(ids))
     runner.forward([ScheduledRequest(Request("calibration", ids, SamplingParams(max_tokens=1)), len(ids),

@@ -1,19 +1,23 @@
-"""Turns a SchedulerOutput into tensors, runs the model and samples. Owns the KV cache tensors.
+"""Turns a SchedulerOutput into tensors, runs the model and samples. Owns the KV cache tensors and the
+attention backend (chosen by engine/runner/attention_backend.py; every step's metadata carries it to
+the layers).
 
 It never decides who runs: it executes exactly what the scheduler handed out.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
-from engine.models.layers.attention import AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.runner.attention_backend import select_backend
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
@@ -53,20 +57,34 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER) -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
-        self.fused_decode = False  # the compiled gather-fused decode attention (compile=True or "compiled")
-        self.native_decode = None  # the C++ paged-decode kernel module (attention_backend "native")
+        self.backend = backend  # replaced whole by set_execution
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(model_config.num_hidden_layers)
         ]
+
+    def set_execution(self, attention_backend: str, compile: bool,
+                      progress: Callable[[str, float], None] | None = None) -> None:
+        """How the model runs (at start-up, and again when compile switches): compile=True compiles the
+        model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
+        for that (compile=True adds the gather-fused decode attention unless the readable reference path
+        was asked for). What is compiled is compiled lazily, by the next steps."""
+        self.model.set_compiled(compile)
+        self.backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
+                                      previous=self.backend)
+
+    @property
+    def native_decode(self):
+        """The C++ paged-decode module the backend runs decodes with, or None."""
+        return self.backend.native_decode
 
     def resize_kv(self, num_blocks: int) -> None:
         """New K/V tensors of `num_blocks` blocks; the slots both sizes share are copied over."""
@@ -184,8 +202,7 @@ class ModelRunner:
             seqs=seqs,
             block_size=bs,
             tree_masks=tree_masks,
-            fused_decode=self.fused_decode,
-            native_decode=self.native_decode,
+            backend=self.backend,
         )
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
 
@@ -194,7 +211,7 @@ class ModelRunner:
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
         The native kernel reads each context to its own length: one group, no padding mask."""
         bs, groups, start = self.block_size, [], 0
-        if self.native_decode is not None:
+        if self.backend.native_decode is not None:
             max_blocks = -(-lens[-1] // bs)
             return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None,
                                 torch.tensor(lens))]

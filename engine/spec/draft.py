@@ -12,6 +12,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.models.layers.attention import EAGER, AttentionBackend
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.model_runner import ModelRunner
@@ -22,9 +23,9 @@ class DraftModelProposer:
     name = "draft"
 
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER) -> None:
         self.model = model
-        self.runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
+        self.runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype, backend)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.computed: dict[str, int] = {}  # draft KV is valid for positions < computed[request_id]
         self._greedy = SamplingParams(temperature=0.0, max_tokens=1)

@@ -125,7 +125,7 @@ def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], ma
 
 def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
     """The 16-bit lm_head and embedding table as float32, whatever the engine runs now."""
-    return engine._originals["lm_head"].float(), engine._originals["embed_tokens"].float()
+    return engine.weights.originals["lm_head"].float(), engine.weights.originals["embed_tokens"].float()
 
 
 def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, seed: int = 0,

@@ -6,23 +6,64 @@ the (heads, tokens, head_dim) layout attention multiplies, with no copy to rearr
 values are written at ``slot_mapping``; each sequence reads its context back through the slots listed
 by its block table.
 
-Two paths compute the same thing:
+Which path computes it is one AttentionBackend, chosen once by engine/runner/attention_backend.py
+(`select_backend`) and carried to every layer in the step's AttentionMetadata:
 - ``reference``: one sequence at a time, walking its block table block by block, softmax written out.
-  Slow and obvious; the tests hold the fast path to it.
-- ``fast``: decode tokens batched by similar context length (a few matmuls per group; the GQA group
-  dimension rides along, so K/V are never repeated), prefill chunks one SDPA call each.
+  Slow and obvious; the tests hold every other path to it.
+- otherwise ``paged_attention_fast``: prefill chunks (and verify runs) as two matmuls per query slice;
+  decode tokens by the first of these the backend has:
+  - the C++ paged-decode kernel (engine/runner/kernels, "native"): streams each sequence's K/V blocks
+    once where they lie, all decodes in one call;
+  - the compiled gather-fused kernel (``decode_attention_math`` under torch.compile; "compiled", or any
+    backend but reference with compile=True): the gather fused into the reductions, ~5x the eager path
+    for 64 sequences of 800 tokens on the CPU;
+  - the eager path: decodes batched by similar context length (a few matmuls per group; the GQA group
+    dimension rides along, so K/V are never repeated).
 
 The flat batch is ordered decodes first, then prefill chunks (the model runner guarantees it).
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 QUERY_SLICE = 256  # prefill queries attended at once: bounds the scores, and skips most of the masked
 # upper triangle (each slice multiplies only the keys up to its end): 1536 tokens prefill 30 % faster than 1024
+
+
+class CompiledDecode:
+    """The compiled decode_attention_math for one engine. torch.compile builds it on the first call; where
+    it cannot (no C++ compiler, an unsupported platform) the first failure disables it with one warning
+    and the eager path serves from then on."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn  # torch.compile(decode_attention_math), or None once disabled
+        self.ran = False  # it has run (the tests check no silent fallback happened)
+
+    def __call__(self, qd, k_cache, v_cache, blocks, mask, block_size: int) -> torch.Tensor:
+        out = self.fn(qd, k_cache, v_cache, blocks, mask, block_size)
+        self.ran = True
+        return out
+
+    def disable(self, reason: str) -> None:
+        warnings.warn(f"compiled decode attention unavailable, using the eager path: {reason}", stacklevel=3)
+        self.fn = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBackend:
+    """The attention path of every layer, chosen once (engine/runner/attention_backend.py)."""
+
+    name: str = "fast"  # as configured: "native", "fast", "compiled" or "reference"
+    reference: bool = False  # the readable one-sequence-at-a-time path
+    compiled_decode: CompiledDecode | None = None  # decode through the compiled gather-fused kernel
+    native_decode: object = None  # the C++ paged-decode module, only where it applies to the model
+
+
+EAGER = AttentionBackend()  # batched paged attention, no kernel: what a bare ModelRunner runs
 
 
 @dataclass(slots=True)
@@ -59,9 +100,7 @@ class AttentionMetadata:
     seqs: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
     block_size: int = 16
     tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
-    fused_decode: bool = False  # decode through the compiled gather-fused kernel (see decode_attention_math)
-    # the C++ paged-decode module (engine/kernels): set only where it applies (native_decode_applies)
-    native_decode: object = None
+    backend: AttentionBackend = EAGER  # the runner's (one object, not copies of its flags)
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -87,22 +126,22 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
+    native, fused = md.backend.native_decode, md.backend.compiled_decode
     for g in md.decode_groups:
         n = g.num_seqs
         qg = q[g.start : g.start + n]
-        if md.native_decode is not None:  # K/V streamed from the cache by the C++ kernel, no copy
+        if native is not None:  # K/V streamed from the cache by the C++ kernel, no copy
             qd = (qg.view(n, -1, group, head_dim) * scale).contiguous()  # (n, kv_heads, group, head_dim)
-            o = md.native_decode.paged_decode(qd, k_cache, v_cache, g.blocks.view(n, -1), g.ctx_lens,
+            o = native.paged_decode(qd, k_cache, v_cache, g.blocks.view(n, -1), g.ctx_lens,
                                               md.block_size)
             out[g.start : g.start + n] = o.view(n, num_heads, head_dim)
             continue
-        fused = _fused_decode() if md.fused_decode else None
-        if fused is not None:
+        if fused is not None and fused.fn is not None:
             qd = (qg.view(n, -1, group, head_dim) * scale).transpose(0, 1)  # (kv_heads, n, group, head_dim)
             try:
                 o = fused(qd, k_cache, v_cache, g.blocks.view(n, -1), g.mask, md.block_size)
             except Exception as exc:  # the compiler failed (e.g. no C++ toolchain): eager from now on
-                disable_fused_decode(f"{type(exc).__name__}: {exc}")
+                fused.disable(f"{type(exc).__name__}: {exc}")
             else:
                 out[g.start : g.start + n] = o.transpose(0, 1).reshape(n, num_heads, head_dim)
                 continue
@@ -131,8 +170,8 @@ def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: Pre
     """A prefill chunk (or a verify run): q (q_len, heads, head_dim) against its whole context
     kp, vp (kv_heads, ctx_len, head_dim), causal from the chunk's offset. Two matmuls with the query
     heads of a KV head stacked (K/V never repeated): on the CPU this beats SDPA's masked kernel by
-    about 4x and its causal one too at these sizes. Long chunks go 1024 queries at a time, so the
-    score matrix stays bounded."""
+    about 4x and its causal one too at these sizes. The caller cuts long chunks into QUERY_SLICE
+    queries at a time, so the score matrix stays bounded."""
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = kp.shape[0]
     qg = (q * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
@@ -158,24 +197,6 @@ def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     probs = scores.softmax(-1)
     v = v_cache.view(kv_heads, -1, block_size, head_dim)[:, blocks].reshape(kv_heads, n, -1, head_dim)
     return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(-2).to(qd.dtype)
-
-
-_FUSED: dict[str, object] = {}
-
-
-def _fused_decode():
-    """The compiled decode_attention_math, or None where torch.compile cannot build it (no C++
-    compiler, an unsupported platform): the eager path then serves, after one warning."""
-    if "fn" not in _FUSED:
-        _FUSED["fn"] = torch.compile(decode_attention_math, dynamic=True)
-    return _FUSED["fn"]
-
-
-def disable_fused_decode(reason: str) -> None:
-    import warnings
-
-    warnings.warn(f"compiled decode attention unavailable, using the eager path: {reason}", stacklevel=2)
-    _FUSED["fn"] = None
 
 
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,

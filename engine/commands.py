@@ -1,0 +1,90 @@
+"""Typed engine commands: what other threads ask of the engine, queued and applied at the top of the
+next step (in the engine thread, between two forward passes, so no tensor is touched mid-step).
+
+One frozen dataclass per verb, dispatched by type (no strings to misspell). The inbox is the one
+place the caller threads and the engine thread meet; `take_all` hands a whole batch over at once,
+and the engine applies each command on its own, so one that fails loses none of the others.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.core.policies import make_policy
+from engine.core.request import Request
+
+# The knobs reconfigure() may change between steps; the rest need a new engine.
+RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
+                  "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile")
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    request: Request  # validated by add_request; its generator is made when it is drained
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    changes: Mapping[str, Any]  # knob -> value, names from LLMEngine.RECONFIGURABLE, values validated
+
+
+def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
+    """The command for these changes, validated in the caller's thread. Raises ValueError for a knob
+    that cannot change at run time or a bad value (whether a proposer can be switched to is the
+    speculative decoder's to say)."""
+    unknown = set(changes) - set(RECONFIGURABLE)
+    if unknown:
+        raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
+    if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
+        raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    if "policy" in changes:
+        make_policy(changes["policy"])
+    if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
+        raise ValueError("num_speculative_tokens must be between 0 and 8")
+    return Reconfigure(dict(changes))
+
+
+@dataclass(frozen=True, slots=True)
+class SwapWeights:
+    modules: Mapping[str, Any]  # module name -> its requantized replacement (built off the engine thread)
+    settings: Mapping[str, Any]  # the quant_* config fields that describe the new weights
+
+
+EngineCommand = AddRequest | AbortRequest | Reconfigure | SwapWeights
+
+
+class CommandInbox:
+    """Thread-safe queue of commands. Also answers the questions add_request asks under the same lock
+    (is this id pending? which requests are waiting to be drained?) so they see one consistent state."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held by put/take_all; add_request holds it across check + put
+        self._commands: list[EngineCommand] = []
+
+    def put(self, command: EngineCommand) -> None:
+        with self.lock:
+            self._commands.append(command)
+
+    def put_locked(self, command: EngineCommand) -> None:
+        """put() for a caller that already holds `lock`."""
+        self._commands.append(command)
+
+    def take_all(self) -> list[EngineCommand]:
+        with self.lock:
+            commands, self._commands = self._commands, []
+        return commands
+
+    def pending_requests(self) -> list[Request]:
+        """Requests added but not yet drained (call with `lock` held)."""
+        return [c.request for c in self._commands if isinstance(c, AddRequest)]
+
+    def __bool__(self) -> bool:
+        with self.lock:
+            return bool(self._commands)

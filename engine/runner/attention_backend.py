@@ -1,0 +1,64 @@
+"""The attention backend, chosen once: the single source of truth for which path every layer takes.
+
+EngineConfig.attention_backend names a wish; what runs also depends on the model, the device, the
+dtype and whether compile is on. `select_backend` turns all of that into one frozen AttentionBackend
+(engine/models/layers/attention.py) that the runner holds and hands to the layers in each step's
+metadata. The runner selects it at start-up and again when compile switches (ModelRunner.set_execution).
+
+- "reference": the readable path, nothing else (the tests hold every other path to it).
+- "native": the C++ paged-decode kernel where it applies (bf16 on the CPU, head_dim 64/128, at most 8
+  query heads per KV head; built once per machine, ~25 s); the "fast" path for everything else.
+- "compiled", or compile=True with any backend but reference: decode through the compiled
+  gather-fused kernel (where the native kernel does not take the decode first).
+- "fast": batched paged attention in eager torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import torch
+
+from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
+from engine.models.model_config import ModelConfig
+from engine.runner.kernels import native_decode_applies, paged_decode_kernel
+
+
+@functools.cache
+def _compiled_decode_attention():
+    """One torch.compile wrapper per process: its compiled graphs are reused by every engine (and by
+    a compile switched off and on again) instead of being compiled anew."""
+    return torch.compile(decode_attention_math, dynamic=True)
+
+
+def select_backend(name: str, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
+                   compile: bool, progress: Callable[[str, float], None] | None = None,
+                   previous: AttentionBackend | None = None) -> AttentionBackend:
+    """The backend for `name` (EngineConfig.attention_backend) on this model, device and dtype.
+    `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off (a previous
+    of another kind, e.g. a bare runner's EAGER, has none to keep)."""
+    if name == "reference":
+        return AttentionBackend(name, reference=True)
+    compiled = None
+    if name == "compiled" or compile:
+        compiled = (previous.compiled_decode if previous is not None and previous.compiled_decode is not None
+                    else CompiledDecode(_compiled_decode_attention()))
+    native = None
+    if name == "native" and native_decode_applies(model_config, device, dtype):
+        native = paged_decode_kernel(progress)  # None where it cannot be built (after one warning)
+    return AttentionBackend(name, compiled_decode=compiled, native_decode=native)
+
+
+def for_model(backend: AttentionBackend, model_config: ModelConfig, device: torch.device,
+              dtype: torch.dtype) -> AttentionBackend:
+    """The same choice for another model on the same device (a draft model): the native kernel is kept
+    only where it applies to that model's head shapes."""
+    if backend.native_decode is not None and not native_decode_applies(model_config, device, dtype):
+        return dataclasses.replace(backend, native_decode=None)
+    return backend
+
+
+def eager_backend(name: str) -> AttentionBackend:
+    """The backend's choice of layer path with no kernel (a throw-away runner, e.g. calibration)."""
+    return AttentionBackend(name, reference=name == "reference")
