@@ -52,7 +52,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        loaded = loaded or load_model(config.model, progress=progress)
+        # one bar for the whole start: loading fills 90 %, building the engine (and the kernel) the rest
+        loaded = loaded or load_model(config.model, progress=progress and (lambda m, f: progress(m, 0.9 * f)))
+        self.weights_origin = loaded.origin  # where the weights came from, for the quality figures
         self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
         mc = self.model_config
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
@@ -77,6 +79,8 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
+        if progress is not None:
+            progress("engine ready", 1.0)
 
     # ---- commands (any thread) -----------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,

@@ -31,7 +31,8 @@ def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, po
     name = "inferlab_paged_decode" + ("_portable" if portable else "")
     if name not in _BUILT:
         if progress is not None:
-            progress("loading the paged-attention kernel (built once per machine, ~25 s)", 0.95)
+            progress("loading the paged-attention kernel" if _is_built(name)
+                     else "building the paged-attention kernel (once per machine, ~25 s)", 0.95)
         try:
             from torch.utils.cpp_extension import load
 
@@ -42,3 +43,13 @@ def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, po
             warnings.warn(f"native paged-decode kernel unavailable, using the eager path: {exc}", stacklevel=2)
             _BUILT[name] = None
     return _BUILT[name]
+
+
+def _is_built(name: str) -> bool:
+    """Whether torch's extension cache already holds this kernel (then loading it takes a moment)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    except Exception:  # noqa: BLE001 (a private helper of torch's: if it moves, say "building")
+        return False
