@@ -283,6 +283,8 @@ class EngineLoop:
             self._accepting = False  # new requests are refused until the swap
         old = self._engine
         try:
+            if old.has_unfinished():
+                old.step()  # drains the engine's inbox: requests queued just before are live, so abortable
             self.abort_all()  # the streams of the old engine's requests end with "abort"
         except Exception as exc:  # a failing step: the old engine goes anyway
             self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
