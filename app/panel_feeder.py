@@ -117,7 +117,11 @@ class PanelFeeder(QObject):
     def feed(self, items: list) -> None:
         handlers = self._handlers
         for item in items:
-            handlers[type(item)](item)
+            handler = handlers.get(type(item))
+            if handler is None:  # a source published something no panel knows: say so, drop it
+                self.sigMessage.emit(f"no panel shows {type(item).__name__} items")
+                continue
+            handler(item)
         self._feed_plots()
         self._feed_memory()
         self._push_timings()

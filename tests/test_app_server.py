@@ -59,6 +59,7 @@ def test_server_keeps_streaming_after_a_preset_rebuilds_the_engine(qapp, window)
     assert window.controller.apply_preset("vram-bottleneck"), window.controller.last_error  # 160 KV blocks
     wait_until(qapp, lambda: window.controller.engine_ready and window.host.engine is not old, 60)
     assert window.host.info.num_kv_blocks == 160 and window.host.engine.config.num_kv_blocks == 160
+    old = None  # the old engine is garbage now (collected in this, the GUI thread)
     window.host.stop_load()  # the preset's own load would only slow this test down
     served = []
     window.host.engine.add_listener(lambda ev: served.extend(t.num_output_tokens for t in ev.finished))
@@ -67,6 +68,5 @@ def test_server_keeps_streaming_after_a_preset_rebuilds_the_engine(qapp, window)
     assert 6 in served  # the new engine produced them
     metrics = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
     assert "inferlab:generation_tokens_total" in metrics
-    del old
     window.actions_by_name["serve"].trigger()
     assert not window.server.running

@@ -149,3 +149,14 @@ def test_async_front_follows_a_rebuilt_engine(loop):
         assert asyncio.run(generate()) == "length"  # streamed from the new engine
     finally:
         aeng.shutdown()
+
+
+def test_outputs_carry_the_per_request_figures_the_gui_shows(loop):
+    """TTFT and tokens/s are computed once, in the engine, on each RequestOutput."""
+    engine = loop.engine
+    seen = []
+    engine.add_listener(lambda ev: seen.extend(ev.outputs))
+    engine.generate([[5, 6, 7]], SamplingParams(max_tokens=5, ignore_eos=True))
+    first, last = seen[0], seen[-1]
+    assert first.ttft_s is not None and first.ttft_s > 0 and first.tokens_per_s is None  # one token so far
+    assert last.finished and last.ttft_s == first.ttft_s and last.tokens_per_s > 0

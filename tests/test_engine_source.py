@@ -71,6 +71,9 @@ def test_the_gui_says_what_a_source_does_not_expose(qapp):
         unavailable = window.panels["controls"].snapshot_data()["unavailable"]
         assert unavailable["quant_bits"] == "Weight bits: not offered by remote-fake"
         assert "arrival_rate" in unavailable and "max_num_seqs" not in unavailable
+        values = window.panels["controls"].snapshot_data()["values"]  # the knobs start at EngineConfig's defaults
+        assert values["max_num_seqs"] == EngineConfig().max_num_seqs
+        assert values["max_num_batched_tokens"] == EngineConfig().max_num_batched_tokens
         assert source.knobs  # the controller pushed its knobs to this source, through the interface
         window.controller._on_config_changed({"quant_bits": 4})  # a knob the source lacks changes nothing
         assert window.controller.config["quant_bits"] == 16

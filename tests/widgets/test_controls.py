@@ -95,3 +95,11 @@ def test_busy_and_unavailable(panel):
     assert row.isEnabled() and row.value_text() == "16-bit"
     with pytest.raises(KeyError):
         panel.set_feature_available("warp_drive", False)
+
+
+def test_reset_goes_back_to_the_defaults_it_was_given(show):
+    panel = show(ControlsPanel(defaults={**DEFAULTS, "max_num_seqs": 32, "burst_size": 4}), 500, 500)
+    panel.set_values({"max_num_seqs": 8, "burst_size": 20})
+    panel.reset()
+    values = panel.snapshot_data()["values"]
+    assert values["max_num_seqs"] == 32 and values["burst_size"] == 4 and values["max_num_batched_tokens"] == 512
