@@ -1,8 +1,10 @@
-"""AppController: what the user's clicks, keys and presets mean for the engine host and the panels.
+"""AppController: what the user's clicks, keys and presets mean for the engine source and the panels.
 
-Every command goes to the engine thread through EngineHost (queued, thread-safe); nothing here waits
-for the engine. The controller keeps the configuration the user asked for, so it can label tradeoff
-points, mark configuration changes on the timeline and restore a preset.
+Every command goes to the engine source (app/engine_source.py; today EngineHost, which queues it for the
+engine thread); nothing here waits for the engine. What the source cannot do is read from its declared
+capabilities (EngineInfo.capabilities) and said on screen. The controller keeps the configuration the
+user asked for, so it can label tradeoff points, mark configuration changes on the timeline and restore
+a preset; it starts from the knobs' defaults (app/knob_defaults.py: EngineConfig's own).
 """
 from __future__ import annotations
 
@@ -10,15 +12,24 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 
 from app import presets
+from app.engine_info import Capabilities
+from app.knob_defaults import engine_knob_defaults, knob_defaults
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
 from engine.sampling_params import SamplingParams
 
-FEATURE_CONTROLS = {  # control -> (capability, why it is greyed out)
-    "quant_bits": ("quantization", "Weight bits: arrives with weight quantization (issue 5)"),
-    "num_speculative_tokens": ("speculative", "Draft length: arrives with speculative decoding (issue 4)"),
+FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
+    "quant_bits": ("quantization", "Weight bits"),
+    "num_speculative_tokens": ("speculative", "Draft length"),
+    "arrival_rate": ("load_generator", "The load generator"),
+    "load": ("load_generator", "The load generator"),
+    "burst": ("load_generator", "The load generator"),
 }
-SPEC_OFF = "Speculative decoding: not available in this engine\n(arrives with issue 4)"
+PANEL_NEEDS = {  # panel -> ((capability, what it shows), ...): greyed out with a message when one is missing
+    "memory": (("memory_breakdown", "the memory breakdown"), ("block_map", "the KV block map")),
+    "timeline": (("step_events", "per-step batch and queue events"),),
+    "spec": (("speculative", "speculative decoding"),),
+}
 USER_MAX_TOKENS = 128
 _LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",
            "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals",
@@ -32,15 +43,15 @@ class AppController(PresetActions, QObject):
         self.feeder, self.meter, self.caption = feeder, meter, caption
         self.preset: presets.Preset | None = None
         self.presets_dir = presets.PRESETS_DIR
-        self.capabilities: frozenset[str] = frozenset()
+        self.capabilities = Capabilities()  # none until the source says what it offers
+        self.source_name = host.name
         self.start_kv_blocks = host.config.num_kv_blocks  # presets without num_kv_blocks go back to it
         self.spec_method: str | None = None
         self.engine_bits = 16  # what the engine's weights are now
         self._rebuilt_for_knob = False
         self.engine_busy = False  # requantizing / measuring in the engine thread
-        self.config: dict = {"max_num_seqs": 64, "max_num_batched_tokens": 512, "enable_chunked_prefill": True,
-                             "policy": "fcfs", "compile": False, "quant_bits": 16, "num_speculative_tokens": 0}
-        self.arrival_rate = 2.0
+        self.config: dict = engine_knob_defaults()
+        self.arrival_rate = knob_defaults()["arrival_rate"]
         self.load_running = False
         self.sweeping = False
         self.engine_ready = False  # on_loaded ran: presets and controls reach the engine
@@ -65,10 +76,9 @@ class AppController(PresetActions, QObject):
     # --- engine lifecycle ---------------------------------------------------------------------
     def on_loaded(self, info) -> None:
         self.capabilities = info.capabilities
+        self.source_name = info.source
         self.engine_ready = True
         self.engine_bits = info.config.get("quant_bits", 16)
-        self.panels["tokens"].set_token_decoder(info.tokenizer.id_to_piece)
-        self.feeder.tokenizer = info.tokenizer
         self.panels["controls"].setEnabled(True)
         self._grey_out_features()
         knob, self._rebuilt_for_knob = self._rebuilt_for_knob, False
@@ -80,7 +90,7 @@ class AppController(PresetActions, QObject):
         else:
             self._push_config()
 
-    def _on_quantized(self, bits: int) -> None:
+    def _on_quantized(self, bits: int, _num_kv_blocks: int) -> None:
         self.engine_bits = bits
         self.window.show_message(f"weights are now {bits}-bit")
 
@@ -91,11 +101,17 @@ class AppController(PresetActions, QObject):
         self.host.cancel_sweep()
 
     def _grey_out_features(self) -> None:
+        """Controls and panels the source's capabilities do not cover say so (before loading: nothing is
+        known yet, so they wait greyed out)."""
+        caps, source = self.capabilities, self.source_name
         controls = self.panels["controls"]
-        for name, (cap, why) in FEATURE_CONTROLS.items():
-            controls.set_feature_available(name, cap in self.capabilities, "" if cap in self.capabilities else why)
-        spec_on = "speculative" in self.capabilities
-        self.panels["spec"].set_available(spec_on, "" if spec_on else SPEC_OFF)
+        for name, (cap, what) in FEATURE_CONTROLS.items():
+            on = cap in caps
+            controls.set_feature_available(name, on, "" if on else f"{what}: not offered by {source}")
+        for panel, needs in PANEL_NEEDS.items() if self.engine_ready else ():
+            missing = [what for cap, what in needs if cap not in caps]
+            self.panels[panel].set_available(not missing, f"{' and '.join(missing).capitalize()}: not exposed by "
+                                                          f"{source}" if missing else "")
 
     # --- presets: app/preset_actions.py --------------------------------------------------------
     def _push_config(self) -> None:
@@ -191,21 +207,17 @@ class AppController(PresetActions, QObject):
         self.window.show_message("reset: load stopped, requests aborted, panels cleared")
 
     def submit(self, prompt: str, chat: bool) -> None:
-        info = self.host.info
-        if info is None:
+        if self.host.info is None:
             self.window.show_message("the model is still loading")
             return
-        text = prompt
-        if chat and info.tokenizer.has_chat_template:
-            text = info.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.7, logprobs=5)
         try:
-            rid = self.host.add_request(text, params)
+            rid, templated = self.host.submit_prompt(prompt, params, chat)
         except Exception as exc:  # bad request (ValueError), still loading, or admission control
             self.error(f"request refused: {exc}")
             return
         title = prompt if len(prompt) <= 24 else prompt[:23] + "…"
-        self.feeder.add_user_stream(rid, title, prompt + ("   [chat template]" if text != prompt else ""))
+        self.feeder.add_user_stream(rid, title, prompt + ("   [chat template]" if templated else ""))
 
     # --- sweep --------------------------------------------------------------------------------
     def run_sweep(self, spec: SweepSpec | None = None) -> None:

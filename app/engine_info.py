@@ -1,14 +1,43 @@
-"""EngineInfo: what the GUI may know about the loaded engine, and which features it offers."""
+"""EngineInfo: what the GUI may know about the engine a source runs, and what the source can do.
+
+Plain data only: no tensors, no tokenizer (the engine thread turns token ids into text before it
+publishes). `Capabilities` is declared by the source, never found by probing the engine's attributes.
+"""
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an engine source can do or show; the GUI reads these and says on screen what is missing."""
+
+    step_events: bool = False  # per-step EngineStepEvents (timeline, Gantt, latency, token colours)
+    memory_breakdown: bool = False  # MemorySnapshots (weights / KV / activations / free)
+    block_map: bool = False  # BlockMapSnapshots (the KV block map)
+    load_generator: bool = False  # the built-in load generator runs next to the engine
+    sweep: bool = False  # the tradeoff sweep runs in the engine's thread
+    quantization: bool = False  # weight bits change at run time
+    perplexity: bool = False  # quality is measured on held-out text
+    speculative: bool = False  # n-gram / draft-model speculative decoding
+    mtp: bool = False  # multi-token prediction heads are trained for this model
+    rebuild: bool = False  # construction-time fields (KV size, draft model) change by rebuilding
+    serve: bool = False  # the app can serve the OpenAI API on this engine
+    reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
+
+    def names(self) -> frozenset[str]:
+        """The boolean capabilities that are on, by field name."""
+        return frozenset(f.name for f in fields(self) if f.type == "bool" and getattr(self, f.name) is True)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
 
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
-    """What the GUI may know about the loaded engine (plain data and the tokenizer; no tensors)."""
+    """What the GUI may know about the loaded engine (plain data; no tensors, no tokenizer)."""
 
+    source: str  # the source's name, as the GUI says it ("the embedded engine", a server's URL)
     model: str
     model_path: str
     device: str
@@ -16,30 +45,13 @@ class EngineInfo:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
-    tokenizer: object
-    capabilities: frozenset[str] = field(default_factory=frozenset)
+    has_chat_template: bool = False
+    capabilities: Capabilities = field(default_factory=Capabilities)
     config: dict = field(default_factory=dict)
-    reconfigurable: tuple[str, ...] = ()  # EngineConfig fields reconfigure() changes between steps
 
-
-def engine_capabilities(engine) -> frozenset[str]:
-    """Features the engine offers: what `engine.capabilities()` reports when it exists, else what its
-    public verbs show: "quantization" (set_quantization), "perplexity", "speculative" (n-gram and
-    draft proposers, switched by rebuilding the engine)."""
-    caps = getattr(engine, "capabilities", None)
-    if callable(caps):
-        value = caps()
-        return frozenset(k for k, v in value.items() if v) if isinstance(value, dict) else frozenset(value)
-    found = set()
-    if callable(getattr(engine, "set_quantization", None)):
-        found.add("quantization")
-    if callable(getattr(engine, "perplexity", None)):
-        found.add("perplexity")
-    if hasattr(engine.config, "spec_method") and importlib.util.find_spec("engine.spec.verify") is not None:
-        found.add("speculative")
-        if mtp_heads_file(engine) is not None:
-            found.add("mtp")
-    return frozenset(found)
+    @property
+    def reconfigurable(self) -> tuple[str, ...]:
+        return self.capabilities.reconfigurable
 
 
 def mtp_heads_file(engine) -> str | None:
@@ -48,16 +60,24 @@ def mtp_heads_file(engine) -> str | None:
 
     from engine.spec.mtp import heads_path
 
-    path = getattr(engine.config, "mtp_heads", None) or heads_path(str(engine.model_path))
+    path = engine.config.mtp_heads or heads_path(str(engine.model_path))
     return str(path) if Path(path).exists() else None
 
 
-def make_info(e) -> EngineInfo:
-    """What the GUI may know about a loaded engine."""
+def embedded_capabilities(engine) -> Capabilities:
+    """What the embedded LLMEngine offers (declared here, where the app hosts it): everything, and MTP
+    when its heads have been trained for this model."""
+    return Capabilities(step_events=True, memory_breakdown=True, block_map=True, load_generator=True, sweep=True,
+                        quantization=True, perplexity=True, speculative=True, mtp=mtp_heads_file(engine) is not None,
+                        rebuild=True, serve=True, reconfigurable=tuple(engine.RECONFIGURABLE))
+
+
+def make_info(e, source: str) -> EngineInfo:
+    """What the GUI may know about a loaded engine (engine thread)."""
     cfg = e.config
-    return EngineInfo(model=cfg.model, model_path=str(e.model_path), device=str(e.device),
+    return EngineInfo(source=source, model=cfg.model, model_path=str(e.model_path), device=str(e.device),
                       dtype=str(e.dtype).removeprefix("torch."), max_model_len=e.max_model_len,
-                      num_kv_blocks=e.block_manager.num_blocks, block_size=cfg.block_size,
-                      tokenizer=e.tokenizer, capabilities=engine_capabilities(e),
-                      config={k: getattr(cfg, k) for k in cfg.__slots__},
-                      reconfigurable=tuple(getattr(type(e), "RECONFIGURABLE", ())))
+                      num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
+                      has_chat_template=bool(e.tokenizer.has_chat_template),
+                      capabilities=embedded_capabilities(e),
+                      config={k: getattr(cfg, k) for k in cfg.__slots__})

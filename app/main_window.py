@@ -1,7 +1,9 @@
 """MainWindow: every panel in a dock, the caption on top, load progress in the status bar.
 
 The window only arranges things; AppController (app/controller.py) decides what a click means,
-PanelFeeder (app/panel_feeder.py) moves engine events into panels on a ~30 Hz timer.
+PanelFeeder (app/panel_feeder.py) moves the engine source's channel items into panels on a ~30 Hz timer.
+The window talks to its engine source (app/engine_source.py; EngineHost today) through that interface
+only: its signals, `info` and `drain()`; never the engine inside it.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from PySide6.QtWidgets import (
 
 from app import gui_gc
 from app.controller import AppController
-from app.engine_host import EngineHost
+from app.engine_source import EngineSource
 from app.frame_governor import FrameGovernor
+from app.knob_defaults import knob_defaults
 from app.panel_feeder import PanelFeeder
 from app.server_control import ServerControl
 from app.trace_recorder import TraceRecorder
@@ -52,13 +55,14 @@ PANEL_TITLES = {
 
 
 def make_panels() -> dict[str, QWidget]:
-    return {"controls": ControlsPanel(), "tokens": TokenStreamPanel(max_streams=16), "memory": MemoryPanel(),
+    return {"controls": ControlsPanel(defaults=knob_defaults()), "tokens": TokenStreamPanel(max_streams=16),
+            "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
             "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel()}
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, host: EngineHost, settings: QSettings | None = None, *, persist: bool = True,
+    def __init__(self, host: EngineSource, settings: QSettings | None = None, *, persist: bool = True,
                  tradeoff_seconds: float = 5.0) -> None:
         super().__init__()
         self.setWindowTitle("inferlab")
@@ -172,11 +176,10 @@ class MainWindow(QMainWindow):
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks "
                                   f"× {info.block_size} · context {info.max_model_len}")
 
-    def _on_quantized(self, _bits: int) -> None:
+    def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:
         """Requantizing resized the KV cache (the bytes the weights freed or took back)."""
-        engine = self.host.engine
-        if engine is not None and self.host.info is not None:
-            self._show_engine_label(engine.block_manager.num_blocks)
+        if self.host.info is not None:
+            self._show_engine_label(num_kv_blocks)
 
     def _on_load_failed(self, message: str) -> None:
         self.progress.hide()
@@ -296,6 +299,11 @@ class MainWindow(QMainWindow):
         if not on:
             self.server.stop()
             self.show_message("OpenAI-compatible server stopped")
+            return
+        info = self.host.info
+        if info is not None and not info.capabilities.serve:
+            self.actions_by_name["serve"].setChecked(False)
+            self.show_message(f"server not started: serving the API is not offered by {info.source}")
             return
         try:
             url = self.server.start()

@@ -1,9 +1,11 @@
-"""PanelFeeder: the GUI-thread consumer of the engine host's channel. It only hands data to panels.
+"""PanelFeeder: the GUI-thread consumer of the engine source's channel. It only hands data to panels.
 
-Drained ~30 times a second: step events feed the token streams and the tradeoff meter at once, the
-timeline/Gantt (10 Hz) and the latency panel (4 Hz) in batches; memory and block-map snapshots feed
-the memory panel (the latest one only); load-generator arrivals open token-stream tabs, up to a cap,
-replacing the oldest finished tab.
+Drained ~30 times a second; each item is dispatched by its type (the table in __init__; the item types
+are in app/channel.py plus the engine's EngineStepEvent, MemorySnapshot and BlockMapSnapshot). Step
+events feed the token streams and the tradeoff meter at once, the timeline/Gantt (10 Hz) and the latency
+panel (4 Hz) in batches; memory and block-map snapshots feed the memory panel (the latest one only);
+load-generator arrivals open token-stream tabs, up to a cap, replacing the oldest finished tab.
+Per-stream TTFT and tokens/s come with the engine's RequestOutputs; nothing is recomputed here.
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
+from app import channel
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
-from engine.events import EngineStepEvent
+from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot
 
 TIMELINE_EVERY_S = 0.1  # 10 Hz: the timeline scrolls smoothly enough
 LATENCY_EVERY_S = 0.25  # histograms change only when requests finish
@@ -23,25 +26,16 @@ MEMORY_EVERY_S = 0.2  # the block map and memory bar
 MAX_LOAD_TABS = 8  # load-generator streams shown at once
 MAX_USER_TABS = 4
 MIN_TAB_INTERVAL_S = 0.5
-PROMPT_TAIL_TOKENS = 24  # how much of a load-generator prompt its tab shows
 
 
 @dataclass(slots=True)
-class _Timing:
-    arrival: float | None = None
-    first: float | None = None
-    last: float | None = None
-    num_tokens: int = 0
+class _Shown:
+    """A stream on show: the engine's latest figures for it, and whether its tab needs them."""
+
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
     finished: bool = False
     dirty: bool = False
-
-    def ttft(self) -> float | None:
-        return None if self.first is None or self.arrival is None else self.first - self.arrival
-
-    def tokens_per_s(self) -> float | None:
-        if self.first is None or self.last is None or self.num_tokens < 2 or self.last <= self.first:
-            return None
-        return (self.num_tokens - 1) / (self.last - self.first)
 
 
 class PanelFeeder(QObject):
@@ -49,14 +43,14 @@ class PanelFeeder(QObject):
     sigMessage = Signal(str)  # errors and notes for the status bar
     sigReset = Signal()  # the engine finished a reset: panels were cleared
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
-    sigQuantized = Signal(int)  # the weights now have this many bits
+    sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
 
     def __init__(self, panels: dict, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
         super().__init__(parent)
         self.panels = panels
         self.meter = meter
         self.recorder = recorder
-        self._streams: OrderedDict[str, _Timing] = OrderedDict()  # shown streams, oldest first
+        self._streams: OrderedDict[str, _Shown] = OrderedDict()  # shown streams, oldest first
         self._user: set[str] = set()
         self._followed: str | None = None  # the stream we switched to last
         self._timeline_pending: list[EngineStepEvent] = []
@@ -64,9 +58,24 @@ class PanelFeeder(QObject):
         self._timeline_fed = self._latency_fed = self._memory_fed = 0.0
         self._memory = self._blocks = None  # the latest snapshots not yet shown
         self.num_steps = 0
-        self.tokenizer = None  # set once the model is loaded
         self._last_tab = 0.0
         self._points: dict = {}  # tradeoff label -> latest measured point
+        self._handlers = {  # channel item type -> handler
+            EngineStepEvent: self._on_step,
+            MemorySnapshot: self._on_memory,
+            BlockMapSnapshot: self._on_blocks,
+            channel.LoadStream: self._add_load_stream,
+            channel.Reset: self._on_reset,
+            channel.SweepProgress: lambda p: self.sigSweepProgress.emit(p.text, p.fraction),
+            channel.SweepPoint: lambda p: self.panels["tradeoff"].add_point(p.point),
+            channel.SweepDone: lambda _d: self.sigSweepProgress.emit("", 1.0),
+            channel.Message: lambda m: self.sigMessage.emit(m.text),
+            channel.Busy: lambda b: self.sigBusy.emit(b.text, b.fraction),
+            # kept across resets and rebuilds: the weights keep their bits
+            channel.QuantError: lambda q: self.panels["quant"].set_report(q.bits, dict(q.errors)),
+            channel.Quantized: lambda q: self.sigQuantized.emit(q.bits, q.num_kv_blocks),
+            channel.Perplexity: self._on_perplexity,
+        }
 
     # --- streams ------------------------------------------------------------------------------
     def add_user_stream(self, request_id: str, title: str, prompt: str) -> None:
@@ -74,19 +83,12 @@ class PanelFeeder(QObject):
         if len(users) >= MAX_USER_TABS:
             self._drop(users[0])
         self._user.add(request_id)
-        self._streams[request_id] = _Timing()
+        self._streams[request_id] = _Shown()
         self._followed = request_id
         self.panels["tokens"].add_stream(request_id, title, prompt)
 
-    def _prompt_tail(self, prompt_ids) -> str | None:
-        """The end of a load-generator prompt, as text (the GUI may run the tokenizer, never torch)."""
-        if self.tokenizer is None or not prompt_ids:
-            return None
-        tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
-        text = self.tokenizer.decode(tail).replace("\n", " ").strip()
-        return ("… " if len(prompt_ids) > len(tail) else "") + text + f"   [{len(prompt_ids)} prompt tokens]"
-
-    def _add_load_stream(self, request_id: str, kind: str, prompt_ids=None) -> None:
+    def _add_load_stream(self, item: channel.LoadStream) -> None:
+        request_id = item.request_id
         now = time.perf_counter()
         if now - self._last_tab < MIN_TAB_INTERVAL_S:
             return  # heavy traffic: a new tab (a text view) at most every MIN_TAB_INTERVAL_S
@@ -97,13 +99,13 @@ class PanelFeeder(QObject):
                 return  # every tab is still streaming: this one is not shown
             self._drop(done[0])
         self._last_tab = now
-        self._streams[request_id] = _Timing()
+        self._streams[request_id] = _Shown()
         # switch to the newest stream only once the one on show has finished (never away from the user's)
         followed = self._streams.get(self._followed) if self._followed else None
         activate = followed is None or (followed.finished and self._followed not in self._user)
         if activate:
             self._followed = request_id
-        self.panels["tokens"].add_stream(request_id, f"{request_id} ({kind})", self._prompt_tail(prompt_ids),
+        self.panels["tokens"].add_stream(request_id, f"{request_id} ({item.kind})", item.prompt_tail,
                                          activate=activate)
 
     def _drop(self, request_id: str) -> None:
@@ -112,74 +114,48 @@ class PanelFeeder(QObject):
         self.panels["tokens"].remove_stream(request_id)
 
     # --- the drain ----------------------------------------------------------------------------
-    def feed(self, items: list[tuple]) -> None:
-        memory = blocks = None
-        for kind, payload in items:
-            if kind == "step":
-                self._on_step(payload)
-            elif kind == "memory":
-                memory = payload
-            elif kind == "blocks":
-                blocks = payload
-            elif kind == "loadgen":
-                self._add_load_stream(*payload)
-            elif kind == "reset":
-                memory = blocks = None
-                self._memory = self._blocks = None
-                self.clear()
-                self.sigReset.emit()
-            elif kind == "sweep":
-                self.sigSweepProgress.emit(payload["text"], payload["fraction"])
-            elif kind == "sweep_point":
-                self.panels["tradeoff"].add_point(payload)
-            elif kind == "sweep_done":
-                self.sigSweepProgress.emit("", 1.0)
-            elif kind == "error":
-                self.sigMessage.emit(str(payload))
-            elif kind == "busy":
-                self.sigBusy.emit(payload["text"], payload["fraction"])
-            elif kind == "quant_error":  # kept across resets and rebuilds: the weights keep their bits
-                self.panels["quant"].set_report(payload["bits"], payload["errors"])
-            elif kind == "quantized":
-                self.sigQuantized.emit(int(payload))
-            elif kind == "perplexity":
-                self.meter.perplexity.update(payload)
-                self.sigMessage.emit("perplexity on the held-out text: " + ", ".join(
-                    f"{bits}-bit {ppl:.3f}" for bits, ppl in sorted(payload.items(), reverse=True)))
+    def feed(self, items: list) -> None:
+        handlers = self._handlers
+        for item in items:
+            handler = handlers.get(type(item))
+            if handler is None:  # a source published something no panel knows: say so, drop it
+                self.sigMessage.emit(f"no panel shows {type(item).__name__} items")
+                continue
+            handler(item)
         self._feed_plots()
-        self._memory = memory or self._memory
-        self._blocks = blocks or self._blocks
         self._feed_memory()
         self._push_timings()
 
+    def _on_memory(self, snap: MemorySnapshot) -> None:
+        self._memory = snap
+
+    def _on_blocks(self, snap: BlockMapSnapshot) -> None:
+        self._blocks = snap
+
+    def _on_reset(self, _item: channel.Reset) -> None:
+        self._memory = self._blocks = None
+        self.clear()
+        self.sigReset.emit()
+
+    def _on_perplexity(self, item: channel.Perplexity) -> None:
+        self.meter.perplexity.update(item.by_bits)
+        self.sigMessage.emit("perplexity on the held-out text: " + ", ".join(
+            f"{bits}-bit {ppl:.3f}" for bits, ppl in sorted(item.by_bits.items(), reverse=True)))
+
     def _on_step(self, event: EngineStepEvent) -> None:
         self.num_steps += 1
-        stats = event.stats
-        t_end = stats.t_start + stats.wall_time_s
         tokens = self.panels["tokens"]
         self.recorder.add(event)
         self._timeline_pending.append(event)
         self._latency_pending.append(event)
-        for rid, t_arrival, _n in event.arrived:
-            if rid in self._streams:
-                self._streams[rid].arrival = t_arrival
         for out in event.outputs:
-            timing = self._streams.get(out.request_id)
-            if timing is None:
+            shown = self._streams.get(out.request_id)
+            if shown is None:
                 continue
             tokens.append_output(out)
-            if out.new_token_ids:
-                timing.first = timing.first if timing.first is not None else t_end
-                timing.last = t_end
-                timing.num_tokens += len(out.new_token_ids)
-            timing.finished = timing.finished or out.finished
-            timing.dirty = True
-        for tl in event.finished:
-            timing = self._streams.get(tl.request_id)
-            if timing is not None and tl.first_token is not None:  # the engine's own timestamps win
-                timing.arrival, timing.first = tl.arrival, tl.first_token
-                timing.last = tl.finished if tl.finished is not None else timing.last
-                timing.dirty = True
+            shown.ttft_s, shown.tokens_per_s = out.ttft_s, out.tokens_per_s  # the engine's figures
+            shown.finished = shown.finished or out.finished
+            shown.dirty = True
         if event.spec is not None:
             self.panels["spec"].add_spec_stats(event.spec)
         point = self.meter.add(event)
@@ -242,10 +218,10 @@ class PanelFeeder(QObject):
 
     def _push_timings(self) -> None:
         tokens = self.panels["tokens"]
-        for rid, t in self._streams.items():
-            if t.dirty:
-                t.dirty = False
-                tokens.set_stream_timing(rid, t.ttft(), t.tokens_per_s())
+        for rid, shown in self._streams.items():
+            if shown.dirty:
+                shown.dirty = False
+                tokens.set_stream_timing(rid, shown.ttft_s, shown.tokens_per_s)
 
     def clear(self) -> None:
         """Empty every data panel (not the controls, not the tradeoff points: they are history; not the

@@ -16,7 +16,7 @@ SPEC_METHODS = ("ngram", "draft", "mtp")  # what a preset or the draft-length sl
 
 class PresetActions:
     """Needs from the controller: window, host, panels, caption, config, capabilities, engine_ready,
-    engine_bits, spec_method, start_kv_blocks, presets_dir, _push_config, _sync_actions, set_load_running,
+    engine_bits, spec_method, source_name, start_kv_blocks, presets_dir, _push_config, _sync_actions, set_load_running,
     error."""
 
     def apply_preset(self, name_or_path: str | Path) -> bool:
@@ -59,6 +59,10 @@ class PresetActions:
 
     def _rebuild(self, changes: dict, knob: bool) -> None:
         """Build a new engine with changed construction-time fields; on_loaded continues."""
+        if "rebuild" not in self.capabilities:
+            self.error(f"{', '.join(changes)} cannot change: rebuilding the engine is not offered by "
+                       f"{self.source_name}")
+            return
         self.engine_ready = False
         self._rebuilt_for_knob = knob
         self.window.show_message("rebuilding the engine: " + ", ".join(f"{k}={v}" for k, v in changes.items()))

@@ -4,14 +4,15 @@ Runs inside the engine thread (EngineHost.run_sweep), so the window keeps painti
 sweep flows to the panels like any other. For each batch size it keeps `2 x batch` requests in flight
 (closed loop, so the engine is always full), waits out a warm-up, then measures for the rest of the
 point. Afterwards the previous configuration is restored and the load generator resumes if it ran.
-Progress and points go out through the host's event channel:
-  ("sweep", {"text", "fraction"}), ("sweep_point", TradeoffPoint), ("sweep_done", {"points", "cancelled"}).
+Progress and points go out through the host's event channel (app/channel.py):
+  SweepProgress(text, fraction), SweepPoint(TradeoffPoint), SweepDone(points, cancelled).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from app.channel import SweepDone, SweepPoint, SweepProgress
 from app.load.generator import LoadConfig, LoadGenerator
 from app.tradeoff_meter import RateMeter, config_label, make_point
 
@@ -46,18 +47,18 @@ class Sweep:
                 if host.stopping or host.sweep_cancelled.is_set():
                     cancelled = True
                     break
-                host.publish("sweep", {"text": f"sweep: max batch size {batch} ({i + 1}/{len(spec.grid)})",
-                                       "fraction": i / len(spec.grid)})
+                host.publish(SweepProgress(f"sweep: max batch size {batch} ({i + 1}/{len(spec.grid)})",
+                                           i / len(spec.grid)))
                 point = self._measure(host, batch, i)
                 if point is not None:
                     points.append(point)
-                    host.publish("sweep_point", point)
+                    host.publish(SweepPoint(point))
         finally:
             host.abort_all(only_ours=True)
             engine.reconfigure(**before)
             if was_running and not (host.stopping or host.sweep_cancelled.is_set()):
                 host.loadgen.start(time.perf_counter())
-            host.publish("sweep_done", {"points": len(points), "cancelled": cancelled})
+            host.publish(SweepDone(len(points), cancelled))
 
     def _measure(self, host, batch: int, index: int):
         engine, spec = host.engine, self.spec
@@ -81,8 +82,8 @@ class Sweep:
                 engine.step()
                 if now - shown > 0.2:
                     shown = now
-                    host.publish("sweep", {"text": f"sweep: max batch size {batch} ({index + 1}/{len(spec.grid)})",
-                                           "fraction": (index + (now - t0) / spec.seconds_per_point) / len(spec.grid)})
+                    host.publish(SweepProgress(f"sweep: max batch size {batch} ({index + 1}/{len(spec.grid)})",
+                                               (index + (now - t0) / spec.seconds_per_point) / len(spec.grid)))
         finally:
             engine.remove_listener(meter.add)
         host.abort_all(only_ours=True)

@@ -44,6 +44,12 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     error: str | None = None
     held_back_chars: int = 0  # characters decoded but not yet released (partial UTF-8 / stop string)
+    # The text of each new token, filled only when a step emits several (speculative decoding), so a
+    # viewer can show their boundaries without a tokenizer of its own.
+    new_token_pieces: tuple[str, ...] = ()
+    ttft_s: float | None = None  # arrival to first token (perf_counter), once there is one
+    # decode rate so far: (output tokens - 1) / (last token time - first token time); None below 2 tokens
+    tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

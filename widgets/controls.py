@@ -2,8 +2,12 @@
 
 Slider drags are debounced (DEBOUNCE_MS after the last move) so a drag across 200 positions becomes
 one reconfigure, not 200. `set_values` loads a preset silently and cancels pending emissions.
+The starting values are data from the app (`defaults`: the engine's EngineConfig defaults and the
+like, app/knob_defaults.py); the panel does not know them itself. `reset()` goes back to them.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget
@@ -13,26 +17,20 @@ from widgets.slider_row import SliderRow
 DEBOUNCE_MS = 300
 CONFIG_KEYS = ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
 TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
-DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "num_speculative_tokens": 0,
-            "max_num_batched_tokens": 512, "arrival_rate": 2.0, "burst_size": 16,
-            "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}
+_STOPS = {  # key -> (title, slider stops, format); a row starts on its first stop unless given a default
+    "max_num_seqs": ("max batch size", range(1, 257), str),
+    "quant_bits": ("weight bits", (16, 8, 4), lambda v: f"{v}-bit"),
+    "num_speculative_tokens": ("draft length", range(0, 9), lambda v: "off" if v == 0 else f"{v} tokens"),
+    "max_num_batched_tokens": ("token budget / chunk", TOKEN_BUDGETS, lambda v: f"{v} tok"),
+    "arrival_rate": ("arrival rate", [i / 10 for i in range(201)], lambda v: f"{v:.1f} req/s"),
+    "ttft_budget_s": ("TTFT budget", [i / 1000 for i in range(50, 5001, 50)], lambda v: f"{v * 1e3:.0f} ms"),
+    "tpot_budget_s": ("TPOT budget", [i / 1000 for i in range(5, 501, 5)], lambda v: f"{v * 1e3:.0f} ms"),
+}
 
 
-def _rows() -> dict[str, SliderRow]:
-    return {
-        "max_num_seqs": SliderRow("max batch size", range(1, 257), DEFAULTS["max_num_seqs"]),
-        "quant_bits": SliderRow("weight bits", (16, 8, 4), DEFAULTS["quant_bits"], lambda v: f"{v}-bit"),
-        "num_speculative_tokens": SliderRow("draft length", range(0, 9), DEFAULTS["num_speculative_tokens"],
-                                            lambda v: "off" if v == 0 else f"{v} tokens"),
-        "max_num_batched_tokens": SliderRow("token budget / chunk", TOKEN_BUDGETS,
-                                            DEFAULTS["max_num_batched_tokens"], lambda v: f"{v} tok"),
-        "arrival_rate": SliderRow("arrival rate", [i / 10 for i in range(201)], DEFAULTS["arrival_rate"],
-                                  lambda v: f"{v:.1f} req/s"),
-        "ttft_budget_s": SliderRow("TTFT budget", [i / 1000 for i in range(50, 5001, 50)],
-                                   DEFAULTS["ttft_budget_s"], lambda v: f"{v * 1e3:.0f} ms"),
-        "tpot_budget_s": SliderRow("TPOT budget", [i / 1000 for i in range(5, 501, 5)],
-                                   DEFAULTS["tpot_budget_s"], lambda v: f"{v * 1e3:.0f} ms"),
-    }
+def _rows(defaults: Mapping) -> dict[str, SliderRow]:
+    return {key: SliderRow(title, stops, defaults.get(key, stops[0]), fmt)
+            for key, (title, stops, fmt) in _STOPS.items()}
 
 
 def _debouncer(parent: QWidget, slot) -> QTimer:
@@ -52,9 +50,12 @@ class ControlsPanel(QWidget):
     sigBurst = Signal(int)  # number of long prompts
     sigReset = Signal()
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, defaults: Mapping | None = None) -> None:
+        """defaults: the values to start from and reset to (CONFIG_KEYS, "arrival_rate", "burst_size",
+        "ttft_budget_s", "tpot_budget_s"); a missing one starts on its slider's first stop."""
         super().__init__(parent)
-        self._rows = _rows()
+        self._defaults = dict(defaults or {})
+        self._rows = _rows(self._defaults)
         self._config_timer = _debouncer(self, self._on_config_timeout)
         self._load_timer = _debouncer(self, self._on_load_timeout)
         self._budget_timer = _debouncer(self, self._on_budget_timeout)
@@ -158,7 +159,7 @@ class ControlsPanel(QWidget):
             self._feature_why[name] = why
 
     def reset(self) -> None:
-        self.set_values(DEFAULTS)
+        self.set_values(self._defaults)
         self.set_load_running(False)
         self.set_busy(None)
 

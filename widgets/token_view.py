@@ -1,7 +1,8 @@
 """TokenView: one streamed answer, token boundaries visible, tokens coloured by provenance.
 
 A segment is a run of text and the tokens that produced it. Usually one token is one segment. When a
-step emits several tokens (speculative decoding) and no decoder is available to split its text, or
+step emits several tokens (speculative decoding), the engine's per-token pieces (or a decoder, if one
+was set) split its text; when they do not add up to it, or
 when text was held back (partial UTF-8, stop strings) and released later, a segment carries several
 tokens; its tooltip then lists them all rather than inventing boundaries.
 
@@ -89,16 +90,18 @@ class TokenView(QTextEdit):
         logprobs = out.logprobs if out.logprobs is not None and len(out.logprobs) == n else (None,) * n
         self._logprobs_on = self._logprobs_on or out.logprobs is not None
         self._num_tokens += n
+        pieces = out.new_token_pieces if not self._untexted else ()
         tokens = (*self._untexted, *(TokenInfo(t, s, lp) for t, s, lp in zip(out.new_token_ids, sources, logprobs)))
         self._untexted = []
         if not out.new_text:
             self._untexted = list(tokens)
             return
-        self._segments.extend(self._split(out.new_text, tuple(tokens)))
+        self._segments.extend(self._split(out.new_text, tuple(tokens), pieces))
 
-    def _split(self, text: str, tokens: tuple[TokenInfo, ...]) -> list[Segment]:
-        if len(tokens) > 1 and self._decoder is not None:
-            pieces = [self._decoder(t.token_id) for t in tokens]
+    def _split(self, text: str, tokens: tuple[TokenInfo, ...], pieces: tuple[str, ...] = ()) -> list[Segment]:
+        if len(tokens) > 1 and len(pieces) != len(tokens) and self._decoder is not None:
+            pieces = tuple(self._decoder(t.token_id) for t in tokens)
+        if len(tokens) > 1 and len(pieces) == len(tokens):
             if all(pieces) and "".join(pieces) == text:
                 return [_segment(p, (t,), t.source) for p, t in zip(pieces, tokens)]
         return [_segment(text, tokens, TokenSource.DECODED)]

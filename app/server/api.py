@@ -23,6 +23,7 @@ from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from app.server.streams import close_all, collect, stream_sse
 from engine.core.admission import RequestRejected
 from engine.serving.async_engine import AsyncEngine, RequestStream
+from engine.serving.loop import EngineUnavailable
 from engine.serving.prometheus import ServingMetrics
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -49,15 +50,20 @@ class ServerState:
         except ValueError as exc:
             close_all(streams)
             raise bad_request(exc, param) from None
+        except EngineUnavailable as exc:  # loading, or the app is rebuilding its engine
+            close_all(streams)
+            raise APIError(503, str(exc), "server_error", code="engine_unavailable",
+                           headers={"Retry-After": "1"}) from None
         return streams
 
 
 def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
                metrics: ServingMetrics | None = None) -> FastAPI:
-    """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (one is attached
-    when omitted). The caller owns the AsyncEngine's lifecycle (start/shutdown)."""
+    """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (when omitted, one
+    subscribes to the AsyncEngine's loop, so it follows a rebuilt engine). The caller owns the
+    AsyncEngine's lifecycle (start/shutdown)."""
     name = model_name or str(async_engine.engine.config.model)
-    metrics = metrics or ServingMetrics(async_engine.engine, name).attach()
+    metrics = metrics or async_engine.loop.subscribe(ServingMetrics(async_engine.engine, name))
     state = ServerState(async_engine, name, metrics, int(time.time()))
     app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.inferlab = state

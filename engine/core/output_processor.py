@@ -12,6 +12,7 @@ def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_l
     now = time.perf_counter()
     if req.first_token_time is None:
         req.first_token_time = now
+    req.last_token_time = now
     req.output_token_ids.append(token)
     params = req.sampling_params
     if token in params.stop_token_ids or (token in stop_ids and not params.ignore_eos):
@@ -36,6 +37,7 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
             for tok, (lp, alts) in zip(new_ids, new_logprobs)
         )
     detok = req.detokenizer
+    first, last, n = req.first_token_time, req.last_token_time, req.num_output_tokens
     return RequestOutput(
         request_id=req.request_id,
         new_token_ids=tuple(new_ids),
@@ -49,6 +51,9 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
         num_prompt_tokens=req.num_prompt_tokens,
         error=req.error,
         held_back_chars=detok.held_back_chars if detok else 0,
+        new_token_pieces=tuple(id_to_piece(t) for t in new_ids) if len(new_ids) > 1 else (),
+        ttft_s=None if first is None else first - req.arrival_time,
+        tokens_per_s=(n - 1) / (last - first) if first is not None and n >= 2 and last > first else None,
     )
 
 

@@ -66,6 +66,7 @@ class Request:
     generator: object | None = None  # the sampler's per-request RNG (a torch.Generator)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
     error: str | None = None
 

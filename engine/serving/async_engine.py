@@ -1,16 +1,15 @@
-"""AsyncEngine: one LLMEngine stepped by one background thread, consumed from asyncio.
+"""AsyncEngine: an asyncio front over an EngineLoop (engine/serving/loop.py); no thread of its own.
 
 Threads
-  engine thread  steps while there is work, else waits on an Event that add/abort set (never a busy
-                 loop). All torch work happens here.
-  event loop(s)  `add_request` registers a per-request asyncio.Queue; the engine listener hands each
-                 RequestOutput to it with `loop.call_soon_threadsafe`, so nothing of the engine runs on
-                 the loop and a slow client never slows a step.
+  engine loop    the one thread that steps the engine (EngineLoop). All torch work happens there.
+  event loop(s)  `add_request` registers a per-request asyncio.Queue; the loop hands each RequestOutput
+                 to it with `loop.call_soon_threadsafe`, so nothing of the engine runs on the event loop
+                 and a slow client never slows a step.
 
-Driver: by default AsyncEngine starts and owns the engine thread. When another thread already steps
-the engine (the desktop app's EngineHost), pass `driver=host`: anything with
-`add_request(prompt, params, request_id=, priority=)` and `abort(request_id)` that queue the command and
-wake that thread. Outputs arrive through the same engine listener either way.
+`AsyncEngine(engine)` makes its own EngineLoop (`start()` starts it, `shutdown()` stops it): what
+`inferlab serve` does. `AsyncEngine(loop=engine_loop)` subscribes to a loop someone else runs (the desktop
+app's, shared with its panels and load generator): start/shutdown then only attach and detach. Either way,
+when the loop rebuilds its engine, this front follows it (the requests of the old engine end first).
 
     aeng = AsyncEngine(engine).start()
     stream = aeng.add_request("Hello", SamplingParams(max_tokens=8))   # raises ValueError / RequestRejected
@@ -28,6 +27,7 @@ import threading
 from collections.abc import Sequence
 
 from engine.events import EngineStepEvent, RequestOutput
+from engine.serving.loop import EngineLoop, FailureKind, LoopFailure, Subscriber
 
 IDLE_WAIT_S = 0.5  # a safety net only: add_request and abort wake the thread at once
 
@@ -74,44 +74,48 @@ class RequestStream:
             self._owner.abort(self.request_id)
 
 
-class AsyncEngine:
-    def __init__(self, engine, *, driver=None, idle_wait_s: float = IDLE_WAIT_S) -> None:
-        self.engine = engine
-        self._driver = driver
-        self._idle_wait_s = idle_wait_s
+class AsyncEngine(Subscriber):
+    def __init__(self, engine=None, *, loop: EngineLoop | None = None, idle_wait_s: float = IDLE_WAIT_S) -> None:
+        if (engine is None) == (loop is None):
+            raise ValueError("AsyncEngine needs an engine or an EngineLoop, not both")
+        self._owns_loop = loop is None
+        self.loop = loop or EngineLoop(engine, name="inferlab-async-engine", idle_wait_s=idle_wait_s)
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self.last_error: str | None = None
-        engine.add_listener(self._on_step)
+        self._attached = False
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> AsyncEngine:
-        """Start the engine thread (not with a driver: its thread steps the engine)."""
-        if self._driver is None and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="inferlab-async-engine", daemon=True)
-            self._thread.start()
+        """Subscribe to the loop (and start it when it is this front's own)."""
+        if not self._attached:
+            self._attached = True
+            self.loop.subscribe(self)
+        if self._owns_loop:
+            self.loop.start()
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after the step in flight) and end every open stream with an error."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self.engine.remove_listener(self._on_step)
+        """Detach (and stop the loop when it is this front's own); every open stream ends with an error."""
+        if self._owns_loop:
+            self.loop.stop(timeout)
+        self.loop.unsubscribe(self)
+        self._attached = False
         self._fail_all(EngineDied("the engine was shut down"))
 
     @property
+    def engine(self):
+        """The engine the loop runs now (a rebuild replaces it)."""
+        return self.loop.engine
+
+    @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self.loop.engine.tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.loop.engine.max_model_len
 
     # --- requests (event-loop thread) ------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params, *, request_id: str | None = None,
@@ -125,16 +129,14 @@ class AsyncEngine:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = stream  # before the engine can produce anything for it
         try:
-            (self._driver or self.engine).add_request(prompt, params, request_id=rid, priority=priority)
+            self.loop.add_request(prompt, params, request_id=rid, priority=priority)
         except BaseException:
             self._unregister(rid)
             raise
-        self._wake.set()
         return stream
 
     def abort(self, request_id: str) -> None:
-        (self._driver or self.engine).abort(request_id)
-        self._wake.set()
+        self.loop.abort(request_id)
 
     def num_open_streams(self) -> int:
         with self._lock:
@@ -144,25 +146,17 @@ class AsyncEngine:
         with self._lock:
             self._streams.pop(request_id, None)
 
-    # --- engine thread ------------------------------------------------------------------------------
-    def _run(self) -> None:
-        if getattr(self.engine.config, "num_threads", None):
-            import torch  # torch's CPU thread count is per OS thread: set it in the one that steps
+    # --- engine thread (Subscriber) ------------------------------------------------------------------
+    def on_engine(self, engine) -> None:
+        """A (re)built engine: streams still open belonged to the old one and cannot finish."""
+        self._fail_all(EngineDied("the engine was rebuilt"))
 
-            torch.set_num_threads(self.engine.config.num_threads)
-        while not self._stop.is_set():
-            self._wake.clear()  # before the check, so a wake-up between check and wait is not lost
-            if self.engine.has_unfinished():
-                try:
-                    self.engine.step()
-                except Exception as exc:  # a bug in a step: fail the open requests, keep serving
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    self._fail_all(EngineDied(self.last_error))
-                    self._stop.wait(0.1)
-            else:
-                self._wake.wait(self._idle_wait_s)
+    def on_error(self, failure: LoopFailure) -> None:
+        if failure.kind in (FailureKind.STEP, FailureKind.LOAD):  # a bug in a step: fail the open requests
+            self.last_error = failure.message
+            self._fail_all(EngineDied(failure.message))
 
-    def _on_step(self, event: EngineStepEvent) -> None:
+    def on_step(self, event: EngineStepEvent) -> None:
         # runs inside engine.step(): hand outputs over, never wait on a client
         with self._lock:
             for out in event.outputs:

@@ -1,6 +1,7 @@
 """Serving metrics in Prometheus text format (0.0.4), with vLLM-style names under `inferlab:`.
 
-`ServingMetrics` is an engine step listener: it fills the latency histograms from the events the
+`ServingMetrics` is an engine step listener (`attach()`), or a subscriber of an EngineLoop
+(`loop.subscribe(metrics)`: it then follows a rebuilt engine): it fills the latency histograms from the events the
 engine publishes (perf_counter stamps from the engine thread) and, on `render()`, reads gauges and
 cumulative counters from the engine itself. Written by hand rather than with prometheus_client: a
 few dozen lines, no process-global registry, and the engine layer stays dependency-free.
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from engine.core.metrics import request_timings
 from engine.events import EngineStepEvent
+from engine.serving.loop import Subscriber
 
 # Bucket bounds (seconds) as vLLM uses them, so dashboards built for vLLM read these unchanged.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -66,7 +68,7 @@ class Histogram:
         return out
 
 
-class ServingMetrics:
+class ServingMetrics(Subscriber):
     def __init__(self, engine, model_name: str, prefix: str = "inferlab") -> None:
         self.engine = engine
         self.model_name = model_name
@@ -83,6 +85,13 @@ class ServingMetrics:
 
     def detach(self) -> None:
         self.engine.remove_listener(self.on_step)
+
+    def on_engine(self, engine) -> None:
+        """A rebuilt engine (EngineLoop): gauges and counters are read from it from now on (the counters
+        restart from zero, which Prometheus reads as a counter reset); the histograms keep their history."""
+        with self._lock:
+            self.engine = engine
+            self._last_token_time.clear()
 
     def on_step(self, event: EngineStepEvent) -> None:
         """Engine thread: one inter-token latency per request per step that gave it tokens (as vLLM

@@ -6,10 +6,14 @@ from PySide6.QtCore import Qt
 
 from widgets.controls import CONFIG_KEYS, DEBOUNCE_MS, ControlsPanel
 
+# what the app hands the panel (app/knob_defaults.py: EngineConfig's defaults and the like)
+DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "num_speculative_tokens": 0, "max_num_batched_tokens": 512,
+            "arrival_rate": 2.0, "burst_size": 16, "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}
+
 
 @pytest.fixture
 def panel(show):
-    return show(ControlsPanel(), 500, 500)
+    return show(ControlsPanel(defaults=DEFAULTS), 500, 500)
 
 
 def test_slider_drag_is_debounced_into_one_signal(panel, qtbot):
@@ -91,3 +95,11 @@ def test_busy_and_unavailable(panel):
     assert row.isEnabled() and row.value_text() == "16-bit"
     with pytest.raises(KeyError):
         panel.set_feature_available("warp_drive", False)
+
+
+def test_reset_goes_back_to_the_defaults_it_was_given(show):
+    panel = show(ControlsPanel(defaults={**DEFAULTS, "max_num_seqs": 32, "burst_size": 4}), 500, 500)
+    panel.set_values({"max_num_seqs": 8, "burst_size": 20})
+    panel.reset()
+    values = panel.snapshot_data()["values"]
+    assert values["max_num_seqs"] == 32 and values["burst_size"] == 4 and values["max_num_batched_tokens"] == 512

@@ -1,6 +1,8 @@
 """TokenStreamPanel: buffered streaming, provenance colours, per-token tooltips, prompt submission."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from PySide6.QtCore import QEvent, QPoint, Qt
 from PySide6.QtGui import QHelpEvent, QTextCursor
@@ -96,6 +98,14 @@ def test_multi_token_step_split_by_decoder_or_kept_together(panel):
     panel.append_output(token_output("r1", [7, 8, 9], [" a", " b", " c"]))
     panel.flush()
     assert len(view.segments()) == 4
+
+
+def test_multi_token_step_split_by_the_engines_pieces(panel):
+    """The engine sends each new token's text with a multi-token step: no decoder needed in the GUI."""
+    out = replace(token_output("r2", [7, 8, 9], [" a", " b", " c"]), new_token_pieces=(" a", " b", " c"))
+    panel.append_output(out)
+    panel.flush()
+    assert [seg.text for seg in panel.view("r2").segments()] == [" a", " b", " c"]
 
 
 def test_held_back_text_joins_the_next_segment(panel):

@@ -1,0 +1,82 @@
+"""The engine source -> GUI channel: one frozen dataclass per kind of item, dispatched by type.
+
+The engine thread appends items to the host's deque; the GUI thread drains it (app/panel_feeder.py has
+the type -> handler table). Besides these, three engine contracts travel on the channel as they are:
+`EngineStepEvent` (one per step), `MemorySnapshot` and `BlockMapSnapshot` (every ~100 ms).
+Every fact is computed in the engine thread; the GUI only shows it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine.events import TradeoffPoint
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStream:
+    """The load generator submitted a request: a token-stream tab may open for it."""
+
+    request_id: str
+    kind: str  # the arrival's kind ("chat", "long", ...)
+    prompt_tail: str | None  # the end of its prompt as text, "[N prompt tokens]" appended
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """The engine finished a reset or a rebuild: every request before it is gone; panels clear."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An error or a note for the status bar."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Background work in the engine thread (requantizing, measuring): text "" when done."""
+
+    text: str
+    fraction: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepProgress:
+    text: str
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    point: TradeoffPoint
+
+
+@dataclass(frozen=True, slots=True)
+class SweepDone:
+    points: int
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QuantError:
+    """The per-layer relative weight error after requantizing: {module: ||W - Ŵ|| / ||W||}."""
+
+    bits: int
+    errors: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Quantized:
+    """The weights now have `bits` bits; the KV cache was resized to `num_kv_blocks` (the bytes freed)."""
+
+    bits: int
+    num_kv_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Perplexity:
+    """Measured perplexity on the held-out text, by weight bits."""
+
+    by_bits: Mapping[int, float] = field(default_factory=dict)

@@ -1,0 +1,62 @@
+"""The app host's own commands for the engine loop: frozen dataclasses, dispatched by type
+(EngineHost registers one handler per type on its EngineLoop). A rebuild is the loop's own
+`engine.serving.commands.Rebuild`."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.load.generator import LoadConfig
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StopLoad:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """n long prompts at once."""
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitArrivals:
+    """Fixed Arrivals (app/load/generator.py), submitted as load-generator requests (benchmarks)."""
+
+    arrivals: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class SetLoadConfig:
+    config: LoadConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SetArrivalRate:
+    rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class Quantize:
+    """Requantize the weights to `bits` from the originals, measuring perplexity around it."""
+
+    bits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Stop the load, abort every request; a channel Reset follows their last events."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSweep:
+    """Run `sweep(host)` in the engine thread (app/sweep.py)."""
+
+    sweep: Callable[[object], None]
