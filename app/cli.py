@@ -15,6 +15,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 1280x720, got {text!r}") from None
+    if not (320 <= w <= 8192 and 240 <= h <= 8192):
+        raise argparse.ArgumentTypeError(f"{w}x{h}: expected 320-8192 x 240-8192 pixels")
+    return w, h
+
+
 def _epilog() -> str:
     from app.keys import keys_help
     from app.presets import PRESETS_DIR, available
@@ -32,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
     parser.add_argument("--run-seconds", type=float, default=5.0)
+    parser.add_argument("--size", type=_size, default=None, metavar="WxH",
+                        help="the window's size for --screenshot (default 1600x1000), e.g. 1280x720 for a projector")
+    parser.add_argument("--presenter", action="store_true",
+                        help="open in presenter mode (F11): only the preset's panels, large enough for a room")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="the app's model: built-in name, Hugging Face folder, .gguf file or Hub id")
     sub = parser.add_subparsers(dest="command")

@@ -54,7 +54,7 @@ def run_gui(args) -> int:
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
         window = MainWindow(host, settings, persist=False)
         window.controller.interactive = False
-        window.resize(*SCREENSHOT_SIZE)
+        window.resize(*(args.size or SCREENSHOT_SIZE))
     else:
         settings = QSettings()
         window = MainWindow(host, settings)
@@ -62,6 +62,8 @@ def run_gui(args) -> int:
     window.show()
     host.start()  # after show(): the window is up before the model starts loading
     ok = window.controller.apply_preset(preset)
+    if args.presenter:  # a screenshot keeps its given size; the app goes full screen
+        window.set_presenter(True, full_screen=not args.screenshot)
     if args.screenshot and not ok:
         print(f"inferlab: error: {window.controller.last_error}", file=sys.stderr)
         window.close()

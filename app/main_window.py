@@ -42,11 +42,13 @@ from widgets import (
     TradeoffPanel,
     apply_theme,
 )
+from widgets.panel_base import Panel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
 STATE_VERSION = 1
 PRESENTER_FONT_SCALE = 1.4
+PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start with
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
@@ -209,8 +211,9 @@ class MainWindow(QMainWindow):
             if n in ("theme-dark", "theme-light"):
                 action.setChecked(n == f"theme-{name}")
 
-    def set_presenter(self, on: bool) -> None:
-        """Full screen, larger fonts, the caption banner large."""
+    def set_presenter(self, on: bool, full_screen: bool = True) -> None:
+        """Larger fonts and charts, the caption banner large, only the preset's panels; full screen unless
+        `full_screen` is False (headless screenshots at a given projector size)."""
         app = QApplication.instance()
         if on == self._presenter:
             return
@@ -222,7 +225,8 @@ class MainWindow(QMainWindow):
             font.setPointSizeF(self._normal_font.pointSizeF() * PRESENTER_FONT_SCALE)
             app.setFont(font)
             self.caption_bar.show()
-            self.showFullScreen()
+            if full_screen:
+                self.showFullScreen()
         else:
             if self._normal_font is not None:
                 app.setFont(self._normal_font)
@@ -230,6 +234,9 @@ class MainWindow(QMainWindow):
             if self._layout_before_presenting is not None:
                 self.restoreState(self._layout_before_presenting, STATE_VERSION)
         self.caption.set_presenter(on)
+        for panel in self.panels.values():  # the charts too, not only the caption: fonts, lines, markers
+            if isinstance(panel, Panel):
+                panel.set_presenter_scale(PRESENTER_PLOT_SCALE if on else 1.0)
         self._focus_presented_panels()
         if "presenter" in self.actions_by_name:
             self.actions_by_name["presenter"].setChecked(on)

@@ -20,8 +20,10 @@ from widgets.theme import PHASE_COLORS, style_plot
 
 PERCENTILES = (50, 95, 99)
 _BINS = 30
-_METRICS = (("ttft", "TTFT", 1e3, "ms"), ("tpot", "time per output token", 1e3, "ms"),
-            ("e2e", "end-to-end", 1.0, "s"))
+# (key, title, scale, unit): titles short enough for a third of a projected panel; the x axis says what
+# the abbreviation measures
+_METRICS = (("ttft", "TTFT", 1e3, "ms"), ("tpot", "TPOT", 1e3, "ms"), ("e2e", "e2e", 1.0, "s"))
+_AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s"}
 _PCT_STYLE = {50: Qt.PenStyle.SolidLine, 95: Qt.PenStyle.DashLine, 99: Qt.PenStyle.DotLine}
 
 
@@ -52,8 +54,8 @@ class LatencyPanel(Panel):
         self._lines: dict[str, dict[object, pg.InfiniteLine]] = {}
         self._labels: dict[str, QLabel] = {}
         grid = QGridLayout()
-        for col, (key, title, _scale, unit) in enumerate(_METRICS):
-            self._build_histogram(grid, col, key, title, unit)
+        for col, (key, title, _scale, _unit) in enumerate(_METRICS):
+            self._build_histogram(grid, col, key, title)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self._summary)
@@ -61,11 +63,11 @@ class LatencyPanel(Panel):
         self._on_palette_changed()
         self.reset()
 
-    def _build_histogram(self, grid: QGridLayout, col: int, key: str, title: str, unit: str) -> None:
+    def _build_histogram(self, grid: QGridLayout, col: int, key: str, title: str) -> None:
         w = pg.PlotWidget()
         p = w.getPlotItem()
         p.setTitle(title)
-        p.setLabel("bottom", unit)
+        p.setLabel("bottom", _AXIS_LABELS[key])
         p.setMouseEnabled(x=False, y=False)
         p.hideButtons()
         color = PHASE_COLORS["decode"]

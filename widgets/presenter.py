@@ -39,8 +39,8 @@ def scale_plots(root: QWidget, scale: float) -> None:
                 _scale_curve(item, scale)
             elif isinstance(item, pg.ScatterPlotItem):
                 _scale_scatter(item, scale)
-        if plot.legend is not None:
-            plot.legend.setScale(scale)
+        _legend_into_title(plot, scale)
+        _fit_title_row(plot)
 
 
 def _base(item, **current):
@@ -58,6 +58,7 @@ def _scale_axes(plot: pg.PlotItem, scale: float) -> None:
         base = _base(axis, tick_pt=font.pointSizeF() if font.pointSizeF() > 0 else TICK_PT)
         font.setPointSizeF(base["tick_pt"] * scale)
         axis.setStyle(tickFont=font, tickTextOffset=max(2, int(round(3 * scale))))
+        _fit_ticks(axis, on=scale > 1.0)
         axis.labelStyle["font-size"] = f"{LABEL_PT * scale:.1f}pt"
         axis._updateLabel()  # pyqtgraph re-renders the label HTML from labelStyle here
         if name in ("left", "right"):
@@ -66,11 +67,77 @@ def _scale_axes(plot: pg.PlotItem, scale: float) -> None:
             axis.setHeight(None)
 
 
+def _fit_ticks(axis: pg.AxisItem, on: bool) -> None:
+    """Large tick text on a short axis overlaps ("1000 2000 3000" run together, "15 10 5" stacked): while
+    enlarged, widen the major spacing (x2, x2.5, x2 ...) until each label has room, and drop minor ticks."""
+    if not on:
+        axis.__dict__.pop("tickSpacing", None)  # back to the class's method
+        return
+    horizontal = axis.orientation in ("bottom", "top")
+
+    def spacing(min_val: float, max_val: float, size: float):
+        levels = type(axis).tickSpacing(axis, min_val, max_val, size)
+        if not levels or max_val <= min_val or size <= 0:
+            return levels
+        major, offset = levels[0]
+        metrics = QFontMetrics(axis.style["tickFont"] or QFont())
+        widest = (max(metrics.horizontalAdvance(t) for t in axis.tickStrings([min_val, max_val], 1.0, major))
+                  if horizontal else metrics.height())
+        px = size / (max_val - min_val)
+        steps = (2.0, 2.5, 2.0)  # 1 -> 2 -> 5 -> 10 ...
+        i = 0
+        while major * px < 1.5 * widest and (max_val - min_val) / (major * steps[i % 3]) >= 1.5:
+            major *= steps[i % 3]
+            i += 1
+        return [(major, offset)]
+
+    axis.tickSpacing = spacing
+    axis.picture = None  # redraw with the new spacing
+
+
 def _scale_title(plot: pg.PlotItem, scale: float) -> None:
     label = plot.titleLabel
     if not label.text:
         return
-    label.setText(label.text, size=f"{TITLE_PT * scale:.1f}pt")
+    label.setText(label.text, size=f"{TITLE_PT * scale:.1f}pt")  # the size stays for later setTitle calls
+
+
+def _fit_title_row(plot: pg.PlotItem) -> None:
+    """pyqtgraph gives the title a fixed 30 px row; an enlarged or two-line title needs its own height
+    (a later setTitle by the panel sets 30 px again: one line at presenter size fits in that)."""
+    label = plot.titleLabel
+    if not label.text:
+        return
+    height = max(30, int(label.item.boundingRect().height()) + 2)
+    label.setMaximumHeight(height)
+    plot.layout.setRowFixedHeight(0, height)
+
+
+def _legend_into_title(plot: pg.PlotItem, scale: float) -> None:
+    """Enlarged, a legend box covers the data it explains; above scale 1 its entries become a line of
+    coloured chips under the title (outside the data), and the box comes back at scale 1."""
+    legend = plot.legend
+    if legend is None:
+        return
+    base = _base(legend, title=plot.titleLabel.text)
+    if scale == 1.0:
+        plot.setTitle(base["title"] or None)
+        legend.show()
+        return
+    chips = "&nbsp;&nbsp;".join(f"<span style='color:{_item_color(sample.item)}'>■</span>&nbsp;{label.text}"
+                                for sample, label in legend.items)
+    pt = f"{LABEL_PT * scale:.1f}pt"
+    head = f"{base['title']}<br>" if base["title"] else ""
+    plot.setTitle(f"{head}<span style='font-size:{pt}'>{chips}</span>")
+    legend.hide()
+
+
+def _item_color(item) -> str:
+    brush = item.opts.get("brush") if hasattr(item, "opts") else None
+    if brush is not None and pg.mkBrush(brush).style() != 0:
+        return pg.mkBrush(brush).color().name()
+    pen = item.opts.get("pen") if hasattr(item, "opts") else None
+    return pg.mkPen(pen).color().name() if pen is not None else "#888888"
 
 
 def _scale_curve(item: pg.PlotDataItem, scale: float) -> None:

@@ -116,6 +116,12 @@ class TimelinePanel(Panel):
         self._marks.append((int(x), text, lines))
         self._mark_dirty()
 
+    def set_presenter_scale(self, scale: float) -> None:
+        """Larger text needs taller plots: each keeps a readable height (the Gantt chart gives way)."""
+        super().set_presenter_scale(scale)
+        for widget, base in ((self._tokens_plot, 60), (self._queue_plot, 45), (self._time_plot, 60)):
+            widget.setMinimumHeight(int(base * scale) if scale > 1 else 0)
+
     def set_gantt_window(self, seconds: float) -> None:
         self._gantt.set_window(seconds)
 

@@ -15,8 +15,9 @@ class _PlotPanel(Panel):
         self.item = self.plot.getPlotItem()
         self.item.setTitle("tokens per step")
         self.item.setLabel("left", "ms")
-        self.curve = self.item.plot([0, 1, 2], [1, 3, 2], pen=pg.mkPen("r", width=2), symbol="o", symbolSize=6)
         self.item.addLegend()
+        self.curve = self.item.plot([0, 1, 2], [1, 3, 2], pen=pg.mkPen("r", width=2), symbol="o", symbolSize=6,
+                                    name="running")
         self.label = QLabel("time per output token")
         layout = QVBoxLayout(self)
         layout.addWidget(self.label)
@@ -36,13 +37,14 @@ def test_scale_grows_fonts_lines_markers_and_restores(qtbot):
     assert panel.curve.opts["pen"].widthF() == 4.0
     assert panel.curve.opts["symbolSize"] == 12
     assert f"{TITLE_PT * 2:.1f}pt" in panel.item.titleLabel.opts["size"]
-    assert panel.item.legend.scale() == 2.0
+    assert not panel.item.legend.isVisible()  # its entries are chips under the title, outside the data
+    assert "tokens per step<br>" in panel.item.titleLabel.text and "■" in panel.item.titleLabel.text
     assert panel.presenter_scale() == 2.0
     panel.set_presenter_scale(1.0)
     assert axis.style["tickFont"].pointSizeF() == big_tick / 2
     assert panel.curve.opts["pen"].widthF() == 2.0
     assert panel.curve.opts["symbolSize"] == 6
-    assert panel.item.legend.scale() == 1.0
+    assert panel.item.legend.isVisible() and panel.item.titleLabel.text == "tokens per step"
 
 
 def test_clipped_texts_finds_cut_labels_and_titles(qtbot):
