@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from engine.core.policies import make_policy
@@ -48,7 +49,7 @@ def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
         make_policy(changes["policy"])
     if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
         raise ValueError("num_speculative_tokens must be between 0 and 8")
-    return Reconfigure(dict(changes))
+    return Reconfigure(MappingProxyType(dict(changes)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ at the same total memory, every byte quantization takes off the weights buys KV 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -76,7 +77,8 @@ class WeightsManager:
                         quant_embeddings=config.quant_embeddings if embeddings is None else embeddings,
                         quant_outlier_channels=config.quant_outlier_channels
                         if outlier_channels is None else outlier_channels)
-        return SwapWeights(modules, settings), weight_error_report(self.originals, modules)
+        command = SwapWeights(MappingProxyType(modules), MappingProxyType(settings))
+        return command, weight_error_report(self.originals, modules)
 
     def apply_swap(self, command: SwapWeights, config: EngineConfig) -> None:
         """Swap the new layers in (engine thread, between steps) and set the KV target they leave."""
