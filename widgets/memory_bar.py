@@ -21,23 +21,16 @@ def memory_breakdown(snap: MemorySnapshot) -> dict[str, int]:
     """Bytes per category, in bar order. KV free = blocks neither used nor holding a cached prefix.
     Scaled to the budget (the CPU), the process's other memory and the host's free RAM are not in it."""
     kv_free_blocks = max(0, snap.kv_blocks_total - snap.kv_blocks_used - snap.kv_blocks_cached)
-    if scaled_to_budget(snap):
-        return {
-            "weights": snap.weights_bytes,
-            "kv_used": snap.kv_blocks_used * snap.kv_block_bytes,
-            "kv_cached": snap.kv_blocks_cached * snap.kv_block_bytes,
-            "kv_free": kv_free_blocks * snap.kv_block_bytes,
-            "activations": snap.activation_bytes,
-        }
-    return {
+    parts = {
         "weights": snap.weights_bytes,
         "kv_used": snap.kv_blocks_used * snap.kv_block_bytes,
         "kv_cached": snap.kv_blocks_cached * snap.kv_block_bytes,
         "kv_free": kv_free_blocks * snap.kv_block_bytes,
         "activations": snap.activation_bytes,
-        "other": snap.other_bytes,
-        "free": snap.free_bytes,
     }
+    if not scaled_to_budget(snap):
+        parts.update(other=snap.other_bytes, free=snap.free_bytes)
+    return parts
 
 
 class MemoryBar(QWidget):
