@@ -1,7 +1,8 @@
 """`inferlab` (the desktop app) and `inferlab --screenshot OUT.png --preset NAME --run-seconds N`.
 
 qasync runs asyncio inside the Qt event loop: the screenshot run is a coroutine that waits for the
-model, lets the preset run, grabs the window and quits. The engine itself runs in the engine loop's thread (engine/serving/loop.py, hosted by app/engine_host.py).
+model, lets the preset run, grabs the window and quits. The engine itself runs in the engine loop's
+thread (engine/serving/loop.py, hosted by app/engine_host.py).
 """
 from __future__ import annotations
 
