@@ -12,6 +12,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 
 from app import presets
+from app.cue_player import CuePlayer
 from app.engine_info import Capabilities
 from app.knob_defaults import engine_knob_defaults, knob_defaults
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
@@ -57,6 +58,7 @@ class AppController(PresetActions, QObject):
         self.engine_ready = False  # on_loaded ran: presets and controls reach the engine
         self.interactive = True  # False: errors go to the status bar only (screenshots, tests)
         self.last_error: str | None = None
+        self.cues = CuePlayer(self)  # the preset's scripted moments (bursts, knobs), N plays the next
         c = panels["controls"]
         c.setEnabled(False)
         c.sigConfigChanged.connect(self._on_config_changed)
@@ -185,7 +187,19 @@ class AppController(PresetActions, QObject):
         self.host.set_arrival_rate(rate)
         self.meter.set_config({**self.config, "arrival_rate": rate})
 
+    def apply_knobs(self, knobs: dict) -> None:
+        """Turn knobs as the sliders would (a preset's cue), and show the sliders where they now are."""
+        self._on_config_changed(knobs)
+        self.panels["controls"].set_values({k: v for k, v in self.config.items() if k in knobs})
+
+    def next_cue(self) -> None:
+        self.cues.next_cue()
+
     def set_load_running(self, running: bool) -> None:
+        if not running:
+            self.cues.stop()
+        elif self.preset is not None and self.preset.cues and not self.cues.running:
+            self.cues.start(self.preset.cues, self.preset.cue_period_s)
         self.load_running = running
         (self.host.start_load if running else self.host.stop_load)()
         self.panels["controls"].set_load_running(running)
@@ -202,6 +216,7 @@ class AppController(PresetActions, QObject):
     def reset(self) -> None:
         """Stop the load, abort every request, clear the panels (the engine's config stays)."""
         self.host.reset()
+        self.cues.stop()
         self.load_running = False
         self.panels["controls"].set_load_running(False)
         self.window.show_message("reset: load stopped, requests aborted, panels cleared")

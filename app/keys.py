@@ -4,6 +4,7 @@ from __future__ import annotations
 KEYS: tuple[tuple[str, str], ...] = (
     ("Space", "start / stop the load generator"),
     ("B", "a burst of long prompts"),
+    ("N", "play the preset's next cue now (its scripted burst or knob change)"),
     ("R", "reset: stop the load, abort every request, clear the panels"),
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),

@@ -17,7 +17,7 @@ SPEC_METHODS = ("ngram", "draft", "mtp")  # what a preset or the draft-length sl
 class PresetActions:
     """Needs from the controller: window, host, panels, caption, config, capabilities, engine_ready,
     engine_bits, spec_method, source_name, start_kv_blocks, presets_dir, _push_config, _sync_actions, set_load_running,
-    error."""
+    cues, error."""
 
     def apply_preset(self, name_or_path: str | Path) -> bool:
         """Load, validate and apply a preset; on error say so (file:line: key: why) and change nothing."""
@@ -88,6 +88,7 @@ class PresetActions:
         self.host.set_load_config(replace(preset.load, arrival_rate=self.arrival_rate))
         if preset.burst:
             self.host.burst(preset.burst)
+        self.cues.stop()  # the new preset's cue timeline starts from 0 with its load
         self.set_load_running(preset.autostart)
 
     def step_preset(self, delta: int) -> None:

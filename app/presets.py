@@ -8,6 +8,8 @@
     [workload]  arrival_rate, burst, prompt_tokens / output_tokens / burst_prompt_tokens /
                 burst_output_tokens = [lo, hi], shared_prefix_tokens, temperature, ignore_eos, autostart
     [budget]    ttft_ms, tpot_ms
+    [cues]      every_s, and [[cues.at]] tables (at_s, burst, set = {knob = value}, note): the chapter's
+                moment on a timeline (app/cues.py); optional
 
 Missing keys take the defaults below, so a preset describes a whole state, whatever ran before it.
 tomllib reports no line numbers for values, so errors find the key's line in the text.
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.cues import Cue, parse_cues
 from app.load.generator import LoadConfig
 from engine.core.policies import POLICIES
 
@@ -136,6 +139,8 @@ class Preset:
     autostart: bool = True
     ttft_s: float = 1.0
     tpot_s: float = 0.1
+    cues: tuple[Cue, ...] = ()  # the [cues] section: scripted moments (app/cues.py)
+    cue_period_s: float = 0.0  # the cue timeline repeats every this many seconds (0: once)
 
     def scheduling(self) -> dict:
         """The knobs the running engine can change (EngineConfig fields, reconfigure())."""
@@ -201,12 +206,25 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
                                             "ignore_eos")})
     return Preset(name=path.stem, path=str(path), title=p["title"], caption=p["caption"], panels=p["panels"],
                   engine=e, load=load, burst=w["burst"], burst_size=w["burst_size"], autostart=w["autostart"],
-                  ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3)
+                  ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, **_cues(path, text, data))
+
+
+def _cues(path: Path, text: str, data: dict) -> dict:
+    table = data.get("cues", {})
+    if not isinstance(table, dict):
+        raise PresetError(path, key_line(text, "cues", None), "[cues]", "expected a table")
+    try:
+        cues, period = parse_cues(table)
+    except ValueError as exc:
+        key = str(exc).split(":", 1)[0].split(".", 1)[0]
+        line = key_line(text, "cues", key) or key_line(text, "cues.at", key) or key_line(text, "cues", None)
+        raise PresetError(path, line, "[cues]", str(exc)) from None
+    return {"cues": cues, "cue_period_s": period}
 
 
 def _validate(path: Path, text: str, data: dict) -> dict[str, dict]:
     for section in data:
-        if section not in SCHEMA:
+        if section not in SCHEMA and section != "cues":  # [cues] has its own parser (app/cues.py)
             raise PresetError(path, key_line(text, section, None), f"[{section}]",
                               f"unknown section; expected one of {', '.join('[' + s + ']' for s in SCHEMA)}")
     out: dict[str, dict] = {}

@@ -57,6 +57,7 @@ def build_menus(window) -> dict[str, QAction]:
     load = bar.addMenu("&Load")
     add(load, "load-toggle", "Start / stop load", ctl.toggle_load, "Space")
     add(load, "burst", "Burst of long prompts", lambda: ctl.burst(), "B")
+    add(load, "next-cue", "Next cue of the preset", ctl.next_cue, "N")
     add(load, "reset", "Reset", ctl.reset, "R")
     load.addSeparator()
     add(load, "chunked", "Chunked prefill", lambda on: ctl.set_chunked_prefill(on), "C", checkable=True)

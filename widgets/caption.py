@@ -4,6 +4,8 @@ from __future__ import annotations
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
+from widgets.theme import PHASE_COLORS
+
 _NORMAL_PT = (13.0, 10.0)  # (title, caption) point sizes
 _PRESENTER_PT = (24.0, 17.0)
 
@@ -18,11 +20,15 @@ class CaptionBanner(QFrame):
         self._title = QLabel()
         self._caption = QLabel()
         self._caption.setWordWrap(True)
+        self._cue = QLabel()  # the preset's scripted moment that just happened ("▶ a burst of long prompts")
+        self._cue.setWordWrap(True)
+        self._cue.setVisible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
         layout.addWidget(self._title)
         layout.addWidget(self._caption)
+        layout.addWidget(self._cue)
         self._apply_fonts()
         self.reset()
 
@@ -32,16 +38,22 @@ class CaptionBanner(QFrame):
         self._title.setVisible(bool(title))
         self._caption.setVisible(bool(caption))
 
+    def set_cue(self, text: str) -> None:
+        """The cue that just played, highlighted under the caption ("" hides the line)."""
+        self._cue.setText(f"▶ {text}" if text else "")
+        self._cue.setVisible(bool(text))
+
     def set_presenter(self, presenter: bool) -> None:
         self._presenter = presenter
         self._apply_fonts()
 
     def reset(self) -> None:
         self.set_caption("", "")
+        self.set_cue("")
 
     def snapshot_data(self) -> dict:
         return {"title": self._title.text(), "caption": self._caption.text(),
-                "presenter": self._presenter}
+                "cue": self._cue.text(), "presenter": self._presenter}
 
     def _apply_fonts(self) -> None:
         title_pt, caption_pt = _PRESENTER_PT if self._presenter else _NORMAL_PT
@@ -52,3 +64,6 @@ class CaptionBanner(QFrame):
         font.setPointSizeF(caption_pt)
         font.setBold(False)
         self._caption.setFont(font)
+        font.setBold(True)
+        self._cue.setFont(font)
+        self._cue.setStyleSheet(f"color: {PHASE_COLORS['prefill']}")  # a moment, not the caption
