@@ -8,8 +8,10 @@ from app.compare.spec import ConfigSpec
 
 def contiguous_reservation(c: ConfigSpec, measured, names) -> dict:
     """The KV memory a contiguous max-length reservation would hold for the requests of the previous,
-    measured run: every request that ran at once keeps max_model_len tokens from its first step to its
+    measured continuous run: every request that ran at once keeps max_model_len tokens from its first step to its
     last (what servers did before paging), against the paged blocks the run really used."""
+    if measured is None:
+        raise ValueError(f"'{c.label}' is computed from a measured continuous run before it, and there is none")
     entry, rec, max_model_len, block_size, block_bytes = measured
     peak_running = max((s.num_running for s in rec.steps), default=0)
     blocks = peak_running * math.ceil(max_model_len / block_size)

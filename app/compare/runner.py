@@ -152,7 +152,8 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
             if any(m in QUALITY for m in spec.metrics):
                 progress(f"{spec.title}: {c.label}: quality on held-out text", (i + 0.8) / n)
                 entry["metrics"].update(quality.measure(engine))
-            last = (entry, last_rec, engine.max_model_len, engine.config.block_size, engine.memory().kv_block_bytes)
+            if c.mode == "continuous":  # what a computed counterfactual is computed from
+                last = (entry, last_rec, engine.max_model_len, engine.config.block_size, engine.memory().kv_block_bytes)
             entry["metrics"] = _keep(entry["metrics"], spec.metrics)
             result["comparison"].append(entry)
     finally:
