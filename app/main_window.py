@@ -39,6 +39,7 @@ from widgets import (
     TradeoffPanel,
     apply_theme,
 )
+from widgets.comparison import ComparisonPanel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
@@ -47,14 +48,14 @@ PRESENTER_FONT_SCALE = 1.4
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error",
+    "quant": "Quantization error", "comparison": "Measured comparison",
 }
 
 
 def make_panels() -> dict[str, QWidget]:
     return {"controls": ControlsPanel(), "tokens": TokenStreamPanel(max_streams=16), "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel()}
+            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel()}
 
 
 class MainWindow(QMainWindow):

@@ -173,7 +173,13 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
         raise CompareSpecError("compare", "knob", "missing: give knob + values or [[compare.configs]]")
     if not isinstance(values, list) or len(values) < 1:
         raise _err("compare", "values", "expected a list of one or more values", values)
-    return tuple(ConfigSpec(f"{knob}={v}", {knob: _knob_value("compare", knob, v)}) for v in values)
+    if knob not in ENGINE_KNOBS and knob not in WORKLOAD_KNOBS:
+        raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}",
+                   knob)
+    try:
+        return tuple(ConfigSpec(f"{knob}={v}", {knob: _knob_value("compare", knob, v)}) for v in values)
+    except CompareSpecError as exc:
+        raise CompareSpecError("compare", "values", f"{knob}: {exc.message}") from None
 
 
 TOP_KEYS = ("title", "knob", "values", "configs", "metrics", "chart", "engine", "workload", "not_built")
