@@ -125,3 +125,17 @@ def test_stored_results_round_trip(tmp_path):
     assert load_stored("kv-cache", "smollm2-135m", machine, root=tmp_path) is None
     doc = prepared_json("smollm2-135m", machine, {"kv-cache": result})
     assert json.loads(json.dumps(doc))["presets"]["kv-cache"]["comparison"][0]["metrics"] == {"tokens_per_s": 3.5}
+
+
+def test_job_stores_and_the_preset_finds_it_at_once(loaded, tiny_llama, tmp_path, monkeypatch):
+    from app.compare.job import ComparisonJob
+    from app.presets import Preset
+
+    monkeypatch.setenv("INFERLAB_DATA_DIR", str(tmp_path))
+    preset = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[2])))
+    job = ComparisonJob(preset, "tiny")
+    assert job.stored() is None
+    result = job(loaded, _base(tiny_llama))
+    assert job.stored()["comparison"] == result["comparison"]
+    changed = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[3])))
+    assert ComparisonJob(changed, "tiny").stored() is None  # another [compare] section: not its result
