@@ -71,6 +71,8 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
 
 def prepared_json(model: str, machine: dict, results: dict[str, dict]) -> dict:
     """The `inferlab prepare --json` document."""
-    presets = {name: {k: r[k] for k in ("title", "measured_at", "comparison", "metrics", "not_built") if k in r}
+    keep = ("title", "measured_at", "comparison", "metrics", "chart", "knob", "metric_info", "fingerprint",
+            "not_built")
+    presets = {name: {k: r[k] for k in keep if k in r}
                for name, r in results.items()}
     return {"machine": machine, "model": model, "presets": presets}
