@@ -120,7 +120,7 @@ class ComparisonPanel(QWidget):
         t.setColumnCount(len(rows))
         t.setHorizontalHeaderLabels([r["label"] + ("\n(computed, not run)" if r.get("computed") else "")
                                      for r in rows])
-        t.setVerticalHeaderLabels([("predicted " if is_predicted(m) else "") + metric_label(m) for m in metrics])
+        t.setVerticalHeaderLabels([metric_label(m) for m in metrics])
         for i, m in enumerate(metrics):
             first = rows[0]["metrics"].get(m) if rows else None
             for j, r in enumerate(rows):
@@ -150,7 +150,7 @@ class ComparisonPanel(QWidget):
         xs = numeric_knob_values(result)
         self.bars.setVisible(bool(chart) and xs is None)
         self.curve.setVisible(bool(chart) and xs is not None)
-        names = [("predicted " if is_predicted(m) else "") + metric_label(m) for m in chart]
+        names = [metric_label(m) for m in chart]
         if xs is None:
             data = [(r["label"] + (" (computed, not run)" if r.get("computed") else ""),
                      [r["metrics"].get(m) for m in chart],

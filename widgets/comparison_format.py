@@ -4,30 +4,35 @@ from __future__ import annotations
 
 from widgets.fmt import human_bytes
 
-# suffix -> (unit shown, how many characters of the name it replaces)
-_UNIT_SUFFIXES = (("_tokens_per_s", "tokens/s"), ("_per_s", "/s"), ("_ms", "ms"), ("_bytes", "bytes"),
-                  ("_pct", "%"), ("_rps", "requests/s"), ("_s", "s"), ("_gb", "GB"))
 _WORDS = {"p50": "p50", "p99": "p99", "ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "kv": "KV",
-          "slo": "SLO", "gb": "GB"}
+          "slo": "SLO"}
+# trailing words -> the unit they stand for
+_UNIT_TAILS = ((("gb", "per", "s"), "GB/s"), (("tokens", "per", "s"), "tokens/s"), (("per", "s"), "/s"),
+               (("rps",), "requests/s"), (("pct",), "%"), (("s",), "s"))
 
 
 def metric_label(name: str) -> str:
-    """'p99_ttft_ms' -> 'p99 TTFT (ms)'; 'tokens_per_s' -> 'tokens/s'; predicted ones say so first."""
-    unit, stem = "", name
-    for suffix, shown in _UNIT_SUFFIXES:
-        if name == suffix.lstrip("_"):
-            return shown if shown != "/s" else name
-        if name.endswith(suffix):
-            stem, unit = name[: -len(suffix)], shown
-            if suffix == "_tokens_per_s":
-                return f"{_words(stem)} tokens/s".strip()
-            break
-    text = _words(stem)
+    """'p99_ttft_ms' -> 'p99 TTFT (ms)'; 'tokens_per_s' -> 'tokens/s'; 'step_ms_median' -> 'step median (ms)'."""
+    words = name.split("_")
+    unit = ""
+    if "ms" in words:
+        words.remove("ms")
+        unit = "ms"
+    else:
+        for tail, shown in _UNIT_TAILS:
+            if tuple(words[-len(tail):]) == tail:
+                if shown == "tokens/s":
+                    return " ".join([*map(_word, words[:-3]), "tokens/s"])
+                words, unit = words[: -len(tail)], shown
+                break
+    text = " ".join(_word(w) for w in words)
+    if not text:
+        return unit
     return f"{text} ({unit})" if unit else text
 
 
-def _words(stem: str) -> str:
-    return " ".join(_WORDS.get(w, w) for w in stem.split("_") if w)
+def _word(w: str) -> str:
+    return _WORDS.get(w, w)
 
 
 def is_predicted(name: str) -> bool:
@@ -67,7 +72,9 @@ def measured_line(result: dict) -> str:
     m = result.get("machine") or {}
     name = m.get("gpu") or m.get("cpu") or "unknown machine"
     suffix = " UTC" if str(result.get("measured_at", "")).endswith(("+00:00", "Z")) else ""
-    return f"measured {when}{suffix} on {name}, {m.get('threads', '?')} threads, torch {m.get('torch', '?')}"
+    threads = m.get("threads", "?")
+    plural = "" if threads == 1 else "s"
+    return f"measured {when}{suffix} on {name}, {threads} thread{plural}, torch {m.get('torch', '?')}"
 
 
 def numeric_knob_values(result: dict) -> list[float] | None:
