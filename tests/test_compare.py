@@ -139,3 +139,15 @@ def test_job_stores_and_the_preset_finds_it_at_once(loaded, tiny_llama, tmp_path
     assert job.stored()["comparison"] == result["comparison"]
     changed = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[3])))
     assert ComparisonJob(changed, "tiny").stored() is None  # another [compare] section: not its result
+
+
+def test_bandwidth_metrics_come_from_sizes_and_label_the_ceiling_predicted(loaded, tiny_llama):
+    names = ["decode_tokens_per_s", "predicted_decode_tokens_per_s", "bytes_per_decode_step", "probe_gb_per_s"]
+    spec = parse_compare(_spec(values=[2], metrics=names, workload={"requests": 2, "output_tokens": [6, 6]}))
+    engine = LLMEngine(_base(tiny_llama), loaded=loaded)
+    mem = engine.memory()
+    m = run_comparison(spec, loaded, _base(tiny_llama))["comparison"][0]["metrics"]
+    weights_read = mem.weights_bytes - mem.packed_weights_bytes
+    # one copy of the weights plus the KV of both requests' contexts
+    assert weights_read < m["bytes_per_decode_step"] < weights_read + 2 * 64 * mem.kv_block_bytes
+    assert m["probe_gb_per_s"] > 0 and m["predicted_decode_tokens_per_s"] > 0

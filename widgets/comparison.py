@@ -158,11 +158,19 @@ class ComparisonPanel(QWidget):
             self.bars.set_data(names, data)
             return
         self.curve.clear()
-        self.curve.setLabel("bottom", result.get("knob", ""))
+        tick_font = QFont(self.font())
+        tick_font.setPointSize(POINT_SIZE - 2)
+        for side in ("left", "bottom"):
+            self.curve.getAxis(side).setTickFont(tick_font)
+        self.curve.getAxis("bottom").setTicks([[(x, f"{x:g}") for x in xs]])  # the knob's own values
+        self.curve.setLabel("bottom", result.get("knob", ""), **{"font-size": f"{POINT_SIZE - 1}pt"})
         legend = []
+        in_mib = any("bytes" in m.split("_") for m in chart)  # byte counts read better in MiB on an axis
+        self.curve.setLabel("left", "MiB" if in_mib else "", **{"font-size": f"{POINT_SIZE - 1}pt"})
         for s, m in enumerate(chart):
             color = SERIES_COLORS[s % len(SERIES_COLORS)]
-            pts = [(x, r["metrics"][m]) for x, r in zip(xs, rows) if m in r["metrics"]]
+            scale = 2**-20 if in_mib and "bytes" in m.split("_") else 1.0
+            pts = [(x, r["metrics"][m] * scale) for x, r in zip(xs, rows) if m in r["metrics"]]
             style = Qt.PenStyle.DashLine if is_predicted(m) else Qt.PenStyle.SolidLine
             self.curve.plot([p[0] for p in pts], [p[1] for p in pts], pen=pg.mkPen(color, width=3, style=style),
                             symbol="o", symbolSize=10, symbolBrush=color)

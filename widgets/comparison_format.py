@@ -5,7 +5,7 @@ from __future__ import annotations
 from widgets.fmt import human_bytes
 
 _WORDS = {"p50": "p50", "p99": "p99", "ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "kv": "KV",
-          "slo": "SLO"}
+          "slo": "SLO", "kl": "KL"}
 # trailing words -> the unit they stand for
 _UNIT_TAILS = ((("gb", "per", "s"), "GB/s"), (("tokens", "per", "s"), "tokens/s"), (("per", "s"), "/s"),
                (("rps",), "requests/s"), (("pct",), "%"), (("s",), "s"))
@@ -47,6 +47,8 @@ def format_value(name: str, value: float | None) -> str:
     if name.endswith("_pct"):
         return f"{value:.1f} %"
     a = abs(value)
+    if float(value).is_integer() and a < 1e15:  # counts (blocks, tokens, requests) stay whole
+        return f"{int(value):,}"
     if a >= 1000:
         return f"{value:,.0f}"
     if a >= 100:

@@ -20,6 +20,6 @@ def contiguous_reservation(c: ConfigSpec, measured, names) -> dict:
     fits = total // math.ceil(max_model_len / block_size) if total else 0
     note = (f"computed, not run: {peak_running} requests ran at once in '{entry['label']}'; reserving "
             f"{max_model_len} tokens each would hold {blocks} blocks (this cache has {total}: "
-            f"{fits} such requests fit at once)")
+            f"{fits} such request{'' if fits == 1 else 's'} fit at once)")
     return {"label": c.label, "config": {"mode": c.mode, **c.knobs}, "computed": True, "note": note,
             "metrics": {k: v for k, v in metrics.items() if k in names}}

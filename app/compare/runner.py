@@ -128,8 +128,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
         return result
     corpus = loaded.tokenizer.encode(corpus_text(), add_special_tokens=False)
     planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
-    probe = probe_bandwidth(base.device if base.device != "auto" else "cpu") \
-        if any(m in BANDWIDTH for m in spec.metrics) else None
+    probe = None  # measured once, on the device of the first engine
     engines, quality = _Engines(loaded, base), QualityMeter()
     first_tokens, first_tag, last = None, "", None
     n = len(spec.configs)
@@ -146,6 +145,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
             entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
             if any(m in BANDWIDTH for m in spec.metrics):
+                probe = probe or probe_bandwidth(str(engine.device))
                 mem = engine.memory()  # one copy of the weights is read per step (packed or not)
                 weights_read = mem.weights_bytes - mem.packed_weights_bytes
                 entry["metrics"].update(bandwidth_metrics(last_rec, weights_read, probe))
