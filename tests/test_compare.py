@@ -87,11 +87,15 @@ def test_modes_static_recompute_and_computed(loaded, tiny_llama):
 
 
 def test_goodput_and_rate_knob(loaded, tiny_llama):
-    spec = parse_compare(_spec(knob="rate", values=[50.0, 200.0], metrics=["goodput_rps", "slo_attainment_pct"],
+    names = ["goodput_rps", "slo_attainment_pct", "p50_queue_ms"]
+    spec = parse_compare(_spec(knob="rate", values=[50.0, 200.0], metrics=names,
                                workload={"requests": 3, "arrival": "poisson", "output_tokens": [2, 3]}))
     rows = run_comparison(spec, loaded, _base(tiny_llama), slo=SLO(10.0, 10.0))["comparison"]
     assert [r["config"]["rate"] for r in rows] == [50.0, 200.0]
     assert all(r["metrics"]["slo_attainment_pct"] == 100.0 for r in rows)
+    split = rows[1]["requests"]  # each request's queue / prefill / decode, in arrival order
+    assert [s["id"] for s in split] == ["c1-0", "c1-1", "c1-2"]
+    assert all(s["queue_ms"] >= 0 and s["prefill_ms"] > 0 and s["decode_ms"] >= 0 for s in split)
 
 
 def test_cancel_and_not_built(loaded, tiny_llama):

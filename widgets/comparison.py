@@ -28,6 +28,7 @@ from widgets.comparison_format import (
     numeric_knob_values,
     ratio_text,
 )
+from widgets.comparison_split import SplitChart
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
 EMPTY_TEXT = "no measured comparison yet: run `inferlab prepare` (or re-run it here)"
@@ -65,8 +66,9 @@ class ComparisonPanel(QWidget):
         self.bars = BarChart(point_size=POINT_SIZE)
         self.curve = pg.PlotWidget()
         self.curve.setMinimumHeight(220)
+        self.split = SplitChart(point_size=POINT_SIZE - 1)
         layout = QVBoxLayout(self)
-        for w in (self.title, self.provenance, self.table, self.bars, self.curve, self.notes):
+        for w in (self.title, self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
         self.set_result(None)
@@ -87,6 +89,11 @@ class ComparisonPanel(QWidget):
         self.provenance.show()
         self._fill_table(result, rows)
         self._fill_chart(result, rows)
+        split = next((r for r in reversed(rows) if r.get("requests")), None)  # the busiest one, when ran last
+        self.split.setVisible(split is not None)
+        if split is not None:
+            self.split.set_requests(f"each request's time at {split['label']}: queue / prefill / decode",
+                                    split["requests"])
         notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
         if any(is_predicted(m) for m in result.get("metrics", [])):
             notes.append("predicted: from a model (bytes to read / memory bandwidth measured by a probe), not run")
@@ -108,7 +115,7 @@ class ComparisonPanel(QWidget):
             self.title.setText("Comparison")
         self.provenance.setText(text)
         self.provenance.show()
-        for w in (self.table, self.bars, self.curve, self.notes):
+        for w in (self.table, self.bars, self.curve, self.split, self.notes):
             w.hide()
         self.table.setRowCount(0)
         self.table.setColumnCount(0)

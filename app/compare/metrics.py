@@ -71,3 +71,12 @@ def bandwidth_metrics(rec: RunRecord, weights_read_bytes: int, probe_bytes_per_s
         out["probe_gb_per_s"] = probe_bytes_per_s / 1e9
         out["predicted_decode_tokens_per_s"] = rows * probe_bytes_per_s / per_step
     return out
+
+
+def request_split(rec: RunRecord) -> list[dict]:
+    """Each request's time split into queue / prefill / decode (ms), in arrival order."""
+    out = []
+    for t in sorted((request_timings(tl) for tl in rec.timelines), key=lambda t: int(t.request_id.rsplit("-", 1)[1])):
+        out.append({"id": t.request_id, "queue_ms": _ms(t.queue_s), "prefill_ms": _ms(t.prefill_s),
+                    "decode_ms": _ms(t.decode_s)})
+    return out

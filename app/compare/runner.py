@@ -20,7 +20,7 @@ from app.compare.collect import RunRecord
 from app.compare.computed import contiguous_reservation
 from app.compare.drive import Cancelled, Driver
 from app.compare.machine import machine_info
-from app.compare.metrics import bandwidth_metrics, run_metrics
+from app.compare.metrics import bandwidth_metrics, request_split, run_metrics
 from app.compare.metrics_catalog import METRICS
 from app.compare.probe import probe_bandwidth
 from app.compare.quality import QUALITY, QualityMeter
@@ -177,6 +177,8 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled)
     metrics["warmup_s"] = warm
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
+    if "p50_queue_ms" in spec.metrics:  # each request's time split, for the latency-budget chart
+        entry["requests"] = request_split(rec)
     if note:
         entry["note"] = note
     return entry, rec, engine

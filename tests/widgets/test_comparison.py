@@ -91,3 +91,15 @@ def test_format_helpers():
     assert metric_label("slo_attainment_pct") == "SLO attainment (%)"
     assert metric_label("tokens_per_s") == "tokens/s"
     assert ratio_text(31.0, 10.0) == "3.10x" and ratio_text(5.0, 0) == "" and ratio_text(None, 1.0) == ""
+
+
+def test_request_split_shows_for_the_last_configuration_that_has_one(show):
+    rows = [{"label": f"rate={r}", "config": {"rate": r}, "metrics": {"goodput_rps": r / 2},
+             "requests": [{"id": f"c{i}-{j}", "queue_ms": 10.0 * j, "prefill_ms": 50.0, "decode_ms": 300.0}
+                          for j in range(4)]} for i, r in enumerate((1.0, 4.0, 16.0))]
+    panel = show(ComparisonPanel(), 1280, 900)
+    panel.set_result(_result(knob="rate", metrics=["goodput_rps"], chart=["goodput_rps"], comparison=rows))
+    assert panel.split.isVisible() and panel.curve.isVisible()
+    assert panel.split._title.startswith("each request's time at rate=16.0")
+    panel.set_result(_result())
+    assert not panel.split.isVisible()
