@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_mtp_args(train, _engine_args)
 
+    prepare = sub.add_parser("prepare", help="run every preset's measured comparison ahead of a talk; store them")
+    from app.compare.prepare import add_prepare_args
+
+    add_prepare_args(prepare, _engine_args)
+
     bench = sub.add_parser("bench", help="benchmarks; results as JSON")
     from app.bench.cli import add_bench_args
 
@@ -95,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.train_mtp import run_train_mtp
 
         return run_train_mtp(args)
+    if args.command == "prepare":
+        from app.compare.prepare import run_prepare
+
+        return run_prepare(args)
     if args.command == "bench":
         from app.bench.cli import run_bench
 

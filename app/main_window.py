@@ -42,6 +42,7 @@ from widgets import (
     TradeoffPanel,
     apply_theme,
 )
+from widgets.comparison import ComparisonPanel
 from widgets.panel_base import Panel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
@@ -52,7 +53,7 @@ PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start w
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error",
+    "quant": "Quantization error", "comparison": "Measured comparison",
 }
 
 
@@ -60,7 +61,7 @@ def make_panels() -> dict[str, QWidget]:
     return {"controls": ControlsPanel(defaults=knob_defaults()), "tokens": TokenStreamPanel(max_streams=16),
             "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel()}
+            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel()}
 
 
 class MainWindow(QMainWindow):

@@ -10,6 +10,8 @@
     [budget]    ttft_ms, tpot_ms
     [cues]      every_s, and [[cues.at]] tables (at_s, burst, set = {knob = value}, note): the chapter's
                 moment on a timeline (app/cues.py); optional
+    [compare]   the chapter's measured comparison (app/compare/spec.py: knob + values or [[compare.configs]],
+                workload, metrics); optional
 
 Missing keys take the defaults below, so a preset describes a whole state, whatever ran before it.
 tomllib reports no line numbers for values, so errors find the key's line in the text.
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.compare.spec import CompareSpec, CompareSpecError, parse_compare
+from app.compare.toml_lines import compare_line
 from app.cues import Cue, parse_cues
 from app.load.generator import LoadConfig
 from engine.core.policies import POLICIES
@@ -32,7 +36,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
-PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant")
+PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant", "comparison")
 
 
 class PresetError(ValueError):
@@ -141,6 +145,7 @@ class Preset:
     tpot_s: float = 0.1
     cues: tuple[Cue, ...] = ()  # the [cues] section: scripted moments (app/cues.py)
     cue_period_s: float = 0.0  # the cue timeline repeats every this many seconds (0: once)
+    compare: CompareSpec | None = None  # the [compare] section, when the preset has one
 
     def scheduling(self) -> dict:
         """The knobs the running engine can change (EngineConfig fields, reconfigure())."""
@@ -206,7 +211,8 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
                                             "ignore_eos")})
     return Preset(name=path.stem, path=str(path), title=p["title"], caption=p["caption"], panels=p["panels"],
                   engine=e, load=load, burst=w["burst"], burst_size=w["burst_size"], autostart=w["autostart"],
-                  ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, **_cues(path, text, data))
+                  ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, compare=_compare(path, text, data),
+                  **_cues(path, text, data))
 
 
 def _cues(path: Path, text: str, data: dict) -> dict:
@@ -222,11 +228,22 @@ def _cues(path: Path, text: str, data: dict) -> dict:
     return {"cues": cues, "cue_period_s": period}
 
 
+def _compare(path: Path, text: str, data: dict) -> CompareSpec | None:
+    if "compare" not in data:
+        return None
+    try:
+        return parse_compare(data["compare"])
+    except CompareSpecError as exc:
+        where = f"[{exc.table}] {exc.key}" if exc.key else f"[{exc.table}]"
+        raise PresetError(path, compare_line(text, exc.table, exc.key), where, exc.message) from None
+
+
 def _validate(path: Path, text: str, data: dict) -> dict[str, dict]:
     for section in data:
-        if section not in SCHEMA and section != "cues":  # [cues] has its own parser (app/cues.py)
+        if section not in SCHEMA and section not in ("cues", "compare"):  # each has its own parser
             raise PresetError(path, key_line(text, section, None), f"[{section}]",
-                              f"unknown section; expected one of {', '.join('[' + s + ']' for s in SCHEMA)}")
+                              "unknown section; expected one of "
+                              + ", ".join(f"[{s}]" for s in (*SCHEMA, "compare", "cues")))
     out: dict[str, dict] = {}
     for section, keys in SCHEMA.items():
         given = data.get(section, {})

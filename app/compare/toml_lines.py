@@ -1,0 +1,25 @@
+"""The line of a [compare] key in a preset's text, for file:line errors (tomllib gives no value lines).
+Tables: "compare", "compare.engine", "compare.workload", or "compare.configs #N" (the N-th
+[[compare.configs]])."""
+from __future__ import annotations
+
+import re
+
+
+def compare_line(text: str, table: str, key: str | None) -> int | None:
+    want, nth = table, 1
+    m = re.fullmatch(r"(compare\.configs) #(\d+)", table)
+    if m:
+        want, nth = m.group(1), int(m.group(2))
+    seen, inside, header = 0, False, None
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.split("#", 1)[0].strip()
+        h = re.fullmatch(r"\[\[?\s*([A-Za-z0-9_.-]+)\s*\]\]?", s)
+        if h:
+            inside = h.group(1) == want and (seen := seen + (h.group(1) == want)) == nth
+            if inside:
+                header = i
+            continue
+        if inside and key is not None and re.match(rf"^{re.escape(key)}\s*=", s):
+            return i
+    return header

@@ -1,0 +1,157 @@
+"""The comparison runner on a tiny model: seeded workloads, isolation from a live engine, the run modes,
+stored results. No timing asserts: only counts, token ids and the shape of the results."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.compare.drive import Cancelled
+from app.compare.runner import run_comparison
+from app.compare.spec import parse_compare
+from app.compare.store import load_stored, prepared_json, save_result
+from app.compare.workload import plan
+from engine import EngineConfig, LLMEngine
+from engine.core.metrics import SLO
+from engine.loading.loader import load_model
+
+CORPUS = list(range(5, 300))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama):
+    return load_model(str(tiny_llama))
+
+
+def _base(tiny_llama) -> EngineConfig:
+    return EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=96, attention_backend="fast",
+                        num_threads=1)
+
+
+def _spec(**over) -> dict:
+    d = {"title": "t", "knob": "max_num_seqs", "values": [1, 4],
+         "metrics": ["tokens_per_s", "p99_e2e_ms", "kv_blocks_peak", "same_output_as_first_pct"],
+         "workload": {"requests": 5, "prompt_tokens": [8, 20], "output_tokens": [3, 8], "seed": 3}}
+    d.update(over)
+    return d
+
+
+def test_workload_is_planned_from_the_seed():
+    w = parse_compare(_spec(workload={"requests": 6, "arrival": "poisson", "seed": 9})).workload
+    a, b = plan(w, CORPUS, 256), plan(w, CORPUS, 256)
+    assert a == b and len(a) == 6
+    other = plan(parse_compare(_spec(workload={"requests": 6, "arrival": "poisson", "seed": 10})).workload,
+                 CORPUS, 256)
+    assert [p.prompt_token_ids for p in a] != [p.prompt_token_ids for p in other]
+    assert a[0].at_unit == 0 and all(x.at_unit <= y.at_unit for x, y in zip(a, a[1:]))
+    burst = plan(parse_compare(_spec(workload={"requests": 4, "arrival": "burst", "burst_requests": 2,
+                                               "burst_prompt_tokens": [40, 50]})).workload, CORPUS, 256)
+    assert sum(p.kind == "burst" for p in burst) == 2 and [p.index for p in burst] == list(range(6))
+
+
+def test_same_tokens_under_batch_sizes_and_live_engine_sees_nothing(loaded, tiny_llama):
+    live = LLMEngine(_base(tiny_llama), loaded=loaded)
+    seen = []
+    live.add_listener(seen.append)
+    result = run_comparison(parse_compare(_spec()), loaded, _base(tiny_llama))
+    assert seen == [] and live.stats().num_requests == 0
+    rows = result["comparison"]
+    assert [r["label"] for r in rows] == ["max_num_seqs=1", "max_num_seqs=4"]
+    assert rows[0]["config"] == {"mode": "continuous", "max_num_seqs": 1}
+    # greedy, the batch size does not change the maths: the same token ids in both (float32)
+    assert rows[1]["metrics"]["same_output_as_first_pct"] == 100.0
+    assert rows[0]["metrics"]["tokens_per_s"] > 0 and rows[0]["metrics"]["kv_blocks_peak"] >= 1
+    assert result["machine"]["threads"] >= 1 and result["measured_at"][:2] == "20"
+    assert set(result["metric_info"]) == set(result["metrics"])
+
+
+def test_modes_static_recompute_and_computed(loaded, tiny_llama):
+    spec = parse_compare({
+        "title": "modes", "metrics": ["tokens_per_s", "kv_blocks_peak", "tokens_computed_per_output_token",
+                                      "same_output_as_first_pct", "prefix_cache_saved_tokens"],
+        "engine": {"max_num_seqs": 2},
+        "workload": {"requests": 4, "prompt_tokens": [8, 12], "output_tokens": [4, 6], "shared_prefix_tokens": 32},
+        "configs": [{"label": "continuous"}, {"label": "static", "mode": "static"},
+                    {"label": "no KV cache", "mode": "recompute"}, {"label": "contiguous", "mode": "contiguous"}]})
+    progress = []
+    rows = run_comparison(spec, loaded, _base(tiny_llama), progress=lambda t, f: progress.append(f))["comparison"]
+    cont, static, recompute, contiguous = (r["metrics"] for r in rows)
+    assert static["same_output_as_first_pct"] == 100.0 and recompute["same_output_as_first_pct"] == 100.0
+    assert cont["prefix_cache_saved_tokens"] >= 32  # later requests reuse the shared prefix's blocks
+    assert "prefix_cache_saved_tokens" not in recompute or recompute["prefix_cache_saved_tokens"] == 0
+    # without a KV cache every token recomputes its whole prefix: more work per output token
+    assert recompute["tokens_computed_per_output_token"] > 3 * cont["tokens_computed_per_output_token"]
+    assert rows[3]["computed"] is True and "computed, not run" in rows[3]["note"]
+    assert contiguous["kv_blocks_peak"] > cont["kv_blocks_peak"]
+    assert progress[-1] == 1.0 and progress == sorted(progress)
+
+
+def test_goodput_and_rate_knob(loaded, tiny_llama):
+    names = ["goodput_rps", "slo_attainment_pct", "p50_queue_ms"]
+    spec = parse_compare(_spec(knob="rate", values=[50.0, 200.0], metrics=names,
+                               workload={"requests": 3, "arrival": "poisson", "output_tokens": [2, 3]}))
+    rows = run_comparison(spec, loaded, _base(tiny_llama), slo=SLO(10.0, 10.0))["comparison"]
+    assert [r["config"]["rate"] for r in rows] == [50.0, 200.0]
+    assert all(r["metrics"]["slo_attainment_pct"] == 100.0 for r in rows)
+    split = rows[1]["requests"]  # each request's queue / prefill / decode, in arrival order
+    assert [s["id"] for s in split] == ["c1-0", "c1-1", "c1-2"]
+    assert all(s["queue_ms"] >= 0 and s["prefill_ms"] > 0 and s["decode_ms"] >= 0 for s in split)
+
+
+def test_cancel_and_not_built(loaded, tiny_llama):
+    with pytest.raises(Cancelled):
+        run_comparison(parse_compare(_spec()), loaded, _base(tiny_llama), cancelled=lambda: True)
+    r = run_comparison(parse_compare({"title": "LoRA", "not_built": "not built yet"}), loaded, _base(tiny_llama))
+    assert r["comparison"] == [] and r["not_built"] == "not built yet"
+
+
+def test_mtp_without_heads_falls_back_to_ngram(loaded, tiny_llama):
+    spec = parse_compare(_spec(knob=None, values=None, metrics=["tokens_per_s", "same_output_as_first_pct"],
+                               configs=[{"label": "off"}, {"label": "MTP", "spec_method": "mtp",
+                                                           "num_speculative_tokens": 2}]))
+    rows = run_comparison(spec, loaded, _base(tiny_llama))["comparison"]
+    assert "n-gram" in rows[1]["label"] and "heads" in rows[1]["note"]
+    assert rows[1]["metrics"]["same_output_as_first_pct"] == 100.0  # exact verification: same greedy text
+
+
+def test_stored_results_round_trip(tmp_path):
+    machine = {"cpu": "Test CPU 9000", "gpu": None, "threads": 2, "torch": "2.x"}
+    result = {"title": "t", "machine": machine, "measured_at": "2026-01-01T00:00:00+00:00", "fingerprint": "abc",
+              "metrics": ["tokens_per_s"], "comparison": [{"label": "a", "config": {"k": 1},
+                                                          "metrics": {"tokens_per_s": 3.5}}]}
+    path = save_result("kv-cache", "smollm2-135m", result, root=tmp_path)
+    assert path.is_file() and "test-cpu-9000-2t" in str(path)
+    got = load_stored("kv-cache", "smollm2-135m", machine, root=tmp_path)
+    assert got["comparison"] == result["comparison"] and got["model"] == "smollm2-135m"
+    assert load_stored("kv-cache", "smollm2-135m", machine, fingerprint="other", root=tmp_path) is None
+    assert load_stored("kv-cache", "other-model", machine, root=tmp_path) is None
+    path.write_text("{ broken")
+    assert load_stored("kv-cache", "smollm2-135m", machine, root=tmp_path) is None
+    doc = prepared_json("smollm2-135m", machine, {"kv-cache": result})
+    assert json.loads(json.dumps(doc))["presets"]["kv-cache"]["comparison"][0]["metrics"] == {"tokens_per_s": 3.5}
+
+
+def test_job_stores_and_the_preset_finds_it_at_once(loaded, tiny_llama, tmp_path, monkeypatch):
+    from app.compare.job import ComparisonJob
+    from app.presets import Preset
+
+    monkeypatch.setenv("INFERLAB_DATA_DIR", str(tmp_path))
+    preset = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[2])))
+    job = ComparisonJob(preset, "tiny")
+    assert job.stored() is None
+    result = job(loaded, _base(tiny_llama))
+    assert job.stored()["comparison"] == result["comparison"]
+    changed = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[3])))
+    assert ComparisonJob(changed, "tiny").stored() is None  # another [compare] section: not its result
+
+
+def test_bandwidth_metrics_come_from_sizes_and_label_the_ceiling_predicted(loaded, tiny_llama):
+    names = ["decode_tokens_per_s", "predicted_decode_tokens_per_s", "bytes_per_decode_step", "probe_gb_per_s"]
+    spec = parse_compare(_spec(values=[2], metrics=names, workload={"requests": 2, "output_tokens": [6, 6]}))
+    engine = LLMEngine(_base(tiny_llama), loaded=loaded)
+    mem = engine.memory()
+    m = run_comparison(spec, loaded, _base(tiny_llama))["comparison"][0]["metrics"]
+    weights_read = mem.weights_bytes - mem.packed_weights_bytes
+    # one copy of the weights plus the KV of both requests' contexts
+    assert weights_read < m["bytes_per_decode_step"] < weights_read + 2 * 64 * mem.kv_block_bytes
+    assert m["probe_gb_per_s"] > 0 and m["predicted_decode_tokens_per_s"] > 0

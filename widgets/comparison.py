@@ -1,0 +1,185 @@
+"""ComparisonPanel: a chapter's measured comparison, fed one result dict (app/compare/store.py format).
+
+Shows what was compared, a table (a row per metric, a column per configuration, each value with its
+ratio to the first configuration), a chart (bars, or a curve when the knob is numeric with more than
+two values), the line "measured <date> on <machine>", and the notes of computed configurations
+("computed, not run"). A view: setters and signals only, no torch, no engine but engine.events."""
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from widgets.comparison_bars import SERIES_COLORS, BarChart
+from widgets.comparison_format import (
+    format_value,
+    is_predicted,
+    measured_line,
+    metric_label,
+    numeric_knob_values,
+    ratio_text,
+)
+from widgets.comparison_split import SplitChart
+
+POINT_SIZE = 14  # readable from the back of a room on a projector
+EMPTY_TEXT = "no measured comparison yet: run `inferlab prepare` (or re-run it here)"
+
+
+def _label(point_size: int, bold: bool = False) -> QLabel:
+    lab = QLabel()
+    lab.setWordWrap(True)  # long titles wrap instead of being cut
+    lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    f = QFont(lab.font())
+    f.setPointSize(point_size)
+    f.setBold(bold)
+    lab.setFont(f)
+    return lab
+
+
+class ComparisonPanel(QWidget):
+    sigRerunRequested = Signal()  # noqa: N815 (Qt signal naming, as the other panels)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._result: dict | None = None
+        self.title = _label(POINT_SIZE + 2, bold=True)
+        self.provenance = _label(POINT_SIZE - 1)
+        self.notes = _label(POINT_SIZE - 1)
+        self.table = QTableWidget()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
+        self.table.setWordWrap(True)
+        f = QFont(self.table.font())
+        f.setPointSize(POINT_SIZE)
+        self.table.setFont(f)
+        self.table.horizontalHeader().setFont(f)
+        self.table.verticalHeader().setFont(f)
+        self.bars = BarChart(point_size=POINT_SIZE)
+        self.curve = pg.PlotWidget()
+        self.curve.setMinimumHeight(220)
+        self.split = SplitChart(point_size=POINT_SIZE - 1)
+        layout = QVBoxLayout(self)
+        for w in (self.title, self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
+            layout.addWidget(w)
+        layout.addStretch(1)
+        self.set_result(None)
+
+    # --- setters --------------------------------------------------------------------------------
+    def set_result(self, result: dict | None) -> None:
+        """Show one comparison result (None: say there is none yet)."""
+        self._result = result
+        if not result:
+            self._show_empty(EMPTY_TEXT)
+            return
+        self.title.setText(result.get("title", ""))
+        if result.get("not_built"):
+            self._show_empty(result["not_built"], keep_title=True)
+            return
+        rows = result.get("comparison", [])
+        self.provenance.setText(measured_line(result))
+        self.provenance.show()
+        self._fill_table(result, rows)
+        self._fill_chart(result, rows)
+        split = next((r for r in reversed(rows) if r.get("requests")), None)  # the busiest one, when ran last
+        self.split.setVisible(split is not None)
+        if split is not None:
+            self.split.set_requests(f"each request's time at {split['label']}: queue / prefill / decode",
+                                    split["requests"])
+        notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
+        if any(is_predicted(m) for m in result.get("metrics", [])):
+            notes.append("predicted: from a model (bytes to read / memory bandwidth measured by a probe), not run")
+        self.notes.setText("\n".join(notes))
+        self.notes.setVisible(bool(notes))
+
+    def result(self) -> dict | None:
+        return self._result
+
+    def flush(self) -> None:
+        """Nothing pending: the panel repaints only when set_result gives it a new result."""
+
+    def set_repaint_interval(self, ms: int, phase_ms: int = 0) -> None:
+        """No repaint timer to pace (the frame governor calls this on every panel)."""
+
+    # --- internals ------------------------------------------------------------------------------
+    def _show_empty(self, text: str, keep_title: bool = False) -> None:
+        if not keep_title:
+            self.title.setText("Comparison")
+        self.provenance.setText(text)
+        self.provenance.show()
+        for w in (self.table, self.bars, self.curve, self.split, self.notes):
+            w.hide()
+        self.table.setRowCount(0)
+        self.table.setColumnCount(0)
+
+    def _fill_table(self, result: dict, rows: list[dict]) -> None:
+        metrics = result.get("metrics", [])
+        t = self.table
+        t.setRowCount(len(metrics))
+        t.setColumnCount(len(rows))
+        t.setHorizontalHeaderLabels([r["label"] + ("\n(computed, not run)" if r.get("computed") else "")
+                                     for r in rows])
+        t.setVerticalHeaderLabels([metric_label(m) for m in metrics])
+        for i, m in enumerate(metrics):
+            first = rows[0]["metrics"].get(m) if rows else None
+            for j, r in enumerate(rows):
+                v = r["metrics"].get(m)
+                ratio = ratio_text(v, first) if j else ""
+                item = QTableWidgetItem(format_value(m, v) + (f"  ({ratio})" if ratio else ""))
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                item.setToolTip(result.get("metric_info", {}).get(m, m))
+                if r.get("computed") or is_predicted(m):
+                    f = item.font()
+                    f.setItalic(True)
+                    item.setFont(f)
+                t.setItem(i, j, item)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        t.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        t.resizeColumnsToContents()
+        t.resizeRowsToContents()
+        t.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        header = max(t.horizontalHeader().height(), t.horizontalHeader().sizeHint().height())
+        height = header + t.verticalHeader().length() + 2 * t.frameWidth() + 4
+        t.setMinimumHeight(height)
+        t.setMaximumHeight(height)
+        t.show()
+
+    def _fill_chart(self, result: dict, rows: list[dict]) -> None:
+        chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]
+        xs = numeric_knob_values(result)
+        self.bars.setVisible(bool(chart) and xs is None)
+        self.curve.setVisible(bool(chart) and xs is not None)
+        names = [metric_label(m) for m in chart]
+        if xs is None:
+            data = [(r["label"] + (" (computed, not run)" if r.get("computed") else ""),
+                     [r["metrics"].get(m) for m in chart],
+                     [format_value(m, r["metrics"].get(m)) for m in chart], bool(r.get("computed"))) for r in rows]
+            self.bars.set_data(names, data)
+            return
+        self.curve.clear()
+        tick_font = QFont(self.font())
+        tick_font.setPointSize(POINT_SIZE - 2)
+        for side in ("left", "bottom"):
+            self.curve.getAxis(side).setTickFont(tick_font)
+        self.curve.getAxis("bottom").setTicks([[(x, f"{x:g}") for x in xs]])  # the knob's own values
+        self.curve.setLabel("bottom", result.get("knob", ""), **{"font-size": f"{POINT_SIZE - 1}pt"})
+        legend = []
+        in_mib = any("bytes" in m.split("_") for m in chart)  # byte counts read better in MiB on an axis
+        self.curve.setLabel("left", "MiB" if in_mib else "", **{"font-size": f"{POINT_SIZE - 1}pt"})
+        for s, m in enumerate(chart):
+            color = SERIES_COLORS[s % len(SERIES_COLORS)]
+            scale = 2**-20 if in_mib and "bytes" in m.split("_") else 1.0
+            pts = [(x, r["metrics"][m] * scale) for x, r in zip(xs, rows) if m in r["metrics"]]
+            style = Qt.PenStyle.DashLine if is_predicted(m) else Qt.PenStyle.SolidLine
+            self.curve.plot([p[0] for p in pts], [p[1] for p in pts], pen=pg.mkPen(color, width=3, style=style),
+                            symbol="o", symbolSize=10, symbolBrush=color)
+            legend.append(f'<span style="color:{color}">■ {names[s]}</span>')
+        self.curve.setTitle("   ".join(legend), size=f"{POINT_SIZE}pt")  # the legend above the data

@@ -1,0 +1,71 @@
+"""A painted horizontal bar chart: one row per configuration, its full label on the left (wrapped,
+never elided), one bar per charted metric, the value written at the bar's end. Bars of one metric
+share one scale; a legend sits above the rows, outside the data."""
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+SERIES_COLORS = ("#5b8def", "#f29900", "#81c995", "#f28b82")
+COMPUTED_ALPHA = 110  # computed (not run) bars are drawn translucent and hatched
+
+
+class BarChart(QWidget):
+    def __init__(self, parent: QWidget | None = None, point_size: int = 14) -> None:
+        super().__init__(parent)
+        self._rows: list[tuple[str, list[float | None], list[str], bool]] = []
+        self._series: list[str] = []
+        self._font = QFont(self.font())
+        self._font.setPointSize(point_size)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]]) -> None:
+        """series: legend names; rows: (label, one value per series, its text, computed)."""
+        self._series, self._rows = list(series), list(rows)
+        self.setFixedHeight(self._needed_height())
+        self.update()
+
+    def _line(self) -> int:
+        return QFontMetrics(self._font).height()
+
+    def _needed_height(self) -> int:
+        per_row = max(2, len(self._series)) * self._line() + 8
+        return self._line() * 2 + len(self._rows) * per_row + 8
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 (Qt override)
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setFont(self._font)
+        fm, text_color = QFontMetrics(self._font), self.palette().text().color()
+        line, w = self._line(), self.width()
+        label_w = min(int(w * 0.34), max((fm.horizontalAdvance(r[0]) for r in self._rows), default=0) + 12)
+        x = 0
+        for i, name in enumerate(self._series):  # legend, above the data
+            p.fillRect(QRectF(x, line * 0.2, line * 0.8, line * 0.8), QColor(SERIES_COLORS[i % len(SERIES_COLORS)]))
+            p.setPen(text_color)
+            p.drawText(QRectF(x + line, 0, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
+            x += line + fm.horizontalAdvance(name) + 24
+        tops = [max((abs(r[1][s]) for r in self._rows if r[1][s] is not None), default=0.0)
+                for s in range(len(self._series))]
+        value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
+        bar_w = max(10, w - label_w - value_w)
+        per_row = max(2, len(self._series)) * line + 8
+        y = line * 1.6
+        for label, values, texts, computed in self._rows:
+            p.setPen(text_color)
+            p.drawText(QRectF(0, y, label_w - 8, per_row - 4),
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWordWrap, label)
+            for s, (v, t) in enumerate(zip(values, texts)):
+                by = y + s * line + 2
+                length = bar_w * abs(v) / tops[s] if v is not None and tops[s] else 0
+                color = QColor(SERIES_COLORS[s % len(SERIES_COLORS)])
+                if computed:
+                    color.setAlpha(COMPUTED_ALPHA)
+                p.fillRect(QRectF(label_w, by, length, line - 4), color)
+                if computed:
+                    p.fillRect(QRectF(label_w, by, length, line - 4), Qt.BrushStyle.BDiagPattern)
+                p.setPen(text_color)
+                p.drawText(QRectF(label_w + length + 6, by - 2, value_w, line), Qt.AlignmentFlag.AlignLeft, t)
+            y += per_row
+        p.end()

@@ -1,0 +1,88 @@
+"""Text for the comparison panel: metric names as readable labels with their units, values, ratios.
+Pure functions over plain values (the panel is fed plain dicts)."""
+from __future__ import annotations
+
+from widgets.fmt import human_bytes
+
+_WORDS = {"p50": "p50", "p99": "p99", "ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "kv": "KV",
+          "slo": "SLO", "kl": "KL"}
+# trailing words -> the unit they stand for
+_UNIT_TAILS = ((("gb", "per", "s"), "GB/s"), (("tokens", "per", "s"), "tokens/s"), (("per", "s"), "/s"),
+               (("rps",), "requests/s"), (("pct",), "%"), (("s",), "s"))
+
+
+def metric_label(name: str) -> str:
+    """'p99_ttft_ms' -> 'p99 TTFT (ms)'; 'tokens_per_s' -> 'tokens/s'; 'step_ms_median' -> 'step median (ms)'."""
+    words = name.split("_")
+    unit = ""
+    if "ms" in words:
+        words.remove("ms")
+        unit = "ms"
+    else:
+        for tail, shown in _UNIT_TAILS:
+            if tuple(words[-len(tail):]) == tail:
+                if shown == "tokens/s":
+                    return " ".join([*map(_word, words[:-3]), "tokens/s"])
+                words, unit = words[: -len(tail)], shown
+                break
+    text = " ".join(_word(w) for w in words)
+    if not text:
+        return unit
+    return f"{text} ({unit})" if unit else text
+
+
+def _word(w: str) -> str:
+    return _WORDS.get(w, w)
+
+
+def is_predicted(name: str) -> bool:
+    return "predicted" in name
+
+
+def format_value(name: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if "bytes" in name.split("_"):
+        return human_bytes(value)
+    if name.endswith("_pct"):
+        return f"{value:.1f} %"
+    a = abs(value)
+    if float(value).is_integer() and a < 1e15:  # counts (blocks, tokens, requests) stay whole
+        return f"{int(value):,}"
+    if a >= 1000:
+        return f"{value:,.0f}"
+    if a >= 100:
+        return f"{value:.0f}"
+    if a >= 10:
+        return f"{value:.1f}"
+    if a >= 0.01 or a == 0:
+        return f"{value:.2f}"
+    return f"{value:.2g}"
+
+
+def ratio_text(value: float | None, first: float | None) -> str:
+    """'3.1x' vs the first configuration ('' when either is missing or zero)."""
+    if value is None or not first:
+        return ""
+    r = value / first
+    return f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
+
+
+def measured_line(result: dict) -> str:
+    """'measured 2026-11-30 15:40 UTC on Intel Xeon, 2 threads, torch 2.13' (date and machine of the run)."""
+    when = str(result.get("measured_at", "?")).replace("T", " ")[:16]
+    m = result.get("machine") or {}
+    name = m.get("gpu") or m.get("cpu") or "unknown machine"
+    suffix = " UTC" if str(result.get("measured_at", "")).endswith(("+00:00", "Z")) else ""
+    threads = m.get("threads", "?")
+    plural = "" if threads == 1 else "s"
+    return f"measured {when}{suffix} on {name}, {threads} thread{plural}, torch {m.get('torch', '?')}"
+
+
+def numeric_knob_values(result: dict) -> list[float] | None:
+    """The knob's values when the comparison is a curve: one numeric knob, more than two values."""
+    knob, rows = result.get("knob"), result.get("comparison", [])
+    values = [r.get("config", {}).get(knob) for r in rows]
+    if not knob or len(values) <= 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        return None
+    return [float(v) for v in values]
