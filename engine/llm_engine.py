@@ -21,6 +21,7 @@ from engine.events import EngineStepEvent, RequestOutput, StepStats
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.layers.linear import pack_linears
 from engine.models.llama import LlamaForCausalLM
+from engine.perf.step_counter import StepCounter
 from engine.quant.manager import QuantizedWeights
 from engine.quant.weight_only import original_weights, swap_modules
 from engine.queries import EngineQueries, EngineStats  # noqa: F401 (EngineStats: public)
@@ -84,6 +85,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         self._listeners: list[StepListener] = []
         self._step = 0
         self._last_activation_bytes = 0
+        self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
         self._counts = dict(requests=0, finished=0, prompt=0, generated=0, cached=0)
         self._init_spec(loaded)
         self.admission = AdmissionController(config)
@@ -186,6 +188,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
         sched = self.scheduler.schedule()
         if sched.is_empty and not outputs and not arrived:
             return []
+        self._cost.begin(sched)
         for req in sched.preempted:
             req.status = RequestStatus.PREEMPTED
         if not sched.is_empty:
@@ -287,6 +290,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
 
     def _step_stats(self, t0: float, sched, num_finished: int) -> StepStats:
         bm = self.block_manager
+        flops, bytes_moved = self._cost.count(self.model, self.weights_bytes)
         return StepStats(
             step=self._step,
             t_start=t0,
@@ -302,6 +306,7 @@ class LLMEngine(QuantizedWeights, SpeculativeDecoding, EngineQueries):
             num_finished=num_finished,
             num_rejected=self._take_rejected(),
             scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
+            flops=flops, bytes_moved=bytes_moved,
         )
 
     def _take_rejected(self) -> int:
