@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QMessageBox
 from app import presets
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
+from app.tradeoff_actions import connect_tradeoff
 from engine.sampling_params import SamplingParams
 
 FEATURE_CONTROLS = {  # control -> (capability, why it is greyed out)
@@ -57,6 +58,7 @@ class AppController(PresetActions, QObject):
         c.sigReset.connect(self.reset)
         panels["tokens"].sigSubmit.connect(self.submit)
         panels["tradeoff"].sigSweep.connect(self.run_sweep)
+        connect_tradeoff(self)  # click a point: apply it to the live engine; export CSV / PNG
         feeder.sigSweepProgress.connect(self._on_sweep_progress)
         feeder.sigBusy.connect(self._on_busy)
         feeder.sigQuantized.connect(self._on_quantized)

@@ -26,6 +26,7 @@ from PySide6.QtCore import QObject, Signal
 from app import engine_work
 from app.engine_info import EngineInfo, make_info
 from app.load.generator import LoadConfig, LoadGenerator
+from app.roofline_feed import roofline_at_load
 from engine.config import EngineConfig
 from engine.events import EngineStepEvent
 
@@ -191,6 +192,7 @@ class EngineHost(QObject):
             return
         self.engine.add_listener(self._on_step)
         self.sigLoaded.emit(self.info)
+        self.publish("roofline", roofline_at_load(self.engine))  # cached after the first start
         try:
             self._loop()
         finally:

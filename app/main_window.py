@@ -33,6 +33,7 @@ from widgets import (
     LatencyPanel,
     MemoryPanel,
     QuantErrorPanel,
+    RooflinePanel,
     SpecPanel,
     TimelinePanel,
     TokenStreamPanel,
@@ -47,14 +48,14 @@ PRESENTER_FONT_SCALE = 1.4
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error",
+    "quant": "Quantization error", "roofline": "Roofline",
 }
 
 
 def make_panels() -> dict[str, QWidget]:
     return {"controls": ControlsPanel(), "tokens": TokenStreamPanel(max_streams=16), "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel()}
+            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "roofline": RooflinePanel()}
 
 
 class MainWindow(QMainWindow):
@@ -123,6 +124,7 @@ class MainWindow(QMainWindow):
         self.splitDockWidget(d["memory"], d["latency"], Qt.Orientation.Vertical)
         self.tabifyDockWidget(d["latency"], d["spec"])
         self.tabifyDockWidget(d["latency"], d["quant"])
+        self.tabifyDockWidget(d["latency"], d["roofline"])
         d["latency"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
+from app.roofline_feed import RooflineFeed
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
 from engine.events import EngineStepEvent
@@ -67,6 +68,7 @@ class PanelFeeder(QObject):
         self.tokenizer = None  # set once the model is loaded
         self._last_tab = 0.0
         self._points: dict = {}  # tradeoff label -> latest measured point
+        self.roofline = RooflineFeed(panels["roofline"])
 
     # --- streams ------------------------------------------------------------------------------
     def add_user_stream(self, request_id: str, title: str, prompt: str) -> None:
@@ -131,9 +133,13 @@ class PanelFeeder(QObject):
             elif kind == "sweep":
                 self.sigSweepProgress.emit(payload["text"], payload["fraction"])
             elif kind == "sweep_point":
-                self.panels["tradeoff"].add_point(payload)
+                self.panels["tradeoff"].add_sweep_point(payload)
             elif kind == "sweep_done":
+                if payload:
+                    self.panels["tradeoff"].set_sweep(payload)
                 self.sigSweepProgress.emit("", 1.0)
+            elif kind == "roofline":  # once at load: the machine's roofs and the stored sweep
+                self.roofline.on_loaded(payload, self.panels["tradeoff"])
             elif kind == "error":
                 self.sigMessage.emit(str(payload))
             elif kind == "busy":
@@ -158,6 +164,7 @@ class PanelFeeder(QObject):
         t_end = stats.t_start + stats.wall_time_s
         tokens = self.panels["tokens"]
         self.recorder.add(event)
+        self.roofline.add(stats)
         self._timeline_pending.append(event)
         self._latency_pending.append(event)
         for rid, t_arrival, _n in event.arrived:

@@ -184,6 +184,9 @@ class Sweep:
                                on_point=lambda p: host.publish("sweep_point", p),
                                cancelled=lambda: host.stopping or host.sweep_cancelled.is_set())
             result["model"] = host.engine.model_path
+            from app.sweep_store import save
+
+            save(result, roofs.machine, host.engine.model_path)  # kept for the next start
         finally:
             if was_running and not (host.stopping or host.sweep_cancelled.is_set()):
                 host.loadgen.start(time.perf_counter())

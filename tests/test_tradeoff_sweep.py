@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.frontier import pareto, speed, cheapness
+from app.frontier import cheapness, pareto, speed
 from app.sweep import SweepSpec, run_sweep
 from app.sweep_point import Workload
 from app.sweep_store import export_csv, load, save
