@@ -55,24 +55,13 @@ def sweep_config(base: EngineConfig, spec: SweepSpec, bits: int) -> EngineConfig
                    draft_quant_bits=None)
 
 
-def measure_quality(engine, texts, reference, ppl16: float | None) -> dict:
-    """Perplexity, and KL / agreement against the 16-bit reference logits (the reference itself: 0 / 1)."""
-    from engine.quant.quality import compare_logits
-
-    ppl = engine.perplexity(texts)
-    if reference is None:  # this engine is the 16-bit reference
-        return {"perplexity": ppl, "ppl_delta_pct": 0.0, "kl": 0.0, "agreement": 1.0}
-    q = compare_logits(engine, texts, reference)
-    return {"perplexity": ppl, "ppl_delta_pct": 100.0 * (ppl / ppl16 - 1.0), "kl": q["kl_divergence"],
-            "agreement": q["greedy_agreement"]}
-
-
 def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, *,
               progress: Progress | None = None, on_point: Callable[[dict], None] | None = None,
               cancelled: Callable[[], bool] = lambda: False) -> dict:
     """Measure every (bits, draft, batch) point; returns {"points", "frontier", "predicted", ...}."""
+    from app.sweep_quality import quality_pass, reference_pass
     from engine.llm_engine import LLMEngine
-    from engine.quant.quality import heldout_texts, reference_logits
+    from engine.quant.quality import heldout_texts
 
     report = progress or (lambda text, fraction: None)
     texts, corpus = heldout_texts(), corpus_tokens(loaded.tokenizer)
@@ -84,14 +73,15 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
             break
         report(f"sweep: building the {bits}-bit engine", len(points) / spec.num_points)
         engine = LLMEngine(sweep_config(base, spec, bits), loaded=loaded)
-        if reference is None and bits != 16:  # no 16-bit point asked for: a reference engine all the same
-            ref_engine = LLMEngine(sweep_config(base, spec, 16), loaded=loaded)
-            reference, ppl16 = reference_logits(ref_engine, texts), ref_engine.perplexity(texts)
-            del ref_engine
         report(f"sweep: quality of {bits}-bit weights on the held-out text", len(points) / spec.num_points)
-        quality = measure_quality(engine, texts, reference, ppl16)
-        if reference is None:
-            reference, ppl16 = reference_logits(engine, texts), quality["perplexity"]
+        if reference is None:  # the 16-bit reference (its own engine when no 16-bit point was asked for)
+            ref_engine = engine if bits == 16 else LLMEngine(sweep_config(base, spec, 16), loaded=loaded)
+            reference, ppl16 = reference_pass(ref_engine, texts)
+            del ref_engine
+        if bits == 16:
+            quality = {"perplexity": ppl16, "ppl_delta_pct": 0.0, "kl": 0.0, "agreement": 1.0}
+        else:
+            quality = quality_pass(engine, texts, reference, ppl16)
         mem = engine.memory()
         for draft in spec.drafts:
             engine.reconfigure(spec_method="ngram" if draft else None, num_speculative_tokens=draft)
