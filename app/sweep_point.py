@@ -1,7 +1,10 @@
 """Measure one sweep point: a saturating, seeded closed loop on the sweep's own engine.
 
 `batch` requests are kept in flight (a finished one is replaced at once), so every step runs a full
-batch. After a warm-up the step events of the sweep engine's own listener are summed:
+batch. The warm-up lasts `warmup_s` and until every request of the first batch has been admitted (no
+one waiting); then the step events of the sweep engine's own listener are summed for `measure_s`
+and at least MIN_STEPS steps (a slow or busy machine takes longer rather than measuring nothing), up
+to MAX_POINT_FACTOR x (warmup_s + measure_s) in all:
 
     total tokens/s     = generated tokens / window time (first measured step start -> last step end)
     tokens/s per user  = total tokens/s / the time-weighted mean of running requests (each user's share)
@@ -19,6 +22,9 @@ from dataclasses import dataclass, field
 
 from engine.events import EngineStepEvent
 from engine.sampling_params import SamplingParams
+
+MIN_STEPS = 5
+MAX_POINT_FACTOR = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +46,13 @@ class PointMeter:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
     steps: list = field(default_factory=list)  # (kind, flops, bytes, wall) of measured steps
+    num_waiting: int = -1  # after the latest step (measured or not)
 
     def __call__(self, event: EngineStepEvent) -> None:
+        s = event.stats
+        self.num_waiting = s.num_waiting
         if not self.measuring:
             return
-        s = event.stats
         self.t_first = s.t_start if self.t_first is None else self.t_first
         self.t_last = s.t_start + s.wall_time_s
         self.generated += sum(len(o.new_token_ids) for o in event.outputs)
@@ -84,11 +92,15 @@ def measure_point(engine, batch: int, corpus: list[int], wl: Workload, warmup_s:
     engine.add_listener(track)
     try:
         t0 = time.perf_counter()
+        t_measure = None
         while not cancelled():
             now = time.perf_counter()
-            if now - t0 >= warmup_s + measure_s:
+            if now - t0 >= MAX_POINT_FACTOR * (warmup_s + measure_s):
                 break
-            meter.measuring = now - t0 >= warmup_s
+            if t_measure is None and now - t0 >= warmup_s and meter.num_waiting == 0:
+                t_measure, meter.measuring = now, True
+            if t_measure is not None and now - t_measure >= measure_s and len(meter.steps) >= MIN_STEPS:
+                break
             for _ in range(batch - len(live) - track.pending):
                 _make_request(engine, rng, corpus, wl)
                 track.pending += 1

@@ -20,6 +20,7 @@ def add_args(p, engine_args) -> None:
     p.add_argument("--memory-budget-mib", type=int, default=1024, help="weights + KV of each sweep engine")
     p.add_argument("--csv", metavar="OUT", help="also export the points as CSV")
     p.add_argument("--save", action="store_true", help="store the result for the app (per machine and model)")
+    p.add_argument("--reprobe", action="store_true", help="measure the roofs again (replaces the cached ones)")
 
 
 def run(args) -> dict:
@@ -28,7 +29,7 @@ def run(args) -> dict:
     from engine.perf.probe import probe_roofs
 
     t0 = time.perf_counter()
-    roofs = probe_roofs()
+    roofs = probe_roofs(refresh=args.reprobe)
     probe_s = time.perf_counter() - t0
     loaded = load_model(args.model)
     base = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
