@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.events import TradeoffPoint
-
 
 @dataclass(frozen=True, slots=True)
 class LoadStream:
@@ -50,13 +48,17 @@ class SweepProgress:
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
-    point: TradeoffPoint
+    point: dict  # one measured configuration of the sweep (app/sweep.py point_figures)
 
 
 @dataclass(frozen=True, slots=True)
 class SweepDone:
-    points: int
-    cancelled: bool
+    result: dict | None  # the whole sweep (points, frontier, roofline, predicted), None when it failed early
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineAtLoad:
+    payload: dict  # once per loaded engine: the probed roofs and the stored sweep (app/roofline_feed.py)
 
 
 @dataclass(frozen=True, slots=True)

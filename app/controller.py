@@ -17,6 +17,7 @@ from app.engine_info import Capabilities
 from app.knob_defaults import engine_knob_defaults, knob_defaults
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
+from app.tradeoff_actions import connect_tradeoff
 from engine.sampling_params import SamplingParams
 
 FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
@@ -70,6 +71,7 @@ class AppController(PresetActions, QObject):
         c.sigReset.connect(self.reset)
         panels["tokens"].sigSubmit.connect(self.submit)
         panels["tradeoff"].sigSweep.connect(self.run_sweep)
+        connect_tradeoff(self)  # click a point: apply it to the live engine; export CSV / PNG
         feeder.sigSweepProgress.connect(self._on_sweep_progress)
         feeder.sigBusy.connect(self._on_busy)
         feeder.sigQuantized.connect(self._on_quantized)

@@ -27,6 +27,7 @@ from app import channel, engine_work
 from app import host_commands as cmd
 from app.engine_info import EngineInfo, make_info
 from app.load.generator import LoadConfig, LoadGenerator
+from app.roofline_feed import roofline_at_load
 from engine.config import EngineConfig
 from engine.core.admission import RequestRejected
 from engine.events import EngineStepEvent
@@ -220,6 +221,8 @@ class EngineHost(QObject):
             self.publish(channel.Reset())
         self.info = info
         self.sigLoaded.emit(info)
+        # the machine's roofs (probed once per machine, a few seconds; cached) and the stored sweep
+        self.publish(channel.RooflineAtLoad(roofline_at_load(engine)))
 
     def _on_failure(self, failure: LoopFailure) -> None:
         if failure.kind is FailureKind.LOAD:

@@ -36,6 +36,7 @@ from widgets import (
     LatencyPanel,
     MemoryPanel,
     QuantErrorPanel,
+    RooflinePanel,
     SpecPanel,
     TimelinePanel,
     TokenStreamPanel,
@@ -53,7 +54,7 @@ PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start w
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error", "comparison": "Measured comparison",
+    "quant": "Quantization error", "comparison": "Measured comparison", "roofline": "Roofline",
 }
 
 
@@ -61,7 +62,8 @@ def make_panels() -> dict[str, QWidget]:
     return {"controls": ControlsPanel(defaults=knob_defaults()), "tokens": TokenStreamPanel(max_streams=16),
             "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel()}
+            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel(),
+            "roofline": RooflinePanel()}
 
 
 class MainWindow(QMainWindow):
@@ -130,6 +132,7 @@ class MainWindow(QMainWindow):
         self.splitDockWidget(d["memory"], d["latency"], Qt.Orientation.Vertical)
         self.tabifyDockWidget(d["latency"], d["spec"])
         self.tabifyDockWidget(d["latency"], d["quant"])
+        self.tabifyDockWidget(d["latency"], d["roofline"])
         d["latency"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)

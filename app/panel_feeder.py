@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Signal
 
 from app import channel
+from app.roofline_feed import RooflineFeed
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot
@@ -60,6 +61,7 @@ class PanelFeeder(QObject):
         self.num_steps = 0
         self._last_tab = 0.0
         self._points: dict = {}  # tradeoff label -> latest measured point
+        self.roofline = RooflineFeed(panels["roofline"])
         self._handlers = {  # channel item type -> handler
             EngineStepEvent: self._on_step,
             MemorySnapshot: self._on_memory,
@@ -67,8 +69,9 @@ class PanelFeeder(QObject):
             channel.LoadStream: self._add_load_stream,
             channel.Reset: self._on_reset,
             channel.SweepProgress: lambda p: self.sigSweepProgress.emit(p.text, p.fraction),
-            channel.SweepPoint: lambda p: self.panels["tradeoff"].add_point(p.point),
-            channel.SweepDone: lambda _d: self.sigSweepProgress.emit("", 1.0),
+            channel.SweepPoint: lambda p: self.panels["tradeoff"].add_sweep_point(p.point),
+            channel.SweepDone: self._on_sweep_done,
+            channel.RooflineAtLoad: lambda r: self.roofline.on_loaded(r.payload, self.panels["tradeoff"]),
             channel.Message: lambda m: self.sigMessage.emit(m.text),
             channel.Busy: lambda b: self.sigBusy.emit(b.text, b.fraction),
             # kept across resets and rebuilds: the weights keep their bits
@@ -137,6 +140,11 @@ class PanelFeeder(QObject):
         self.clear()
         self.sigReset.emit()
 
+    def _on_sweep_done(self, done: channel.SweepDone) -> None:
+        if done.result:
+            self.panels["tradeoff"].set_sweep(done.result)
+        self.sigSweepProgress.emit("", 1.0)
+
     def _on_perplexity(self, item: channel.Perplexity) -> None:
         self.meter.perplexity.update(item.by_bits)
         self.sigMessage.emit("perplexity on the held-out text: " + ", ".join(
@@ -146,6 +154,7 @@ class PanelFeeder(QObject):
         self.num_steps += 1
         tokens = self.panels["tokens"]
         self.recorder.add(event)
+        self.roofline.add(event.stats)
         self._timeline_pending.append(event)
         self._latency_pending.append(event)
         for out in event.outputs:

@@ -71,6 +71,9 @@ class StepStats:
     num_finished: int = 0
     # per request scheduled this step: (request_id, num_tokens, "prefill" | "decode" | "verify")
     scheduled: tuple[tuple[str, int, str], ...] = ()
+    # counted from the shapes this step ran (engine/perf/step_cost.py), not timed
+    flops: int = 0
+    bytes_moved: int = 0
 
     @property
     def kv_usage(self) -> float:

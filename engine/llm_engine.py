@@ -28,6 +28,7 @@ from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
+from engine.perf.step_counter import StepCounter
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
@@ -79,6 +80,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
+        self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
         if progress is not None:
             progress("engine ready", 1.0)
 
@@ -138,6 +140,7 @@ class LLMEngine:
         self.spec.begin_step()
         self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
+        self._cost.begin(sched)  # the shapes, before the step moves num_computed_tokens
         if sched.is_empty and not outputs and not arrived:
             return []
         for req in sched.preempted:
@@ -250,7 +253,7 @@ class LLMEngine:
                  arrived: list) -> None:
         step = self.counters.steps
         stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
-                           self.admission.take_rejected())
+                           self.admission.take_rejected(), self._cost.count(self.model, self.weights_bytes))
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
                                 spec=self.spec.step_event(step - 1))

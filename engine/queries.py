@@ -106,8 +106,9 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
 
 
 def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
-               num_finished: int, num_rejected: int) -> StepStats:
-    """The counts of one step, its wall time measured from t0 to now."""
+               num_finished: int, num_rejected: int, cost: tuple[int, int] = (0, 0)) -> StepStats:
+    """The counts of one step, its wall time measured from t0 to now, and its (FLOPs, bytes moved)
+    counted from the shapes it ran (engine/perf/step_counter.py)."""
     return StepStats(
         step=step,
         t_start=t0,
@@ -123,4 +124,5 @@ def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Schedule
         num_finished=num_finished,
         num_rejected=num_rejected,
         scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
+        flops=cost[0], bytes_moved=cost[1],
     )

@@ -18,6 +18,11 @@ _TRAIN_TEXT = [
 
 
 def pytest_configure(config):
+    # what the app stores between runs (sweeps, comparisons) goes to a scratch dir, never the user's
+    if "INFERLAB_DATA_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["INFERLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="inferlab-test-data-")
     config.addinivalue_line("markers", "real_model: needs the real SmolLM2-135M model (slow, downloads a wheel)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 

@@ -7,8 +7,8 @@ import pytest
 from app_helpers import close_window, open_window, run_for, wait_until
 
 from app import window_menus
-from app.load.generator import LoadConfig
 from app.sweep import SweepSpec
+from app.sweep_point import Workload
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,8 @@ def test_panels_receive_data_under_load(qapp, window):
     # tradeoff_seconds=0.5: the live configuration becomes a point after 0.5 s of engine time
     wait_until(qapp, lambda: data(window, "tradeoff")["num_points"] >= 1, 20)
     tradeoff = data(window, "tradeoff")
-    assert tradeoff["num_points"] >= 1 and all(p["hollow"] for p in tradeoff["points"])
+    assert tradeoff["num_points"] >= 1 and not any(p["predicted"] for p in tradeoff["points"])
+    assert all(p["agreement"] is None for p in tradeoff["points"])  # live points: quality not measured
     assert tradeoff["current"] and tradeoff["points"][0]["total_tokens_per_s"] > 0
 
 
@@ -79,14 +80,14 @@ def test_controls_reconfigure_the_engine(qapp, window):
 
 def test_sweep_runs_in_the_background_and_restores_the_config(qapp, window):
     before = window.host.engine.config.max_num_seqs
-    window.controller.run_sweep(SweepSpec(grid=(1, 4), seconds_per_point=0.6,
-                                          load=LoadConfig(prompt_tokens=(8, 16), output_tokens=(8, 16))))
+    window.controller.run_sweep(SweepSpec(batches=(1, 4), bits=(16,), drafts=(0,), warmup_s=0.05, measure_s=0.5,
+                                          memory_budget_bytes=32 * 2**20,
+                                          workload=Workload(prompt_tokens=(8, 16), output_tokens=(8, 16))))
     assert window.controller.sweeping
-    wait_until(qapp, lambda: not window.controller.sweeping, 30)
+    wait_until(qapp, lambda: not window.controller.sweeping, 60)
     points = {p["label"]: p for p in data(window, "tradeoff")["points"]}
-    sweep = [p for label, p in points.items() if label.startswith("sweep: batch 1 ") or
-             label.startswith("sweep: batch 4 ")]
-    assert len(sweep) == 2 and all(p["tokens_per_s_per_user"] > 0 and p["hollow"] for p in sweep)
+    sweep = [points.get(f"batch {b} · 16-bit · k=0") for b in (1, 4)]
+    assert all(p is not None and p["tokens_per_s_per_user"] > 0 and not p["hollow"] for p in sweep)
     wait_until(qapp, lambda: window.host.engine.config.max_num_seqs == before, 10)
     assert window.host.loadgen.running  # the load generator resumed
 

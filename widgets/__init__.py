@@ -12,6 +12,7 @@ from widgets.latency_panel import LatencyPanel
 from widgets.memory_bar import MemoryBar
 from widgets.memory_panel import MemoryPanel
 from widgets.quant_error import QuantErrorPanel
+from widgets.roofline import RooflinePanel
 from widgets.spec_panel import SpecPanel
 from widgets.theme import apply_theme
 from widgets.timeline import TimelinePanel
@@ -21,6 +22,7 @@ from widgets.tradeoff import TradeoffPanel
 
 __all__ = [
     "BlockMapView", "CaptionBanner", "ControlsPanel", "GanttView", "LatencyPanel", "MemoryBar",
-    "MemoryPanel", "QuantErrorPanel", "SpecPanel", "TimelinePanel", "TokenStreamPanel", "TokenView", "TradeoffPanel",
+    "MemoryPanel", "QuantErrorPanel", "RooflinePanel", "SpecPanel", "TimelinePanel", "TokenStreamPanel", "TokenView",
+    "TradeoffPanel",
     "apply_theme",
 ]

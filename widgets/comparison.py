@@ -103,6 +103,17 @@ class ComparisonPanel(QWidget):
     def result(self) -> dict | None:
         return self._result
 
+    def snapshot_data(self) -> dict:
+        """What the panel shows, as plain data (the CSV export and tests read it)."""
+        r = self._result or {}
+        return {"title": self.title.text(), "provenance": self.provenance.text(),
+                "labels": [row.get("label") for row in r.get("comparison", [])],
+                "metrics": list(r.get("metrics", [])), "measured_at": r.get("measured_at"),
+                "machine": r.get("machine"), "not_built": r.get("not_built")}
+
+    def reset(self) -> None:
+        self.set_result(None)
+
     def flush(self) -> None:
         """Nothing pending: the panel repaints only when set_result gives it a new result."""
 

@@ -1,10 +1,15 @@
-"""TradeoffPanel: measured configurations on a speed / cost / quality plot.
+"""TradeoffPanel: speed per user against cost, coloured by measured quality, with the Pareto frontier.
 
-x: tokens/s per user (measured); y: $ per million tokens, from the measured total tokens/s and an
-editable price per GPU-hour; colour: perplexity delta vs 16-bit (measured). A point whose quality was
-not measured is drawn hollow and says so; nothing is interpolated.
+x: tokens/s per user (log), y: $ per million tokens at the editable GPU-hour price (log), colour:
+top-1 agreement with the 16-bit model (measured; grey when not measured). Measured points are filled;
+predicted points (a cost model's, for other models and devices) are hollow and say "predicted".
+Hovering shows a point's configuration; clicking a measured point emits sigApply(config). Only
+frontier points and one point per predicted group get a label, placed so that no two overlap.
 """
 from __future__ import annotations
+
+import csv
+import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -17,34 +22,49 @@ from widgets.panel_base import Panel
 from widgets.theme import blend, style_plot
 
 DEFAULT_PRICE_PER_HOUR = 2.50
-QUALITY_BAD_PCT = 10.0  # perplexity delta drawn fully red
+AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
 NOT_MEASURED = "quality not measured"
-_GOOD, _MID, _BAD = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759")
+PREDICTED = "predicted"
+LABEL_GAP = (0.10, 0.07)  # labels closer than this (share of the log axis ranges) would overlap
+_GOOD, _MID, _BAD, _NONE = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759"), QColor("#9aa0a6")
 
 
-def cost_per_million_tokens(price_per_hour: float, total_tokens_per_s: float) -> float | None:
+def cost_per_million_tokens(price_per_hour: float, total_tokens_per_s: float | None) -> float | None:
     """$ per 1M tokens = price per hour / tokens per hour * 1e6 (None without throughput)."""
-    if total_tokens_per_s <= 0:
+    if not total_tokens_per_s or total_tokens_per_s <= 0:
         return None
     return price_per_hour / (total_tokens_per_s * 3600.0) * 1e6
 
 
-def quality_color(delta_pct: float) -> QColor:
-    """Green at 0% perplexity increase, yellow at half of QUALITY_BAD_PCT, red from QUALITY_BAD_PCT."""
-    t = min(1.0, max(0.0, delta_pct / QUALITY_BAD_PCT))
+def quality_color(agreement: float | None) -> QColor:
+    """Green at 100 % top-1 agreement, yellow half-way, red at AGREEMENT_BAD or below; grey unmeasured."""
+    if agreement is None:
+        return _NONE
+    t = min(1.0, max(0.0, (1.0 - agreement) / (1.0 - AGREEMENT_BAD)))
     return blend(_GOOD, _MID, 2 * t) if t < 0.5 else blend(_MID, _BAD, 2 * t - 1)
+
+
+def sweep_label(p: dict) -> str:
+    return f"batch {p['batch']} · {p['bits']}-bit · k={p['draft']}"
+
+
+def predicted_label(p: dict) -> str:
+    return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
 
 
 class TradeoffPanel(Panel):
     sigSweep = Signal()
     sigPriceChanged = Signal(float)  # $ per GPU-hour
+    sigApply = Signal(dict)  # a measured point's engine configuration, to apply to the live engine
+    sigExport = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._points: dict[str, TradeoffPoint] = {}
+        self._points: dict[str, dict] = {}  # measured: label -> plain dict
+        self._predicted: dict[str, dict] = {}
+        self._frontier: list[str] = []
         self._current: str | None = None
         self._labels: dict[str, pg.TextItem] = {}
-
         self._price = QDoubleSpinBox()
         self._price.setRange(0.0, 1000.0)
         self._price.setDecimals(2)
@@ -54,27 +74,33 @@ class TradeoffPanel(Panel):
         self._price.setValue(DEFAULT_PRICE_PER_HOUR)
         self._price.valueChanged.connect(self._on_price_changed)
         self._sweep = QPushButton("Run sweep")
+        self._sweep.setToolTip("batch 1/8/32 x 16/8/4 bits x draft 0/4 on separate engines (a few minutes); "
+                               "the live panels are not touched")
         self._sweep.clicked.connect(self.sigSweep)
+        self._export = QPushButton("Export…")
+        self._export.clicked.connect(self.sigExport)
         self._legend = QLabel()
-        self._legend.setWordWrap(True)  # a long legend wraps instead of widening the panel
+        self._legend.setWordWrap(True)
         self._legend.setTextFormat(Qt.TextFormat.RichText)
-
         self._plot = pg.PlotWidget()
         p = self._plot.getPlotItem()
-        p.setLabel("bottom", "tokens/s per user (measured)")
+        p.setLogMode(x=True, y=True)
+        p.setLabel("bottom", "tokens/s per user")
         p.setLabel("left", "$ per 1M tokens")
         p.showGrid(x=True, y=True, alpha=0.25)
         p.hideButtons()
-        self._scatter = pg.ScatterPlotItem(size=14, hoverable=True, tip=self._tip)
-        self._ring = pg.ScatterPlotItem(size=28, symbol="o", brush=None, pen=pg.mkPen("#fdd663", width=3))
+        self._frontier_curve = p.plot([], [], pen=pg.mkPen("#fdd663", width=2, style=Qt.PenStyle.DashLine))
+        self._scatter = pg.ScatterPlotItem(size=13, hoverable=True, tip=self._tip)
+        self._scatter.sigClicked.connect(self._on_clicked)
+        self._ring = pg.ScatterPlotItem(size=26, symbol="o", brush=None, pen=pg.mkPen("#fdd663", width=3))
         p.addItem(self._scatter)
         p.addItem(self._ring)
         self._empty = Overlay(self._plot)
-
         row = QHBoxLayout()
         row.addWidget(QLabel("price"))
         row.addWidget(self._price)
         row.addStretch(1)
+        row.addWidget(self._export)
         row.addWidget(self._sweep)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -86,8 +112,30 @@ class TradeoffPanel(Panel):
 
     # --- setters ------------------------------------------------------------------------------
     def add_point(self, point: TradeoffPoint) -> None:
-        """Add a measured point (a point with the same label replaces the earlier measurement)."""
-        self._points[point.label] = point
+        """A live configuration's measured point (the same label replaces the earlier measurement)."""
+        self._points[point.label] = {
+            "label": point.label, "config": dict(point.config), "tokens_per_s_user": point.tokens_per_s_per_user,
+            "tokens_per_s_total": point.total_tokens_per_s, "ppl_delta_pct": point.perplexity_delta_pct,
+            "kl": None, "agreement": None, "source": "live"}
+        self._mark_dirty()
+
+    def add_sweep_point(self, p: dict) -> None:
+        """One measured sweep point (app/sweep.py's dict) as it arrives."""
+        label = sweep_label(p)
+        self._points[label] = {**p, "label": label, "source": "sweep",
+                               "config": {"max_num_seqs": p["batch"], "quant_bits": p["bits"],
+                                          "num_speculative_tokens": p["draft"]}}
+        self._mark_dirty()
+
+    def set_sweep(self, result: dict) -> None:
+        """A whole sweep result: its measured points, frontier and predicted points (kept apart)."""
+        self._points = {k: v for k, v in self._points.items() if v["source"] != "sweep"}
+        for p in result.get("points", []):
+            if not p.get("predicted"):
+                self.add_sweep_point(p)
+        self._frontier = [sweep_label(f) for f in result.get("frontier", [])]
+        self._predicted = {predicted_label(p): {**p, "label": predicted_label(p)}
+                           for p in result.get("predicted", []) if p.get("predicted") and p.get("tokens_per_s_total")}
         self._mark_dirty()
 
     def set_current(self, label: str | None) -> None:
@@ -102,6 +150,8 @@ class TradeoffPanel(Panel):
 
     def clear(self) -> None:
         self._points.clear()
+        self._predicted.clear()
+        self._frontier = []
         self._current = None
         self._mark_dirty()
         self.flush()
@@ -109,66 +159,138 @@ class TradeoffPanel(Panel):
     def reset(self) -> None:
         self.clear()
 
+    def export_png(self, path: str) -> bool:
+        return self.grab().save(path)
+
+    def export_csv(self, path: str) -> None:
+        rows = self.snapshot_data()["points"] + self.snapshot_data()["predicted"]
+        fields = ("label", "tokens_per_s_per_user", "total_tokens_per_s", "cost_per_million_tokens",
+                  "perplexity_delta_pct", "kl", "agreement", "predicted", "on_frontier")
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
     def snapshot_data(self) -> dict:
         price = self.price_per_hour()
-        points = [{"label": p.label, "tokens_per_s_per_user": p.tokens_per_s_per_user,
-                   "total_tokens_per_s": p.total_tokens_per_s,
-                   "cost_per_million_tokens": cost_per_million_tokens(price, p.total_tokens_per_s),
-                   "perplexity_delta_pct": p.perplexity_delta_pct, "hollow": p.perplexity_delta_pct is None}
-                  for p in self._points.values()]
+
+        def row(p: dict, predicted: bool) -> dict:
+            return {"label": p["label"], "tokens_per_s_per_user": p["tokens_per_s_user"],
+                    "total_tokens_per_s": p["tokens_per_s_total"],
+                    "cost_per_million_tokens": cost_per_million_tokens(price, p["tokens_per_s_total"]),
+                    "perplexity_delta_pct": p.get("ppl_delta_pct"), "kl": p.get("kl"), "agreement": p.get("agreement"),
+                    "predicted": predicted, "hollow": predicted, "on_frontier": p["label"] in self._frontier}
+        points = [row(p, False) for p in self._points.values()]
         return {"price_per_hour": price, "points": points, "num_points": len(points),
+                "predicted": [row(p, True) for p in self._predicted.values()], "frontier": list(self._frontier),
+                "labels": sorted(label for label, item in self._labels.items() if item.isVisible()),
                 "current": self._current, "empty_text": self._empty.text()}
 
     # --- painting -----------------------------------------------------------------------------
+    def _positions(self) -> dict[str, tuple[float, float]]:
+        price, out = self.price_per_hour(), {}
+        for label, p in list(self._points.items()) + list(self._predicted.items()):
+            cost = cost_per_million_tokens(price, p["tokens_per_s_total"])
+            if cost is not None and p["tokens_per_s_user"] and p["tokens_per_s_user"] > 0:
+                out[label] = (p["tokens_per_s_user"], cost)
+        return out
+
     def _repaint(self) -> None:
-        price = self.price_per_hour()
-        spots, fg = [], self.palette().color(self.palette().ColorRole.Text)
-        xs = [p.tokens_per_s_per_user for p in self._points.values()]
-        mid_x = (min(xs) + max(xs)) / 2 if xs else 0.0
-        for label in set(self._labels) - set(self._points):
-            self._plot.removeItem(self._labels.pop(label))
-        for p in self._points.values():
-            cost = cost_per_million_tokens(price, p.total_tokens_per_s)
-            if cost is None:
-                continue
-            measured = p.perplexity_delta_pct is not None
-            color = quality_color(p.perplexity_delta_pct) if measured else fg
-            spots.append({"pos": (p.tokens_per_s_per_user, cost), "data": p.label,
-                          "brush": color if measured else None, "pen": pg.mkPen(color, width=2)})
-            text = self._labels.get(p.label)
-            if text is None:
-                text = self._labels[p.label] = pg.TextItem()
-                self._plot.addItem(text)
-            # labels point inwards so the outermost ones stay inside the plot
-            text.setAnchor((1.0, 1.1) if p.tokens_per_s_per_user >= mid_x else (0.0, 1.1))
-            text.setText(p.label if measured else f"{p.label}\n({NOT_MEASURED})")
-            text.setColor(fg)
-            text.setPos(p.tokens_per_s_per_user, cost)
+        pos = self._positions()
+        spots = []
+        for label, (x, y) in pos.items():
+            predicted = label in self._predicted
+            p = self._predicted[label] if predicted else self._points[label]
+            color = quality_color(p.get("agreement"))
+            # scatters take no log mode: they get log10 coordinates
+            spots.append({"pos": (math.log10(x), math.log10(y)), "data": label, "symbol": "s" if predicted else "o",
+                          "brush": None if predicted else pg.mkBrush(color),
+                          "pen": pg.mkPen(_NONE if predicted else color.darker(130), width=2)})
         self._scatter.setData(spots)
-        if spots:  # from zero, with headroom: one point alone would get a degenerate auto-range
-            self._plot.setXRange(0, max(sp["pos"][0] for sp in spots) * 1.3, padding=0)
-            self._plot.setYRange(0, max(sp["pos"][1] for sp in spots) * 1.3, padding=0)
-        cur = self._points.get(self._current or "")
-        cur_cost = cost_per_million_tokens(price, cur.total_tokens_per_s) if cur else None
-        self._ring.setData([cur.tokens_per_s_per_user] if cur_cost is not None else [],
-                           [cur_cost] if cur_cost is not None else [])
-        self._plot.getPlotItem().setLabel("left", f"$ per 1M tokens (at ${price:.2f}/GPU-h)")
-        self._empty.set_text("" if self._points else "No measured points yet — press “Run sweep”.")
+        front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
+        self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
+        self._place_labels(pos)
+        cur = pos.get(self._current or "")
+        self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
+        self._plot.getPlotItem().setLabel("left", f"$ per 1M tokens (at ${self.price_per_hour():.2f}/GPU-h)")
+        self._empty.set_text("" if pos else "No measured points yet — press “Run sweep”.")
         self._update_legend()
 
-    def _tip(self, x: float, y: float, data: object) -> str:
-        p = self._points.get(str(data))
+    def _label_candidates(self, pos: dict) -> list[tuple[str, str]]:
+        """(label key, text): frontier points first, then one point per predicted (model, device)."""
+        out = [(label, label) for label in self._frontier if label in pos]
+        if self._current in pos and self._current not in self._frontier:
+            out.append((self._current, self._current))
+        groups: dict[tuple, str] = {}
+        for label, p in self._predicted.items():
+            if label in pos:
+                groups.setdefault((p["model"], p["device"]), label)
+        out += [(label, f"{m} on {d} ({PREDICTED})") for (m, d), label in groups.items()]
+        return out
+
+    def _place_labels(self, pos: dict) -> None:
+        """Greedy: a label is shown only where it overlaps no label already placed (log-axis space)."""
+        fg = self.palette().color(self.palette().ColorRole.Text)
+        logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
+        xs, ys = [v[0] for v in logs.values()] or [0.0], [v[1] for v in logs.values()] or [0.0]
+        span_x, span_y = max(max(xs) - min(xs), 0.5), max(max(ys) - min(ys), 0.5)
+        placed: list[tuple[float, float]] = []
+        shown = set()
+        for key, text in self._label_candidates(pos):
+            lx, ly = logs[key]
+            if any(abs(lx - px) < LABEL_GAP[0] * span_x * 2 and abs(ly - py) < LABEL_GAP[1] * span_y
+                   for px, py in placed):
+                continue
+            placed.append((lx, ly))
+            item = self._labels.get(key)
+            if item is None:
+                item = self._labels[key] = pg.TextItem()
+                self._plot.addItem(item)
+            item.setText(text)
+            item.setColor(fg)
+            item.setAnchor((1.0, 1.1) if lx > (max(xs) + min(xs)) / 2 else (0.0, 1.1))
+            item.setPos(lx, ly)  # log mode: text items sit in log10 coordinates
+            item.setVisible(True)
+            shown.add(key)
+        for key in set(self._labels) - shown:
+            self._plot.removeItem(self._labels.pop(key))
+
+    def _tip(self, _x: float, _y: float, data: object) -> str:
+        label = str(data)
+        p = self._predicted.get(label) or self._points.get(label)
         if p is None:
             return ""
-        quality = NOT_MEASURED if p.perplexity_delta_pct is None else f"perplexity Δ {p.perplexity_delta_pct:+.2f}%"
-        return (f"{p.label}\n{x:.1f} tok/s per user · {p.total_tokens_per_s:.0f} tok/s total\n"
-                f"${y:.3f} per 1M tokens\n{quality}")
+        x, y = p["tokens_per_s_user"], cost_per_million_tokens(self.price_per_hour(), p["tokens_per_s_total"]) or 0.0
+        if label in self._predicted:
+            return (f"{label}\n{p['tokens_per_s_user']:.0f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s "
+                    f"total\n${y:.4f} per 1M tokens\nweights {p['weights_bytes'] / 1e9:.1f} GB · KV "
+                    f"{p['kv_capacity_tokens']:,} tokens\ncost model calibrated on this machine: not measured")
+        quality = NOT_MEASURED if p.get("agreement") is None else (
+            f"top-1 agreement {100 * p['agreement']:.1f} % · KL {p['kl']:.4f} · perplexity "
+            f"{p['ppl_delta_pct']:+.2f} %")
+        lat = ""
+        if p.get("p50_tpot_ms") is not None:
+            lat = f"\nTPOT p50 {p['p50_tpot_ms']:.0f} ms · p99 {p['p99_tpot_ms']:.0f} ms"
+        if p.get("p50_ttft_ms") is not None:
+            lat += f" · TTFT p50 {p['p50_ttft_ms']:.0f} ms"
+        return (f"{label}\n{x:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"
+                f"${y:.3f} per 1M tokens\n{quality}{lat}\nclick: apply to the live engine")
+
+    def _on_clicked(self, _item, spots, _ev=None) -> None:
+        for spot in spots:
+            p = self._points.get(str(spot.data()))
+            if p is not None and p.get("config"):
+                self.sigApply.emit(dict(p["config"]))
+                return
 
     def _update_legend(self) -> None:
-        chips = " ".join(f"<span style='color:{quality_color(v).name()}'>●</span> {v:g}%"
-                         for v in (0, QUALITY_BAD_PCT / 2, QUALITY_BAD_PCT))
+        chips = " ".join(f"<span style='color:{quality_color(a).name()}'>●</span> {100 * a:.0f}%"
+                         for a in (1.0, (1 + AGREEMENT_BAD) / 2, AGREEMENT_BAD))
         current = f" · <span style='color:#fdd663'>◯</span> current: <b>{self._current}</b>" if self._current else ""
-        self._legend.setText(f"colour = perplexity Δ vs 16-bit: {chips}+ · ○ hollow = {NOT_MEASURED}{current}")
+        self._legend.setText(
+            f"colour = top-1 agreement with 16-bit (measured): {chips} · "
+            f"<span style='color:{_NONE.name()}'>●</span> {NOT_MEASURED} · ▢ hollow = {PREDICTED} "
+            f"(not measured) · dashed = frontier{current}")
 
     def _on_price_changed(self, value: float) -> None:
         self.sigPriceChanged.emit(value)

@@ -55,8 +55,10 @@ def add_bench_args(p, engine_args) -> None:
 
     add_serve_bench_args(sub.add_parser("serve", help="goodput, p99 TTFT/TPOT vs arrival rate; policies; chunking"),
                          engine_args)
-    from app.bench import gui_overhead
+    from app.bench import gui_overhead, tradeoff_bench
 
+    tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
+                            engine_args)
     gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
                           engine_args)
 
@@ -88,6 +90,10 @@ def run_bench(args) -> int:
         from app.bench import gui_overhead
 
         result.update(gui_overhead.run(args))
+    elif args.bench == "tradeoff":
+        from app.bench import tradeoff_bench
+
+        result.update(tradeoff_bench.run(args))
     else:
         result.update(_decode(args))
     text = json.dumps(result, indent=2)

@@ -13,22 +13,17 @@ not shown as the current one. `prepare --json` gathers them as
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 from app.compare.machine import machine_key
+from app.data_dir import data_root
 
 SUBDIR = "comparisons"
 
 
 def store_root() -> Path:
-    override = os.environ.get("INFERLAB_DATA_DIR")  # tests and portable installs
-    if override:
-        return Path(override) / SUBDIR
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("inferlab")) / SUBDIR
+    return data_root() / SUBDIR
 
 
 def model_key(model: str) -> str:

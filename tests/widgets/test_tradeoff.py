@@ -1,4 +1,5 @@
-"""TradeoffPanel: cost math, hollow unmeasured points, the current point, price edits, sweep button."""
+"""TradeoffPanel: cost math, measured filled vs predicted hollow, frontier, labels that never overlap,
+hover text, click applies, price edits, the sweep button."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,7 @@ from PySide6.QtCore import Qt
 from widget_fakes import tradeoff_points
 
 from engine.events import TradeoffPoint
-from widgets.tradeoff import NOT_MEASURED, TradeoffPanel, cost_per_million_tokens
+from widgets.tradeoff import PREDICTED, TradeoffPanel, cost_per_million_tokens
 
 
 @pytest.fixture
@@ -14,51 +15,87 @@ def panel(show):
     return show(TradeoffPanel(), 700, 500)
 
 
+def _sweep() -> dict:
+    pts = []
+    for bits, agree in ((16, 1.0), (8, 0.97), (4, 0.85)):
+        for batch in (1, 8, 32):
+            for draft in (0, 4):
+                pts.append({"batch": batch, "bits": bits, "draft": draft, "predicted": False,
+                            "tokens_per_s_user": 40.0 / batch ** 0.3 * (1 + 0.1 * (16 - bits) / 4) * (1 + 0.05 * draft),
+                            "tokens_per_s_total": 40.0 * batch ** 0.7, "ppl_delta_pct": (1 - agree) * 30,
+                            "kl": (1 - agree) / 2, "agreement": agree, "p50_tpot_ms": 30.0, "p99_tpot_ms": 50.0,
+                            "p50_ttft_ms": 80.0, "p99_ttft_ms": 120.0, "weights_bytes": 1, "kv_blocks": 1})
+    predicted = [{"model": m, "device": d, "bits": 4, "batch": 1, "draft": 0, "predicted": True,
+                  "tokens_per_s_user": 100.0 * i, "tokens_per_s_total": 100.0 * i, "weights_bytes": 4e9,
+                  "kv_capacity_tokens": 10_000, "agreement": None}
+                 for i, (m, d) in enumerate((("7B", "A100"), ("7B", "H100"), ("70B", "H200")), start=1)]
+    return {"points": pts, "frontier": [{"batch": 1, "bits": 4, "draft": 4}, {"batch": 32, "bits": 4, "draft": 4},
+                                        {"batch": 8, "bits": 4, "draft": 4}], "predicted": predicted}
+
+
 def test_cost_math():
-    # $3.60 per hour at 1000 tok/s = 3.6M tokens per hour -> $1 per million
     assert cost_per_million_tokens(3.60, 1000.0) == pytest.approx(1.0)
-    assert cost_per_million_tokens(2.50, 500.0) == pytest.approx(2.50 / (500 * 3600) * 1e6)
     assert cost_per_million_tokens(2.50, 0.0) is None
 
 
-def test_points_cost_and_quality(panel):
+def test_measured_filled_predicted_hollow_and_apart(panel):
+    panel.set_sweep(_sweep())
+    panel.flush()
+    data = panel.snapshot_data()
+    assert data["num_points"] == 18 and len(data["predicted"]) == 3
+    assert not any(p["predicted"] for p in data["points"]) and all(p["predicted"] for p in data["predicted"])
+    spots = {s.data(): s for s in panel._scatter.points()}
+    hollow = [k for k, s in spots.items() if s.brush().style() == Qt.BrushStyle.NoBrush]
+    assert sorted(hollow) == sorted(p["label"] for p in data["predicted"])
+    assert all(PREDICTED in k for k in hollow)
+    assert any(PREDICTED in t for t in data["labels"] or []) or any(
+        PREDICTED in panel._labels[k].textItem.toPlainText() for k in panel._labels)
+    fx, _ = panel._frontier_curve.getData()
+    assert len(fx) == 3 and list(fx) == sorted(fx)
+
+
+def test_labels_never_overlap(panel):
+    panel.set_sweep(_sweep())
+    panel.flush()
+    rects = [item.mapRectToScene(item.boundingRect()) for item in panel._labels.values() if item.isVisible()]
+    assert rects
+    for i, a in enumerate(rects):
+        for b in rects[i + 1:]:
+            assert not a.intersects(b)
+
+
+def test_hover_and_click_apply(panel, qtbot):
+    panel.set_sweep(_sweep())
+    panel.flush()
+    tip = panel._tip(0, 0, "batch 8 · 8-bit · k=4")
+    assert "top-1 agreement 97.0 %" in tip and "TPOT p50 30 ms" in tip
+    assert "not measured" in panel._tip(0, 0, panel.snapshot_data()["predicted"][0]["label"])
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · 8-bit · k=4")
+    with qtbot.waitSignal(panel.sigApply, timeout=1000) as blocker:
+        panel._on_clicked(panel._scatter, [spot])
+    assert blocker.args == [{"max_num_seqs": 8, "quant_bits": 8, "num_speculative_tokens": 4}]
+
+
+def test_live_points_price_and_current(panel, qtbot):
     for p in tradeoff_points():
         panel.add_point(p)
     panel.set_current("bits=8 batch=32")
     panel.flush()
     data = panel.snapshot_data()
-    assert data["num_points"] == 5 and data["current"] == "bits=8 batch=32" and data["empty_text"] == ""
+    assert data["num_points"] == 5 and data["current"] == "bits=8 batch=32"
     by_label = {p["label"]: p for p in data["points"]}
     assert by_label["bits=16 batch=8"]["cost_per_million_tokens"] == pytest.approx(2.5 / (320 * 3600) * 1e6)
-    assert by_label["bits=4 batch=64"]["hollow"] and not by_label["bits=4 batch=32"]["hollow"]
-    assert NOT_MEASURED in panel._labels["bits=4 batch=64"].textItem.toPlainText()
-    spots = {s.data(): s for s in panel._scatter.points()}
-    assert spots["bits=4 batch=64"].brush().style() == Qt.BrushStyle.NoBrush  # hollow
-    assert spots["bits=4 batch=32"].brush().style() != Qt.BrushStyle.NoBrush
-    ring_x, ring_y = panel._ring.getData()
-    assert list(ring_x) == [31.0] and ring_y[0] == pytest.approx(2.5 / (990 * 3600) * 1e6)
-
-
-def test_price_change_recomputes_and_emits(panel, qtbot):
-    panel.add_point(TradeoffPoint("a", {}, 10.0, 1000.0, 0.0))
-    with qtbot.waitSignal(panel.sigPriceChanged, timeout=1000) as blocker:
+    with qtbot.waitSignal(panel.sigPriceChanged, timeout=1000):
         panel.set_price_per_hour(7.20)
-    assert blocker.args == [pytest.approx(7.2)]
+    panel.add_point(TradeoffPoint("a", {}, 10.0, 1000.0, 0.0))
     panel.flush()
-    assert panel.snapshot_data()["points"][0]["cost_per_million_tokens"] == pytest.approx(2.0)
-    assert panel._scatter.getData()[1][0] == pytest.approx(2.0)
+    assert {p["label"]: p for p in panel.snapshot_data()["points"]}["a"]["cost_per_million_tokens"] == \
+        pytest.approx(2.0)
 
 
-def test_same_label_replaces_and_clear(panel):
-    panel.add_point(TradeoffPoint("a", {}, 10.0, 1000.0, None))
-    panel.add_point(TradeoffPoint("a", {}, 12.0, 1100.0, 1.0))
-    panel.flush()
-    assert panel.snapshot_data()["num_points"] == 1
+def test_clear_and_sweep_button(panel, qtbot):
+    panel.set_sweep(_sweep())
     panel.clear()
     assert panel.snapshot_data()["num_points"] == 0 and "Run sweep" in panel.snapshot_data()["empty_text"]
-    assert not panel._labels
-
-
-def test_sweep_button(panel, qtbot):
     with qtbot.waitSignal(panel.sigSweep, timeout=1000):
         qtbot.mouseClick(panel._sweep, Qt.MouseButton.LeftButton)
