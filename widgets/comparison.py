@@ -65,7 +65,7 @@ class ComparisonPanel(QWidget):
         self.table.verticalHeader().setFont(f)
         self.bars = BarChart(point_size=POINT_SIZE)
         self.curve = pg.PlotWidget()
-        self.curve.setMinimumHeight(220)
+        self.curve.setMinimumHeight(180)
         self.split = SplitChart(point_size=POINT_SIZE - 1)
         layout = QVBoxLayout(self)
         for w in (self.title, self.provenance, self.table, self.bars, self.curve, self.split, self.notes):

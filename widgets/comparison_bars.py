@@ -1,6 +1,7 @@
 """A painted horizontal bar chart: one row per configuration, its full label on the left (wrapped,
-never elided), one bar per charted metric, the value written at the bar's end. Bars of one metric
-share one scale; a legend sits above the rows, outside the data."""
+never elided), one bar per charted metric, the value written at the bar's end. All bars share one
+scale (the presets chart metrics of one unit side by side: measured vs predicted tokens/s, TTFT vs
+end-to-end ms), so their lengths compare; a legend sits above the rows, outside the data."""
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, Qt
@@ -46,8 +47,7 @@ class BarChart(QWidget):
             p.setPen(text_color)
             p.drawText(QRectF(x + line, 0, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
             x += line + fm.horizontalAdvance(name) + 24
-        tops = [max((abs(r[1][s]) for r in self._rows if r[1][s] is not None), default=0.0)
-                for s in range(len(self._series))]
+        top = max((abs(v) for r in self._rows for v in r[1] if v is not None), default=0.0)
         value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
         bar_w = max(10, w - label_w - value_w)
         per_row = max(2, len(self._series)) * line + 8
@@ -58,7 +58,7 @@ class BarChart(QWidget):
                        Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWordWrap, label)
             for s, (v, t) in enumerate(zip(values, texts)):
                 by = y + s * line + 2
-                length = bar_w * abs(v) / tops[s] if v is not None and tops[s] else 0
+                length = bar_w * abs(v) / top if v is not None and top else 0
                 color = QColor(SERIES_COLORS[s % len(SERIES_COLORS)])
                 if computed:
                     color.setAlpha(COMPUTED_ALPHA)
