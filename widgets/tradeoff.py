@@ -17,6 +17,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
+from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
 from widgets.theme import blend, style_plot
@@ -207,6 +208,10 @@ class TradeoffPanel(Panel):
                           "brush": None if predicted else pg.mkBrush(color),
                           "pen": pg.mkPen(_NONE if predicted else color.darker(130), width=2)})
         self._scatter.setData(spots)
+        if pos:
+            xs, ys = [x for x, _ in pos.values()], [y for _, y in pos.values()]
+            set_log_ticks(self._plot.getAxis("bottom"), min(xs), max(xs))
+            set_log_ticks(self._plot.getAxis("left"), min(ys), max(ys))
         front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
         self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
         self._place_labels(pos)
