@@ -180,7 +180,8 @@ class TradeoffPanel(Panel):
                     "total_tokens_per_s": p["tokens_per_s_total"],
                     "cost_per_million_tokens": cost_per_million_tokens(price, p["tokens_per_s_total"]),
                     "perplexity_delta_pct": p.get("ppl_delta_pct"), "kl": p.get("kl"), "agreement": p.get("agreement"),
-                    "predicted": predicted, "hollow": predicted, "on_frontier": p["label"] in self._frontier}
+                    "predicted": predicted, "hollow": predicted, "on_frontier": p["label"] in self._frontier,
+                    "source": p.get("source", "predicted")}
         points = [row(p, False) for p in self._points.values()]
         return {"price_per_hour": price, "points": points, "num_points": len(points),
                 "predicted": [row(p, True) for p in self._predicted.values()], "frontier": list(self._frontier),
