@@ -17,7 +17,12 @@ def store_dir() -> Path:
 
 
 def store_path(machine: str, model: str, base: Path | None = None) -> Path:
-    key = f"{machine}__{Path(model).name or model}"
+    """One file per machine and model; the model's full path is hashed in (two folders with the same
+    name are different models)."""
+    import hashlib
+
+    digest = hashlib.sha1(model.encode()).hexdigest()[:10]
+    key = f"{machine}__{Path(model).name or model}-{digest}"
     return (base or store_dir()) / ("".join(c if c.isalnum() or c in "-._" else "_" for c in key) + ".json")
 
 

@@ -13,6 +13,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
 from widgets.theme import style_plot
@@ -43,16 +44,16 @@ class RooflinePanel(Panel):
         p.setLabel("left", "achieved FLOP/s")
         p.showGrid(x=True, y=True, alpha=0.25)
         p.hideButtons()
-        p.addLegend(offset=(-10, 10))
+        p.addLegend(offset=(-10, -10))  # bottom right: the peak's label sits top right
+        p.getAxis("left").enableAutoSIPrefix(False)
         self._roof = p.plot([], [], pen=pg.mkPen(ROOF_COLOR, width=2), name="roof: bf16 peak, read bandwidth")
         self._roof_fp32 = p.plot([], [], pen=pg.mkPen(ROOF_COLOR, width=1, style=Qt.PenStyle.DashLine),
                                  name="fp32 peak")
-        self._scatters = {kind: pg.ScatterPlotItem(size=7, pen=None, brush=pg.mkBrush(color), name=f"{kind} steps")
+        self._scatters = {kind: pg.ScatterPlotItem(size=7, pen=None, brush=pg.mkBrush(color))
                           for kind, color in KIND_COLORS.items()}
-        for scatter in self._scatters.values():
+        for kind, scatter in self._scatters.items():
             p.addItem(scatter)
-        p.legend.addItem(self._scatters["prefill"], "prefill steps")
-        p.legend.addItem(self._scatters["decode"], "decode steps")
+            p.legend.addItem(scatter, f"{kind} steps")
         self._roof_labels = (pg.TextItem(anchor=(1, 1)), pg.TextItem(anchor=(0, 0), angle=0))
         for label in self._roof_labels:
             p.addItem(label)
@@ -119,6 +120,8 @@ class RooflinePanel(Panel):
         xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
         bf16 = peaks.get("bfloat16") or max(peaks.values())
         self._roof.setData(xs, [min(bf16, x * bw) for x in xs])
+        set_log_ticks(self._plot.getAxis("bottom"), lo, hi)
+        set_log_ticks(self._plot.getAxis("left"), lo * bw, bf16)
         fp32 = peaks.get("float32")
         self._roof_fp32.setData(xs if fp32 else [], [min(fp32, x * bw) for x in xs] if fp32 else [])
         ridge = bf16 / bw

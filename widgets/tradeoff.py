@@ -17,6 +17,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
+from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
 from widgets.theme import blend, style_plot
@@ -179,7 +180,8 @@ class TradeoffPanel(Panel):
                     "total_tokens_per_s": p["tokens_per_s_total"],
                     "cost_per_million_tokens": cost_per_million_tokens(price, p["tokens_per_s_total"]),
                     "perplexity_delta_pct": p.get("ppl_delta_pct"), "kl": p.get("kl"), "agreement": p.get("agreement"),
-                    "predicted": predicted, "hollow": predicted, "on_frontier": p["label"] in self._frontier}
+                    "predicted": predicted, "hollow": predicted, "on_frontier": p["label"] in self._frontier,
+                    "source": p.get("source", "predicted")}
         points = [row(p, False) for p in self._points.values()]
         return {"price_per_hour": price, "points": points, "num_points": len(points),
                 "predicted": [row(p, True) for p in self._predicted.values()], "frontier": list(self._frontier),
@@ -207,6 +209,10 @@ class TradeoffPanel(Panel):
                           "brush": None if predicted else pg.mkBrush(color),
                           "pen": pg.mkPen(_NONE if predicted else color.darker(130), width=2)})
         self._scatter.setData(spots)
+        if pos:
+            xs, ys = [x for x, _ in pos.values()], [y for _, y in pos.values()]
+            set_log_ticks(self._plot.getAxis("bottom"), min(xs), max(xs))
+            set_log_ticks(self._plot.getAxis("left"), min(ys), max(ys))
         front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
         self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
         self._place_labels(pos)
