@@ -57,6 +57,12 @@ class SweepDone:
 
 
 @dataclass(frozen=True, slots=True)
+class ComparisonResult:
+    preset: str  # the preset whose [compare] section was measured
+    result: dict  # app/compare/runner.py's result: configurations, metrics, when and where measured
+
+
+@dataclass(frozen=True, slots=True)
 class RooflineAtLoad:
     payload: dict  # once per loaded engine: the probed roofs and the stored sweep (app/roofline_feed.py)
 

@@ -56,6 +56,7 @@ class AppController(PresetActions, QObject):
         self.arrival_rate = knob_defaults()["arrival_rate"]
         self.load_running = False
         self.sweeping = False
+        self.measuring = False  # a comparison runs in the engine thread
         self.engine_ready = False  # on_loaded ran: presets and controls reach the engine
         self.interactive = True  # False: errors go to the status bar only (screenshots, tests)
         self.last_error: str | None = None
@@ -74,6 +75,8 @@ class AppController(PresetActions, QObject):
         connect_tradeoff(self)  # click a point: apply it to the live engine; export CSV / PNG
         feeder.sigSweepProgress.connect(self._on_sweep_progress)
         feeder.sigBusy.connect(self._on_busy)
+        feeder.sigComparison.connect(self.on_comparison)
+        panels["comparison"].sigRerunRequested.connect(self.measure_comparison)
         feeder.sigQuantized.connect(self._on_quantized)
         self._grey_out_features()
 
@@ -102,7 +105,7 @@ class AppController(PresetActions, QObject):
         self.error(f"the model could not be loaded: {message}")
 
     def shutdown(self) -> None:
-        self.host.cancel_sweep()
+        self.host.cancel_measurement()
 
     def _grey_out_features(self) -> None:
         """Controls and panels the source's capabilities do not cover say so (before loading: nothing is
@@ -246,10 +249,12 @@ class AppController(PresetActions, QObject):
             return
         self.sweeping = True
         self.meter.paused = True
-        self.host.run_sweep(Sweep(spec or SweepSpec()))
+        self.host.run_measurement(Sweep(spec or SweepSpec()))
 
     def _on_busy(self, text: str, fraction) -> None:
         self.engine_busy = bool(text)
+        if not text:
+            self.measuring = False
         self.panels["controls"].set_busy(text or None, fraction)
         if text:
             self.window.show_message(text)

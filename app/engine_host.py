@@ -68,7 +68,7 @@ class EngineHost(QObject):
         self.load_error: str | None = None
         self._load_seed = load_seed
         self._events: deque = deque(maxlen=MAX_EVENTS)
-        self.sweep_cancelled = threading.Event()
+        self.measurement_cancelled = threading.Event()
         self._ours: set[str] = set()  # the load generator's live request ids (engine thread only)
         self.loadgen: LoadGenerator | None = None
         self.snapshot_interval_s = SNAPSHOT_INTERVAL_S
@@ -87,7 +87,7 @@ class EngineHost(QObject):
             cmd.SubmitArrivals: lambda c: [self.submit(a) for a in c.arrivals],
             cmd.Quantize: lambda c: engine_work.quantize(self, c.bits),
             cmd.Reset: lambda c: self._reset(),
-            cmd.RunSweep: lambda c: c.sweep(self),
+            cmd.RunMeasurement: lambda c: c.job(self),
         }.items():
             self.loop.handle(command_type, handler)
 
@@ -181,16 +181,16 @@ class EngineHost(QObject):
 
     def reset(self) -> None:
         """Stop the load, abort every request; a channel.Reset follows their last events."""
-        self.sweep_cancelled.set()
+        self.measurement_cancelled.set()
         self.loop.post(cmd.Reset())
 
-    def run_sweep(self, sweep) -> None:
-        """Run `sweep(host)` in the engine thread (see app/sweep.py); events keep flowing meanwhile."""
-        self.sweep_cancelled.clear()
-        self.loop.post(cmd.RunSweep(sweep))
+    def run_measurement(self, job) -> None:
+        """Run `job(host)` in the engine thread (a sweep, a comparison); the window keeps painting."""
+        self.measurement_cancelled.clear()
+        self.loop.post(cmd.RunMeasurement(job))
 
-    def cancel_sweep(self) -> None:
-        self.sweep_cancelled.set()
+    def cancel_measurement(self) -> None:
+        self.measurement_cancelled.set()
 
     def _require_loaded(self) -> None:
         if self.engine is None or self.info is None:

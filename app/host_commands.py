@@ -56,7 +56,8 @@ class Reset:
 
 
 @dataclass(frozen=True, slots=True)
-class RunSweep:
-    """Run `sweep(host)` in the engine thread (app/sweep.py)."""
+class RunMeasurement:
+    """Run `job(host)` in the engine thread: a tradeoff sweep (app/sweep.py) or a chapter's comparison
+    (app/compare_run.py), on engines of their own while the live load waits."""
 
-    sweep: Callable[[object], None]
+    job: Callable[[object], None]

@@ -5,6 +5,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("Space", "start / stop the load generator"),
     ("B", "a burst of long prompts"),
     ("N", "play the preset's next cue now (its scripted burst or knob change)"),
+    ("M", "measure the chapter's comparison now, side by side on the same workload"),
     ("R", "reset: stop the load, abort every request, clear the panels"),
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),

@@ -48,7 +48,7 @@ from widgets.panel_base import Panel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the comparison and roofline docks (older saved layouts lack them)
 PRESENTER_FONT_SCALE = 1.4
 PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start with
 PANEL_TITLES = {
@@ -123,7 +123,7 @@ class MainWindow(QMainWindow):
                              | QDockWidget.DockWidgetFeature.DockWidgetClosable)
             self.docks[name] = dock
         d = self.docks
-        # three columns: controls + tradeoff | tokens + timeline | memory + latency/spec/quantization error
+        # three columns: controls + tradeoff/comparison | tokens + timeline | memory + latency/spec/quant/roofline
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["controls"])
         self.splitDockWidget(d["controls"], d["tokens"], Qt.Orientation.Horizontal)
         self.splitDockWidget(d["tokens"], d["memory"], Qt.Orientation.Horizontal)
@@ -133,7 +133,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(d["latency"], d["spec"])
         self.tabifyDockWidget(d["latency"], d["quant"])
         self.tabifyDockWidget(d["latency"], d["roofline"])
+        self.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
         d["latency"].raise_()
+        d["tradeoff"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)
         self.resizeDocks([d["tokens"], d["timeline"]], [380, 580], Qt.Orientation.Vertical)

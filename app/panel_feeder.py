@@ -43,6 +43,7 @@ class PanelFeeder(QObject):
     sigSweepProgress = Signal(str, float)  # text ("" when done), fraction
     sigMessage = Signal(str)  # errors and notes for the status bar
     sigReset = Signal()  # the engine finished a reset: panels were cleared
+    sigComparison = Signal(str, object)  # preset name, its measured comparison (app/compare_run.py)
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
     sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
 
@@ -71,6 +72,7 @@ class PanelFeeder(QObject):
             channel.SweepProgress: lambda p: self.sigSweepProgress.emit(p.text, p.fraction),
             channel.SweepPoint: lambda p: self.panels["tradeoff"].add_sweep_point(p.point),
             channel.SweepDone: self._on_sweep_done,
+            channel.ComparisonResult: lambda c: self.sigComparison.emit(c.preset, c.result),
             channel.RooflineAtLoad: lambda r: self.roofline.on_loaded(r.payload, self.panels["tradeoff"]),
             channel.Message: lambda m: self.sigMessage.emit(m.text),
             channel.Busy: lambda b: self.sigBusy.emit(b.text, b.fraction),

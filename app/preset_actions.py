@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app import presets
+from app.compare_run import ComparisonRun, stored_result
 
 # switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
 # steps after switching on pay for the compilation, which the step-time plot shows
@@ -28,7 +29,9 @@ class PresetActions:
             return False
         self.preset = preset
         self._show_caption(preset)
-        self.window.emphasise(preset.panels)
+        shows_comparison = preset.compare is not None and "comparison" not in preset.panels
+        self.window.emphasise(preset.panels + (("comparison",) if shows_comparison else ()))
+        self._show_comparison(preset)
         self.window.setWindowTitle(f"inferlab — {preset.title}")
         self.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
         self.config["quant_bits"] = preset.engine["quant_bits"] if "quantization" in self.capabilities else 16
@@ -48,6 +51,41 @@ class PresetActions:
         missing = preset.unavailable(self.capabilities)
         self.caption.set_caption(preset.title, preset.caption + "".join(f"\n⚠ Not available yet: {why}."
                                                                         for why in missing))
+
+    def _show_comparison(self, preset: presets.Preset) -> None:
+        """The chapter's measured before/after at once: the stored result for this machine and model
+        (from `inferlab prepare` or an earlier M), or what the chapter has not built yet."""
+        panel = self.panels["comparison"]
+        spec = preset.compare
+        if spec is None or spec.not_built:
+            panel.set_result({"title": spec.title, "not_built": spec.not_built} if spec else None)
+            return
+        try:
+            panel.set_result(stored_result(preset, self.host.config.model, self.host.config.num_threads))
+        except OSError as exc:  # an unreadable store: say so, the preset still runs
+            panel.set_result(None)
+            self.window.show_message(f"stored comparisons could not be read: {exc}")
+
+    def measure_comparison(self, every_preset: bool = False) -> None:
+        """M: run this chapter's comparison now (Load → Prepare the talk: every preset's), in the engine
+        thread on engines of its own; the live load waits meanwhile and resumes after."""
+        if not self.host.loaded or self.measuring:
+            self.window.show_message("the model is still loading" if not self.host.loaded
+                                     else "a measurement is already running")
+            return
+        chosen = [presets.load_preset(n, self.presets_dir) for n in presets.available(self.presets_dir)] \
+            if every_preset else [self.preset] if self.preset is not None else []
+        chosen = [p for p in chosen if p.compare is not None and not p.compare.not_built]
+        if not chosen:
+            self.window.show_message("this preset declares no comparison to measure")
+            return
+        self.measuring = True
+        self.host.run_measurement(ComparisonRun(chosen, self.host.config.model))
+
+    def on_comparison(self, preset_name: str, result: dict) -> None:
+        if self.preset is not None and preset_name == self.preset.name:
+            self.panels["comparison"].set_result(result)
+        self.window.show_message(f"comparison measured: {preset_name}")
 
     def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
@@ -80,7 +118,7 @@ class PresetActions:
         if any(self.host.info.config.get(k) != v for k, v in wants.items()):
             self._rebuild(wants, knob=False)  # on_loaded pushes the preset again, on the new engine
             return
-        self.host.cancel_sweep()
+        self.host.cancel_measurement()
         self.host.reset()
         self._push_config()
         if self.config["quant_bits"] != self.engine_bits:

@@ -173,12 +173,12 @@ class Sweep:
             result = run_sweep(loaded, host.engine.config, self.spec, roofs,
                                progress=lambda t, f: host.publish(SweepProgress(t, f)),
                                on_point=lambda p: host.publish(SweepPoint(p)),
-                               cancelled=lambda: host.stopping or host.sweep_cancelled.is_set())
+                               cancelled=lambda: host.stopping or host.measurement_cancelled.is_set())
             result["model"] = host.engine.model_path
             from app.sweep_store import save
 
             save(result, roofs.machine, host.engine.model_path)  # kept for the next start
         finally:
-            if was_running and not (host.stopping or host.sweep_cancelled.is_set()):
+            if was_running and not (host.stopping or host.measurement_cancelled.is_set()):
                 host.loadgen.start(time.perf_counter())
             host.publish(SweepDone(result))

@@ -11,8 +11,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -31,7 +33,8 @@ from widgets.comparison_format import (
 from widgets.comparison_split import SplitChart
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
-EMPTY_TEXT = "no measured comparison yet: run `inferlab prepare` (or re-run it here)"
+EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
+              "`inferlab prepare` before the talk")
 
 
 def _label(point_size: int, bold: bool = False) -> QLabel:
@@ -67,8 +70,15 @@ class ComparisonPanel(QWidget):
         self.curve = pg.PlotWidget()
         self.curve.setMinimumHeight(180)
         self.split = SplitChart(point_size=POINT_SIZE - 1)
+        self.rerun = QPushButton("Measure now (M)")
+        self.rerun.setToolTip("run this comparison here, side by side on the same seeded workload")
+        self.rerun.clicked.connect(self.sigRerunRequested.emit)
+        head = QHBoxLayout()
+        head.addWidget(self.title, 1)
+        head.addWidget(self.rerun, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
-        for w in (self.title, self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
+        layout.addLayout(head)
+        for w in (self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
         self.set_result(None)
@@ -78,9 +88,11 @@ class ComparisonPanel(QWidget):
         """Show one comparison result (None: say there is none yet)."""
         self._result = result
         if not result:
+            self.rerun.show()
             self._show_empty(EMPTY_TEXT)
             return
         self.title.setText(result.get("title", ""))
+        self.rerun.setVisible(not result.get("not_built"))
         if result.get("not_built"):
             self._show_empty(result["not_built"], keep_title=True)
             return

@@ -17,6 +17,15 @@ from app.compare.store import load_stored, save_result
 from engine.config import EngineConfig
 from engine.core.metrics import SLO
 
+KV_CACHE_BYTES = 128 * 2**20  # per comparison engine: ample for the small workloads, several engines fit
+
+
+def comparison_base(model: str, dtype: str = "auto", device: str = "auto", threads: int | None = None) -> EngineConfig:
+    """The configuration every comparison starts from, in `inferlab prepare` and in the app alike (its
+    [compare] section then sets the knobs it compares), so a prepared result is the one the app shows."""
+    return EngineConfig(model=model, dtype=dtype, device=device, num_threads=threads,
+                        kv_cache_memory_bytes=KV_CACHE_BYTES)
+
 
 class ComparisonJob:
     def __init__(self, preset, model: str) -> None:

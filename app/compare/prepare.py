@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from app.compare.headline import headline_text
+from app.compare.job import comparison_base
 from app.compare.machine import machine_info
 from app.compare.runner import run_comparison
 from app.compare.store import prepared_json, save_result
-
-KV_CACHE_BYTES = 128 * 2**20  # per comparison engine: ample for the small workloads, several engines fit
 
 
 def add_prepare_args(p, engine_args) -> None:
@@ -31,13 +30,15 @@ def _say(text: str, fraction: float | None = None) -> None:
 def run_prepare(args) -> int:
     import torch
 
+    from app.gui import engine_threads
     from app.presets import PresetError, available, load_preset
-    from engine.config import EngineConfig
     from engine.core.metrics import SLO
     from engine.loading.loader import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # the app's thread count by default: results are stored per machine and thread count, and the app
+    # looks up its own (one core left to the GUI thread)
+    args.threads = args.threads or engine_threads()
+    torch.set_num_threads(args.threads)
     names = args.preset or available()
     try:
         presets = [load_preset(n) for n in names]
@@ -53,8 +54,7 @@ def run_prepare(args) -> int:
             _say(f"loading {args.model}: {text}", fraction)
 
     loaded = load_model(args.model, progress=load_progress)
-    base = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                        kv_cache_memory_bytes=KV_CACHE_BYTES)
+    base = comparison_base(args.model, args.dtype, args.device, args.threads)
     results, failed = {}, []
     for i, preset in enumerate(presets):
         if preset.compare is None:
