@@ -85,7 +85,7 @@ class EngineHost(QObject):
             cmd.SetLoadConfig: lambda c: self.loadgen.set_config(c.config, now()),
             cmd.SetArrivalRate: lambda c: self.loadgen.set_rate(c.rate, now()),
             cmd.SubmitArrivals: lambda c: [self.submit(a) for a in c.arrivals],
-            cmd.Quantize: lambda c: engine_work.quantize(self, c.bits),
+            cmd.Quantize: lambda c: engine_work.quantize(self, c.bits, c.group_size),
             cmd.Reset: lambda c: self._reset(),
             cmd.RunMeasurement: lambda c: c.job(self),
         }.items():
@@ -174,10 +174,10 @@ class EngineHost(QObject):
         self.info = None  # commands are refused ("still loading") until the new engine is up
         self.loop.post(Rebuild(dict(config_changes)))
 
-    def quantize(self, bits: int) -> None:
+    def quantize(self, bits: int, group_size: int | None = None) -> None:
         """Requantize the weights from the originals (engine thread, with channel.Busy progress), then
         measure perplexity on the held-out text for this and for 16 bits if not known yet."""
-        self.loop.post(cmd.Quantize(int(bits)))
+        self.loop.post(cmd.Quantize(int(bits), group_size))
 
     def reset(self) -> None:
         """Stop the load, abort every request; a channel.Reset follows their last events."""

@@ -48,6 +48,7 @@ class EngineInfo:
     has_chat_template: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
     config: dict = field(default_factory=dict)
+    weights_origin: str = ""  # where the weights came from, in words ("" for weights as a folder stores them)
 
     @property
     def reconfigurable(self) -> tuple[str, ...]:
@@ -56,12 +57,10 @@ class EngineInfo:
 
 def mtp_heads_file(engine) -> str | None:
     """The multi-token prediction heads this engine's model can use, if they have been trained."""
-    from pathlib import Path
+    from engine.spec.mtp import find_heads
 
-    from engine.spec.mtp import heads_path
-
-    path = engine.config.mtp_heads or heads_path(str(engine.model_path))
-    return str(path) if Path(path).exists() else None
+    path = find_heads(str(engine.model_path), engine.config.mtp_heads)
+    return str(path) if path is not None else None
 
 
 def embedded_capabilities(engine) -> Capabilities:
@@ -80,4 +79,4 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config={k: getattr(cfg, k) for k in cfg.__slots__})
+                      config={k: getattr(cfg, k) for k in cfg.__slots__}, weights_origin=e.weights_origin)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from app import channel
 
 
-def quantize(host, bits: int) -> None:
+def quantize(host, bits: int, group_size: int | None = None) -> None:
     """Requantize from the original 16-bit weights; measure perplexity before and after when the
     source can (once per bit width), so the tradeoff plot gets a measured quality delta. The engine's
     per-layer weight error goes to the quantization-error heatmap."""
@@ -19,7 +19,8 @@ def quantize(host, bits: int) -> None:
         if measure:
             measure_perplexity(host, busy)  # the current weights, before they change
         busy(f"quantizing weights to {bits} bits…", 0.0)
-        report = engine.set_quantization(bits, progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
+        report = engine.set_quantization(bits, group_size,
+                                         progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
         engine.step()  # the new layers are swapped in at the top of a step
         host.publish(channel.QuantError(bits, report))  # {module: ||W - Ŵ|| / ||W||}
         # the KV cache took the bytes the weights freed (or gave them back)

@@ -48,6 +48,7 @@ class Quantize:
     """Requantize the weights to `bits` from the originals, measuring perplexity around it."""
 
     bits: int
+    group_size: int | None = None  # weights per scale for 4 bits (None: the engine's setting)
 
 
 @dataclass(frozen=True, slots=True)

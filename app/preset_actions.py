@@ -49,8 +49,11 @@ class PresetActions:
 
     def _show_caption(self, preset: presets.Preset) -> None:
         missing = preset.unavailable(self.capabilities)
-        self.caption.set_caption(preset.title, preset.caption + "".join(f"\n⚠ Not available yet: {why}."
-                                                                        for why in missing))
+        text = preset.caption + "".join(f"\n⚠ Not available yet: {why}." for why in missing)
+        info = self.host.info
+        if info is not None and info.weights_origin and (preset.engine["quant_bits"] != 16 or "quant" in preset.panels):
+            text += f"\nWeights: {info.weights_origin}."  # the quality figures depend on it
+        self.caption.set_caption(preset.title, text)
 
     def _show_comparison(self, preset: presets.Preset) -> None:
         """The chapter's measured before/after at once: the stored result for this machine and model
@@ -122,7 +125,7 @@ class PresetActions:
         self.host.reset()
         self._push_config()
         if self.config["quant_bits"] != self.engine_bits:
-            self.host.quantize(self.config["quant_bits"])
+            self.host.quantize(self.config["quant_bits"], preset.engine["quant_group_size"])
         self.host.set_load_config(replace(preset.load, arrival_rate=self.arrival_rate))
         if preset.burst:
             self.host.burst(preset.burst)

@@ -104,7 +104,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable, object]]] = {  # section -> key -> (
     "engine": {
         "max_num_seqs": (_int(1, 256), 64), "max_num_batched_tokens": (_int(16, 8192), 512),
         "enable_chunked_prefill": (_bool, True), "policy": (_choice(*POLICIES), "fcfs"),
-        "quant_bits": (_choice(16, 8, 4), 16), "num_speculative_tokens": (_int(0, 8), 0),
+        "quant_bits": (_choice(16, 8, 4), 16), "quant_group_size": (_choice(32, 64, 128), None),
+        "num_speculative_tokens": (_int(0, 8), 0),
         "spec_method": (_choice("draft", "ngram", "mtp"), None), "compile": (_bool, False),
         "max_loras": (_int(0, 64), 0),
         "num_kv_blocks": (_int(16, 1_000_000), None),  # None: what the app started with; else a reload
@@ -122,12 +123,14 @@ REQUIRED = {("preset", "title"), ("preset", "caption")}
 # engine keys of features that are not part of the scheduler: (capability name, "not available" text)
 FEATURES = {
     "quant_bits": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
+    "quant_group_size": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
     "num_speculative_tokens": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
     "spec_method": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
     "max_loras": ("lora", "multi-LoRA serving is not built yet; every request uses the base model"),
 }
 RELOAD_KEYS = ("num_kv_blocks",)  # fixed when the engine is built: changing one rebuilds it
-FEATURE_OFF = {"quant_bits": 16, "num_speculative_tokens": 0, "spec_method": None, "max_loras": 0}
+FEATURE_OFF = {"quant_bits": 16, "quant_group_size": None, "num_speculative_tokens": 0, "spec_method": None,
+               "max_loras": 0}
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,3 +185,25 @@ def test_bench_spec_runs_and_reports_missing_heads(tiny_llama):
     row = out["results"]["ngram"]["chat/2"]
     assert row["same_outputs"] == 1.0 and row["speedup"] > 0  # fp32: speculation changes nothing
     assert "train-mtp" in out["results"]["mtp"]["skipped"]
+
+
+def test_heads_found_in_order_asked_trained_shipped(tmp_path, monkeypatch):
+    from engine.spec import mtp
+
+    model = tmp_path / "b179c9523d0e6a0f"  # a converted GGUF's folder: named by the file's content hash
+    model.mkdir()
+    monkeypatch.setattr(mtp, "SHIPPED", tmp_path / "shipped")
+    monkeypatch.setenv("INFERLAB_CACHE_DIR", str(tmp_path / "cache"))
+    assert mtp.find_heads(str(model)) is None
+    shipped = tmp_path / "shipped" / "b179c9523d0e6a0f.safetensors"
+    shipped.parent.mkdir()
+    shipped.write_bytes(b"x")
+    assert mtp.find_heads(str(model)) == shipped
+    trained = mtp.heads_path(str(model))
+    trained.parent.mkdir(parents=True)
+    trained.write_bytes(b"x")
+    assert mtp.find_heads(str(model)) == trained  # the user's own training wins over the shipped heads
+    asked = tmp_path / "mine.safetensors"
+    assert mtp.find_heads(str(model), str(asked)) is None  # asked for a file that is not there: not another
+    asked.write_bytes(b"x")
+    assert mtp.find_heads(str(model), str(asked)) == asked

@@ -9,7 +9,6 @@ model, MTP heads) trade how cheap a draft is against how often it is accepted. T
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -28,7 +27,7 @@ from engine.quant.weight_only import original_weights, quantize_model, swap_modu
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
 from engine.spec.draft import DraftModelProposer
-from engine.spec.mtp import MtpProposer, heads_path, load_heads
+from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, verify, verify_tree
 
 MAX_DRAFT = 8
@@ -123,12 +122,12 @@ class SpeculativeDecoder:
 
     def _make_mtp(self, cfg: EngineConfig, loaded: LoadedModel, target: LlamaForCausalLM,
                   target_config: ModelConfig) -> MtpProposer:
-        path = cfg.mtp_heads or heads_path(loaded.path)
-        if not path or not Path(path).exists():
+        path = find_heads(loaded.path, cfg.mtp_heads)
+        if path is None:
             raise ValueError(f"spec_method 'mtp' needs prediction heads trained for this model, and there are "
-                             f"none at {path}: run `inferlab train-mtp --model {cfg.model}` (a few "
-                             f"minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
-        heads, meta = load_heads(Path(path), target_config.hidden_size)
+                             f"none at {cfg.mtp_heads or heads_path(loaded.path)}: run `inferlab train-mtp "
+                             f"--model {cfg.model}` (a few minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
+        heads, meta = load_heads(path, target_config.hidden_size)
         heads = heads.to(device=self.runner.device, dtype=self.runner.dtype).eval()
         return MtpProposer(heads, target, tuple(cfg.mtp_tree_widths), meta)
 

@@ -63,6 +63,22 @@ def heads_path(model_path: str) -> Path:
     return cache_root() / "mtp" / key / "heads.safetensors"
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "mtp"  # heads trained for the built-in model
+
+
+def find_heads(model_path: str, explicit: str | None = None) -> Path | None:
+    """The heads this model uses: the ones asked for, else the ones `inferlab train-mtp` saved in the
+    user cache, else the ones shipped in assets/mtp/ for a converted GGUF (named by the folder, which is
+    the GGUF's content hash, so the same file on every machine); None when there are none."""
+    if explicit:
+        return Path(explicit) if Path(explicit).exists() else None
+    trained = heads_path(model_path)
+    if trained.exists():
+        return trained
+    shipped = SHIPPED / f"{Path(model_path).name}.safetensors"
+    return shipped if shipped.exists() else None
+
+
 def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
     from safetensors.torch import save_file
 
