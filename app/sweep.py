@@ -34,6 +34,9 @@ class SweepSpec:
     batches: tuple[int, ...] = (1, 8, 32)
     bits: tuple[int, ...] = (16, 8, 4)
     drafts: tuple[int, ...] = (0, 4)
+    # weights per 4-bit scale: 64, not 32. The default model comes from a Q4_1 GGUF (32-weight blocks):
+    # requantizing onto that same grid measures almost no loss (ppl -0.0004 %), which is the file's, not 4 bits'
+    group_size: int = 64
     warmup_s: float = 1.0
     measure_s: float = 4.0
     price_per_hour: float = DEFAULT_PRICE_PER_HOUR
@@ -50,7 +53,8 @@ Progress = Callable[[str, float], None]
 
 def sweep_config(base: EngineConfig, spec: SweepSpec, bits: int) -> EngineConfig:
     """The live engine's execution settings, with the sweep's memory budget and no speculation yet."""
-    return replace(base, quant_bits=bits, max_num_seqs=max(spec.batches), spec_method=None,
+    return replace(base, quant_bits=bits, quant_group_size=spec.group_size, max_num_seqs=max(spec.batches),
+                   spec_method=None,
                    num_speculative_tokens=0, num_kv_blocks=None, memory_budget_bytes=spec.memory_budget_bytes,
                    max_queue_len=None, max_predicted_wait_s=None, compile=False, draft_model=None,
                    draft_quant_bits=None)
@@ -96,6 +100,7 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
                                       cancelled)
                 steps.extend(meter.steps)
                 point = {"batch": batch, "bits": bits, "draft": draft, "predicted": False,
+                         "group_size": spec.group_size if bits == 4 else None,
                          **point_figures(meter, spec.price_per_hour), **quality,
                          "weights_bytes": mem.weights_bytes, "kv_blocks": mem.kv_blocks_total}
                 points.append(point)

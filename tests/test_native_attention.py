@@ -122,3 +122,24 @@ def test_engine_with_native_attention_agrees_with_the_eager_path(tiny_llama_hd64
         agree = next((i for i, (a, b) in enumerate(zip(ids_n, ids_f)) if a != b), len(ids_n))
         assert agree >= 3  # bf16 near-ties may flip later tokens; the first decode steps must agree
         assert lp_n[:agree] == pytest.approx(lp_f[:agree], abs=0.05)
+
+
+def test_a_stale_build_lock_is_cleared(tmp_path, monkeypatch):
+    import os
+    import time
+
+    import torch.utils.cpp_extension as ext
+
+    from engine.runner import kernels
+
+    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose=False: str(tmp_path))
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    with pytest.warns(UserWarning, match="stale build lock"):
+        old = time.time() - kernels.STALE_LOCK_S - 5
+        os.utime(lock, (old, old))
+        kernels._clear_stale_lock("x")
+    assert not lock.exists()
+    lock.write_text("")  # a fresh lock: a build is running, leave it
+    kernels._clear_stale_lock("x")
+    assert lock.exists()

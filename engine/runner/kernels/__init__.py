@@ -36,6 +36,8 @@ def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, po
         try:
             from torch.utils.cpp_extension import load
 
+            _clear_stale_lock(name)
+
             flags = ["-O3", "-march=native", "-fopenmp"] + (["-DINFERLAB_PORTABLE"] if portable else [])
             _BUILT[name] = load(name=name, sources=[str(Path(__file__).with_name("paged_decode.cpp"))],
                                 extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
@@ -53,3 +55,22 @@ def _is_built(name: str) -> bool:
         return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
     except Exception:  # noqa: BLE001 (a private helper of torch's: if it moves, say "building")
         return False
+
+
+STALE_LOCK_S = 600  # a build takes ~25 s; a lock this old was left by a process killed mid-build
+
+
+def _clear_stale_lock(name: str) -> None:
+    """torch waits forever on the build lock a killed build leaves behind (the start then hangs at
+    "loading the paged-attention kernel"); a lock older than any real build is removed, saying so."""
+    import time
+
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+            warnings.warn(f"removed a stale build lock left by an interrupted build: {lock}", stacklevel=3)
+    except (ImportError, OSError):
+        pass  # nothing to clear, or not ours to clear: torch reports what it must
