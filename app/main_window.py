@@ -239,7 +239,7 @@ class MainWindow(QMainWindow):
             self.showNormal()
             if self._layout_before_presenting is not None:
                 self.restoreState(self._layout_before_presenting, STATE_VERSION)
-        self.caption.set_presenter(on)
+        self.caption.set_presenter(on, self.height() if not full_screen else self.screen().size().height())
         for panel in self.panels.values():  # the charts too, not only the caption: fonts, lines, markers
             if isinstance(panel, Panel):
                 panel.set_presenter_scale(PRESENTER_PLOT_SCALE if on else 1.0)
@@ -255,18 +255,41 @@ class MainWindow(QMainWindow):
         """Show and raise the preset's panels; mark them with a star in their title."""
         self._emphasised = tuple(names)
         for name, dock in self.docks.items():
-            star = name in names
-            dock.setWindowTitle(("★ " if star else "") + PANEL_TITLES[name])
-            if star:
-                dock.show()
-                dock.raise_()
+            dock.setWindowTitle(("★ " if name in names else "") + PANEL_TITLES[name])
+        for name in reversed(self._emphasised):  # the first named ends on top of a tab group
+            self.docks[name].show()
+            self.docks[name].raise_()
         self._focus_presented_panels()
 
     def _focus_presented_panels(self) -> None:
-        """In presenter mode only the preset's panels stay on screen, large enough to read."""
-        if self._presenter and self._emphasised:
-            for name, dock in self.docks.items():
-                dock.setVisible(name in self._emphasised)
+        """In presenter mode only the preset's panels stay on screen, side by side (no tabs: nothing the
+        room should see hides behind another), the first named on the left."""
+        if not (self._presenter and self._emphasised):
+            return
+        # the sliders stay off the projector (keys and the preset's cues turn the knobs; the panels show it)
+        shown = [n for n in self._emphasised if n != "controls"] or list(self._emphasised)
+        docks = [self.docks[n] for n in shown if n in self.docks]
+        for name, dock in self.docks.items():
+            dock.setVisible(name in shown)
+        # the chapter's main panel on the left; with four or more, a second column beside it; the rest
+        # stacked on the right (the comparison, listed last, at the bottom right)
+        left = Qt.DockWidgetArea.LeftDockWidgetArea
+        self.addDockWidget(left, docks[0])
+        columns = [docks[0]]
+        rest = docks[1:]
+        if len(docks) >= 4:
+            self.splitDockWidget(docks[0], docks[1], Qt.Orientation.Horizontal)
+            columns.append(docks[1])
+            rest = docks[2:]
+        for dock in rest:
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)  # out of any tab group, stacked
+        if rest:
+            columns.append(rest[0])
+        for dock in docks:
+            dock.show()
+        if len(columns) > 1:
+            width = max(1, self.width() // len(columns))
+            self.resizeDocks(columns, [width] * len(columns), Qt.Orientation.Horizontal)
 
     def reset_layout(self) -> None:
         self.restoreState(self.default_state, STATE_VERSION)

@@ -9,8 +9,9 @@ import sys
 def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
     engine_args(p)
     p.add_argument("--heads", type=int, default=3, help="prediction heads (tokens 2, 3, … ahead)")
-    p.add_argument("--max-tokens", type=int, default=128, help="length of each self-written answer")
-    p.add_argument("--prompts", type=int, default=None, help="use only the first N training prompts")
+    p.add_argument("--max-tokens", type=int, default=96, help="length of each self-written answer")
+    p.add_argument("--prompts", type=int, default=128,
+                   help="train on the first N prompts of assets/mtp_prompts.txt (0: all 256; a few minutes on 2 cores)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", default=None, help="where to save (default: the user cache, where the engine looks)")
 
@@ -26,7 +27,7 @@ def run_train_mtp(args: argparse.Namespace) -> int:
 
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                                     max_num_seqs=32, max_num_batched_tokens=2048), progress=progress)
-    prompts = default_prompts()[: args.prompts] if args.prompts else None
+    prompts = default_prompts()[: args.prompts] if args.prompts else None  # None: all of them
     report = train_mtp(engine, num_heads=args.heads, prompts=prompts, max_tokens=args.max_tokens,
                        epochs=args.epochs, out=args.out, progress=progress)
     print(file=sys.stderr)

@@ -17,6 +17,7 @@ class CaptionBanner(QFrame):
         self.setAutoFillBackground(True)
         self.setBackgroundRole(QPalette.ColorRole.AlternateBase)
         self._presenter = False
+        self._screen_scale = 1.0  # presenter fonts for a 1080-line screen, scaled to the one in use
         self._title = QLabel()
         self._caption = QLabel()
         self._caption.setWordWrap(True)
@@ -43,8 +44,11 @@ class CaptionBanner(QFrame):
         self._cue.setText(f"▶ {text}" if text else "")
         self._cue.setVisible(bool(text))
 
-    def set_presenter(self, presenter: bool) -> None:
+    def set_presenter(self, presenter: bool, screen_height: int = 1080) -> None:
+        """Presenter sizes are for a 1080-line projector; a 720-line one gets them scaled down, so the
+        caption leaves the charts the room they need."""
         self._presenter = presenter
+        self._screen_scale = min(1.0, max(0.6, screen_height / 1080))
         self._apply_fonts()
 
     def reset(self) -> None:
@@ -56,7 +60,8 @@ class CaptionBanner(QFrame):
                 "cue": self._cue.text(), "presenter": self._presenter}
 
     def _apply_fonts(self) -> None:
-        title_pt, caption_pt = _PRESENTER_PT if self._presenter else _NORMAL_PT
+        title_pt, caption_pt = ((p * self._screen_scale for p in _PRESENTER_PT) if self._presenter
+                                else _NORMAL_PT)
         font = self.font()
         font.setPointSizeF(title_pt)
         font.setBold(True)

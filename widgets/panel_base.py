@@ -11,7 +11,7 @@ from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QWidget
 
 from widgets.overlay import Overlay
-from widgets.presenter import clipped_texts, scale_plots
+from widgets.presenter import clipped_texts, fit_texts, scale_plots
 
 REPAINT_INTERVAL_MS = 50  # 20 Hz
 
@@ -33,6 +33,8 @@ class Panel(QWidget):
         if self._dirty:
             self._dirty = False
             self._repaint()
+        if self._presenter_scale > 1.0:  # new titles, or a dock resized: fit them to the room they have
+            fit_texts(self, self._presenter_scale)
 
     def set_repaint_interval(self, ms: int, phase_ms: int = 0) -> None:
         """How often the timer repaints (the app slows it when the GUI's CPU time would slow the engine).
@@ -103,6 +105,11 @@ class Panel(QWidget):
         self._repaint_timer.start()
         self.flush()
         super().showEvent(event)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if self._presenter_scale > 1.0:
+            self._mark_dirty()  # new room: titles and axis labels are fitted again at the next repaint
+        super().resizeEvent(event)
 
     def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self._repaint_timer.stop()

@@ -16,6 +16,9 @@ TICK_PT = 8.5  # pyqtgraph's defaults, the base that a scale multiplies
 LABEL_PT = 9.0
 TITLE_PT = 11.0
 _BASE = "_presenter_base"  # attribute on a graphics item: the sizes it had at scale 1
+_CHIPS = "_presenter_chips"  # on a plot whose legend became chips: (title, [(html, plain)], scale)
+_FITTED = "_presenter_fitted"  # on a title label: (the text the panel set, the text shown after fitting)
+MIN_PT = 7.0  # fitting never shrinks text below this
 
 
 def plot_items(root: QWidget) -> list[pg.PlotItem]:
@@ -121,15 +124,21 @@ def _legend_into_title(plot: pg.PlotItem, scale: float) -> None:
         return
     base = _base(legend, title=plot.titleLabel.text)
     if scale == 1.0:
+        plot.__dict__.pop(_CHIPS, None)
         plot.setTitle(base["title"] or None)
         legend.show()
         return
-    chips = "&nbsp;&nbsp;".join(f"<span style='color:{_item_color(sample.item)}'>■</span>&nbsp;{label.text}"
-                                for sample, label in legend.items)
-    pt = f"{LABEL_PT * scale:.1f}pt"
-    head = f"{base['title']}<br>" if base["title"] else ""
-    plot.setTitle(f"{head}<span style='font-size:{pt}'>{chips}</span>")
+    chips = [(f"<span style='color:{_item_color(sample.item)}'>■</span>&nbsp;{label.text}", f"■ {label.text}")
+             for sample, label in legend.items]
+    plot.__dict__[_CHIPS] = (base["title"], chips, scale)
+    plot.setTitle(_chip_title(base["title"], [chips], scale))
     legend.hide()
+
+
+def _chip_title(title: str, lines: list[list[tuple[str, str]]], scale: float) -> str:
+    pt = f"{LABEL_PT * scale:.1f}pt"
+    rows = "<br>".join("&nbsp;&nbsp;".join(html for html, _plain in line) for line in lines)
+    return (f"{title}<br>" if title else "") + f"<span style='font-size:{pt}'>{rows}</span>"
 
 
 def _item_color(item) -> str:
@@ -156,6 +165,95 @@ def _scale_scatter(item: pg.ScatterPlotItem, scale: float) -> None:
     sizes = item.data["size"] if len(item.data) else None
     if sizes is not None and (sizes == sizes[0]).all():
         item.setSize(base["size"] * scale)
+
+
+# --- fitting: wrap titles, shrink axis labels, so nothing is cut ----------------------------------
+def fit_texts(root: QWidget, scale: float) -> None:
+    """After a repaint at presenter scale: titles wrap at word (or legend chip) boundaries to the width
+    they have, axis labels shrink to their axis's length, and title rows take the height they need."""
+    if scale <= 1.0:
+        return
+    for plot in plot_items(root):
+        _fit_title(plot, scale)
+        _fit_title_row(plot)
+        plot.layout.activate()  # the axes get their new lengths before their labels are fitted to them
+        for name in ("left", "bottom", "right", "top"):
+            _fit_axis_label(plot.getAxis(name), scale)
+
+
+def _metrics(pt: float) -> QFontMetrics:
+    font = QFont()
+    font.setPointSizeF(pt)
+    return QFontMetrics(font)
+
+
+def _greedy_lines(items: list, width, room: float, sep: float) -> list[list]:
+    lines, current, used = [], [], 0.0
+    for item in items:
+        w = width(item)
+        if current and used + sep + w > room:
+            lines.append(current)
+            current, used = [], 0.0
+        used += (sep if current else 0.0) + w
+        current.append(item)
+    return lines + ([current] if current else [])
+
+
+def _fit_title(plot: pg.PlotItem, scale: float) -> None:
+    label = plot.titleLabel
+    if not label.text or not label.isVisible():
+        return
+    room = _room(plot, label) - 6
+    if room <= 0:
+        return
+    chips = plot.__dict__.get(_CHIPS)
+    if chips is not None:
+        title, items, _scale = chips
+        m = _metrics(LABEL_PT * scale)
+        lines = _greedy_lines(items, lambda it: m.horizontalAdvance(it[1]), room, m.horizontalAdvance("  "))
+        text = _chip_title(title, lines, scale)
+    else:
+        fitted = label.__dict__.get(_FITTED)
+        source = fitted[0] if fitted is not None and fitted[1] == label.text else label.text
+        if "<" in source:  # other rich text: leave it to the panel
+            return
+        m = _metrics(TITLE_PT * scale)
+        words = source.split(" ")
+        lines = _greedy_lines(words, m.horizontalAdvance, room, m.horizontalAdvance(" "))
+        text = "<br>".join(" ".join(line) for line in lines)
+        label.__dict__[_FITTED] = (source, text)
+    if text != label.text:
+        label.setText(text)
+    _shrink_to(label.item, room, lambda pt: label.setText(label.text, size=f"{pt:.1f}pt"), TITLE_PT * scale)
+
+
+def _shrink_to(item, room: float, set_pt, pt: float) -> None:
+    """A word wider than the room: shrink the font (never below MIN_PT) until the rendered text fits."""
+    for _ in range(6):
+        width = item.boundingRect().width()
+        if width <= room or pt <= MIN_PT:
+            return
+        pt = max(MIN_PT, pt * room / width * 0.97)
+        set_pt(pt)
+
+
+def _fit_axis_label(axis: pg.AxisItem, scale: float) -> None:
+    """Shrink the label (never below MIN_PT) until the rendered text, margins included, fits the axis."""
+    if not (axis.isVisible() and axis.label.isVisible() and axis.labelText):
+        return
+    room = (axis.geometry().height() if axis.orientation in ("left", "right") else axis.geometry().width()) - 2
+    if room <= 0:
+        return
+    pt = LABEL_PT * scale
+    for _ in range(6):
+        size = f"{pt:.1f}pt"
+        if axis.labelStyle.get("font-size") != size:
+            axis.labelStyle["font-size"] = size
+            axis._updateLabel()
+        width = axis.label.boundingRect().width()
+        if width <= room or pt <= MIN_PT:
+            return
+        pt = max(MIN_PT, pt * room / width * 0.97)
 
 
 # --- the check --------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class TimelinePanel(Panel):
         qp.setXLink(tp)
         wp.setXLink(tp)
         wp.setLabel("bottom", "engine step")
-        wp.setLabel("left", "ms")
+        # the title says the unit ("step time: last 12 ms · ..."): no y label to squeeze a short plot
         tp.hideAxis("bottom")  # x is shared: only the lowest plot labels the steps (and repaints ticks)
         qp.hideAxis("bottom")
         for p in (tp, qp, wp):
@@ -119,7 +119,7 @@ class TimelinePanel(Panel):
     def set_presenter_scale(self, scale: float) -> None:
         """Larger text needs taller plots: each keeps a readable height (the Gantt chart gives way)."""
         super().set_presenter_scale(scale)
-        for widget, base in ((self._tokens_plot, 60), (self._queue_plot, 45), (self._time_plot, 60)):
+        for widget, base in ((self._tokens_plot, 45), (self._queue_plot, 35), (self._time_plot, 70)):
             widget.setMinimumHeight(int(base * scale) if scale > 1 else 0)
 
     def set_gantt_window(self, seconds: float) -> None:
@@ -164,7 +164,7 @@ class TimelinePanel(Panel):
                 item.setData([], [])
             for plot in self._plots():
                 plot.setYRange(0, 1, padding=0)
-            self._time_plot.setTitle("step time")
+            self._time_plot.setTitle("step time (ms)")
             return
         a = np.array([(s.step, s.num_prefill_tokens, s.num_decode_tokens, s.num_verify_tokens,
                        s.num_running, s.num_waiting, s.num_preempted, s.num_rejected, s.wall_time_s * 1e3)
@@ -188,8 +188,8 @@ class TimelinePanel(Panel):
         ms = a[:, 8]
         self._step_ms.setData(x, ms)
         self._time_plot.setYRange(0, max(1.0, ms.max()) * 1.1, padding=0)
-        self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms, median of the last {min(len(ms), _MEDIAN_OF)} "
-                                 f"steps {np.median(ms[-_MEDIAN_OF:]):.0f} ms")
+        self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms · median {np.median(ms[-_MEDIAN_OF:]):.0f} ms "
+                                 f"({min(len(ms), _MEDIAN_OF)} steps)")
 
     def _drop_scrolled_marks(self) -> None:
         if not self._steps:

@@ -218,7 +218,7 @@ class TradeoffPanel(Panel):
         self._place_labels(pos)
         cur = pos.get(self._current or "")
         self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
-        self._plot.getPlotItem().setLabel("left", f"$ per 1M tokens (at ${self.price_per_hour():.2f}/GPU-h)")
+        self._plot.getPlotItem().setLabel("left", f"$/1M tokens at ${self.price_per_hour():.2f}/h")
         self._empty.set_text("" if pos else "No measured points yet — press “Run sweep”.")
         self._update_legend()
 

@@ -47,7 +47,7 @@ def test_step_time_plot_and_median(panel):
     assert list(x) == list(range(50)) and ms[30] == pytest.approx(12000) and ms[-1] == pytest.approx(10)
     assert panel.snapshot_data()["step_ms"] == pytest.approx(10)
     title = panel._time_plot.getPlotItem().titleLabel.text
-    assert "last 10 ms" in title and "median of the last 50 steps 40 ms" in title
+    assert "last 10 ms" in title and "median 40 ms (50 steps)" in title
 
 
 def test_config_change_lines_scroll_out(panel):
