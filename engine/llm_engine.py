@@ -160,7 +160,7 @@ class LLMEngine:
                 warnings.warn(f"engine command {type(command).__name__} failed: {reason}", RuntimeWarning,
                               stacklevel=2)
                 if isinstance(command, cmd.AddRequest) and not command.request.is_finished:
-                    self._close(command.request, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
+                    self._fail(command.request, reason, outputs, finished)
         return arrived
 
     def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
@@ -194,11 +194,22 @@ class LLMEngine:
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
 
     def _run(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
+        """Run the batch; when the forward pass raises, run each request on its own so that only the
+        ones that fail alone finish with an error (the others get their tokens this step)."""
         try:
             result = self.runner.execute(sched, self.block_manager)
-        except Exception as exc:  # a failing batch fails alone; the engine keeps serving
+        except Exception:  # noqa: BLE001 (which row is to blame is found by running them one by one)
             for s in sched.scheduled:
-                self._close(s.request, RequestStatus.FINISHED_ERROR, outputs, finished, f"{type(exc).__name__}: {exc}")
+                # block copies are idempotent (src -> dst again), so each single run may repeat them
+                single = SchedulerOutput(scheduled=[s], block_copies=sched.block_copies)
+                try:
+                    result = self.runner.execute(single, self.block_manager)
+                except Exception as exc:  # noqa: BLE001 (this request's own failure: it ends alone)
+                    self.runner.clear_written_slots(s, self.block_manager)
+                    self._fail(s.request, f"{type(exc).__name__}: {exc}", outputs, finished)
+                else:
+                    self._last_activation_bytes = result.activation_bytes
+                    self._update(result, outputs, finished)
         else:
             self._last_activation_bytes = result.activation_bytes
             self._update(result, outputs, finished)
@@ -207,6 +218,9 @@ class LLMEngine:
         bm, piece = self.block_manager, self.tokenizer.id_to_piece
         for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
             req = s.request
+            if i in result.failed:
+                self._fail(req, result.failed[i], outputs, finished)
+                continue
             if i in result.verify_logits:
                 v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
                 self.counters.generated += len(v.token_ids)
@@ -230,6 +244,12 @@ class LLMEngine:
                 self._finish(req, req.status)
                 finished.append(req)
 
+    def _fail(self, req: Request, reason: str, outputs: Outputs, finished: list[Request]) -> None:
+        """One request's own failure (its forward pass raised, its logits were not finite): it
+        finishes alone with finish_reason "error" and the reason, and is counted."""
+        self.counters.failed += 1
+        self._close(req, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
+
     def _close(self, req: Request, status: RequestStatus, outputs: Outputs, finished: list[Request],
                error: str | None = None) -> None:
         """Finish a request that produced nothing this step (abort, error) and publish that."""
@@ -249,8 +269,9 @@ class LLMEngine:
     def _publish(self, t0: float, sched: SchedulerOutput, outputs: Outputs, finished: list[Request],
                  arrived: list) -> None:
         step = self.counters.steps
+        num_failed = sum(r.status is RequestStatus.FINISHED_ERROR for r in finished)
         stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
-                           self.admission.take_rejected())
+                           self.admission.take_rejected(), num_failed)
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
                                 spec=self.spec.step_event(step - 1))
