@@ -26,6 +26,7 @@ from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
+from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.quant.manager import WeightsManager
@@ -60,7 +61,10 @@ class LLMEngine:
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
         torch.manual_seed(config.seed)
-        self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+        try:
+            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+        except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape
+            raise ModelLoadError(f"{loaded.path}: the weights do not fit its config.json: {e}") from e
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
                                       calibrate=lambda: activation_absmax(self, heldout_texts()))
         blocks = self.weights.kv_target
