@@ -63,8 +63,10 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         try:
             self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
-        except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape
-            raise ModelLoadError(f"{loaded.path}: the weights do not fit its config.json: {e}") from e
+        except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
+            # a config the model cannot be built from (an unsupported rope scaling)
+            raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
+                                 f"{e}") from e
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
                                       calibrate=lambda: activation_absmax(self, heldout_texts()))
         blocks = self.weights.kv_target

@@ -87,11 +87,21 @@ def test_missing_and_extra_tensors_fail_the_engine_with_the_folder(tiny_llama, t
     save_file(dropped, str(weights), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="lacks") as err:
         engine_of(folder)
-    assert str(folder) in str(err.value) and "do not fit its config.json" in str(err.value)
+    assert str(folder) in str(err.value) and "cannot build the model" in str(err.value)
     extra = tensors["model.layers.1.mlp.down_proj.weight"].clone()
     save_file({**tensors, "model.layers.7.mlp.down_proj.weight": extra}, str(weights), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="has no place"):
         engine_of(folder)
+
+
+def test_an_unsupported_rope_scaling_is_a_load_error(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="unsupported rope scaling 'longrope'") as err:
+        engine_of(folder)
+    assert str(folder) in str(err.value)
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"{not json", b"[]", b'{"model_type": "llama"}'])
