@@ -254,6 +254,7 @@ class LLMEngine:
         """One request's own failure (its forward pass raised, its logits were not finite): it
         finishes alone with finish_reason "error" and the reason, and is counted."""
         self.counters.failed += 1
+        self.block_manager.uncache(req.request_id)  # what it computed may be wrong: never a cache hit
         self._close(req, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
 
     def _close(self, req: Request, status: RequestStatus, outputs: Outputs, finished: list[Request],

@@ -140,3 +140,22 @@ def test_a_failed_request_leaves_no_nan_in_the_kv_cache(tiny_llama):
     outs, _ = run(eng, GREEDY)
     assert outs[1].finish_reason == "error"
     assert not any(torch.isnan(k).any() or torch.isnan(v).any() for k, v in eng.runner.kv_caches)
+
+
+def test_a_failed_request_leaves_nothing_in_the_prefix_cache(tiny_llama):
+    """Its prompt's blocks were committed chunk by chunk before its logits turned out NaN: a later
+    request with the same prompt must not be served those K/V from the cache."""
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4,
+                                 max_num_batched_tokens=8))
+    prompt = [POISON] + list(range(20, 39))  # 20 tokens: three chunks of <= 8, five full blocks
+    poison_logits(eng, math.nan)
+    bad = eng.generate([prompt], GREEDY)[0]
+    assert bad.finish_reason == "error"
+    eng.model.compute_logits = type(eng.model).compute_logits.__get__(eng.model)  # healthy again
+    eng.runner.execute = type(eng.runner).execute.__get__(eng.runner)
+    rid = eng.add_request(prompt, GREEDY)
+    eng.step()
+    assert eng.scheduler.running[0].request_id == rid and eng.scheduler.running[0].num_cached_tokens == 0
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.block_manager.num_used_blocks == 0
