@@ -81,3 +81,41 @@ def test_api_key_from_the_environment(monkeypatch):
     assert build_parser().parse_args(["serve", "--api-key", "flag"]).api_key == "flag"
     monkeypatch.delenv("INFERLAB_API_KEY")
     assert build_parser().parse_args(["serve"]).api_key is None
+
+
+def bench(args: list[str], tiny_llama, tmp_path):
+    """`inferlab bench ...` in a subprocess (it sets torch's thread count for the whole process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", *args, "--model", str(tiny_llama), "--dtype",
+                          "float32", "--threads", "1", "--json", str(out)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1])
+    return run, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.slow
+def test_bench_decode_and_quant_write_their_json(tiny_llama, tmp_path):
+    run, result = bench(["decode", "--max-tokens", "4", "--prompt-tokens", "8", "--rounds", "1"], tiny_llama, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert result["benchmark"] == "decode" and result["threads"] == 1 and result["max_tokens"] == 4
+    assert {"inferlab", "inferlab_compile"} <= set(result)
+    run, result = bench(["quant", "--bits", "16", "8", "--streams", "2", "--max-tokens", "4", "--memory-budget-mib",
+                         "64"], tiny_llama, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert result["benchmark"] == "quant" and result["memory_budget_mib"] == 64
+    q16, q8 = result["results"]["16"], result["results"]["8"]
+    assert q8["weights_bytes"] < q16["weights_bytes"] and q8["kv_blocks"] >= q16["kv_blocks"]  # bytes buy KV
+    assert q16["kl_divergence"] == 0.0 and 0 < q8["kl_divergence"] and q8["greedy_agreement"] <= 1.0
+
+
+@pytest.mark.slow
+def test_bench_whose_workload_does_not_fit_is_one_error_line(tiny_llama, tmp_path):
+    run, result = bench(["throughput", "--num-chats", "2", "--num-docs", "1", "--kv-cache-mib", "8"], tiny_llama,
+                        tmp_path)
+    assert run.returncode == 2 and result is None
+    assert "inferlab: error: bench throughput: " in run.stderr and "context length" in run.stderr
+    assert "Traceback" not in run.stderr
