@@ -119,3 +119,28 @@ def test_bench_whose_workload_does_not_fit_is_one_error_line(tiny_llama, tmp_pat
     assert run.returncode == 2 and result is None
     assert "inferlab: error: bench throughput: " in run.stderr and "context length" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_train_mtp_saves_heads_the_engine_loads(tiny_llama, tmp_path):
+    """`inferlab train-mtp` end to end (a subprocess: it sets torch's threads): its heads file loads as
+    the engine's MTP proposer and speculation with it keeps greedy output exact."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    heads = tmp_path / "heads.safetensors"
+    run = subprocess.run([sys.executable, "-m", "app.cli", "train-mtp", "--model", str(tiny_llama), "--dtype",
+                          "float32", "--threads", "1", "--heads", "2", "--prompts", "3", "--max-tokens", "8",
+                          "--epochs", "1", "--out", str(heads)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["num_heads"] == 2 and report["path"] == str(heads) and heads.is_file()
+    plain = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32"))
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", spec_method="mtp",
+                                 num_speculative_tokens=2, mtp_heads=str(heads)))
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    assert eng.proposer.name == "mtp"
+    assert eng.generate([[5, 6, 7, 8]], params)[0].token_ids == plain.generate([[5, 6, 7, 8]], params)[0].token_ids
