@@ -10,6 +10,7 @@ import asyncio
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 DEFAULT_PRESET = "continuous-batching"
@@ -62,22 +63,32 @@ def run_gui(args) -> int:
     preset = args.preset or _last_preset(settings) or DEFAULT_PRESET
     window.show()
     host.start()  # after show(): the window is up before the model starts loading
+    try:
+        code = _run_window(app, loop, window, host, args, preset)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:  # noqa: BLE001 (the engine thread stops first on every way out, then the error shows)
+        traceback.print_exc()
+        code = 1
+    return finish(host, code)
+
+
+def _run_window(app, loop, window, host, args, preset: str) -> int:
+    """Apply the preset, then run until the window closes (or the screenshot is saved)."""
     ok = window.controller.apply_preset(preset)
     if args.presenter:  # a screenshot keeps its given size; the app goes full screen
         window.set_presenter(True, full_screen=not args.screenshot)
     if args.screenshot and not ok:
         print(f"inferlab: error: {window.controller.last_error}", file=sys.stderr)
         window.close()
-        return 2
+        return 2  # finish() still waits for the loading engine thread: exiting under it aborts in C++
     with loop:
         if args.screenshot:
-            code = loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds))
-        else:
-            closed = asyncio.Event()
-            app.lastWindowClosed.connect(closed.set)
-            loop.run_until_complete(closed.wait())
-            code = 0
-    return finish(host, code)
+            return loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds))
+        closed = asyncio.Event()
+        app.lastWindowClosed.connect(closed.set)
+        loop.run_until_complete(closed.wait())
+        return 0
 
 
 def finish(host, code: int) -> int:

@@ -203,6 +203,10 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
     except OSError as exc:
         known = ", ".join(available(presets_dir))
         raise PresetError(path, None, "", f"cannot read preset ({exc.strerror or exc}); presets: {known}") from exc
+    except UnicodeDecodeError as exc:  # a ValueError, but not one that names the file
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise PresetError(path, line, "", f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                                          f"{exc.start}); save the preset as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -69,6 +69,7 @@ class StepStats:
     num_verify_tokens: int = 0
     num_rejected: int = 0  # requests refused by admission control in this step
     num_finished: int = 0
+    num_failed: int = 0  # of those, requests that failed on their own (finish_reason "error")
     # per request scheduled this step: (request_id, num_tokens, "prefill" | "decode" | "verify")
     scheduled: tuple[tuple[str, int, str], ...] = ()
     # counted from the shapes this step ran (engine/perf/step_cost.py), not timed

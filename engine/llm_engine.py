@@ -26,6 +26,7 @@ from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
+from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.perf.step_counter import StepCounter
@@ -61,7 +62,12 @@ class LLMEngine:
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
         torch.manual_seed(config.seed)
-        self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+        try:
+            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+        except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
+            # a config the model cannot be built from (an unsupported rope scaling)
+            raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
+                                 f"{e}") from e
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
                                       calibrate=lambda: activation_absmax(self, heldout_texts()))
         blocks = self.weights.kv_target
@@ -163,7 +169,7 @@ class LLMEngine:
                 warnings.warn(f"engine command {type(command).__name__} failed: {reason}", RuntimeWarning,
                               stacklevel=2)
                 if isinstance(command, cmd.AddRequest) and not command.request.is_finished:
-                    self._close(command.request, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
+                    self._fail(command.request, reason, outputs, finished)
         return arrived
 
     def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
@@ -197,11 +203,22 @@ class LLMEngine:
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
 
     def _run(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
+        """Run the batch; when the forward pass raises, run each request on its own so that only the
+        ones that fail alone finish with an error (the others get their tokens this step)."""
         try:
             result = self.runner.execute(sched, self.block_manager)
-        except Exception as exc:  # a failing batch fails alone; the engine keeps serving
+        except Exception:  # noqa: BLE001 (which row is to blame is found by running them one by one)
             for s in sched.scheduled:
-                self._close(s.request, RequestStatus.FINISHED_ERROR, outputs, finished, f"{type(exc).__name__}: {exc}")
+                # block copies are idempotent (src -> dst again), so each single run may repeat them
+                single = SchedulerOutput(scheduled=[s], block_copies=sched.block_copies)
+                try:
+                    result = self.runner.execute(single, self.block_manager)
+                except Exception as exc:  # noqa: BLE001 (this request's own failure: it ends alone)
+                    self.runner.clear_written_slots(s, self.block_manager)
+                    self._fail(s.request, f"{type(exc).__name__}: {exc}", outputs, finished)
+                else:
+                    self._last_activation_bytes = result.activation_bytes
+                    self._update(result, outputs, finished)
         else:
             self._last_activation_bytes = result.activation_bytes
             self._update(result, outputs, finished)
@@ -210,6 +227,9 @@ class LLMEngine:
         bm, piece = self.block_manager, self.tokenizer.id_to_piece
         for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
             req = s.request
+            if i in result.failed:
+                self._fail(req, result.failed[i], outputs, finished)
+                continue
             if i in result.verify_logits:
                 v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
                 self.counters.generated += len(v.token_ids)
@@ -233,6 +253,13 @@ class LLMEngine:
                 self._finish(req, req.status)
                 finished.append(req)
 
+    def _fail(self, req: Request, reason: str, outputs: Outputs, finished: list[Request]) -> None:
+        """One request's own failure (its forward pass raised, its logits were not finite): it
+        finishes alone with finish_reason "error" and the reason, and is counted."""
+        self.counters.failed += 1
+        self.block_manager.uncache(req.request_id)  # what it computed may be wrong: never a cache hit
+        self._close(req, RequestStatus.FINISHED_ERROR, outputs, finished, reason)
+
     def _close(self, req: Request, status: RequestStatus, outputs: Outputs, finished: list[Request],
                error: str | None = None) -> None:
         """Finish a request that produced nothing this step (abort, error) and publish that."""
@@ -252,8 +279,10 @@ class LLMEngine:
     def _publish(self, t0: float, sched: SchedulerOutput, outputs: Outputs, finished: list[Request],
                  arrived: list) -> None:
         step = self.counters.steps
+        num_failed = sum(r.status is RequestStatus.FINISHED_ERROR for r in finished)
         stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
-                           self.admission.take_rejected(), self._cost.count(self.model, self.weights_bytes))
+                           self.admission.take_rejected(), num_failed,
+                           self._cost.count(self.model, self.weights_bytes))
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
                                 spec=self.spec.step_event(step - 1))

@@ -32,6 +32,7 @@ class EngineStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_rejected: int = 0  # refused by admission control
+    num_failed: int = 0  # finished with an error of their own (finish_reason "error")
     num_verify_passes: int = 0  # speculative: requests verified (one target pass each)
     num_spec_emitted_tokens: int = 0  # tokens those passes produced (accepted + corrected/bonus)
     accepted_per_position: tuple[int, ...] = ()
@@ -96,6 +97,7 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
         num_prefix_cache_hit_tokens=c.cached,
         num_preemptions=num_preemptions,
         num_rejected=num_rejected,
+        num_failed=counters.failed,
         num_draft_tokens=spec.totals["draft"],
         num_accepted_tokens=spec.totals["accepted"],
         num_verify_passes=spec.totals["verify"],
@@ -106,7 +108,8 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
 
 
 def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
-               num_finished: int, num_rejected: int, cost: tuple[int, int] = (0, 0)) -> StepStats:
+               num_finished: int, num_rejected: int, num_failed: int = 0,
+               cost: tuple[int, int] = (0, 0)) -> StepStats:
     """The counts of one step, its wall time measured from t0 to now, and its (FLOPs, bytes moved)
     counted from the shapes it ran (engine/perf/step_counter.py)."""
     return StepStats(
@@ -123,6 +126,7 @@ def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Schedule
         kv_blocks_total=bm.num_blocks,
         num_finished=num_finished,
         num_rejected=num_rejected,
+        num_failed=num_failed,
         scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
         flops=cost[0], bytes_moved=cost[1],
     )

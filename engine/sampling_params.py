@@ -1,8 +1,27 @@
-"""Per-request sampling knobs, validated at construction."""
+"""Per-request sampling knobs, validated at construction (and again by add_request).
+
+The ranges are the ones the sampler is numerically safe for (engine/models/layers/sampler.py works in
+float32): a positive temperature or top_p must stay a normal float32 number (smaller ones underflow to
+0 or lose all precision), top_k must fit a tensor index, a seed must fit torch.Generator's 64 bits.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_TOP_K = 2**31 - 1  # larger than any vocabulary; top_k >= vocab size means off
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_LOGPROBS = 20
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(slots=True)
@@ -23,19 +42,29 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
+        """Raises ValueError naming the first field out of its range."""
         t = self.temperature
-        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {t!r}")
-        if math.isnan(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_number(t) or not math.isfinite(t) or t < 0 or t > FLOAT32_MAX:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < FLOAT32_TINY:
+            raise ValueError(f"temperature {t!r} underflows in float32 (use 0 for greedy decoding)")
+        p = self.top_p
+        if not _is_number(p) or math.isnan(p) or not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if p < FLOAT32_TINY:
+            raise ValueError(f"top_p {p!r} underflows in float32 (the smallest is {FLOAT32_TINY:.3g})")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 turns it off), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs!r}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be integers >= 0")
 
     @property
     def greedy(self) -> bool:

@@ -88,3 +88,27 @@ def test_controller_measures_and_predicts():
     ctl.set_limits(1, 1.0)
     with pytest.raises(RequestRejected, match="queue is full"):
         ctl.check(QueueState(1, 0))
+
+
+def test_the_engine_measures_what_the_prediction_uses(tiny_llama):
+    """No rates set by hand: a prefill step measures them (LLMEngine publishes each step to admission
+    control), the prediction follows, a tight limit refuses, and /metrics shows the predicted wait."""
+    import math
+
+    from engine.serving.prometheus import ServingMetrics
+
+    eng = make(tiny_llama, max_num_seqs=1)
+    metrics = ServingMetrics(eng, "tiny").attach()
+    assert eng.admission.prefill_tokens_per_s is None and eng.admission.step_s is None
+    assert "inferlab:predicted_queue_wait_seconds{model_name=\"tiny\"} NaN" in metrics.render()
+    for start in (10, 80, 150):
+        eng.add_request(list(range(start, start + 60)), PARAMS)
+    eng.step()  # one 60-token prefill (one seat), two waiting
+    assert eng.admission.prefill_tokens_per_s > 0 and eng.admission.step_s > 0
+    line = next(x for x in metrics.render().splitlines() if x.startswith("inferlab:predicted_queue_wait_seconds"))
+    assert math.isfinite(float(line.split()[-1])) and float(line.split()[-1]) > 0
+    eng.reconfigure(max_predicted_wait_s=1e-9)
+    eng.step()
+    with pytest.raises(RequestRejected) as info:
+        eng.add_request([5, 6, 7], PARAMS)
+    assert info.value.reason == "predicted_wait"

@@ -1,6 +1,7 @@
 """The whole app offscreen on a tiny random model: load runs, every panel receives engine data."""
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from app_helpers import close_window, open_window, run_for, wait_until
 from app import window_menus
 from app.sweep import SweepSpec
 from app.sweep_point import Workload
+from app.trace_recorder import REQUEST_FIELDS
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +139,22 @@ def test_exports(qapp, window, tmp_path):
     steps = (tmp_path / "csv" / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("step,") and len(steps) > 10
     assert "latency" in (tmp_path / "csv" / "panels.csv").read_text()
+    with open(tmp_path / "csv" / "requests.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 3 and set(rows[0]) == set(REQUEST_FIELDS)  # the earlier tests finished >= 3
+    assert len({r["request_id"] for r in rows}) == len(rows)
+    for r in rows:  # each request's figures, in the order they happen
+        assert r["finish_reason"] in {"stop", "length", "abort", "error", "rejected"}
+        assert int(r["prompt_tokens"]) > 0 and float(r["arrival_s"]) >= 0
+        if r["finish_reason"] in ("stop", "length"):
+            assert int(r["output_tokens"]) > 0
+            assert 0 <= float(r["queue_ms"]) <= float(r["ttft_ms"]) <= float(r["e2e_ms"])
     window_menus.export_png(window, str(tmp_path / "png"))
-    assert {p.name for p in (tmp_path / "png").iterdir()} >= {"window.png", "timeline.png", "memory.png"}
+    pngs = {p.name: p for p in (tmp_path / "png").iterdir()}
+    assert set(pngs) >= {"window.png", "timeline.png", "memory.png"}
+    for path in pngs.values():  # real images, not empty files
+        data_ = path.read_bytes()
+        assert data_[:8] == b"\x89PNG\r\n\x1a\n" and len(data_) > 1000
 
 
 def test_reset_then_close(qapp, window):

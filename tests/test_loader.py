@@ -45,7 +45,7 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_llama_gguf(hf_folder: Path, path: Path, *, qtype: str = "F32", drop_output: bool = False,
-                     add_bos: bool = False) -> Path:
+                     add_bos: bool = False, linear_rope_factor: float | None = None) -> Path:
     """Write a GGUF the way llama.cpp's converter does: renamed tensors, q/k rows permuted,
     the byte-level vocabulary and merges as metadata."""
     import gguf
@@ -63,6 +63,9 @@ def write_llama_gguf(hf_folder: Path, path: Path, *, qtype: str = "F32", drop_ou
     w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(cfg["head_dim"])
+    if linear_rope_factor is not None:  # as llama.cpp writes a linear rope_scaling
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(linear_rope_factor)
     w.add_vocab_size(cfg["vocab_size"])
     tj = json.loads((hf_folder / "tokenizer.json").read_text())
     tc = json.loads((hf_folder / "tokenizer_config.json").read_text())

@@ -129,10 +129,16 @@ def test_quality_vs_16_bits(tiny_llama):
     ref = reference_logits(eng, texts)
     same = compare_logits(eng, texts, ref)
     assert same["kl_divergence"] == pytest.approx(0, abs=1e-6) and same["greedy_agreement"] == 1.0
-    eng.set_quantization(4)
-    eng.step()  # the swap happens at the top of a step
-    q = compare_logits(eng, texts, ref)
-    assert 0 < q["kl_divergence"] and q["greedy_agreement"] < 1.0
+    quality = {}
+    for bits in (8, 4):
+        eng.set_quantization(bits)
+        eng.step()  # the swap happens at the top of a step
+        quality[bits] = compare_logits(eng, texts, ref)
+    q8, q4 = quality[8], quality[4]
+    # measured on this tiny random model: 8 bits KL ~0.011 nats, agreement ~0.91; 4 bits ~0.8, ~0.35
+    assert 0 < q8["kl_divergence"] < 0.05 and q8["greedy_agreement"] > 0.8
+    assert 10 * q8["kl_divergence"] < q4["kl_divergence"] < 3.0
+    assert 0.1 < q4["greedy_agreement"] < q8["greedy_agreement"]  # far above chance (1 / 384), below 8 bits
 
 
 def test_tied_embeddings_and_head_share_one_int8_table(tiny_tied):

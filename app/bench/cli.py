@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -64,6 +65,17 @@ def add_bench_args(p, engine_args) -> None:
 
 
 def run_bench(args) -> int:
+    """Run one benchmark; a model that cannot load or a workload it cannot take is one error line (exit 2)."""
+    from engine.loading.errors import ModelLoadError
+
+    try:
+        return _run_bench(args)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"inferlab: error: bench {args.bench}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_bench(args) -> int:
     if args.bench == "gui" and args.threads is None:
         from app.gui import engine_threads
 

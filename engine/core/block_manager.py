@@ -203,6 +203,14 @@ class BlockManager:
                 if self._block_hash[b] is None:
                     self._free.move_to_end(b, last=False)
 
+    def uncache(self, request_id: str) -> None:
+        """Take the blocks only this request holds out of the prefix cache (before freeing a request that
+        failed: what it wrote may be wrong, e.g. NaN, and must not be served to another prompt). Blocks
+        shared with others came from the cache, written by someone else, and stay."""
+        for b in self._tables.get(request_id, ()):
+            if self._ref_count[b] == 1:
+                self._evict(b)
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child shares every block of the parent; a later write to a shared block copies it."""
         table = self._tables[parent_id]

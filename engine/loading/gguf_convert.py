@@ -41,7 +41,7 @@ def convert_gguf(gguf_path: Path, out_root: Path, report: Progress) -> Path:
     # Build in a temp folder beside the final one and rename: readers never see half a conversion.
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=out_root))
     try:
-        _write_converted(gguf_path, tmp, digest, report)
+        _read_gguf(gguf_path, tmp, digest, report)
         for path in (tmp, *tmp.iterdir()):  # mkdtemp and safetensors create owner-only files
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
         if not _is_current_conversion(final):  # else another process finished first: keep theirs
@@ -54,6 +54,18 @@ def convert_gguf(gguf_path: Path, out_root: Path, report: Progress) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     report("conversion done", 1.0)
     return final
+
+
+def _read_gguf(gguf_path: Path, out: Path, digest: str, report: Progress) -> None:
+    """_write_converted, with what a truncated or corrupt file raises from deep inside the reader
+    (ValueError, IndexError from numpy views of missing bytes) turned into one line naming the file."""
+    try:
+        _write_converted(gguf_path, out, digest, report)
+    except (ModelLoadError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001 (the gguf reader has no error type of its own)
+        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({type(e).__name__}: {e}); "
+                             "truncated or corrupt? Download it again") from e
 
 
 def _is_current_conversion(folder: Path) -> bool:

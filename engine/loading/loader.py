@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from engine.loading.errors import ModelLoadError, Progress, read_json
 from engine.loading.gguf_convert import convert_gguf
 from engine.loading.origin import weights_origin
+from engine.loading.shapes import check_shapes, expected_shapes
 from engine.loading.tokenizer import Tokenizer
 from engine.models.model_config import ModelConfig
 
@@ -106,17 +107,28 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-    hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{config_file}: not a valid JSON file ({e})") from e
     try:
         config = ModelConfig.from_hf(hf_config)
-    except (ValueError, KeyError) as e:
-        raise ModelLoadError(f"{folder}: {e}") from e
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        why = f"lacks the key {e}" if isinstance(e, KeyError) else str(e)
+        raise ModelLoadError(f"{config_file}: {why}") from e
 
     files = _weight_files(folder)
     state_dict: dict[str, torch.Tensor] = {}
+    shapes = expected_shapes(config)
     for i, file in enumerate(files):
         report(f"reading {file.name}", 0.9 * i / len(files))
-        state_dict.update(load_file(str(file)))
+        try:
+            tensors = load_file(str(file))
+        except Exception as e:  # safetensors raises its own error type (header, truncation), or OSError
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt? "
+                                 "Download it again") from e
+        check_shapes(tensors, shapes, file)
+        state_dict.update(tensors)
     report("loading tokenizer", 0.95)
     try:
         tokenizer = Tokenizer.from_folder(folder)

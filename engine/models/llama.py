@@ -189,6 +189,9 @@ class LlamaForCausalLM(nn.Module):
                 pname = name
                 if pname not in params:
                     raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
+                if tensor.shape != params[pname].shape:  # copy_ would broadcast some mismatches silently
+                    raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                     f"the model expects {tuple(params[pname].shape)}")
                 params[pname].copy_(tensor)
             loaded.add(pname)
         missing = set(params) - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings else set())
@@ -203,4 +206,8 @@ class LlamaForCausalLM(nn.Module):
             kv = cfg.num_key_value_heads * cfg.head_dim
             sizes = [cfg.num_attention_heads * cfg.head_dim, kv, kv]
         start = sum(sizes[:shard])
+        want = (sizes[shard], *param.shape[1:])
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"checkpoint tensor for {target} part {shard} has shape {tuple(tensor.shape)}, "
+                             f"the model expects {want}")
         param[start : start + sizes[shard]].copy_(tensor)

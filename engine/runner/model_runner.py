@@ -14,7 +14,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
-from engine.models.layers.sampler import SampleResult, sample
+from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
@@ -22,6 +22,7 @@ from engine.runner.attention_backend import select_backend
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
 DECODE_GROUP_RATIO = 2.0
+NONFINITE = "the model produced non-finite logits (NaN or inf) for this request"
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class StepResult:
     # With keep_hidden: order index -> final hidden states of the rows that produce tokens ((1, hidden)
     # for a sampled token, (n, hidden) for a verify run), which multi-token prediction heads read.
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    # order index -> why that request failed this step (non-finite logits); it produced nothing
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -131,6 +134,7 @@ class ModelRunner:
         logprobs: list = [None] * len(order)
         verify_logits: dict[int, torch.Tensor] = {}
         kept: dict[int, torch.Tensor] = {}
+        failed: dict[int, str] = {}
         if rows:
             row_hidden = hidden[rows]
             logits = self.model.compute_logits(row_hidden)
@@ -142,13 +146,33 @@ class ModelRunner:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
+                failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
             for s, first, n in verify_spans:
-                verify_logits[where[id(s)]] = logits[first : first + n]
+                if nonfinite_rows(logits[first : first + n]):
+                    failed[where[id(s)]] = NONFINITE
+                else:
+                    verify_logits[where[id(s)]] = logits[first : first + n]
+            for i in failed:  # stale NaN K/V must not reach another request through a padded gather
+                self.clear_written_slots(order[i], bm)
             if self.keep_hidden:
                 kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
                 kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act, verify_logits, kept)
+        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed)
+
+    def clear_written_slots(self, s: ScheduledRequest, bm: BlockManager) -> None:
+        """Zero the K/V slots this step wrote for a request that failed (its own fresh positions,
+        never a shared prefix block): they may hold NaN, and a padded decode gather of another request
+        reads whole blocks, where 0 attention weight times NaN would still be NaN."""
+        req, bs = s.request, self.block_size
+        table = bm.block_table(req.request_id)
+        start = req.num_computed_tokens
+        slots = [table[p // bs] * bs + p % bs for p in range(start, start + s.num_tokens) if p // bs < len(table)]
+        if slots:
+            index = torch.tensor(slots, device=self.device)
+            for k, v in self.kv_caches:
+                k.index_fill_(1, index, 0.0)
+                v.index_fill_(1, index, 0.0)
 
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""

@@ -34,7 +34,7 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, 
     KV on every path: the device's free memory already shows it, a whole-memory budget subtracts the
     smaller weights, and the CPU's KV budget (sized for 16-bit weights) gets it added."""
     if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
+        return check_fits(config.num_kv_blocks, block_bytes, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the 16-bit weights that quantization replaced
         free, total = torch.cuda.mem_get_info(device)
@@ -48,7 +48,33 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, 
     blocks = budget // block_bytes
     if blocks < 1:
         raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes")
-    return int(blocks)
+    return check_fits(int(blocks), block_bytes, device)
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can take now on `device` (Linux MemAvailable on the CPU), or None when
+    the platform does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(blocks: int, block_bytes: int, device: torch.device) -> int:
+    """`blocks`, or a ValueError when their KV cache cannot fit the memory available: fail at once
+    with the sizes rather than later (on Linux, torch.zeros of a huge size can even succeed lazily and
+    end in the OOM killer once the pages are touched)."""
+    need, available = blocks * block_bytes, available_memory_bytes(device)
+    if available is not None and need > available:
+        raise ValueError(f"a KV cache of {blocks} blocks needs {need / 2**30:.1f} GiB but only "
+                         f"{available / 2**30:.1f} GiB of {device.type} memory is available; use fewer KV blocks")
+    return blocks
 
 
 def kv_blocks_after_requant(config: EngineConfig, base_blocks: int, base_weights: int, weights_now: int,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.events import TokenSource
-from engine.models.layers.sampler import apply_top_k_top_p
+from engine.models.layers.sampler import apply_top_k_top_p, scale_by_temperature
 from engine.sampling_params import SamplingParams
 
 
@@ -32,7 +32,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(n, vocab) float32 logits -> the distribution the target samples from at each position."""
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    logits = scale_by_temperature(logits, torch.full((logits.shape[0],), params.temperature, device=logits.device))
     if params.top_k or params.top_p < 1.0:
         n = logits.shape[0]
         logits = apply_top_k_top_p(logits, torch.full((n,), params.top_k, device=logits.device),

@@ -1,7 +1,15 @@
-"""Turning logits into tokens: greedy, temperature, top-k, top-p, per-request RNG, logprobs."""
+"""Turning logits into tokens: greedy, temperature, top-k, top-p, per-request RNG, logprobs.
+
+Numerically safe for every SamplingParams that validates: temperature divides logits that were first
+shifted so each row's maximum is 0 (so a tiny temperature sends the rest to -inf instead of overflowing
+to inf - inf = NaN, and a huge one flattens them towards 0), the top-ranked token always survives top-k
+and top-p, and top_k is clamped to the vocabulary. A row whose logits are not finite (NaN or inf from
+the model) is never sampled: it is reported in `failed`, so its request fails alone instead of
+emitting a silent token (argmax over NaN is token 0) or making torch.multinomial raise for the batch.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,9 +18,23 @@ from engine.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class SampleResult:
-    token_ids: list[int]
+    token_ids: list[int | None]  # None for a failed row
     # Per row, when logprobs were asked for: (logprob of the sampled token, [(id, logprob), ...] top-n)
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    failed: list[int] = field(default_factory=list)  # rows whose logits were not finite
+
+
+def nonfinite_rows(logits: torch.Tensor) -> list[int]:
+    """Indices of the rows of logits (n, vocab) that hold a NaN or an infinity."""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    return bad.nonzero().flatten().tolist() if bool(bad.any()) else []
+
+
+def scale_by_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """(logits - row max) / temperature for logits (n, vocab) and temperature (n,) > 0: every value is
+    <= 0 and each row's top one exactly 0, whatever the temperature's magnitude."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return shifted / temperature.unsqueeze(1)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -20,12 +42,13 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-    k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab).unsqueeze(1)
     drop = ranks >= k
     probs = sorted_logits.masked_fill(drop, -torch.inf).softmax(dim=-1)
     # Keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it already does.
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= top_p.unsqueeze(1)
+    drop[:, 0] = False  # the most likely token always survives (a row is never all -inf)
     sorted_logits = sorted_logits.masked_fill(drop, -torch.inf)
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
 
@@ -34,27 +57,33 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step."""
     n = logits.shape[0]
-    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+    failed = nonfinite_rows(logits)
+    if failed:  # stand-in zeros keep the batched ops finite; those rows' tokens are dropped below
+        logits = logits.clone()
+        logits[failed] = 0.0
     chosen = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
-        rows = [i for i, p in enumerate(params) if not p.greedy]
-        sub = logits[rows] / torch.tensor([params[i].temperature for i in rows], device=logits.device).unsqueeze(1)
+    rows = [i for i, p in enumerate(params) if not p.greedy and i not in failed]
+    if rows:
+        dev = logits.device
+        sub = scale_by_temperature(logits[rows], torch.tensor([params[i].temperature for i in rows], device=dev))
         if any(params[i].top_k or params[i].top_p < 1.0 for i in rows):
-            top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
-            top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
+            top_k = torch.tensor([params[i].top_k for i in rows], device=dev)
+            top_p = torch.tensor([params[i].top_p for i in rows], device=dev)
             sub = apply_top_k_top_p(sub, top_k, top_p)
         probs = sub.softmax(dim=-1)
         for j, i in enumerate(rows):
             chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i]).item()
-    token_ids = chosen.tolist()
+    token_ids: list[int | None] = chosen.tolist()
+    for i in failed:
+        token_ids[i] = None
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * n
-    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    want = [i for i, p in enumerate(params) if p.logprobs is not None and i not in failed]
     if want:
         lp = logits[want].log_softmax(dim=-1)
-        top_n = max(params[i].logprobs for i in want)
-        top_vals, top_ids = lp.topk(max(top_n, 1), dim=-1)
+        top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
+        top_vals, top_ids = lp.topk(top_n, dim=-1)
         for j, i in enumerate(want):
             k = params[i].logprobs
             alts = list(zip(top_ids[j, :k].tolist(), top_vals[j, :k].tolist()))
             logprobs[i] = (lp[j, token_ids[i]].item(), alts)
-    return SampleResult(token_ids, logprobs)
+    return SampleResult(token_ids, logprobs, failed)

@@ -1,0 +1,48 @@
+"""RoPE scaling (issue 12, point 9: untested before): Llama 3's frequency-dependent scaling and linear
+scaling give the logits Hugging Face transformers gives on the same weights and config (and differ from
+the unscaled model, so the scaling really applies), and a GGUF's rope metadata (freq_base, a linear
+scaling type and factor) reaches the converted config and the same logits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine
+from tests.conftest import build_tiny_model
+from tests.test_loader import write_llama_gguf
+from tests.test_model_equivalence import PROMPT, hf_logits
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+
+
+def score(folder) -> torch.Tensor:
+    return LLMEngine(EngineConfig(model=str(folder), dtype="float32", num_kv_blocks=64)).score(PROMPT)
+
+
+@pytest.fixture(scope="module")
+def unscaled(tiny_llama):
+    return score(tiny_llama)
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+def test_rope_scaling_equals_transformers(tmp_path, unscaled, scaling):
+    folder = build_tiny_model(tmp_path / "scaled", "llama", rope_scaling=dict(scaling), rope_theta=10000.0)
+    saved = json.loads((folder / "config.json").read_text())
+    assert (saved.get("rope_parameters") or saved.get("rope_scaling"))["rope_type"] == scaling["rope_type"]
+    ours = score(folder)
+    torch.testing.assert_close(ours, hf_logits(folder, PROMPT), atol=1e-4, rtol=1e-4)
+    assert (ours - unscaled).abs().max() > 1e-2  # the same weights without scaling: other logits
+
+
+def test_gguf_rope_metadata_reaches_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERLAB_CACHE_DIR", str(tmp_path / "cache"))
+    folder = build_tiny_model(tmp_path / "hf", "llama", rope_scaling=dict(LINEAR), rope_theta=50000.0)
+    gguf_path = write_llama_gguf(folder, tmp_path / "scaled.gguf", linear_rope_factor=LINEAR["factor"])
+    eng = LLMEngine(EngineConfig(model=str(gguf_path), dtype="float32", num_kv_blocks=64))
+    assert eng.model_config.rope_theta == 50000.0
+    assert eng.model_config.rope_scaling["rope_type"] == "linear" and eng.model_config.rope_scaling["factor"] == 4.0
+    torch.testing.assert_close(eng.score(PROMPT), hf_logits(folder, PROMPT), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,56 @@
+"""Settings kept between runs (issue 12, point 9: untested before): the theme, the GPU-hour price, the
+panels' layout and the last preset survive closing the window and opening a new one on the same
+settings file; a window with persist=False leaves the file as it was."""
+from __future__ import annotations
+
+from app_helpers import run_for
+from PySide6.QtCore import QSettings
+
+from app.engine_host import EngineHost
+from app.gui import _last_preset
+from app.main_window import MainWindow
+from app.presets import PRESETS_DIR, available
+from engine.config import EngineConfig
+
+
+def window_on(settings_file, tiny_llama, persist: bool = True) -> MainWindow:
+    settings = QSettings(str(settings_file), QSettings.Format.IniFormat)
+    host = EngineHost(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, num_threads=1))  # never started
+    window = MainWindow(host, settings, persist=persist)
+    window.controller.interactive = False
+    window.show()
+    return window
+
+
+def test_settings_survive_a_restart(qapp, tiny_llama, tmp_path):
+    ini = tmp_path / "settings.ini"
+    preset = available(PRESETS_DIR)[0]
+    first = window_on(ini, tiny_llama)
+    first.set_theme("light")
+    first.panels["tradeoff"].set_price_per_hour(3.75)
+    assert first.controller.apply_preset(preset)
+    assert first.docks["latency"].isVisible()
+    first.docks["latency"].setVisible(False)  # the layout: a closed panel stays closed
+    run_for(qapp, 0.05)
+    first.close()
+    run_for(qapp, 0.05)
+
+    second = window_on(ini, tiny_llama)
+    try:
+        assert second.theme == "light"
+        assert second.panels["tradeoff"].price_per_hour() == 3.75
+        assert _last_preset(second.settings) == str(PRESETS_DIR / f"{preset}.toml")
+        assert not second.docks["latency"].isVisible() and second.docks["timeline"].isVisible()
+    finally:
+        second.close()
+        run_for(qapp, 0.05)
+
+
+def test_a_window_that_does_not_persist_leaves_the_file_alone(qapp, tiny_llama, tmp_path):
+    ini = tmp_path / "settings.ini"
+    QSettings(str(ini), QSettings.Format.IniFormat).setValue("theme", "dark")
+    window = window_on(ini, tiny_llama, persist=False)
+    window.set_theme("light")
+    window.close()
+    run_for(qapp, 0.05)
+    assert QSettings(str(ini), QSettings.Format.IniFormat).value("theme") == "dark"
