@@ -4,8 +4,9 @@ Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the mod
 GET /metrics (Prometheus text), GET /health. With `api_key`, every /v1 route wants
 `Authorization: Bearer <api_key>` (401 otherwise); /metrics and /health stay open, as in vLLM.
 
-This is a single-model server: the request's `model` field is accepted whatever it says and the
-served name is echoed back.
+One base model: a request's `model` field that names a LoRA adapter the engine holds (`inferlab serve
+--lora NAME=PATH`) runs with it, and is echoed back; anything else runs the base model under the served
+name. /v1/models lists the base model and each adapter (`parent`: the base).
 """
 from __future__ import annotations
 
@@ -36,14 +37,20 @@ class ServerState:
     metrics: ServingMetrics
     created: int
 
+    def adapter(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` field names, or None (the base model)."""
+        if not model or model == self.model_name:
+            return None
+        return model if any(a.name == model for a in self.engine.engine.list_loras()) else None
+
     def submit(self, prompts: list, params, meta: formats.ResponseMeta, priority: int,
-               param: str) -> list[RequestStream]:
+               param: str, lora_name: str | None = None) -> list[RequestStream]:
         """Queue one engine request per choice; all or none (a refusal closes those already queued)."""
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(self.engine.add_request(prompt, params, request_id=f"{meta.id}-{i}",
-                                                       priority=priority))
+                                                       priority=priority, lora_name=lora_name))
         except RequestRejected as exc:
             close_all(streams)
             raise rejected(exc) from None
@@ -83,13 +90,16 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     async def models() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "inferlab",
                 "max_model_len": async_engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        adapters = [{**card, "id": a.name, "parent": state.model_name, "root": a.path}
+                    for a in async_engine.engine.list_loras()]
+        return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         body.refuse_unsupported()
-        meta = formats.ResponseMeta("completion", state.model_name)
-        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt")
+        lora = state.adapter(body.model)
+        meta = formats.ResponseMeta("completion", lora or state.model_name)
+        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt", lora)
         return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
                               body.logprobs is not None)
 
@@ -105,8 +115,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
             raise bad_request(f"the chat template failed: {exc}", "messages") from None
         ids = tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
         params = body.sampling_params(len(ids), async_engine.max_model_len)
-        meta = formats.ResponseMeta("chat", state.model_name)
-        streams = state.submit([ids], params, meta, body.priority, "messages")
+        lora = state.adapter(body.model)
+        meta = formats.ResponseMeta("chat", lora or state.model_name)
+        streams = state.submit([ids], params, meta, body.priority, "messages", lora)
         return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)
 
     async def _respond(request: Request, kind: str, meta, streams, stream: bool, include_usage: bool,
