@@ -27,7 +27,7 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
 from engine.loading.loader import LoadedModel, load_model
-from engine.lora.build import build_pool, reserved_bytes
+from engine.lora.build import build_pool, require_pool, reserved_bytes
 from engine.models.build import build_model
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
@@ -94,7 +94,7 @@ class LLMEngine:
         LoRA adapter included) and RequestRejected (engine.core.admission) when admission control refuses
         it (config.max_queue_len, config.max_predicted_wait_s). `lora_name`: an adapter added with
         add_lora (None: the base model)."""
-        lora_id = self._lora_id(lora_name)
+        lora_id = require_pool(self.lora).resolve(lora_name) if lora_name is not None else 0
         req = self.intake.new_request(prompt, params, request_id, priority)
         req.lora_name, req.lora_id = lora_name, lora_id
         rid = req.request_id
@@ -132,28 +132,16 @@ class LLMEngine:
         """Read and check a PEFT adapter folder (in the caller's thread); requests may name it at once.
         Raises ValueError when the engine has no LoRA pool, the name is taken, or the adapter does not
         fit this base model (engine.lora.adapter.LoraLoadError, one message with every reason)."""
-        self._need_pool()
-        adapter = self.lora.register(name, str(path))
+        adapter = require_pool(self.lora).register(name, str(path))
         self._inbox.put(cmd.AddLora(adapter))
         return next(i for i in self.lora.infos() if i.lora_id == adapter.lora_id)
 
     def remove_lora(self, name: str) -> None:
         """New requests can no longer name it; requests already queued or running finish with it."""
-        self._need_pool()
-        self._inbox.put(cmd.RemoveLora(self.lora.unregister(name), name))
+        self._inbox.put(cmd.RemoveLora(require_pool(self.lora).unregister(name), name))
 
     def list_loras(self) -> tuple[LoraAdapterInfo, ...]:
         return self.lora.infos() if self.lora is not None else ()
-
-    def _need_pool(self) -> None:
-        if self.lora is None:
-            raise ValueError("this engine has no LoRA pool: start it with EngineConfig(max_loras=N)")
-
-    def _lora_id(self, name: str | None) -> int:
-        if name is None:
-            return 0
-        self._need_pool()
-        return self.lora.resolve(name)
 
     def has_unfinished(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished()
@@ -237,10 +225,7 @@ class LLMEngine:
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
-        needed = [s.request.lora_id for s in sched.scheduled if s.request.lora_id]
-        in_use = {r.lora_id for r in self.scheduler.running if r.lora_id}
-        live = {r.lora_id for r in self._requests.values() if r.lora_id}
-        failed = self.lora.prepare(needed, in_use, live)
+        failed = self.lora.prepare_batch(sched.scheduled, self.scheduler.running, self._requests.values())
         for s in [s for s in sched.scheduled if s.request.lora_id in failed]:
             self._close(s.request, RequestStatus.FINISHED_ERROR, outputs, finished, failed[s.request.lora_id])
         sched.scheduled = [s for s in sched.scheduled if s.request.lora_id not in failed]

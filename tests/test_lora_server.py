@@ -8,7 +8,7 @@ import pytest
 from lora_helpers import make_adapter
 from server_helpers import MODEL_NAME, serving
 
-from engine import SamplingParams
+from engine import EngineConfig, LLMEngine, SamplingParams
 
 
 def test_model_field_picks_the_adapter(tiny_llama, tmp_path):
@@ -49,3 +49,39 @@ def test_serve_args_make_the_pool():
     assert (cfg.max_loras, cfg.max_lora_rank) == (2, 8)
     with pytest.raises(ValueError, match="NAME=PATH"):
         lora_args(["just-a-path"])
+
+
+def test_runtime_loading_is_off_by_default(tiny_llama):
+    with serving(tiny_llama, max_loras=1) as (server, _engine, _aeng):
+        reply = httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"})
+        assert reply.status_code == 404
+
+
+def test_runtime_loading_only_inside_lora_dir(tiny_llama, tmp_path):
+    from app.server import ServerThread, create_app
+    from engine.serving.async_engine import AsyncEngine
+
+    allowed = tmp_path / "allowed"
+    inside = make_adapter(tiny_llama, allowed / "style", rank=4)
+    outside = make_adapter(tiny_llama, tmp_path / "outside", rank=4)
+    (allowed / "sneaky").symlink_to(outside)
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, max_loras=1))
+    aeng = AsyncEngine(engine).start()
+    server = ServerThread(create_app(aeng, model_name=MODEL_NAME, lora_dir=str(allowed)), "127.0.0.1", 0).start()
+    try:
+        url = f"{server.url}/v1/load_lora_adapter"
+        for path in ("../outside", str(outside), "sneaky", "/etc"):
+            reply = httpx.post(url, json={"lora_name": "bad", "lora_path": path}, timeout=30)
+            assert reply.status_code == 403, (path, reply.text)
+            assert "--lora-dir" in reply.json()["error"]["message"]
+        assert engine.list_loras() == ()
+        reply = httpx.post(url, json={"lora_name": "style", "lora_path": "style"}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert [a.path for a in engine.list_loras()] == [str(inside.resolve())]
+        reply = httpx.post(url, json={"lora_name": "style", "lora_path": "style"}, timeout=30)
+        assert reply.status_code == 400 and "already loaded" in reply.text
+        reply = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "style"}, timeout=30)
+        assert reply.status_code == 200 and engine.list_loras() == ()
+    finally:
+        server.stop()
+        aeng.shutdown()

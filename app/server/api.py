@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from app.server import formats
 from app.server.errors import APIError, bad_request, install_handlers, rejected
+from app.server.lora_routes import install_lora_routes
 from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from app.server.streams import close_all, collect, stream_sse
 from engine.core.admission import RequestRejected
@@ -65,10 +66,11 @@ class ServerState:
 
 
 def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
-               metrics: ServingMetrics | None = None) -> FastAPI:
+               metrics: ServingMetrics | None = None, lora_dir: str | None = None) -> FastAPI:
     """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (when omitted, one
     subscribes to the AsyncEngine's loop, so it follows a rebuilt engine). The caller owns the
-    AsyncEngine's lifecycle (start/shutdown)."""
+    AsyncEngine's lifecycle (start/shutdown). `lora_dir`: turns on loading LoRA adapters over HTTP, from
+    folders inside it only (app/server/lora_routes.py)."""
     name = model_name or str(async_engine.engine.config.model)
     metrics = metrics or async_engine.loop.subscribe(ServingMetrics(async_engine.engine, name))
     state = ServerState(async_engine, name, metrics, int(time.time()))
@@ -77,6 +79,8 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     install_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if lora_dir is not None:
+        install_lora_routes(app, lambda: async_engine.engine, lora_dir)
 
     @app.get("/health")
     async def health() -> Response:

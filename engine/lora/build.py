@@ -16,6 +16,12 @@ def reserved_bytes(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype) ->
     return pool_bytes(mc, config.max_loras, config.max_lora_rank, dtype) if config.max_loras else 0
 
 
+def require_pool(pool: LoraPool | None) -> LoraPool:
+    if pool is None:
+        raise ValueError("this engine has no LoRA pool: start it with EngineConfig(max_loras=N)")
+    return pool
+
+
 def build_pool(model: nn.Module, mc: ModelConfig, config: EngineConfig, device: torch.device,
                dtype: torch.dtype) -> LoraPool | None:
     if not config.max_loras:

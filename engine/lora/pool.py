@@ -97,6 +97,12 @@ class LoraPool:
         self._events.append(LoraPoolEvent("removed", name))
         self._retired.add(lora_id)
 
+    def prepare_batch(self, scheduled: Iterable, running: Iterable, unfinished: Iterable) -> dict[int, str]:
+        """prepare() for a scheduler output: the adapters of the scheduled requests, with those of the
+        running and of every unfinished request kept."""
+        return self.prepare([s.request.lora_id for s in scheduled if s.request.lora_id],
+                            {r.lora_id for r in running if r.lora_id}, {r.lora_id for r in unfinished if r.lora_id})
+
     def prepare(self, needed: Iterable[int], in_use: set[int], live: set[int]) -> dict[int, str]:
         """Before running a batch: every adapter id in `needed` gets a device slot (`in_use`: the ids
         running requests hold, whose slots must stay; `live`: the ids of every unfinished request, which
