@@ -208,3 +208,23 @@ def test_memory_counts_the_pool_and_the_kv_budget_leaves_it_out(tiny_llama, adap
     pooled.add_lora("all", adapters["all"])
     pooled.step()
     assert pooled.memory().lora_host_bytes == pooled.list_loras()[0].nbytes
+
+
+def test_written_adapter_loads_in_peft_and_merged_equals_unmerged(tiny_llama, tmp_path):
+    """An adapter written by inferlab (no peft) is a PEFT folder peft reads; merged into the weights it
+    gives the tokens the batched update gives."""
+    from engine.lora.adapter import load_adapter
+    from engine.lora.merge import merge_adapter
+    from engine.lora.peft_write import random_adapter, save_peft_adapter
+
+    unmerged = engine(tiny_llama, max_loras=1)
+    weights = random_adapter(unmerged.model_config, 4, ("q_proj", "v_proj", "up_proj", "down_proj"), seed=5, std=0.3)
+    path = save_peft_adapter(tmp_path / "written", weights, rank=4, alpha=8)
+    unmerged.add_lora("w", path)
+    p = SamplingParams(max_tokens=8, temperature=0.0)
+    got = list(unmerged.generate([PROMPTS[1]], p, lora_names=["w"])[0].token_ids)
+    assert got == hf_greedy(tiny_llama, PROMPTS[1], 8, path)
+    merged = engine(tiny_llama, max_loras=0)
+    merge_adapter(merged.model, merged.model_config,
+                  load_adapter(path, "w", 1, merged.model_config, 8, torch.float32))
+    assert list(merged.generate([PROMPTS[1]], p)[0].token_ids) == got
