@@ -55,6 +55,10 @@ def add_bench_args(p, engine_args) -> None:
 
     add_serve_bench_args(sub.add_parser("serve", help="goodput, p99 TTFT/TPOT vs arrival rate; policies; chunking"),
                          engine_args)
+    from app.bench.lora_bench import add_lora_bench_args
+
+    add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
+                        engine_args)
     from app.bench import gui_overhead
 
     gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
@@ -84,6 +88,10 @@ def run_bench(args) -> int:
         from app.bench.serve_bench import run_serve_bench
 
         result.update(run_serve_bench(args))
+    elif args.bench == "lora":
+        from app.bench.lora_bench import run_lora_bench
+
+        result.update(run_lora_bench(args))
     elif args.bench == "gui":
         from app.bench import gui_overhead
 
