@@ -228,3 +228,12 @@ def test_written_adapter_loads_in_peft_and_merged_equals_unmerged(tiny_llama, tm
     merge_adapter(merged.model, merged.model_config,
                   load_adapter(path, "w", 1, merged.model_config, 8, torch.float32))
     assert list(merged.generate([PROMPTS[1]], p)[0].token_ids) == got
+
+
+def test_base_paths_after_an_adapter_batch_see_no_adapter(tiny_llama, adapters):
+    """score() (and calibration, through its own runner) after a step full of adapter rows: pure base."""
+    eng = engine(tiny_llama)
+    eng.add_lora("all", adapters["all"])
+    eng.generate(PROMPTS[:2], SamplingParams(max_tokens=2), lora_names=["all", "all"])
+    plain = engine(tiny_llama, max_loras=0)
+    torch.testing.assert_close(eng.score(PROMPTS[2]), plain.score(PROMPTS[2]))

@@ -125,6 +125,9 @@ class LoraPool:
         """Before a forward pass (the runner calls it): each scheduled request's rows to its adapter's slot."""
         self.modules.bind([(s.request.lora_id, s.num_tokens) for s in order], self._slot_of.__getitem__)
 
+    def unbind(self) -> None:
+        self.modules.rows.segments = []
+
     def take_events(self) -> tuple[LoraPoolEvent, ...]:
         events, self._events = tuple(self._events), []
         return events

@@ -154,9 +154,13 @@ class ModelRunner:
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
         input_ids, positions, md = self._prepare(order, bm)
-        if self.lora is not None:
-            self.lora.bind(order)
-        return self.model(input_ids, positions, self.kv_caches, md)
+        if self.lora is None:
+            return self.model(input_ids, positions, self.kv_caches, md)
+        self.lora.bind(order)
+        try:
+            return self.model(input_ids, positions, self.kv_caches, md)
+        finally:  # another runner over the same model (calibration) must not see this batch's rows
+            self.lora.unbind()
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
         bs = self.block_size
