@@ -64,7 +64,7 @@ class LLMEngine:
         self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
                                       calibrate=lambda: activation_absmax(self, heldout_texts()),
-                                      reserved_bytes=reserved_bytes(config, mc, self.dtype))
+                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype))
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
         blocks = self.weights.kv_target

@@ -11,9 +11,9 @@ from engine.lora.pool import LoraPool
 from engine.models.model_config import ModelConfig
 
 
-def reserved_bytes(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype) -> int:
+def reserved_bytes(config: EngineConfig, mc: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
     """Device bytes the pool's slots will take (the KV budget leaves them out)."""
-    return pool_bytes(mc, config.max_loras, config.max_lora_rank, dtype) if config.max_loras else 0
+    return pool_bytes(mc, config.max_loras, config.max_lora_rank, device, dtype) if config.max_loras else 0
 
 
 def require_pool(pool: LoraPool | None) -> LoraPool:

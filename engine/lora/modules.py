@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.lora.adapter import TARGETS, LoraAdapter, target_shapes
-from engine.lora.layer import LoraLinear, LoraRows
+from engine.lora.layer import LoraLinear, LoraRows, lora_dtype
 from engine.models.model_config import ModelConfig
 
 # our module under a decoder layer -> its PEFT parts in output order (see TARGETS)
@@ -17,9 +17,9 @@ _MODULE_PARTS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "self_att
                  "mlp.gate_up_proj": ("gate_proj", "up_proj"), "mlp.down_proj": ("down_proj",)}
 
 
-def pool_bytes(mc: ModelConfig, max_loras: int, max_rank: int, dtype: torch.dtype) -> int:
+def pool_bytes(mc: ModelConfig, max_loras: int, max_rank: int, device: torch.device, dtype: torch.dtype) -> int:
     """Device bytes of the preallocated slots: max_loras x max_rank x (in + out) per target and layer."""
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = torch.empty((), dtype=lora_dtype(device, dtype)).element_size()
     per_layer = sum(fan_in + fan_out for fan_in, fan_out in target_shapes(mc).values())
     return max_loras * max_rank * per_layer * mc.num_hidden_layers * elem
 
