@@ -40,9 +40,10 @@ class ServerState:
 
     def adapter(self, model: str | None) -> str | None:
         """The LoRA adapter a request's `model` field names, or None (the base model)."""
-        if not model or model == self.model_name:
+        engine = self.engine.engine  # None while the app loads its engine (submit then answers 503)
+        if not model or model == self.model_name or engine is None:
             return None
-        return model if any(a.name == model for a in self.engine.engine.list_loras()) else None
+        return model if any(a.name == model for a in engine.list_loras()) else None
 
     def submit(self, prompts: list, params, meta: formats.ResponseMeta, priority: int,
                param: str, lora_name: str | None = None) -> list[RequestStream]:
