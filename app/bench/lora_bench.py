@@ -93,7 +93,9 @@ def run_lora_bench(args) -> dict:
         for rank in args.ranks:
             paths = [save_peft_adapter(Path(tmp) / f"r{rank}-{i}", random_adapter(mc, rank, tuple(TARGETS), seed=i),
                                        rank, 2.0 * rank) for i in range(max_adapters)]
-            pooled = _engine(args, max_loras=args.max_loras, max_lora_rank=rank, max_cpu_loras=args.max_cpu_loras)
+            # the same KV blocks as the plain engine (the pool's bytes would otherwise come off its budget)
+            pooled = _engine(args, max_loras=args.max_loras, max_lora_rank=rank, max_cpu_loras=args.max_cpu_loras,
+                             num_kv_blocks=plain.block_manager.num_blocks)
             for i, path in enumerate(paths):
                 pooled.add_lora(f"a{i}", str(path))
             cases = {"base_no_lora_support": (plain, [None] * n), "base_with_pool": (pooled, [None] * n)}

@@ -48,7 +48,9 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, 
         budget = config.kv_cache_memory_bytes + weights_saved
     blocks = (budget - reserved_bytes) // block_bytes
     if blocks < 1:
-        raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes")
+        pool = f" after the LoRA pool's {reserved_bytes} bytes (fewer max_loras or a lower max_lora_rank)" \
+            if reserved_bytes else ""
+        raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes{pool}")
     return int(blocks)
 
 
