@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_prepare_args(prepare, _engine_args)
 
+    train_lora = sub.add_parser("train-lora", help="train a small LoRA adapter (a style rewrite) on the CPU")
+    from app.train_lora import add_train_lora_args
+
+    add_train_lora_args(train_lora, _engine_args)
+
     bench = sub.add_parser("bench", help="benchmarks; results as JSON")
     from app.bench.cli import add_bench_args
 
@@ -104,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.compare.prepare import run_prepare
 
         return run_prepare(args)
+    if args.command == "train-lora":
+        from app.train_lora import run_train_lora
+
+        return run_train_lora(args)
     if args.command == "bench":
         from app.bench.cli import run_bench
 

@@ -11,10 +11,13 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.policies import make_policy
 from engine.core.request import Request
+
+if TYPE_CHECKING:
+    from engine.lora.adapter import LoraAdapter
 
 # The knobs reconfigure() may change between steps; the rest need a new engine.
 RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
@@ -58,7 +61,18 @@ class SwapWeights:
     settings: Mapping[str, Any]  # the quant_* config fields that describe the new weights
 
 
-EngineCommand = AddRequest | AbortRequest | Reconfigure | SwapWeights
+@dataclass(frozen=True, slots=True)
+class AddLora:
+    adapter: LoraAdapter  # read and checked by add_lora, in the caller's thread
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLora:
+    lora_id: int
+    name: str
+
+
+EngineCommand = AddRequest | AbortRequest | Reconfigure | SwapWeights | AddLora | RemoveLora
 
 
 class CommandInbox:

@@ -63,7 +63,11 @@ class EngineConfig:
     mtp_tree_widths: tuple[int, ...] = (3, 2, 1, 1, 1, 1, 1, 1)  # candidates per tree level
     mtp_max_tree_tokens: int = 8  # tree rows per step, shared by the requests (at least a chain each);
     # small on the CPU, where each extra row costs compute; a GPU verifies 64 rows as fast as one
+    # Multi-LoRA (engine/lora): adapters in device slots (0: no LoRA support, no wrappers in the model),
+    # the largest rank a slot holds, and adapters kept in host memory beyond the slots (None: max_loras)
     max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     # Admission control (engine/core/admission.py): beyond these add_request raises RequestRejected; None = off
     max_queue_len: int | None = None  # waiting requests (queued + preempted)
@@ -87,5 +91,8 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.quant_group_size not in (32, 64, 128):
             raise ValueError(f"quant_group_size must be 32, 64 or 128, got {self.quant_group_size}")
+        if self.max_loras < 0 or self.max_lora_rank < 1 or (self.max_cpu_loras or 0) < 0:
+            raise ValueError(f"max_loras and max_cpu_loras must be >= 0 and max_lora_rank >= 1, got "
+                             f"{self.max_loras}, {self.max_cpu_loras}, {self.max_lora_rank}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

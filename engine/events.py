@@ -50,6 +50,7 @@ class RequestOutput:
     ttft_s: float | None = None  # arrival to first token (perf_counter), once there is one
     # decode rate so far: (output tokens - 1) / (last token time - first token time); None below 2 tokens
     tokens_per_s: float | None = None
+    lora_name: str | None = None  # the LoRA adapter the request runs with; None = the base model
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class StepStats:
     # counted from the shapes this step ran (engine/perf/step_cost.py), not timed
     flops: int = 0
     bytes_moved: int = 0
+    scheduled_loras: tuple[str | None, ...] = ()  # the adapter of each entry of `scheduled` (None = base)
 
     @property
     def kv_usage(self) -> float:
@@ -99,6 +101,8 @@ class MemorySnapshot:
     source: str  # "nvml" | "torch.cuda" | "budget"
     device: str = "cpu"
     packed_weights_bytes: int = 0  # part of weights_bytes: the oneDNN-packed copies (EngineConfig.pack_weights)
+    lora_device_bytes: int = 0  # the LoRA pool's device slots (preallocated; not part of weights_bytes)
+    lora_host_bytes: int = 0  # LoRA adapters kept in host memory (those in a slot and the host LRU)
 
     @property
     def kv_bytes_total(self) -> int:
@@ -135,6 +139,7 @@ class RequestTimeline:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
+    lora_name: str | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -187,6 +192,41 @@ class TradeoffPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class LoraPoolEvent:
+    """A change in where a LoRA adapter lives (engine/lora/pool.py)."""
+
+    kind: str  # "added" | "removed" | "load" (into a device slot) | "evict" (out of its slot) | "drop" (host -> disk)
+    name: str
+    slot: int | None = None  # the device slot loaded or evicted
+    source: str | None = None  # "load": "host" or "disk"
+    seconds: float = 0.0  # "load": measured time of the copy (and the read from disk)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapterInfo:
+    name: str
+    lora_id: int  # unique per add_lora: a re-added name gets a new id (and never shares its KV blocks)
+    path: str
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]  # PEFT names: q_proj, k_proj, ...
+    nbytes: int
+    residence: str  # "device" | "host" | "disk"
+    slot: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraPoolSnapshot:
+    device_slots: tuple[str | None, ...]  # the adapter in each device slot
+    host: tuple[str, ...]  # adapters in host memory only, least recently used first
+    num_hits: int  # cumulative: adapters a step needed that were already in a slot
+    num_loads: int
+    num_evictions: int
+    device_bytes: int
+    host_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStepEvent:
     """Everything one step published, in one immutable bundle (what the GUI host forwards)."""
 
@@ -195,3 +235,5 @@ class EngineStepEvent:
     finished: tuple[RequestTimeline, ...] = ()  # requests that ended in this step
     spec: SpecDecodeStats | None = None
     arrived: tuple[tuple[str, float, int], ...] = ()  # (request_id, arrival time, prompt tokens) admitted to the queue
+    lora_events: tuple[LoraPoolEvent, ...] = ()  # adapter loads / evictions / adds / removals in this step
+    lora_pool: LoraPoolSnapshot | None = None  # None when the engine has no LoRA pool (max_loras=0)

@@ -25,9 +25,10 @@ from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot, RequestOutput
+from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
+from engine.lora.build import build_pool, require_pool, reserved_bytes
 from engine.models.build import build_model
 from engine.perf.step_counter import StepCounter
 from engine.quant.manager import WeightsManager
@@ -69,7 +70,10 @@ class LLMEngine:
             raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
                                  f"{e}") from e
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
-                                      calibrate=lambda: activation_absmax(self, heldout_texts()))
+                                      calibrate=lambda: activation_absmax(self, heldout_texts()),
+                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype))
+        # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
+        self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
         blocks = self.weights.kv_target
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, blocks * config.block_size)
@@ -77,6 +81,7 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress)
+        self.runner.lora = self.lora
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -92,11 +97,14 @@ class LLMEngine:
 
     # ---- commands (any thread) -----------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, priority: int = 0) -> str:
-        """Validate and queue a request (thread-safe). Raises ValueError for a bad request and
-        RequestRejected (engine.core.admission) when admission control refuses it (config.max_queue_len,
-        config.max_predicted_wait_s)."""
+                    request_id: str | None = None, priority: int = 0, lora_name: str | None = None) -> str:
+        """Validate and queue a request (thread-safe). Raises ValueError for a bad request (an unknown
+        LoRA adapter included) and RequestRejected (engine.core.admission) when admission control refuses
+        it (config.max_queue_len, config.max_predicted_wait_s). `lora_name`: an adapter added with
+        add_lora (None: the base model)."""
+        lora_id = require_pool(self.lora).resolve(lora_name) if lora_name is not None else 0
         req = self.intake.new_request(prompt, params, request_id, priority)
+        req.lora_name, req.lora_id = lora_name, lora_id
         rid = req.request_id
         with self._inbox.lock:
             pending = self._inbox.pending_requests()
@@ -127,6 +135,22 @@ class LLMEngine:
         self._inbox.put(command)
         return report
 
+    # ---- LoRA adapters (any thread) --------------------------------------------------------------
+    def add_lora(self, name: str, path: str) -> LoraAdapterInfo:
+        """Read and check a PEFT adapter folder (in the caller's thread); requests may name it at once.
+        Raises ValueError when the engine has no LoRA pool, the name is taken, or the adapter does not
+        fit this base model (engine.lora.adapter.LoraLoadError, one message with every reason)."""
+        adapter = require_pool(self.lora).register(name, str(path))
+        self._inbox.put(cmd.AddLora(adapter))
+        return next(i for i in self.lora.infos() if i.lora_id == adapter.lora_id)
+
+    def remove_lora(self, name: str) -> None:
+        """New requests can no longer name it; requests already queued or running finish with it."""
+        self._inbox.put(cmd.RemoveLora(require_pool(self.lora).unregister(name), name))
+
+    def list_loras(self) -> tuple[LoraAdapterInfo, ...]:
+        return self.lora.infos() if self.lora is not None else ()
+
     def has_unfinished(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished()
 
@@ -151,6 +175,8 @@ class LLMEngine:
             return []
         for req in sched.preempted:
             req.status = RequestStatus.PREEMPTED
+        if self.lora is not None and not sched.is_empty:
+            self._prepare_loras(sched, outputs, finished)
         if not sched.is_empty:
             self._run(sched, outputs, finished)
         self.counters.steps += 1
@@ -186,6 +212,10 @@ class LLMEngine:
                     self._close(req, RequestStatus.FINISHED_ABORTED, outputs, finished)
             case cmd.Reconfigure(changes=changes):
                 self._reconfigure_now(changes)
+            case cmd.AddLora(adapter=adapter):
+                self.lora.apply_add(adapter)
+            case cmd.RemoveLora(lora_id=lora_id, name=name):
+                self.lora.apply_remove(lora_id, name)
             case cmd.SwapWeights(settings=settings):
                 self.weights.apply_swap(command, self.config)
                 self.config = dataclasses.replace(self.config, **settings)
@@ -201,6 +231,13 @@ class LLMEngine:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
         if "compile" in changes and bool(cfg.compile) != self.model.compiled:
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
+
+    def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
+        """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
+        failed = self.lora.prepare_batch(sched.scheduled, self.scheduler.running, self._requests.values())
+        for s in [s for s in sched.scheduled if s.request.lora_id in failed]:
+            self._close(s.request, RequestStatus.FINISHED_ERROR, outputs, finished, failed[s.request.lora_id])
+        sched.scheduled = [s for s in sched.scheduled if s.request.lora_id not in failed]
 
     def _run(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Run the batch; when the forward pass raises, run each request on its own so that only the
@@ -285,16 +322,20 @@ class LLMEngine:
                            self._cost.count(self.model, self.weights_bytes))
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
-                                spec=self.spec.step_event(step - 1))
+                                spec=self.spec.step_event(step - 1),
+                                lora_events=self.lora.take_events() if self.lora is not None else (),
+                                lora_pool=self.lora.snapshot() if self.lora is not None else None)
         self.admission.observe(event.stats, self.scheduler.waiting)
         for listener in self._listeners:
             listener(event)
 
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run prompts to completion; returns the final RequestOutput of each, in input order."""
-        return generate(self, prompts, params)
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora_names: Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion; returns the final RequestOutput of each, in input order.
+        `lora_names`: one adapter name (or None: the base model) per prompt."""
+        return generate(self, prompts, params, lora_names)
 
     def score(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
@@ -321,8 +362,10 @@ class LLMEngine:
 
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager
+        lora = self.lora
         return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
-                        bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes)
+                        bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
+                        lora.device_bytes if lora else 0, lora.host_bytes if lora else 0)
 
     def block_map(self) -> BlockMapSnapshot:
         return self.block_manager.snapshot()

@@ -48,7 +48,8 @@ class EngineStats:
 
 
 def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             lora_names: Sequence[str | None] | None = None) -> list[RequestOutput]:
     """Run prompts to completion through engine.add_request / engine.step; the final RequestOutput of
     each, in input order."""
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -56,7 +57,11 @@ def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
     plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
     if len(plist) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(plist)} sampling params")
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist)]
+    loras = list(lora_names) if lora_names is not None else [None] * len(prompts)
+    if len(loras) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora_names")
+    ids = [engine.add_request(p, sp, lora_name=lo) if lo is not None else engine.add_request(p, sp)
+           for p, sp, lo in zip(prompts, plist, loras)]
     final: dict[str, RequestOutput] = {}
     pending = set(ids)
     while pending:
@@ -129,4 +134,5 @@ def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Schedule
         num_failed=num_failed,
         scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
         flops=cost[0], bytes_moved=cost[1],
+        scheduled_loras=tuple(s.request.lora_name for s in sched.scheduled),
     )

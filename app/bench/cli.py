@@ -56,6 +56,10 @@ def add_bench_args(p, engine_args) -> None:
 
     add_serve_bench_args(sub.add_parser("serve", help="goodput, p99 TTFT/TPOT vs arrival rate; policies; chunking"),
                          engine_args)
+    from app.bench.lora_bench import add_lora_bench_args
+
+    add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
+                        engine_args)
     from app.bench import gui_overhead, tradeoff_bench
 
     tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
@@ -98,6 +102,10 @@ def _run_bench(args) -> int:
         from app.bench.serve_bench import run_serve_bench
 
         result.update(run_serve_bench(args))
+    elif args.bench == "lora":
+        from app.bench.lora_bench import run_lora_bench
+
+        result.update(run_lora_bench(args))
     elif args.bench == "gui":
         from app.bench import gui_overhead
 

@@ -4,8 +4,9 @@ Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the mod
 GET /metrics (Prometheus text), GET /health. With `api_key`, every /v1 route wants
 `Authorization: Bearer <api_key>` (401 otherwise); /metrics and /health stay open, as in vLLM.
 
-This is a single-model server: the request's `model` field is accepted whatever it says and the
-served name is echoed back.
+One base model: a request's `model` field that names a LoRA adapter the engine holds (`inferlab serve
+--lora NAME=PATH`) runs with it, and is echoed back; anything else runs the base model under the served
+name. /v1/models lists the base model and each adapter (`parent`: the base).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from app.server import formats
 from app.server.errors import APIError, bad_request, install_handlers, rejected
+from app.server.lora_routes import install_lora_routes
 from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from app.server.streams import close_all, collect, stream_sse
 from engine.core.admission import RequestRejected
@@ -36,14 +38,21 @@ class ServerState:
     metrics: ServingMetrics
     created: int
 
+    def adapter(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` field names, or None (the base model)."""
+        engine = self.engine.engine  # None while the app loads its engine (submit then answers 503)
+        if not model or model == self.model_name or engine is None:
+            return None
+        return model if any(a.name == model for a in engine.list_loras()) else None
+
     def submit(self, prompts: list, params, meta: formats.ResponseMeta, priority: int,
-               param: str) -> list[RequestStream]:
+               param: str, lora_name: str | None = None) -> list[RequestStream]:
         """Queue one engine request per choice; all or none (a refusal closes those already queued)."""
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(self.engine.add_request(prompt, params, request_id=f"{meta.id}-{i}",
-                                                       priority=priority))
+                                                       priority=priority, lora_name=lora_name))
         except RequestRejected as exc:
             close_all(streams)
             raise rejected(exc) from None
@@ -58,10 +67,11 @@ class ServerState:
 
 
 def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
-               metrics: ServingMetrics | None = None) -> FastAPI:
+               metrics: ServingMetrics | None = None, lora_dir: str | None = None) -> FastAPI:
     """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (when omitted, one
     subscribes to the AsyncEngine's loop, so it follows a rebuilt engine). The caller owns the
-    AsyncEngine's lifecycle (start/shutdown)."""
+    AsyncEngine's lifecycle (start/shutdown). `lora_dir`: turns on loading LoRA adapters over HTTP, from
+    folders inside it only (app/server/lora_routes.py)."""
     name = model_name or str(async_engine.engine.config.model)
     metrics = metrics or async_engine.loop.subscribe(ServingMetrics(async_engine.engine, name))
     state = ServerState(async_engine, name, metrics, int(time.time()))
@@ -70,6 +80,8 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     install_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if lora_dir is not None:
+        install_lora_routes(app, lambda: async_engine.engine, lora_dir)
 
     @app.get("/health")
     async def health() -> Response:
@@ -83,13 +95,16 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     async def models() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "inferlab",
                 "max_model_len": async_engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        adapters = [{**card, "id": a.name, "parent": state.model_name, "root": a.path}
+                    for a in async_engine.engine.list_loras()]
+        return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         body.refuse_unsupported()
-        meta = formats.ResponseMeta("completion", state.model_name)
-        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt")
+        lora = state.adapter(body.model)
+        meta = formats.ResponseMeta("completion", lora or state.model_name)
+        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt", lora)
         return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
                               body.logprobs is not None)
 
@@ -105,8 +120,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
             raise bad_request(f"the chat template failed: {exc}", "messages") from None
         ids = tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
         params = body.sampling_params(len(ids), async_engine.max_model_len)
-        meta = formats.ResponseMeta("chat", state.model_name)
-        streams = state.submit([ids], params, meta, body.priority, "messages")
+        lora = state.adapter(body.model)
+        meta = formats.ResponseMeta("chat", lora or state.model_name)
+        streams = state.submit([ids], params, meta, body.priority, "messages", lora)
         return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)
 
     async def _respond(request: Request, kind: str, meta, streams, stream: bool, include_usage: bool,

@@ -24,6 +24,14 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
                    help="refuse (429) when the predicted queue wait exceeds this")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a PEFT LoRA adapter as model NAME (repeatable)")
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="adapters in device slots at once (default: the number of --lora, at most 4)")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank a slot holds")
+    p.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host memory beyond the slots")
+    p.add_argument("--lora-dir", default=None, metavar="DIR",
+                   help="allow POST /v1/load_lora_adapter for adapter folders inside DIR (off by default)")
 
 
 def engine_config(args):
@@ -35,7 +43,21 @@ def engine_config(args):
               max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait)
     if args.kv_cache_mib:
         kw["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
+    if args.lora or args.lora_dir:
+        kw.update(max_loras=args.max_loras or min(max(len(args.lora), 1), 4), max_lora_rank=args.max_lora_rank,
+                  max_cpu_loras=args.max_cpu_loras)
     return EngineConfig(**kw)
+
+
+def lora_args(specs: list[str]) -> list[tuple[str, str]]:
+    """--lora NAME=PATH values as (name, path); ValueError for one without '='."""
+    pairs = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora wants NAME=PATH, got {spec!r}")
+        pairs.append((name, path))
+    return pairs
 
 
 def run_serve(args) -> int:
@@ -48,13 +70,16 @@ def run_serve(args) -> int:
     from engine.serving.async_engine import AsyncEngine
 
     try:
+        loras = lora_args(args.lora)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
+        for lora_name, path in loras:
+            engine.add_lora(lora_name, path)
     except (ValueError, ModelLoadError) as exc:
         print(f"inferlab: error: {exc}", file=sys.stderr)
         return 2
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
-    app = create_app(async_engine, model_name=name, api_key=args.api_key)
+    app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)

@@ -21,6 +21,12 @@ from engine.events import BlockInfo, BlockMapSnapshot
 _ROOT_HASH = 0x1F2E3D4C
 
 
+def root_hash(lora_id: int = 0) -> int:
+    """The hash the chain starts from: one per LoRA adapter, so two adapters never share a KV block
+    (the same tokens give different K/V under different adapters)."""
+    return _ROOT_HASH if not lora_id else hash((_ROOT_HASH, "lora", lora_id))
+
+
 def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
     """Chained hash of one full block: it depends on every token that came before."""
     return hash((parent_hash, tuple(token_ids)))
@@ -72,7 +78,7 @@ class BlockManager:
         have = len(self._tables.get(request_id, ()))
         return max(0, -(-num_tokens // self.block_size) - have)
 
-    def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
+    def cached_prefix(self, token_ids: Sequence[int], lora_id: int = 0) -> list[int]:
         """Blocks already holding a prefix of ``token_ids`` (full blocks only; no side effects).
 
         At least one token is always left to compute, because the model needs a fresh pass to
@@ -81,7 +87,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         blocks: list[int] = []
-        parent = _ROOT_HASH
+        parent = root_hash(lora_id)
         max_blocks = (len(token_ids) - 1) // self.block_size
         for i in range(max_blocks):
             h = hash_block_tokens(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -126,12 +132,12 @@ class BlockManager:
         return self.num_blocks
 
     def allocate(self, request_id: str, token_ids: Sequence[int], num_tokens: int,
-                 use_prefix_cache: bool = True) -> int | None:
+                 use_prefix_cache: bool = True, lora_id: int = 0) -> int | None:
         """Start a table for a new (or preempted) request: reuse its cached prefix, then allocate
         fresh blocks so the table covers ``num_tokens``. Returns the number of prefix tokens found in
         the cache, or None when there are not enough free blocks (nothing is changed then)."""
         assert request_id not in self._tables, f"{request_id} already has blocks"
-        cached = self.cached_prefix(token_ids) if use_prefix_cache else []
+        cached = self.cached_prefix(token_ids, lora_id) if use_prefix_cache else []
         num_tokens = max(num_tokens, len(cached) * self.block_size)
         if not self.can_allocate(request_id, num_tokens, cached):
             return None
@@ -139,7 +145,7 @@ class BlockManager:
             self._take(b)
         self._tables[request_id] = list(cached)
         self._num_hashed[request_id] = len(cached)
-        self._last_hash[request_id] = self._block_hash[cached[-1]] if cached else _ROOT_HASH
+        self._last_hash[request_id] = self._block_hash[cached[-1]] if cached else root_hash(lora_id)
         self.num_cache_hit_blocks += len(cached)
         self._grow(request_id, num_tokens)
         return len(cached) * self.block_size

@@ -54,6 +54,7 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
         new_token_pieces=tuple(id_to_piece(t) for t in new_ids) if len(new_ids) > 1 else (),
         ttft_s=None if first is None else first - req.arrival_time,
         tokens_per_s=(n - 1) / (last - first) if first is not None and n >= 2 and last > first else None,
+        lora_name=req.lora_name,
     )
 
 
@@ -69,4 +70,5 @@ def timeline(req: Request) -> RequestTimeline:
         num_preemptions=req.num_preemptions,
         num_cached_tokens=req.num_cached_tokens,
         finish_reason=req.status.finish_reason,
+        lora_name=req.lora_name,
     )

@@ -69,6 +69,8 @@ class Request:
     last_token_time: float | None = None
     finished_time: float | None = None
     error: str | None = None
+    lora_name: str | None = None  # the LoRA adapter this request runs with (None: the base model)
+    lora_id: int = 0  # its id in the adapter pool (0: base); part of the prefix hash of its KV blocks
 
     @property
     def num_prompt_tokens(self) -> int:

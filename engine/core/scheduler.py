@@ -26,12 +26,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # the token budget of one step
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
+    max_loras: int = 0  # distinct LoRA adapters the running batch may hold (the device slots)
 
     @classmethod
     def of(cls, config) -> SchedulerConfig:
         """The scheduling knobs of an EngineConfig."""
         return cls(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                   config.policy)
+                   config.policy, config.max_loras)
 
 
 @dataclass(slots=True)
@@ -126,12 +127,23 @@ class Scheduler:
             self._admit(budget, out)
         return out
 
+    def _admissible(self, adapters: set[int]) -> list[Request] | deque[Request]:
+        """The waiting requests that may join the batch: with the running batch's adapters already at
+        max_loras distinct ones, only requests of those adapters (or of none); the rest wait for a slot."""
+        if len(adapters) < self.config.max_loras or not any(r.lora_id for r in self.waiting):
+            return self.waiting
+        return [r for r in self.waiting if not r.lora_id or r.lora_id in adapters]
+
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
         bm = self.block_manager
+        adapters = {r.lora_id for r in self.running if r.lora_id}
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.policy.pick(self.waiting, time.perf_counter())
+            candidates = self._admissible(adapters)
+            if not candidates:
+                break
+            req = self.policy.pick(candidates, time.perf_counter())
             tokens = req.all_token_ids
-            cached = len(bm.cached_prefix(tokens)) * bm.block_size
+            cached = len(bm.cached_prefix(tokens, req.lora_id)) * bm.block_size
             remaining = req.num_tokens - cached
             if self.config.enable_chunked_prefill:
                 n = min(remaining, budget)
@@ -140,7 +152,7 @@ class Scheduler:
             else:
                 break  # the prompt waits for a step with room: the traffic jam chunking avoids
 
-            num_cached = bm.allocate(req.request_id, tokens, cached + n)
+            num_cached = bm.allocate(req.request_id, tokens, cached + n, lora_id=req.lora_id)
             if num_cached is None:
                 break  # out of blocks: wait for running requests to finish
             self.waiting.remove(req)
@@ -151,6 +163,8 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.perf_counter()
             self.running.append(req)
+            if req.lora_id:
+                adapters.add(req.lora_id)
             out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 else "decode"))
             budget -= n
 

@@ -31,7 +31,7 @@ class WeightsManager:
     outlier channels are picked from; it is called once, the first time they are asked for."""
 
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
-                 calibrate: Callable[[], dict[str, torch.Tensor]]) -> None:
+                 calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0) -> None:
         self.model = model
         self.device = device
         self.block_bytes = block_bytes
@@ -45,7 +45,7 @@ class WeightsManager:
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
         self.weights_bytes = weights_bytes(model)  # with the packed copies
-        blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes, weights_saved)
+        blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes, weights_saved, reserved_bytes)
         self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
         self.kv_target = blocks  # the KV blocks the current weights leave room for
 

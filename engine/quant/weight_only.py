@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.layers.linear import Linear
+from engine.models.layers.linear import Linear, LinearWrapper
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -128,6 +128,8 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
+        if isinstance(mod, LinearWrapper):  # a LoRA wrapper: the projection is its base
+            mod = mod.base
         weight = originals[name]
         bias = mod.bias
         if bits == 16:
@@ -148,7 +150,11 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
 def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
     for name, mod in modules.items():
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, mod)
+        parent = model.get_submodule(parent_name)
+        if isinstance(getattr(parent, child), LinearWrapper):  # a LoRA wrapper stays; its base changes
+            getattr(parent, child).base = mod
+        else:
+            setattr(parent, child, mod)
 
 
 def original_weights(model: nn.Module) -> dict[str, torch.Tensor]:

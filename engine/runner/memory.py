@@ -68,14 +68,17 @@ def process_resident_bytes() -> int:
 
 
 def snapshot(device: torch.device, weights: int, kv_block_bytes: int, blocks_total: int, blocks_used: int,
-             blocks_cached: int, activation_bytes: int, packed_weights: int = 0) -> MemorySnapshot:
+             blocks_cached: int, activation_bytes: int, packed_weights: int = 0, lora_device: int = 0,
+             lora_host: int = 0) -> MemorySnapshot:
     total, free, source = device_memory(device)
     kv_total = kv_block_bytes * blocks_total
     if device.type == "cuda":
         used = total - free
     else:
         used = process_resident_bytes()
-    other = max(0, used - weights - kv_total - activation_bytes)
+    # on the CPU the host copies of LoRA adapters live in the same memory
+    lora = lora_device + (lora_host if device.type != "cuda" else 0)
+    other = max(0, used - weights - kv_total - activation_bytes - lora)
     return MemorySnapshot(
         weights_bytes=weights,
         kv_block_bytes=kv_block_bytes,
@@ -89,4 +92,6 @@ def snapshot(device: torch.device, weights: int, kv_block_bytes: int, blocks_tot
         source=source,
         device=str(device),
         packed_weights_bytes=packed_weights,
+        lora_device_bytes=lora_device,
+        lora_host_bytes=lora_host,
     )

@@ -66,6 +66,7 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
+        self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
         shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
         # One (K, V) pair of flat slot tensors per layer.
@@ -177,7 +178,13 @@ class ModelRunner:
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
         input_ids, positions, md = self._prepare(order, bm)
-        return self.model(input_ids, positions, self.kv_caches, md)
+        if self.lora is None:
+            return self.model(input_ids, positions, self.kv_caches, md)
+        self.lora.bind(order)
+        try:
+            return self.model(input_ids, positions, self.kv_caches, md)
+        finally:  # another runner over the same model (calibration) must not see this batch's rows
+            self.lora.unbind()
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
         bs = self.block_size

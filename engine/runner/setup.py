@@ -29,10 +29,11 @@ def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
-                  weights_saved: int = 0) -> int:
+                  weights_saved: int = 0, reserved_bytes: int = 0) -> int:
     """Blocks the budget buys. `weights_saved` (bytes quantization took off the 16-bit weights) goes to
     KV on every path: the device's free memory already shows it, a whole-memory budget subtracts the
-    smaller weights, and the CPU's KV budget (sized for 16-bit weights) gets it added."""
+    smaller weights, and the CPU's KV budget (sized for 16-bit weights) gets it added. `reserved_bytes`
+    (the LoRA pool's slots, allocated after this) comes off every budget."""
     if config.num_kv_blocks is not None:
         return check_fits(config.num_kv_blocks, block_bytes, device)
     if device.type == "cuda":
@@ -45,9 +46,11 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, 
         budget = config.memory_budget_bytes - weights_bytes
     else:
         budget = config.kv_cache_memory_bytes + weights_saved
-    blocks = budget // block_bytes
+    blocks = (budget - reserved_bytes) // block_bytes
     if blocks < 1:
-        raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes")
+        pool = f" after the LoRA pool's {reserved_bytes} bytes (fewer max_loras or a lower max_lora_rank)" \
+            if reserved_bytes else ""
+        raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes{pool}")
     return check_fits(int(blocks), block_bytes, device)
 
 

@@ -119,7 +119,7 @@ class AsyncEngine(Subscriber):
 
     # --- requests (event-loop thread) ------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params, *, request_id: str | None = None,
-                    priority: int = 0) -> RequestStream:
+                    priority: int = 0, lora_name: str | None = None) -> RequestStream:
         """Queue a request now; iterate the stream for its outputs. Raises what engine.add_request raises
         (ValueError for a bad request, RequestRejected when admission control refuses it)."""
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -129,7 +129,8 @@ class AsyncEngine(Subscriber):
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = stream  # before the engine can produce anything for it
         try:
-            self.loop.add_request(prompt, params, request_id=rid, priority=priority)
+            lora = {"lora_name": lora_name} if lora_name is not None else {}
+            self.loop.add_request(prompt, params, request_id=rid, priority=priority, **lora)
         except BaseException:
             self._unregister(rid)
             raise

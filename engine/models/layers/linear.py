@@ -109,3 +109,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up, with gate and up side by side in the last dimension."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+class LinearWrapper(nn.Module):
+    """A module that adds to what an inner projection (`base`: a Linear or a quantized one) computes,
+    such as a LoRA update (engine/lora/layer.py). A requantization replaces `base` and keeps the wrapper
+    (engine/quant/weight_only.swap_modules)."""
+
+    base: nn.Module
