@@ -93,7 +93,7 @@ def test_quantized_base_with_adapter(tiny_llama, adapters):
 
 
 def test_adapter_for_another_base_is_refused(tiny_llama, tmp_path):
-    from conftest import build_tiny_model
+    from tests.conftest import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other", "llama", hidden_size=96, num_attention_heads=4)
     path = make_adapter(other, tmp_path / "wrong", rank=4)
