@@ -237,3 +237,14 @@ def test_base_paths_after_an_adapter_batch_see_no_adapter(tiny_llama, adapters):
     eng.generate(PROMPTS[:2], SamplingParams(max_tokens=2), lora_names=["all", "all"])
     plain = engine(tiny_llama, max_loras=0)
     torch.testing.assert_close(eng.score(PROMPTS[2]), plain.score(PROMPTS[2]))
+
+
+def test_compiled_engine_with_adapters_gives_the_same_tokens(tiny_llama, adapters):
+    """compile=True: the LoRA update runs eager between the compiled regions (a graph break), same tokens."""
+    p = SamplingParams(max_tokens=6, temperature=0.0)
+    outs = []
+    for compile_ in (False, True):
+        eng = engine(tiny_llama, compile=compile_)
+        eng.add_lora("all", adapters["all"])
+        outs.append([o.token_ids for o in eng.generate(PROMPTS, p, lora_names=["all", None, "all"])])
+    assert outs[0] == outs[1]
