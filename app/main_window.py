@@ -266,6 +266,7 @@ class MainWindow(QMainWindow):
         room should see hides behind another), the first named on the left."""
         if not (self._presenter and self._emphasised):
             return
+        self.restoreState(self.default_state, STATE_VERSION)  # the same start for every preset's arrangement
         # the sliders stay off the projector (keys and the preset's cues turn the knobs; the panels show it)
         shown = [n for n in self._emphasised if n != "controls"] or list(self._emphasised)
         docks = [self.docks[n] for n in shown if n in self.docks]

@@ -23,7 +23,7 @@ _BINS = 30
 # (key, title, scale, unit): titles short enough for a third of a projected panel; the x axis says what
 # the abbreviation measures
 _METRICS = (("ttft", "TTFT", 1e3, "ms"), ("tpot", "TPOT", 1e3, "ms"), ("e2e", "e2e", 1.0, "s"))
-_AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s"}
+_AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s per request"}
 _PCT_STYLE = {50: Qt.PenStyle.SolidLine, 95: Qt.PenStyle.DashLine, 99: Qt.PenStyle.DotLine}
 
 
