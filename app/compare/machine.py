@@ -1,19 +1,15 @@
 """Where a comparison was measured: CPU model or GPU name, threads, torch version."""
 from __future__ import annotations
 
-import platform
 import re
-from pathlib import Path
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    import torch
+
+    from engine.perf.probe import machine_name
+
+    return machine_name(torch.device("cpu"))
 
 
 def machine_info(device: str = "cpu") -> dict:
