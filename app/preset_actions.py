@@ -114,10 +114,16 @@ class PresetActions:
         info = self.host.info
         return info is not None and "spec_method" in info.reconfigurable and self.spec_method in (None, "ngram")
 
+    # The construction-time changes a preset last asked a rebuild for. When the engine that comes back
+    # still differs, that rebuild failed (the loop keeps the previous engine): say so once and carry on
+    # with it, instead of asking again on every on_loaded (the endless rebuild loop of issue 12).
+    _attempted_rebuild: dict | None = None
+
     def _push_preset(self, preset: presets.Preset) -> None:
         wants = {"num_kv_blocks": preset.engine["num_kv_blocks"] or self.start_kv_blocks}
         if not self._spec_live():
             wants.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
+        wants = self._unless_failed_before(preset, wants)
         if any(self.host.info.config.get(k) != v for k, v in wants.items()):
             self._rebuild(wants, knob=False)  # on_loaded pushes the preset again, on the new engine
             return
@@ -131,6 +137,20 @@ class PresetActions:
             self.host.burst(preset.burst)
         self.cues.stop()  # the new preset's cue timeline starts from 0 with its load
         self.set_load_running(preset.autostart)
+
+    def _unless_failed_before(self, preset: presets.Preset, wants: dict) -> dict:
+        """`wants`, or (when a rebuild for exactly these changes just failed) the engine's own values,
+        after telling the user once."""
+        config = self.host.info.config
+        differs = {k: v for k, v in wants.items() if config.get(k) != v}
+        attempted, self._attempted_rebuild = self._attempted_rebuild, (differs or None)
+        if not differs or differs != attempted:
+            return wants
+        self._attempted_rebuild = None
+        self.error(f"preset {preset.name}: rebuilding the engine with "
+                   f"{', '.join(f'{k}={v}' for k, v in differs.items())} failed; keeping the previous engine "
+                   "(the rest of the preset applies to it)", title="Preset not applied in full")
+        return {k: config.get(k) for k in wants}
 
     def step_preset(self, delta: int) -> None:
         names = presets.available(self.presets_dir)

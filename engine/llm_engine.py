@@ -261,34 +261,44 @@ class LLMEngine:
             self._update(result, outputs, finished)
 
     def _update(self, result: StepResult, outputs: Outputs, finished: list[Request]) -> None:
-        bm, piece = self.block_manager, self.tokenizer.id_to_piece
-        for i, (s, token, lp) in enumerate(zip(result.order, result.sampled, result.logprobs)):
+        """Each request's share of the step; one whose own processing raises (its detokenizer, its
+        verification) fails alone, like one whose logits were not finite."""
+        for i, s in enumerate(result.order):
             req = s.request
             if i in result.failed:
                 self._fail(req, result.failed[i], outputs, finished)
                 continue
-            if i in result.verify_logits:
-                v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
-                self.counters.generated += len(v.token_ids)
-                outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
-            else:
-                before = req.num_computed_tokens
-                req.num_computed_tokens += s.num_tokens
-                if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
-                    bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
-                if token is None:
-                    continue
-                if i in result.hidden:  # for the MTP heads: the state that produced this token
-                    req.mtp_hidden = result.hidden[i][0]
-                if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
-                    self.counters.prompt += req.num_prompt_tokens
-                    self.counters.cached += req.num_cached_tokens if req.num_preemptions == 0 else 0
-                text = append_token(req, token, self.eos_token_ids, self.max_model_len)
-                self.counters.generated += 1
-                outputs[req.request_id] = make_output(req, [token], text, [lp] if lp is not None else None, piece)
+            try:
+                self._update_one(i, s, result, outputs)
+            except Exception as exc:  # noqa: BLE001 (this request's own failure: the others go on)
+                self._fail(req, f"{type(exc).__name__}: {exc}", outputs, finished)
+                continue
             if req.is_finished:
                 self._finish(req, req.status)
                 finished.append(req)
+
+    def _update_one(self, i: int, s, result: StepResult, outputs: Outputs) -> None:
+        req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
+        token, lp = result.sampled[i], result.logprobs[i]
+        if i in result.verify_logits:
+            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
+            self.counters.generated += len(v.token_ids)
+            outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
+            return
+        before = req.num_computed_tokens
+        req.num_computed_tokens += s.num_tokens
+        if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
+            bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+        if token is None:
+            return
+        if i in result.hidden:  # for the MTP heads: the state that produced this token
+            req.mtp_hidden = result.hidden[i][0]
+        if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
+            self.counters.prompt += req.num_prompt_tokens
+            self.counters.cached += req.num_cached_tokens if req.num_preemptions == 0 else 0
+        text = append_token(req, token, self.eos_token_ids, self.max_model_len)
+        self.counters.generated += 1
+        outputs[req.request_id] = make_output(req, [token], text, [lp] if lp is not None else None, piece)
 
     def _fail(self, req: Request, reason: str, outputs: Outputs, finished: list[Request]) -> None:
         """One request's own failure (its forward pass raised, its logits were not finite): it

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.presets import PresetError, load_preset
-from engine import EngineConfig, LLMEngine
+from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.runner import setup
 
 GOOD = '[preset]\ntitle = "T"\ncaption = "C"\n[engine]\nmax_num_seqs = 4\n'
@@ -127,3 +127,34 @@ def test_screenshot_that_raises_stops_the_engine_thread_first(qapp, tiny_llama, 
     assert "RuntimeError: grab failed" in capsys.readouterr().err
     thread = hosts[0]._thread
     assert thread is not None and not thread.is_alive()
+
+
+def test_a_preset_whose_engine_cannot_be_built_fails_once_and_keeps_the_engine(qapp, tiny_llama, tmp_path,
+                                                                               monkeypatch):
+    """A preset asks for a KV cache the machine cannot hold: the rebuild fails once with a clear message,
+    the app keeps (and runs) its previous engine, and no rebuild loop follows."""
+    from app_helpers import close_window, open_window, run_for, wait_until
+
+    window = open_window(tiny_llama)
+    ctl, host = window.controller, window.host
+    try:
+        blocks_before = host.info.config["num_kv_blocks"]
+        block_bytes = host.engine.block_bytes
+        monkeypatch.setattr(setup, "available_memory_bytes", lambda device: 1000 * block_bytes)
+        reloads = []
+        real_reload = host.reload
+        monkeypatch.setattr(host, "reload", lambda **changes: reloads.append(changes) or real_reload(**changes))
+        preset = tmp_path / "huge-kv.toml"
+        preset.write_text(GOOD + "num_kv_blocks = 1000000\n[workload]\nautostart = false\n")
+        assert ctl.apply_preset(preset)
+        wait_until(qapp, lambda: ctl.last_error is not None and "num_kv_blocks" in ctl.last_error, 30)
+        run_for(qapp, 1.0)  # long enough for a loop to show itself
+        assert len(reloads) == 1 and reloads[0]["num_kv_blocks"] == 1000000
+        assert "keeping the previous engine" in ctl.last_error
+        assert ctl.engine_ready and host.info.config["num_kv_blocks"] == blocks_before
+        assert host.engine.block_manager.num_blocks == blocks_before
+        finished_before = host.engine.stats().num_finished
+        host.add_request([5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0))
+        wait_until(qapp, lambda: host.engine.stats().num_finished > finished_before, 10)  # it still serves
+    finally:
+        close_window(window)

@@ -159,3 +159,24 @@ def test_a_failed_request_leaves_nothing_in_the_prefix_cache(tiny_llama):
     while eng.has_unfinished():
         eng.step()
     assert eng.block_manager.num_used_blocks == 0
+
+
+def test_a_request_whose_own_processing_raises_fails_alone(tiny_llama, reference, monkeypatch):
+    """Its detokenizer (or stop check, or verification) raising is its own failure, not the step's."""
+    import engine.llm_engine as llm_engine
+
+    real_append = llm_engine.append_token
+
+    def append_token(req, token, *args):
+        if req.prompt_token_ids[0] == POISON and req.num_output_tokens == 2:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+        return real_append(req, token, *args)
+
+    monkeypatch.setattr(llm_engine, "append_token", append_token)
+    eng = make(tiny_llama)
+    outs, events = run(eng, GREEDY)
+    assert outs[1].finish_reason == "error" and "UnicodeDecodeError" in outs[1].error
+    for i in (0, 2, 3):
+        assert outs[i].finish_reason == "length" and outs[i].token_ids == reference[0.0][i].token_ids
+    assert eng.stats().num_failed == 1 and sum(e.stats.num_failed for e in events) == 1
+    assert eng.block_manager.num_used_blocks == 0 and not eng.scheduler.has_unfinished()

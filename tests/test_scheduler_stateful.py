@@ -63,10 +63,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sched.running)
     @rule(data=st.data(), k=st.integers(1, 4))
     def propose_drafts(self, data, k):
-        """Drafts for a request that is decoding: the next step verifies them in one pass."""
+        """Drafts for a request that is decoding: the next step verifies them in one pass. As many as the
+        engine's speculative decoder would propose: the request's remaining tokens and the context (here
+        the whole KV cache) leave room for, less the bonus token."""
         req = data.draw(st.sampled_from(self.sched.running))
-        if req.num_tokens - req.num_computed_tokens == 1:
-            req.spec_token_ids = [30 + i for i in range(k)]
+        room = min(req.sampling_params.max_tokens - req.num_output_tokens, self.capacity - req.num_tokens) - 1
+        if req.num_tokens - req.num_computed_tokens == 1 and room > 0:
+            req.spec_token_ids = [30 + i for i in range(min(k, room))]
 
     @rule(seqs=st.integers(1, 5), budget=st.integers(1, 24), chunked=st.booleans(),
           policy=st.sampled_from(sorted(POLICIES)))

@@ -98,7 +98,9 @@ def test_overload_gives_429_while_accepted_requests_complete(stack, slow_steps):
     t0 = time.perf_counter()
     responses = asyncio.run(_fire(server.url, 10, 24))
     codes = [r.status_code for r in responses]
-    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 3, codes
+    # at least the queue's two are accepted whatever the timing (a third when the engine thread drains one
+    # into the seat before the rest arrive: prompts are tokenized in worker threads, so arrivals spread)
+    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 2, codes
     for r in responses:
         if r.status_code == 429:
             err = r.json()["error"]

@@ -1,8 +1,10 @@
 """create_app(async_engine): the OpenAI-compatible routes, /metrics and /health over one AsyncEngine.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (the model's chat template),
-GET /metrics (Prometheus text), GET /health. With `api_key`, every /v1 route wants
-`Authorization: Bearer <api_key>` (401 otherwise); /metrics and /health stay open, as in vLLM.
+GET /metrics (Prometheus text), GET /health, GET /openapi.json (the schema, for clients and fuzzers).
+With `api_key`, every /v1 route wants `Authorization: Bearer <api_key>` (401 otherwise); /metrics
+stays open as in vLLM unless `metrics_require_key`; /health and /openapi.json stay open. Prompts are
+tokenized (and chat templates rendered) in a worker thread: the event loop never does the heavy work.
 
 One base model: a request's `model` field that names a LoRA adapter the engine holds (`inferlab serve
 --lora NAME=PATH`) runs with it, and is echoed back; anything else runs the base model under the served
@@ -20,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from app.server import formats
 from app.server.errors import APIError, bad_request, install_handlers, rejected
+from app.server.limits import MAX_BODY_BYTES, BodyLimitMiddleware, public_model_name
 from app.server.lora_routes import install_lora_routes
 from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from app.server.streams import close_all, collect, stream_sse
@@ -63,20 +66,36 @@ class ServerState:
             close_all(streams)
             raise APIError(503, str(exc), "server_error", code="engine_unavailable",
                            headers={"Retry-After": "1"}) from None
+        except BaseException:  # anything else: none of this request's prompts is left running
+            close_all(streams)
+            raise
         return streams
+
+    def check_fits_queue(self, num_prompts: int) -> None:
+        """More prompts than the queue can ever hold at once: a 400 (a 429 would invite retrying forever)."""
+        engine = self.engine.engine  # None while the app loads its engine (submit then answers 503)
+        limit = engine.config.max_queue_len if engine is not None else None
+        if limit is not None and num_prompts > limit:
+            raise APIError(400, f"{num_prompts} prompts can never be queued at once: the queue holds at most "
+                                f"max_queue_len={limit} requests; send fewer per request", param="prompt",
+                           code="too_many_prompts")
 
 
 def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
-               metrics: ServingMetrics | None = None, lora_dir: str | None = None) -> FastAPI:
+               metrics: ServingMetrics | None = None, metrics_require_key: bool = False,
+               max_body_bytes: int = MAX_BODY_BYTES, lora_dir: str | None = None) -> FastAPI:
     """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (when omitted, one
     subscribes to the AsyncEngine's loop, so it follows a rebuilt engine). The caller owns the
     AsyncEngine's lifecycle (start/shutdown). `lora_dir`: turns on loading LoRA adapters over HTTP, from
     folders inside it only (app/server/lora_routes.py)."""
-    name = model_name or str(async_engine.engine.config.model)
+    name = public_model_name(model_name or str(async_engine.engine.config.model))  # never a local path
     metrics = metrics or async_engine.loop.subscribe(ServingMetrics(async_engine.engine, name))
     state = ServerState(async_engine, name, metrics, int(time.time()))
-    app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.inferlab = state
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if api_key and metrics_require_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key, paths=("/metrics",))
     install_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
@@ -95,16 +114,19 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     async def models() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "inferlab",
                 "max_model_len": async_engine.max_model_len}
-        adapters = [{**card, "id": a.name, "parent": state.model_name, "root": a.path}
+        adapters = [{**card, "id": a.name, "parent": state.model_name, "root": a.name}
                     for a in async_engine.engine.list_loras()]
         return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         body.refuse_unsupported()
+        prompts, params = body.prompts(), body.sampling_params()
+        state.check_fits_queue(len(prompts))
+        ids = await asyncio.to_thread(_encode_prompts, async_engine.tokenizer, prompts)
         lora = state.adapter(body.model)
         meta = formats.ResponseMeta("completion", lora or state.model_name)
-        streams = state.submit(body.prompts(), body.sampling_params(), meta, body.priority, "prompt", lora)
+        streams = state.submit(ids, params, meta, body.priority, "prompt", lora)
         return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
                               body.logprobs is not None)
 
@@ -114,11 +136,7 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
         tok = async_engine.tokenizer
         if not tok.has_chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        try:
-            text = tok.apply_chat_template(body.chat_messages(), add_generation_prompt=True)
-        except Exception as exc:  # the template itself may raise (e.g. roles it does not allow)
-            raise bad_request(f"the chat template failed: {exc}", "messages") from None
-        ids = tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
+        ids = await asyncio.to_thread(_render_chat, tok, body.chat_messages())
         params = body.sampling_params(len(ids), async_engine.max_model_len)
         lora = state.adapter(body.model)
         meta = formats.ResponseMeta("chat", lora or state.model_name)
@@ -134,6 +152,21 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
         return await _unless_disconnected(request, collect(kind, meta, streams, piece, want_logprobs), streams)
 
     return app
+
+
+def _encode_prompts(tok, prompts: list) -> list[list[int]]:
+    """Token ids of every prompt, encoded as the engine's intake encodes them (a worker thread: a huge
+    prompt must not stall the event loop, /health and every other stream)."""
+    return [(tok.encode(p) if p else []) if isinstance(p, str) else p for p in prompts]
+
+
+def _render_chat(tok, messages: list[dict[str, str]]) -> list[int]:
+    """The chat template, then its token ids (a worker thread: both are heavy for a long conversation)."""
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # the template itself may raise (e.g. roles it does not allow)
+        raise bad_request(f"the chat template failed: {exc}", "messages") from None
+    return tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
 
 
 async def _unless_disconnected(request: Request, work, streams: list[RequestStream]):
@@ -161,12 +194,13 @@ async def _disconnected(request: Request) -> None:
 class APIKeyMiddleware:
     """Pure ASGI (not BaseHTTPMiddleware, which would sit between a stream and its disconnect)."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, paths: tuple[str, ...] = ("/v1",)) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.paths = paths  # path prefixes that want the key
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(self.paths):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):  # constant time: no timing oracle on the key
                 body = APIError(401, "invalid or missing API key (Authorization: Bearer ...)",

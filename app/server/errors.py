@@ -59,3 +59,8 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(exc.status_code, str(exc.detail), type_).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # a bug, not the client's fault: still OpenAI-style JSON (uvicorn logs the traceback)
+        return APIError(500, f"internal error: {type(exc).__name__}", "server_error").response()

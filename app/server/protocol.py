@@ -3,25 +3,45 @@
 Unknown fields are ignored, as the OpenAI API does for fields it does not know; fields inferlab knows
 but cannot honour (n > 1, echo, penalties, logit_bias, tools) are refused with 400 rather than
 silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and `priority` are vLLM-style extensions.
+
+Types are strict (a string is not a number, a boolean is not an integer: what the API documents or a
+400), text must be valid Unicode (no lone surrogates, which JSON's \ud800 escapes can carry), and list
+sizes are capped (MAX_*), each with a 400 that names the field.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from app.server.errors import APIError, bad_request
+from app.server.limits import lone_surrogate_at
 from engine.sampling_params import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+MAX_PROMPTS = 256  # prompts (choices) in one completions request
+MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM more
+MAX_STOP_CHARS = 1024  # per stop string (the detokenizer holds back this much text)
+MAX_STOP_TOKEN_IDS = 256
+MAX_MESSAGES = 1024
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where is not None:  # the message never repeats the text: it cannot be encoded either
+            raise ValueError(f"text at {where} is not valid Unicode (a lone UTF-16 surrogate)")
+        return data
 
     model: str | None = None
     temperature: float | None = None
@@ -43,6 +63,12 @@ class _Common(BaseModel):
     def refuse_unsupported(self) -> None:
         if self.n != 1:
             raise APIError(400, "only n=1 is supported", param="n")
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise APIError(400, f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} "
+                                "characters", param="stop")
+        if len(self.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+            raise APIError(400, f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids", param="stop_token_ids")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported", param=name)
@@ -83,6 +109,8 @@ class CompletionRequest(_Common):
             raise APIError(400, "the prompt is empty", param="prompt")
         if all(isinstance(x, int) for x in p):
             return [list(p)]
+        if len(p) > MAX_PROMPTS:
+            raise APIError(400, f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}", param="prompt")
         if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
             return list(p)
         raise APIError(400, "prompt must be a string, a list of strings, token ids or lists of token ids",
@@ -103,7 +131,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -135,6 +163,8 @@ class ChatCompletionRequest(_Common):
         super().refuse_unsupported()
         if not self.messages:
             raise APIError(400, "messages must not be empty", param="messages")
+        if len(self.messages) > MAX_MESSAGES:
+            raise APIError(400, f"at most {MAX_MESSAGES} messages in one request", param="messages")
         if self.tools:
             raise APIError(400, "tools are not supported", param="tools")
         if self.response_format and self.response_format.get("type", "text") != "text":

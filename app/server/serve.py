@@ -15,6 +15,8 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
     p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $INFERLAB_API_KEY, else none)")
+    p.add_argument("--metrics-require-key", action="store_true",
+                   help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
     p.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one piece")
@@ -69,17 +71,21 @@ def run_serve(args) -> int:
     from engine.loading.loader import ModelLoadError
     from engine.serving.async_engine import AsyncEngine
 
+    if args.metrics_require_key and not args.api_key:
+        print("inferlab: error: --metrics-require-key needs --api-key (or $INFERLAB_API_KEY)", file=sys.stderr)
+        return 2
     try:
         loras = lora_args(args.lora)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
         for lora_name, path in loras:
             engine.add_lora(lora_name, path)
     except (ValueError, ModelLoadError) as exc:
-        print(f"inferlab: error: {exc}", file=sys.stderr)
+        print(f"\ninferlab: error: {exc}", file=sys.stderr)  # a line of its own, after the progress
         return 2
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
-    app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir)
+    app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
+                     metrics_require_key=args.metrics_require_key)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
