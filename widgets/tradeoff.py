@@ -12,8 +12,8 @@ import csv
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QFontMetricsF
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
@@ -26,7 +26,6 @@ DEFAULT_PRICE_PER_HOUR = 2.50
 AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
 NOT_MEASURED = "quality not measured"
 PREDICTED = "predicted"
-LABEL_GAP = (0.10, 0.07)  # labels closer than this (share of the log axis ranges) would overlap
 _GOOD, _MID, _BAD, _NONE = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759"), QColor("#9aa0a6")
 
 
@@ -235,26 +234,40 @@ class TradeoffPanel(Panel):
         return out
 
     def _place_labels(self, pos: dict) -> None:
-        """Greedy: a label is shown only where it overlaps no label already placed (log-axis space)."""
+        """Greedy: a label is shown only where its text, measured on screen, overlaps no label placed
+        before it (frontier points first, then the current configuration, then one per predicted group)."""
         fg = self.palette().color(self.palette().ColorRole.Text)
         logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
-        xs, ys = [v[0] for v in logs.values()] or [0.0], [v[1] for v in logs.values()] or [0.0]
-        span_x, span_y = max(max(xs) - min(xs), 0.5), max(max(ys) - min(ys), 0.5)
-        placed: list[tuple[float, float]] = []
+        xs = [v[0] for v in logs.values()] or [0.0]
+        mid_x = (max(xs) + min(xs)) / 2
+        ys = [v[1] for v in logs.values()] or [0.0]
+        vb = self._plot.getPlotItem().vb
+        # the range the view shows, set now (auto-range would only follow at the next paint), so that a
+        # label's place on screen is known while placing it
+        x_range = (min(xs) - 0.08 * (max(xs) - min(xs) or 1), max(xs) + 0.08 * (max(xs) - min(xs) or 1))
+        y_range = (min(ys) - 0.08 * (max(ys) - min(ys) or 1), max(ys) + 0.25 * (max(ys) - min(ys) or 1))
+        vb.setRange(xRange=x_range, yRange=y_range, padding=0)
+        box = vb.sceneBoundingRect()
+        metrics = QFontMetricsF(self.font())
+        placed: list[QRectF] = []
         shown = set()
         for key, text in self._label_candidates(pos):
             lx, ly = logs[key]
-            if any(abs(lx - px) < LABEL_GAP[0] * span_x * 2 and abs(ly - py) < LABEL_GAP[1] * span_y
-                   for px, py in placed):
+            right = lx > mid_x  # labels on the right half extend to the left of their point
+            at = QPointF(box.left() + (lx - x_range[0]) / (x_range[1] - x_range[0]) * box.width(),
+                         box.bottom() - (ly - y_range[0]) / (y_range[1] - y_range[0]) * box.height())
+            w, h = metrics.horizontalAdvance(text) + 8, metrics.height() + 2
+            rect = QRectF(at.x() - w if right else at.x(), at.y() - 1.1 * h, w, h)
+            if any(rect.intersects(r) for r in placed):
                 continue
-            placed.append((lx, ly))
+            placed.append(rect)
             item = self._labels.get(key)
             if item is None:
                 item = self._labels[key] = pg.TextItem()
                 self._plot.addItem(item)
             item.setText(text)
             item.setColor(fg)
-            item.setAnchor((1.0, 1.1) if lx > (max(xs) + min(xs)) / 2 else (0.0, 1.1))
+            item.setAnchor((1.0, 1.1) if right else (0.0, 1.1))
             item.setPos(lx, ly)  # log mode: text items sit in log10 coordinates
             item.setVisible(True)
             shown.add(key)

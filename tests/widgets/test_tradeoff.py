@@ -99,3 +99,16 @@ def test_clear_and_sweep_button(panel, qtbot):
     assert panel.snapshot_data()["num_points"] == 0 and "Run sweep" in panel.snapshot_data()["empty_text"]
     with qtbot.waitSignal(panel.sigSweep, timeout=1000):
         qtbot.mouseClick(panel._sweep, Qt.MouseButton.LeftButton)
+
+
+def test_labels_never_overlap_when_points_crowd(panel):
+    sweep = _sweep()
+    for i, p in enumerate(sweep["predicted"]):  # predicted points right on top of the measured frontier
+        p["tokens_per_s_user"] = p["tokens_per_s_total"] = 30.0 + 3 * i
+    panel.set_sweep(sweep)
+    panel.flush()
+    rects = [item.mapRectToScene(item.boundingRect()) for item in panel._labels.values() if item.isVisible()]
+    assert len(rects) >= 2
+    for i, a in enumerate(rects):
+        for b in rects[i + 1:]:
+            assert not a.intersects(b)
