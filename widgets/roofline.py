@@ -104,10 +104,20 @@ class RooflinePanel(Panel):
         for kind, dots in self._dots.items():
             # scatters take no log mode: they get log10 coordinates
             self._scatters[kind].setData([math.log10(d[0]) for d in dots], [math.log10(d[1]) for d in dots])
+        if self._roofs is not None:  # the range: the roofs and every dot (a dock shown late kept a stale one)
+            self._set_range()
         lines = [f"<span style='color:{KIND_COLORS.get(k, '#888')}'>●</span> {t}"
                  for k, t in sorted(self._verdicts.items())]
         self._verdict_label.setText("<br>".join(lines) if lines else "verdict: no steps yet")
         self._empty.set_text("" if self._roofs else "Measuring this machine's roofs…")
+
+    def _set_range(self) -> None:
+        lo, hi = INTENSITY_RANGE
+        bw, peaks = self._roofs["bandwidth"], self._roofs["peak_flops"]
+        ys = [lo * bw, max(peaks.values())] + [a for dots in self._dots.values() for _i, a in dots]
+        xs = [lo, hi] + [i for dots in self._dots.values() for i, _a in dots]
+        self._plot.getPlotItem().vb.setRange(xRange=(math.log10(min(xs)), math.log10(max(xs))),
+                                             yRange=(math.log10(min(ys)), math.log10(max(ys))), padding=0.05)
 
     def _paint_roofs(self) -> None:
         if self._roofs is None:
