@@ -89,7 +89,7 @@ def _fit_ticks(axis: pg.AxisItem, on: bool) -> None:
         px = size / (max_val - min_val)
         steps = (2.0, 2.5, 2.0)  # 1 -> 2 -> 5 -> 10 ...
         i = 0
-        while major * px < 1.5 * widest and (max_val - min_val) / (major * steps[i % 3]) >= 1.5:
+        while major * px < 1.5 * widest and (max_val - min_val) / (major * steps[i % 3]) >= 1.0:
             major *= steps[i % 3]
             i += 1
         return [(major, offset)]
