@@ -20,17 +20,12 @@ def add_train_lora_args(p: argparse.ArgumentParser, engine_args) -> None:
 
 
 def run_train_lora(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+    from app.train_mtp import training_engine, training_progress
     from engine.lora.train import train_lora
     from engine.spec.mtp_train import default_prompts
 
-    def progress(message: str, fraction: float | None) -> None:
-        pct = "" if fraction is None else f"{100 * fraction:5.1f}% "
-        print(f"\r{pct}{message:<70}", end="", file=sys.stderr, flush=True)
-
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                                    max_num_seqs=32, max_num_batched_tokens=2048), progress=progress)
+    progress = training_progress
+    engine = training_engine(args)
     try:
         report = train_lora(engine, args.out or f"lora-{args.style}", style=args.style,
                             prompts=default_prompts()[: args.prompts], rank=args.rank, epochs=args.epochs,

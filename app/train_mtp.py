@@ -16,17 +16,27 @@ def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--out", default=None, help="where to save (default: the user cache, where the engine looks)")
 
 
-def run_train_mtp(args: argparse.Namespace) -> int:
+def training_progress(message: str, fraction: float | None) -> None:
+    """One line on stderr, rewritten in place: the training commands' progress."""
+    pct = "" if fraction is None else f"{100 * fraction:5.1f}% "
+    print(f"\r{pct}{message:<70}", end="", file=sys.stderr, flush=True)
+
+
+def training_engine(args: argparse.Namespace):
+    """The engine the training commands (train-mtp, train-lora) have the model write its answers with:
+    a large batch, so the self-written training text comes quickly."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                                  max_num_seqs=32, max_num_batched_tokens=2048), progress=training_progress)
+
+
+def run_train_mtp(args: argparse.Namespace) -> int:
     from engine.spec.mtp_train import default_prompts, train_mtp
 
-    def progress(message: str, fraction: float | None) -> None:
-        pct = "" if fraction is None else f"{100 * fraction:5.1f}% "
-        print(f"\r{pct}{message:<70}", end="", file=sys.stderr, flush=True)
-
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                                    max_num_seqs=32, max_num_batched_tokens=2048), progress=progress)
+    progress = training_progress
+    engine = training_engine(args)
     prompts = default_prompts()[: args.prompts] if args.prompts else None  # None: all of them
     report = train_mtp(engine, num_heads=args.heads, prompts=prompts, max_tokens=args.max_tokens,
                        epochs=args.epochs, out=args.out, progress=progress)
