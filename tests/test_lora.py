@@ -156,6 +156,34 @@ def test_pool_eviction_under_load_loses_nothing(tiny_llama, adapters):
     assert snap.num_loads == kinds.count("load") and snap.num_evictions == kinds.count("evict")
 
 
+def test_request_waiting_for_a_slot_is_not_starved(tiny_llama, adapters):
+    """One device slot, adapter "all" kept busy by a steady stream: a request of "mlp" that arrived
+    before the later "all" requests is admitted once the earlier ones drain, ahead of those later ones."""
+    eng = engine(tiny_llama, max_loras=1, max_num_seqs=8, num_kv_blocks=128)
+    eng.add_lora("all", adapters["all"])
+    eng.add_lora("mlp", adapters["mlp"])
+    p = SamplingParams(max_tokens=4, temperature=0.0)
+    first_token: dict[str, int] = {}
+    step = 0
+    for i in range(2):
+        eng.add_request(PROMPTS[i], p, request_id=f"all-{i}", lora_name="all")
+    eng.step()
+    eng.add_request(PROMPTS[2], p, request_id="mlp", lora_name="mlp")
+    later = 0
+    while eng.has_unfinished() and step < 200:
+        if later < 12:  # the stream to the running adapter never pauses
+            eng.add_request(PROMPTS[later % 3], p, request_id=f"later-{later}", lora_name="all")
+            later += 1
+        for out in eng.step():
+            first_token.setdefault(out.request_id, step)
+        step += 1
+    assert not eng.has_unfinished()
+    assert "mlp" in first_token
+    # every "all" request that arrived after it started after it (they waited for its slot to clear)
+    assert all(first_token[f"later-{i}"] > first_token["mlp"] for i in range(later))
+    assert eng.block_manager.num_used_blocks == 0
+
+
 def test_prefix_cache_never_shares_blocks_between_adapters(tiny_llama, adapters):
     eng = engine(tiny_llama)
     eng.add_lora("all", adapters["all"])

@@ -129,10 +129,18 @@ class Scheduler:
 
     def _admissible(self, adapters: set[int]) -> list[Request] | deque[Request]:
         """The waiting requests that may join the batch: with the running batch's adapters already at
-        max_loras distinct ones, only requests of those adapters (or of none); the rest wait for a slot."""
+        max_loras distinct ones, only requests of those adapters (or of none); the rest wait for a slot.
+        Fairness: a request waiting for a slot holds back the later arrivals of the running adapters, so
+        those drain, a slot frees and it gets in (under steady traffic to the running adapters it would
+        otherwise wait forever); requests of the base model need no slot and still join."""
         if len(adapters) < self.config.max_loras or not any(r.lora_id for r in self.waiting):
             return self.waiting
-        return [r for r in self.waiting if not r.lora_id or r.lora_id in adapters]
+        blocked = [r.arrival_time for r in self.waiting if r.lora_id and r.lora_id not in adapters]
+        if not blocked:
+            return self.waiting
+        first = min(blocked)
+        return [r for r in self.waiting
+                if not r.lora_id or (r.lora_id in adapters and r.arrival_time <= first)]
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
         bm = self.block_manager

@@ -30,4 +30,13 @@ def pirate(text: str) -> str:
     return _WORD.sub(swap, text).rstrip() + " Arr!"
 
 
-STYLES = MappingProxyType({"shout": shout, "pirate": pirate})
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def bullets(text: str) -> str:
+    """Each sentence on a line of its own, as a bullet point."""
+    sentences = [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+    return "\n".join(f"- {s}" for s in sentences)
+
+
+STYLES = MappingProxyType({"shout": shout, "pirate": pirate, "bullets": bullets})
