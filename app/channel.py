@@ -18,6 +18,7 @@ class LoadStream:
     request_id: str
     kind: str  # the arrival's kind ("chat", "long", ...)
     prompt_tail: str | None  # the end of its prompt as text, "[N prompt tokens]" appended
+    lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +89,18 @@ class Perplexity:
     """Measured perplexity on the held-out text, by weight bits."""
 
     by_bits: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapters:
+    """The adapters registered on the engine now: one dict per adapter (name, rank, targets, nbytes, source)."""
+
+    adapters: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SideBySide:
+    """One prompt sent to the base model and every adapter at once: request id -> adapter (None: base)."""
+
+    assignments: Mapping[str, str | None] = field(default_factory=dict)
+    prompt: str = ""

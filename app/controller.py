@@ -31,6 +31,7 @@ PANEL_NEEDS = {  # panel -> ((capability, what it shows), ...): greyed out with 
     "memory": (("memory_breakdown", "the memory breakdown"), ("block_map", "the KV block map")),
     "timeline": (("step_events", "per-step batch and queue events"),),
     "spec": (("speculative", "speculative decoding"),),
+    "lora": (("lora", "multi-LoRA serving"),),
 }
 USER_MAX_TOKENS = 128
 _LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",

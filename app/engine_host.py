@@ -20,10 +20,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
-from app import channel, engine_work
+from app import channel, engine_work, lora_host
 from app import host_commands as cmd
 from app.engine_info import EngineInfo, make_info
 from app.load.generator import LoadConfig, LoadGenerator
@@ -88,6 +89,8 @@ class EngineHost(QObject):
             cmd.Quantize: lambda c: engine_work.quantize(self, c.bits, c.group_size),
             cmd.Reset: lambda c: self._reset(),
             cmd.RunMeasurement: lambda c: c.job(self),
+            cmd.UseLoras: lambda c: lora_host.use_loras(self, c),
+            cmd.AskEveryAdapter: lambda c: lora_host.ask_every_adapter(self, c),
         }.items():
             self.loop.handle(command_type, handler)
 
@@ -164,6 +167,15 @@ class EngineHost(QObject):
     def set_load_config(self, config: LoadConfig) -> None:
         self.loop.post(cmd.SetLoadConfig(config))
 
+    def use_loras(self, mix: tuple[str, ...]) -> None:
+        """Register the adapters of a preset's mix and run the load generator's requests with them."""
+        self.loop.post(cmd.UseLoras(tuple(mix)))
+
+    def ask_every_adapter(self, prompt: str, chat: bool = True) -> None:
+        """One prompt to the base model and every adapter at once (a channel.SideBySide says which is which)."""
+        self._require_loaded()
+        self.loop.post(cmd.AskEveryAdapter(prompt, chat))
+
     def set_arrival_rate(self, rate: float) -> None:
         self.loop.post(cmd.SetArrivalRate(float(rate)))
 
@@ -205,12 +217,15 @@ class EngineHost(QObject):
         """The first engine, or a rebuilt one: a fresh load generator (same settings), new info."""
         try:
             rebuilt = self.loadgen is not None
-            if rebuilt:
-                self.loadgen = LoadGenerator(self.loadgen.config, corpus_ids=self.loadgen.corpus_ids,
-                                             rng_seed=self._load_seed, max_model_len=engine.max_model_len)
+            if rebuilt:  # the adapters are the new engine's to register: the preset asks again (UseLoras)
+                self.loadgen = LoadGenerator(replace(self.loadgen.config, lora_mix=()),
+                                             corpus_ids=self.loadgen.corpus_ids, rng_seed=self._load_seed,
+                                             max_model_len=engine.max_model_len,
+                                             instructions=self.loadgen.instructions)
             else:
                 self.loadgen = LoadGenerator(LoadConfig(), engine.tokenizer, self._load_seed,
-                                             max_model_len=engine.max_model_len)
+                                             max_model_len=engine.max_model_len,
+                                             instructions=lora_host.instruction_prompts(engine))
             self._ours.clear()
             info = make_info(engine, self.name)
         except Exception as exc:  # a bad model must not take the window down
@@ -270,7 +285,8 @@ class EngineHost(QObject):
 
         now = time.perf_counter()
         try:
-            rid = self.engine.add_request(arrival.prompt_token_ids, SamplingParams(**arrival.sampling))
+            rid = self.engine.add_request(arrival.prompt_token_ids, SamplingParams(**arrival.sampling),
+                                          lora_name=arrival.lora_name)
         except ValueError as exc:
             self.publish(channel.Message(f"load generator request refused: {exc}"))
             self.loadgen.on_submitted(None, arrival, now)
@@ -280,7 +296,8 @@ class EngineHost(QObject):
             return False
         self.loadgen.on_submitted(rid, arrival, now)
         self._ours.add(rid)
-        self.publish(channel.LoadStream(rid, arrival.kind, self._prompt_tail(arrival.prompt_token_ids)))
+        self.publish(channel.LoadStream(rid, arrival.kind, self._prompt_tail(arrival.prompt_token_ids),
+                                        arrival.lora_name))
         return True
 
     def _prompt_tail(self, prompt_ids) -> str | None:

@@ -23,6 +23,7 @@ class Capabilities:
     mtp: bool = False  # multi-token prediction heads are trained for this model
     rebuild: bool = False  # construction-time fields (KV size, draft model) change by rebuilding
     serve: bool = False  # the app can serve the OpenAI API on this engine
+    lora: bool = False  # multi-LoRA serving: an adapter pool, requests that name an adapter
     reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
 
     def names(self) -> frozenset[str]:
@@ -68,7 +69,7 @@ def embedded_capabilities(engine) -> Capabilities:
     when its heads have been trained for this model."""
     return Capabilities(step_events=True, memory_breakdown=True, block_map=True, load_generator=True, sweep=True,
                         quantization=True, perplexity=True, speculative=True, mtp=mtp_heads_file(engine) is not None,
-                        rebuild=True, serve=True, reconfigurable=tuple(engine.RECONFIGURABLE))
+                        rebuild=True, serve=True, lora=True, reconfigurable=tuple(engine.RECONFIGURABLE))
 
 
 def make_info(e, source: str) -> EngineInfo:

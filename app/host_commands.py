@@ -39,6 +39,23 @@ class SetLoadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UseLoras:
+    """Register the adapters a preset mixes (found by name, engine/lora/shipped.py) and run the load
+    generator's requests with them: `mix` holds adapter names and "base"."""
+
+    mix: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AskEveryAdapter:
+    """One prompt to the base model and to every registered adapter, in one batch."""
+
+    prompt: str
+    chat: bool = True
+    max_tokens: int = 64
+
+
+@dataclass(frozen=True, slots=True)
 class SetArrivalRate:
     rate: float
 

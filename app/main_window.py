@@ -44,17 +44,19 @@ from widgets import (
     apply_theme,
 )
 from widgets.comparison import ComparisonPanel
+from widgets.lora_panel import LoraPanel
 from widgets.panel_base import Panel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
-STATE_VERSION = 2  # 2: the comparison and roofline docks (older saved layouts lack them)
+STATE_VERSION = 3  # 2: the comparison and roofline docks; 3: the LoRA dock (older saved layouts lack them)
 PRESENTER_FONT_SCALE = 1.4
 PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start with
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
     "quant": "Quantization error", "comparison": "Measured comparison", "roofline": "Roofline",
+    "lora": "LoRA adapters",
 }
 
 
@@ -63,7 +65,7 @@ def make_panels() -> dict[str, QWidget]:
             "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
             "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel(),
-            "roofline": RooflinePanel()}
+            "roofline": RooflinePanel(), "lora": LoraPanel()}
 
 
 class MainWindow(QMainWindow):
@@ -133,6 +135,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(d["latency"], d["spec"])
         self.tabifyDockWidget(d["latency"], d["quant"])
         self.tabifyDockWidget(d["latency"], d["roofline"])
+        self.tabifyDockWidget(d["latency"], d["lora"])
         self.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
         d["latency"].raise_()
         d["tradeoff"].raise_()

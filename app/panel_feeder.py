@@ -20,6 +20,7 @@ from app.roofline_feed import RooflineFeed
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
 from engine.events import BlockMapSnapshot, EngineStepEvent, MemorySnapshot
+from widgets.lora_panel import AdapterRow
 
 TIMELINE_EVERY_S = 0.1  # 10 Hz: the timeline scrolls smoothly enough
 LATENCY_EVERY_S = 0.25  # histograms change only when requests finish
@@ -80,6 +81,8 @@ class PanelFeeder(QObject):
             channel.QuantError: lambda q: self.panels["quant"].set_report(q.bits, dict(q.errors)),
             channel.Quantized: lambda q: self.sigQuantized.emit(q.bits, q.num_kv_blocks),
             channel.Perplexity: self._on_perplexity,
+            channel.LoraAdapters: lambda a: self.panels["lora"].set_adapters([AdapterRow(**r) for r in a.adapters]),
+            channel.SideBySide: lambda s: self.panels["lora"].begin_side_by_side(dict(s.assignments)),
         }
 
     # --- streams ------------------------------------------------------------------------------
@@ -111,7 +114,7 @@ class PanelFeeder(QObject):
         if activate:
             self._followed = request_id
         self.panels["tokens"].add_stream(request_id, f"{request_id} ({item.kind})", item.prompt_tail,
-                                         activate=activate)
+                                         activate=activate, adapter=item.lora_name)
 
     def _drop(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -159,7 +162,12 @@ class PanelFeeder(QObject):
         self.roofline.add(event.stats)
         self._timeline_pending.append(event)
         self._latency_pending.append(event)
+        lora = self.panels["lora"]
+        if event.lora_pool is not None or event.lora_events:
+            lora.add_step(event.stats, event.lora_events, event.lora_pool)
         for out in event.outputs:
+            if lora.wants(out.request_id):
+                lora.append_answer(out.request_id, out.new_text)
             shown = self._streams.get(out.request_id)
             if shown is None:
                 continue
@@ -237,7 +245,7 @@ class PanelFeeder(QObject):
     def clear(self) -> None:
         """Empty every data panel (not the controls, not the tradeoff points: they are history; not the
         quantization error: the weights keep their bits through a reset or a rebuild)."""
-        for name in ("tokens", "memory", "timeline", "latency", "spec"):
+        for name in ("tokens", "memory", "timeline", "latency", "spec", "lora"):
             self.panels[name].reset()
         self._streams.clear()
         self._user.clear()

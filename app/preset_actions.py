@@ -121,6 +121,8 @@ class PresetActions:
 
     def _push_preset(self, preset: presets.Preset) -> None:
         wants = {"num_kv_blocks": preset.engine["num_kv_blocks"] or self.start_kv_blocks}
+        if "lora" in self.capabilities:  # the adapter pool's slots are fixed when the engine is built
+            wants["max_loras"] = preset.engine["max_loras"]
         if not self._spec_live():
             wants.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
         wants = self._unless_failed_before(preset, wants)
@@ -133,6 +135,8 @@ class PresetActions:
         if self.config["quant_bits"] != self.engine_bits:
             self.host.quantize(self.config["quant_bits"], preset.engine["quant_group_size"])
         self.host.set_load_config(replace(preset.load, arrival_rate=self.arrival_rate))
+        if "lora" in self.capabilities and preset.load.lora_mix:
+            self.host.use_loras(preset.load.lora_mix)
         if preset.burst:
             self.host.burst(preset.burst)
         self.cues.stop()  # the new preset's cue timeline starts from 0 with its load

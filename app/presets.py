@@ -6,7 +6,10 @@
                 of features that may not exist yet (quant_bits, num_speculative_tokens, spec_method,
                 compile, max_loras): the app says when one is not available
     [workload]  arrival_rate, burst, prompt_tokens / output_tokens / burst_prompt_tokens /
-                burst_output_tokens = [lo, hi], shared_prefix_tokens, temperature, ignore_eos, autostart
+                burst_output_tokens = [lo, hi], shared_prefix_tokens, temperature, ignore_eos, autostart,
+                lora_mix = [adapter names, "base"] (each request runs with one, drawn uniformly; the
+                adapters are found by name: engine/lora/shipped.py), instructions (prompts are chat
+                instructions instead of windows of text)
     [budget]    ttft_ms, tpot_ms
     [cues]      every_s, and [[cues.at]] tables (at_s, burst, set = {knob = value}, note): the chapter's
                 moment on a timeline (app/cues.py); optional
@@ -37,7 +40,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant", "comparison",
-               "roofline")
+               "roofline", "lora")
 
 
 class PresetError(ValueError):
@@ -93,6 +96,12 @@ def _range(v):
     return (v[0], v[1])
 
 
+def _adapter_names(v):
+    if not isinstance(v, list) or not v or any(not isinstance(n, str) or not re.fullmatch(r"[\w.-]+", n) for n in v):
+        raise ValueError("expected a list of adapter names (letters, digits, '_', '.', '-'; 'base': the base model)")
+    return tuple(v)
+
+
 def _panels(v):
     if not isinstance(v, list) or any(p not in PANEL_NAMES for p in v):
         raise ValueError(f"expected a list of panel names from {', '.join(PANEL_NAMES)}")
@@ -115,7 +124,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable, object]]] = {  # section -> key -> (
         "prompt_tokens": (_range, (32, 256)), "output_tokens": (_range, (16, 128)),
         "burst_prompt_tokens": (_range, (512, 1024)), "burst_output_tokens": (_range, (16, 64)),
         "shared_prefix_tokens": (_int(0, 8192), 0), "temperature": (_number(0.0), 0.8), "ignore_eos": (_bool, False),
-        "autostart": (_bool, True),
+        "autostart": (_bool, True), "lora_mix": (_adapter_names, ()), "instructions": (_bool, False),
     },
     "budget": {"ttft_ms": (_number(0.0, strict=True), 1000.0), "tpot_ms": (_number(0.0, strict=True), 100.0)},
 }
@@ -126,7 +135,8 @@ FEATURES = {
     "quant_group_size": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
     "num_speculative_tokens": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
     "spec_method": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
-    "max_loras": ("lora", "multi-LoRA serving is not built yet; every request uses the base model"),
+    "max_loras": ("lora", "multi-LoRA serving (an adapter pool) is not offered by this engine source; every "
+                          "request uses the base model"),
 }
 RELOAD_KEYS = ("num_kv_blocks",)  # fixed when the engine is built: changing one rebuilds it
 FEATURE_OFF = {"quant_bits": 16, "quant_group_size": None, "num_speculative_tokens": 0, "spec_method": None,
@@ -216,7 +226,7 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
     p, e, w, b = values["preset"], values["engine"], values["workload"], values["budget"]
     load = LoadConfig(**{k: w[k] for k in ("arrival_rate", "prompt_tokens", "output_tokens", "burst_prompt_tokens",
                                             "burst_output_tokens", "shared_prefix_tokens", "temperature",
-                                            "ignore_eos")})
+                                            "ignore_eos", "lora_mix", "instructions")})
     return Preset(name=path.stem, path=str(path), title=p["title"], caption=p["caption"], panels=p["panels"],
                   engine=e, load=load, burst=w["burst"], burst_size=w["burst_size"], autostart=w["autostart"],
                   ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, compare=_compare(path, text, data),

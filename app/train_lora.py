@@ -11,7 +11,8 @@ def add_train_lora_args(p: argparse.ArgumentParser, engine_args) -> None:
 
     engine_args(p)
     p.add_argument("--style", default="shout", choices=sorted(STYLES), help="the rewrite the adapter learns")
-    p.add_argument("--out", default=None, help="the adapter folder to write (default: ./lora-STYLE)")
+    p.add_argument("--out", default=None, help="the adapter folder to write (default: the user cache, where "
+                   "the app finds it by the style's name)")
     p.add_argument("--prompts", type=int, default=64, help="instructions the model answers itself")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--epochs", type=int, default=2)
@@ -22,12 +23,13 @@ def add_train_lora_args(p: argparse.ArgumentParser, engine_args) -> None:
 def run_train_lora(args: argparse.Namespace) -> int:
     from app.train_mtp import training_engine, training_progress
     from engine.lora.train import train_lora
+    from engine.lora.shipped import trained_dir
     from engine.spec.mtp_train import default_prompts
 
     progress = training_progress
     engine = training_engine(args)
     try:
-        report = train_lora(engine, args.out or f"lora-{args.style}", style=args.style,
+        report = train_lora(engine, args.out or trained_dir(engine.model_path) / args.style, style=args.style,
                             prompts=default_prompts()[: args.prompts], rank=args.rank, epochs=args.epochs,
                             lr=args.lr, max_tokens=args.max_tokens, progress=progress)
     except ValueError as exc:

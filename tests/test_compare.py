@@ -155,3 +155,21 @@ def test_bandwidth_metrics_come_from_sizes_and_label_the_ceiling_predicted(loade
     # one copy of the weights plus the KV of both requests' contexts
     assert weights_read < m["bytes_per_decode_step"] < weights_read + 2 * 64 * mem.kv_block_bytes
     assert m["probe_gb_per_s"] > 0 and m["predicted_decode_tokens_per_s"] > 0
+
+
+def test_adapter_mix_registers_adapters_and_counts_pool_traffic(loaded, tiny_llama):
+    """The `adapters` knob: requests name N adapters in turn; with fewer device slots than adapters the
+    pool loads and evicts during the run (counted), and adapters beyond the trained ones are random ones,
+    which the entry says."""
+    spec = parse_compare({
+        "title": "mix", "metrics": ["tokens_per_s", "adapters_in_mix", "adapter_loads", "adapter_evictions", "steps"],
+        "engine": {"max_loras": 1, "max_lora_rank": 8, "max_num_seqs": 4},
+        "workload": {"requests": 6, "prompt_tokens": [8, 12], "output_tokens": [3, 5], "seed": 2},
+        "configs": [{"label": "base", "max_loras": 0}, {"label": "3 adapters", "adapters": 3}]})
+    rows = run_comparison(spec, loaded, _base(tiny_llama))["comparison"]
+    base, mixed = rows[0]["metrics"], rows[1]["metrics"]
+    assert base["adapters_in_mix"] == 0 and "adapter_loads" not in base  # no pool at all
+    assert mixed["adapters_in_mix"] == 3
+    assert mixed["adapter_loads"] >= 2 and mixed["adapter_evictions"] >= 1  # one slot, three adapters
+    assert mixed["steps"] > base["steps"]  # a step admits one adapter's requests only
+    assert "3 of the 3 adapters are random" in rows[1]["note"]

@@ -181,3 +181,17 @@ def test_closed_loop_refusal_and_resizing():
     assert g.due(10.0) == []
     with pytest.raises(ValueError):
         LoadConfig(num_users=-1)
+
+
+def test_lora_mix_and_instruction_prompts():
+    instructions = [[900, 901, 902], [910, 911]]
+    gen = LoadGenerator(LoadConfig(lora_mix=("base", "a", "b"), instructions=True), corpus_ids=list(range(50)),
+                        rng_seed=4, instructions=instructions)
+    arrivals = [gen.make_arrival() for _ in range(60)]
+    assert {a.lora_name for a in arrivals} == {None, "a", "b"}  # "base" runs on the base model
+    assert all(a.prompt_token_ids in instructions for a in arrivals)
+    assert gen.make_arrival("burst").prompt_token_ids[0] < 50  # bursts stay long windows of text
+    plain = LoadGenerator(LoadConfig(), corpus_ids=list(range(50)), rng_seed=4, instructions=instructions)
+    assert all(plain.make_arrival().lora_name is None for _ in range(5))
+    with pytest.raises(ValueError, match="lora_mix"):
+        LoadConfig(lora_mix=("",))

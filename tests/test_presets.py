@@ -29,13 +29,14 @@ def test_one_preset_per_concept_and_all_parse():
 
 def test_unbuilt_features_say_so():
     for name, word in (("quantization", "issue 5"), ("speculative", "issue 4"), ("multi-token", "issue 4"),
-                       ("multi-lora", "LoRA")):
+                       ("multi-lora", "LoRA")):  # capabilities a source may lack
         missing = presets.load_preset(name).unavailable(capabilities=frozenset())
         assert missing and word in " ".join(missing), name
     assert presets.load_preset("speculative").unavailable({"speculative"}) == []
     assert "train-mtp" in " ".join(presets.load_preset("multi-token").unavailable({"speculative"}))
     assert presets.load_preset("multi-token").unavailable({"speculative", "mtp"}) == []
     assert presets.load_preset("kv-cache").unavailable(frozenset()) == []
+    assert presets.load_preset("multi-lora").unavailable({"lora"}) == []
     compilation = presets.load_preset("compilation")  # switched between steps like a scheduling knob
     assert compilation.unavailable(frozenset()) == [] and compilation.scheduling()["compile"] is True
 

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from engine.events import StepStats
 from widgets.hover_tips import HoverTips
-from widgets.theme import FINISH_COLORS, phase_color, request_color
+from widgets.theme import FINISH_COLORS, adapter_color, phase_color, request_color
 
 MERGE_GAP_S = 0.1  # decode steps closer than this draw as one bar
 _LABEL_W = 78
@@ -31,6 +31,7 @@ class _Row:
     preempted_at: float | None = None
     finished: float | None = None
     reason: str | None = None
+    adapter: str | None = None  # the LoRA adapter the request runs with (None: the base model)
 
 
 class GanttView(HoverTips, QWidget):
@@ -40,6 +41,7 @@ class GanttView(HoverTips, QWidget):
         self._max_rows = max_rows
         self._rows: dict[str, _Row] = {}
         self._now = 0.0
+        self._adapters_seen = False  # any row ran with a LoRA adapter: rows carry their adapter's colour
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(80)
 
@@ -54,6 +56,7 @@ class GanttView(HoverTips, QWidget):
     def reset(self) -> None:
         self._rows.clear()
         self._now = 0.0
+        self._adapters_seen = False
         self.update()
 
     def request_arrived(self, request_id: str, t: float) -> None:
@@ -73,8 +76,12 @@ class GanttView(HoverTips, QWidget):
 
     def add_step(self, stats: StepStats) -> None:
         t0, t1 = stats.t_start, stats.t_start + stats.wall_time_s
-        for request_id, _num_tokens, kind in stats.scheduled:
+        loras = stats.scheduled_loras or (None,) * len(stats.scheduled)
+        for (request_id, _num_tokens, kind), adapter in zip(stats.scheduled, loras, strict=False):
             row = self._rows.setdefault(request_id, _Row(request_id, t0))
+            if adapter:
+                row.adapter = adapter
+                self._adapters_seen = True
             last = row.segments[-1] if row.segments else None
             if kind == "prefill" and last is not None and last[2] in ("decode", "verify"):
                 row.preempted_at = last[1] if row.preempted_at is None else row.preempted_at
@@ -104,7 +111,8 @@ class GanttView(HoverTips, QWidget):
         rows = self.visible_rows()
         return {"rows": [r.request_id for r in rows], "now": self._now, "window_s": self._window_s,
                 "segments": {r.request_id: [tuple(s) for s in r.segments] for r in rows},
-                "finished": {r.request_id: r.reason for r in rows if r.finished is not None}}
+                "finished": {r.request_id: r.reason for r in rows if r.finished is not None},
+                "adapters": {r.request_id: r.adapter for r in rows if r.adapter}}
 
     # --- geometry -----------------------------------------------------------------------------
     def _geometry(self, num_rows: int) -> tuple[float, float, float]:
@@ -129,7 +137,8 @@ class GanttView(HoverTips, QWidget):
             first = row.segments[0][0] if row.segments else None
             kind = "queued" if first is None or t < first else "waiting (not scheduled)"
         done = f"\nfinished: {row.reason}" if row.finished is not None else ""
-        return f"{row.request_id}\n{kind} at {t - self._now:+.2f} s{done}"
+        lora = f"\nLoRA adapter: {row.adapter or 'none (base model)'}" if self._adapters_seen else ""
+        return f"{row.request_id}{lora}\n{kind} at {t - self._now:+.2f} s{done}"
 
     # --- painting -----------------------------------------------------------------------------
     def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
@@ -147,9 +156,12 @@ class GanttView(HoverTips, QWidget):
         for i, row in enumerate(rows):
             self._paint_row(p, row, i * row_h, row_h, left, px_per_s)
         p.setClipping(False)
+        if self._adapters_seen:  # multi-LoRA: a stripe in each row's adapter colour (grey: the base model)
+            for i, row in enumerate(rows):
+                p.fillRect(QRectF(max(left - 5, 0), i * row_h + 1, 4, max(row_h - 2, 1)), adapter_color(row.adapter))
         if left:
             for i, row in enumerate(rows):
-                p.setPen(request_color(row.request_id))
+                p.setPen(adapter_color(row.adapter) if self._adapters_seen else request_color(row.request_id))
                 p.drawText(QRectF(2, i * row_h, left - 6, row_h),
                            Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, row.request_id)
         self._paint_axis(p, left, px_per_s)

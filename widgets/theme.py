@@ -124,6 +124,22 @@ def request_color(request_id: str) -> QColor:
     return QColor.fromHsvF(hue, sat, val)
 
 
+ADAPTER_PALETTE = ("#e15759", "#4e79a7", "#f28e2b", "#76b7b2", "#b07aa1", "#edc948", "#59a14f", "#ff9da7",
+                   "#9c755f", "#2ca5d8", "#d4a6c8", "#86bcb6")
+BASE_ADAPTER_COLOR = "#9aa0a6"  # requests on the base model
+_adapter_colors: dict[str, str] = {}
+
+
+def adapter_color(name: str | None) -> QColor:
+    """One colour per LoRA adapter name, the same in every panel: the palette in the order names are
+    first seen (distinct for the first 12), grey for the base model (None)."""
+    if not name:
+        return QColor(BASE_ADAPTER_COLOR)
+    if name not in _adapter_colors:
+        _adapter_colors[name] = ADAPTER_PALETTE[len(_adapter_colors) % len(ADAPTER_PALETTE)]
+    return QColor(_adapter_colors[name])
+
+
 def blend(a: QColor, b: QColor, t: float) -> QColor:
     """Linear mix: t=0 gives a, t=1 gives b."""
     return QColor.fromRgbF(

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from engine.events import RequestOutput, TokenSource
 from widgets.fmt import ms, rate
 from widgets.panel_base import Panel
-from widgets.theme import TOKEN_SOURCE_LABELS, token_alt_background, token_color
+from widgets.theme import TOKEN_SOURCE_LABELS, adapter_color, token_alt_background, token_color
 from widgets.token_view import TokenDecoder, TokenView
 
 DEFAULT_MAX_STREAMS = 24  # older tabs are dropped (finished ones first) beyond this
@@ -38,10 +38,12 @@ class _Stream:
     error: str | None = None
     held_back_chars: int = 0
     status_dirty: bool = True
+    adapter: str | None = None  # the LoRA adapter the request runs with (None: the base model, or no pool)
 
 
 def _status_text(s: _Stream) -> str:
-    parts = [f"TTFT {ms(s.ttft_s)}", rate(s.tokens_per_s, "tok/s"), f"{s.view.num_tokens()} tokens"]
+    parts = [f"LoRA {s.adapter}"] if s.adapter else []
+    parts += [f"TTFT {ms(s.ttft_s)}", rate(s.tokens_per_s, "tok/s"), f"{s.view.num_tokens()} tokens"]
     if s.held_back_chars:
         parts.append(f"{s.held_back_chars} chars held back")
     if s.finished:
@@ -98,8 +100,10 @@ class TokenStreamPanel(Panel):
         for s in self._streams.values():
             s.view.set_decoder(decoder)
 
-    def add_stream(self, request_id: str, title: str, prompt: str | None = None, activate: bool = True) -> None:
-        """activate=False adds the tab without switching to it (background streams)."""
+    def add_stream(self, request_id: str, title: str, prompt: str | None = None, activate: bool = True,
+                   adapter: str | None = None) -> None:
+        """activate=False adds the tab without switching to it (background streams). adapter: the LoRA
+        adapter the request runs with: its name in the tab's title and status, in the adapter's colour."""
         if request_id in self._streams:
             return
         self._evict_if_full()
@@ -114,8 +118,14 @@ class TokenStreamPanel(Panel):
         lay.setContentsMargins(0, 2, 0, 0)
         lay.addWidget(status)
         lay.addWidget(view, 1)
-        self._streams[request_id] = _Stream(title, page, view, status)
+        if adapter:
+            title = f"{title} · {adapter}"
+            status.setStyleSheet(f"QLabel {{ border-left: 6px solid {adapter_color(adapter).name()}; "
+                                 "padding-left: 4px; }")
+        self._streams[request_id] = _Stream(title, page, view, status, adapter=adapter)
         self._tabs.addTab(page, title)
+        if adapter:
+            self._tabs.tabBar().setTabTextColor(self._tabs.indexOf(page), adapter_color(adapter))
         if activate or self._tabs.count() == 1:
             self._tabs.setCurrentWidget(page)
         self._tabs.show()
@@ -172,7 +182,7 @@ class TokenStreamPanel(Panel):
                 "num_tokens": s.view.num_tokens(), "num_segments": len(segs),
                 "sources": counts, "finished": s.finished, "finish_reason": s.finish_reason,
                 "ttft_s": s.ttft_s, "tokens_per_s": s.tokens_per_s, "status": s.status.text(),
-                "held_back_chars": s.held_back_chars,
+                "held_back_chars": s.held_back_chars, "adapter": s.adapter,
             }
         current = next((rid for rid, s in self._streams.items() if s.page is self._tabs.currentWidget()), None)
         return {"streams": streams, "current": current, "num_streams": len(streams)}

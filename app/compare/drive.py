@@ -30,8 +30,10 @@ class Driver:
     """Runs planned requests on `engine`, recording into `rec` through the engine's own listener."""
 
     def __init__(self, engine, rec: RunRecord, cancelled: Callable[[], bool], tag: str,
-                 stop: tuple[str, ...] = ()) -> None:
+                 stop: tuple[str, ...] = (), loras: tuple[str, ...] = ()) -> None:
+        """loras: adapter names the planned requests take in turn (request i: loras[i % len]); (): base."""
         self.engine, self.rec, self.cancelled, self.tag, self.stop = engine, rec, cancelled, tag, stop
+        self.loras = loras
         self.t0 = 0.0
         self.due: dict[str, float] = {}  # request id -> planned arrival (perf_counter)
 
@@ -55,7 +57,9 @@ class Driver:
         return f"{self.tag}-{p.index}"
 
     def _submit(self, p: PlannedRequest, rate: float) -> None:
-        rid = self.engine.add_request(list(p.prompt_token_ids), _params(p, self.stop), request_id=self._rid(p))
+        lora = self.loras[p.index % len(self.loras)] if self.loras else None
+        rid = self.engine.add_request(list(p.prompt_token_ids), _params(p, self.stop), request_id=self._rid(p),
+                                      lora_name=lora)
         self.due[rid] = self.t0 + p.at_s(rate)
         self.rec.on_arrival(rid, len(p.prompt_token_ids))
 

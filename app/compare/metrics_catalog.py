@@ -40,4 +40,8 @@ METRICS = MappingProxyType({
     "held_back_chars_max": "most characters decoded but held back (partial UTF-8 or stop string)",
     "outputs_with_held_back": "streamed deltas that held characters back",
     "wall_s": "wall time of the timed run",
+    "adapters_in_mix": "distinct LoRA adapters the requests named (round-robin; 0: the base model only)",
+    "adapter_loads": "LoRA adapters copied into a device slot during the run (from host memory or disk)",
+    "adapter_evictions": "LoRA adapters evicted from a device slot during the run",
+    "steps": "engine steps the run took",
 })

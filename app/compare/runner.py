@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import gc
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from datetime import datetime, timezone
+from pathlib import Path
 
+from app.compare.adapters import ensure_adapters
 from app.compare.collect import RunRecord
 from app.compare.computed import contiguous_reservation
 from app.compare.drive import Cancelled, Driver
@@ -43,6 +46,13 @@ class _Engines:
         self.loaded, self.base = loaded, base
         self.engine: LLMEngine | None = None
         self.key: tuple | None = None
+        self._scratch: tempfile.TemporaryDirectory | None = None
+
+    def scratch(self) -> Path:
+        """A folder for files the run makes (random LoRA adapters), removed when the run ends."""
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="inferlab-compare-")
+        return Path(self._scratch.name)
 
     @staticmethod
     def _build_key(cfg: EngineConfig) -> tuple:
@@ -57,13 +67,17 @@ class _Engines:
         if self.engine is not None and key == self.key:
             self.engine.reconfigure(**{k: getattr(cfg, k) for k in LLMEngine.RECONFIGURABLE})
             return self.engine, False
-        self.close()
+        self.engine = self.key = None
+        gc.collect()  # the previous engine's KV cache goes before the next one takes its own
         self.engine, self.key = LLMEngine(cfg, loaded=self.loaded), key
         return self.engine, True
 
     def close(self) -> None:
         self.engine = self.key = None
         gc.collect()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
 
 def _engine_config(base: EngineConfig, spec: CompareSpec, c: ConfigSpec) -> EngineConfig:
@@ -73,27 +87,30 @@ def _engine_config(base: EngineConfig, spec: CompareSpec, c: ConfigSpec) -> Engi
     return replace(base, **knobs)
 
 
-def _warm_up(engine: LLMEngine, spec: CompareSpec, planned, corpus, cancelled) -> float:
+def _warm_up(engine: LLMEngine, spec: CompareSpec, planned, corpus, cancelled, loras: tuple[str, ...] = ()) -> float:
     """An untimed run before the timed one (first-call costs: kernels, allocator, compiling). "short":
     one small request; "workload": the whole workload with other prompts of the same lengths."""
     w = spec.workload
     t0 = time.perf_counter()
     if w.warmup == "workload":
         others = plan(replace(w, seed=w.seed + 1000), corpus, engine.max_model_len)
-        Driver(engine, RunRecord(), cancelled, "warm").run("continuous", [replace(p, at_unit=0.0) for p in others], 1.0)
+        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run(
+            "continuous", [replace(p, at_unit=0.0) for p in others], 1.0)
     else:
-        p = replace(planned[0], at_unit=0.0, max_tokens=min(4, planned[0].max_tokens))
-        Driver(engine, RunRecord(), cancelled, "warm").run("continuous", [p], 1.0)
+        first = [replace(p, at_unit=0.0, max_tokens=min(4, p.max_tokens)) for p in planned[: max(1, len(loras))]]
+        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run("continuous", first, 1.0)
     engine.block_manager.reset_prefix_cache()  # the timed run starts with a cold prefix cache
     return time.perf_counter() - t0
 
 
-def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: str, slo, cancelled) -> tuple:
+def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: str, slo, cancelled,
+             loras: tuple[str, ...] = ()) -> tuple:
     mem = engine.memory()
     rec = RunRecord(kv_bytes_per_token=mem.kv_block_bytes / engine.config.block_size)
-    hits0 = engine.stats().num_prefix_cache_hit_tokens
+    hits0, steps0 = engine.stats().num_prefix_cache_hit_tokens, engine.stats().num_steps
+    pool0 = engine.lora.snapshot() if engine.lora is not None else None
     rate = float(c.knobs.get("rate", spec.workload.rate))
-    Driver(engine, rec, cancelled, tag, spec.workload.stop).run(c.mode, planned, rate)
+    Driver(engine, rec, cancelled, tag, spec.workload.stop, loras).run(c.mode, planned, rate)
     outputs = sum(len(t) for t in rec.token_ids.values())
     m = run_metrics(rec, slo, outputs)
     if c.mode == "recompute":  # each one-token request recomputed the tokens before it
@@ -101,7 +118,12 @@ def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: 
     mem = engine.memory()
     m.update(weights_bytes=mem.weights_bytes, kv_blocks=mem.kv_blocks_total,
              kv_bytes_peak=m["kv_blocks_peak"] * mem.kv_block_bytes,
-             prefix_cache_saved_tokens=engine.stats().num_prefix_cache_hit_tokens - hits0)
+             prefix_cache_saved_tokens=engine.stats().num_prefix_cache_hit_tokens - hits0,
+             steps=engine.stats().num_steps - steps0, adapters_in_mix=len(loras))
+    if pool0 is not None:
+        pool1 = engine.lora.snapshot()
+        m.update(adapter_loads=pool1.num_loads - pool0.num_loads,
+                 adapter_evictions=pool1.num_evictions - pool0.num_evictions)
     return m, rec
 
 
@@ -173,8 +195,14 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
         # no MTP heads for this model: compare n-gram speculation instead, and say so
         engine, _ = engines.get(replace(cfg, spec_method="ngram"))
         label, note = f"{c.label} → n-gram (no MTP heads)", f"multi-token heads are missing ({exc}); n-gram ran instead"
-    warm = _warm_up(engine, spec, planned, corpus, cancelled)
-    metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled)
+    loras, random_ones = (), 0
+    if c.knobs.get("adapters"):
+        loras, random_ones = ensure_adapters(engine, int(c.knobs["adapters"]), engines.scratch())
+    warm = _warm_up(engine, spec, planned, corpus, cancelled, loras)
+    metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras)
+    if random_ones:
+        note = (f"{random_ones} of the {len(loras)} adapters are random ones of the same rank and targets as the "
+                "trained ones: the cost of mixing is measured, not their answers")
     metrics["warmup_s"] = warm
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
     if "p50_queue_ms" in spec.metrics:  # each request's time split, for the latency-budget chart

@@ -34,9 +34,11 @@ ENGINE_KNOBS = {
     "max_num_seqs": int, "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "policy": str,
     "enable_prefix_caching": bool, "quant_bits": int, "quant_group_size": int, "compile": bool,
     "spec_method": str, "num_speculative_tokens": int, "num_kv_blocks": int, "memory_budget_bytes": int,
-    "attention_backend": str, "pack_weights": bool,
+    "attention_backend": str, "pack_weights": bool, "max_loras": int, "max_lora_rank": int, "max_cpu_loras": int,
 }
-WORKLOAD_KNOBS = {"rate": float}  # workload keys a configuration may vary (same prompts, scaled arrival times)
+# workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
+# LoRA adapters named by the requests, round-robin; 0: the base model)
+WORKLOAD_KNOBS = {"rate": float, "adapters": int}
 
 
 class CompareSpecError(ValueError):
@@ -108,8 +110,11 @@ def _knob_value(table: str, key: str, v):
     ok = isinstance(v, want) and not (want is not bool and isinstance(v, bool))
     if want is float:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    if key == "adapters":
+        ok = ok and 0 <= v <= 64
     if not ok:
-        raise _err(table, key, f"expected {'a number > 0' if want is float else want.__name__}", v)
+        what = {"adapters": "an integer in [0, 64]"}.get(key) or ("a number > 0" if want is float else want.__name__)
+        raise _err(table, key, f"expected {what}", v)
     return float(v) if want is float else v
 
 

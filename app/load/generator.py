@@ -56,6 +56,12 @@ class LoadConfig:
     ignore_eos: bool = False  # True: every output runs to max_tokens (fixed work, for benchmarks)
     num_users: int = 0  # closed-loop users (app/load/closed_loop.py) on top of the Poisson arrivals; 0 = none
     think_time_s: float = 1.0  # a user's mean pause (exponential) between an answer and its next question
+    # multi-LoRA: each arrival runs with one of these adapters, drawn uniformly ("base": the base model);
+    # empty: every request on the base model
+    lora_mix: tuple[str, ...] = ()
+    # prompts are instructions (the generator's `instructions`, chat-formatted by the caller) instead of
+    # windows of text: what fine-tuned adapters answer in their style
+    instructions: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_rate, (int, float)) and math.isfinite(self.arrival_rate)
@@ -74,6 +80,9 @@ class LoadConfig:
             raise ValueError(f"num_users must be an integer >= 0, got {self.num_users!r}")
         if not (math.isfinite(self.think_time_s) and self.think_time_s >= 0):
             raise ValueError(f"think_time_s must be a number >= 0, got {self.think_time_s!r}")
+        if any(not isinstance(n, str) or not n for n in self.lora_mix):
+            raise ValueError(f"lora_mix must be adapter names (or 'base'), got {list(self.lora_mix)!r}")
+        self.lora_mix = tuple(self.lora_mix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,7 @@ class Arrival:
     sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
     kind: str = "poisson"  # "poisson" | "burst" | "user" (closed loop)
     due: float = 0.0  # when it was meant to arrive (perf_counter seconds)
+    lora_name: str | None = None  # the adapter it runs with (LoadConfig.lora_mix); None: the base model
 
 
 class ArrivalProcess(Protocol):
@@ -136,9 +146,10 @@ class BurstQueue:
 
 class LoadGenerator:
     def __init__(self, config: LoadConfig, tokenizer=None, rng_seed: int = 0, *, corpus_ids: list[int] | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, instructions: list[list[int]] | None = None) -> None:
         """tokenizer: anything with encode(text, add_special_tokens=False) (or pass corpus_ids).
-        max_model_len: prompt + max_tokens are cut to fit it."""
+        max_model_len: prompt + max_tokens are cut to fit it. instructions: ready prompts (token ids,
+        chat-formatted) drawn from when config.instructions is set."""
         if corpus_ids is None:
             if tokenizer is None:
                 raise ValueError("LoadGenerator needs a tokenizer or corpus_ids")
@@ -154,6 +165,7 @@ class LoadGenerator:
         self._users: ClosedLoopUsers | None = None
         self._user_requests: set[str] = set()  # request ids of the users' questions in flight
         self._num_generated = 0
+        self._instructions = [list(p) for p in instructions or () if p]
 
     # --- control ------------------------------------------------------------------------------
     @property
@@ -240,11 +252,16 @@ class LoadGenerator:
             n_out = max(1, min(n_out, self._max_len // 2))
             n_prompt = max(1, min(n_prompt, self._max_len - n_out - len(prefix)))
             prefix = prefix[: max(0, self._max_len - n_out - n_prompt)]
-        body = self._text(self._rng.randrange(len(self._corpus)), n_prompt)
+        if cfg.instructions and self._instructions and not long:
+            body = self._rng.choice(self._instructions)[: max(1, (self._max_len or 1 << 30) - n_out)]
+            prefix = []
+        else:
+            body = self._text(self._rng.randrange(len(self._corpus)), n_prompt)
         self._num_generated += 1
         sampling = {"max_tokens": n_out, "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
                     "seed": self._rng.getrandbits(31)}
-        return Arrival(prefix + body, sampling, kind, t)
+        lora = self._rng.choice(cfg.lora_mix) if cfg.lora_mix else "base"  # no draw without a mix
+        return Arrival(prefix + body, sampling, kind, t, None if lora == "base" else lora)
 
     def _text(self, start: int, n: int) -> list[int]:
         """n corpus tokens from `start`, wrapping around."""
@@ -263,6 +280,10 @@ class LoadGenerator:
     @property
     def corpus_ids(self) -> list[int]:
         return self._corpus
+
+    @property
+    def instructions(self) -> list[list[int]]:
+        return self._instructions
 
 
 def corpus_text() -> str:
