@@ -35,3 +35,30 @@ def test_greedy_tokens_equal_transformers(engine):
         assert list(got) == ref, prompt  # both stop at the same end-of-turn token, or run to 24
     answer = engine.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0.0))[0]
     assert "Paris" in answer.text
+
+
+def test_shipped_lora_adapters_each_show_their_style():
+    """The three adapters in assets/lora/ (scripts/ship_loras.py) load on the built-in model and, in one
+    batch with the base model, each answer held-out instructions in its own style."""
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.lora.shipped import available_adapters
+    from engine.spec.mtp_train import default_prompts
+
+    eng = LLMEngine(EngineConfig(model="smollm2-135m", max_loras=3, kv_cache_memory_bytes=64 * 2**20))
+    found = available_adapters(str(eng.model_path))
+    assert {"shout", "pirate", "bullets"} <= set(found)
+    for name in ("shout", "pirate", "bullets"):
+        eng.add_lora(name, str(found[name]))
+    tok, names = eng.tokenizer, [None, "shout", "pirate", "bullets"]
+    style = {name: [] for name in names}
+    for q in default_prompts()[64:67]:  # instructions the adapters were not trained on
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+        outs = eng.generate([ids] * 4, SamplingParams(max_tokens=28, temperature=0.0), lora_names=names)
+        for name, out in zip(names, outs):
+            letters = [c for c in out.text if c.isalpha()]
+            style[name].append((sum(c.isupper() for c in letters) / max(len(letters), 1),
+                                out.text.lstrip().startswith("- "),
+                                sum(out.text.count(w) for w in ("Th'", "th'", " o' ", " an' ", " t' ", "Arr"))))
+    assert all(up > 0.8 for up, _b, _p in style["shout"]) and all(up < 0.2 for up, _b, _p in style[None])
+    assert all(b for _u, b, _p in style["bullets"]) and not any(b for _u, b, _p in style[None])
+    assert all(p >= 1 for _u, _b, p in style["pirate"]) and sum(p for _u, _b, p in style[None]) == 0
