@@ -40,7 +40,8 @@ def test_nothing_due_before_start_or_after_stop_and_rate_zero():
     g = gen(arrival_rate=10.0)
     assert g.due(100.0) == [] and g.next_due() == math.inf
     g.start(100.0)
-    assert g.running and g.next_due() > 100.0
+    assert g.running and g.next_due() == 100.0  # the first request arrives when the load starts
+    assert len(g.due(100.0)) == 1 and g.next_due() > 100.0  # the next after an exponential gap
     g.stop()
     assert g.due(1e9) == [] and not g.running
     g = gen(arrival_rate=0.0)

@@ -104,12 +104,14 @@ class ArrivalProcess(Protocol):
 
 
 class PoissonProcess:
-    """Exponential gaps at `rate` per second, from `start` on."""
+    """Exponential gaps at `rate` per second, from `start` on. first_at_start: the first arrival is due
+    at `start` itself (a preset at a low rate shows a request at once instead of an empty screen for the
+    first gap), the gaps after it are exponential."""
 
-    def __init__(self, rng: random.Random, rate: float, start: float) -> None:
+    def __init__(self, rng: random.Random, rate: float, start: float, first_at_start: bool = False) -> None:
         self._rng = rng
         self._rate = rate
-        self._next = start + self._gap()
+        self._next = start if first_at_start and rate > 0 else start + self._gap()
 
     def _gap(self) -> float:
         return self._rng.expovariate(self._rate) if self._rate > 0 else math.inf
@@ -174,7 +176,7 @@ class LoadGenerator:
 
     def start(self, now: float) -> None:
         """Start Poisson arrivals and closed-loop users (bursts are due whether or not it runs)."""
-        self._poisson = PoissonProcess(self._rng, self.config.arrival_rate, now)
+        self._poisson = PoissonProcess(self._rng, self.config.arrival_rate, now, first_at_start=True)
         self._users = ClosedLoopUsers(self._rng, self.config.num_users, self.config.think_time_s, now)
 
     def stop(self) -> None:
