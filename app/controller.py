@@ -72,6 +72,7 @@ class AppController(PresetActions, QObject):
         c.sigBurst.connect(self.burst)
         c.sigReset.connect(self.reset)
         panels["tokens"].sigSubmit.connect(self.submit)
+        panels["lora"].sigAskAll.connect(self.ask_every_adapter)
         panels["tradeoff"].sigSweep.connect(self.run_sweep)
         connect_tradeoff(self)  # click a point: apply it to the live engine; export CSV / PNG
         feeder.sigSweepProgress.connect(self._on_sweep_progress)
@@ -218,6 +219,17 @@ class AppController(PresetActions, QObject):
         n = n if n is not None else self.panels["controls"].snapshot_data()["values"]["burst_size"]
         self.host.burst(int(n))
         self.window.show_message(f"burst of {int(n)} long prompts")
+
+    def ask_every_adapter(self, prompt: str) -> None:
+        """One prompt to the base model and every LoRA adapter at once; the LoRA panel shows the answers."""
+        if self.host.info is None or "lora" not in self.capabilities:
+            self.window.show_message("the model is still loading" if self.host.info is None
+                                     else f"multi-LoRA serving is not offered by {self.source_name}")
+            return
+        self.host.ask_every_adapter(prompt, chat=bool(self.host.info.has_chat_template))
+        self.window.docks["lora"].show()
+        self.window.docks["lora"].raise_()
+        self.window.show_message(f"asked every adapter: {prompt!r}")
 
     def reset(self) -> None:
         """Stop the load, abort every request, clear the panels (the engine's config stays)."""

@@ -72,6 +72,8 @@ class CuePlayer(QObject):
             ctl.apply_knobs(knobs)
         if "arrival_rate" in cue.set:
             ctl.set_arrival_rate(float(cue.set["arrival_rate"]))
+        if cue.ask:
+            ctl.ask_every_adapter(cue.ask)
         text = cue.describe()
         self.played.append(text)
         ctl.caption.set_cue(text)

@@ -13,6 +13,9 @@ Poisson arrivals, that moment has passed by the time the audience looks. A prese
     at_s = 20
     set = { enable_chunked_prefill = true }
     note = "chunked prefill on: decodes slip in between the chunks"
+    [[cues.at]]
+    at_s = 30
+    ask = "Tell me about the moon."    # multi-LoRA: one prompt to the base model and every adapter at once
 
 `CueTimeline.due(elapsed_s)` hands out each cue once per period as time passes; `next_cue()` (the N key)
 plays the next one at once, and the timeline continues from there. Pure Python: the controller acts.
@@ -35,11 +38,13 @@ class Cue:
     burst: int = 0
     set: dict = field(default_factory=dict)
     note: str = ""
+    ask: str = ""  # one prompt to the base model and every LoRA adapter at once (the LoRA panel shows them)
 
     def describe(self) -> str:
         if self.note:
             return self.note
         parts = [f"burst of {self.burst}"] if self.burst else []
+        parts += [f"every adapter answers {self.ask!r}"] if self.ask else []
         parts += [f"{k} = {v}" for k, v in self.set.items()]
         return ", ".join(parts)
 
@@ -62,9 +67,9 @@ def parse_cues(table: dict) -> tuple[tuple[Cue, ...], float]:
 
 
 def _parse_one(entry: dict) -> Cue:
-    unknown = set(entry) - {"at_s", "burst", "set", "note"}
+    unknown = set(entry) - {"at_s", "burst", "set", "note", "ask"}
     if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: unknown key; expected at_s, burst, set, note")
+        raise ValueError(f"{sorted(unknown)[0]}: unknown key; expected at_s, burst, set, note, ask")
     at = entry.get("at_s")
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0:
         raise ValueError(f"at_s: expected a number of seconds >= 0, got {at!r}")
@@ -82,12 +87,14 @@ def _parse_one(entry: dict) -> Cue:
             not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
         if not ok:
             raise ValueError(f"set.{key}: expected {kind.__name__}, got {value!r}")
-    note = entry.get("note", "")
+    note, ask = entry.get("note", ""), entry.get("ask", "")
     if not isinstance(note, str):
         raise ValueError("note: expected a string")
-    if not burst and not knobs and not note:
-        raise ValueError("a cue needs a burst, a set or a note")
-    return Cue(at_s=float(at), burst=burst, set=dict(knobs), note=note.strip())
+    if not isinstance(ask, str):
+        raise ValueError("ask: expected the prompt, a string")
+    if not burst and not knobs and not note and not ask.strip():
+        raise ValueError("a cue needs a burst, a set, an ask or a note")
+    return Cue(at_s=float(at), burst=burst, set=dict(knobs), note=note.strip(), ask=ask.strip())
 
 
 class CueTimeline:

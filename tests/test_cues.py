@@ -17,18 +17,21 @@ def test_parse_sorts_by_time_and_checks_values():
     assert [c.at_s for c in cues] == [5.0, 20.0]
     assert cues[0].describe() == "three long prompts"
     assert cues[1].describe() == "enable_chunked_prefill = True"
+    (ask,), _ = parse_cues(_table(0, {"at_s": 3, "ask": " Tell me about the moon. "}))
+    assert ask.ask == "Tell me about the moon." and "every adapter answers" in ask.describe()
 
 
 @pytest.mark.parametrize("table, where", [
     (_table(10, {"at_s": 12, "burst": 1}), "beyond the period"),
     (_table(0, {"at_s": -1, "burst": 1}), "at_s"),
-    (_table(0, {"at_s": 1}), "needs a burst, a set or a note"),
+    (_table(0, {"at_s": 1}), "needs a burst, a set, an ask or a note"),
     (_table(0, {"at_s": 1, "set": {"max_num_seqs": "many"}}), "set.max_num_seqs: expected int"),
     (_table(0, {"at_s": 1, "set": {"max_num_seqs": True}}), "set.max_num_seqs: expected int"),
     (_table(0, {"at_s": 1, "set": {"kv_blocks": 3}}), "set.kv_blocks: not a knob"),
     (_table(0, {"at_s": 1, "burst": 999}), "burst"),
     ({"every": 3}, "every: unknown key"),
     (_table(-5), "every_s"),
+    (_table(0, {"at_s": 1, "ask": 5}), "ask: expected the prompt"),
 ])
 def test_bad_cues_name_the_key(table, where):
     with pytest.raises(ValueError, match=where):

@@ -52,7 +52,7 @@ def test_multi_lora_preset_in_the_app(qapp, tiny_llama, tmp_path, monkeypatch):
         adapters = {s["adapter"] for s in tokens.snapshot_data()["streams"].values()}
         assert adapters & {"alpha", "beta"}
         assert set(timeline.snapshot_data()["gantt"]["adapters"].values()) & {"alpha", "beta"}
-        w.host.ask_every_adapter("Say hello")
+        w.controller.ask_every_adapter("Say hello")  # what the button and an `ask` cue do
         wait_until(qapp, lambda: len(lora.snapshot_data()["answers"]) == 3, timeout_s=30)
         wait_until(qapp, lambda: (lora.flush(), all(t for _n, t in lora.snapshot_data()["answers"].values()))[1],
                    timeout_s=60)
