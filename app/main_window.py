@@ -88,6 +88,7 @@ class MainWindow(QMainWindow):
         self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
         self.server = ServerControl(host)
         self._presenter = False
+        self._full_screen = False  # presenter mode full screen (not a headless screenshot at a given size)
         self._normal_font: QFont | None = None
         self._layout_before_presenting = None
         self._emphasised: tuple[str, ...] = ()
@@ -234,11 +235,14 @@ class MainWindow(QMainWindow):
             font.setPointSizeF(self._normal_font.pointSizeF() * PRESENTER_FONT_SCALE)
             app.setFont(font)
             self.caption_bar.show()
+            self.statusBar().hide()  # for the room: the cue shows under the caption, the rest is the speaker's
+            self._full_screen = full_screen
             if full_screen:
                 self.showFullScreen()
         else:
             if self._normal_font is not None:
                 app.setFont(self._normal_font)
+            self.statusBar().show()
             self.showNormal()
             if self._layout_before_presenting is not None:
                 self.restoreState(self._layout_before_presenting, STATE_VERSION)
@@ -246,6 +250,7 @@ class MainWindow(QMainWindow):
         for panel in self.panels.values():  # the charts too, not only the caption: fonts, lines, markers
             if isinstance(panel, Panel):
                 panel.set_presenter_scale(PRESENTER_PLOT_SCALE if on else 1.0)
+        self.panels["comparison"].set_chart_first(on)
         self._focus_presented_panels()
         if "presenter" in self.actions_by_name:
             self.actions_by_name["presenter"].setChecked(on)
@@ -275,25 +280,35 @@ class MainWindow(QMainWindow):
         docks = [self.docks[n] for n in shown if n in self.docks]
         for name, dock in self.docks.items():
             dock.setVisible(name in shown)
-        # the chapter's main panel on the left; with four or more, a second column beside it; the rest
-        # stacked on the right (the comparison, listed last, at the bottom right)
+        # the chapter's main panel on the left; with four or more, a second column beside it; the next
+        # one on the right; each further one (the comparison, listed last) under the column that needs the
+        # least height, so the tallest column still fits a 720-line projector
         left = Qt.DockWidgetArea.LeftDockWidgetArea
         self.addDockWidget(left, docks[0])
-        columns = [docks[0]]
+        columns = [[docks[0]]]
         rest = docks[1:]
         if len(docks) >= 4:
             self.splitDockWidget(docks[0], docks[1], Qt.Orientation.Horizontal)
-            columns.append(docks[1])
+            columns.append([docks[1]])
             rest = docks[2:]
-        for dock in rest:
-            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)  # out of any tab group, stacked
         if rest:
-            columns.append(rest[0])
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, rest[0])  # out of any tab group
+            columns.append([rest[0]])
+        for dock in rest[1:]:
+            column = min(columns, key=lambda c: sum(d.minimumSizeHint().height() for d in c))
+            self.splitDockWidget(column[-1], dock, Qt.Orientation.Vertical)
+            column.append(dock)
         for dock in docks:
             dock.show()
+        if self._full_screen:  # the screen's size, also where no window manager applies full screen
+            QTimer.singleShot(0, self._fit_screen)  # once the new layout's minimum is known
         if len(columns) > 1:
             width = max(1, self.width() // len(columns))
-            self.resizeDocks(columns, [width] * len(columns), Qt.Orientation.Horizontal)
+            self.resizeDocks([c[0] for c in columns], [width] * len(columns), Qt.Orientation.Horizontal)
+
+    def _fit_screen(self) -> None:
+        if self._presenter and self._full_screen:
+            self.setGeometry(self.screen().geometry())
 
     def reset_layout(self) -> None:
         self.restoreState(self.default_state, STATE_VERSION)

@@ -84,6 +84,7 @@ class ComparisonPanel(QWidget):
         for w in (self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
+        self._content_layout = layout
         # a short dock scrolls instead of squeezing the table and the chart on top of each other
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -93,6 +94,14 @@ class ComparisonPanel(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
         self.set_result(None)
+
+    def set_chart_first(self, first: bool) -> None:
+        """Presenter mode: the chart (bars with their numbers) right under the title, the full table after
+        it, so what a projector shows without scrolling is the picture."""
+        layout = self._content_layout
+        layout.removeWidget(self.table)
+        after = self.split if first else self.provenance
+        layout.insertWidget(layout.indexOf(after) + 1, self.table)
 
     # --- setters --------------------------------------------------------------------------------
     def set_result(self, result: dict | None) -> None:

@@ -32,7 +32,7 @@ from widgets.theme import adapter_color, style_plot
 
 OFF_TEXT = "Multi-LoRA: off (this engine has no adapter pool; open the multi-lora preset)"
 BASE = "base"
-MAX_EVENTS_SHOWN = 6
+MAX_EVENTS_SHOWN = 3
 DEFAULT_QUESTION = "Give me three tips for a good night's sleep."
 
 
@@ -117,6 +117,7 @@ class LoraPanel(Panel):
         self._seen: list[str | None] = []  # adapters in the order they first ran (the stacking order)
         self._answers: dict[str, tuple[str | None, QPlainTextEdit]] = {}  # request id -> (adapter, its box)
         self._pending_text: dict[str, str] = {}
+        self._answer_min_h = 40
 
         self._summary = QLabel()
         self._summary.setTextFormat(Qt.TextFormat.RichText)
@@ -187,6 +188,14 @@ class LoraPanel(Panel):
         if pool is not None and not self._unavailable_reason and self.overlay_text():
             self._update_overlay()
 
+    def set_presenter_scale(self, scale: float) -> None:
+        """Larger text needs a taller plot and taller answer boxes: they keep a readable height."""
+        super().set_presenter_scale(scale)
+        self._mix_plot.setMinimumHeight(int(80 * scale))
+        self._answer_min_h = int(40 * scale)
+        for _name, box in self._answers.values():
+            box.setMinimumHeight(self._answer_min_h)
+
     def begin_side_by_side(self, assignments: dict[str, str | None]) -> None:
         """New answer boxes: request id -> the adapter it runs with (None: the base model)."""
         while self._grid.count():
@@ -201,7 +210,7 @@ class LoraPanel(Panel):
             title.setTextFormat(Qt.TextFormat.RichText)
             box = QPlainTextEdit()
             box.setReadOnly(True)
-            box.setMinimumHeight(40)
+            box.setMinimumHeight(self._answer_min_h)
             box.setStyleSheet(f"QPlainTextEdit {{ border: 2px solid {adapter_color(name).name()}; }}")
             r, c = divmod(i, cols)
             self._grid.addWidget(title, 2 * r, c)
@@ -251,17 +260,21 @@ class LoraPanel(Panel):
         pool = self._pool
         if pool is not None:
             self._summary.setText(
-                f"<b>{len(pool.device_slots)}</b> device slots ({human_bytes(pool.device_bytes)}) · "
-                f"<b>{len(pool.host)}</b> more in host memory ({human_bytes(pool.host_bytes)}) · "
+                f"<b>{len(pool.device_slots)}</b> device slots · <b>{len(pool.host)}</b> in host memory · "
                 f"hits <b>{pool.num_hits}</b> · loads <b>{pool.num_loads}</b> · "
-                f"evictions <b>{pool.num_evictions}</b>"
-                + (" · adapters: " + " ".join(
-                    chip(r.name, f"{r.name} r{r.rank} {human_bytes(r.nbytes)}") for r in self._adapters.values())
-                   if self._adapters else ""))
+                f"evictions <b>{pool.num_evictions}</b>")
+            self._summary.setToolTip(
+                f"device slots: {human_bytes(pool.device_bytes)} (preallocated) · host: {human_bytes(pool.host_bytes)}"
+                + "".join(f"\n{r.name}: rank {r.rank}, {', '.join(r.targets)}, {human_bytes(r.nbytes)} ({r.source})"
+                          for r in self._adapters.values()))
             self._slots.set_state(pool.device_slots, pool.host)
         self._event_log.setText("recent: " + (" · ".join(self._describe(e) for e in reversed(self._events))
                                                or "no loads or evictions yet"))
         self._draw_mix()
+        slots = set(pool.device_slots) if pool is not None else set()
+        for name, box in self._answers.values():  # an adapter without a slot waits for one: say so
+            box.setPlaceholderText("waiting for a device slot…" if name and pool is not None and name not in slots
+                                   else "")
         for rid, text in self._pending_text.items():
             box = self._answers[rid][1]
             box.moveCursor(box.textCursor().MoveOperation.End)
@@ -270,9 +283,9 @@ class LoraPanel(Panel):
 
     @staticmethod
     def _describe(e: LoraPoolEvent) -> str:
-        where = {"load": f"→ slot {e.slot} from {e.source} ({e.seconds * 1e3:.1f} ms)",
-                 "evict": f"out of slot {e.slot}", "drop": "host → disk", "added": "added", "removed": "removed"}
-        return f"{e.kind} {chip(e.name)} {where.get(e.kind, '')}"
+        where = {"load": f"→ slot {e.slot} ({e.source}, {e.seconds * 1e3:.0f} ms)", "evict": f"from slot {e.slot}",
+                 "drop": "to disk", "added": "", "removed": ""}
+        return f"{e.kind} {chip(e.name)} {where.get(e.kind, '')}".rstrip()
 
     def _draw_mix(self) -> None:
         if not self._steps:

@@ -103,3 +103,13 @@ def test_request_split_shows_for_the_last_configuration_that_has_one(show):
     assert panel.split._title.startswith("each request's time at rate=16.0")
     panel.set_result(_result())
     assert not panel.split.isVisible()
+
+
+def test_chart_first_for_the_projector(show):
+    panel = show(ComparisonPanel(), 600, 700)
+    layout = panel._content_layout
+    assert layout.indexOf(panel.table) < layout.indexOf(panel.bars)
+    panel.set_chart_first(True)
+    assert layout.indexOf(panel.split) < layout.indexOf(panel.table) < layout.indexOf(panel.notes)
+    panel.set_chart_first(False)
+    assert layout.indexOf(panel.provenance) + 1 == layout.indexOf(panel.table)

@@ -40,7 +40,7 @@ def test_pool_mix_and_answers(show):
     assert (data["loads"], data["evictions"]) == (2, 1)
     assert data["rows_by_adapter"] == {"pirate": 2, "base": 2, "shout": 1}
     assert [k for k, _ in data["events"]] == ["load", "evict", "load"]
-    assert "evictions <b>1</b>" in data["summary"]
+    assert "evictions <b>1</b>" in data["summary"] and "pirate: rank 8" in panel._summary.toolTip()
     asked = []
     panel.sigAskAll.connect(asked.append)
     panel._ask.click()
