@@ -50,8 +50,18 @@ from widgets.panel_base import Panel
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
 STATE_VERSION = 3  # 2: the comparison and roofline docks; 3: the LoRA dock (older saved layouts lack them)
-PRESENTER_FONT_SCALE = 1.4
-PRESENTER_PLOT_SCALE = 1.6  # pyqtgraph's fonts are smaller than Qt's to start with
+# presenter scales at a 720-line and a 1080-line projector (in between: interpolated). A 720-line picture
+# is projected as large as a 1080-line one, so each of its pixels is larger: it needs less enlarging, and
+# has less room. pyqtgraph's fonts are smaller than Qt's to start with.
+PRESENTER_FONT_SCALE = {720: 1.2, 1080: 1.4}
+PRESENTER_PLOT_SCALE = {720: 1.3, 1080: 1.6}
+PRESENTER_COMPARISON_SHARE = 0.3  # of the screen's height: the measured proof keeps room for its chart
+
+
+def presenter_scale(table: dict[int, float], screen_height: int) -> float:
+    lo, hi = table[720], table[1080]
+    t = min(1.0, max(0.0, (screen_height - 720) / 360))
+    return lo + t * (hi - lo)
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
@@ -228,11 +238,12 @@ class MainWindow(QMainWindow):
         if on == self._presenter:
             return
         self._presenter = on
+        screen_h = self.height() if not full_screen else self.screen().size().height()
         if on:
             self._layout_before_presenting = self.saveState(STATE_VERSION)
             self._normal_font = app.font()
             font = QFont(self._normal_font)
-            font.setPointSizeF(self._normal_font.pointSizeF() * PRESENTER_FONT_SCALE)
+            font.setPointSizeF(self._normal_font.pointSizeF() * presenter_scale(PRESENTER_FONT_SCALE, screen_h))
             app.setFont(font)
             self.caption_bar.show()
             self.statusBar().hide()  # for the room: the cue shows under the caption, the rest is the speaker's
@@ -246,11 +257,13 @@ class MainWindow(QMainWindow):
             self.showNormal()
             if self._layout_before_presenting is not None:
                 self.restoreState(self._layout_before_presenting, STATE_VERSION)
-        self.caption.set_presenter(on, self.height() if not full_screen else self.screen().size().height())
+        self.caption.set_presenter(on, screen_h)
+        plot_scale = presenter_scale(PRESENTER_PLOT_SCALE, screen_h) if on else 1.0
         for panel in self.panels.values():  # the charts too, not only the caption: fonts, lines, markers
             if isinstance(panel, Panel):
-                panel.set_presenter_scale(PRESENTER_PLOT_SCALE if on else 1.0)
+                panel.set_presenter_scale(plot_scale)
         self.panels["comparison"].set_chart_first(on)
+        self.panels["comparison"].setMinimumHeight(int(PRESENTER_COMPARISON_SHARE * screen_h) if on else 0)
         self._focus_presented_panels()
         if "presenter" in self.actions_by_name:
             self.actions_by_name["presenter"].setChecked(on)
