@@ -32,6 +32,14 @@ def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
                      pen=pg.mkPen(color, width=1), name=phase)
 
 
+def step_time_ceiling(ms: np.ndarray) -> float:
+    """The step-time plot's top: the longest step, unless a few stalls (a compile, one huge prefill) stand
+    far above the rest; then 3x the 90th percentile, and those steps are marked at the top instead."""
+    top = max(1.0, float(ms.max()))
+    typical = float(np.percentile(ms, 90)) if len(ms) >= 10 else top
+    return top if top <= 3 * typical else max(1.0, 3 * typical)
+
+
 class TimelinePanel(Panel):
     def __init__(self, parent: QWidget | None = None, max_steps: int = DEFAULT_MAX_STEPS) -> None:
         super().__init__(parent)
@@ -66,6 +74,8 @@ class TimelinePanel(Panel):
         self._running = qp.plot([], [], pen=pg.mkPen(phase_color("running"), width=2), name="running")
         self._waiting = qp.plot([], [], pen=pg.mkPen(phase_color("waiting"), width=2), name="waiting")
         self._step_ms = wp.plot([], [], pen=pg.mkPen(phase_color("decode"), width=1.5))
+        self._stalls = pg.ScatterPlotItem(symbol="t1", size=10, pen=None, brush=phase_color("preempted"))
+        wp.addItem(self._stalls)  # steps above the plot's scale, drawn at its top
 
         self._gantt = GanttView()
         self._gantt_label = QLabel()
@@ -160,7 +170,7 @@ class TimelinePanel(Panel):
         if not self._steps:
             for fill in self._fills.values():
                 fill.setData([0.0], [])  # step mode: one more edge than values
-            for item in (self._running, self._waiting, self._preempt, self._reject, self._step_ms):
+            for item in (self._running, self._waiting, self._preempt, self._reject, self._step_ms, self._stalls):
                 item.setData([], [])
             for plot in self._plots():
                 plot.setYRange(0, 1, padding=0)
@@ -186,10 +196,14 @@ class TimelinePanel(Panel):
         self._tokens_plot.setYRange(0, max(1.0, top.max() + 2 * bump) * _HEADROOM, padding=0)
         self._queue_plot.setYRange(0, max(1.0, a[:, 4].max(), a[:, 5].max()) * _HEADROOM, padding=0)
         ms = a[:, 8]
-        self._step_ms.setData(x, ms)
-        self._time_plot.setYRange(0, max(1.0, ms.max()) * 1.1, padding=0)
+        ceiling = step_time_ceiling(ms)
+        off = ms > ceiling  # a stall (compiling, a long prefill) would flatten every other step: off the scale
+        self._step_ms.setData(x, np.minimum(ms, ceiling))
+        self._stalls.setData(x[off], np.full(int(off.sum()), ceiling * 0.97))
+        self._time_plot.setYRange(0, ceiling * 1.1, padding=0)
+        stalls = f" · {int(off.sum())} off the scale (longest {ms.max() / 1e3:.1f} s)" if off.any() else ""
         self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms · median {np.median(ms[-_MEDIAN_OF:]):.0f} ms "
-                                 f"({min(len(ms), _MEDIAN_OF)} steps)")
+                                 f"({min(len(ms), _MEDIAN_OF)} steps){stalls}")
 
     def _drop_scrolled_marks(self) -> None:
         if not self._steps:

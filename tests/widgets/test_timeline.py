@@ -44,10 +44,14 @@ def test_step_time_plot_and_median(panel):
         panel.add_step(step(i, float(i), decode=4, wall=wall))
     panel.flush()
     x, ms = panel._step_ms.getData()
-    assert list(x) == list(range(50)) and ms[30] == pytest.approx(12000) and ms[-1] == pytest.approx(10)
+    # the compile stall does not set the scale: it is drawn at the top, marked, and named in the title
+    assert list(x) == list(range(50)) and ms[30] == pytest.approx(120) and ms[-1] == pytest.approx(10)
+    assert list(panel._stalls.getData()[0]) == [30]
+    assert panel._time_plot.getPlotItem().viewRange()[1][1] == pytest.approx(132)
     assert panel.snapshot_data()["step_ms"] == pytest.approx(10)
     title = panel._time_plot.getPlotItem().titleLabel.text
     assert "last 10 ms" in title and "median 40 ms (50 steps)" in title
+    assert "1 off the scale (longest 12.0 s)" in title
 
 
 def test_config_change_lines_scroll_out(panel):
