@@ -96,12 +96,15 @@ class ComparisonPanel(QWidget):
         self.set_result(None)
 
     def set_chart_first(self, first: bool) -> None:
-        """Presenter mode: the chart (bars with their numbers) right under the title, the full table after
-        it, so what a projector shows without scrolling is the picture."""
+        """Presenter mode: the chart (bars with their numbers) right under the title, when and where it was
+        measured and the full table after it, so what a projector shows without scrolling is the picture."""
         layout = self._content_layout
-        layout.removeWidget(self.table)
-        after = self.split if first else self.provenance
-        layout.insertWidget(layout.indexOf(after) + 1, self.table)
+        for w in (self.provenance, self.table):
+            layout.removeWidget(w)
+        at = layout.indexOf(self.split) + 1 if first else 1  # 0: the title row
+        layout.insertWidget(at, self.provenance)
+        layout.insertWidget(at + 1, self.table)
+        self.curve.setMinimumHeight(120 if first else 180)  # what a 720-line projector has room for
 
     # --- setters --------------------------------------------------------------------------------
     def set_result(self, result: dict | None) -> None:

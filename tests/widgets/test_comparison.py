@@ -110,6 +110,8 @@ def test_chart_first_for_the_projector(show):
     layout = panel._content_layout
     assert layout.indexOf(panel.table) < layout.indexOf(panel.bars)
     panel.set_chart_first(True)
-    assert layout.indexOf(panel.split) < layout.indexOf(panel.table) < layout.indexOf(panel.notes)
+    assert layout.indexOf(panel.split) < layout.indexOf(panel.provenance) < layout.indexOf(panel.table) \
+        < layout.indexOf(panel.notes)
     panel.set_chart_first(False)
-    assert layout.indexOf(panel.provenance) + 1 == layout.indexOf(panel.table)
+    assert layout.indexOf(panel.provenance) == 1 and layout.indexOf(panel.table) == 2
+    assert layout.indexOf(panel.table) < layout.indexOf(panel.bars)
