@@ -22,7 +22,10 @@ def stored_result(preset, model: str, threads: int | None) -> dict | None:
         return None
     machine = machine_info()
     machine["threads"] = threads or machine["threads"]
-    return load_stored(preset.name, model, machine, fingerprint=preset.compare.fingerprint())
+    result = load_stored(preset.name, model, machine, fingerprint=preset.compare.fingerprint())
+    if result is not None:  # the title does not shape the result: the preset's current one is shown
+        result["title"] = preset.compare.title
+    return result
 
 
 class ComparisonRun:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app import presets
+from app.compare.headline import speculation_speedup
 from app.compare_run import ComparisonRun, stored_result
 
 # switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
@@ -64,10 +65,12 @@ class PresetActions:
             panel.set_result({"title": spec.title, "not_built": spec.not_built} if spec else None)
             return
         try:
-            panel.set_result(stored_result(preset, self.host.config.model, self.host.config.num_threads))
+            result = stored_result(preset, self.host.config.model, self.host.config.num_threads)
         except OSError as exc:  # an unreadable store: say so, the preset still runs
-            panel.set_result(None)
+            result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
+        panel.set_result(result)
+        self._show_compared_speedup(result)
 
     def measure_comparison(self, every_preset: bool = False) -> None:
         """M: run this chapter's comparison now (Load → Prepare the talk: every preset's), in the engine
@@ -88,7 +91,14 @@ class PresetActions:
     def on_comparison(self, preset_name: str, result: dict) -> None:
         if self.preset is not None and preset_name == self.preset.name:
             self.panels["comparison"].set_result(result)
+            self._show_compared_speedup(result)
         self.window.show_message(f"comparison measured: {preset_name}")
+
+    def _show_compared_speedup(self, result: dict | None) -> None:
+        """Speculation's chapters: the speed-up their comparison measured, in the speculative panel."""
+        speedup = speculation_speedup(result)
+        when = (result or {}).get("measured_at", "")[:10]
+        self.panels["spec"].set_compared_speedup(speedup, f"comparison {when}".strip())
 
     def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]

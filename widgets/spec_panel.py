@@ -49,6 +49,7 @@ class SpecPanel(Panel):
         self._stats: deque[SpecDecodeStats] = deque(maxlen=max_steps)
         self._method: str | None = None
         self._measured: float | None = None
+        self._compared: tuple[float, str] | None = None  # (speed-up, where from): the chapter's comparison
 
         self._summary = QLabel()
         self._summary.setTextFormat(Qt.TextFormat.RichText)
@@ -94,6 +95,12 @@ class SpecPanel(Panel):
         self._measured = speedup
         self._mark_dirty()
 
+    def set_compared_speedup(self, speedup: float | None, source: str = "") -> None:
+        """The speed-up the chapter's comparison measured side by side (kept through resets; shown while
+        no live speed-up has been measured in this session)."""
+        self._compared = (speedup, source) if speedup is not None else None
+        self._mark_dirty()
+
     def reset(self) -> None:
         self._stats.clear()
         self._method = None
@@ -111,7 +118,7 @@ class SpecPanel(Panel):
         stats = list(self._stats)
         if not stats:
             return {"acceptance_rate": None, "per_position": [], "tokens_per_step": None,
-                    "predicted_speedup": None, "measured_speedup": self._measured}
+                    "predicted_speedup": None, "measured_speedup": self._measured, "measured_source": None}
         recent = stats[-self._window:]
         k = max((len(s.drafted_per_position) for s in recent), default=0)
         acc, drf = np.zeros(k), np.zeros(k)
@@ -125,7 +132,10 @@ class SpecPanel(Panel):
             "tokens_per_step": sum(s.num_emitted_tokens for s in recent) / sum(s.num_verify_passes for s in recent),
             "predicted_speedup": next((s.predicted_speedup for s in reversed(recent)
                                        if s.predicted_speedup is not None), None),
-            "measured_speedup": self._measured,
+            "measured_speedup": self._measured if self._measured is not None else (
+                self._compared[0] if self._compared else None),
+            "measured_source": "live" if self._measured is not None else (self._compared[1] if self._compared
+                                                                           else None),
         }
 
     # --- painting -----------------------------------------------------------------------------
@@ -161,6 +171,8 @@ class SpecPanel(Panel):
         rate = "—" if m["acceptance_rate"] is None else f"{100 * m['acceptance_rate']:.0f}%"
         pred = "n/a" if m["predicted_speedup"] is None else f"{m['predicted_speedup']:.2f}×"
         meas = "n/a" if m["measured_speedup"] is None else f"{m['measured_speedup']:.2f}×"
+        if m["measured_speedup"] is not None and m["measured_source"] not in (None, "live"):
+            meas += f" ({m['measured_source']})"
         k = len(m["per_position"])
         return (f"<b>Speculative decoding: {self._method}</b>, k = {k} · acceptance <b>{rate}</b> · "
                 f"<b>{m['tokens_per_step']:.2f}</b> tokens per verify pass · speed-up "

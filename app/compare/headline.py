@@ -32,3 +32,18 @@ def headline_text(result: dict) -> str:
         tag = " [computed]" if r.get("computed") else ""
         parts.append(f"{r['label']}: {_num(v)}{ratio}{tag}")
     return f"{name}: " + "; ".join(parts)
+
+
+def speculation_speedup(result: dict | None) -> float | None:
+    """tokens/s with speculation over without, when a comparison ran both (its first configuration
+    without drafts, its last with them); None otherwise."""
+    rows = (result or {}).get("comparison", [])
+    if len(rows) < 2:
+        return None
+    def drafts(r: dict) -> int:
+        return int(r.get("config", {}).get("num_speculative_tokens") or 0)
+    first, last = rows[0], rows[-1]
+    a, b = first["metrics"].get("tokens_per_s"), last["metrics"].get("tokens_per_s")
+    if drafts(first) or not drafts(last) or not a or b is None:
+        return None
+    return b / a

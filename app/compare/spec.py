@@ -85,8 +85,10 @@ class CompareSpec:
         return self.metrics[0]
 
     def fingerprint(self) -> str:
-        """A short hash of everything that shapes the result: stored results are kept per configuration."""
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        """A short hash of everything that shapes the result (not the title): stored results are kept per
+        configuration."""
+        shape = {k: v for k, v in asdict(self).items() if k != "title"}
+        blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -75,3 +75,26 @@ def test_rolling_ratio():
     import numpy as np
     r = rolling_ratio(np.array([1, 1, 0, 0]), np.array([2, 2, 2, 0]), 2)
     assert list(r) == pytest.approx([0.5, 0.5, 0.25, 0.0])
+
+
+def test_compared_speedup_stands_in_until_a_live_one_is_measured(panel):
+    from app.compare.headline import speculation_speedup
+
+    result = {"measured_at": "2026-11-30T17:25:00+00:00", "comparison": [
+        {"label": "off", "config": {"mode": "continuous"}, "metrics": {"tokens_per_s": 36.7}},
+        {"label": "n-gram", "config": {"num_speculative_tokens": 4}, "metrics": {"tokens_per_s": 66.8}}]}
+    assert speculation_speedup(result) == pytest.approx(66.8 / 36.7)
+    assert speculation_speedup({"comparison": result["comparison"][::-1]}) is None  # not off-then-on
+    panel.set_compared_speedup(speculation_speedup(result), "comparison 2026-11-30")
+    panel.add_spec_stats(SpecDecodeStats(step=0, method="ngram", num_draft_tokens=4, num_accepted_tokens=2,
+                                         num_emitted_tokens=3, num_verify_passes=1, accepted_per_position=(1, 1),
+                                         drafted_per_position=(2, 2)))
+    panel.reset()  # a preset's reset keeps the comparison's figure
+    panel.add_spec_stats(SpecDecodeStats(step=1, method="ngram", num_draft_tokens=4, num_accepted_tokens=2,
+                                         num_emitted_tokens=3, num_verify_passes=1, accepted_per_position=(1, 1),
+                                         drafted_per_position=(2, 2)))
+    panel.flush()
+    assert "measured <b>1.82× (comparison 2026-11-30)</b>" in panel._summary.text()
+    panel.set_measured_speedup(1.5)  # measured live in this session: that one wins
+    panel.flush()
+    assert "measured <b>1.50×</b>" in panel._summary.text()
