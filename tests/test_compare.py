@@ -56,7 +56,7 @@ def test_same_tokens_under_batch_sizes_and_live_engine_sees_nothing(loaded, tiny
     result = run_comparison(parse_compare(_spec()), loaded, _base(tiny_llama))
     assert seen == [] and live.stats().num_requests == 0
     rows = result["comparison"]
-    assert [r["label"] for r in rows] == ["max_num_seqs=1", "max_num_seqs=4"]
+    assert [r["label"] for r in rows] == ["max_num_seqs = 1", "max_num_seqs = 4"]
     assert rows[0]["config"] == {"mode": "continuous", "max_num_seqs": 1}
     # greedy, the batch size does not change the maths: the same token ids in both (float32)
     assert rows[1]["metrics"]["same_output_as_first_pct"] == 100.0

@@ -30,9 +30,26 @@ class BarChart(QWidget):
     def _line(self) -> int:
         return QFontMetrics(self._font).height()
 
+    def _label_width(self, fm: QFontMetrics, w: int) -> int:
+        return min(int(w * 0.34), max((fm.horizontalAdvance(r[0]) for r in self._rows), default=0) + 12)
+
+    def _row_heights(self, w: int) -> list[int]:
+        """Each row: its bars, or its label wrapped into the label column (at any character when one word
+        is wider than the column), whichever is taller: a label is never cut."""
+        fm = QFontMetrics(self._font)
+        label_w = max(20, self._label_width(fm, w) - 8)
+        bars = max(2, len(self._series)) * self._line() + 8
+        flags = Qt.TextFlag.TextWrapAnywhere | Qt.AlignmentFlag.AlignLeft
+        return [max(bars, fm.boundingRect(0, 0, label_w, 10_000, flags, r[0]).height() + 8) for r in self._rows]
+
     def _needed_height(self) -> int:
-        per_row = max(2, len(self._series)) * self._line() + 8
-        return self._line() * 2 + len(self._rows) * per_row + 8
+        return self._line() * 2 + sum(self._row_heights(max(self.width(), 100))) + 8
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        height = self._needed_height()
+        if height != self.height():
+            self.setFixedHeight(height)
 
     def paintEvent(self, _event) -> None:  # noqa: N802 (Qt override)
         p = QPainter(self)
@@ -40,7 +57,7 @@ class BarChart(QWidget):
         p.setFont(self._font)
         fm, text_color = QFontMetrics(self._font), self.palette().text().color()
         line, w = self._line(), self.width()
-        label_w = min(int(w * 0.34), max((fm.horizontalAdvance(r[0]) for r in self._rows), default=0) + 12)
+        label_w = self._label_width(fm, w)
         x = 0
         for i, name in enumerate(self._series):  # legend, above the data
             p.fillRect(QRectF(x, line * 0.2, line * 0.8, line * 0.8), QColor(SERIES_COLORS[i % len(SERIES_COLORS)]))
@@ -50,12 +67,12 @@ class BarChart(QWidget):
         top = max((abs(v) for r in self._rows for v in r[1] if v is not None), default=0.0)
         value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
         bar_w = max(10, w - label_w - value_w)
-        per_row = max(2, len(self._series)) * line + 8
         y = line * 1.6
-        for label, values, texts, computed in self._rows:
+        for (label, values, texts, computed), per_row in zip(self._rows, self._row_heights(w), strict=True):
             p.setPen(text_color)
             p.drawText(QRectF(0, y, label_w - 8, per_row - 4),
-                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWordWrap, label)
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWrapAnywhere,
+                       label)
             for s, (v, t) in enumerate(zip(values, texts)):
                 by = y + s * line + 2
                 length = bar_w * abs(v) / top if v is not None and top else 0

@@ -184,7 +184,7 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
         raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}",
                    knob)
     try:
-        return tuple(ConfigSpec(f"{knob}={v}", {knob: _knob_value("compare", knob, v)}) for v in values)
+        return tuple(ConfigSpec(f"{knob} = {v}", {knob: _knob_value("compare", knob, v)}) for v in values)
     except CompareSpecError as exc:
         raise CompareSpecError("compare", "values", f"{knob}: {exc.message}") from None
 

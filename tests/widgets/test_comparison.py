@@ -86,6 +86,18 @@ def test_no_label_is_cut_short(show):
             assert fm.horizontalAdvance(t.item(i, j).text()) <= t.columnWidth(j)
 
 
+def test_bar_labels_wider_than_their_column_wrap_and_keep_their_row(show):
+    from widgets.comparison_bars import BarChart
+
+    chart = show(BarChart(point_size=12), 300, 200)
+    long = "max_num_seqs_without_any_space_at_all=16"
+    chart.set_data(["tokens/s"], [(long, [10.0], ["10"], False), ("b", [5.0], ["5"], False)])
+    rows = chart._row_heights(chart.width())
+    assert rows[0] > rows[1]  # the long label's row grew to hold it on several lines
+    chart.grab()
+    assert chart.height() >= sum(rows)
+
+
 def test_format_helpers():
     assert metric_label("p99_ttft_ms") == "p99 TTFT (ms)"
     assert metric_label("slo_attainment_pct") == "SLO attainment (%)"
