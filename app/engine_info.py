@@ -23,6 +23,8 @@ class Capabilities:
     mtp: bool = False  # multi-token prediction heads are trained for this model
     rebuild: bool = False  # construction-time fields (KV size, draft model) change by rebuilding
     serve: bool = False  # the app can serve the OpenAI API on this engine
+    server_metrics: bool = False  # an attached server's scraped /metrics (the Server panel)
+    client_timings: bool = False  # per-request timings measured by the client as streams arrive (attached)
     reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
 
     def names(self) -> frozenset[str]:

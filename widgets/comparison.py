@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from widgets.comparison_bars import SERIES_COLORS, BarChart
+from widgets.overlay import Overlay
 from widgets.comparison_format import (
     format_value,
     is_predicted,
@@ -95,6 +96,18 @@ class ComparisonPanel(QWidget):
         self.set_result(None)
 
     # --- setters --------------------------------------------------------------------------------
+    def set_available(self, available: bool, why: str = "") -> None:
+        """Grey the panel out under a message (a source that cannot run measured comparisons)."""
+        if not hasattr(self, "_unavailable"):
+            self._unavailable = Overlay(self)
+        self._unavailable.set_text("" if available else (why or "not available"))
+
+    def is_available(self) -> bool:
+        return not (hasattr(self, "_unavailable") and self._unavailable.text())
+
+    def overlay_text(self) -> str:
+        return self._unavailable.text() if hasattr(self, "_unavailable") else ""
+
     def set_result(self, result: dict | None) -> None:
         """Show one comparison result (None: say there is none yet)."""
         self._result = result

@@ -88,6 +88,17 @@ class GanttView(HoverTips, QWidget):
                 row.segments.append([t0, t1, kind])
         self._advance(t1)
 
+    def add_span(self, request_id: str, t0: float, t1: float, kind: str) -> None:
+        """A span of a request seen from outside the engine (an attached server's stream, measured by the
+        client): merged with the row's last span of the same kind when they are close."""
+        row = self._rows.setdefault(request_id, _Row(request_id, t0))
+        last = row.segments[-1] if row.segments else None
+        if last is not None and last[2] == kind and t0 - last[1] <= MERGE_GAP_S:
+            last[1] = max(last[1], t1)
+        else:
+            row.segments.append([t0, t1, kind])
+        self._advance(t1)
+
     def _advance(self, t: float) -> None:
         self._now = max(self._now, t)
         horizon = self._now - self._window_s
