@@ -156,7 +156,8 @@ class ServerPanel(Panel):
 
     def _latency_html(self) -> str:
         lat = (self._facts or {}).get("latency") or {}
-        cells = ["<tr><th></th><th>server p50 · p95 · p99 (bucket estimate)</th><th>client p50 · p99 (measured)</th></tr>"]
+        cells = ["<tr><th></th><th>server p50 · p95 · p99 (bucket estimate)</th>"
+                 "<th>client p50 · p99 (measured)</th></tr>"]
         for key, title in _LATENCY_ROWS:
             b = lat.get(key)
             if b is None:

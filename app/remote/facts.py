@@ -99,8 +99,9 @@ class FactsTracker:
         candidates = {"prefix_hit_rate": m.prefix_hits + m.prefix_hit_rate, "prompt_tokens_per_s": m.prompt_tokens,
                       "generation_tokens_per_s": m.generation_tokens, "preemptions_total": m.preemptions,
                       "spec_acceptance": m.spec_drafts + m.spec_accept_rate,
-                      "kv_blocks": ("vllm:cache_config_info",)}.get(key) or getattr(m, key)
-        return any(n in names for n in candidates)
+                      "kv_blocks": ("vllm:cache_config_info",)}
+        names_for = candidates[key] if key in candidates else getattr(m, key)
+        return any(n in names for n in names_for)
 
     def rate(self, names: tuple[str, ...]) -> float | None:
         """Per second over the last RATE_WINDOW_S (None until two scrapes carry the counter)."""

@@ -27,7 +27,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app import channel
 from app.engine_info import Capabilities, EngineInfo
-from app.load.generator import LoadConfig, LoadGenerator, corpus_text
+from app.load.generator import LoadConfig, LoadGenerator
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.facts import FactsTracker
 from app.remote.metrics import KIND_NAMES, MetricsError, parse_metrics, server_kind
