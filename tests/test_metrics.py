@@ -66,7 +66,8 @@ def test_histogram_lines_are_cumulative():
 
 
 # prometheus_client writes a sample's labels sorted by name (Prometheus reads them in any order)
-SAMPLE = re.compile(r'^inferlab:[a-z0-9_]+\{([a-z_]+="[^"]*",)*model_name="m"(,[a-z_]+="[^"]*")*\} (-?[0-9.e+-]+|NaN|\+Inf)$')
+SAMPLE = re.compile(r'^inferlab:[a-z0-9_]+\{([a-z_]+="[^"]*",)*model_name="m"(,[a-z_]+="[^"]*")*\} '
+                    r'(-?[0-9.e+-]+|NaN|\+Inf)$')
 
 
 def test_serving_metrics_on_the_engine(tiny_llama):

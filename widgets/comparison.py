@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
 )
 
 from widgets.comparison_bars import SERIES_COLORS, BarChart
-from widgets.overlay import Overlay
 from widgets.comparison_format import (
     format_value,
     is_predicted,
@@ -34,6 +33,7 @@ from widgets.comparison_format import (
     ratio_text,
 )
 from widgets.comparison_split import SplitChart
+from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
 EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
