@@ -73,6 +73,9 @@ class CuePlayer(QObject):
         if "arrival_rate" in cue.set:
             ctl.set_arrival_rate(float(cue.set["arrival_rate"]))
         text = cue.describe()
+        fixed = [k for k in knobs if ctl.engine_ready and k not in ctl.capabilities.reconfigurable]
+        if fixed:  # an attached server keeps its own settings: the cue must not claim otherwise
+            text += f" — not on {ctl.source_name}: {', '.join(fixed)} is the server's own setting"
         self.played.append(text)
         ctl.caption.set_cue(text)
         ctl.panels["timeline"].mark_config_change(f"cue: {text}")

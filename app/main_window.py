@@ -137,10 +137,11 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(d["latency"], d["spec"])
         self.tabifyDockWidget(d["latency"], d["quant"])
         self.tabifyDockWidget(d["latency"], d["roofline"])
-        self.tabifyDockWidget(d["latency"], d["server"])
+        self.tabifyDockWidget(d["memory"], d["server"])  # an attached server's panel, where its memory is not
         self.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
         d["latency"].raise_()
         d["tradeoff"].raise_()
+        d["memory"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)
         self.resizeDocks([d["tokens"], d["timeline"]], [380, 580], Qt.Orientation.Vertical)

@@ -229,3 +229,17 @@ def test_source_against_llama_server(qapp):
         source.shutdown(10.0)
         proc.terminate()
         proc.wait(20)
+
+
+def test_presets_say_what_needs_the_embedded_engine():
+    from app import presets
+    from app.engine_info import Capabilities
+    from app.preset_actions import needs_embedded
+
+    caps = Capabilities(load_generator=True, server_metrics=True, client_timings=True)
+    load = lambda name: presets.load_preset(name, presets.PRESETS_DIR)  # noqa: E731
+    kv = needs_embedded(load("kv-cache"), caps, "vLLM at http://x")
+    assert kv.startswith("⚠ This preset needs the embedded engine") and "KV block map" in kv
+    for traffic in ("traffic-jam", "latency-budget", "continuous-batching", "streaming"):
+        text = needs_embedded(load(traffic), caps, "vLLM at http://x")
+        assert "works on a server" in text and "the server's own" in text, traffic
