@@ -18,6 +18,7 @@ from widgets.hover_tips import HoverTips
 from widgets.theme import FINISH_COLORS, phase_color, request_color
 
 MERGE_GAP_S = 0.1  # decode steps closer than this draw as one bar
+PRUNE_EVERY_S = 0.25  # add_span drops finished rows out of the window at most this often
 _LABEL_W = 78
 _AXIS_H = 16
 _MIN_ROW_H, _MAX_ROW_H = 3, 18
@@ -40,6 +41,7 @@ class GanttView(HoverTips, QWidget):
         self._max_rows = max_rows
         self._rows: dict[str, _Row] = {}
         self._now = 0.0
+        self._pruned_at = 0.0
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(80)
 
@@ -53,7 +55,7 @@ class GanttView(HoverTips, QWidget):
 
     def reset(self) -> None:
         self._rows.clear()
-        self._now = 0.0
+        self._now = self._pruned_at = 0.0
         self.update()
 
     def request_arrived(self, request_id: str, t: float) -> None:
@@ -97,7 +99,11 @@ class GanttView(HoverTips, QWidget):
             last[1] = max(last[1], t1)
         else:
             row.segments.append([t0, t1, kind])
-        self._advance(t1)
+        if t1 - self._pruned_at >= PRUNE_EVERY_S:  # one call per arriving chunk: prune old rows now and then
+            self._pruned_at = t1
+            self._advance(t1)
+        else:
+            self._now = max(self._now, t1)
 
     def _advance(self, t: float) -> None:
         self._now = max(self._now, t)

@@ -29,15 +29,12 @@ from app import channel
 from app.engine_info import Capabilities, EngineInfo
 from app.load.generator import LoadConfig, LoadGenerator
 from app.remote.client import StreamResult, request_body, stream_request
-from app.remote.facts import FactsTracker
-from app.remote.metrics import KIND_NAMES, MetricsError, parse_metrics, server_kind
+from app.remote.watch import ServerWatch
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
 
 SCRAPE_HZ = 4.0
 SCRAPE_TIMEOUT_S = 2.0  # /metrics slower than this: the server is "not answering"
-SLOW_S = 0.75  # /metrics slower than this: "answers slowly"
-RETRY_S = 1.0
 STREAM_READ_TIMEOUT_S = 300.0  # a queued request may wait long for its first token
 MAX_IN_FLIGHT = 256
 MAX_EVENTS = 200_000
@@ -88,17 +85,12 @@ class RemoteSource(QObject):
                  scrape_hz: float = SCRAPE_HZ, timeout_s: float = SCRAPE_TIMEOUT_S, parent=None) -> None:
         super().__init__(parent)
         self.url = base_url(url)
-        self.name = self.url  # until the kind is known: then "vLLM at http://…"
         self.api_key = api_key
         self.config = EngineConfig()  # the knobs' defaults; the server keeps its own settings
         self.info: EngineInfo | None = None
         self.load_error: str | None = None
-        self.status: tuple[str, str] = ("connecting", f"connecting to {self.url}…")
-        self.kind: str | None = None
-        self.model_id: str | None = None
-        self.facts = None  # the latest ServerFacts (worker thread writes, anyone reads)
+        self.watch = ServerWatch(self.url, timeout_s, self.publish, self._on_first_answer)
         self.scrape_interval_s = 1.0 / scrape_hz
-        self.timeout_s = timeout_s
         self._events: deque = deque(maxlen=MAX_EVENTS)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,9 +102,6 @@ class RemoteSource(QObject):
         self._ours: set[str] = set()
         self._words = WordTokenizer()
         self.loadgen = LoadGenerator(LoadConfig(), self._words, load_seed)
-        self._tracker: FactsTracker | None = None
-        self._owned_by = ""
-        self._max_model_len: int | None = None
 
     # --- lifecycle (GUI thread) -----------------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +119,23 @@ class RemoteSource(QObject):
     @property
     def loaded(self) -> bool:
         return self.info is not None
+
+    # what the scraper learnt (app/remote/watch.py)
+    @property
+    def name(self) -> str:
+        return self.watch.name
+
+    @property
+    def status(self) -> tuple[str, str]:
+        return self.watch.status
+
+    @property
+    def kind(self) -> str | None:
+        return self.watch.kind
+
+    @property
+    def facts(self):
+        return self.watch.facts
 
     def drain(self, limit: int | None = None) -> list:
         """Everything the worker published since the last call, oldest first (app/channel.py)."""
@@ -214,7 +220,7 @@ class RemoteSource(QObject):
             self.publish(channel.Message(f"the attach worker stopped: {type(exc).__name__}: {exc}"))
 
     async def _main(self) -> None:
-        timeout = httpx.Timeout(self.timeout_s, read=STREAM_READ_TIMEOUT_S)
+        timeout = httpx.Timeout(self.watch.timeout_s, read=STREAM_READ_TIMEOUT_S)
         limits = httpx.Limits(max_connections=MAX_IN_FLIGHT + 4, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self._headers()) as client:
             self._client = client
@@ -223,7 +229,7 @@ class RemoteSource(QObject):
                 pending, self._pending = self._pending, []
             for fn in pending:
                 fn()
-            scraper = asyncio.create_task(self._scrape_forever())
+            scraper = asyncio.create_task(self.watch.run(client, self.scrape_interval_s))
             while not self._stopping.is_set():
                 now = time.perf_counter()
                 for arrival in self.loadgen.due(now):
@@ -239,108 +245,19 @@ class RemoteSource(QObject):
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    # scraping
-    async def _scrape_forever(self) -> None:
-        while True:
-            t0 = time.perf_counter()
-            ok = await self._scrape_once()
-            pause = self.scrape_interval_s if ok else RETRY_S
-            await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
-
-    async def _scrape_once(self) -> bool:
-        """One look at the server; False when it is down (the next try waits RETRY_S)."""
-        if self.model_id is None or self.status[0] == "down":
-            models = await self._fetch_models()
-            if models is False and self.status[0] in ("connecting", "down"):
-                return False
-        t0 = time.perf_counter()
-        try:
-            resp = await self._client.get(self.url + "/metrics", timeout=self.timeout_s)
-        except httpx.TimeoutException:
-            self._set_status("down", f"{self.url} did not answer /metrics within {self.timeout_s:.0f} s; "
-                                     f"retrying every {RETRY_S:.0f} s")
-            return False
-        except httpx.HTTPError as exc:
-            self._set_status("down", f"{self.url} is not answering ({type(exc).__name__}); retrying every "
-                                     f"{RETRY_S:.0f} s")
-            return False
-        elapsed = time.perf_counter() - t0
-        if resp.status_code in (404, 405, 501):
-            self._connected(None)
-            self._set_status("no-metrics", f"{self.name} publishes no /metrics (HTTP {resp.status_code}; "
-                                           "llama-server needs --metrics): client-side facts only")
-            return True
-        if resp.status_code != 200:
-            self._set_status("garbage", f"{self.url}/metrics answered HTTP {resp.status_code}; retrying")
-            return False
-        try:
-            scrape = parse_metrics(resp.text, time.perf_counter())
-        except MetricsError as exc:
-            self._set_status("garbage", f"{self.url}/metrics returned something else than metrics ({exc}); "
-                                        "retrying")
-            return False
-        self._connected(scrape)
-        facts = self._tracker.add(scrape)
-        self.facts = facts
-        self.publish(channel.ServerSample(facts))
-        if elapsed > SLOW_S:
-            self._set_status("slow", f"{self.name} answers slowly: /metrics took {elapsed:.1f} s")
-        else:
-            self._set_status("connected", f"attached to {self.name}")
-        return True
-
-    async def _fetch_models(self) -> bool | None:
-        """/v1/models: the model id requests name and the context length where the server says it.
-        False when the server is unreachable, None when it answered without a usable list."""
-        try:
-            resp = await self._client.get(self.url + "/v1/models", timeout=self.timeout_s)
-        except httpx.HTTPError as exc:
-            self._set_status("down", f"{self.url} is not answering ({type(exc).__name__}); retrying every "
-                                     f"{RETRY_S:.0f} s")
-            return False
-        try:
-            data = resp.json()["data"][0]
-            self.model_id = str(data["id"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            if resp.status_code == 401:
-                self._set_status("down", f"{self.url} refused the API key (HTTP 401): attach with --api-key")
-                return False
-            return None
-        self._owned_by = str(data.get("owned_by") or "")
-        for key in ("max_model_len", "context_length"):
-            if isinstance(data.get(key), int):
-                self._max_model_len = data[key]
-        meta = data.get("meta")
-        if isinstance(meta, dict) and isinstance(meta.get("n_ctx_train"), int):
-            self._max_model_len = self._max_model_len or meta["n_ctx_train"]
-        return True
-
-    def _connected(self, scrape) -> None:
-        """The first answer: the kind of server, then the window learns what it can show."""
-        if self.info is not None:
-            return
-        self.kind = server_kind(scrape, self._owned_by) or "openai"
-        self.name = f"{KIND_NAMES.get(self.kind, 'the server')} at {self.url}"
-        self._tracker = FactsTracker(self.kind)
-        if self._max_model_len:  # lengths are in words: leave room for a word being several tokens
+    def _on_first_answer(self, has_metrics: bool) -> None:
+        """The scraper knows the server: the window learns what it can show."""
+        w = self.watch
+        if w.max_model_len:  # lengths are in words: leave room for a word being several tokens
             self.loadgen = LoadGenerator(self.loadgen.config, self._words, 0,
-                                         max_model_len=int(self._max_model_len * WORDS_PER_TOKEN))
+                                         max_model_len=int(w.max_model_len * WORDS_PER_TOKEN))
         self.info = EngineInfo(
-            source=self.name, model=self.model_id or "(unnamed)", model_path=self.url, device="remote",
-            dtype="(the server's)", max_model_len=self._max_model_len or 0, num_kv_blocks=0, block_size=0,
+            source=w.name, model=w.model_id or "(unnamed)", model_path=self.url, device="remote",
+            dtype="(the server's)", max_model_len=w.max_model_len or 0, num_kv_blocks=0, block_size=0,
             has_chat_template=True,
-            capabilities=Capabilities(load_generator=True, server_metrics=scrape is not None, client_timings=True),
-            config={"server_kind": self.kind})
+            capabilities=Capabilities(load_generator=True, server_metrics=has_metrics, client_timings=True),
+            config={"server_kind": w.kind})
         self.sigLoaded.emit(self.info)
-
-    def _set_status(self, state: str, text: str) -> None:
-        if state == "connected" and self.status[0] in ("down", "garbage"):
-            text = f"reconnected: {text}"
-        elif state == "connected" and self.status[0] == "connected":
-            text = self.status[1]  # stays "reconnected: …" until the next change
-        if self.status != (state, text):
-            self.status = (state, text)
-            self.publish(channel.ServerStatus(state, text))
 
     # requests
     def _launch_arrival(self, arrival) -> None:
@@ -360,7 +277,7 @@ class RemoteSource(QObject):
     def _launch(self, rid: str, prompt: str, sampling: dict, chat: bool) -> None:
         if self.info is None:
             return
-        path, body = request_body(self.model_id or "default", prompt, max_tokens=sampling.get("max_tokens") or 16,
+        path, body = request_body(self.watch.model_id or "default", prompt, max_tokens=sampling.get("max_tokens") or 16,
                                   temperature=sampling.get("temperature", 0.8), chat=chat,
                                   seed=sampling.get("seed"), ignore_eos=bool(sampling.get("ignore_eos")))
         res = StreamResult(rid, time.perf_counter())
