@@ -19,6 +19,7 @@ from app.engine_source import EngineSource
 from app.load.generator import LoadConfig
 from app.main_window import MainWindow
 from app.remote.source import RemoteSource, base_url
+from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
@@ -102,7 +103,8 @@ def test_source_against_inferlab_serve(qapp, served):
                                        and source.facts.latency["ttft"].count >= 1))
         samples = [i.facts for i in got.poll() if isinstance(i, channel.ServerSample)]
         assert any((f.generation_tokens_per_s or 0) > 0 for f in samples)
-        assert source.facts.not_exposed == ("KV block counts",)
+        blocks, block_size = source.facts.kv_blocks  # inferlab:cache_config_info
+        assert source.facts.not_exposed == () and blocks > 0 and block_size == EngineConfig().block_size
         assert source.status[0] == "connected"
     finally:
         assert source.shutdown(10.0)

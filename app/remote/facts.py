@@ -99,7 +99,7 @@ class FactsTracker:
         candidates = {"prefix_hit_rate": m.prefix_hits + m.prefix_hit_rate, "prompt_tokens_per_s": m.prompt_tokens,
                       "generation_tokens_per_s": m.generation_tokens, "preemptions_total": m.preemptions,
                       "spec_acceptance": m.spec_drafts + m.spec_accept_rate,
-                      "kv_blocks": ("vllm:cache_config_info",)}
+                      "kv_blocks": ("vllm:cache_config_info", "inferlab:cache_config_info")}
         names_for = candidates[key] if key in candidates else getattr(m, key)
         return any(n in names for n in names_for)
 

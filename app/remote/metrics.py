@@ -187,9 +187,9 @@ def first(table: dict, names: tuple[str, ...]):
 
 
 def kv_blocks(scrape: Scrape) -> tuple[int, int] | None:
-    """(number of KV blocks, block size) where the server publishes its cache configuration (vLLM's
-    cache_config_info labels); None elsewhere."""
-    labels = scrape.info.get("vllm:cache_config_info")
+    """(number of KV blocks, block size) where the server publishes its cache configuration (vLLM's and
+    inferlab's cache_config_info labels); None elsewhere."""
+    labels = scrape.info.get("vllm:cache_config_info") or scrape.info.get("inferlab:cache_config_info")
     try:
         return (int(float(labels["num_gpu_blocks"])), int(float(labels["block_size"]))) if labels else None
     except (KeyError, ValueError):

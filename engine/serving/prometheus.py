@@ -141,6 +141,11 @@ class ServingMetrics(Subscriber):
             fam = kinds[kind](f"{p}:{name.removesuffix('_total')}", help_, labels=["model_name"])
             fam.add_metric(model, value)
             yield fam
+        bm = self.engine.block_manager  # the cache's configuration, as vLLM's cache_config_info publishes it
+        info = GaugeMetricFamily(f"{p}:cache_config_info", "The KV cache's configuration (labels; value 1).",
+                                 labels=["model_name", "block_size", "num_gpu_blocks"])
+        info.add_metric([self.model_name, str(self.engine.config.block_size), str(bm.num_blocks)], 1)
+        yield info
         with self._lock:
             fam = CounterMetricFamily(f"{p}:request_success", "Finished requests by finish reason.",
                                       labels=["model_name", "finished_reason"])
