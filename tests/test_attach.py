@@ -245,3 +245,21 @@ def test_presets_say_what_needs_the_embedded_engine():
     for traffic in ("traffic-jam", "latency-budget", "continuous-batching", "streaming"):
         text = needs_embedded(load(traffic), caps, "vLLM at http://x")
         assert "works on a server" in text and "the server's own" in text, traffic
+
+
+def test_file_attach_opens_a_window_on_the_server(qapp):
+    server = FlakyServer().start()
+    first = MainWindow(RemoteSource(server.url), None, persist=False)  # any source: this one keeps it
+    first.controller.interactive = False
+    try:
+        assert first.attach("not a url://") is None and "not attached" in first.status_label.text()
+        second = first.attach(server.url + "/v1")
+        assert second is not None and second.host is not first.host
+        assert wait_for(qapp, lambda: second.controller.engine_ready)
+        assert second.host.name == f"vLLM at {server.url}" and "vLLM at" in second.engine_label.text()
+        second.close()
+        assert not second.host._thread.is_alive()
+    finally:
+        first.close()
+        server.stop()
+        run_for(qapp, 0.05)
