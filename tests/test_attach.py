@@ -197,8 +197,8 @@ def _llama_server() -> tuple[str, str] | None:
         built = sorted(Path("/work/llama.cpp").glob("**/bin/llama-server"))
         binary = str(built[0]) if built else None
     gguf = os.environ.get("INFERLAB_LLAMA_GGUF")
-    if gguf is None:
-        found = sorted(Path("/work/llama.cpp").glob("**/*.gguf"))
+    if gguf is None:  # the default model's own GGUF, where the build script put it
+        found = sorted(Path("/work/llama.cpp/models").glob("*.Q4_1.gguf"))
         gguf = str(found[0]) if found else None
     return (binary, gguf) if binary and gguf and Path(binary).is_file() else None
 

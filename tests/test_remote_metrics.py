@@ -92,3 +92,14 @@ def test_counter_reset_counts_from_zero():
 def test_garbage_is_an_error(garbage):
     with pytest.raises(MetricsError):
         parse_metrics(garbage)
+
+
+def test_llama_cpp_prefix_hits_count_against_processed_plus_cached():
+    """llama-server counts the prompt tokens it processed and, apart, those it reused from its cache."""
+    text = ("# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total {}\n"
+            "# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total {}\n")
+    t = FactsTracker("llamacpp")
+    t.add(parse_metrics(text.format(100, 0), 0.0))
+    f = t.add(parse_metrics(text.format(150, 50), 1.0))
+    assert f.prefix_hit_rate == pytest.approx(0.5) and f.prompt_tokens_per_s == pytest.approx(50.0)
+    assert "prefix-cache hit rate" not in f.not_exposed

@@ -73,7 +73,7 @@ class FactsTracker:
             self._history.popleft()
         m = self.map
         g, c = scrape.gauges, scrape.counters
-        hit_rate = self._ratio(m.prefix_hits, m.prefix_queries)
+        hit_rate = self._ratio(m.prefix_hits, m.prefix_queries, m.prefix_misses)
         if hit_rate is None:
             hit_rate = _finite(first(g, m.prefix_hit_rate))
         accept = self._ratio(m.spec_accepted, m.spec_drafts)
@@ -116,16 +116,23 @@ class FactsTracker:
         delta = value - before if value >= before else value  # a restarted server's counter starts again at 0
         return delta / (now.t - then.t)
 
-    def _ratio(self, part: tuple[str, ...], whole: tuple[str, ...]) -> float | None:
-        """Growth of counter `part` over growth of counter `whole` in the rate window."""
+    def _ratio(self, part: tuple[str, ...], whole: tuple[str, ...], rest: tuple[str, ...] = ()) -> float | None:
+        """Growth of counter `part` over growth of counter `whole` (or of part + `rest`) in the rate window."""
         if not part:
             return None
         now = self._history[-1]
         then = self._earlier(now.t - RATE_WINDOW_S)
-        p1, w1 = first(now.counters, part), first(now.counters, whole)
+
+        def total(scrape: Scrape, names: tuple[str, ...]) -> float | None:
+            if not rest:
+                return first(scrape.counters, names)
+            p, r = first(scrape.counters, part), first(scrape.counters, rest)
+            return None if p is None or r is None else p + r
+
+        p1, w1 = first(now.counters, part), total(now, whole)
         if p1 is None or w1 is None or then is None:
             return None
-        p0, w0 = first(then.counters, part) or 0.0, first(then.counters, whole) or 0.0
+        p0, w0 = first(then.counters, part) or 0.0, total(then, whole) or 0.0
         dw = w1 - w0 if w1 >= w0 else w1
         if dw > 0:
             return (p1 - p0 if p1 >= p0 else p1) / dw

@@ -124,6 +124,7 @@ class MetricMap:
     kv_usage: tuple[str, ...] = ()  # gauge, fraction 0..1 of the KV cache in use
     prefix_hits: tuple[str, ...] = ()  # counters of tokens: hits / queries
     prefix_queries: tuple[str, ...] = ()
+    prefix_misses: tuple[str, ...] = ()  # or a counter of the prompt tokens not found (queries = hits + misses)
     prefix_hit_rate: tuple[str, ...] = ()  # or a gauge the server computes itself
     prompt_tokens: tuple[str, ...] = ()  # counters
     generation_tokens: tuple[str, ...] = ()
@@ -162,11 +163,15 @@ METRIC_MAPS: dict[str, MetricMap] = {
         itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
         e2e=("sglang:e2e_request_latency_seconds",), spec_accept_rate=("sglang:spec_accept_rate",),
         kv_capacity_tokens=("sglang:max_total_num_tokens",), preemption_word="retractions"),
-    # tools/server/server.cpp (llama-server --metrics)
+    # tools/server/server-task.cpp (llama-server --metrics; the tree in llama-cpp-python 0.3.36): prompt_tokens
+    # counts the tokens it processed, prompt_tokens_cached those it reused; kv_cache_usage_ratio is older builds'
     "llamacpp": MetricMap(
         running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",),
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
-        prompt_tokens=("llamacpp:prompt_tokens",), generation_tokens=("llamacpp:tokens_predicted",)),
+        prefix_hits=("llamacpp:prompt_tokens_cached",), prefix_misses=("llamacpp:prompt_tokens",),
+        prompt_tokens=("llamacpp:prompt_tokens",), generation_tokens=("llamacpp:tokens_predicted",),
+        spec_drafts=("llamacpp:spec_decode_num_draft_tokens",),
+        spec_accepted=("llamacpp:spec_decode_num_accepted_tokens",)),
     # engine/serving/prometheus.py
     "inferlab": MetricMap(
         running=("inferlab:num_requests_running",), waiting=("inferlab:num_requests_waiting",),
