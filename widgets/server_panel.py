@@ -49,6 +49,7 @@ class ServerPanel(Panel):
         self._queue_plot = pg.PlotWidget()
         self._rate_plot = pg.PlotWidget()
         for w, title in ((self._queue_plot, "requests (server)"), (self._rate_plot, "generated tokens/s (server)")):
+            w.setMinimumHeight(90)
             p = w.getPlotItem()
             p.setTitle(title)
             p.setMouseEnabled(x=False, y=False)
@@ -156,8 +157,8 @@ class ServerPanel(Panel):
 
     def _latency_html(self) -> str:
         lat = (self._facts or {}).get("latency") or {}
-        cells = ["<tr><th></th><th>server p50 · p95 · p99 (bucket estimate)</th>"
-                 "<th>client p50 · p99 (measured)</th></tr>"]
+        cells = ["<tr><th></th><th>server p50 · p95 · p99<br><small>bucket estimate</small></th>"
+                 "<th>client p50 · p99<br><small>measured</small></th></tr>"]
         for key, title in _LATENCY_ROWS:
             b = lat.get(key)
             if b is None:
@@ -165,12 +166,12 @@ class ServerPanel(Panel):
             else:
                 vals = b["values"]
                 server = " · ".join(("&gt;" if q in b["capped"] else "") + ms(vals.get(q)) for q in (50, 95, 99))
-                span = f"last {b['window_s']:.0f} s" if b.get("window_s") else "since start"
-                server += f" <small>(n={b['count']}, {span})</small>"
+                span = f"{b['window_s']:.0f} s" if b.get("window_s") else "all"
+                server += f" <small>n={b['count']}, {span}</small>"
             client = self._client[key]
             if client:
                 p50, p99 = np.percentile(np.asarray(client), (50, 99))
-                mine = f"{ms(float(p50))} · {ms(float(p99))} <small>(n={len(client)})</small>"
+                mine = f"{ms(float(p50))} · {ms(float(p99))} <small>n={len(client)}</small>"
             else:
                 mine = "—"
             cells.append(f"<tr><td>{title}</td><td>{server}</td><td>{mine}</td></tr>")
