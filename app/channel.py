@@ -7,8 +7,22 @@ Every fact is computed in the engine thread; the GUI only shows it.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+
+def drain(items: deque, limit: int | None = None) -> list:
+    """Pop up to `limit` items (all when None) off the left of a source's deque, oldest first. The
+    producer thread only appends, so the GUI thread may pop without a lock."""
+    out = []
+    pop = items.popleft
+    try:
+        while limit is None or len(out) < limit:
+            out.append(pop())
+    except IndexError:
+        pass
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +118,44 @@ class SideBySide:
 
     assignments: Mapping[str, str | None] = field(default_factory=dict)
     prompt: str = ""
+# --- an attached server (app/remote/source.py): what its /metrics say and what its streams measured ---
+@dataclass(frozen=True, slots=True)
+class ServerSample:
+    """One scrape of the server's /metrics, with rates and bucket percentiles (app/remote/facts.py)."""
+
+    facts: object  # ServerFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """The connection to the attached server changed: connecting, connected, slow, down, garbage."""
+
+    state: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSent:
+    """A streaming request went out to the server (the Gantt row starts here)."""
+
+    request_id: str
+    t: float  # perf_counter
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOutput:
+    """Text that arrived on a stream, stamped on arrival; `output` carries the client-measured TTFT and
+    tokens/s (no token ids: the server sends text)."""
+
+    output: object  # engine.events.RequestOutput
+    t: float
+    num_tokens: int  # tokens this chunk stands for (1 per chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFinished:
+    """A stream ended: its timings as measured by the client (arrival = sent)."""
+
+    timeline: object  # engine.events.RequestTimeline
+    inter_token_s: tuple[float, ...] = ()
+    error: str | None = None

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="open in presenter mode (F11): only the preset's panels, large enough for a room")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="the app's model: built-in name, Hugging Face folder, .gguf file or Hub id")
+    parser.add_argument("--attach", metavar="URL", default=None,
+                        help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
+                             "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
+    parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")

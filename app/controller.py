@@ -19,6 +19,7 @@ from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
 from app.tradeoff_actions import connect_tradeoff
 from engine.sampling_params import SamplingParams
+from widgets.theme import phase_color
 
 FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
     "quant_bits": ("quantization", "Weight bits"),
@@ -28,11 +29,20 @@ FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
     "burst": ("load_generator", "The load generator"),
 }
 PANEL_NEEDS = {  # panel -> ((capability, what it shows), ...): greyed out with a message when one is missing
-    "memory": (("memory_breakdown", "the memory breakdown"), ("block_map", "the KV block map")),
-    "timeline": (("step_events", "per-step batch and queue events"),),
-    "spec": (("speculative", "speculative decoding"),),
+    "memory": (("memory_breakdown", "the memory breakdown (weights / KV bytes)"), ("block_map", "the KV block map")),
+    "timeline": (("step_events", "per-step batch composition and queue events"),),
+    "spec": (("speculative", "speculative decoding per step"),),
+    "quant": (("quantization", "weight quantization"),),
+    "roofline": (("step_events", "per-step FLOPs and bytes (the roofline)"),),
+    "tradeoff": (("sweep", "the tradeoff sweep and its per-step measured points"),),
+    "comparison": (("sweep", "measured comparisons (they run the embedded engine)"),),
+    "server": (("server_metrics", "an attached server's /metrics"),),
     "lora": (("lora", "multi-LoRA serving"),),
 }
+KNOB_CONTROLS = {"max_num_seqs": "max batch size", "max_num_batched_tokens": "token budget"}
+GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span style='color:{queued}'>■</span> sent → "
+                       "first token (queue and prefill: the server does not tell them apart) &nbsp; "
+                       "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
 USER_MAX_TOKENS = 128
 _LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",
            "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals",
@@ -117,14 +127,26 @@ class AppController(PresetActions, QObject):
         for name, (cap, what) in FEATURE_CONTROLS.items():
             on = cap in caps
             controls.set_feature_available(name, on, "" if on else f"{what}: not offered by {source}")
+        for name, label in KNOB_CONTROLS.items() if self.engine_ready else ():
+            on = name in caps.reconfigurable
+            controls.set_feature_available(name, on, "" if on else f"{label}: set when {source} starts; not "
+                                                                   "changeable from a client")
         for panel, needs in PANEL_NEEDS.items() if self.engine_ready else ():
             missing = [what for cap, what in needs if cap not in caps]
-            self.panels[panel].set_available(not missing, f"{' and '.join(missing).capitalize()}: not exposed by "
-                                                          f"{source}" if missing else "")
+            why = f"{' and '.join(missing)}: not exposed by {source}" if missing else ""
+            why = why[:1].upper() + why[1:]
+            if panel == "timeline" and missing and "client_timings" in caps:  # the Gantt chart stays live
+                self.panels[panel].set_available(True)
+                self.panels[panel].set_steps_note(why, GANTT_CLIENT_LEGEND.format(
+                    queued=phase_color("queued").name(), decode=phase_color("decode").name()))
+                continue
+            if panel == "timeline":
+                self.panels[panel].set_steps_note("")
+            self.panels[panel].set_available(not missing, why)
 
     # --- presets: app/preset_actions.py --------------------------------------------------------
     def _push_config(self) -> None:
-        knobs = {k: self.config[k] for k in SCHEDULING_KEYS}
+        knobs = {k: self.config[k] for k in SCHEDULING_KEYS if k in self.capabilities.reconfigurable}
         if self._spec_live():
             knobs.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
         self.host.reconfigure(**knobs)
@@ -149,6 +171,11 @@ class AppController(PresetActions, QObject):
         if self.engine_ready:
             self._on_feature_knobs(values)
         changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.config.get(k) != v}
+        fixed = [k for k in changes if self.engine_ready and k not in self.capabilities.reconfigurable]
+        if fixed:  # a preset's cue on an attached server: say so, change nothing there
+            self.window.show_message(f"{', '.join(_LABELS[k] for k in fixed)}: set when {self.source_name} starts; "
+                                     "not changeable from a client")
+            changes = {k: v for k, v in changes.items() if k not in fixed}
         if not changes:
             return
         if not self.engine_ready:  # loading: on_loaded sends the whole configuration
@@ -254,6 +281,9 @@ class AppController(PresetActions, QObject):
 
     # --- sweep --------------------------------------------------------------------------------
     def run_sweep(self, spec: SweepSpec | None = None) -> None:
+        if self.engine_ready and "sweep" not in self.capabilities:
+            self.window.show_message(f"the tradeoff sweep runs the embedded engine; not offered by {self.source_name}")
+            return
         if not self.host.loaded:
             self.window.show_message("the model is still loading")
             return

@@ -117,14 +117,7 @@ class EngineHost(QObject):
 
     def drain(self, limit: int | None = None) -> list:
         """Everything the engine thread published since the last call, oldest first (app/channel.py)."""
-        out = []
-        pop = self._events.popleft
-        try:
-            while limit is None or len(out) < limit:
-                out.append(pop())
-        except IndexError:
-            pass
-        return out
+        return channel.drain(self._events, limit)
 
     # --- commands (any thread) --------------------------------------------------------------------
     def add_request(self, prompt, params, **kw) -> str:

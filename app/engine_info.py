@@ -24,6 +24,8 @@ class Capabilities:
     rebuild: bool = False  # construction-time fields (KV size, draft model) change by rebuilding
     serve: bool = False  # the app can serve the OpenAI API on this engine
     lora: bool = False  # multi-LoRA serving: an adapter pool, requests that name an adapter
+    server_metrics: bool = False  # an attached server's scraped /metrics (the Server panel)
+    client_timings: bool = False  # per-request timings measured by the client as streams arrive (attached)
     reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
 
     def names(self) -> frozenset[str]:

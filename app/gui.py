@@ -50,7 +50,16 @@ def run_gui(args) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads()))
+    if getattr(args, "attach", None):  # an OpenAI-compatible server instead of the embedded engine
+        from app.remote.source import RemoteSource
+
+        try:
+            host = RemoteSource(args.attach, args.api_key)
+        except ValueError as exc:
+            print(f"inferlab: error: --attach: {exc}", file=sys.stderr)
+            return 2
+    else:
+        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads()))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)

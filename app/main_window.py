@@ -46,10 +46,11 @@ from widgets import (
 from widgets.comparison import ComparisonPanel
 from widgets.lora_panel import LoraPanel
 from widgets.panel_base import Panel
+from widgets.server_panel import ServerPanel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
-STATE_VERSION = 3  # 2: the comparison and roofline docks; 3: the LoRA dock (older saved layouts lack them)
+STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock
 # presenter scales at a 720-line and a 1080-line projector (in between: interpolated). A 720-line picture
 # is projected as large as a 1080-line one, so each of its pixels is larger: it needs less enlarging, and
 # has less room. pyqtgraph's fonts are smaller than Qt's to start with.
@@ -62,11 +63,14 @@ def presenter_scale(table: dict[int, float], screen_height: int) -> float:
     lo, hi = table[720], table[1080]
     t = min(1.0, max(0.0, (screen_height - 720) / 360))
     return lo + t * (hi - lo)
+
+
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
     "quant": "Quantization error", "comparison": "Measured comparison", "roofline": "Roofline",
     "lora": "LoRA adapters",
+    "server": "Server (/metrics)",
 }
 
 
@@ -75,7 +79,7 @@ def make_panels() -> dict[str, QWidget]:
             "memory": MemoryPanel(),
             "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
             "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel(),
-            "roofline": RooflinePanel(), "lora": LoraPanel()}
+            "roofline": RooflinePanel(), "lora": LoraPanel(), "server": ServerPanel()}
 
 
 class MainWindow(QMainWindow):
@@ -118,6 +122,8 @@ class MainWindow(QMainWindow):
         self.feeder.sigQuantized.connect(self._on_quantized)
         host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
+        self.feeder.sigServerStatus.connect(self._on_server_status)
+        self.attached_windows: list[MainWindow] = []  # File → Attach to server… opens these
         self.resize(1600, 1000)
         self.default_state = self.saveState(STATE_VERSION)
         self.set_theme(self.theme)
@@ -147,9 +153,11 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(d["latency"], d["quant"])
         self.tabifyDockWidget(d["latency"], d["roofline"])
         self.tabifyDockWidget(d["latency"], d["lora"])
+        self.tabifyDockWidget(d["memory"], d["server"])  # an attached server's panel, where its memory is not
         self.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
         d["latency"].raise_()
         d["tradeoff"].raise_()
+        d["memory"].raise_()
         self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)
         self.resizeDocks([d["tokens"], d["timeline"]], [380, 580], Qt.Orientation.Vertical)
@@ -190,11 +198,17 @@ class MainWindow(QMainWindow):
         gui_gc.collect_and_freeze()
         self.progress.hide()
         self._show_engine_label(info.num_kv_blocks)
-        self.show_message(f"model loaded: {info.model_path}")
+        attached = "client_timings" in info.capabilities
+        self.show_message(f"attached to {info.source}: model {info.model}" if attached
+                          else f"model loaded: {info.model_path}")
         self.controller.on_loaded(info)
 
     def _show_engine_label(self, num_kv_blocks: int) -> None:
         info = self.host.info
+        if "server_metrics" in info.capabilities or "client_timings" in info.capabilities:
+            state = getattr(self.host, "status", ("connected", ""))[0]
+            self.engine_label.setText(f"{info.model} · {info.source} · {state}")
+            return
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks "
                                   f"× {info.block_size} · context {info.max_model_len}")
 
@@ -202,6 +216,15 @@ class MainWindow(QMainWindow):
         """Requantizing resized the KV cache (the bytes the weights freed or took back)."""
         if self.host.info is not None:
             self._show_engine_label(num_kv_blocks)
+
+    def _on_server_status(self, state: str, text: str) -> None:
+        """An attached server's connection changed: the status bar says so until it changes again."""
+        info = self.host.info
+        if info is not None:
+            self.engine_label.setText(f"{info.model} · {info.source} · {state}")
+        else:
+            self.status_label.setText(text)
+        self.show_message(text)
 
     def _on_load_failed(self, message: str) -> None:
         self.progress.hide()
@@ -361,6 +384,26 @@ class MainWindow(QMainWindow):
         if self.controller.preset is not None:
             self.settings.setValue("last_preset", self.controller.preset.path)
         self.settings.sync()
+
+    def attach(self, url: str, api_key: str | None = None):
+        """Open a second window fed by an OpenAI-compatible server (app/remote/source.py), with this
+        window's preset; None (and a message) for a URL that is not one."""
+        from app.remote.source import RemoteSource
+
+        try:
+            source = RemoteSource(url, api_key)
+        except ValueError as exc:
+            self.show_message(f"not attached: {exc}")
+            return None
+        window = MainWindow(source, self.settings, persist=False)
+        window.controller.interactive = self.controller.interactive
+        self.attached_windows.append(window)
+        window.show()
+        source.start()
+        if self.controller.preset is not None:
+            window.controller.apply_preset(self.controller.preset.path)
+        self.show_message(f"attaching to {source.url} in a new window")
+        return window
 
     def toggle_server(self, on: bool) -> None:
         """Serve the OpenAI-compatible API on this window's engine: external requests show in the panels."""

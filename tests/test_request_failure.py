@@ -102,7 +102,7 @@ def test_forward_that_raises_for_one_request_fails_it_alone(tiny_llama, referenc
         assert outs[i].finish_reason == "length" and outs[i].token_ids == reference[0.0][i].token_ids
     assert eng.stats().num_failed == 1 and sum(e.stats.num_failed for e in events) == 1
     text = metrics.render()
-    assert 'inferlab:request_failed_total{model_name="tiny"} 1' in text
+    assert 'inferlab:request_failed_total{model_name="tiny"} 1.0' in text
     assert eng.block_manager.num_used_blocks == 0 and not eng.scheduler.has_unfinished()
 
 

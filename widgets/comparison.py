@@ -33,6 +33,7 @@ from widgets.comparison_format import (
     ratio_text,
 )
 from widgets.comparison_split import SplitChart
+from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
 EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
@@ -107,6 +108,18 @@ class ComparisonPanel(QWidget):
         self.curve.setMinimumHeight(120 if first else 180)  # what a 720-line projector has room for
 
     # --- setters --------------------------------------------------------------------------------
+    def set_available(self, available: bool, why: str = "") -> None:
+        """Grey the panel out under a message (a source that cannot run measured comparisons)."""
+        if not hasattr(self, "_unavailable"):
+            self._unavailable = Overlay(self)
+        self._unavailable.set_text("" if available else (why or "not available"))
+
+    def is_available(self) -> bool:
+        return not (hasattr(self, "_unavailable") and self._unavailable.text())
+
+    def overlay_text(self) -> str:
+        return self._unavailable.text() if hasattr(self, "_unavailable") else ""
+
     def set_result(self, result: dict | None) -> None:
         """Show one comparison result (None: say there is none yet)."""
         self._result = result

@@ -18,6 +18,7 @@ from widgets.hover_tips import HoverTips
 from widgets.theme import FINISH_COLORS, adapter_color, phase_color, request_color
 
 MERGE_GAP_S = 0.1  # decode steps closer than this draw as one bar
+PRUNE_EVERY_S = 0.25  # add_span drops finished rows out of the window at most this often
 _LABEL_W = 78
 _AXIS_H = 16
 _MIN_ROW_H, _MAX_ROW_H = 3, 18
@@ -42,6 +43,7 @@ class GanttView(HoverTips, QWidget):
         self._rows: dict[str, _Row] = {}
         self._now = 0.0
         self._adapters_seen = False  # any row ran with a LoRA adapter: rows carry their adapter's colour
+        self._pruned_at = 0.0
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(80)
 
@@ -55,7 +57,7 @@ class GanttView(HoverTips, QWidget):
 
     def reset(self) -> None:
         self._rows.clear()
-        self._now = 0.0
+        self._now = self._pruned_at = 0.0
         self._adapters_seen = False
         self.update()
 
@@ -94,6 +96,21 @@ class GanttView(HoverTips, QWidget):
             else:
                 row.segments.append([t0, t1, kind])
         self._advance(t1)
+
+    def add_span(self, request_id: str, t0: float, t1: float, kind: str) -> None:
+        """A span of a request seen from outside the engine (an attached server's stream, measured by the
+        client): merged with the row's last span of the same kind when they are close."""
+        row = self._rows.setdefault(request_id, _Row(request_id, t0))
+        last = row.segments[-1] if row.segments else None
+        if last is not None and last[2] == kind and t0 - last[1] <= MERGE_GAP_S:
+            last[1] = max(last[1], t1)
+        else:
+            row.segments.append([t0, t1, kind])
+        if t1 - self._pruned_at >= PRUNE_EVERY_S:  # one call per arriving chunk: prune old rows now and then
+            self._pruned_at = t1
+            self._advance(t1)
+        else:
+            self._now = max(self._now, t1)
 
     def _advance(self, t: float) -> None:
         self._now = max(self._now, t)

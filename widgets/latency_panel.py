@@ -97,9 +97,13 @@ class LatencyPanel(Panel):
         self._mark_dirty()
 
     def add_step(self, stats: StepStats) -> None:
-        t_end = stats.t_start + stats.wall_time_s
-        self._steps.append((stats.t_start, t_end, stats.num_tokens))
-        self._seen(stats.t_start, t_end)
+        self.add_tokens(stats.t_start, stats.t_start + stats.wall_time_s, stats.num_tokens)
+
+    def add_tokens(self, t_start: float, t_end: float, num_tokens: int) -> None:
+        """Tokens produced between two moments: an engine step, or a chunk of an attached server's
+        stream as it arrived (the total tokens/s counts them)."""
+        self._steps.append((t_start, t_end, num_tokens))
+        self._seen(t_start, t_end)
         self._mark_dirty()
 
     def set_budget(self, ttft_s: float, tpot_s: float) -> None:

@@ -86,8 +86,14 @@ class TimelinePanel(Panel):
         gl.setContentsMargins(0, 0, 0, 0)
         gl.addWidget(self._gantt_label)
         gl.addWidget(self._gantt, 1)
+        self._steps_note = QLabel()  # replaces the step plots for a source without step events
+        self._steps_note.setWordWrap(True)
+        self._steps_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._steps_note.hide()
+        self._gantt_legend_html: str | None = None
         splitter = QSplitter(Qt.Orientation.Vertical)
-        for w, stretch in ((self._tokens_plot, 3), (self._queue_plot, 2), (self._time_plot, 2), (gantt_box, 3)):
+        for w, stretch in ((self._steps_note, 1), (self._tokens_plot, 3), (self._queue_plot, 2), (self._time_plot, 2),
+                           (gantt_box, 3)):
             splitter.addWidget(w)
             splitter.setStretchFactor(splitter.count() - 1, stretch)
         layout = QVBoxLayout(self)
@@ -113,6 +119,24 @@ class TimelinePanel(Panel):
     def request_finished(self, request_id: str, t: float, reason: str | None) -> None:
         self._gantt.request_finished(request_id, t, reason)
         self._mark_dirty()
+
+    def request_span(self, request_id: str, t0: float, t1: float, kind: str) -> None:
+        """A request's span measured outside the engine (an attached server's stream)."""
+        self._gantt.add_span(request_id, t0, t1, kind)
+        self._mark_dirty()
+
+    def set_steps_note(self, text: str, gantt_legend: str | None = None) -> None:
+        """A source without per-step events: the step plots give way to `text` (what is not exposed), the
+        Gantt chart stays, with its own legend; "" brings the step plots back."""
+        for w in (self._tokens_plot, self._queue_plot, self._time_plot):
+            w.setVisible(not text)
+        self._steps_note.setText(text)
+        self._steps_note.setVisible(bool(text))
+        self._gantt_legend_html = gantt_legend if text else None
+        self._update_gantt_legend()
+
+    def steps_note(self) -> str:
+        return self._steps_note.text()
 
     def mark_config_change(self, text: str) -> None:
         """A labelled vertical line after the latest step (e.g. "max_num_seqs 8 → 32")."""
@@ -220,6 +244,9 @@ class TimelinePanel(Panel):
         return self._tokens_plot, self._queue_plot, self._time_plot
 
     def _update_gantt_legend(self) -> None:
+        if self._gantt_legend_html:
+            self._gantt_label.setText(self._gantt_legend_html)
+            return
         chips = " ".join(f"<span style='color:{phase_color(k).name()}'>■</span> {k}"
                          for k in ("queued", "prefill", "decode", "verify", "preempted"))
         self._gantt_label.setText(f"<b>requests</b> (last seconds, newest at the bottom) &nbsp; {chips}"

@@ -89,7 +89,8 @@ class TokenView(QTextEdit):
         sources = out.sources if len(out.sources) == n else (TokenSource.DECODED,) * n
         logprobs = out.logprobs if out.logprobs is not None and len(out.logprobs) == n else (None,) * n
         self._logprobs_on = self._logprobs_on or out.logprobs is not None
-        self._num_tokens += n
+        # a stream from an attached server carries text without token ids: one chunk stands for one token
+        self._num_tokens += n or (1 if out.new_text and not out.token_ids else 0)
         pieces = out.new_token_pieces if not self._untexted else ()
         tokens = (*self._untexted, *(TokenInfo(t, s, lp) for t, s, lp in zip(out.new_token_ids, sources, logprobs)))
         self._untexted = []

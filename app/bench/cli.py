@@ -80,6 +80,11 @@ def run_bench(args) -> int:
 
 
 def _run_bench(args) -> int:
+    if args.bench == "serve" and getattr(args, "url", None):  # a server over HTTP: no engine, no torch here
+        from app.bench.serve_url import run_url_bench
+
+        return _emit(args, {"benchmark": "serve", "machine": platform.processor() or platform.machine(),
+                            "time": time.strftime("%Y-%m-%d %H:%M:%S"), **run_url_bench(args)})
     if args.bench == "gui" and args.threads is None:
         from app.gui import engine_threads
 
@@ -116,6 +121,10 @@ def _run_bench(args) -> int:
         result.update(tradeoff_bench.run(args))
     else:
         result.update(_decode(args))
+    return _emit(args, result)
+
+
+def _emit(args, result: dict) -> int:
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

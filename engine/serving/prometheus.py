@@ -3,8 +3,9 @@
 `ServingMetrics` is an engine step listener (`attach()`), or a subscriber of an EngineLoop
 (`loop.subscribe(metrics)`: it then follows a rebuilt engine): it fills the latency histograms from the events the
 engine publishes (perf_counter stamps from the engine thread) and, on `render()`, reads gauges and
-cumulative counters from the engine itself. Written by hand rather than with prometheus_client: a
-few dozen lines, no process-global registry, and the engine layer stays dependency-free.
+cumulative counters from the engine itself. The exposition is written by prometheus_client (a custom
+collector on a registry of its own, not the process-global one), so its escaping and number formats
+are the ones every Prometheus scraper reads.
 
 The listener runs in the engine thread and render() in the server's thread, hence the lock.
 """
@@ -15,6 +16,10 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from engine.core.metrics import request_timings
 from engine.events import EngineStepEvent
@@ -57,6 +62,15 @@ class Histogram:
         self.count += 1
         self.total += value
 
+    def buckets(self) -> list[tuple[str, float]]:
+        """(le, cumulative count) pairs, +Inf last, as prometheus_client's HistogramMetricFamily takes them."""
+        out, running = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            running += n
+            out.append((floatToGoString(bound), running))
+        out.append(("+Inf", self.count))
+        return out
+
     def lines(self, name: str, labels: str) -> list[str]:
         out, running = [], 0
         for bound, n in zip(self.bounds, self.counts):
@@ -78,6 +92,8 @@ class ServingMetrics(Subscriber):
         self._request_hists = {name: Histogram(b) for name, (_f, b, _h) in _REQUEST_HISTOGRAMS.items()}
         self._finished: Counter[str] = Counter()
         self._last_token_time: dict[str, float] = {}
+        self._registry = CollectorRegistry(auto_describe=False)  # this server's own, never the global one
+        self._registry.register(self)
 
     def attach(self) -> ServingMetrics:
         self.engine.add_listener(self.on_step)
@@ -114,27 +130,34 @@ class ServingMetrics(Subscriber):
                         self._request_hists[name].observe(value)
 
     def render(self) -> str:
-        """The exposition text, ending with a newline."""
-        p, lab = self.prefix, f'model_name="{_escape(self.model_name)}"'
-        out: list[str] = []
+        """The exposition text (prometheus_client's), ending with a newline."""
+        return generate_latest(self._registry).decode("utf-8")
 
-        def sample(name: str, kind: str, help_: str, value: float) -> None:
-            out.extend([f"# HELP {p}:{name} {help_}", f"# TYPE {p}:{name} {kind}",
-                        f"{p}:{name}{{{lab}}} {_num(value)}"])
-
+    def collect(self):
+        """prometheus_client's collector protocol: every family, read now (the server's thread)."""
+        p, model = self.prefix, [self.model_name]
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
         for name, kind, help_, value in self._scalars():
-            sample(name, kind, help_, value)
+            fam = kinds[kind](f"{p}:{name.removesuffix('_total')}", help_, labels=["model_name"])
+            fam.add_metric(model, value)
+            yield fam
+        bm = self.engine.block_manager  # the cache's configuration, as vLLM's cache_config_info publishes it
+        info = GaugeMetricFamily(f"{p}:cache_config_info", "The KV cache's configuration (labels; value 1).",
+                                 labels=["model_name", "block_size", "num_gpu_blocks"])
+        info.add_metric([self.model_name, str(self.engine.config.block_size), str(bm.num_blocks)], 1)
+        yield info
         with self._lock:
-            out += [f"# HELP {p}:request_success_total Finished requests by finish reason.",
-                    f"# TYPE {p}:request_success_total counter"]
-            out += [f'{p}:request_success_total{{{lab},finished_reason="{_escape(r)}"}} {n}'
-                    for r, n in sorted(self._finished.items())]
+            fam = CounterMetricFamily(f"{p}:request_success", "Finished requests by finish reason.",
+                                      labels=["model_name", "finished_reason"])
+            for reason, n in sorted(self._finished.items()):
+                fam.add_metric([self.model_name, reason], n)
+            yield fam
             hists = [("inter_token_latency_seconds", "Time between tokens of one request (per step).", self._itl)]
             hists += [(n, h, self._request_hists[n]) for n, (_f, _b, h) in _REQUEST_HISTOGRAMS.items()]
             for name, help_, hist in hists:
-                out += [f"# HELP {p}:{name} {help_}", f"# TYPE {p}:{name} histogram"]
-                out += hist.lines(f"{p}:{name}", lab)
-        return "\n".join(out) + "\n"
+                fam = HistogramMetricFamily(f"{p}:{name}", help_, labels=["model_name"])
+                fam.add_metric(model, hist.buckets(), hist.total)
+                yield fam
 
     def _scalars(self) -> list[tuple[str, str, str, float]]:
         eng = self.engine
@@ -179,7 +202,3 @@ def _num(v: float) -> str:
     if isinstance(v, float) and math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return repr(v) if isinstance(v, float) else str(int(v))
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,138 @@
+"""One streaming request to an OpenAI-compatible server, timed on arrival (client-side facts).
+
+`stream_request` sends a streaming /v1/completions (or /v1/chat/completions) request and stamps every
+content chunk with perf_counter as it arrives: TTFT is send -> first content, inter-token times are the
+gaps between chunks, the token count is the server's `usage` when it reports one (stream_options), else
+the number of content chunks (servers send one per decode step). Cancelling the task closes the
+stream, which is how a client aborts a request on vLLM, SGLang, llama.cpp and inferlab alike.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+MAX_ERROR_CHARS = 300
+
+
+@dataclass(slots=True)
+class StreamResult:
+    request_id: str
+    sent: float = 0.0  # perf_counter when the request went out
+    first_token: float | None = None
+    finished: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
+    text: str = ""
+    completion_tokens: int | None = None  # from the server's usage
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None  # stop | length | abort | error | rejected
+    error: str | None = None
+    status: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.sent
+
+    def inter_token_s(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    def tokens_per_s(self) -> float | None:
+        """Decode rate so far: (tokens - 1) over first to last chunk (as the engine reports its own)."""
+        t = self.chunk_times
+        if len(t) < 2 or t[-1] <= t[0]:
+            return None
+        return (max(self.num_tokens, len(t)) - 1) / (t[-1] - t[0])
+
+
+def request_body(model: str, prompt: str, *, max_tokens: int, temperature: float, chat: bool,
+                 seed: int | None = None, ignore_eos: bool = False) -> tuple[str, dict]:
+    """(path, JSON body) of a streaming request; `ignore_eos` is the extension vLLM, SGLang, llama.cpp
+    and inferlab share (a fixed amount of work per request, for benchmarks)."""
+    body: dict = {"model": model, "max_tokens": int(max_tokens), "temperature": float(temperature), "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if seed is not None:
+        body["seed"] = int(seed)
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if chat:
+        return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
+    return "/v1/completions", {**body, "prompt": prompt}
+
+
+def _chunk_text(chunk: dict) -> tuple[str, str | None]:
+    """(new text, finish_reason) of one stream chunk, completions or chat."""
+    choices = chunk.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return "", None
+    c = choices[0]
+    text = c.get("text")
+    if text is None:
+        text = (c.get("delta") or {}).get("content") or ""
+    return (text if isinstance(text, str) else ""), c.get("finish_reason")
+
+
+async def stream_request(client: httpx.AsyncClient, base_url: str, path: str, body: dict, res: StreamResult, *,
+                         headers: dict | None = None,
+                         on_text: Callable[[StreamResult, str, float], None] | None = None) -> StreamResult:
+    """Send one streaming request; `on_text(result, new_text, t)` for every content chunk as it arrives.
+    A refusal (429, 4xx, 5xx), a dropped connection or garbage in the stream ends it with an error;
+    cancelling the task closes the stream (an abort) and re-raises, `res` then says "abort". `res.sent`
+    is stamped here, as the request goes out."""
+    res.sent = time.perf_counter()
+    try:
+        async with client.stream("POST", base_url + path, json=body, headers=headers) as resp:
+            res.status = resp.status_code
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode("utf-8", "replace")[:MAX_ERROR_CHARS]
+                res.finish_reason = "rejected" if resp.status_code == 429 else "error"
+                res.error = f"HTTP {resp.status_code}: {detail}"
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                t = time.perf_counter()
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError:
+                    res.finish_reason, res.error = "error", f"not JSON in the stream: {data[:80]!r}"
+                    return res
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk:
+                    res.finish_reason, res.error = "error", str(chunk["error"])[:MAX_ERROR_CHARS]
+                    return res
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
+                    res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+                text, reason = _chunk_text(chunk)
+                if text:
+                    if res.first_token is None:
+                        res.first_token = t
+                    res.chunk_times.append(t)
+                    res.text += text
+                    if on_text is not None:
+                        on_text(res, text, t)
+                res.finish_reason = reason or res.finish_reason
+    except asyncio.CancelledError:
+        res.finish_reason, res.finished = "abort", time.perf_counter()
+        raise
+    except httpx.HTTPError as exc:
+        res.finish_reason, res.error = "error", f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+    finally:
+        if res.finished is None:
+            res.finished = time.perf_counter()
+    res.finish_reason = res.finish_reason or "stop"
+    return res
