@@ -120,17 +120,23 @@ class QuantLinear(nn.Module):
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
                    outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
-                   progress=None, embeddings: bool = False) -> dict[str, nn.Module]:
+                   progress=None, embeddings: bool = False, device: torch.device | None = None,
+                   install: bool = False) -> dict[str, nn.Module]:
     """New modules for every quantizable Linear (and the embedding table and lm_head, quantized when
     `embeddings`), built from the ORIGINAL 16-bit weights in `originals` (never from already quantized
-    ones). Returns {module name: module}; `swap_modules` installs them."""
+    ones). Returns {module name: module}; `swap_modules` installs them.
+
+    Layer by layer: each original goes to `device` (default: where it is) only while its module is
+    built, so a GPU never holds more than one extra 16-bit layer (the originals stay on the host).
+    `install`: swap each new module in as soon as it is built, so the layer it replaces is freed before
+    the next is made (start-up; a requantization at run time builds aside while the old layers serve)."""
     names = [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
         if isinstance(mod, LinearWrapper):  # a LoRA wrapper: the projection is its base
             mod = mod.base
-        weight = originals[name]
+        weight = originals[name] if device is None else originals[name].to(device)
         bias = mod.bias
         if bits == 16:
             lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
@@ -139,11 +145,20 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             new[name] = lin
         else:
             idx = outliers.get(name) if outliers else None
+            if idx is not None:
+                idx = idx.to(weight.device)
             new[name] = QuantLinear(weight, bias, bits, group_size, idx, reference)
+            del weight
+        if install:
+            swap_modules(model, {name: new[name]})
         if progress:
             progress(f"quantizing to {bits} bits", (i + 1) / len(names))
     if EMBED in originals:
-        new.update(embedding_modules(model, originals, bits, group_size, embeddings, reference))
+        tables = {k: originals[k] if device is None else originals[k].to(device) for k in (EMBED, HEAD)}
+        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, reference)
+        if install:
+            swap_modules(model, table_modules)
+        new.update(table_modules)
     return new
 
 
@@ -185,6 +200,7 @@ def weight_error_report(originals: dict[str, torch.Tensor], modules: dict[str, n
     report = {}
     for name, mod in modules.items():
         if hasattr(mod, "dequantize"):
-            w = originals[name].float()
-            report[name] = float((w - mod.dequantize()).norm() / w.norm().clamp(min=1e-12))
+            deq = mod.dequantize()  # on the module's device; the original (on the host) joins it there
+            w = originals[name].to(deq.device).float()
+            report[name] = float((w - deq).norm() / w.norm().clamp(min=1e-12))
     return report

@@ -68,12 +68,9 @@ class ModelRunner:
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
-        shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
-        # One (K, V) pair of flat slot tensors per layer.
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(model_config.num_hidden_layers)
-        ]
+        # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim).
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.restore_kv(num_blocks)
 
     def set_execution(self, attention_backend: str, compile: bool,
                       progress: Callable[[str, float], None] | None = None) -> None:
@@ -99,6 +96,20 @@ class ModelRunner:
             k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
             self.kv_caches[i] = (k2, v2)
             del k, v
+
+    def release_kv(self) -> int:
+        """Free the K/V tensors (a rebuild makes the next engine in their memory); returns the block
+        count restore_kv gives back. The runner cannot run until then."""
+        blocks = self.kv_caches[0][0].shape[1] // self.block_size if self.kv_caches else 0
+        self.kv_caches = []
+        return blocks
+
+    def restore_kv(self, num_blocks: int) -> None:
+        """Zeroed K/V tensors of num_blocks blocks (after release_kv; what they held is gone)."""
+        shape = (self.cfg.num_key_value_heads, num_blocks * self.block_size, self.cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.cfg.num_hidden_layers)]
 
     @property
     def kv_cache_bytes(self) -> int:

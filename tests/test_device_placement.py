@@ -1,0 +1,232 @@
+"""The CUDA path made right on the CPU: device and dtype choice, budgets on every device, the draft's KV
+inside the budget, requantization layer by layer onto the engine's device, a rebuild that frees the old
+KV cache first, models that free without the garbage collector, MTP heads on the states' device.
+
+No GPU here: a GPU is stood in for by monkeypatched torch.cuda queries, and placement by the `meta`
+device. What only a GPU can prove is in tests/test_cuda.py (marked `cuda`)."""
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.runner import setup
+from engine.runner.setup import gpu_kv_budget, kv_budget_bytes, num_kv_blocks, resolve_device, resolve_dtype
+
+CUDA0 = torch.device("cuda", 0)
+GiB = 2**30
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch.cuda's memory queries as a 80 GiB GPU with 70 GiB free (10 GiB in use)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GiB, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_auto_device_follows_the_environment(monkeypatch):
+    monkeypatch.setenv(setup.DEVICE_ENV, "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU box: the suite still pins the CPU
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.delenv(setup.DEVICE_ENV)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == CUDA0  # one name per device: "cuda" is "cuda:0"
+    with pytest.raises(ValueError, match="sees 1 CUDA device"):
+        resolve_device("cuda:3")
+    with pytest.raises(ValueError, match="not a device torch knows"):
+        resolve_device("gpu")
+
+
+def test_auto_dtype_is_fp16_on_gpus_without_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # Turing
+    assert resolve_dtype("auto", CUDA0) == torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # Hopper
+    assert resolve_dtype("auto", CUDA0) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("float32", CUDA0) == torch.float32
+
+
+def test_explicit_budgets_are_honoured_on_a_gpu(fake_gpu):
+    kv = EngineConfig(kv_cache_memory_bytes=256 * 2**20)
+    assert kv_budget_bytes(kv, CUDA0, weights_bytes=GiB, weights_saved=0) == 256 * 2**20
+    whole = EngineConfig(memory_budget_bytes=2 * GiB)
+    assert kv_budget_bytes(whole, CUDA0, weights_bytes=GiB, weights_saved=0) == GiB
+    assert num_kv_blocks(whole, CUDA0, block_bytes=2**20, weights_bytes=GiB) == 1024
+
+
+def test_a_gpu_without_a_budget_is_sized_by_the_profiled_peak(fake_gpu):
+    calls = []
+
+    def peak() -> int:
+        calls.append(1)
+        return 3 * GiB
+
+    cfg = EngineConfig(gpu_memory_utilization=0.5)
+    # 80 GiB x 0.5 - 10 GiB in use - 3 GiB peak of a step = 27 GiB
+    assert kv_budget_bytes(cfg, CUDA0, weights_bytes=GiB, weights_saved=0, profile_peak=peak) == 27 * GiB
+    assert calls == [1]
+    assert gpu_kv_budget(total=100, free=60, utilization=0.9, peak_step_bytes=5) == 90 - 40 - 5
+    # the CPU keeps its budget and never profiles
+    assert kv_budget_bytes(EngineConfig(), torch.device("cpu"), 0, 0, profile_peak=peak) == 512 * 2**20
+    assert calls == [1]
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=1.5)
+
+
+def test_the_warmup_runs_the_worst_case_step(tiny_llama):
+    """The profile's forward sees max_num_batched_tokens tokens and its sampler max_num_seqs rows; the
+    meter's peak less what was allocated before is what it reports."""
+    from engine.runner import profile
+
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16,
+                                 max_num_batched_tokens=96, max_num_seqs=7))
+    shape = profile.worst_case_shape(eng.config, eng.model_config)
+    assert (shape.num_prefill_tokens, shape.num_sample_rows) == (96, 7)
+    seen = []
+    eng.model.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    tokens = profile.warmup_step(eng.model, eng.model_config, shape, 16, eng.device, eng.dtype)
+    assert seen == [(96,)] and tokens.shape == (7,) and bool((tokens >= 0).all())
+
+    class Meter:
+        def reset(self):
+            pass
+
+        def allocated(self):
+            return 1000
+
+        def peak(self):
+            return 1000 + 4242
+
+    assert profile.profile_peak_bytes(eng.model, eng.model_config, eng.config, eng.device, eng.dtype,
+                                      Meter()) == 4242
+
+
+def test_the_draft_models_kv_comes_out_of_the_same_budget(tiny_llama):
+    budget = 4 * 2**20
+    plain = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory_bytes=budget))
+    spec = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory_bytes=budget,
+                                  spec_method="draft", num_speculative_tokens=2))
+    draft_runner = spec.proposer.runner
+    target_kv = spec.runner.kv_cache_bytes
+    assert plain.block_manager.num_blocks == budget // plain.block_bytes
+    # a self-draft has the target's shapes: the two caches of one block count split the budget
+    assert spec.block_manager.num_blocks == budget // (2 * spec.block_bytes)
+    assert target_kv + draft_runner.kv_cache_bytes <= budget
+    assert draft_runner.kv_caches[0][0].shape == spec.runner.kv_caches[0][0].shape
+    out = spec.generate(["Hello there"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    ref = plain.generate(["Hello there"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert out[0].token_ids == ref[0].token_ids
+
+
+def test_requantization_builds_each_layer_on_the_models_device(tiny_llama):
+    """Originals stay on the host; each goes to the target device only for its own module (here the
+    meta device stands in for a GPU: every new module lands there, no original moves)."""
+    from engine.quant.weight_only import quantize_model
+
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16))
+    originals = eng.weights.originals
+    moved = []
+
+    class Watched(dict):
+        def __getitem__(self, name):
+            moved.append(name)
+            return dict.__getitem__(self, name)
+
+    meta = torch.device("meta")
+    for bits in (8, 4, 16):
+        moved.clear()
+        modules = quantize_model(eng.model, Watched(originals), bits, 32, device=meta)
+        devices = {t.device for m in modules.values() for t in list(m.parameters()) + list(m.buffers())}
+        assert devices == {meta}, bits
+        assert {t.device.type for t in originals.values()} == {"cpu"}
+        assert len(moved) == len(set(moved))  # each original fetched once, in turn
+
+
+def test_quantizing_at_start_swaps_layer_by_layer(tiny_llama):
+    """install=True: each new module replaces its layer before the next is built, so the 16-bit layer
+    it replaces is free by then (counted: 16-bit Linear weights alive while the 4-bit ones are made)."""
+    from engine.models.layers.linear import Linear
+    from engine.quant.weight_only import QUANTIZABLE, original_weights, quantize_model
+
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16))
+    model = eng.model
+    originals = {n: w.clone() for n, w in original_weights(model).items()}  # the host copies
+    alive = []
+
+    def progress(_msg, _fraction):
+        alive.append(sum(1 for n, m in model.named_modules()
+                         if n.split(".")[-1] in QUANTIZABLE and type(m) is Linear))
+
+    quantize_model(model, originals, 4, 32, progress=progress, install=True)
+    total = len(alive)
+    assert alive == list(range(total - 1, -1, -1))  # one fewer 16-bit layer after each step
+
+
+def test_a_rebuild_frees_the_old_kv_cache_before_building(tiny_llama):
+    from engine.serving.commands import Rebuild
+    from engine.serving.loop import EngineLoop
+
+    seen = {}
+    built = threading.Event()
+
+    def build(config, progress=None):
+        if "first" in seen:  # a rebuild: what the running engine holds now
+            seen["old_kv"] = list(seen["first"].runner.kv_caches)
+        eng = LLMEngine(config)
+        seen.setdefault("first", eng)
+        built.set()
+        return eng
+
+    loop = EngineLoop(config=EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32), build=build)
+    loop.start()
+    try:
+        assert built.wait(60)
+        built.clear()
+        first = seen["first"]
+        loop.post(Rebuild({"num_kv_blocks": 24}))
+        assert built.wait(60)
+        assert seen["old_kv"] == []  # released before the new engine was made
+        assert first.runner.kv_caches == []
+    finally:
+        assert loop.stop(5)
+
+
+def test_release_and_restore_keep_an_engine_serving(tiny_llama):
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32))
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    before = eng.generate(["a b c"], params)[0].token_ids
+    eng.release_memory()
+    assert eng.runner.kv_caches == [] and eng.block_manager.num_cached_free_blocks == 0
+    eng.restore_memory()
+    assert eng.generate(["a b c"], params)[0].token_ids == before
+
+
+def test_a_dropped_engine_frees_its_model_without_the_garbage_collector(tiny_llama):
+    gc.disable()
+    try:
+        eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16))
+        eng.generate(["hi"], SamplingParams(max_tokens=2))
+        eng.model.set_compiled(True)
+        eng.model.set_compiled(False)  # compiling holds bound methods only while it is on
+        model, kv = weakref.ref(eng.model), weakref.ref(eng.runner.kv_caches[0][0])
+        del eng
+        assert model() is None and kv() is None
+    finally:
+        gc.enable()
+
+
+def test_mtp_heads_train_on_the_hidden_states_device():
+    from engine.spec.mtp_train import train_heads
+
+    meta = torch.device("meta")  # stands in for a GPU: where the engine's hidden states are
+    h = torch.randn(40, 16, device=meta)
+    nxt = torch.randint(0, 50, (40,), device=meta)
+    labels = torch.randint(0, 50, (40, 3), device=meta)
+    weights = (torch.randn(50, 16, device=meta), torch.randn(50, 16, device=meta))
+    heads = train_heads(h, nxt, labels, weights, 3, epochs=1, batch=16)
+    assert {p.device for p in heads.parameters()} == {meta}
