@@ -5,13 +5,14 @@ import argparse
 import sys
 import textwrap
 
+from app.device_args import APP_GPU_MEMORY_UTILIZATION, HEADLESS_GPU_MEMORY_UTILIZATION, add_device_args
 from engine.config import DEFAULT_MODEL
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder, .gguf file or Hub id")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--device", default="auto")
+    add_device_args(p, HEADLESS_GPU_MEMORY_UTILIZATION)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="open in presenter mode (F11): only the preset's panels, large enough for a room")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="the app's model: built-in name, Hugging Face folder, .gguf file or Hub id")
+    add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")

@@ -35,7 +35,7 @@ from engine.perf.step_counter import StepCounter
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
-from engine.runner.memory import snapshot, weights_bytes
+from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
 from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
@@ -110,6 +110,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
+        self._device_memory: DeviceMemory | None = None
         self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
         if progress is not None:
             progress("engine ready", 1.0)
@@ -418,7 +419,9 @@ class LLMEngine:
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager
         lora = self.lora
-        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
+        if self._device_memory is None:  # NVML initialised once, on the first snapshot
+            self._device_memory = DeviceMemory(self.device)
+        return snapshot(self._device_memory, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
                         bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
                         lora.device_bytes if lora else 0, lora.host_bytes if lora else 0)
 

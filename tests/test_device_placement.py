@@ -230,3 +230,92 @@ def test_mtp_heads_train_on_the_hidden_states_device():
     weights = (torch.randn(50, 16, device=meta), torch.randn(50, 16, device=meta))
     heads = train_heads(h, nxt, labels, weights, 3, epochs=1, batch=16)
     assert {p.device for p in heads.parameters()} == {meta}
+
+
+class FakeNvml:
+    """pynvml's few calls: the machine has GPUs at bus 3b and 5e; torch sees only the second (as
+    CUDA_VISIBLE_DEVICES=1 would make it), and calls it cuda:0."""
+
+    def __init__(self):
+        self.inits = 0
+        self.lookups = []
+
+    def nvmlInit(self):  # noqa: N802 (pynvml's names)
+        self.inits += 1
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802
+        self.lookups.append(("uuid", uuid))
+        if uuid != b"GPU-5e":
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return "handle-5e"
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):  # noqa: N802
+        self.lookups.append(("pci", bus))
+        return {b"00000000:5e:00.0": "handle-5e"}[bus]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):  # noqa: N802
+        class Info:
+            total, free = (80 * GiB, 50 * GiB) if handle == "handle-5e" else (1, 1)
+        return Info()
+
+
+def _props(monkeypatch, uuid):
+    class Props:
+        pci_domain_id, pci_bus_id, pci_device_id = 0, 0x5E, 0
+
+    Props.uuid = uuid
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props)
+
+
+def test_nvml_finds_the_gpu_by_uuid_initialised_once(monkeypatch):
+    from engine.runner.memory import DeviceMemory, snapshot
+
+    _props(monkeypatch, "5e")  # torch's uuid lacks NVML's "GPU-" prefix
+    nvml = FakeNvml()
+    mem = DeviceMemory(CUDA0, nvml)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 12 * GiB)
+    snaps = [snapshot(mem, weights=8 * GiB, kv_block_bytes=GiB, blocks_total=3, blocks_used=1, blocks_cached=0,
+                      activation_bytes=0) for _ in range(3)]
+    assert nvml.inits == 1 and nvml.lookups == [("uuid", b"GPU-5e")]
+    snap = snaps[-1]
+    assert (snap.device_total_bytes, snap.free_bytes, snap.source) == (80 * GiB, 50 * GiB, "nvml")
+    # this process holds 12 GiB in the allocator: 8 weights + 3 KV + 1 other; the 18 GiB that other
+    # processes hold (80 - 50 - 12) are never the engine's
+    assert snap.other_bytes == GiB
+
+
+def test_nvml_falls_back_to_the_pci_bus_id(monkeypatch):
+    from engine.runner.memory import DeviceMemory
+
+    _props(monkeypatch, None)  # an older torch: no uuid
+    nvml = FakeNvml()
+    assert DeviceMemory(CUDA0, nvml).info() == (80 * GiB, 50 * GiB, "nvml")
+    assert nvml.lookups == [("pci", b"00000000:5e:00.0")]
+
+
+def test_block_snapshot_lists_only_blocks_in_use_or_cached():
+    from engine.core.block_manager import BlockManager
+
+    bm = BlockManager(300_000, 16)
+    tokens = list(range(40))
+    bm.allocate("a", tokens, 40)
+    bm.commit("a", tokens, 40)
+    bm.allocate("b", tokens, 40)  # shares a's two full blocks from the prefix cache
+    bm.free("a")
+    snap = bm.snapshot()
+    walked = [b for b in range(bm.num_blocks) if bm.ref_count(b) or b in {i.block_id for i in snap.blocks}]
+    assert [i.block_id for i in snap.blocks] == walked == sorted(set(bm.block_table("b")))
+    assert [i.owners for i in snap.blocks] == [("b",)] * 3
+    assert [i.cached for i in snap.blocks] == [True, True, False]
+
+
+def test_the_app_and_commands_take_a_device_and_a_memory_share():
+    from app.cli import build_parser
+
+    args = build_parser().parse_args(["--device", "cuda:1", "--gpu-memory-utilization", "0.5"])
+    assert (args.device, args.gpu_memory_utilization) == ("cuda:1", 0.5)
+    assert build_parser().parse_args([]).gpu_memory_utilization == 0.8  # the display's GPU: room left
+    gen = build_parser().parse_args(["generate", "--prompt", "x", "--device", "cpu"])
+    assert (gen.device, gen.gpu_memory_utilization) == ("cpu", 0.9)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--gpu-memory-utilization", "1.5"])

@@ -11,6 +11,7 @@ import torch
 
 from app.bench import hf_baseline, runs
 from app.bench.workload import corpus_tokens, mixed_workload
+from app.device_args import device_options
 from app.generate import stderr_progress
 from engine import EngineConfig, LLMEngine
 
@@ -125,7 +126,7 @@ def _run_bench(args) -> int:
 
 
 def _engine(args, **kw) -> LLMEngine:
-    cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads, **kw)
+    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads, **kw)
     return LLMEngine(cfg, progress=stderr_progress)
 
 
