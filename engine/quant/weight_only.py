@@ -65,8 +65,13 @@ class QuantLinear(nn.Module):
         # (groups, out, 2) scale-and-zero table, the layout the CPU kernel expects
         sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_zeros", sz.to(self.dtype))
+        inner_k_tiles = _cuda_int4_tiles(self.in_features, self.out_features, q.device, self.dtype)
         if not self.reference and self._kernel_available(q.device):
             self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 2))
+            self.q_nibbles = None
+        elif not self.reference and inner_k_tiles:  # CUDA (tinygemm): high nibble first, then the kernel's tiles
+            nibbles = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
+            self.register_buffer("packed", torch._convert_weight_to_int4pack(nibbles, inner_k_tiles))
             self.q_nibbles = None
         else:  # two 4-bit values per byte, for the dequantize-then-matmul path
             self.packed = None
@@ -82,7 +87,7 @@ class QuantLinear(nn.Module):
         elif self.packed is not None:
             # The kernel's packed layout is opaque: let the kernel multiply the identity.
             eye = torch.eye(self.in_features, dtype=self.dtype, device=self.packed.device)
-            w = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).float().t()
+            w = self._int4_mm(eye).float().t()
         else:
             q = torch.stack([self.q_nibbles & 0xF, self.q_nibbles >> 4], dim=-1).reshape(self.out_features, -1)
             sz = self.scales_zeros.float().transpose(0, 1)  # (out, groups, 2)
@@ -97,17 +102,26 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.bits == 8:
+        if self.bits == 8 and x.device.type == "cuda":  # int8 -> 16 bits in the product's dtype, scaled after
+            y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
+        elif self.bits == 8:
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+            y = self._int4_mm(x2)
         if self.outlier_idx is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
+    def _int4_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.packed.device.type == "cuda":
+            return torch._weight_int4pack_mm(x2, self.packed, self.group_size, self.scales_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+
     def _fast_ok(self, x: torch.Tensor) -> bool:
+        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 where the packed kernel was built
+            return x.dtype in (torch.bfloat16, torch.float16) and (self.bits == 8 or self.packed is not None)
         if x.device.type != "cpu" or x.dtype != torch.bfloat16:
             return False
         return self.bits == 8 or self.packed is not None
@@ -116,6 +130,16 @@ class QuantLinear(nn.Module):
         """Bytes held: quantized weights, scales, outlier columns, bias."""
         tensors = list(self.buffers()) + ([self.bias] if self.bias is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _cuda_int4_tiles(in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> int:
+    """innerKTiles for torch's CUDA int4 matmul (bf16, compute capability 8.0+), or 0 where it does not
+    apply: the largest of 8, 4, 2 whose 16-column tiles divide the input width; rows in multiples of 8."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or out_features % 8:
+        return 0
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return 0
+    return next((t for t in (8, 4, 2) if in_features % (t * 16) == 0), 0)
 
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,

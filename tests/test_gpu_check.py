@@ -1,0 +1,34 @@
+"""scripts/gpu_check.sh --dry-run: every step of the GPU day's one run, on the CPU, small."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
+    out = tmp_path / "check"
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out),
+                           "--budget-s", "280"], capture_output=True, text=True, timeout=300)
+    results = json.loads((out / "results.json").read_text())
+    steps = {s["name"]: s for s in results["steps"]}
+    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "bench_64", "screenshot", "cpu_suite"]
+    failed = {n: s["log_tail"][-600:] for n, s in steps.items() if s["rc"] != 0}
+    assert not failed and proc.returncode == 0, failed
+    assert results["dry_run"] and results["device"] == "cpu" and "random" in results["model_is"]
+    env = json.loads((out / "environment.json").read_text())
+    assert env["torch"] and "missing_packages" in env
+    decode = json.loads((out / "bench_decode.json").read_text())
+    bw = decode["memory_bandwidth"]
+    assert decode["device"] == "cpu" and bw["measured_copy_bytes_per_s"] > 0
+    assert set(bw["achieved_bytes_per_s"]) == {"eager", "compile", "hf_transformers"}
+    batch = json.loads((out / "bench_64.json").read_text())
+    assert batch["memory_bandwidth"]["achieved_bytes_per_s"]["eager"] > 0 and "hf_transformers" in batch
+    assert (out / "app.png").stat().st_size > 10_000
+    assert "passed" in steps["cpu_suite"]["log_tail"]
+    assert "skipped" in steps["cuda_tests"]["log_tail"]  # no GPU here: the cuda tests skip, they never fail
