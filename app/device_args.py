@@ -28,5 +28,6 @@ def add_device_args(p: argparse.ArgumentParser, utilization: float) -> None:
 
 
 def device_options(args: argparse.Namespace) -> dict:
-    """The EngineConfig fields the two options set."""
-    return {"device": args.device, "gpu_memory_utilization": args.gpu_memory_utilization}
+    """The EngineConfig fields the two options set (a Namespace made by hand may lack the share)."""
+    share = vars(args).get("gpu_memory_utilization") or HEADLESS_GPU_MEMORY_UTILIZATION
+    return {"device": args.device, "gpu_memory_utilization": share}

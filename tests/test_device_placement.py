@@ -319,3 +319,62 @@ def test_the_app_and_commands_take_a_device_and_a_memory_share():
     assert (gen.device, gen.gpu_memory_utilization) == ("cpu", 0.9)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--gpu-memory-utilization", "1.5"])
+
+
+def _count_readbacks(monkeypatch) -> list:
+    """Every .tolist() counted; .item(), float() and int() of a tensor fail the test (each a device wait)."""
+    calls: list = []
+    tolist = torch.Tensor.tolist
+
+    def forbidden(self, *a):
+        raise AssertionError("a per-element read-back")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or tolist(self))
+    for name in ("item", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    return calls
+
+
+def test_sampling_reads_back_once_per_step(monkeypatch):
+    from engine.models.layers.sampler import sample
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    logits[4] = float("nan")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+              SamplingParams(temperature=1.0, top_k=5, logprobs=3), SamplingParams(temperature=0.0, logprobs=1),
+              SamplingParams(temperature=0.9), SamplingParams(temperature=1.3)]
+    gens = [torch.Generator().manual_seed(i) for i in range(6)]
+    want = sample(logits.clone(), params, [torch.Generator().manual_seed(i) for i in range(6)])
+    calls = _count_readbacks(monkeypatch)
+    got = sample(logits.clone(), params, gens)
+    assert len(calls) == 2  # the tokens (+ failed rows, top ids), the logprob values
+    assert got.token_ids == want.token_ids and got.failed == [4] and got.token_ids[4] is None
+    assert got.token_ids[0] == int(logits[0].argmax().tolist()) and got.token_ids[3] == int(logits[3].argmax().tolist())
+    lp, alts = got.logprobs[2]
+    assert len(alts) == 3 and got.logprobs[3][1][0][0] == got.token_ids[3] and got.logprobs[0] is None
+    calls.clear()
+    sample(logits[:2].clone(), params[:2], gens[:2])
+    assert len(calls) == 1
+
+
+def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
+    from engine.events import TokenSource
+    from engine.spec.verify import verify
+
+    logits = torch.full((4, 20), -5.0)
+    logits[0, 3] = logits[1, 7] = logits[2, 9] = logits[3, 11] = 5.0  # the target's argmax: 3, 7, 9 / bonus 11
+    greedy = SamplingParams(temperature=0.0)
+    calls = _count_readbacks(monkeypatch)
+    full = verify([3, 7, 9], logits, greedy, None)
+    assert (full.tokens, full.num_accepted, full.sources[-1]) == ([3, 7, 9, 11], 3, TokenSource.BONUS)
+    part = verify([3, 8, 9], logits, greedy, None)
+    assert (part.tokens, part.num_accepted, part.sources) == \
+        ([3, 7], 1, [TokenSource.ACCEPTED, TokenSource.CORRECTED])
+    assert len(calls) == 2  # one per verify
+    # sampling where top_k=1 leaves p(x) = 1: accepted, never a sample from an empty residual
+    top1 = SamplingParams(temperature=1.0, top_k=1)
+    res = verify([3, 7, 9], logits, top1, torch.Generator().manual_seed(0))
+    assert res.tokens == [3, 7, 9, 11]
+    res = verify([4], logits, top1, torch.Generator().manual_seed(0))
+    assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
