@@ -32,6 +32,7 @@ from engine.loading.loader import LoadedModel, load_model
 from engine.lora.build import build_pool, require_pool, reserved_bytes
 from engine.models.build import build_model
 from engine.perf.step_counter import StepCounter
+from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
@@ -74,7 +75,8 @@ class LLMEngine:
         self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
         torch.manual_seed(config.seed)
         try:
-            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+            at_load = quantizer_for(config, self.device)  # a GPU quantizes each layer as it loads
+            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype, on_layer=at_load)
         except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
             # a config the model cannot be built from (an unsupported rope scaling)
             raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
@@ -89,7 +91,9 @@ class LLMEngine:
                                       reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype),
                                       profile_peak=lambda: profile_peak_bytes(self.model, mc, config, self.device,
                                                                               self.dtype),
-                                      other_weights_bytes=weights_bytes(draft.model) if draft else 0)
+                                      other_weights_bytes=weights_bytes(draft.model) if draft else 0,
+                                      at_load=at_load)
+        del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
         blocks = self.weights.kv_target

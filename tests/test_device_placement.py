@@ -378,3 +378,68 @@ def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
     assert res.tokens == [3, 7, 9, 11]
     res = verify([4], logits, top1, torch.Generator().manual_seed(0))
     assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
+
+
+def _materialized_bytes(model) -> int:
+    """Bytes the model holds on its device: tensors still on `meta` (pieces not made yet) take none."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_meta or id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    return total
+
+
+def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tmp_path):
+    """Meta-device accounting: pieces not yet loaded hold no memory; each layer is quantized as soon as
+    it is filled. The peak is the 4-bit model plus one 16-bit layer, below what bf16 alone needs: a
+    device that cannot hold the bf16 model holds this one."""
+    from conftest import build_tiny_model
+
+    from engine.loading.loader import load_model
+    from engine.models.build import build_model
+    from engine.quant.at_load import QuantizeAtLoad
+    from engine.quant.weight_only import QuantLinear
+
+    loaded = load_model(str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=8)))
+    cpu = torch.device("cpu")
+    bf16 = _materialized_bytes(build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16))
+    seen = []
+
+    class Accounted(QuantizeAtLoad):
+        def __call__(self, model, index):
+            seen.append(_materialized_bytes(model))  # this layer filled in 16 bits, not yet quantized
+            super().__call__(model, index)
+
+    hook = Accounted(4, 32)
+    model = build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16, on_layer=hook)
+    int4 = _materialized_bytes(model)
+    assert all(isinstance(model.get_submodule(n), QuantLinear) for n in hook.originals)
+    assert len(hook.originals) == 8 * 4 and {w.dtype for w in hook.originals.values()} == {torch.bfloat16}
+    peak = max(seen + [int4])
+    assert peak <= int4 + hook.peak_layer_bytes
+    assert peak < 0.7 * bf16  # a device of 70 % of the bf16 model's size holds it
+def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tmp_path, monkeypatch):
+    """The GPU's start-up path (quantize each layer as it loads), forced on the CPU: the same tokens,
+    weight bytes, KV blocks and host originals as quantizing after the full load; requantizing from
+    those originals back to 16 bits gives the unquantized model's tokens."""
+    from conftest import build_tiny_model
+
+    from engine.quant import at_load
+
+    folder = str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=4))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    cfg = EngineConfig(model=folder, quant_bits=4, memory_budget_bytes=8 * 2**20)
+    late = LLMEngine(cfg)
+    assert not at_load.applies(cfg, torch.device("cpu")) and at_load.applies(cfg, CUDA0)
+    assert not at_load.applies(EngineConfig(quant_bits=4, quant_outlier_channels=4), CUDA0)
+    monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_bits != 16)
+    early = LLMEngine(cfg)
+    assert early.generate(["Hello"], params)[0].token_ids == late.generate(["Hello"], params)[0].token_ids
+    assert (early.weights_bytes, early.block_manager.num_blocks) == (late.weights_bytes, late.block_manager.num_blocks)
+    assert early.weights.originals.keys() == late.weights.originals.keys()
+    assert all(torch.equal(early.weights.originals[n], w) for n, w in late.weights.originals.items())
+    plain = LLMEngine(EngineConfig(model=folder, num_kv_blocks=16))
+    early.set_quantization(16)
+    assert early.generate(["Hello"], params)[0].token_ids == plain.generate(["Hello"], params)[0].token_ids

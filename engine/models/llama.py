@@ -176,8 +176,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()  # (n, vocab)
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], check_missing: bool = True) -> set[str]:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; returns the parameter names
+        filled. `check_missing=False`: a part of the checkpoint (build_model fills piece by piece)."""
         params = dict(self.named_parameters())
         fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -192,6 +193,8 @@ class LlamaForCausalLM(nn.Module):
             if len(parts) >= 2 and parts[-2] in fused:
                 target, shard = fused[parts[-2]]
                 pname = ".".join(parts[:-2] + [target, parts[-1]])
+                if pname not in params:
+                    raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
                 self._copy_shard(params[pname], tensor, target, shard)
             else:
                 pname = name
@@ -202,7 +205,14 @@ class LlamaForCausalLM(nn.Module):
                                      f"the model expects {tuple(params[pname].shape)}")
                 params[pname].copy_(tensor)
             loaded.add(pname)
-        missing = set(params) - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings else set())
+        if check_missing:
+            self.check_loaded(loaded)
+        return loaded
+
+    def check_loaded(self, loaded: set[str]) -> None:
+        """KeyError naming the parameters no checkpoint tensor filled."""
+        params = {n for n, _ in self.named_parameters(remove_duplicate=False)}
+        missing = params - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings else set())
         if missing:
             raise KeyError(f"checkpoint lacks {sorted(missing)[:5]}")
 

@@ -17,6 +17,7 @@ from engine.commands import SwapWeights
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.models.layers.linear import pack_linears
+from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
 from engine.runner.memory import weights_bytes
@@ -32,19 +33,24 @@ class WeightsManager:
 
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
                  calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0,
-                 profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0) -> None:
+                 profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
+                 at_load: QuantizeAtLoad | None = None) -> None:
         """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
         too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
-        `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py)."""
+        `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
+        `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
+        originals already on the host."""
         self.model = model
         self.device = device
         self.block_bytes = block_bytes
         self._calibrate = calibrate
         self._act_absmax: dict[str, torch.Tensor] | None = None
         # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
-        self.originals = {n: w.to("cpu") if device.type != "cpu" else w for n, w in original_weights(model).items()}
-        weights16 = weights_bytes(model)
-        if config.quant_bits != 16 or config.quant_embeddings:  # layer by layer, each swapped in as made
+        done = at_load.originals if at_load else {}
+        self.originals = dict(done) | {n: w.to("cpu") if device.type != "cpu" else w
+                                       for n, w in original_weights(model, skip=set(done)).items()}
+        weights16 = weights_bytes(model) + (at_load.bytes_16bit - _module_bytes(model, done) if at_load else 0)
+        if config.quant_embeddings or (config.quant_bits != 16 and not at_load):  # layer by layer, each swapped in
             self.build_quantized(config, config.quant_bits, install=True)
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
@@ -104,3 +110,9 @@ class WeightsManager:
         n = block_manager.resize(self.kv_target)
         if n * block_manager.block_size != runner.kv_caches[0][0].shape[1]:
             runner.resize_kv(n)
+
+
+def _module_bytes(model: nn.Module, names) -> int:
+    """Bytes of the named modules' tensors (quantized layers: weights, scales, outlier columns)."""
+    return sum(t.numel() * t.element_size() for n in names
+               for t in list(model.get_submodule(n).parameters()) + list(model.get_submodule(n).buffers()))

@@ -145,7 +145,7 @@ def _cuda_int4_tiles(in_features: int, out_features: int, device: torch.device, 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
                    outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
                    progress=None, embeddings: bool = False, device: torch.device | None = None,
-                   install: bool = False) -> dict[str, nn.Module]:
+                   install: bool = False, names: list[str] | None = None) -> dict[str, nn.Module]:
     """New modules for every quantizable Linear (and the embedding table and lm_head, quantized when
     `embeddings`), built from the ORIGINAL 16-bit weights in `originals` (never from already quantized
     ones). Returns {module name: module}; `swap_modules` installs them.
@@ -153,8 +153,9 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
     Layer by layer: each original goes to `device` (default: where it is) only while its module is
     built, so a GPU never holds more than one extra 16-bit layer (the originals stay on the host).
     `install`: swap each new module in as soon as it is built, so the layer it replaces is freed before
-    the next is made (start-up; a requantization at run time builds aside while the old layers serve)."""
-    names = [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
+    the next is made (start-up; a requantization at run time builds aside while the old layers serve).
+    `names`: only these layers (engine/quant/at_load.py: one decoder layer as it is loaded)."""
+    names = names or [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
@@ -196,10 +197,11 @@ def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
             setattr(parent, child, mod)
 
 
-def original_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The 16-bit weights of every quantizable Linear, the embedding table and the lm_head, kept so
-    that requantizing starts from them."""
-    out = {n: m.weight.detach() for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE}
+def original_weights(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """The 16-bit weights of every quantizable Linear (less those in `skip`, quantized while loading),
+    the embedding table and the lm_head, kept so that requantizing starts from them."""
+    out = {n: m.weight.detach() for n, m in model.named_modules()
+           if n.split(".")[-1] in QUANTIZABLE and n not in skip}
     out[EMBED] = model.get_submodule(EMBED).weight.detach()
     out[HEAD] = model.get_submodule(HEAD).weight.detach()
     return out

@@ -20,6 +20,7 @@ from engine.models.layers.attention import EAGER, AttentionBackend
 from engine.models.layers.linear import pack_linears
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_block_bytes
@@ -45,9 +46,11 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
         raise ValueError(f"the draft model's vocabulary ({loaded.config.vocab_size}) differs from the "
                          f"target's ({target_config.vocab_size}); they must share a tokenizer")
     mc = loaded.config
-    model = build_model(mc, loaded.state_dict, device, dtype)
     bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
-    if bits != 16:  # each layer swapped in as it is made: one extra 16-bit layer at a time
+    # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
+    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if bits != 16 and device.type != "cpu" else None
+    model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
+    if bits != 16 and at_load is None:
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
     return DraftModel(model, mc)
