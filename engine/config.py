@@ -53,6 +53,10 @@ class EngineConfig:
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
     # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
     pack_weights: bool = True
+    # CUDA: replay all-decode steps from CUDA graphs captured per padded batch-size and context bucket
+    # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
+    # buffers run without capture (what the tests check). Off by default.
+    cuda_graphs: bool = False
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

@@ -36,6 +36,7 @@ from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
+from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
@@ -104,6 +105,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.runner.lora = self.lora
+        if config.cuda_graphs:
+            self.runner.graphs = DecodeGraphs(self.runner, capture=self.device.type == "cuda")
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -242,6 +245,7 @@ class LLMEngine:
                 self.lora.apply_remove(lora_id, name)
             case cmd.SwapWeights(settings=settings):
                 self.weights.apply_swap(command, self.config)
+                self.runner.invalidate_graphs()  # they captured the old layers
                 self.config = dataclasses.replace(self.config, **settings)
 
     def _reconfigure_now(self, changes) -> None:

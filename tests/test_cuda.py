@@ -105,3 +105,12 @@ def test_mtp_heads_train_on_the_gpu(tiny_llama):
     heads, measured = fit_heads(data, original_weights(eng), 2, epochs=1, lr=1e-3)
     assert next(heads.parameters()).is_cuda and len(measured["val_top1_per_head"]) == 2
 
+
+
+def test_cuda_graphs_replay_decode_steps_exactly(tiny_llama):
+    graphs = _engine(tiny_llama, dtype="float32", cuda_graphs=True)
+    eager = _engine(tiny_llama, dtype="float32")
+    assert [o.token_ids for o in graphs.generate(PROMPTS, GREEDY)] == \
+        [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
+    g = graphs.runner.graphs
+    assert g.num_captures > 0 and g.num_replays > 0

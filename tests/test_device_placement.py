@@ -443,3 +443,30 @@ def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tmp_path,
     plain = LLMEngine(EngineConfig(model=folder, num_kv_blocks=16))
     early.set_quantization(16)
     assert early.generate(["Hello"], params)[0].token_ids == plain.generate(["Hello"], params)[0].token_ids
+
+
+def test_decode_graph_buffers_give_the_ordinary_paths_tokens(tiny_llama):
+    """cuda_graphs=True on the CPU: all-decode steps run through the padded static buffers (batch and
+    context buckets, padding rows repeating row 0, masks built on the device) without capture; the
+    tokens are the ordinary path's, across bucket changes, a requantization and a rebuilt cache."""
+    from engine.runner.graphs import batch_bucket, context_bucket
+
+    assert [batch_bucket(n) for n in (1, 3, 5, 17, 64, 65, 300)] == [1, 4, 8, 24, 64, 96, None]
+    assert [context_bucket(n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+    prompts = ["Hello there", "The quick brown fox jumps over", "a", "Paged attention stores keys and values",
+               "one two three four five six seven"]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="fast", num_kv_blocks=64)
+    plain = LLMEngine(EngineConfig(**kw))
+    graphs = LLMEngine(EngineConfig(**kw, cuda_graphs=True))
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in graphs.generate(prompts, params)] == want
+    used = graphs.runner.graphs.num_runs
+    assert used > 30 and graphs.runner.graphs.num_replays == 0  # no capture without CUDA
+    for eng in (plain, graphs):
+        eng.weights.fit_kv(eng.block_manager, eng.runner)
+    plain.set_quantization(8)
+    graphs.set_quantization(8)
+    want = [o.token_ids for o in plain.generate(prompts[:3], params)]
+    assert [o.token_ids for o in graphs.generate(prompts[:3], params)] == want
+    assert graphs.runner.graphs.num_runs > used
