@@ -106,7 +106,7 @@ class LLMEngine:
         self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.runner.lora = self.lora
         if config.cuda_graphs:
-            self.runner.graphs = DecodeGraphs(self.runner, capture=self.device.type == "cuda")
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,

@@ -206,11 +206,15 @@ def test_release_and_restore_keep_an_engine_serving(tiny_llama):
     assert eng.generate(["a b c"], params)[0].token_ids == before
 
 
-def test_a_dropped_engine_frees_its_model_without_the_garbage_collector(tiny_llama):
+@pytest.mark.parametrize("extra", [{}, {"max_loras": 2}, {"spec_method": "draft", "num_speculative_tokens": 2},
+                                   {"quant_bits": 4}, {"cuda_graphs": True, "attention_backend": "fast"}],
+                         ids=["plain", "lora", "draft", "int4", "graphs"])
+def test_a_dropped_engine_frees_its_model_without_the_garbage_collector(tiny_llama, extra):
     gc.disable()
     try:
-        eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16))
+        eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16, **extra))
         eng.generate(["hi"], SamplingParams(max_tokens=2))
+        eng.memory(), eng.block_map()
         eng.model.set_compiled(True)
         eng.model.set_compiled(False)  # compiling holds bound methods only while it is on
         model, kv = weakref.ref(eng.model), weakref.ref(eng.runner.kv_caches[0][0])

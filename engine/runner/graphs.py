@@ -53,8 +53,10 @@ class StaticStep:
 
 
 class DecodeGraphs:
-    def __init__(self, runner, capture: bool) -> None:
-        self.runner = runner
+    """Held by the ModelRunner it serves, which passes itself to each call (no reference back to it:
+    a dropped engine frees at once)."""
+
+    def __init__(self, capture: bool) -> None:
         self.capture = capture
         self._steps: dict[tuple[int, int], StaticStep] = {}
         self._pool = None
@@ -66,16 +68,15 @@ class DecodeGraphs:
         self._steps.clear()
         self._pool = None
 
-    def eligible(self, order: list[ScheduledRequest]) -> bool:
-        r = self.runner
+    def eligible(self, r, order: list[ScheduledRequest]) -> bool:
         backend = r.backend
         return (bool(order) and all(s.kind == "decode" for s in order) and batch_bucket(len(order)) is not None
                 and r.lora is None and not backend.reference and backend.native_decode is None
                 and backend.compiled_decode is None and not r.model.compiled)
 
-    def run(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
+    def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
-        bs = self.runner.block_size
+        bs = runner.block_size
         n = len(order)
         tables = [bm.block_table(s.request.request_id) for s in order]
         lens = [s.request.num_computed_tokens + 1 for s in order]
@@ -87,7 +88,7 @@ class DecodeGraphs:
         host = torch.tensor([ids + [ids[0] for _ in pad], [ln - 1 for ln in lens] + [lens[0] - 1 for _ in pad],
                              slots + [slots[0] for _ in pad], lens + [lens[0] for _ in pad]], dtype=torch.int64)
         blocks = torch.tensor(rows + [rows[0] for _ in pad], dtype=torch.int64).reshape(-1)
-        st = self._steps.get((b, c)) or self._new_step(b, c)
+        st = self._steps.get((b, c)) or self._new_step(runner, b, c)
         self.num_runs += 1
         dev = st.ids.device
         st.ids.copy_(host[0], non_blocking=True)
@@ -101,14 +102,13 @@ class DecodeGraphs:
             st.graph.replay()
             self.num_replays += 1
         elif self.capture:
-            self._capture(st)
+            self._capture(runner, st)
             st.graph.replay()  # capturing records the kernels without running them
         else:
-            st.out = self._forward(st)
+            st.out = _forward(runner, st)
         return st.out[:n].clone()  # graphs share a memory pool: the next replay may reuse this buffer
 
-    def _new_step(self, b: int, c: int) -> StaticStep:
-        r = self.runner
+    def _new_step(self, r, b: int, c: int) -> StaticStep:
         dev, bs = r.device, r.block_size
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=dev)  # noqa: E731
         ids, positions, slots, ctx_lens, blocks = zeros(b), zeros(b), zeros(b), zeros(b), zeros(b * c)
@@ -120,21 +120,22 @@ class DecodeGraphs:
         self._steps[(b, c)] = st
         return st
 
-    def _forward(self, st: StaticStep) -> torch.Tensor:
-        return self.runner.model(st.ids, st.positions, self.runner.kv_caches, st.md)
-
-    def _capture(self, st: StaticStep) -> None:
+    def _capture(self, runner, st: StaticStep) -> None:
         """Warm up on a side stream (the allocator and lazy inits settle), then record one step. The
         warm-up and the capture write this step's K/V (the same values the replay writes)."""
         side = torch.cuda.Stream(device=st.ids.device)
         side.wait_stream(torch.cuda.current_stream(st.ids.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._forward(st)
+                _forward(runner, st)
         torch.cuda.current_stream(st.ids.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            st.out = self._forward(st)
+            st.out = _forward(runner, st)
         self._pool = graph.pool()
         st.graph = graph
         self.num_captures += 1
+
+
+def _forward(runner, st: StaticStep) -> torch.Tensor:
+    return runner.model(st.ids, st.positions, runner.kv_caches, st.md)

@@ -200,8 +200,8 @@ class ModelRunner:
 
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
-        if self.graphs is not None and self.graphs.eligible(order):
-            return self.graphs.run(order, bm)
+        if self.graphs is not None and self.graphs.eligible(self, order):
+            return self.graphs.run(self, order, bm)
         input_ids, positions, md = self._prepare(order, bm)
         if self.lora is None:
             return self.model(input_ids, positions, self.kv_caches, md)
