@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,28 @@ def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
     assert (out / "app.png").stat().st_size > 10_000
     assert "passed" in steps["cpu_suite"]["log_tail"]
     assert "skipped" in steps["cuda_tests"]["log_tail"]  # no GPU here: the cuda tests skip, they never fail
+
+
+BLOCKER = """
+import sys, importlib.abc
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"PySide6", "shiboken6", "pyqtgraph", "qasync", "fastapi", "starlette", "uvicorn",
+                                  "gguf", "platformdirs", "pytestqt"}:
+            raise ImportError("not on the GPU machine: " + name)
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def test_the_benches_need_neither_the_gui_nor_the_http_stack():
+    """The lent GPU machines lack PySide6, FastAPI, gguf, platformdirs: the bench commands and the
+    engine must not import them just to start."""
+    code = BLOCKER + """
+from app.cli import build_parser
+args = build_parser().parse_args(["bench", "decode", "--device", "cuda", "--max-tokens", "4"])
+import app.bench.cli, app.bench.bandwidth, engine.llm_engine, engine.runner.graphs
+print("ok", args.device, args.gpu_memory_utilization)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert proc.stdout.split() == ["ok", "cuda", "0.9"]
