@@ -12,7 +12,9 @@ recorded and the next one runs; what the deadline leaves no time for is recorded
   bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
   screenshot    the app on the GPU, headless -> app.png
   cpu_suite     the CPU suite with CUDA hidden (CUDA_VISIBLE_DEVICES='') -> cpu_suite.xml
-results.json lists each step: its command, exit status, seconds, the tail of its log, and its files.
+results.json lists each step: its command, exit status, seconds, the tail of its log, and its files;
+the whole logs, the built model and scratch data go to --work (a temporary folder by default), so the
+result folder holds 7 files (the device tool brings back 8 at most).
 
 Model: --model auto takes the built-in SmolLM2-135M when its weights are on this machine (no network on
 the GPU machines); else a model of SmolLM2-135M's shapes with random weights is built (speed and memory
@@ -27,6 +29,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=570.0, help="the whole run's deadline in seconds")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and quick")
     p.add_argument("--steps", default=None, help="comma-separated step names to run (default: all)")
+    p.add_argument("--work", default=None,
+                   help="logs, the built model, scratch data (default: a temporary folder; --out keeps only "
+                        "the results: the device tool brings back 8 files at most)")
     return p.parse_args(argv)
 
 
@@ -98,13 +104,13 @@ def _git(*args: str) -> str:
         return ""
 
 
-def pick_model(model: str, out: Path, dry_run: bool) -> tuple[str, str]:
+def pick_model(model: str, work: Path, dry_run: bool) -> tuple[str, str]:
     """(model argument for the commands, what it is)."""
     if model != "auto":
         return model, "as given"
     if not dry_run and builtin_available():
         return "smollm2-135m", "SmolLM2-135M-Instruct (the built-in model's weights)"
-    folder = out / "model"
+    folder = work / "model"
     shapes = dict(SMOLLM2_SHAPES)
     if dry_run:  # small enough for a CPU to run every step in a minute or two
         shapes.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -168,10 +174,10 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     ]
 
 
-def run_step(name: str, command: list[str], extra_env: dict, limit: float, out: Path) -> StepResult:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", INFERLAB_DATA_DIR=str(out / "data"), **extra_env)
+def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", INFERLAB_DATA_DIR=str(work / "data"), **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    log = out / f"{name}.log"
+    log = work / f"{name}.log"
     result = StepResult(name, command)
     t0 = time.perf_counter()
     with open(log, "w") as f:
@@ -192,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     out = Path(args.out or f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     results: list[StepResult] = []
     env_step = StepResult("environment", ["(in process)"])
@@ -203,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         env_step.rc, env_step.log_tail = 1, f"{type(e).__name__}: {e}"
     env_step.seconds = round(time.perf_counter() - start, 1)
     results.append(env_step)
-    model, what = pick_model(args.model, out, args.dry_run)
-    summary = {"dry_run": args.dry_run, "device": args.device, "model": model, "model_is": what,
+    model, what = pick_model(args.model, work, args.dry_run)
+    summary = {"dry_run": args.dry_run, "device": args.device, "model": model, "model_is": what, "logs": str(work),
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": args.budget_s, "steps": []}
     wanted = set(args.steps.split(",")) if args.steps else None
     for name, command, extra, limit in step_commands(args, model, out):
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                f"{max(left, 0):.0f} s"))
             continue
         print(f"[gpu_check] {name} (limit {min(limit, left - 10):.0f} s)…", flush=True)
-        results.append(run_step(name, command, extra, min(limit, left - 10), out))
+        results.append(run_step(name, command, extra, min(limit, left - 10), work))
     produced = {p.name for p in out.iterdir() if p.suffix in (".json", ".png", ".xml")}
     for r in results:
         stem = {"cuda_tests": "cuda_tests.xml", "bench_decode": "bench_decode.json", "bench_64": "bench_64.json",

@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
     out = tmp_path / "check"
     proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out),
-                           "--budget-s", "280"], capture_output=True, text=True, timeout=300)
+                           "--work", str(tmp_path / "work"), "--budget-s", "280"],
+                          capture_output=True, text=True, timeout=300)
+    assert sorted(p.name for p in out.iterdir()) == sorted(  # no more than the device tool brings back
+        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_64.json", "app.png",
+         "cpu_suite.xml"])
     results = json.loads((out / "results.json").read_text())
     steps = {s["name"]: s for s in results["steps"]}
     assert list(steps) == ["environment", "cuda_tests", "bench_decode", "bench_64", "screenshot", "cpu_suite"]
