@@ -5,13 +5,14 @@ import argparse
 import sys
 import textwrap
 
+from app.device_args import APP_GPU_MEMORY_UTILIZATION, HEADLESS_GPU_MEMORY_UTILIZATION, add_device_args
 from engine.config import DEFAULT_MODEL
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder, .gguf file or Hub id")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--device", default="auto")
+    add_device_args(p, HEADLESS_GPU_MEMORY_UTILIZATION)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
+    add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")

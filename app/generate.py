@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
+from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.loading.loader import ModelLoadError
 
@@ -52,7 +53,7 @@ def run_generate(args) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, stop=args.stop)
-        engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+        engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **device_options(args),
                                         num_threads=args.threads), progress=progress)
         progress.close()
         prompt = chat_prompt(engine.tokenizer, args.prompt, args.raw, args.chat)

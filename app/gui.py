@@ -40,6 +40,7 @@ def run_gui(args) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
+    from app.device_args import device_options
     from app.engine_host import EngineHost
     from app.main_window import MainWindow
     from engine.config import EngineConfig
@@ -59,7 +60,7 @@ def run_gui(args) -> int:
             print(f"inferlab: error: --attach: {exc}", file=sys.stderr)
             return 2
     else:
-        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads()))
+        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)

@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from app.device_args import device_options
+
 
 def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
     engine_args(p)
@@ -28,7 +30,7 @@ def training_engine(args: argparse.Namespace):
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+    return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
                                   max_num_seqs=32, max_num_batched_tokens=2048), progress=training_progress)
 
 

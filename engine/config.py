@@ -9,18 +9,23 @@ DEFAULT_MODEL = "smollm2-135m"
 @dataclass(slots=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL  # a built-in name, a Hugging Face folder, a .gguf file or a Hub id
-    dtype: str = "auto"  # "auto" (bf16 on CPU and CUDA), "bfloat16", "float16", "float32"
+    # "auto": bf16 on the CPU and on GPUs that compute in it (compute capability 8.0+), fp16 on older GPUs
+    dtype: str = "auto"  # "auto", "bfloat16", "float16", "float32"
+    # "auto": $INFERLAB_DEVICE when set (the test suite pins "cpu"), else CUDA when torch sees a GPU, else CPU
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     seed: int = 0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
 
     # KV cache
     block_size: int = 16
-    kv_cache_memory_bytes: int = 512 * 2**20  # the CPU budget for KV blocks
-    # When set (CPU): one budget for weights + KV; the KV cache gets what the weights leave, so fewer
-    # weight bytes (quantization) buy more KV blocks. Overrides kv_cache_memory_bytes.
+    # Explicit budgets are honoured on every device (CPU and GPU alike). A KV budget: with a draft model,
+    # the target's and the draft's KV blocks share it. None: 512 MiB on the CPU; on a GPU the KV cache
+    # gets what a profiled warm-up step leaves (total x gpu_memory_utilization - in use - peak of a step).
+    kv_cache_memory_bytes: int | None = None
+    # When set: one budget for weights + KV (the draft model's included); the KV cache gets what the
+    # weights leave, so fewer weight bytes (quantization) buy more KV blocks. Overrides kv_cache_memory_bytes.
     memory_budget_bytes: int | None = None
-    gpu_memory_utilization: float = 0.90  # share of device memory the engine may use on a GPU
+    gpu_memory_utilization: float = 0.90  # share of the GPU's memory the engine may use (no explicit budget)
     num_kv_blocks: int | None = None  # overrides the budget (tests)
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # defaults to the model's context length
@@ -48,6 +53,10 @@ class EngineConfig:
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
     # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
     pack_weights: bool = True
+    # CUDA: replay all-decode steps from CUDA graphs captured per padded batch-size and context bucket
+    # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
+    # buffers run without capture (what the tests check). Off by default.
+    cuda_graphs: bool = False
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16
@@ -94,5 +103,7 @@ class EngineConfig:
         if self.max_loras < 0 or self.max_lora_rank < 1 or (self.max_cpu_loras or 0) < 0:
             raise ValueError(f"max_loras and max_cpu_loras must be >= 0 and max_lora_rank >= 1, got "
                              f"{self.max_loras}, {self.max_cpu_loras}, {self.max_lora_rank}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

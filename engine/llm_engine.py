@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,18 +32,29 @@ from engine.loading.loader import LoadedModel, load_model
 from engine.lora.build import build_pool, require_pool, reserved_bytes
 from engine.models.build import build_model
 from engine.perf.step_counter import StepCounter
+from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
-from engine.runner.memory import snapshot
+from engine.runner.graphs import DecodeGraphs
+from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
+from engine.runner.profile import profile_peak_bytes
 from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
+from engine.spec.draft import build_draft_model
 
 StepListener = Callable[[EngineStepEvent], None]
 Progress = Callable[[str, float], None]
 Outputs = dict[str, RequestOutput]
+
+
+def _calibrator(engine_ref: weakref.ref) -> Callable[[], dict]:
+    """The weights manager's calibration, holding the engine weakly: no part keeps its owner alive
+    through a cycle, so a dropped engine frees its weights and KV cache at once, not at the next
+    garbage collection (a rebuild on a GPU needs that memory for the new engine)."""
+    return lambda: activation_absmax(engine_ref(), heldout_texts())
 
 
 class LLMEngine:
@@ -64,14 +76,25 @@ class LLMEngine:
         self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
         torch.manual_seed(config.seed)
         try:
-            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
+            at_load = quantizer_for(config, self.device)  # a GPU quantizes each layer as it loads
+            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype, on_layer=at_load)
         except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
             # a config the model cannot be built from (an unsupported rope scaling)
             raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
                                  f"{e}") from e
-        self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
-                                      calibrate=lambda: activation_absmax(self, heldout_texts()),
-                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype))
+        # a draft model is built before the KV cache is sized: its weights and its KV blocks (as many as
+        # the target's) come out of the same budget
+        draft = build_draft_model(config, loaded, mc, self.device, self.dtype) if config.spec_method == "draft" \
+            else None
+        draft_block_bytes = draft.block_bytes(config.block_size, self.dtype) if draft else 0
+        self.weights = WeightsManager(self.model, config, self.device, self.block_bytes + draft_block_bytes,
+                                      calibrate=_calibrator(weakref.ref(self)),
+                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype),
+                                      profile_peak=lambda: profile_peak_bytes(self.model, mc, config, self.device,
+                                                                              self.dtype),
+                                      other_weights_bytes=weights_bytes(draft.model) if draft else 0,
+                                      at_load=at_load)
+        del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
         blocks = self.weights.kv_target
@@ -82,15 +105,19 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.runner.lora = self.lora
+        if config.cuda_graphs:
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
-                                       self.eos_token_ids, self.max_model_len)
+                                       self.eos_token_ids, self.max_model_len, draft)
+        del draft
         self.admission = AdmissionController(config)
         self._inbox = cmd.CommandInbox()
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
+        self._device_memory: DeviceMemory | None = None
         self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
         if progress is not None:
             progress("engine ready", 1.0)
@@ -218,6 +245,7 @@ class LLMEngine:
                 self.lora.apply_remove(lora_id, name)
             case cmd.SwapWeights(settings=settings):
                 self.weights.apply_swap(command, self.config)
+                self.runner.invalidate_graphs()  # they captured the old layers
                 self.config = dataclasses.replace(self.config, **settings)
 
     def _reconfigure_now(self, changes) -> None:
@@ -339,6 +367,32 @@ class LLMEngine:
         for listener in self._listeners:
             listener(event)
 
+    # ---- memory between engines (the engine thread, no step running) --------------------------------
+    def release_memory(self) -> None:
+        """Free the KV caches (the target's and a draft model's) and the compiled graphs, so that a
+        rebuild can make the next engine in their memory (on a GPU the old cache would otherwise leave
+        the new one no room). Every request must be finished; restore_memory() undoes it."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("release_memory with requests still running; abort them first")
+        self._released = (self.runner.release_kv(), self.spec.release_kv(), self.model.compiled)
+        self.block_manager.reset_prefix_cache()  # the cached blocks' contents are gone
+        if self.model.compiled:
+            self.model.set_compiled(False)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def restore_memory(self) -> None:
+        """After release_memory (the new engine could not be built): this one serves again, with an
+        empty KV cache of the same size."""
+        released, self._released = getattr(self, "_released", None), None
+        if released is None:
+            return
+        blocks, draft_blocks, compiled = released
+        self.runner.restore_kv(blocks)
+        self.spec.restore_kv(draft_blocks)
+        if compiled:
+            self.runner.set_execution(self.config.attention_backend, True)
+
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -373,7 +427,9 @@ class LLMEngine:
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager
         lora = self.lora
-        return snapshot(self.device, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
+        if self._device_memory is None:  # NVML initialised once, on the first snapshot
+            self._device_memory = DeviceMemory(self.device)
+        return snapshot(self._device_memory, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
                         bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
                         lora.device_bytes if lora else 0, lora.host_bytes if lora else 0)
 

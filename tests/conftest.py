@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Engines built with device="auto" run on the CPU, GPU box or not: the suite's exact figures (block ids,
+# budgets, packed CPU kernels) are CPU facts. Tests of the CUDA paths are marked `cuda` and say
+# device="cuda" themselves; they skip where torch sees no GPU.
+os.environ.setdefault("INFERLAB_DEVICE", "cpu")
 
 _TRAIN_TEXT = [
     "The quick brown fox jumps over the lazy dog. " * 4,
@@ -27,6 +31,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "llama_server: needs llama.cpp's llama-server (scripts/build_llama_cpp.sh); "
                                        "skips where it is not built")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:

@@ -9,8 +9,9 @@ import time
 
 import torch
 
-from app.bench import hf_baseline, runs
+from app.bench import bandwidth, hf_baseline, runs
 from app.bench.workload import corpus_tokens, mixed_workload
+from app.device_args import device_options
 from app.generate import stderr_progress
 from engine import EngineConfig, LLMEngine
 
@@ -30,6 +31,7 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget (offline: large)")
     tp.add_argument("--kv-cache-mib", type=int, default=1024)
     tp.add_argument("--rounds", type=int, default=1, help="alternate inferlab and HF rounds; medians compared")
+    tp.add_argument("--max-output-tokens", type=int, default=256, help="outputs are 16 to this many tokens")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF rounds (median)")
@@ -90,7 +92,7 @@ def _run_bench(args) -> int:
 
         args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype,
+    result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
@@ -134,12 +136,12 @@ def _emit(args, result: dict) -> int:
 
 
 def _engine(args, **kw) -> LLMEngine:
-    cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads, **kw)
+    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads, **kw)
     return LLMEngine(cfg, progress=stderr_progress)
 
 
 def _hf(engine: LLMEngine):
-    return hf_baseline.load_hf(engine.model_path, engine.dtype)
+    return hf_baseline.load_hf(engine.model_path, engine.dtype, engine.device)
 
 
 MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
@@ -169,7 +171,8 @@ def _warm_up(engine, run) -> None:
 def _throughput(args) -> dict:
     engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      kv_cache_memory_bytes=args.kv_cache_mib * 2**20)
-    reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs)
+    reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs,
+                          output=(min(16, args.max_output_tokens), args.max_output_tokens))
     _warm_up(engine, lambda: runs.engine_throughput(engine, reqs[:16]))
     model = hf = None
     if not args.no_baseline:
@@ -193,6 +196,8 @@ def _throughput(args) -> dict:
                                   f"{key}_each_round": [x[key] for x in hf_runs], f"{key}_median": hf_med}
         out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in MODES}
         out["speedup_each_round"] = {m: [a[key] / b[key] for a, b in zip(r, hf_runs)] for m, r in ours_runs.items()}
+    out["memory_bandwidth"] = bandwidth.batch_bandwidth(
+        engine, {m: _median_run(r, key) for m, r in ours_runs.items()})
     return out
 
 
@@ -222,6 +227,9 @@ def _decode(args) -> dict:
         out["speedup_end_to_end"] = {m: hf_res["seconds"] / ours[m]["seconds"] for m in MODES}
         out["greedy_tokens_agree"] = {m: f"{sum(a == b for a, b in zip(ours[m]['tokens'], hf_res['tokens']))}"
                                          f"/{args.max_tokens}" for m in MODES}
+    out["memory_bandwidth"] = bandwidth.decode_bandwidth(
+        engine, {m: ours[m]["decode_tokens_per_s"] for m in MODES},
+        out.get("hf_transformers", {}).get("decode_tokens_per_s"))
     return out
 
 

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from app.device_args import device_options
 from app.load.generator import LoadConfig, LoadGenerator
 
 PROBE_MS = 10
@@ -173,7 +174,7 @@ def run(args) -> dict:
     app = QApplication.instance() or QApplication([])
     # no prefix caching: every run must do the same work, not reuse the previous run's prompts
     threads = args.threads or engine_threads()  # the app's default unless --threads says otherwise
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=threads,
+    config = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=threads,
                           enable_prefix_caching=False)
     engine = _in_thread(lambda: LLMEngine(config, progress=stderr_progress))
     arrivals = _workload(engine, args)

@@ -8,11 +8,18 @@ import torch
 from app.bench.workload import BenchRequest
 
 
-def load_hf(folder: str, dtype: torch.dtype):
+def load_hf(folder: str, dtype: torch.dtype, device: torch.device | str = "cpu"):
+    """The same weights on the engine's device (a GPU bench compares against HF on that GPU)."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    return model
+    return model.to(device)
+
+
+def _sync(model) -> None:
+    """Wait for the GPU's queued work before reading a clock (a CPU model has none)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 @torch.inference_mode()
@@ -31,10 +38,12 @@ def hf_generate_static(model, requests: list[BenchRequest], batch_size: int, pad
             ids[j, width - n :] = torch.tensor(r.prompt_token_ids)
             mask[j, width - n :] = 1
         new = max(r.max_tokens for r in group)
+        ids, mask = ids.to(model.device), mask.to(model.device)
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                        do_sample=False, pad_token_id=pad_id)
         useful += sum(r.max_tokens for r in group)
         generated += new * len(group)
+    _sync(model)
     dt = time.perf_counter() - t0
     return {"seconds": dt, "useful_output_tokens": useful, "computed_output_tokens": generated,
             "output_tokens_per_s": useful / dt}
@@ -42,13 +51,16 @@ def hf_generate_static(model, requests: list[BenchRequest], batch_size: int, pad
 
 @torch.inference_mode()
 def hf_one_stream(model, prompt_ids: list[int], max_tokens: int) -> dict:
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=model.device)
+    _sync(model)
     t0 = time.perf_counter()
     model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+    _sync(model)
     ttft = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                          min_new_tokens=max_tokens, do_sample=False)
+    _sync(model)
     dt = time.perf_counter() - t0
     tokens = out[0, len(prompt_ids):].tolist()
     return {"seconds": dt, "ttft_s": ttft, "tokens": tokens,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from app.bench.workload import corpus_tokens
+from app.device_args import device_options
 from app.generate import stderr_progress
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.lora.adapter import TARGETS, load_adapter
@@ -39,7 +40,7 @@ def add_lora_bench_args(p, engine_args) -> None:
 
 
 def _engine(args, **kw) -> LLMEngine:
-    cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
                        max_num_seqs=max(args.streams, 1), kv_cache_memory_bytes=512 * 2**20, **kw)
     return LLMEngine(cfg, progress=stderr_progress)
 

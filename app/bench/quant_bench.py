@@ -5,6 +5,7 @@ import time
 
 from app.bench.runs import engine_one_stream
 from app.bench.workload import corpus_tokens
+from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 
@@ -27,7 +28,7 @@ def run_quant_bench(args) -> dict:
     texts = heldout_texts()
     results, reference, ppl16 = {}, None, None
     for bits in args.bits:
-        cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+        cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
                            quant_bits=bits, quant_group_size=args.group_size,
                            quant_outlier_channels=args.outliers if bits != 16 else 0,
                            quant_embeddings=getattr(args, "embeddings", False),

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from app.bench.workload import corpus_tokens
+from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
 
@@ -118,7 +119,7 @@ def run_once(engine: LLMEngine, schedule: list[TimedRequest], slo: SLO) -> dict:
 def run_serve_bench(args) -> dict:
     from app.generate import stderr_progress
 
-    cfg = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=False)
     engine = LLMEngine(cfg, progress=stderr_progress)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quant.quality import heldout_texts
 
@@ -61,7 +62,7 @@ def agreement(got: list, want: list) -> dict:
 
 
 def run_spec_bench(args) -> dict:
-    base_cfg = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+    base_cfg = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
                     max_num_seqs=max(args.streams), kv_cache_memory_bytes=1024 * 2**20)
     plain = LLMEngine(EngineConfig(**base_cfg))
     workloads = ["echo", "chat"] if args.workload == "both" else [args.workload]

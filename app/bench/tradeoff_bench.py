@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from app.device_args import device_options
 from app.sweep import SweepSpec, run_sweep
 from app.sweep_point import Workload
 
@@ -32,7 +33,7 @@ def run(args) -> dict:
     roofs = probe_roofs(refresh=args.reprobe)
     probe_s = time.perf_counter() - t0
     loaded = load_model(args.model)
-    base = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    base = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads)
     spec = SweepSpec(batches=tuple(args.batches), bits=tuple(args.bits), drafts=tuple(args.drafts),
                      warmup_s=args.warmup_s, measure_s=args.measure_s, price_per_hour=args.price,
                      memory_budget_bytes=args.memory_budget_mib * 2**20, workload=Workload())

@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 
+from app.device_args import device_options
 from engine.core.policies import POLICIES
 
 
@@ -39,7 +40,7 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
 def engine_config(args):
     from engine.config import EngineConfig
 
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+    kw = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy,
               max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait)

@@ -247,11 +247,10 @@ class BlockManager:
         for rid, table in self._tables.items():
             for b in table:
                 owners.setdefault(b, []).append(rid)
-        infos = []
-        for b in range(self.num_blocks):
-            cached = self._block_hash[b] is not None
-            if self._ref_count[b] or cached:
-                infos.append(BlockInfo(b, self._ref_count[b], cached, tuple(owners.get(b, ()))))
+        # only the blocks in a table or in the prefix cache, never a walk over every block (a large
+        # GPU's cache has hundreds of thousands, nearly all free when the app is idle)
+        infos = [BlockInfo(b, self._ref_count[b], self._block_hash[b] is not None, tuple(owners.get(b, ())))
+                 for b in sorted(owners.keys() | set(self._hash_to_block.values()))]
         return BlockMapSnapshot(
             self.block_size,
             self.num_blocks,

@@ -79,9 +79,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
         # the dense code between two attentions runs as one call (compiled by set_compiled): the
-        # forward pass alternates attend -> post_then_pre; the next layer is set by the model
-        self._pre, self._post_pre = self.pre_attention, self.post_then_pre
+        # forward pass alternates attend -> post_then_pre; the next layer is set by the model. The
+        # compiled callables exist only while compiling: an eager layer holds no bound method of itself,
+        # so dropping the model frees its memory at once instead of waiting for the garbage collector.
+        self._compiled: tuple | None = None  # (pre_attention, post_then_pre) compiled
         object.__setattr__(self, "_next", None)  # not a submodule: names and state_dict stay the same
+
+    def _pre(self, x, residual, positions, rotary):
+        fn = self._compiled[0] if self._compiled is not None else self.pre_attention
+        return fn(x, residual, positions, rotary)
+
+    def _post_pre(self, o, residual, positions, rotary):
+        fn = self._compiled[1] if self._compiled is not None else self.post_then_pre
+        return fn(o, residual, positions, rotary)
 
     def pre_attention(self, x, residual, positions, rotary):
         """Everything before the paged attention: add & norm, q/k/v projection, RoPE."""
@@ -103,11 +113,8 @@ class DecoderLayer(nn.Module):
         return self._next.pre_attention(x, residual, positions, rotary)
 
     def set_compiled(self, on: bool) -> None:
-        if on:
-            self._pre = torch.compile(self.pre_attention, dynamic=True)
-            self._post_pre = torch.compile(self.post_then_pre, dynamic=True)
-        else:
-            self._pre, self._post_pre = self.pre_attention, self.post_then_pre
+        self._compiled = (torch.compile(self.pre_attention, dynamic=True),
+                          torch.compile(self.post_then_pre, dynamic=True)) if on else None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -120,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         for layer, nxt in zip(self.layers, self.layers[1:]):
             object.__setattr__(layer, "_next", nxt)
-        self._finish = self.finish
+        self._compiled_finish = None  # set_compiled (eager: no bound method of itself kept)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
@@ -139,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
         compile."""
         for layer in self.layers:
             layer.set_compiled(on)
-        self._finish = torch.compile(self.finish, dynamic=True) if on else self.finish
+        self._compiled_finish = torch.compile(self.finish, dynamic=True) if on else None
         kernel = CompiledGemv() if on else None
         for m in self.modules():
             if isinstance(m, Linear):
@@ -157,7 +164,8 @@ class LlamaForCausalLM(nn.Module):
             o = layer.self_attn.attend(q, k, v, kv_cache, md)
             if i < last:
                 q, k, v, residual = layer._post_pre(o, residual, positions, self.rotary)
-        return self._finish(o, residual)
+        finish = self._compiled_finish if self._compiled_finish is not None else self.finish
+        return finish(o, residual)
 
     def finish(self, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The last layer's post_attention and the final norm."""
@@ -168,8 +176,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()  # (n, vocab)
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], check_missing: bool = True) -> set[str]:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; returns the parameter names
+        filled. `check_missing=False`: a part of the checkpoint (build_model fills piece by piece)."""
         params = dict(self.named_parameters())
         fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -184,6 +193,8 @@ class LlamaForCausalLM(nn.Module):
             if len(parts) >= 2 and parts[-2] in fused:
                 target, shard = fused[parts[-2]]
                 pname = ".".join(parts[:-2] + [target, parts[-1]])
+                if pname not in params:
+                    raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
                 self._copy_shard(params[pname], tensor, target, shard)
             else:
                 pname = name
@@ -194,7 +205,14 @@ class LlamaForCausalLM(nn.Module):
                                      f"the model expects {tuple(params[pname].shape)}")
                 params[pname].copy_(tensor)
             loaded.add(pname)
-        missing = set(params) - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings else set())
+        if check_missing:
+            self.check_loaded(loaded)
+        return loaded
+
+    def check_loaded(self, loaded: set[str]) -> None:
+        """KeyError naming the parameters no checkpoint tensor filled."""
+        params = {n for n, _ in self.named_parameters(remove_duplicate=False)}
+        missing = params - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings else set())
         if missing:
             raise KeyError(f"checkpoint lacks {sorted(missing)[:5]}")
 

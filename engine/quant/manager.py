@@ -17,6 +17,7 @@ from engine.commands import SwapWeights
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.models.layers.linear import pack_linears
+from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
 from engine.runner.memory import weights_bytes
@@ -31,40 +32,52 @@ class WeightsManager:
     outlier channels are picked from; it is called once, the first time they are asked for."""
 
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
-                 calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0) -> None:
+                 calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0,
+                 profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
+                 at_load: QuantizeAtLoad | None = None) -> None:
+        """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
+        too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
+        `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
+        `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
+        originals already on the host."""
         self.model = model
         self.device = device
         self.block_bytes = block_bytes
         self._calibrate = calibrate
         self._act_absmax: dict[str, torch.Tensor] | None = None
         # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
-        self.originals = {n: w.to("cpu") if device.type != "cpu" else w for n, w in original_weights(model).items()}
-        weights16 = weights_bytes(model)
-        if config.quant_bits != 16 or config.quant_embeddings:
-            swap_modules(model, self.build_quantized(config, config.quant_bits))
+        done = at_load.originals if at_load else {}
+        self.originals = dict(done) | {n: w.to("cpu") if device.type != "cpu" else w
+                                       for n, w in original_weights(model, skip=set(done)).items()}
+        weights16 = weights_bytes(model) + (at_load.bytes_16bit - _module_bytes(model, done) if at_load else 0)
+        if config.quant_embeddings or (config.quant_bits != 16 and not at_load):  # layer by layer, each swapped in
+            self.build_quantized(config, config.quant_bits, install=True)
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
         self.weights_bytes = weights_bytes(model)  # with the packed copies
-        blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes, weights_saved, reserved_bytes)
-        self._kv_base = (blocks, self.weights_bytes)  # runtime requantization resizes the cache from here
+        self._other_weights = other_weights_bytes
+        blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes + other_weights_bytes, weights_saved,
+                               reserved_bytes, profile_peak)
+        # runtime requantization resizes the cache from here
+        self._kv_base = (blocks, self.weights_bytes + other_weights_bytes)
         self.kv_target = blocks  # the KV blocks the current weights leave room for
 
     def build_quantized(self, config: EngineConfig, bits: int, group_size: int | None = None,
                         outlier_channels: int | None = None, progress: Progress | None = None,
-                        embeddings: bool | None = None) -> dict:
-        """Quantized modules built from the original 16-bit weights (slow: run it off the GUI thread).
-        Outlier channels need activation statistics, gathered once from the held-out text."""
+                        embeddings: bool | None = None, install: bool = False) -> dict:
+        """Quantized modules built from the original 16-bit weights (slow: run it off the GUI thread),
+        one layer's original on the device at a time. Outlier channels need activation statistics,
+        gathered once from the held-out text (kept on the host, beside the originals)."""
         group_size = group_size or config.quant_group_size
         n_out = config.quant_outlier_channels if outlier_channels is None else outlier_channels
         outliers = None
         if n_out and bits != 16:
             if self._act_absmax is None:
-                self._act_absmax = self._calibrate()
+                self._act_absmax = {n: a.to("cpu") for n, a in self._calibrate().items()}
             outliers = outlier_channels_for(self._act_absmax, self.originals, n_out)
-        originals = {n: w.to(self.device) for n, w in self.originals.items()}
         embeddings = config.quant_embeddings if embeddings is None else embeddings
-        return quantize_model(self.model, originals, bits, group_size, outliers, config.quant_reference, progress,
-                              embeddings)
+        return quantize_model(self.model, self.originals, bits, group_size, outliers, config.quant_reference,
+                              progress, embeddings, device=self.device, install=install)
 
     def prepare_swap(self, config: EngineConfig, bits: int, group_size: int | None = None,
                      outlier_channels: int | None = None, progress: Progress | None = None,
@@ -86,7 +99,8 @@ class WeightsManager:
         self.packed_bytes = pack_linears(self.model, config.pack_weights)
         self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
         self.weights_bytes = weights_bytes(self.model)
-        self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes, self.block_bytes)
+        self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes + self._other_weights,
+                                                 self.block_bytes)
 
     def fit_kv(self, block_manager: BlockManager, runner: ModelRunner) -> None:
         """Give the KV cache the blocks the weight size leaves (at the top of a step): growing is
@@ -96,3 +110,9 @@ class WeightsManager:
         n = block_manager.resize(self.kv_target)
         if n * block_manager.block_size != runner.kv_caches[0][0].shape[1]:
             runner.resize_kv(n)
+
+
+def _module_bytes(model: nn.Module, names) -> int:
+    """Bytes of the named modules' tensors (quantized layers: weights, scales, outlier columns)."""
+    return sum(t.numel() * t.element_size() for n in names
+               for t in list(model.get_submodule(n).parameters()) + list(model.get_submodule(n).buffers()))

@@ -65,8 +65,13 @@ class QuantLinear(nn.Module):
         # (groups, out, 2) scale-and-zero table, the layout the CPU kernel expects
         sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_zeros", sz.to(self.dtype))
+        inner_k_tiles = _cuda_int4_tiles(self.in_features, self.out_features, q.device, self.dtype)
         if not self.reference and self._kernel_available(q.device):
             self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 2))
+            self.q_nibbles = None
+        elif not self.reference and inner_k_tiles:  # CUDA (tinygemm): high nibble first, then the kernel's tiles
+            nibbles = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
+            self.register_buffer("packed", torch._convert_weight_to_int4pack(nibbles, inner_k_tiles))
             self.q_nibbles = None
         else:  # two 4-bit values per byte, for the dequantize-then-matmul path
             self.packed = None
@@ -82,7 +87,7 @@ class QuantLinear(nn.Module):
         elif self.packed is not None:
             # The kernel's packed layout is opaque: let the kernel multiply the identity.
             eye = torch.eye(self.in_features, dtype=self.dtype, device=self.packed.device)
-            w = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).float().t()
+            w = self._int4_mm(eye).float().t()
         else:
             q = torch.stack([self.q_nibbles & 0xF, self.q_nibbles >> 4], dim=-1).reshape(self.out_features, -1)
             sz = self.scales_zeros.float().transpose(0, 1)  # (out, groups, 2)
@@ -97,17 +102,26 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.bits == 8:
+        if self.bits == 8 and x.device.type == "cuda":  # int8 -> 16 bits in the product's dtype, scaled after
+            y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
+        elif self.bits == 8:
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+            y = self._int4_mm(x2)
         if self.outlier_idx is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
+    def _int4_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.packed.device.type == "cuda":
+            return torch._weight_int4pack_mm(x2, self.packed, self.group_size, self.scales_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+
     def _fast_ok(self, x: torch.Tensor) -> bool:
+        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 where the packed kernel was built
+            return x.dtype in (torch.bfloat16, torch.float16) and (self.bits == 8 or self.packed is not None)
         if x.device.type != "cpu" or x.dtype != torch.bfloat16:
             return False
         return self.bits == 8 or self.packed is not None
@@ -118,19 +132,36 @@ class QuantLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _cuda_int4_tiles(in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> int:
+    """innerKTiles for torch's CUDA int4 matmul (bf16, compute capability 8.0+), or 0 where it does not
+    apply: the largest of 8, 4, 2 whose 16-column tiles divide the input width; rows in multiples of 8."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or out_features % 8:
+        return 0
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return 0
+    return next((t for t in (8, 4, 2) if in_features % (t * 16) == 0), 0)
+
+
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
                    outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
-                   progress=None, embeddings: bool = False) -> dict[str, nn.Module]:
+                   progress=None, embeddings: bool = False, device: torch.device | None = None,
+                   install: bool = False, names: list[str] | None = None) -> dict[str, nn.Module]:
     """New modules for every quantizable Linear (and the embedding table and lm_head, quantized when
     `embeddings`), built from the ORIGINAL 16-bit weights in `originals` (never from already quantized
-    ones). Returns {module name: module}; `swap_modules` installs them."""
-    names = [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
+    ones). Returns {module name: module}; `swap_modules` installs them.
+
+    Layer by layer: each original goes to `device` (default: where it is) only while its module is
+    built, so a GPU never holds more than one extra 16-bit layer (the originals stay on the host).
+    `install`: swap each new module in as soon as it is built, so the layer it replaces is freed before
+    the next is made (start-up; a requantization at run time builds aside while the old layers serve).
+    `names`: only these layers (engine/quant/at_load.py: one decoder layer as it is loaded)."""
+    names = names or [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
         if isinstance(mod, LinearWrapper):  # a LoRA wrapper: the projection is its base
             mod = mod.base
-        weight = originals[name]
+        weight = originals[name] if device is None else originals[name].to(device)
         bias = mod.bias
         if bits == 16:
             lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
@@ -139,11 +170,20 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             new[name] = lin
         else:
             idx = outliers.get(name) if outliers else None
+            if idx is not None:
+                idx = idx.to(weight.device)
             new[name] = QuantLinear(weight, bias, bits, group_size, idx, reference)
+            del weight
+        if install:
+            swap_modules(model, {name: new[name]})
         if progress:
             progress(f"quantizing to {bits} bits", (i + 1) / len(names))
     if EMBED in originals:
-        new.update(embedding_modules(model, originals, bits, group_size, embeddings, reference))
+        tables = {k: originals[k] if device is None else originals[k].to(device) for k in (EMBED, HEAD)}
+        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, reference)
+        if install:
+            swap_modules(model, table_modules)
+        new.update(table_modules)
     return new
 
 
@@ -157,10 +197,11 @@ def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
             setattr(parent, child, mod)
 
 
-def original_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The 16-bit weights of every quantizable Linear, the embedding table and the lm_head, kept so
-    that requantizing starts from them."""
-    out = {n: m.weight.detach() for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE}
+def original_weights(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """The 16-bit weights of every quantizable Linear (less those in `skip`, quantized while loading),
+    the embedding table and the lm_head, kept so that requantizing starts from them."""
+    out = {n: m.weight.detach() for n, m in model.named_modules()
+           if n.split(".")[-1] in QUANTIZABLE and n not in skip}
     out[EMBED] = model.get_submodule(EMBED).weight.detach()
     out[HEAD] = model.get_submodule(HEAD).weight.detach()
     return out
@@ -185,6 +226,7 @@ def weight_error_report(originals: dict[str, torch.Tensor], modules: dict[str, n
     report = {}
     for name, mod in modules.items():
         if hasattr(mod, "dequantize"):
-            w = originals[name].float()
-            report[name] = float((w - mod.dequantize()).norm() / w.norm().clamp(min=1e-12))
+            deq = mod.dequantize()  # on the module's device; the original (on the host) joins it there
+            w = originals[name].to(deq.device).float()
+            report[name] = float((w - deq).norm() / w.norm().clamp(min=1e-12))
     return report

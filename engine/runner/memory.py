@@ -1,6 +1,7 @@
 """Memory accounting: weights, KV blocks (used / cached / free), activations, other, free.
 
-On CUDA the device total and free bytes are measured with NVML (or torch.cuda when NVML is missing);
+On CUDA the device total and free bytes are measured with NVML (or torch.cuda when NVML is missing),
+this process's bytes by torch's allocator ("other" = what it holds beyond weights, KV and activations);
 on the CPU the KV cache comes from a configured budget and the host's RAM is the device: total and
 available bytes come from /proc/meminfo, "other" is the process's resident memory not explained by
 weights, KV cache and activations.
@@ -30,20 +31,69 @@ def weights_bytes(model: nn.Module) -> int:
     return total + sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
 
 
-def device_memory(device: torch.device) -> tuple[int, int, str]:
-    """(total bytes, free bytes, source) of the device the engine runs on."""
-    if device.type == "cuda":
-        try:
-            import pynvml
+class DeviceMemory:
+    """(total, free, source) of one device, and this process's bytes on it. On a GPU NVML is initialised
+    once (here, not per snapshot) and the device found by its UUID, else its PCI bus id, as torch sees
+    it: an NVML index counts every GPU of the machine, torch's only those CUDA_VISIBLE_DEVICES lets
+    through (and in its order), so "cuda:0" may be NVML's GPU 3. Without NVML, torch.cuda answers."""
 
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return int(info.total), int(info.free), "nvml"
-        except Exception:  # NVML missing or not initialisable: torch.cuda still knows
-            free, total = torch.cuda.mem_get_info(device)
-            return int(total), int(free), "torch.cuda"
-    return _host_memory() + ("budget",)
+    def __init__(self, device: torch.device, nvml=None) -> None:
+        self.device = device
+        self._nvml, self._handle = None, None
+        if device.type == "cuda":
+            self._nvml, self._handle = _nvml_handle(device, nvml)
+
+    def info(self) -> tuple[int, int, str]:
+        if self.device.type != "cuda":
+            return _host_memory() + ("budget",)
+        if self._handle is not None:
+            try:
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+                return int(mem.total), int(mem.free), "nvml"
+            except Exception:  # noqa: BLE001 (NVML went away: torch.cuda still knows)
+                pass
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(total), int(free), "torch.cuda"
+
+    def process_bytes(self) -> int:
+        """This process's memory: on a GPU what torch's caching allocator holds (other processes'
+        memory is never counted as the engine's), on the CPU its resident set."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_reserved(self.device))
+        return process_resident_bytes()
+
+
+def nvml_ids(device: torch.device) -> tuple[str | None, str | None]:
+    """(UUID as NVML spells it, 'GPU-...'; PCI bus id 'dddddddd:bb:dd.0') of a torch CUDA device."""
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    uuid = None if uuid is None else str(uuid)
+    if uuid and not uuid.startswith(("GPU-", "MIG-")):
+        uuid = "GPU-" + uuid
+    bus = None
+    if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    return uuid, bus
+
+
+def _nvml_handle(device: torch.device, nvml=None):
+    """(the NVML module, the device's handle), or (None, None) when NVML cannot say which it is."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 (no driver library, no permission: torch.cuda answers instead)
+        return None, None
+    uuid, bus = nvml_ids(device)
+    for lookup, key in ((getattr(nvml, "nvmlDeviceGetHandleByUUID", None), uuid),
+                        (getattr(nvml, "nvmlDeviceGetHandleByPciBusId", None), bus)):
+        if lookup is None or key is None:
+            continue
+        try:
+            return nvml, lookup(key.encode() if isinstance(key, str) else key)
+        except Exception:  # noqa: BLE001 (not found this way: try the next)
+            continue
+    return None, None
 
 
 def _host_memory() -> tuple[int, int]:
@@ -67,15 +117,13 @@ def process_resident_bytes() -> int:
         return 0
 
 
-def snapshot(device: torch.device, weights: int, kv_block_bytes: int, blocks_total: int, blocks_used: int,
+def snapshot(memory: DeviceMemory, weights: int, kv_block_bytes: int, blocks_total: int, blocks_used: int,
              blocks_cached: int, activation_bytes: int, packed_weights: int = 0, lora_device: int = 0,
              lora_host: int = 0) -> MemorySnapshot:
-    total, free, source = device_memory(device)
+    device = memory.device
+    total, free, source = memory.info()
     kv_total = kv_block_bytes * blocks_total
-    if device.type == "cuda":
-        used = total - free
-    else:
-        used = process_resident_bytes()
+    used = memory.process_bytes()  # on a GPU: what remains of total - free is other processes' and the driver's
     # on the CPU the host copies of LoRA adapters live in the same memory
     lora = lora_device + (lora_host if device.type != "cuda" else 0)
     other = max(0, used - weights - kv_total - activation_bytes - lora)

@@ -18,6 +18,7 @@ from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
+from engine.runner.graphs import DecodeGraphs
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
@@ -68,12 +69,10 @@ class ModelRunner:
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
-        shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
-        # One (K, V) pair of flat slot tensors per layer.
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(model_config.num_hidden_layers)
-        ]
+        self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
+        # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim).
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.restore_kv(num_blocks)
 
     def set_execution(self, attention_backend: str, compile: bool,
                       progress: Callable[[str, float], None] | None = None) -> None:
@@ -82,6 +81,7 @@ class ModelRunner:
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
         was asked for). What is compiled is compiled lazily, by the next steps."""
         self.model.set_compiled(compile)
+        self.invalidate_graphs()
         self.backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                       previous=self.backend)
 
@@ -90,8 +90,15 @@ class ModelRunner:
         """The C++ paged-decode module the backend runs decodes with, or None."""
         return self.backend.native_decode
 
+    def invalidate_graphs(self) -> None:
+        """Captured graphs read the K/V tensors and weights they were recorded with: drop them when
+        either changes (the next decode steps capture again)."""
+        if self.graphs is not None:
+            self.graphs.invalidate()
+
     def resize_kv(self, num_blocks: int) -> None:
         """New K/V tensors of `num_blocks` blocks; the slots both sizes share are copied over."""
+        self.invalidate_graphs()
         keep = min(num_blocks * self.block_size, self.kv_caches[0][0].shape[1])
         for i, (k, v) in enumerate(self.kv_caches):  # layer by layer: the peak is one layer's extra copy
             shape = (k.shape[0], num_blocks * self.block_size, k.shape[2])
@@ -99,6 +106,22 @@ class ModelRunner:
             k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
             self.kv_caches[i] = (k2, v2)
             del k, v
+
+    def release_kv(self) -> int:
+        """Free the K/V tensors (a rebuild makes the next engine in their memory); returns the block
+        count restore_kv gives back. The runner cannot run until then."""
+        blocks = self.kv_caches[0][0].shape[1] // self.block_size if self.kv_caches else 0
+        self.invalidate_graphs()
+        self.kv_caches = []
+        return blocks
+
+    def restore_kv(self, num_blocks: int) -> None:
+        """Zeroed K/V tensors of num_blocks blocks (after release_kv; what they held is gone)."""
+        shape = (self.cfg.num_key_value_heads, num_blocks * self.block_size, self.cfg.head_dim)
+        self.invalidate_graphs()
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.cfg.num_hidden_layers)]
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -177,6 +200,8 @@ class ModelRunner:
 
     def forward(self, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) of the flat batch, decodes first."""
+        if self.graphs is not None and self.graphs.eligible(self, order):
+            return self.graphs.run(self, order, bm)
         input_ids, positions, md = self._prepare(order, bm)
         if self.lora is None:
             return self.model(input_ids, positions, self.kv_caches, md)

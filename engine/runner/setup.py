@@ -1,26 +1,44 @@
 """Engine set-up decisions: device, dtype, and how many KV blocks the memory budget buys."""
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import torch
 
 from engine.config import EngineConfig
 from engine.models.model_config import ModelConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEVICE_ENV = "INFERLAB_DEVICE"  # what device "auto" means when set (the test suite pins "cpu")
+CPU_KV_CACHE_BYTES = 512 * 2**20  # the CPU's KV budget when none is given
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+        name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {name!r} is not a device torch knows (cpu, cuda, cuda:1, ...): {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} was asked for but torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+        if device.index is None:  # one name for one device: memory queries and NVML look it up by index
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    # bf16 by default everywhere: on the CPU it runs on AMX and halves the bytes read per token.
-    return torch.bfloat16 if name == "auto" else _DTYPES[name]
+    """bf16 by default: on the CPU it runs on AMX and halves the bytes read per token; on GPUs of
+    compute capability 8.0+ (Ampere on) it is a native format. Older GPUs compute in fp16."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+        return torch.float16
+    return torch.bfloat16
 
 
 def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -29,29 +47,45 @@ def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
-                  weights_saved: int = 0, reserved_bytes: int = 0) -> int:
-    """Blocks the budget buys. `weights_saved` (bytes quantization took off the 16-bit weights) goes to
-    KV on every path: the device's free memory already shows it, a whole-memory budget subtracts the
-    smaller weights, and the CPU's KV budget (sized for 16-bit weights) gets it added. `reserved_bytes`
+                  weights_saved: int = 0, reserved_bytes: int = 0,
+                  profile_peak: Callable[[], int] | None = None) -> int:
+    """Blocks the budget buys (kv_budget_bytes); `block_bytes` is what one block costs across every
+    cache that holds it (the target's, plus a draft model's of the same block count). `reserved_bytes`
     (the LoRA pool's slots, allocated after this) comes off every budget."""
     if config.num_kv_blocks is not None:
         return check_fits(config.num_kv_blocks, block_bytes, device)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the 16-bit weights that quantization replaced
-        free, total = torch.cuda.mem_get_info(device)
-        # What the utilisation target leaves after what is already in use (weights are loaded by now),
-        # minus a reserve for activations.
-        budget = int(total * config.gpu_memory_utilization) - (total - free) - 512 * 2**20
-    elif config.memory_budget_bytes is not None:
-        budget = config.memory_budget_bytes - weights_bytes
-    else:
-        budget = config.kv_cache_memory_bytes + weights_saved
+    budget = kv_budget_bytes(config, device, weights_bytes, weights_saved, profile_peak)
     blocks = (budget - reserved_bytes) // block_bytes
     if blocks < 1:
         pool = f" after the LoRA pool's {reserved_bytes} bytes (fewer max_loras or a lower max_lora_rank)" \
             if reserved_bytes else ""
         raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of {block_bytes} bytes{pool}")
     return check_fits(int(blocks), block_bytes, device)
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device, weights_bytes: int, weights_saved: int,
+                    profile_peak: Callable[[], int] | None = None) -> int:
+    """Bytes the KV cache may take. Explicit budgets rule on every device: a whole-memory budget
+    (memory_budget_bytes) less the weights, else a KV budget (kv_cache_memory_bytes, sized for 16-bit
+    weights) plus what quantization took off them (`weights_saved`). With neither: on a GPU what a
+    profiled step leaves (gpu_kv_budget), on the CPU 512 MiB (+ weights_saved)."""
+    if config.memory_budget_bytes is not None:
+        return config.memory_budget_bytes - weights_bytes
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes + weights_saved
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the 16-bit weights that quantization replaced
+        peak = profile_peak() if profile_peak is not None else 0
+        free, total = torch.cuda.mem_get_info(device)
+        return gpu_kv_budget(total, free, config.gpu_memory_utilization, peak)
+    return CPU_KV_CACHE_BYTES + weights_saved
+
+
+def gpu_kv_budget(total: int, free: int, utilization: float, peak_step_bytes: int) -> int:
+    """vLLM / nano-vllm sizing: the utilisation target, less what is in use now (weights loaded; other
+    processes' memory included, as it really is taken), less the peak a worst-case step allocates on
+    top (measured by a warm-up; engine/runner/profile.py)."""
+    return int(total * utilization) - (total - free) - peak_step_bytes
 
 
 def available_memory_bytes(device: torch.device) -> int | None:
@@ -83,7 +117,8 @@ def check_fits(blocks: int, block_bytes: int, device: torch.device) -> int:
 def kv_blocks_after_requant(config: EngineConfig, base_blocks: int, base_weights: int, weights_now: int,
                             block_bytes: int) -> int:
     """After a runtime requantization: the blocks the engine started with, plus (or minus) what the
-    change in weight bytes buys at the same total memory. A fixed `num_kv_blocks` never changes."""
+    change in weight bytes buys at the same total memory (`block_bytes`: one block across every cache
+    of that block count). A fixed `num_kv_blocks` never changes."""
     if config.num_kv_blocks is not None:
         return base_blocks
     return max(1, base_blocks + (base_weights - weights_now) // block_bytes)

@@ -289,12 +289,18 @@ class EngineLoop:
         except Exception as exc:  # a failing step: the old engine goes anyway
             self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
         old.remove_listener(self._fan_out)
+        released = not old.has_unfinished()  # (an abort that did not finish in time: keep it whole)
+        if released:  # its KV cache makes room for the new engine's (a GPU holds one)
+            old.release_memory()
         try:
             engine = self._make(replace(old.config, **dict(changes)))
         except Exception as exc:
             engine = old
+            if released:
+                old.restore_memory()
             self._notify_error(LoopFailure(FailureKind.REBUILD, f"rebuild failed, keeping the previous "
                                                                 f"engine: {type(exc).__name__}: {exc}"))
         del old  # its cycles are collected where the owner says (the app: in the GUI thread), never here
         self.config = engine.config
         self._attach(engine)
+

@@ -18,15 +18,12 @@ from engine.core.output_processor import append_token
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.events import SpecDecodeStats
-from engine.loading.loader import LoadedModel, load_model
-from engine.models.build import build_model
-from engine.models.layers.linear import pack_linears
+from engine.loading.loader import LoadedModel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
-from engine.quant.weight_only import original_weights, quantize_model, swap_modules
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
-from engine.spec.draft import DraftModelProposer
+from engine.spec.draft import DraftModel, DraftModelProposer, build_draft_model
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, verify, verify_tree
 
@@ -52,7 +49,9 @@ class SpeculativeDecoder:
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel, target: LlamaForCausalLM,
                  model_config: ModelConfig, runner: ModelRunner, block_manager: BlockManager,
-                 eos_token_ids: frozenset[int], max_model_len: int) -> None:
+                 eos_token_ids: frozenset[int], max_model_len: int, draft: DraftModel | None = None) -> None:
+        """`draft`: the draft model, built (build_draft_model) before the KV cache was sized, so that its
+        weights and its KV blocks came out of the same budget as the target's."""
         self.runner, self.block_manager = runner, block_manager
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.block_size = config.block_size
@@ -69,7 +68,7 @@ class SpeculativeDecoder:
         if method == "ngram":
             self.proposer = NgramProposer()
         elif method == "draft":
-            self.proposer = self._make_draft(config, loaded, model_config)
+            self.proposer = self._make_draft(config, draft, loaded, model_config)
         elif method == "mtp":
             self.proposer = self._make_mtp(config, loaded, target, model_config)
             self.runner.keep_hidden = True
@@ -104,21 +103,13 @@ class SpeculativeDecoder:
             for rid in list(self.proposer.computed):
                 self.proposer.free(rid)
 
-    def _make_draft(self, cfg: EngineConfig, target_loaded: LoadedModel,
+    def _make_draft(self, cfg: EngineConfig, draft: DraftModel | None, target_loaded: LoadedModel,
                     target_config: ModelConfig) -> DraftModelProposer:
-        loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded
-        if loaded.config.vocab_size != target_config.vocab_size:
-            raise ValueError(f"the draft model's vocabulary ({loaded.config.vocab_size}) differs from the "
-                             f"target's ({target_config.vocab_size}); they must share a tokenizer")
-        mc, device, dtype = loaded.config, self.runner.device, self.runner.dtype
-        model = build_model(mc, loaded.state_dict, device, dtype)
-        bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
-        if bits != 16:
-            swap_modules(model, quantize_model(model, original_weights(model), bits, cfg.quant_group_size))
-        pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
+        device, dtype = self.runner.device, self.runner.dtype
+        draft = draft or build_draft_model(cfg, target_loaded, target_config, device, dtype)
         # the target's attention backend, less the native kernel where the draft's head shapes rule it out
-        return DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, device, dtype,
-                                  for_model(self.runner.backend, mc, device, dtype))
+        return DraftModelProposer(draft.model, draft.config, self.block_manager.num_blocks, cfg.block_size, device,
+                                  dtype, for_model(self.runner.backend, draft.config, device, dtype))
 
     def _make_mtp(self, cfg: EngineConfig, loaded: LoadedModel, target: LlamaForCausalLM,
                   target_config: ModelConfig) -> MtpProposer:
@@ -245,6 +236,17 @@ class SpeculativeDecoder:
                                accepted_per_position=tuple(st["accepted_pos"][:k]),
                                drafted_per_position=tuple(st["drafted_pos"][:k]),
                                predicted_speedup=predicted)
+
+    def release_kv(self) -> int:
+        """Free the draft model's KV tensors (LLMEngine.release_memory); returns its block count."""
+        if not isinstance(self.proposer, DraftModelProposer):
+            return 0
+        self._free_all_drafts()
+        return self.proposer.runner.release_kv()
+
+    def restore_kv(self, num_blocks: int) -> None:
+        if num_blocks and isinstance(self.proposer, DraftModelProposer):
+            self.proposer.runner.restore_kv(num_blocks)
 
     def free(self, request_id: str) -> None:
         """A request finished: the draft model's shadow cache for it goes."""

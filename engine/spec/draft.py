@@ -7,16 +7,53 @@ its positions are still valid (rollback); the rest is simply overwritten next ti
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.loading.loader import LoadedModel, load_model
+from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
+from engine.models.layers.linear import pack_linears
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.quant.at_load import QuantizeAtLoad
+from engine.quant.weight_only import original_weights, quantize_model
 from engine.runner.model_runner import ModelRunner
+from engine.runner.setup import kv_block_bytes
 from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class DraftModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+
+    def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
+        """One KV block of the draft's own cache (it holds as many blocks as the target's)."""
+        return kv_block_bytes(self.config, block_size, dtype)
+
+
+def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfig, device: torch.device,
+                      dtype: torch.dtype) -> DraftModel:
+    """The draft model on the device, quantized layer by layer (a self-draft: a 4-bit copy of the target
+    by default). Built before the target's KV cache is sized: its weights and KV share the budget."""
+    loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded
+    if loaded.config.vocab_size != target_config.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({loaded.config.vocab_size}) differs from the "
+                         f"target's ({target_config.vocab_size}); they must share a tokenizer")
+    mc = loaded.config
+    bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
+    # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
+    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if bits != 16 and device.type != "cpu" else None
+    model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
+    if bits != 16 and at_load is None:
+        quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
+    pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
+    return DraftModel(model, mc)
 
 
 class DraftModelProposer:

@@ -83,7 +83,7 @@ def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+    state = {k: v.detach().float().cpu().contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(path), metadata={"inferlab_mtp": json.dumps(meta)})
 
 

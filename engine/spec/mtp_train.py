@@ -51,13 +51,13 @@ def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
                       num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, hidden) float32 at every answer position t (from the last prompt token on), the token
     t+1 that h_t produced (N,), and labels (N, heads): token t+1+k for head k (1-based), IGNORE past
-    the end."""
+    the end. All three on the device the hidden states come from (the engine's): the heads train there."""
     hs, nexts, labels = [], [], []
     for ids, n_prompt in seqs:
         h = engine.hidden_states(ids).float()
-        t = torch.arange(n_prompt - 1, len(ids) - 1)
-        lab = torch.full((len(t), num_heads), IGNORE, dtype=torch.long)
-        ids_t = torch.tensor(ids)
+        t = torch.arange(n_prompt - 1, len(ids) - 1, device=h.device)
+        lab = torch.full((len(t), num_heads), IGNORE, dtype=torch.long, device=h.device)
+        ids_t = torch.tensor(ids, device=h.device)
         for k in range(1, num_heads + 1):
             ok = t + 1 + k < len(ids)
             lab[ok, k - 1] = ids_t[t[ok] + 1 + k]
@@ -83,12 +83,12 @@ def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weight
                 num_heads: int, *, epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
                 use_token: bool = True, progress: Progress | None = None) -> MtpHeads:
     torch.manual_seed(seed)
-    heads = MtpHeads(h.shape[1], num_heads, use_token)
+    heads = MtpHeads(h.shape[1], num_heads, use_token).to(h.device)  # where the hidden states are
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     steps = epochs * -(-len(h) // batch)
     done = 0
     for _ in range(epochs):
-        order = torch.randperm(len(h))
+        order = torch.randperm(len(h)).to(h.device)  # drawn on the CPU: the same order on every device
         for i in range(0, len(h), batch):
             idx = order[i : i + batch]
             loss, _, _ = head_loss(heads, weights, h[idx], nxt[idx], labels[idx])
@@ -103,13 +103,13 @@ def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weight
 
 @torch.no_grad()
 def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
-    hits = torch.zeros(heads.num_heads, dtype=torch.long)
-    count = torch.zeros(heads.num_heads, dtype=torch.long)
+    hits = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
+    count = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     for i in range(0, len(h), 512):
         _, hh, cc = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], labels[i : i + 512])
         hits += hh
         count += cc
-    return [float(a) / max(1, int(c)) for a, c in zip(hits, count)]
+    return [a / max(1, c) for a, c in zip(hits.tolist(), count.tolist())]
 
 
 def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], max_tokens: int,
@@ -133,9 +133,10 @@ def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, se
     """Train, then measure top-1 accuracy per head on the held-out answers (and on a sample of the
     training ones), against untrained heads."""
     train, val = data["train"], data["val"]
+    weights = tuple(w.to(train[0].device) for w in weights)  # the host's 16-bit originals join the states
     heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token,
                         progress=progress)
-    untrained = MtpHeads(train[0].shape[1], num_heads, use_token)
+    untrained = MtpHeads(train[0].shape[1], num_heads, use_token).to(train[0].device)
     sample = tuple(t[:4096] for t in train)  # how well the heads fit what they saw
 
     def pct(hs, split):

@@ -43,25 +43,39 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def verify(draft: list[int], logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None) -> VerifyResult:
     """draft: k proposed tokens; logits: (k + 1, vocab) target logits at the positions that predict
-    draft[0..k-1] and the bonus token. A pure function of its inputs (and the generator's state)."""
-    probs = target_probs(logits, params)
-    tokens: list[int] = []
-    sources: list[TokenSource] = []
-    for i, x in enumerate(draft):
-        p = probs[i]
-        u = torch.rand((), generator=generator, device=p.device) if not params.greedy else None
-        if float(p[x]) >= 1.0 or (u is not None and float(u) < float(p[x])):
-            tokens.append(x)
-            sources.append(TokenSource.ACCEPTED)
-            continue
-        residual = p.clone()
-        residual[x] = 0.0  # normalize(max(0, p - q)) with q one-hot at x
-        tokens.append(_sample(residual, params, generator))
-        sources.append(TokenSource.CORRECTED)
-        return VerifyResult(tokens, sources, i)
-    tokens.append(_sample(probs[len(draft)], params, generator))
-    sources.append(TokenSource.BONUS if draft else TokenSource.DECODED)
-    return VerifyResult(tokens, sources, len(draft))
+    draft[0..k-1] and the bonus token. A pure function of its inputs (and the generator's state).
+
+    Computed on the logits' device for every position at once, read back in one copy: whether each draft
+    is accepted (u < p(x_i); p(x_i) = 1 always accepts), and the token each position would emit if the
+    walk stopped there (row i < k: a sample of the residual p with x_i removed; row k: the bonus). The
+    walk stops at the first rejection; the samples are independent of the acceptance draws, so taking
+    the stopping row's sample keeps the rule above exact."""
+    probs = target_probs(logits, params)  # (k + 1, vocab)
+    k = len(draft)
+    dev = probs.device
+    idx = torch.tensor(draft, dtype=torch.long, device=dev)
+    residual = probs.clone()
+    if k:
+        residual[:k].scatter_(1, idx.unsqueeze(1), 0.0)  # normalize(max(0, p - q)) with q one-hot at x_i
+        px = probs[:k].gather(1, idx.unsqueeze(1)).squeeze(1)
+        accept = px >= 1.0
+        if not params.greedy:
+            accept |= torch.rand(k, generator=generator, device=dev) < px
+    else:
+        accept = torch.zeros(0, dtype=torch.bool, device=dev)
+    # a row with nothing left (p(x_i) = 1: always accepted) samples from p instead of an empty residual
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)
+    if params.greedy:
+        emit = residual.argmax(-1)
+    else:
+        emit = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
+    host = torch.cat([accept.long(), emit]).tolist()  # the one copy back
+    accepted, emitted = host[:k], host[k:]
+    n = next((i for i, a in enumerate(accepted) if not a), k)
+    tokens = list(draft[:n]) + [emitted[n]]
+    sources = [TokenSource.ACCEPTED] * n
+    sources.append(TokenSource.CORRECTED if n < k else TokenSource.BONUS if draft else TokenSource.DECODED)
+    return VerifyResult(tokens, sources, n)
 
 
 def _sample(p: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

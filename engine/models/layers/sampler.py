@@ -55,35 +55,46 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> SampleResult:
-    """logits: (n, vocab) float32, one row per request that produces a token this step."""
+    """logits: (n, vocab) float32, one row per request that produces a token this step.
+
+    Everything runs where the logits are; the host reads the results back once (twice with logprobs):
+    no per-row .item(), which on a GPU would wait for the device once per request."""
     n = logits.shape[0]
-    failed = nonfinite_rows(logits)
-    if failed:  # stand-in zeros keep the batched ops finite; those rows' tokens are dropped below
-        logits = logits.clone()
-        logits[failed] = 0.0
+    bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
     chosen = logits.argmax(dim=-1)
-    rows = [i for i, p in enumerate(params) if not p.greedy and i not in failed]
+    rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         dev = logits.device
-        sub = scale_by_temperature(logits[rows], torch.tensor([params[i].temperature for i in rows], device=dev))
+        sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
+        sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
+        sub = scale_by_temperature(sub, torch.tensor([params[i].temperature for i in rows], device=dev))
         if any(params[i].top_k or params[i].top_p < 1.0 for i in rows):
             top_k = torch.tensor([params[i].top_k for i in rows], device=dev)
             top_p = torch.tensor([params[i].top_p for i in rows], device=dev)
             sub = apply_top_k_top_p(sub, top_k, top_p)
         probs = sub.softmax(dim=-1)
-        for j, i in enumerate(rows):
-            chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i]).item()
-    token_ids: list[int | None] = chosen.tolist()
-    for i in failed:
-        token_ids[i] = None
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * n
-    want = [i for i, p in enumerate(params) if p.logprobs is not None and i not in failed]
+        for j, i in enumerate(rows):  # each request's own generator (its seed); stays on the device
+            chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    ints = [chosen, bad.long()]
     if want:
         lp = logits[want].log_softmax(dim=-1)
         top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
         top_vals, top_ids = lp.topk(top_n, dim=-1)
-        for j, i in enumerate(want):
-            k = params[i].logprobs
-            alts = list(zip(top_ids[j, :k].tolist(), top_vals[j, :k].tolist()))
-            logprobs[i] = (lp[j, token_ids[i]].item(), alts)
+        chosen_lp = lp.gather(1, chosen[want].unsqueeze(1)).squeeze(1)
+        ints.append(top_ids.flatten())
+        floats = torch.cat([chosen_lp, top_vals.flatten()]).tolist()
+    host = torch.cat(ints).tolist()  # the one copy back of the tokens
+    token_ids: list[int | None] = host[:n]
+    failed = [i for i in range(n) if host[n + i]]
+    for i in failed:
+        token_ids[i] = None
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * n
+    for j, i in enumerate(want):
+        if i in failed:
+            continue
+        k = params[i].logprobs
+        ids = host[2 * n + j * top_n : 2 * n + j * top_n + k]
+        vals = floats[len(want) + j * top_n : len(want) + j * top_n + k]
+        logprobs[i] = (floats[j], list(zip(ids, vals)))
     return SampleResult(token_ids, logprobs, failed)

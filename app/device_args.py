@@ -1,0 +1,33 @@
+"""--device and --gpu-memory-utilization: the same two options for the app and every engine command."""
+from __future__ import annotations
+
+import argparse
+
+# The desktop app usually runs on the GPU that also drives the display (its compositor, the browser):
+# it takes less of it than a headless command, which may have the GPU to itself.
+APP_GPU_MEMORY_UTILIZATION = 0.80
+HEADLESS_GPU_MEMORY_UTILIZATION = 0.90
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.8, got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1], got {value}")
+    return value
+
+
+def add_device_args(p: argparse.ArgumentParser, utilization: float) -> None:
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:1, ... (auto: $INFERLAB_DEVICE, else CUDA when torch sees a GPU, else cpu)")
+    p.add_argument("--gpu-memory-utilization", type=_share, default=utilization, metavar="SHARE",
+                   help=f"share of the GPU's memory the engine may take when no KV budget is given; the rest "
+                        f"stays free for other programs (default {utilization})")
+
+
+def device_options(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields the two options set (a Namespace made by hand may lack the share)."""
+    share = vars(args).get("gpu_memory_utilization") or HEADLESS_GPU_MEMORY_UTILIZATION
+    return {"device": args.device, "gpu_memory_utilization": share}

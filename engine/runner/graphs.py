@@ -1,0 +1,141 @@
+"""Decode steps replayed from CUDA graphs (EngineConfig.cuda_graphs; vLLM / nano-vllm style).
+
+A decode step on a GPU is a few hundred small kernels whose launches cost more than their work for a
+small model. A CUDA graph records them once and replays them with one launch, but only over fixed
+shapes and fixed memory: so each graph belongs to a (batch bucket, context bucket) pair and reads its
+inputs from static buffers that every step fills in place.
+
+- Batch bucket: the decode rows padded up to the next of BATCH_BUCKETS; a padding row repeats row 0
+  (the same token, position and slot: it writes the same K/V to the same slot, and its output is cut).
+- Context bucket: the longest context padded to a power of two of blocks; every row attends over that
+  many slots through the eager decode attention (whole-block gather + matmuls) with an additive mask
+  built from the context lengths on the device, before the replay.
+- Only steps that are all decodes, with no LoRA rows, on the eager decode attention, uncompiled.
+  Anything else runs the ordinary path.
+
+Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
+(requantization), the execution mode. On the CPU the flag runs the very same static buffers without
+capturing (what the tests check against the ordinary path); capture happens only on CUDA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import ScheduledRequest
+from engine.models.layers.attention import AttentionMetadata, DecodeGroup
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def batch_bucket(n: int) -> int | None:
+    return next((b for b in BATCH_BUCKETS if b >= n), None)
+
+
+def context_bucket(num_blocks: int) -> int:
+    """Blocks attended per row: the next power of two (few graphs, at most 2x the gather)."""
+    return 1 << max(0, num_blocks - 1).bit_length()
+
+
+@dataclass(slots=True)
+class StaticStep:
+    ids: torch.Tensor  # (B,)
+    positions: torch.Tensor  # (B,)
+    slots: torch.Tensor  # (B,)
+    blocks: torch.Tensor  # (B * C,)
+    ctx_lens: torch.Tensor  # (B,)
+    mask: torch.Tensor  # (B, 1, C * block_size) additive
+    md: AttentionMetadata
+    out: torch.Tensor | None = None  # (B, hidden) what the graph writes
+    graph: object = None  # torch.cuda.CUDAGraph once captured
+
+
+class DecodeGraphs:
+    """Held by the ModelRunner it serves, which passes itself to each call (no reference back to it:
+    a dropped engine frees at once)."""
+
+    def __init__(self, capture: bool) -> None:
+        self.capture = capture
+        self._steps: dict[tuple[int, int], StaticStep] = {}
+        self._pool = None
+        self.num_runs = 0  # steps through the static buffers (replayed or, on the CPU, run eagerly)
+        self.num_replays = 0
+        self.num_captures = 0
+
+    def invalidate(self) -> None:
+        self._steps.clear()
+        self._pool = None
+
+    def eligible(self, r, order: list[ScheduledRequest]) -> bool:
+        backend = r.backend
+        return (bool(order) and all(s.kind == "decode" for s in order) and batch_bucket(len(order)) is not None
+                and r.lora is None and not backend.reference and backend.native_decode is None
+                and backend.compiled_decode is None and not r.model.compiled)
+
+    def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
+        """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
+        bs = runner.block_size
+        n = len(order)
+        tables = [bm.block_table(s.request.request_id) for s in order]
+        lens = [s.request.num_computed_tokens + 1 for s in order]
+        b, c = batch_bucket(n), context_bucket(-(-max(lens) // bs))
+        pad = [0] * (b - n)  # padding rows repeat row 0
+        ids = [s.request.token_slice(ln - 1, ln)[0] for s, ln in zip(order, lens)]
+        slots = [t[(ln - 1) // bs] * bs + (ln - 1) % bs for t, ln in zip(tables, lens)]
+        rows = [(t[:c] + [0] * (c - len(t[:c]))) for t in tables]
+        host = torch.tensor([ids + [ids[0] for _ in pad], [ln - 1 for ln in lens] + [lens[0] - 1 for _ in pad],
+                             slots + [slots[0] for _ in pad], lens + [lens[0] for _ in pad]], dtype=torch.int64)
+        blocks = torch.tensor(rows + [rows[0] for _ in pad], dtype=torch.int64).reshape(-1)
+        st = self._steps.get((b, c)) or self._new_step(runner, b, c)
+        self.num_runs += 1
+        dev = st.ids.device
+        st.ids.copy_(host[0], non_blocking=True)
+        st.positions.copy_(host[1], non_blocking=True)
+        st.slots.copy_(host[2], non_blocking=True)
+        st.ctx_lens.copy_(host[3], non_blocking=True)
+        st.blocks.copy_(blocks, non_blocking=True)
+        valid = torch.arange(c * bs, device=dev).unsqueeze(0) < st.ctx_lens.unsqueeze(1)  # (B, C * bs)
+        st.mask.copy_(torch.zeros_like(valid, dtype=st.mask.dtype).masked_fill_(~valid, float("-inf")).unsqueeze(1))
+        if st.graph is not None:
+            st.graph.replay()
+            self.num_replays += 1
+        elif self.capture:
+            self._capture(runner, st)
+            st.graph.replay()  # capturing records the kernels without running them
+        else:
+            st.out = _forward(runner, st)
+        return st.out[:n].clone()  # graphs share a memory pool: the next replay may reuse this buffer
+
+    def _new_step(self, r, b: int, c: int) -> StaticStep:
+        dev, bs = r.device, r.block_size
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=dev)  # noqa: E731
+        ids, positions, slots, ctx_lens, blocks = zeros(b), zeros(b), zeros(b), zeros(b), zeros(b * c)
+        mask = torch.zeros(b, 1, c * bs, dtype=r.dtype, device=dev)
+        md = AttentionMetadata(slot_mapping=slots, num_decode_tokens=b,
+                               decode_groups=[DecodeGroup(0, b, c * bs, blocks, mask, ctx_lens)],
+                               prefills=[], seqs=[], block_size=bs, backend=r.backend)
+        st = StaticStep(ids, positions, slots, blocks, ctx_lens, mask, md)
+        self._steps[(b, c)] = st
+        return st
+
+    def _capture(self, runner, st: StaticStep) -> None:
+        """Warm up on a side stream (the allocator and lazy inits settle), then record one step. The
+        warm-up and the capture write this step's K/V (the same values the replay writes)."""
+        side = torch.cuda.Stream(device=st.ids.device)
+        side.wait_stream(torch.cuda.current_stream(st.ids.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                _forward(runner, st)
+        torch.cuda.current_stream(st.ids.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            st.out = _forward(runner, st)
+        self._pool = graph.pool()
+        st.graph = graph
+        self.num_captures += 1
+
+
+def _forward(runner, st: StaticStep) -> torch.Tensor:
+    return runner.model(st.ids, st.positions, runner.kv_caches, st.md)

@@ -1,0 +1,95 @@
+"""The warm-up step that sizes a GPU's KV cache (vLLM / nano-vllm style): run the model once at the
+worst-case shape of a step, over a throwaway KV cache just large enough, and measure the peak memory
+it allocated on top of what was in use. The KV cache then gets total x utilisation - in use - that
+peak (engine/runner/setup.py: gpu_kv_budget), so a step never runs out of memory mid-batch.
+
+Worst case of one step: the token budget (max_num_batched_tokens) as one prefill (attention's
+scores grow with the square of a sequence's length, so one long sequence peaks above many short
+ones), then logits and sampling (top-k / top-p sort included) for max_num_seqs rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest
+from engine.models.layers.sampler import sample
+from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import ModelConfig
+from engine.sampling_params import SamplingParams
+
+
+class PeakMeter(Protocol):
+    def reset(self) -> None: ...
+    def allocated(self) -> int: ...
+    def peak(self) -> int: ...
+
+
+@dataclass(slots=True)
+class CudaPeakMeter:
+    """torch's caching allocator on one GPU: this process's bytes, not other processes'."""
+
+    device: torch.device
+
+    def reset(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device)
+
+
+@dataclass(slots=True)
+class WarmupShape:
+    num_prefill_tokens: int  # one sequence of this many tokens
+    num_sample_rows: int  # rows that get logits and are sampled
+
+
+def worst_case_shape(config: EngineConfig, model_config: ModelConfig) -> WarmupShape:
+    tokens = min(config.max_num_batched_tokens, config.max_model_len or model_config.max_position_embeddings,
+                 model_config.max_position_embeddings)
+    return WarmupShape(max(1, tokens), max(1, config.max_num_seqs))
+
+
+@torch.inference_mode()
+def warmup_step(model: LlamaForCausalLM, model_config: ModelConfig, shape: WarmupShape, block_size: int,
+                device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Run one worst-case step (a prefill of shape.num_prefill_tokens tokens, then logits and sampling
+    for shape.num_sample_rows rows) over a throwaway cache; returns the sampled token ids."""
+    from engine.runner.model_runner import ModelRunner  # the runner imports nothing from here
+
+    n = shape.num_prefill_tokens
+    blocks = -(-n // block_size)
+    runner = ModelRunner(model, model_config, blocks, block_size, device, dtype)
+    bm = BlockManager(blocks, block_size, enable_prefix_caching=False)
+    ids = [i % model_config.vocab_size for i in range(n)]
+    req = Request("__warmup", ids, SamplingParams(max_tokens=1))
+    bm.allocate(req.request_id, ids, n)
+    hidden = runner.forward([ScheduledRequest(req, n, "prefill")], bm)
+    rows = torch.arange(shape.num_sample_rows, device=device) % n
+    logits = model.compute_logits(hidden[rows])
+    # sampled with top-k and top-p: the sort over the vocabulary is the sampler's largest allocation
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=1)] * shape.num_sample_rows
+    result = sample(logits, params, [None] * shape.num_sample_rows)
+    del runner, hidden, logits
+    return torch.tensor([t if t is not None else -1 for t in result.token_ids])
+
+
+def profile_peak_bytes(model: LlamaForCausalLM, model_config: ModelConfig, config: EngineConfig,
+                       device: torch.device, dtype: torch.dtype, meter: PeakMeter | None = None) -> int:
+    """Bytes a worst-case step allocates above what was allocated before it (the throwaway cache
+    included, a small over-estimate on the safe side)."""
+    meter = meter or CudaPeakMeter(device)
+    meter.reset()
+    before = meter.allocated()
+    warmup_step(model, model_config, worst_case_shape(config, model_config), config.block_size, device, dtype)
+    return max(0, meter.peak() - before)

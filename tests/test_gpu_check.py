@@ -1,0 +1,64 @@
+"""scripts/gpu_check.sh --dry-run: every step of the GPU day's one run, on the CPU, small."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
+    out = tmp_path / "check"
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--budget-s", "280"],
+                          capture_output=True, text=True, timeout=300)
+    assert sorted(p.name for p in out.iterdir()) == sorted(  # no more than the device tool brings back
+        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_64.json", "app.png",
+         "cpu_suite.xml"])
+    results = json.loads((out / "results.json").read_text())
+    steps = {s["name"]: s for s in results["steps"]}
+    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "bench_64", "screenshot", "cpu_suite"]
+    failed = {n: s["log_tail"][-600:] for n, s in steps.items() if s["rc"] != 0}
+    assert not failed and proc.returncode == 0, failed
+    assert results["dry_run"] and results["device"] == "cpu" and "random" in results["model_is"]
+    env = json.loads((out / "environment.json").read_text())
+    assert env["torch"] and "missing_packages" in env
+    decode = json.loads((out / "bench_decode.json").read_text())
+    bw = decode["memory_bandwidth"]
+    assert decode["device"] == "cpu" and bw["measured_copy_bytes_per_s"] > 0
+    assert set(bw["achieved_bytes_per_s"]) == {"eager", "compile", "hf_transformers"}
+    batch = json.loads((out / "bench_64.json").read_text())
+    assert batch["memory_bandwidth"]["achieved_bytes_per_s"]["eager"] > 0 and "hf_transformers" in batch
+    assert (out / "app.png").stat().st_size > 10_000
+    assert "passed" in steps["cpu_suite"]["log_tail"]
+    assert "skipped" in steps["cuda_tests"]["log_tail"]  # no GPU here: the cuda tests skip, they never fail
+
+
+BLOCKER = """
+import sys, importlib.abc
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"PySide6", "shiboken6", "pyqtgraph", "qasync", "fastapi", "starlette", "uvicorn",
+                                  "gguf", "platformdirs", "pytestqt"}:
+            raise ImportError("not on the GPU machine: " + name)
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def test_the_benches_need_neither_the_gui_nor_the_http_stack():
+    """The lent GPU machines lack PySide6, FastAPI, gguf, platformdirs: the bench commands and the
+    engine must not import them just to start."""
+    code = BLOCKER + """
+from app.cli import build_parser
+args = build_parser().parse_args(["bench", "decode", "--device", "cuda", "--max-tokens", "4"])
+import app.bench.cli, app.bench.bandwidth, engine.llm_engine, engine.runner.graphs
+print("ok", args.device, args.gpu_memory_utilization)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert proc.stdout.split() == ["ok", "cuda", "0.9"]
