@@ -33,14 +33,20 @@ class BarChart(QWidget):
     def _label_width(self, fm: QFontMetrics, w: int) -> int:
         return min(int(w * 0.34), max((fm.horizontalAdvance(r[0]) for r in self._rows), default=0) + 12)
 
+    @staticmethod
+    def _wrap_flag(fm: QFontMetrics, label: str, width: int):
+        """Wrap between words; anywhere only when one word is wider than the column."""
+        fits = all(fm.horizontalAdvance(word) <= width for word in label.split())
+        return Qt.TextFlag.TextWordWrap if fits else Qt.TextFlag.TextWrapAnywhere
+
     def _row_heights(self, w: int) -> list[int]:
         """Each row: its bars, or its label wrapped into the label column (at any character when one word
         is wider than the column), whichever is taller: a label is never cut."""
         fm = QFontMetrics(self._font)
         label_w = max(20, self._label_width(fm, w) - 8)
         bars = max(2, len(self._series)) * self._line() + 8
-        flags = Qt.TextFlag.TextWrapAnywhere | Qt.AlignmentFlag.AlignLeft
-        return [max(bars, fm.boundingRect(0, 0, label_w, 10_000, flags, r[0]).height() + 8) for r in self._rows]
+        return [max(bars, fm.boundingRect(0, 0, label_w, 10_000, self._wrap_flag(fm, r[0], label_w)
+                                          | Qt.AlignmentFlag.AlignLeft, r[0]).height() + 8) for r in self._rows]
 
     def _needed_height(self) -> int:
         return self._line() * 2 + sum(self._row_heights(max(self.width(), 100))) + 8
@@ -71,8 +77,8 @@ class BarChart(QWidget):
         for (label, values, texts, computed), per_row in zip(self._rows, self._row_heights(w), strict=True):
             p.setPen(text_color)
             p.drawText(QRectF(0, y, label_w - 8, per_row - 4),
-                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWrapAnywhere,
-                       label)
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                       | self._wrap_flag(fm, label, int(label_w - 8)), label)
             for s, (v, t) in enumerate(zip(values, texts)):
                 by = y + s * line + 2
                 length = bar_w * abs(v) / top if v is not None and top else 0
