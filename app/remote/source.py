@@ -211,12 +211,18 @@ class RemoteSource(QObject):
         self._events.append(item)
 
     def _post(self, fn) -> None:
+        """Run `fn` in the worker's loop; before it runs, at its start; after shutdown, never."""
         with self._lock:
             loop = self._loop
+            if self._stopping.is_set():
+                return
             if loop is None:
                 self._pending.append(fn)
                 return
-        loop.call_soon_threadsafe(fn)
+            try:
+                loop.call_soon_threadsafe(fn)
+            except RuntimeError:  # the loop closed under us (the worker ended on its own)
+                pass
 
     # --- worker thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -247,6 +253,9 @@ class RemoteSource(QObject):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(scraper, *tasks, return_exceptions=True)
+        with self._lock:
+            self._loop = None
+            self._stopping.set()  # a worker that ended on its own takes no more commands either
 
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
