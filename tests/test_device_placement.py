@@ -204,6 +204,13 @@ def test_release_and_restore_keep_an_engine_serving(tiny_llama):
     assert eng.runner.kv_caches == [] and eng.block_manager.num_cached_free_blocks == 0
     eng.restore_memory()
     assert eng.generate(["a b c"], params)[0].token_ids == before
+    draft = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32, spec_method="draft",
+                                   num_speculative_tokens=2))
+    before = draft.generate(["a b c"], params)[0].token_ids
+    draft.release_memory(offload_weights=True)  # what a GPU does: weights to the host too
+    assert draft.proposer.runner.kv_caches == []
+    draft.restore_memory()
+    assert draft.generate(["a b c"], params)[0].token_ids == before
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_loras": 2}, {"spec_method": "draft", "num_speculative_tokens": 2},
@@ -395,18 +402,16 @@ def _materialized_bytes(model) -> int:
     return total
 
 
-def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tmp_path):
+def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tiny_llama_8_layers):
     """Meta-device accounting: pieces not yet loaded hold no memory; each layer is quantized as soon as
     it is filled. The peak is the 4-bit model plus one 16-bit layer, below what bf16 alone needs: a
     device that cannot hold the bf16 model holds this one."""
-    from conftest import build_tiny_model
-
     from engine.loading.loader import load_model
     from engine.models.build import build_model
     from engine.quant.at_load import QuantizeAtLoad
     from engine.quant.weight_only import QuantLinear
 
-    loaded = load_model(str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=8)))
+    loaded = load_model(str(tiny_llama_8_layers))
     cpu = torch.device("cpu")
     bf16 = _materialized_bytes(build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16))
     seen = []
@@ -424,15 +429,13 @@ def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tmp_pa
     peak = max(seen + [int4])
     assert peak <= int4 + hook.peak_layer_bytes
     assert peak < 0.7 * bf16  # a device of 70 % of the bf16 model's size holds it
-def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tmp_path, monkeypatch):
+def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llama_8_layers, monkeypatch):
     """The GPU's start-up path (quantize each layer as it loads), forced on the CPU: the same tokens,
     weight bytes, KV blocks and host originals as quantizing after the full load; requantizing from
     those originals back to 16 bits gives the unquantized model's tokens."""
-    from conftest import build_tiny_model
-
     from engine.quant import at_load
 
-    folder = str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=4))
+    folder = str(tiny_llama_8_layers)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     cfg = EngineConfig(model=folder, quant_bits=4, memory_budget_bytes=8 * 2**20)
     late = LLMEngine(cfg)
