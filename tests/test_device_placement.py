@@ -382,13 +382,34 @@ def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
     part = verify([3, 8, 9], logits, greedy, None)
     assert (part.tokens, part.num_accepted, part.sources) == \
         ([3, 7], 1, [TokenSource.ACCEPTED, TokenSource.CORRECTED])
-    assert len(calls) == 2  # one per verify
-    # sampling where top_k=1 leaves p(x) = 1: accepted, never a sample from an empty residual
     top1 = SamplingParams(temperature=1.0, top_k=1)
-    res = verify([3, 7, 9], logits, top1, torch.Generator().manual_seed(0))
-    assert res.tokens == [3, 7, 9, 11]
-    res = verify([4], logits, top1, torch.Generator().manual_seed(0))
-    assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
+    calls.clear()
+    verify([3, 7, 9], logits, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0), batched=True)
+    assert len(calls) == 1  # the GPU's sampling path: one copy back for every draft
+    monkeypatch.undo()
+    # sampling where top_k=1 leaves p(x) = 1: accepted, never a sample from an empty residual
+    for batched in (True, False):
+        res = verify([3, 7, 9], logits, top1, torch.Generator().manual_seed(0), batched=batched)
+        assert res.tokens == [3, 7, 9, 11]
+        res = verify([4], logits, top1, torch.Generator().manual_seed(0), batched=batched)
+        assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "sequential"])
+def test_acceptance_emits_the_targets_distribution(batched):
+    """With a one-hot proposal x, the first emitted token is distributed as the target's p, whichever
+    way acceptance runs (the batched one draws every position's residual sample up front)."""
+    from engine.spec.verify import verify
+
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = p.log().expand(3, 4).clone()
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    trials = 4000
+    for _ in range(trials):
+        counts[verify([2, 3], logits, params, gen, batched=batched).tokens[0]] += 1
+    assert torch.allclose(counts / trials, p, atol=0.025), counts / trials
 
 
 def _materialized_bytes(model) -> int:
