@@ -118,6 +118,7 @@ class LLMEngine:
         self._listeners: list[StepListener] = []
         self._last_activation_bytes = 0
         self._device_memory: DeviceMemory | None = None
+        self._released: tuple | None = None  # release_memory: what restore_memory gives back
         self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
         if progress is not None:
             progress("engine ready", 1.0)
@@ -368,26 +369,35 @@ class LLMEngine:
             listener(event)
 
     # ---- memory between engines (the engine thread, no step running) --------------------------------
-    def release_memory(self) -> None:
+    def release_memory(self, offload_weights: bool | None = None) -> None:
         """Free the KV caches (the target's and a draft model's) and the compiled graphs, so that a
         rebuild can make the next engine in their memory (on a GPU the old cache would otherwise leave
-        the new one no room). Every request must be finished; restore_memory() undoes it."""
+        the new one no room). On a GPU (`offload_weights`) the weights go to host memory too: the new
+        engine's profiled KV budget must not count the old weights as in use. Every request must be
+        finished; restore_memory() undoes it."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("release_memory with requests still running; abort them first")
-        self._released = (self.runner.release_kv(), self.spec.release_kv(), self.model.compiled)
+        offload = self.device.type != "cpu" if offload_weights is None else offload_weights
+        self._released = (self.runner.release_kv(), self.spec.release_kv(), self.model.compiled, offload)
         self.block_manager.reset_prefix_cache()  # the cached blocks' contents are gone
         if self.model.compiled:
             self.model.set_compiled(False)
+        if offload:
+            self.model.to("cpu")
+            self.spec.move_draft("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def restore_memory(self) -> None:
         """After release_memory (the new engine could not be built): this one serves again, with an
         empty KV cache of the same size."""
-        released, self._released = getattr(self, "_released", None), None
+        released, self._released = self._released, None
         if released is None:
             return
-        blocks, draft_blocks, compiled = released
+        blocks, draft_blocks, compiled, offloaded = released
+        if offloaded:
+            self.model.to(self.device)
+            self.spec.move_draft(self.device)
         self.runner.restore_kv(blocks)
         self.spec.restore_kv(draft_blocks)
         if compiled:

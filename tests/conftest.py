@@ -115,6 +115,12 @@ def tiny_llama_hd64(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_8_layers(tmp_path_factory) -> Path:
+    """Eight decoder layers: the layers, not the tables, are most of its bytes (loading-memory tests)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-8-layers"), "llama", num_hidden_layers=8)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 

@@ -68,8 +68,11 @@ def test_release_memory_gives_the_kv_cache_back_to_the_gpu(tiny_llama):
     eng = _engine(tiny_llama, kv_cache_memory_bytes=256 * 2**20)
     before = torch.cuda.memory_allocated(eng.device)
     eng.release_memory()
-    assert before - torch.cuda.memory_allocated(eng.device) >= eng.block_manager.num_blocks * eng.block_bytes
+    freed = before - torch.cuda.memory_allocated(eng.device)
+    assert freed >= eng.block_manager.num_blocks * eng.block_bytes + eng.weights_bytes  # KV and weights
+    assert all(not t.is_cuda for t in eng.model.parameters())
     eng.restore_memory()
+    assert all(t.is_cuda for t in eng.model.parameters())
     assert eng.generate(PROMPTS[:1], GREEDY)[0].token_ids
 
 

@@ -204,6 +204,13 @@ def test_release_and_restore_keep_an_engine_serving(tiny_llama):
     assert eng.runner.kv_caches == [] and eng.block_manager.num_cached_free_blocks == 0
     eng.restore_memory()
     assert eng.generate(["a b c"], params)[0].token_ids == before
+    draft = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32, spec_method="draft",
+                                   num_speculative_tokens=2))
+    before = draft.generate(["a b c"], params)[0].token_ids
+    draft.release_memory(offload_weights=True)  # what a GPU does: weights to the host too
+    assert draft.proposer.runner.kv_caches == []
+    draft.restore_memory()
+    assert draft.generate(["a b c"], params)[0].token_ids == before
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_loras": 2}, {"spec_method": "draft", "num_speculative_tokens": 2},
@@ -375,13 +382,34 @@ def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
     part = verify([3, 8, 9], logits, greedy, None)
     assert (part.tokens, part.num_accepted, part.sources) == \
         ([3, 7], 1, [TokenSource.ACCEPTED, TokenSource.CORRECTED])
-    assert len(calls) == 2  # one per verify
-    # sampling where top_k=1 leaves p(x) = 1: accepted, never a sample from an empty residual
     top1 = SamplingParams(temperature=1.0, top_k=1)
-    res = verify([3, 7, 9], logits, top1, torch.Generator().manual_seed(0))
-    assert res.tokens == [3, 7, 9, 11]
-    res = verify([4], logits, top1, torch.Generator().manual_seed(0))
-    assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
+    calls.clear()
+    verify([3, 7, 9], logits, SamplingParams(temperature=0.8), torch.Generator().manual_seed(0), batched=True)
+    assert len(calls) == 1  # the GPU's sampling path: one copy back for every draft
+    monkeypatch.undo()
+    # sampling where top_k=1 leaves p(x) = 1: accepted, never a sample from an empty residual
+    for batched in (True, False):
+        res = verify([3, 7, 9], logits, top1, torch.Generator().manual_seed(0), batched=batched)
+        assert res.tokens == [3, 7, 9, 11]
+        res = verify([4], logits, top1, torch.Generator().manual_seed(0), batched=batched)
+        assert (res.tokens, res.sources) == ([3], [TokenSource.CORRECTED])
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "sequential"])
+def test_acceptance_emits_the_targets_distribution(batched):
+    """With a one-hot proposal x, the first emitted token is distributed as the target's p, whichever
+    way acceptance runs (the batched one draws every position's residual sample up front)."""
+    from engine.spec.verify import verify
+
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = p.log().expand(3, 4).clone()
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    trials = 4000
+    for _ in range(trials):
+        counts[verify([2, 3], logits, params, gen, batched=batched).tokens[0]] += 1
+    assert torch.allclose(counts / trials, p, atol=0.025), counts / trials
 
 
 def _materialized_bytes(model) -> int:
@@ -395,18 +423,16 @@ def _materialized_bytes(model) -> int:
     return total
 
 
-def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tmp_path):
+def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tiny_llama_8_layers):
     """Meta-device accounting: pieces not yet loaded hold no memory; each layer is quantized as soon as
     it is filled. The peak is the 4-bit model plus one 16-bit layer, below what bf16 alone needs: a
     device that cannot hold the bf16 model holds this one."""
-    from conftest import build_tiny_model
-
     from engine.loading.loader import load_model
     from engine.models.build import build_model
     from engine.quant.at_load import QuantizeAtLoad
     from engine.quant.weight_only import QuantLinear
 
-    loaded = load_model(str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=8)))
+    loaded = load_model(str(tiny_llama_8_layers))
     cpu = torch.device("cpu")
     bf16 = _materialized_bytes(build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16))
     seen = []
@@ -424,15 +450,13 @@ def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tmp_pa
     peak = max(seen + [int4])
     assert peak <= int4 + hook.peak_layer_bytes
     assert peak < 0.7 * bf16  # a device of 70 % of the bf16 model's size holds it
-def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tmp_path, monkeypatch):
+def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llama_8_layers, monkeypatch):
     """The GPU's start-up path (quantize each layer as it loads), forced on the CPU: the same tokens,
     weight bytes, KV blocks and host originals as quantizing after the full load; requantizing from
     those originals back to 16 bits gives the unquantized model's tokens."""
-    from conftest import build_tiny_model
-
     from engine.quant import at_load
 
-    folder = str(build_tiny_model(tmp_path / "m", "llama", num_hidden_layers=4))
+    folder = str(tiny_llama_8_layers)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     cfg = EngineConfig(model=folder, quant_bits=4, memory_budget_bytes=8 * 2**20)
     late = LLMEngine(cfg)

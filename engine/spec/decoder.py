@@ -244,6 +244,11 @@ class SpeculativeDecoder:
         self._free_all_drafts()
         return self.proposer.runner.release_kv()
 
+    def move_draft(self, device) -> None:
+        """The draft model's weights to `device` (host memory while a rebuild makes the next engine)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.model.to(device)
+
     def restore_kv(self, num_blocks: int) -> None:
         if num_blocks and isinstance(self.proposer, DraftModelProposer):
             self.proposer.runner.restore_kv(num_blocks)

@@ -41,41 +41,77 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def verify(draft: list[int], logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None) -> VerifyResult:
+           generator: torch.Generator | None, batched: bool | None = None) -> VerifyResult:
     """draft: k proposed tokens; logits: (k + 1, vocab) target logits at the positions that predict
     draft[0..k-1] and the bonus token. A pure function of its inputs (and the generator's state).
 
-    Computed on the logits' device for every position at once, read back in one copy: whether each draft
-    is accepted (u < p(x_i); p(x_i) = 1 always accepts), and the token each position would emit if the
-    walk stopped there (row i < k: a sample of the residual p with x_i removed; row k: the bonus). The
-    walk stops at the first rejection; the samples are independent of the acceptance draws, so taking
-    the stopping row's sample keeps the rule above exact."""
-    probs = target_probs(logits, params)  # (k + 1, vocab)
+    Greedy: the target's argmax at every position, read back once; drafts are kept while they equal it.
+    Sampling walks the drafts in turn; on a GPU (`batched`, default: not the CPU) every position is
+    decided at once and read back in one copy instead of one wait per draft (_verify_batched)."""
+    if params.greedy:
+        return _verify_greedy(draft, logits)
+    probs = target_probs(logits, params)
+    batched = logits.device.type != "cpu" if batched is None else batched
+    return (_verify_batched if batched else _verify_sequential)(draft, probs, params, generator)
+
+
+def _verify_greedy(draft: list[int], logits: torch.Tensor) -> VerifyResult:
+    """p is one-hot at the argmax: a draft is accepted iff it is the argmax, and the residual of a
+    rejected one is p itself (its draft was not the argmax), whose sample is the argmax."""
+    top = logits.argmax(-1).tolist()  # the one copy back
+    n = next((i for i, x in enumerate(draft) if x != top[i]), len(draft))
+    sources = [TokenSource.ACCEPTED] * n
+    sources.append(TokenSource.CORRECTED if n < len(draft) else TokenSource.BONUS if draft else TokenSource.DECODED)
+    return VerifyResult(list(draft[:n]) + [top[n]], sources, n)
+
+
+def _verify_sequential(draft: list[int], probs: torch.Tensor, params: SamplingParams,
+                       generator: torch.Generator | None) -> VerifyResult:
+    """One draft at a time (on the CPU a read-back costs nothing, and stopping early saves work)."""
+    tokens: list[int] = []
+    sources: list[TokenSource] = []
+    for i, x in enumerate(draft):
+        p = probs[i]
+        u = torch.rand((), generator=generator, device=p.device)
+        if float(p[x]) >= 1.0 or float(u) < float(p[x]):
+            tokens.append(x)
+            sources.append(TokenSource.ACCEPTED)
+            continue
+        residual = p.clone()
+        residual[x] = 0.0  # normalize(max(0, p - q)) with q one-hot at x
+        tokens.append(_sample(residual, params, generator))
+        sources.append(TokenSource.CORRECTED)
+        return VerifyResult(tokens, sources, i)
+    tokens.append(_sample(probs[len(draft)], params, generator))
+    sources.append(TokenSource.BONUS if draft else TokenSource.DECODED)
+    return VerifyResult(tokens, sources, len(draft))
+
+
+def _verify_batched(draft: list[int], probs: torch.Tensor, params: SamplingParams,
+                    generator: torch.Generator | None) -> VerifyResult:
+    """Every position at once on the device, one copy back: whether each draft is accepted
+    (u < p(x_i); p(x_i) = 1 always accepts), and the token each position would emit if the walk stopped
+    there (row i < k: a sample of the residual p with x_i removed; row k: the bonus). The walk stops at
+    the first rejection; the samples are independent of the acceptance draws, so taking the stopping
+    row's sample keeps the rule above exact."""
     k = len(draft)
     dev = probs.device
-    idx = torch.tensor(draft, dtype=torch.long, device=dev)
-    residual = probs.clone()
+    residual = probs.clone()  # (k + 1, vocab)
+    accept = torch.zeros(0, dtype=torch.bool, device=dev)
     if k:
-        residual[:k].scatter_(1, idx.unsqueeze(1), 0.0)  # normalize(max(0, p - q)) with q one-hot at x_i
-        px = probs[:k].gather(1, idx.unsqueeze(1)).squeeze(1)
-        accept = px >= 1.0
-        if not params.greedy:
-            accept |= torch.rand(k, generator=generator, device=dev) < px
-    else:
-        accept = torch.zeros(0, dtype=torch.bool, device=dev)
+        idx = torch.tensor(draft, dtype=torch.long, device=dev).unsqueeze(1)
+        residual[:k].scatter_(1, idx, 0.0)  # normalize(max(0, p - q)) with q one-hot at x_i
+        px = probs[:k].gather(1, idx).squeeze(1)
+        accept = (px >= 1.0) | (torch.rand(k, generator=generator, device=dev) < px)
     # a row with nothing left (p(x_i) = 1: always accepted) samples from p instead of an empty residual
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)
-    if params.greedy:
-        emit = residual.argmax(-1)
-    else:
-        emit = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
+    emit = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
     host = torch.cat([accept.long(), emit]).tolist()  # the one copy back
     accepted, emitted = host[:k], host[k:]
     n = next((i for i, a in enumerate(accepted) if not a), k)
-    tokens = list(draft[:n]) + [emitted[n]]
     sources = [TokenSource.ACCEPTED] * n
     sources.append(TokenSource.CORRECTED if n < k else TokenSource.BONUS if draft else TokenSource.DECODED)
-    return VerifyResult(tokens, sources, n)
+    return VerifyResult(list(draft[:n]) + [emitted[n]], sources, n)
 
 
 def _sample(p: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
