@@ -87,7 +87,8 @@ def _run_window(app, loop, window, host, args, preset: str) -> int:
     """Apply the preset, then run until the window closes (or the screenshot is saved)."""
     ok = window.controller.apply_preset(preset)
     if args.presenter:  # a screenshot keeps its given size; the app goes full screen
-        window.set_presenter(True, full_screen=not args.screenshot)
+        window.set_presenter(True, full_screen=not args.screenshot,
+                             screen_height=args.size[1] if args.screenshot and args.size else None)
     if args.screenshot and not ok:
         print(f"inferlab: error: {window.controller.last_error}", file=sys.stderr)
         window.close()

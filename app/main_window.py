@@ -54,8 +54,8 @@ STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4
 # presenter scales at a 720-line and a 1080-line projector (in between: interpolated). A 720-line picture
 # is projected as large as a 1080-line one, so each of its pixels is larger: it needs less enlarging, and
 # has less room. pyqtgraph's fonts are smaller than Qt's to start with.
-PRESENTER_FONT_SCALE = {720: 1.2, 1080: 1.4}
-PRESENTER_PLOT_SCALE = {720: 1.3, 1080: 1.6}
+PRESENTER_FONT_SCALE = {720: 1.15, 1080: 1.4}
+PRESENTER_PLOT_SCALE = {720: 1.25, 1080: 1.6}
 PRESENTER_COMPARISON_SHARE = 0.3  # of the screen's height: the measured proof keeps room for its chart
 
 
@@ -254,14 +254,16 @@ class MainWindow(QMainWindow):
             if n in ("theme-dark", "theme-light"):
                 action.setChecked(n == f"theme-{name}")
 
-    def set_presenter(self, on: bool, full_screen: bool = True) -> None:
+    def set_presenter(self, on: bool, full_screen: bool = True, screen_height: int | None = None) -> None:
         """Larger fonts and charts, the caption banner large, only the preset's panels; full screen unless
         `full_screen` is False (headless screenshots at a given projector size)."""
         app = QApplication.instance()
         if on == self._presenter:
             return
         self._presenter = on
-        screen_h = self.height() if not full_screen else self.screen().size().height()
+        # the projector's lines: the screen's when full screen, else the size asked for (a headless
+        # screenshot; the window itself may not have shrunk to it yet)
+        screen_h = self.screen().size().height() if full_screen else (screen_height or self.height())
         if on:
             self._layout_before_presenting = self.saveState(STATE_VERSION)
             self._normal_font = app.font()

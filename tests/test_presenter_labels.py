@@ -13,7 +13,7 @@ def test_no_text_cut_in_presenter_mode(qapp, tiny_llama, size):
     w = open_window(tiny_llama, preset="continuous-batching")
     try:
         w.resize(*size)
-        w.set_presenter(True, full_screen=False)
+        w.set_presenter(True, full_screen=False, screen_height=size[1])
         cut = {}
         for name in presets.available():
             assert w.controller.apply_preset(name), w.controller.last_error
