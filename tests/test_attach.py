@@ -128,7 +128,10 @@ def test_window_attached_to_inferlab_serve(qapp, served):
         assert "block map" in p["memory"].overlay_text()
         assert p["timeline"].is_available() and where in p["timeline"].steps_note()
         assert p["timeline"].snapshot_data()["gantt"]["rows"]  # client-timed rows
-        assert p["server"].is_available() and p["server"].snapshot_data()["facts"] is not None
+        # the panels were reset when the preset applied; the next scrape (4 Hz, slower while the server is
+        # busy) refills the Server panel
+        assert wait_for(qapp, lambda: p["server"].snapshot_data()["facts"] is not None)
+        assert p["server"].is_available()
         lat = p["latency"].snapshot_data()
         assert lat["percentiles"]["ttft"] is not None and lat["total_tokens_per_s"]
         assert p["tokens"].snapshot_data()  # streams opened for the load generator's requests

@@ -21,7 +21,6 @@ import httpx
 
 from app.load.generator import corpus_text
 from app.remote.client import StreamResult, request_body, stream_request
-from app.remote.source import base_url
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
 from engine.events import RequestTimeline
 
@@ -89,6 +88,8 @@ def _timeline(res: StreamResult) -> RequestTimeline:
 
 
 def run_url_bench(args) -> dict:
+    from app.remote.source import base_url  # here, not at import: the bench parser builds without Qt
+
     url = base_url(args.url)
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
