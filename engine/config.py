@@ -45,9 +45,13 @@ class EngineConfig:
     # memory bandwidth (engine/models/layers/gemv.py), decode attention gather-fused where the native kernel
     # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
+    # bf16 on the CPU: a few rows (decode) of every Linear, and every int4 layer, through the native
+    # weight-streaming kernel (engine/runner/kernels/stream_linear.cpp), which reads the layer's one copy
+    # of its weights once per call; off: the library's kernels (oneDNN; torch's compiled gemv under compile).
+    stream_linear: bool = True
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
-    # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
-    pack_weights: bool = True
+    # ~15 % faster prefill GEMMs at 47 rows) at the price of a second copy of those weights.
+    pack_weights: bool = False
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

@@ -36,7 +36,7 @@ from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
 from engine.runner.memory import snapshot
 from engine.runner.model_runner import ModelRunner, StepResult
-from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
+from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype, stream_kernel_for
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 
@@ -71,7 +71,8 @@ class LLMEngine:
                                  f"{e}") from e
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes,
                                       calibrate=lambda: activation_absmax(self, heldout_texts()),
-                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype))
+                                      reserved_bytes=reserved_bytes(config, mc, self.device, self.dtype),
+                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress))
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
         blocks = self.weights.kv_target

@@ -3,9 +3,12 @@
     w ≈ scale * q                      int8: one scale per output row, q in [-127, 127]
     w ≈ (q - 8) * scale + zero         int4: one (scale, zero) per group of input columns, q in [0, 15]
 
-Activations stay in 16 bits. On the CPU the fast paths are torch's weight-only kernels
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, both want bf16 activations); everywhere else,
-and as the reference the tests hold them to, the weight is dequantized and multiplied.
+Activations stay in 16 bits. On the CPU the fast paths are torch's int8 weight-only kernel
+(`_weight_int8pack_mm`) and, for int4, the native weight-streaming kernel
+(engine/runner/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
+call, for any number of rows; both want bf16 activations). Each layer keeps one copy of its codes, in
+the layout the kernel reads. Everywhere else, and as the reference the tests hold them to, the weight
+is dequantized and multiplied.
 
 Outliers (LLM.int8 style): the few input channels with the largest activation x weight magnitude are
 kept out of the quantized matrix and multiplied in 16 bits, so one huge value no longer stretches the
@@ -23,8 +26,40 @@ from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
+@torch.library.custom_op("inferlab::stream_linear_int4", mutates_args=())
+def stream_linear_int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor,
+                       group_size: int) -> torch.Tensor:
+    """The native int4 kernel as an op a compiled region calls without a graph break."""
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel().stream_linear_int4(x, codes, scale_zero, group_size, None)
+
+
+@stream_linear_int4.register_fake
+def _(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def pack_int4_chunks(q: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (out, in), values 0..15 -> (out, in / 2) uint8 in the kernel's layout: per chunk of
+    32 columns, byte j holds column j (low nibble) and column j + 16 (high nibble)."""
+    n, k = q.shape
+    chunks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_int4_chunks(codes: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4_chunks: (out, in / 2) uint8 -> (out, in) int64 codes."""
+    n, half = codes.shape
+    c = codes.reshape(n, half // 16, 1, 16).long()
+    return torch.cat([c & 0xF, c >> 4], dim=2).reshape(n, 2 * half)
+
+
 class QuantLinear(nn.Module):
-    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns."""
+    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns.
+    `stream`: the native weight-streaming module (set by set_stream_kernel), which int4 runs on."""
+
+    stream = None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
                  outlier_idx: torch.Tensor | None = None, reference: bool = False) -> None:
@@ -62,30 +97,18 @@ class QuantLinear(nn.Module):
         scale = (hi - lo).clamp(min=1e-8) / 15.0
         zero = lo + 8 * scale  # so that w = (q - 8) * scale + zero
         q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
-        # (groups, out, 2) scale-and-zero table, the layout the CPU kernel expects
-        sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_zeros", sz.to(self.dtype))
-        if not self.reference and self._kernel_available(q.device):
-            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 2))
-            self.q_nibbles = None
-        else:  # two 4-bit values per byte, for the dequantize-then-matmul path
-            self.packed = None
-            self.register_buffer("q_nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))
-
-    def _kernel_available(self, device: torch.device) -> bool:
-        return device.type == "cpu" and self.dtype == torch.bfloat16 and self.in_features % (2 * self.group_size) == 0
+        # (out, groups, 2) scale-and-zero per group: what the native kernel reads next to each row
+        self.register_buffer("scale_zero", torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous())
+        # two 4-bit codes per byte, the one copy both the kernel and the dequantize path read
+        self.register_buffer("codes", pack_int4_chunks(q))
 
     def dequantize(self) -> torch.Tensor:
         """The weight this module effectively multiplies by, (out, in), float32 (outliers included)."""
         if self.bits == 8:
             w = self.qweight.float() * self.scales.float()[:, None]
-        elif self.packed is not None:
-            # The kernel's packed layout is opaque: let the kernel multiply the identity.
-            eye = torch.eye(self.in_features, dtype=self.dtype, device=self.packed.device)
-            w = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros).float().t()
         else:
-            q = torch.stack([self.q_nibbles & 0xF, self.q_nibbles >> 4], dim=-1).reshape(self.out_features, -1)
-            sz = self.scales_zeros.float().transpose(0, 1)  # (out, groups, 2)
+            q = unpack_int4_chunks(self.codes)
+            sz = self.scale_zero.float()  # (out, groups, 2)
             q = q.float().reshape(self.out_features, -1, self.group_size)
             w = ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(self.out_features, self.in_features)
         if self.outlier_idx is not None:
@@ -99,8 +122,10 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self.bits == 8:
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        elif torch.compiler.is_compiling():
+            y = stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+            y = self.stream.stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size, None)
         if self.outlier_idx is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
         if self.bias is not None:
@@ -110,7 +135,7 @@ class QuantLinear(nn.Module):
     def _fast_ok(self, x: torch.Tensor) -> bool:
         if x.device.type != "cpu" or x.dtype != torch.bfloat16:
             return False
-        return self.bits == 8 or self.packed is not None
+        return self.bits == 8 or (self.stream is not None and self.in_features % 64 == 0)
 
     def nbytes(self) -> int:
         """Bytes held: quantized weights, scales, outlier columns, bias."""

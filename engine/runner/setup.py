@@ -87,3 +87,14 @@ def kv_blocks_after_requant(config: EngineConfig, base_blocks: int, base_weights
     if config.num_kv_blocks is not None:
         return base_blocks
     return max(1, base_blocks + (base_weights - weights_now) // block_bytes)
+
+
+def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.dtype, progress=None):
+    """The native weight-streaming linear module where it applies (EngineConfig.stream_linear, bf16 on
+    the CPU), built once per machine; None elsewhere or where it cannot be built (then the library's
+    kernels run, after one warning)."""
+    if not config.stream_linear or device.type != "cpu" or dtype != torch.bfloat16:
+        return None
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel(progress)

@@ -20,12 +20,13 @@ from engine.core.scheduler import ScheduledRequest
 from engine.events import SpecDecodeStats
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
-from engine.models.layers.linear import pack_linears
+from engine.models.layers.linear import pack_linears, set_stream_kernel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
+from engine.runner.setup import stream_kernel_for
 from engine.spec.draft import DraftModelProposer
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, verify, verify_tree
@@ -116,6 +117,7 @@ class SpeculativeDecoder:
         if bits != 16:
             swap_modules(model, quantize_model(model, original_weights(model), bits, cfg.quant_group_size))
         pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
+        set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
         # the target's attention backend, less the native kernel where the draft's head shapes rule it out
         return DraftModelProposer(model, mc, self.block_manager.num_blocks, cfg.block_size, device, dtype,
                                   for_model(self.runner.backend, mc, device, dtype))
