@@ -16,6 +16,10 @@ class EngineConfig:
 
     # KV cache
     block_size: int = 16
+    # "auto": K/V in the model's dtype; "int8": 8-bit rows with a float32 scale per (token, KV head)
+    # (engine/models/layers/kv_quant.py): 1.88x the blocks in the same memory at head_dim 64, decoded
+    # through the eager attention path. Fixed for the engine's life (the cache is allocated with it).
+    kv_cache_dtype: str = "auto"
     kv_cache_memory_bytes: int = 512 * 2**20  # the CPU budget for KV blocks
     # When set (CPU): one budget for weights + KV; the KV cache gets what the weights leave, so fewer
     # weight bytes (quantization) buy more KV blocks. Overrides kv_cache_memory_bytes.
@@ -98,5 +102,7 @@ class EngineConfig:
         if self.max_loras < 0 or self.max_lora_rank < 1 or (self.max_cpu_loras or 0) < 0:
             raise ValueError(f"max_loras and max_cpu_loras must be >= 0 and max_lora_rank >= 1, got "
                              f"{self.max_loras}, {self.max_cpu_loras}, {self.max_lora_rank}")
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'int8', got {self.kv_cache_dtype!r}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

@@ -61,7 +61,7 @@ class LLMEngine:
         self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
         mc = self.model_config
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
+        self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype, config.kv_cache_dtype)
         torch.manual_seed(config.seed)
         try:
             self.model = build_model(mc, loaded.state_dict, self.device, self.dtype)
@@ -80,7 +80,8 @@ class LLMEngine:
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
-        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
+                                  kv_cache_dtype=config.kv_cache_dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.runner.lora = self.lora
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)

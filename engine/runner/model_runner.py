@@ -6,6 +6,7 @@ It never decides who runs: it executes exactly what the scheduler handed out.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -60,7 +62,8 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER) -> None:
+                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
+                 kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
@@ -68,10 +71,13 @@ class ModelRunner:
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
-        shape = (model_config.num_key_value_heads, num_blocks * block_size, model_config.head_dim)
+        self.kv_int8 = int8 = kv_cache_dtype == "int8"  # rows of head_dim int8 values + their float32 scale (kv_quant.py)
+        shape = (model_config.num_key_value_heads, num_blocks * block_size,
+                 model_config.head_dim + (SCALE_BYTES if int8 else 0))
+        kv_dtype = torch.int8 if int8 else dtype
         # One (K, V) pair of flat slot tensors per layer.
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
             for _ in range(model_config.num_hidden_layers)
         ]
 
@@ -82,8 +88,11 @@ class ModelRunner:
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
         was asked for). What is compiled is compiled lazily, by the next steps."""
         self.model.set_compiled(compile)
-        self.backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
-                                      previous=self.backend)
+        backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
+                                 previous=self.backend)
+        if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
+        self.backend = backend
 
     @property
     def native_decode(self):

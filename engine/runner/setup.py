@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
+from engine.models.layers.kv_quant import kv_row_bytes
 from engine.models.model_config import ModelConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -23,9 +24,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if name == "auto" else _DTYPES[name]
 
 
-def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: K and V for block_size tokens across every layer."""
-    return block_size * mc.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one block: K and V for block_size tokens across every layer (int8: values + row scales)."""
+    row = kv_row_bytes(mc.head_dim, torch.empty((), dtype=dtype).element_size(), kv_cache_dtype == "int8")
+    return block_size * 2 * mc.num_hidden_layers * mc.num_key_value_heads * row
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
