@@ -67,7 +67,9 @@ def add_bench_args(p, engine_args) -> None:
 
     add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
                         engine_args)
-    from app.bench import gui_overhead, tradeoff_bench
+    from app.bench import gui_overhead, kv_bench, tradeoff_bench
+
+    kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
     tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
                             engine_args)
@@ -117,6 +119,10 @@ def _run_bench(args) -> int:
         from app.bench import gui_overhead
 
         result.update(gui_overhead.run(args))
+    elif args.bench == "kv":
+        from app.bench import kv_bench
+
+        result.update(kv_bench.run(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 

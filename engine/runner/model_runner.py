@@ -71,7 +71,8 @@ class ModelRunner:
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
-        self.kv_int8 = int8 = kv_cache_dtype == "int8"  # rows of head_dim int8 values + their float32 scale (kv_quant.py)
+        # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
+        self.kv_int8 = int8 = kv_cache_dtype == "int8"
         shape = (model_config.num_key_value_heads, num_blocks * block_size,
                  model_config.head_dim + (SCALE_BYTES if int8 else 0))
         kv_dtype = torch.int8 if int8 else dtype

@@ -11,6 +11,7 @@ copy the engine keeps: bf16 rows, and 4-bit codes (half a byte per weight) with 
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,7 @@ def _build(source: str, what: str, progress: Callable[[str, float], None] | None
     """Build (once per machine) or load the extension from `source`.cpp; None after a failed build.
     The build targets this machine's CPU (-march=native: AVX-512 with bf16 dot products where present);
     `portable` builds the plain C++ bodies only (what other CPUs run; the tests check it too)."""
-    name = f"inferlab_{source}" + ("_portable" if portable else "")
+    name = f"inferlab_{source}" + ("_portable" if portable else "") + "_" + _source_digest(source)
     if name not in _BUILT:
         if progress is not None:
             progress(f"loading {what}" if _is_built(name) else f"building {what} (once per machine, ~25 s)", 0.95)
@@ -59,6 +60,20 @@ def _build(source: str, what: str, progress: Callable[[str, float], None] | None
             warnings.warn(f"native {source} kernel unavailable, using the library's path: {exc}", stacklevel=3)
             _BUILT[name] = None
     return _BUILT[name]
+
+
+@functools.cache  # read once per process: the kernels' loaders are called on hot paths
+def _source_digest(source: str) -> str:
+    """A short hash of the kernel's source and shared header, part of its build name: two checkouts with
+    different sources (worktrees, versions) then build into different folders of torch's shared
+    extension cache instead of rebuilding over each other (and waiting on each other's build lock)."""
+    import hashlib
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for f in (here / f"{source}.cpp", here / "common.h"):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def _is_built(name: str) -> bool:

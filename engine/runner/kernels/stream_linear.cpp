@@ -138,13 +138,17 @@ torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
 }
 
 // ---------------------------------------------------------------------------------------------- int4
-// Per row of x: its per-chunk sums (32 columns each), and on AVX-512 its columns reordered to match
-// two chunks unpacked side by side: [c0 0..15, c1 0..15 | c0 16..31, c1 16..31].
-static void prepare_x(const uint16_t* x, int64_t K, float* chunk_sums, uint16_t* xperm) {
-  for (int64_t c = 0; c < K / 32; ++c) {
+// Per row of x, once per call: its columns reordered to match two chunks unpacked side by side
+// ([c0 0..15, c1 0..15 | c0 16..31, c1 16..31], for the AVX-512 body), and per group g the pair
+// (-136 * X_g, X_g) with X_g the sum of x over the group, so that a row's constant term
+//     sum_g (zero_g - 136 scale_g) X_g
+// is one dot product of those pairs with the row's interleaved (scale, zero) table.
+static void prepare_x(const uint16_t* x, int64_t K, int64_t group, float* gx, uint16_t* xperm) {
+  for (int64_t g = 0; g < K / group; ++g) {
     float s = 0.f;
-    for (int j = 0; j < 32; ++j) s += bf16_to_float(x[c * 32 + j]);
-    chunk_sums[c] = s;
+    for (int64_t j = 0; j < group; ++j) s += bf16_to_float(x[g * group + j]);
+    gx[2 * g] = -136.f * s;
+    gx[2 * g + 1] = s;
   }
   for (int64_t p = 0; p < K / 64; ++p) {
     const uint16_t* c0 = x + p * 64;
@@ -157,26 +161,39 @@ static void prepare_x(const uint16_t* x, int64_t K, float* chunk_sums, uint16_t*
   }
 }
 
+static inline int log2_exact(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return s;
+}
+
 // Rows [n0, n1) of the codes against T rows of x. sz: (N, groups, 2) bf16 (scale, zero).
 template <int T>
-static void int4_rows(const uint16_t* xperm, const float* chunk_sums, const uint8_t* codes, const uint16_t* sz,
+static void int4_rows(const uint16_t* xperm, const float* gx, const uint8_t* codes, const uint16_t* sz,
                       const uint16_t* x, uint16_t* y, const float* bias, int64_t K, int64_t N, int64_t group,
                       int64_t n0, int64_t n1) {
-  const int64_t chunks = K / 32, groups = K / group, per_group = group / 32;
+  const int64_t groups = K / group, pairs = 2 * groups;
+  const int shift = log2_exact(group / 32);  // chunk index -> group index (group sizes are powers of two)
+  std::vector<float> szf(pairs + 16);  // this row's (scale, zero) table in float32
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = codes + n * (K / 2);
-    const uint16_t* szr = sz + n * groups * 2;
-    float bias_term[T] = {};  // sum over groups of (zero - 136 scale) * (sum of x over the group)
-    for (int64_t g = 0; g < groups; ++g) {
-      const float s = bf16_to_float(szr[2 * g]), z = bf16_to_float(szr[2 * g + 1]);
-      for (int t = 0; t < T; ++t) {
-        float xs = 0.f;
-        for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) xs += chunk_sums[t * chunks + c];
-        bias_term[t] += (z - 136.f * s) * xs;
-      }
-    }
+    const uint16_t* szr = sz + n * pairs;
+    float constant[T] = {};
 #ifdef INFERLAB_AVX512_BF16
     (void)x;
+    {  // the (scale, zero) table to float32, and its dot products with each row's (-136 X_g, X_g)
+      __m512 c[T];
+      for (int t = 0; t < T; ++t) c[t] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < pairs; j += 16) {
+        const __mmask16 m = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                            : static_cast<__mmask16>((1u << (pairs - j)) - 1);
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, szr + j));
+        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+        _mm512_storeu_ps(szf.data() + j, f);
+        for (int t = 0; t < T; ++t) c[t] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(m, gx + t * pairs + j), c[t]);
+      }
+      for (int t = 0; t < T; ++t) constant[t] = _mm512_reduce_add_ps(c[t]);
+    }
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi16(0x0F), magic = _mm512_set1_epi16(0x4300);
@@ -184,8 +201,7 @@ static void int4_rows(const uint16_t* xperm, const float* chunk_sums, const uint
       const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32)));
       const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
       const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
-      const float s0 = bf16_to_float(szr[2 * ((2 * p) / per_group)]);
-      const float s1 = bf16_to_float(szr[2 * ((2 * p + 1) / per_group)]);
+      const float s0 = szf[2 * ((2 * p) >> shift)], s1 = szf[2 * ((2 * p + 1) >> shift)];
       const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
       for (int t = 0; t < T; ++t) {
         const uint16_t* xp = xperm + t * K + p * 64;
@@ -194,23 +210,24 @@ static void int4_rows(const uint16_t* xperm, const float* chunk_sums, const uint
         acc[t] = _mm512_fmadd_ps(d, scale, acc[t]);
       }
     }
-    for (int t = 0; t < T; ++t) y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + bias_term[t], bias, n);
+    for (int t = 0; t < T; ++t) y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + constant[t], bias, n);
 #else
     (void)xperm;
+    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(szr[j]);
     for (int t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < pairs; ++j) constant[t] += szf[j] * gx[t * pairs + j];
       const uint16_t* xr = x + t * K;
       float acc = 0.f;
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float s = bf16_to_float(szr[2 * (c / per_group)]);
+      for (int64_t c = 0; c < K / 32; ++c) {
         float d = 0.f;
         for (int j = 0; j < 16; ++j) {
           const uint8_t byte = row[c * 16 + j];
           d += (128.f + (byte & 0x0F)) * bf16_to_float(xr[c * 32 + j]);
           d += (128.f + (byte >> 4)) * bf16_to_float(xr[c * 32 + 16 + j]);
         }
-        acc += s * d;
+        acc += szf[2 * (c >> shift)] * d;
       }
-      y[t * N + n] = out(acc + bias_term[t], bias, n);
+      y[t * N + n] = out(acc + constant[t], bias, n);
     }
 #endif
   }
@@ -227,8 +244,8 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   TORCH_CHECK(codes.scalar_type() == at::kByte, "uint8 codes");
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2, "x (M, K), codes (N, K / 2)");
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group % 32 == 0 && K % group == 0,
-              "K must be a multiple of 64 and of the group size (a multiple of 32)");
+  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0,
+              "K must be a multiple of 64 and of the group size (a power of two, at least 32)");
   TORCH_CHECK(sz.numel() == N * (K / group) * 2, "sz (N, K / group, 2)");
   auto xc = x.contiguous();
   auto cc = codes.contiguous();
@@ -237,9 +254,10 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   auto bf = bias_f32(bias, N);
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  std::vector<float> sums(M * (K / 32));
+  const int64_t pairs = 2 * (K / group);
+  std::vector<float> gx(M * pairs);
   std::vector<uint16_t> xperm(M * K);
-  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, sums.data() + m * (K / 32), xperm.data() + m * K);
+  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx.data() + m * pairs, xperm.data() + m * K);
   static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
   const uint8_t* cp = cc.data_ptr<uint8_t>();
   const uint16_t* szp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
@@ -248,7 +266,7 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
     const int64_t t = std::min(kTile, M - m0);
     Int4Fn rows = table[t - 1];
     at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
-      rows(xperm.data() + m0 * K, sums.data() + m0 * (K / 32), cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
+      rows(xperm.data() + m0 * K, gx.data() + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
            group, n0, n1);
     });
   }
