@@ -181,7 +181,8 @@ class MainWindow(QMainWindow):
 
     def _show_engine_label(self, num_kv_blocks: int) -> None:
         info = self.host.info
-        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks "
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
                                   f"× {info.block_size} · context {info.max_model_len}")
 
     def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:
