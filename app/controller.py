@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 from app import presets
 from app.cue_player import CuePlayer
 from app.engine_info import Capabilities
-from app.knob_defaults import engine_knob_defaults, kv_cache_dtype, knob_defaults
+from app.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
 from app.tradeoff_actions import connect_tradeoff
