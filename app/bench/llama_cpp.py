@@ -78,11 +78,13 @@ def gguf_for(model_path: str, bits: int, directory: Path | None = None) -> Path 
 
 
 def llama_bench(binary: Path, gguf: Path, threads: int, n_gen: int, n_prompt: int = 0,
-                repetitions: int = 1) -> dict:
+                repetitions: int = 1, repack: bool = True) -> dict:
     """One llama-bench run (-o json): decode tokens/s for n_gen tokens (and prefill tokens/s for
-    n_prompt tokens when > 0), with llama.cpp's own description of the build and the CPU."""
+    n_prompt tokens when > 0), with llama.cpp's own description of the build and the CPU.
+    repack=False (--repack 0) keeps the weights in the file's layout: on the 2-core test machine
+    (AVX-512 + AMX) the sdist's llama.cpp segfaults in a Q4_1 prefill with repacked weights."""
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-n", str(n_gen), "-p", str(n_prompt),
-           "-r", str(repetitions), "-o", "json"]
+           "-r", str(repetitions), "--repack", "1" if repack else "0", "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
