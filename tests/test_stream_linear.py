@@ -57,6 +57,18 @@ def test_int4_codes_match_the_dequantized_product(kernel, rows, n, k, group):
     close_to(kernel.stream_linear_int4(x, codes, sz, group, None), x.float() @ w.t())
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n, k", [(64, 128), (37, 200)])
+def test_int8_rows_match_the_dequantized_product(kernel, rows, n, k):
+    g = torch.Generator().manual_seed(rows + n)
+    q = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    scales = torch.rand(n, generator=g).bfloat16() / 50
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    exact = x.float() @ (q.float() * scales.float()[:, None]).t() + b.float()
+    close_to(kernel.stream_linear_int8(x, q, scales, b), exact)
+
+
 def bf16_linear(n: int, k: int, bias: bool = True) -> Linear:
     g = torch.Generator().manual_seed(n + k)
     lin = Linear(k, n, bias=bias)
@@ -89,10 +101,11 @@ def test_compiled_regions_call_the_kernels_without_a_graph_break():
     lin = bf16_linear(128, 128)
     torch.manual_seed(0)
     q4 = QuantLinear(torch.randn(32, 128).bfloat16(), None, 4, 32)
-    set_stream_kernel(torch.nn.ModuleList([lin, q4]), mod)
+    q8 = QuantLinear(torch.randn(16, 32).bfloat16(), None, 8, 32)
+    set_stream_kernel(torch.nn.ModuleList([lin, q4, q8]), mod)
 
     def region(x):
-        return q4(F.silu(lin(x)))
+        return q8(q4(F.silu(lin(x))))
 
     compiled = torch.compile(region, dynamic=True, fullgraph=True)  # fullgraph: a break would raise
     for rows in (1, 5):
@@ -101,7 +114,7 @@ def test_compiled_regions_call_the_kernels_without_a_graph_break():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bits", [16, 4])
+@pytest.mark.parametrize("bits", [16, 8, 4])
 def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_llama_hd64, bits):
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.runner.memory import weights_bytes
@@ -116,7 +129,7 @@ def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_
         p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         prompts = ["Hello world", "The quick brown fox"]
         assert [o.token_ids for o in fast.generate(prompts, p)] == [o.token_ids for o in ref.generate(prompts, p)]
-    else:  # the reference rounds the dequantized weights to bf16 first, the kernel does not: logits close
+    else:  # the reference rounds the dequantized weights to bf16 first, the kernels do not: logits close
         ids = fast.tokenizer.encode("The quick brown fox jumps over the lazy dog. Paged attention stores keys")
         a, b = fast.score(ids), ref.score(ids)
         assert float((a - b).norm() / b.norm()) < 0.05  # (int4 itself moves them ~10x more from bf16)

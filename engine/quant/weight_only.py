@@ -3,8 +3,8 @@
     w ≈ scale * q                      int8: one scale per output row, q in [-127, 127]
     w ≈ (q - 8) * scale + zero         int4: one (scale, zero) per group of input columns, q in [0, 15]
 
-Activations stay in 16 bits. On the CPU the fast paths are torch's int8 weight-only kernel
-(`_weight_int8pack_mm`) and, for int4, the native weight-streaming kernel
+Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
+int8 (up to 8 rows; more rows: torch's `_weight_int8pack_mm`) and, for int4, the native kernel
 (engine/runner/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
 call, for any number of rows; both want bf16 activations). Each layer keeps one copy of its codes, in
 the layout the kernel reads. Everywhere else, and as the reference the tests hold them to, the weight
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.layers.linear import Linear, LinearWrapper
+from engine.models.layers.linear import STREAM_MAX_ROWS, Linear, LinearWrapper
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -38,6 +38,19 @@ def stream_linear_int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.T
 @stream_linear_int4.register_fake
 def _(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0])
+
+
+@torch.library.custom_op("inferlab::stream_linear_int8", mutates_args=())
+def stream_linear_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The native int8 row kernel as an op a compiled region calls without a graph break."""
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel().stream_linear_int8(x, qweight, scales, None)
+
+
+@stream_linear_int8.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], qweight.shape[0])
 
 
 def pack_int4_chunks(q: torch.Tensor) -> torch.Tensor:
@@ -120,7 +133,13 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.bits == 8:
+        few = x2.shape[0] <= STREAM_MAX_ROWS
+        if self.bits == 8 and self.stream is not None and few and self.scales.dtype == x2.dtype:
+            if torch.compiler.is_compiling():
+                y = stream_linear_int8(x2, self.qweight, self.scales)
+            else:
+                y = self.stream.stream_linear_int8(x2, self.qweight, self.scales, None)
+        elif self.bits == 8:  # more rows: torch's kernel (it reuses each weight row across them)
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         elif torch.compiler.is_compiling():
             y = stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size)

@@ -5,6 +5,7 @@
 // read the one plain copy the engine keeps (no packed second copy):
 //
 //   stream_linear_bf16: W (N, K) bf16 as stored. Rows of x up to 8 are done in one pass over W.
+//   stream_linear_int8: W as int8 rows with one scale each (8-bit layers, an int8 lm_head), up to 8 rows.
 //   stream_linear_int4: W as 4-bit codes, half a byte per weight, plus one bf16 (scale, zero) per
 //     group of input columns:  w = (q - 8) * scale + zero,  q in [0, 15].
 //     Codes layout (N, K / 2) uint8, in chunks of 32 columns (16 bytes): byte j of a chunk holds
@@ -273,6 +274,63 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   return y;
 }
 
+// ---------------------------------------------------------------------------------------------- int8
+// W as int8 rows with one scale each (w = scale * q): y = scale * (q . x). x widened to float32 once.
+template <int M>
+static void int8_rows(const float* xf, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                      int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    float dot[M];
+#ifdef INFERLAB_AVX512_BF16
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row + k)));
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask, xf + m * K + k), acc[m]);
+    }
+    for (int m = 0; m < M; ++m) dot[m] = _mm512_reduce_add_ps(acc[m]);
+#else
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(row[k]) * xf[m * K + k];
+      dot[m] = acc;
+    }
+#endif
+    const float s = bf16_to_float(scales[n]);
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(s * dot[m], bias, n);
+  }
+}
+
+// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
+torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
+                                 c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
+              "x (M, K), int8 q (N, K)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto qc = q.contiguous();
+  auto sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  using Fn = void (*)(const float*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t);
+  static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
+                                         int8_rows<5>, int8_rows<6>, int8_rows<7>, int8_rows<8>};
+  Fn rows = table[M - 1];
+  const float* xp = xf.data_ptr<float>();
+  const int8_t* qp = qc.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, qp, sp, yp, bp, K, N, n0, n1); });
+  return y;
+}
+
 // q (N, K) int codes 0..15 -> (N, K / 2) uint8 in the chunk layout.
 torch::Tensor pack_int4(torch::Tensor q) {
   TORCH_CHECK(q.dim() == 2 && q.size(1) % 32 == 0, "q (N, K) with K a multiple of 32");
@@ -303,6 +361,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_linear_int4", &stream_linear_int4, "x W^T with W as 4-bit codes + group (scale, zero)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
