@@ -234,6 +234,54 @@ static void int4_rows(const uint16_t* xperm, const float* gx, const uint8_t* cod
   }
 }
 
+#ifdef INFERLAB_AVX512_BF16
+// One row of x, four output rows at a time: four independent accumulator chains (one row alone waits
+// on its own multiply-add latency), the x loads shared. The tail rows go through int4_rows<1>.
+static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* codes, const uint16_t* sz,
+                         const uint16_t* x, uint16_t* y, const float* bias, int64_t K, int64_t N, int64_t group,
+                         int64_t n0, int64_t n1) {
+  const int64_t groups = K / group, pairs = 2 * groups, stride = pairs + 16;
+  const int shift = log2_exact(group / 32);
+  std::vector<float> szf(4 * stride);
+  const __m512i low = _mm512_set1_epi16(0x0F), magic = _mm512_set1_epi16(0x4300);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    float constant[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint16_t* szr = sz + (n + r) * pairs;
+      float* f32 = szf.data() + r * stride;
+      __m512 c = _mm512_setzero_ps();
+      for (int64_t j = 0; j < pairs; j += 16) {
+        const __mmask16 m = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                            : static_cast<__mmask16>((1u << (pairs - j)) - 1);
+        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, szr + j)), 16));
+        _mm512_storeu_ps(f32 + j, f);
+        c = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(m, gx + j), c);
+      }
+      constant[r] = _mm512_reduce_add_ps(c);
+    }
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t p = 0; p < K / 64; ++p) {
+      const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xperm + p * 64);
+      const __m512bh x1 = (__m512bh)_mm512_loadu_si512(xperm + p * 64 + 32);
+      const int64_t g0 = 2 * ((2 * p) >> shift), g1 = 2 * ((2 * p + 1) >> shift);
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* row = codes + (n + r) * (K / 2) + p * 32;
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+        const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
+        const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
+        const float* f32 = szf.data() + r * stride;
+        const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(f32[g0]), _mm256_set1_ps(f32[g1]), 1);
+        const __m512 d = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), lo, x0), hi, x1);
+        acc[r] = _mm512_fmadd_ps(d, scale, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) y[n + r] = out(_mm512_reduce_add_ps(acc[r]) + constant[r], bias, n + r);
+  }
+  if (n < n1) int4_rows<1>(xperm, gx, codes, sz, x, y, bias, K, N, group, n, n1);
+}
+#endif
+
 using Int4Fn = void (*)(const uint16_t*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, uint16_t*,
                         const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
@@ -266,6 +314,9 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   for (int64_t m0 = 0; m0 < M; m0 += kTile) {
     const int64_t t = std::min(kTile, M - m0);
     Int4Fn rows = table[t - 1];
+#ifdef INFERLAB_AVX512_BF16
+    if (t == 1) rows = int4_rows_x4;
+#endif
     at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
       rows(xperm.data() + m0 * K, gx.data() + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
            group, n0, n1);
@@ -304,6 +355,27 @@ static void int8_rows(const float* xf, const int8_t* q, const uint16_t* scales, 
   }
 }
 
+#ifdef INFERLAB_AVX512_BF16
+// One row of x, four output rows at a time (independent chains, shared x loads); tail via int8_rows<1>.
+static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + k);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, q + (n + r) * K + k)));
+        acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) y[n + r] = out(bf16_to_float(scales[n + r]) * _mm512_reduce_add_ps(acc[r]), bias, n + r);
+  }
+  if (n < n1) int8_rows<1>(xf, q, scales, y, bias, K, N, n, n1);
+}
+#endif
+
 // x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
 torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
                                  c10::optional<torch::Tensor> bias) {
@@ -323,6 +395,9 @@ torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor
   static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
                                          int8_rows<5>, int8_rows<6>, int8_rows<7>, int8_rows<8>};
   Fn rows = table[M - 1];
+#ifdef INFERLAB_AVX512_BF16
+  if (M == 1) rows = int8_rows_x4;
+#endif
   const float* xp = xf.data_ptr<float>();
   const int8_t* qp = qc.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
