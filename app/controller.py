@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 from app import presets
 from app.cue_player import CuePlayer
 from app.engine_info import Capabilities
-from app.knob_defaults import engine_knob_defaults, knob_defaults
+from app.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
 from app.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.sweep import Sweep, SweepSpec
 from app.tradeoff_actions import connect_tradeoff
@@ -24,6 +24,7 @@ from widgets.theme import phase_color
 FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
     "quant_bits": ("quantization", "Weight bits"),
     "num_speculative_tokens": ("speculative", "Draft length"),
+    "kv_cache_bits": ("rebuild", "KV cache bits"),
     "arrival_rate": ("load_generator", "The load generator"),
     "load": ("load_generator", "The load generator"),
     "burst": ("load_generator", "The load generator"),
@@ -195,7 +196,14 @@ class AppController(PresetActions, QObject):
         self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
 
     def _on_feature_knobs(self, values: dict) -> None:
-        """Weight bits requantize in the engine thread; a new draft length rebuilds the engine."""
+        """Weight bits requantize in the engine thread; KV cache bits and a new draft length rebuild
+        the engine (the KV cache is allocated with its dtype)."""
+        kv_bits = values.get("kv_cache_bits", self.config["kv_cache_bits"])
+        if kv_bits != self.config["kv_cache_bits"] and "rebuild" in self.capabilities:
+            self.panels["timeline"].mark_config_change(f"KV cache {self.config['kv_cache_bits']} → {kv_bits}-bit")
+            self.config["kv_cache_bits"] = kv_bits
+            self._rebuild({"kv_cache_dtype": kv_cache_dtype(kv_bits)}, knob=True)
+            return
         bits = values.get("quant_bits", self.config["quant_bits"])
         if bits != self.config["quant_bits"] and "quantization" in self.capabilities:
             self.panels["timeline"].mark_config_change(f"weights {self.config['quant_bits']} → {bits}-bit")

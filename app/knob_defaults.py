@@ -15,7 +15,16 @@ ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefil
 
 def engine_knob_defaults() -> dict:
     engine = EngineConfig()
-    return {k: getattr(engine, k) for k in ENGINE_KNOBS}
+    # the KV cache knob in bits: 16 (the model's dtype) or 8 (kv_cache_dtype="int8")
+    return {**{k: getattr(engine, k) for k in ENGINE_KNOBS}, "kv_cache_bits": kv_cache_bits(engine.kv_cache_dtype)}
+
+
+def kv_cache_bits(kv_cache_dtype: str) -> int:
+    return 8 if kv_cache_dtype == "int8" else 16
+
+
+def kv_cache_dtype(bits: int) -> str:
+    return "int8" if bits == 8 else "auto"
 
 
 def knob_defaults() -> dict:

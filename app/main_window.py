@@ -209,7 +209,8 @@ class MainWindow(QMainWindow):
             state = getattr(self.host, "status", ("connected", ""))[0]
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return
-        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks "
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
                                   f"× {info.block_size} · context {info.max_model_len}")
 
     def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:

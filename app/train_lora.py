@@ -22,8 +22,8 @@ def add_train_lora_args(p: argparse.ArgumentParser, engine_args) -> None:
 
 def run_train_lora(args: argparse.Namespace) -> int:
     from app.train_mtp import training_engine, training_progress
-    from engine.lora.train import train_lora
     from engine.lora.shipped import trained_dir
+    from engine.lora.train import train_lora
     from engine.spec.mtp_train import default_prompts
 
     progress = training_progress

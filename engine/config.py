@@ -18,6 +18,10 @@ class EngineConfig:
 
     # KV cache
     block_size: int = 16
+    # "auto": K/V in the model's dtype; "int8": 8-bit rows with a float32 scale per (token, KV head)
+    # (engine/models/layers/kv_quant.py): 1.88x the blocks in the same memory at head_dim 64, decoded
+    # through the eager attention path. Fixed for the engine's life (the cache is allocated with it).
+    kv_cache_dtype: str = "auto"
     # Explicit budgets are honoured on every device (CPU and GPU alike). A KV budget: with a draft model,
     # the target's and the draft's KV blocks share it. None: 512 MiB on the CPU; on a GPU the KV cache
     # gets what a profiled warm-up step leaves (total x gpu_memory_utilization - in use - peak of a step).
@@ -50,9 +54,13 @@ class EngineConfig:
     # memory bandwidth (engine/models/layers/gemv.py), decode attention gather-fused where the native kernel
     # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
+    # bf16 on the CPU: a few rows (decode) of every Linear, and every int4 layer, through the native
+    # weight-streaming kernel (engine/runner/kernels/stream_linear.cpp), which reads the layer's one copy
+    # of its weights once per call; off: the library's kernels (oneDNN; torch's compiled gemv under compile).
+    stream_linear: bool = True
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
-    # 2-3x faster single rows, ~15 % at 47 rows) at the price of a second copy of those weights.
-    pack_weights: bool = True
+    # ~15 % faster prefill GEMMs at 47 rows) at the price of a second copy of those weights.
+    pack_weights: bool = False
     # CUDA: replay all-decode steps from CUDA graphs captured per padded batch-size and context bucket
     # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
     # buffers run without capture (what the tests check). Off by default.
@@ -105,5 +113,7 @@ class EngineConfig:
                              f"{self.max_loras}, {self.max_cpu_loras}, {self.max_lora_rank}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'int8', got {self.kv_cache_dtype!r}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

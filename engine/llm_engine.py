@@ -40,7 +40,7 @@ from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
-from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype
+from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype, stream_kernel_for
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -73,7 +73,7 @@ class LLMEngine:
         self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
         mc = self.model_config
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype)
+        self.block_bytes = kv_block_bytes(mc, config.block_size, self.dtype, config.kv_cache_dtype)
         torch.manual_seed(config.seed)
         try:
             at_load = quantizer_for(config, self.device)  # a GPU quantizes each layer as it loads
@@ -93,7 +93,8 @@ class LLMEngine:
                                       profile_peak=lambda: profile_peak_bytes(self.model, mc, config, self.device,
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
-                                      at_load=at_load)
+                                      at_load=at_load,
+                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress))
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -102,7 +103,8 @@ class LLMEngine:
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
-        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
+                                  kv_cache_dtype=config.kv_cache_dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress)
         self.runner.lora = self.lora
         if config.cuda_graphs:

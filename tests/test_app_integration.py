@@ -5,6 +5,7 @@ import csv
 import json
 
 import pytest
+import torch
 from app_helpers import close_window, open_window, run_for, wait_until
 
 from app import window_menus
@@ -155,6 +156,24 @@ def test_exports(qapp, window, tmp_path):
     for path in pngs.values():  # real images, not empty files
         data_ = path.read_bytes()
         assert data_[:8] == b"\x89PNG\r\n\x1a\n" and len(data_) > 1000
+
+
+def test_kv_cache_bits_slider_rebuilds_with_an_int8_cache(qapp, window):
+    # after the tests that read the panels: the rebuild clears them
+    if "rebuild" not in window.host.info.capabilities:
+        pytest.skip("this engine source cannot be rebuilt")
+    controls = window.panels["controls"]
+    blocks16 = window.host.info.num_kv_blocks
+    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_bits": 8})
+    wait_until(qapp, lambda: window.controller.engine_ready and window.host.info is not None
+               and window.host.engine.config.kv_cache_dtype == "int8", 60)
+    assert window.host.engine.runner.kv_caches[0][0].dtype == torch.int8
+    assert "(int8)" in window.engine_label.text()
+    if window.host.engine.config.num_kv_blocks is None:  # a budget in bytes buys more int8 blocks
+        assert window.host.info.num_kv_blocks > blocks16
+    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_bits": 16})
+    wait_until(qapp, lambda: window.controller.engine_ready and window.host.info is not None
+               and window.host.engine.config.kv_cache_dtype == "auto", 60)
 
 
 def test_reset_then_close(qapp, window):

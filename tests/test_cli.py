@@ -99,10 +99,20 @@ def bench(args: list[str], tiny_llama, tmp_path):
 
 @pytest.mark.slow
 def test_bench_decode_and_quant_write_their_json(tiny_llama, tmp_path):
-    run, result = bench(["decode", "--max-tokens", "4", "--prompt-tokens", "8", "--rounds", "1"], tiny_llama, tmp_path)
+    run, result = bench(["decode", "--max-tokens", "4", "--prompt-tokens", "8", "--rounds", "1", "--no-llama-cpp"],
+                        tiny_llama, tmp_path)
     assert run.returncode == 0, run.stderr
     assert result["benchmark"] == "decode" and result["threads"] == 1 and result["max_tokens"] == 4
     assert {"inferlab", "inferlab_compile"} <= set(result)
+    # the CPU it ran on, the roofline share of each side, and why llama.cpp is not in it
+    cpu = result["cpu"]
+    assert cpu["model"] and isinstance(cpu["flags"], list) and set(cpu["isa"]) >= {"avx2", "avx512_bf16", "amx_bf16"}
+    roof = result["roofline"]
+    assert roof["bytes_per_token"] > roof["weight_bytes_per_token"] > 0 and roof["probed_bandwidth_bytes_per_s"] > 0
+    assert set(roof["fraction_of_probed_bandwidth"]) == {"eager", "compile"}
+    for mode, rate in roof["achieved_bandwidth_bytes_per_s"].items():
+        assert rate == pytest.approx(roof["fraction_of_probed_bandwidth"][mode] * roof["probed_bandwidth_bytes_per_s"])
+    assert result["llama_cpp"] == {"skipped": "--no-llama-cpp"}
     run, result = bench(["quant", "--bits", "16", "8", "--streams", "2", "--max-tokens", "4", "--memory-budget-mib",
                          "64"], tiny_llama, tmp_path)
     assert run.returncode == 0, run.stderr

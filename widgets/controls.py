@@ -15,11 +15,12 @@ from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPus
 from widgets.slider_row import SliderRow
 
 DEBOUNCE_MS = 300
-CONFIG_KEYS = ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
+CONFIG_KEYS = ("max_num_seqs", "quant_bits", "kv_cache_bits", "num_speculative_tokens", "max_num_batched_tokens")
 TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
 _STOPS = {  # key -> (title, slider stops, format); a row starts on its first stop unless given a default
     "max_num_seqs": ("max batch size", range(1, 257), str),
     "quant_bits": ("weight bits", (16, 8, 4), lambda v: f"{v}-bit"),
+    "kv_cache_bits": ("KV cache bits", (16, 8), lambda v: "16-bit" if v == 16 else "int8 + row scales"),
     "num_speculative_tokens": ("draft length", range(0, 9), lambda v: "off" if v == 0 else f"{v} tokens"),
     "max_num_batched_tokens": ("token budget / chunk", TOKEN_BUDGETS, lambda v: f"{v} tok"),
     "arrival_rate": ("arrival rate", [i / 10 for i in range(201)], lambda v: f"{v:.1f} req/s"),
@@ -42,7 +43,7 @@ def _debouncer(parent: QWidget, slot) -> QTimer:
 
 
 class ControlsPanel(QWidget):
-    sigConfigChanged = Signal(dict)  # the four CONFIG_KEYS
+    sigConfigChanged = Signal(dict)  # the CONFIG_KEYS
     sigLoadChanged = Signal(dict)  # {"arrival_rate": req/s}
     sigBudgetChanged = Signal(float, float)  # (ttft_s, tpot_s)
     sigStartLoad = Signal()

@@ -9,11 +9,12 @@ import time
 
 import torch
 
-from app.bench import bandwidth, hf_baseline, runs
+from app.bench import bandwidth, hf_baseline, llama_cpp, runs
 from app.bench.workload import corpus_tokens, mixed_workload
 from app.device_args import device_options
 from app.generate import stderr_progress
 from engine import EngineConfig, LLMEngine
+from engine.perf.probe import cpu_description
 
 
 def add_bench_args(p, engine_args) -> None:
@@ -34,7 +35,13 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--max-output-tokens", type=int, default=256, help="outputs are 16 to this many tokens")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
-    dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF rounds (median)")
+    dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
+    dec.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
+                     help="weights: bf16, or int8 / int4 weight-only (4: the head in int8 too, as the Q4_1 GGUF's "
+                          "Q8_0 table); llama.cpp runs the bf16 GGUF at 16, the source GGUF at 4")
+    dec.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                     help="inferlab modes to measure (default: eager and compile)")
+    dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
@@ -62,7 +69,9 @@ def add_bench_args(p, engine_args) -> None:
 
     add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
                         engine_args)
-    from app.bench import gui_overhead, tradeoff_bench
+    from app.bench import gui_overhead, kv_bench, tradeoff_bench
+
+    kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
     tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
                             engine_args)
@@ -94,7 +103,7 @@ def _run_bench(args) -> int:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "cpu": cpu_description(), "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         result.update(_throughput(args))
     elif args.bench == "spec":
@@ -117,6 +126,10 @@ def _run_bench(args) -> int:
         from app.bench import gui_overhead
 
         result.update(gui_overhead.run(args))
+    elif args.bench == "kv":
+        from app.bench import kv_bench
+
+        result.update(kv_bench.run(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 
@@ -147,23 +160,27 @@ def _hf(engine: LLMEngine):
 MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
 
 
-def _alternate(engine, rounds: int, ours, hf) -> tuple[dict[str, list[dict]], list[dict]]:
-    """Rounds alternate HF and both engine modes: the machine's speed drifts (shared hosts), and
-    interleaving exposes every side to the same drift. ours(), hf(): one measured run each."""
-    ours_runs: dict[str, list[dict]] = {m: [] for m in MODES}
+def _alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
+               modes: tuple[str, ...] = MODES) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Rounds alternate HF, the engine's modes and any peers (name -> one measured run, e.g.
+    llama.cpp): the machine's speed drifts (shared hosts), and interleaving exposes every side to the
+    same drift. ours(), hf(): one measured run each. Each peer's runs land in peers_runs[name]."""
+    ours_runs: dict[str, list[dict]] = {m: [] for m in modes}
     hf_runs: list[dict] = []
     for _ in range(rounds):
-        for mode in MODES:
+        for mode in modes:
             engine.reconfigure(compile=mode == "compile")
             ours_runs[mode].append(ours())
         if hf is not None:
             hf_runs.append(hf())
+        for name, run in (peers or {}).items():
+            ours_runs.setdefault(f"peer:{name}", []).append(run())
     return ours_runs, hf_runs
 
 
-def _warm_up(engine, run) -> None:
+def _warm_up(engine, run, modes: tuple[str, ...] = MODES) -> None:
     """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them."""
-    for mode in MODES:
+    for mode in modes:
         engine.reconfigure(compile=mode == "compile")
         run()
 
@@ -203,32 +220,45 @@ def _throughput(args) -> dict:
 
 def _decode(args) -> dict:
     """One stream: HF, inferlab eager and inferlab with compile=True (dense code between attentions
-    compiled, single-row products through the compiled kernel), medians over alternating rounds."""
-    engine = _engine(args)
+    compiled), and llama.cpp's llama-bench on the same weights where it is built; medians over
+    alternating rounds, and each side's share of the measured memory bandwidth (the roofline)."""
+    bits = getattr(args, "bits", 16)
+    modes = tuple(getattr(args, "modes", MODES))
+    engine = _engine(args, quant_bits=bits, quant_embeddings=bits == 4)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
-    _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens))
+    _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
     model = hf = None
     if not args.no_baseline:
         model = _hf(engine)
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
         hf = lambda: hf_baseline.hf_one_stream(model, prompt, args.max_tokens)  # noqa: E731
+    peer, peer_info = _llama_cpp_peer(args, engine, bits)
     ours_runs, hf_runs = _alternate(engine, args.rounds,
-                                    lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf)
+                                    lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf,
+                                    {"llama.cpp": peer} if peer else None, modes)
+    peer_runs = ours_runs.pop("peer:llama.cpp", [])
     ours = {m: _median_run(r) for m, r in ours_runs.items()}
-    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds,
-           "inferlab": _no_tokens(ours["eager"]), "inferlab_compile": _no_tokens(ours["compile"]),
+    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
+           "stream_linear": engine.config.stream_linear,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
-                                                       for m in MODES}}
+                                                       for m in modes}}
+    for m in modes:
+        out["inferlab" if m == "eager" else "inferlab_compile"] = _no_tokens(ours[m])
+    out["llama_cpp"] = _peer_summary(peer_info, peer_runs, ours)
+    out["roofline"] = roofline_fractions(engine, len(prompt), args.max_tokens,
+                                         {**{m: ours[m]["decode_tokens_per_s"] for m in modes},
+                                          **({"llama.cpp": out["llama_cpp"]["decode_tokens_per_s"]}
+                                             if peer_runs else {})})
     if model is not None:
         hf_res = _median_run(hf_runs)
         out["hf_transformers"] = _no_tokens(hf_res)
         out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
-        out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf_res["decode_tokens_per_s"] for m in MODES}
-        out["speedup_end_to_end"] = {m: hf_res["seconds"] / ours[m]["seconds"] for m in MODES}
+        out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf_res["decode_tokens_per_s"] for m in modes}
+        out["speedup_end_to_end"] = {m: hf_res["seconds"] / ours[m]["seconds"] for m in modes}
         out["greedy_tokens_agree"] = {m: f"{sum(a == b for a, b in zip(ours[m]['tokens'], hf_res['tokens']))}"
-                                         f"/{args.max_tokens}" for m in MODES}
+                                         f"/{args.max_tokens}" for m in modes}
     out["memory_bandwidth"] = bandwidth.decode_bandwidth(
-        engine, {m: ours[m]["decode_tokens_per_s"] for m in MODES},
+        engine, {m: ours[m]["decode_tokens_per_s"] for m in modes},
         out.get("hf_transformers", {}).get("decode_tokens_per_s"))
     return out
 
@@ -239,3 +269,50 @@ def _median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
 
 def _no_tokens(d: dict) -> dict:
     return {k: v for k, v in d.items() if k != "tokens"}
+
+
+def _llama_cpp_peer(args, engine, bits: int):
+    """(one measured llama-bench run, what it runs) where llama.cpp is built and a GGUF of the same
+    weights exists at these bits; (None, {"skipped": why}) otherwise."""
+    if getattr(args, "no_llama_cpp", True):
+        return None, {"skipped": "--no-llama-cpp"}
+    binary = llama_cpp.find_binary()
+    if binary is None:
+        return None, {"skipped": f"no llama-bench under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
+    gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    if gguf is None:
+        return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
+    threads = torch.get_num_threads()
+    run = lambda: llama_cpp.llama_bench(binary, gguf, threads, args.max_tokens)  # noqa: E731
+    run()  # warm-up: loads the file into the page cache
+    return run, {"binary": str(binary), "gguf": str(gguf), "threads": threads,
+                 "note": "llama-bench tg: decode from an empty context (inferlab: after a short prompt)"}
+
+
+def _peer_summary(info: dict, peer_runs: list[dict], ours: dict) -> dict:
+    if not peer_runs:
+        return info
+    med = _median_run(peer_runs)
+    return {**info, **med, "decode_tokens_per_s_each_round": [r["decode_tokens_per_s"] for r in peer_runs],
+            "inferlab_over_llama_cpp": {m: ours[m]["decode_tokens_per_s"] / med["decode_tokens_per_s"]
+                                        for m in ours}}
+
+
+def roofline_fractions(engine, prompt_tokens: int, max_tokens: int, rates: dict[str, float]) -> dict:
+    """Bytes one decode step reads (weights + KV at the mid-run context, engine/perf/step_cost.py)
+    times each side's tokens/s, as a share of the probed memory bandwidth (engine/perf/probe.py)."""
+    from engine.perf.probe import last_level_cache_bytes, probe_roofs
+    from engine.perf.step_cost import RequestWork, step_cost
+    from engine.perf.step_counter import model_shape
+
+    shape = model_shape(engine.model, engine.model_config, torch.empty((), dtype=engine.dtype).element_size())
+    step = step_cost(shape, [RequestWork(1, prompt_tokens + max_tokens // 2, 1)])
+    roofs = probe_roofs()
+    bw = roofs.bandwidth_bytes_per_s
+    weights = shape.layer_weight_bytes + shape.lm_head_bytes
+    return {"bytes_per_token": step.bytes_moved, "weight_bytes_per_token": weights,
+            "probed_bandwidth_bytes_per_s": bw, "probe": roofs.how, "probed_at": roofs.measured_at,
+            "last_level_cache_bytes": last_level_cache_bytes(),
+            "weights_fit_in_last_level_cache": weights < last_level_cache_bytes(),
+            "achieved_bandwidth_bytes_per_s": {k: step.bytes_moved * r for k, r in rates.items()},
+            "fraction_of_probed_bandwidth": {k: step.bytes_moved * r / bw for k, r in rates.items()}}

@@ -37,6 +37,32 @@ def machine_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
+             "amx_int8", "avx512_fp16")  # the ones the CPU kernels (ours, oneDNN, llama.cpp) pick paths by
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where the platform does not list them)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def cpu_description() -> dict:
+    """What a benchmark result needs to say about the CPU it ran on: model, logical CPUs, last-level
+    cache, the vector/matrix extensions that matter here, and every flag."""
+    import os
+
+    flags = cpu_flags()
+    return {"model": machine_name(torch.device("cpu")), "logical_cpus": os.cpu_count(),
+            "last_level_cache_bytes": last_level_cache_bytes(),
+            "isa": {f: f in flags for f in ISA_FLAGS}, "flags": flags}
+
+
 def last_level_cache_bytes() -> int:
     """The largest CPU cache sysfs reports (0 when unknown)."""
     best = 0

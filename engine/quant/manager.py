@@ -16,7 +16,7 @@ from torch import nn
 from engine.commands import SwapWeights
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
-from engine.models.layers.linear import pack_linears
+from engine.models.layers.linear import pack_linears, set_stream_kernel
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
@@ -29,18 +29,20 @@ Progress = Callable[[str, float], None]
 
 class WeightsManager:
     """`calibrate()` returns the per-layer input-channel |activation| maxima (on held-out text) that
-    outlier channels are picked from; it is called once, the first time they are asked for."""
+    outlier channels are picked from; it is called once, the first time they are asked for.
+    `stream_kernel`: the native weight-streaming module every (swapped-in) layer is given, or None."""
 
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
                  calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0,
                  profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
-                 at_load: QuantizeAtLoad | None = None) -> None:
+                 at_load: QuantizeAtLoad | None = None, stream_kernel=None) -> None:
         """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
         too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
         `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
         `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
         originals already on the host."""
         self.model = model
+        self.stream_kernel = stream_kernel
         self.device = device
         self.block_bytes = block_bytes
         self._calibrate = calibrate
@@ -54,6 +56,7 @@ class WeightsManager:
             self.build_quantized(config, config.quant_bits, install=True)
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
+        set_stream_kernel(model, stream_kernel)
         self.weights_bytes = weights_bytes(model)  # with the packed copies
         self._other_weights = other_weights_bytes
         blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes + other_weights_bytes, weights_saved,
@@ -97,6 +100,7 @@ class WeightsManager:
         """Swap the new layers in (engine thread, between steps) and set the KV target they leave."""
         swap_modules(self.model, dict(command.modules))
         self.packed_bytes = pack_linears(self.model, config.pack_weights)
+        set_stream_kernel(self.model, self.stream_kernel)
         self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
         self.weights_bytes = weights_bytes(self.model)
         self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes + self._other_weights,

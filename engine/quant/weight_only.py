@@ -3,9 +3,12 @@
     w ≈ scale * q                      int8: one scale per output row, q in [-127, 127]
     w ≈ (q - 8) * scale + zero         int4: one (scale, zero) per group of input columns, q in [0, 15]
 
-Activations stay in 16 bits. On the CPU the fast paths are torch's weight-only kernels
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, both want bf16 activations); everywhere else,
-and as the reference the tests hold them to, the weight is dequantized and multiplied.
+Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
+int8 (up to 8 rows; more rows: torch's `_weight_int8pack_mm`) and, for int4, the native kernel
+(engine/runner/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
+call, for any number of rows; both want bf16 activations). Each layer keeps one copy of its codes, in
+the layout the kernel reads. Everywhere else, and as the reference the tests hold them to, the weight
+is dequantized and multiplied.
 
 Outliers (LLM.int8 style): the few input channels with the largest activation x weight magnitude are
 kept out of the quantized matrix and multiplied in 16 bits, so one huge value no longer stretches the
@@ -17,14 +20,59 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.layers.linear import Linear, LinearWrapper
+from engine.models.layers.linear import STREAM_MAX_ROWS, Linear, LinearWrapper
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
+@torch.library.custom_op("inferlab::stream_linear_int4", mutates_args=())
+def stream_linear_int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor,
+                       group_size: int) -> torch.Tensor:
+    """The native int4 kernel as an op a compiled region calls without a graph break."""
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel().stream_linear_int4(x, codes, scale_zero, group_size, None)
+
+
+@stream_linear_int4.register_fake
+def _(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+@torch.library.custom_op("inferlab::stream_linear_int8", mutates_args=())
+def stream_linear_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The native int8 row kernel as an op a compiled region calls without a graph break."""
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel().stream_linear_int8(x, qweight, scales, None)
+
+
+@stream_linear_int8.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], qweight.shape[0])
+
+
+def pack_int4_chunks(q: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (out, in), values 0..15 -> (out, in / 2) uint8 in the kernel's layout: per chunk of
+    32 columns, byte j holds column j (low nibble) and column j + 16 (high nibble)."""
+    n, k = q.shape
+    chunks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_int4_chunks(codes: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4_chunks: (out, in / 2) uint8 -> (out, in) int64 codes."""
+    n, half = codes.shape
+    c = codes.reshape(n, half // 16, 1, 16).long()
+    return torch.cat([c & 0xF, c >> 4], dim=2).reshape(n, 2 * half)
+
+
 class QuantLinear(nn.Module):
-    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns."""
+    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns.
+    `stream`: the native weight-streaming module (set by set_stream_kernel), which int4 runs on."""
+
+    stream = None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
                  outlier_idx: torch.Tensor | None = None, reference: bool = False) -> None:
@@ -62,35 +110,18 @@ class QuantLinear(nn.Module):
         scale = (hi - lo).clamp(min=1e-8) / 15.0
         zero = lo + 8 * scale  # so that w = (q - 8) * scale + zero
         q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
-        # (groups, out, 2) scale-and-zero table, the layout the CPU kernel expects
-        sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_zeros", sz.to(self.dtype))
-        inner_k_tiles = _cuda_int4_tiles(self.in_features, self.out_features, q.device, self.dtype)
-        if not self.reference and self._kernel_available(q.device):
-            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 2))
-            self.q_nibbles = None
-        elif not self.reference and inner_k_tiles:  # CUDA (tinygemm): high nibble first, then the kernel's tiles
-            nibbles = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
-            self.register_buffer("packed", torch._convert_weight_to_int4pack(nibbles, inner_k_tiles))
-            self.q_nibbles = None
-        else:  # two 4-bit values per byte, for the dequantize-then-matmul path
-            self.packed = None
-            self.register_buffer("q_nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))
-
-    def _kernel_available(self, device: torch.device) -> bool:
-        return device.type == "cpu" and self.dtype == torch.bfloat16 and self.in_features % (2 * self.group_size) == 0
+        # (out, groups, 2) scale-and-zero per group: what the native kernel reads next to each row
+        self.register_buffer("scale_zero", torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous())
+        # two 4-bit codes per byte, the one copy both the kernel and the dequantize path read
+        self.register_buffer("codes", pack_int4_chunks(q))
 
     def dequantize(self) -> torch.Tensor:
         """The weight this module effectively multiplies by, (out, in), float32 (outliers included)."""
         if self.bits == 8:
             w = self.qweight.float() * self.scales.float()[:, None]
-        elif self.packed is not None:
-            # The kernel's packed layout is opaque: let the kernel multiply the identity.
-            eye = torch.eye(self.in_features, dtype=self.dtype, device=self.packed.device)
-            w = self._int4_mm(eye).float().t()
         else:
-            q = torch.stack([self.q_nibbles & 0xF, self.q_nibbles >> 4], dim=-1).reshape(self.out_features, -1)
-            sz = self.scales_zeros.float().transpose(0, 1)  # (out, groups, 2)
+            q = unpack_int4_chunks(self.codes)
+            sz = self.scale_zero.float()  # (out, groups, 2)
             q = q.float().reshape(self.out_features, -1, self.group_size)
             w = ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(self.out_features, self.in_features)
         if self.outlier_idx is not None:
@@ -102,44 +133,38 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        few = x2.shape[0] <= STREAM_MAX_ROWS
         if self.bits == 8 and x.device.type == "cuda":  # int8 -> 16 bits in the product's dtype, scaled after
             y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
-        elif self.bits == 8:
+        elif self.bits == 8 and self.stream is not None and few and self.scales.dtype == x2.dtype:
+            if torch.compiler.is_compiling():
+                y = stream_linear_int8(x2, self.qweight, self.scales)
+            else:
+                y = self.stream.stream_linear_int8(x2, self.qweight, self.scales, None)
+        elif self.bits == 8:  # more rows: torch's kernel (it reuses each weight row across them)
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        elif torch.compiler.is_compiling():
+            y = stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size)
         else:
-            y = self._int4_mm(x2)
+            y = self.stream.stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size, None)
         if self.outlier_idx is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
-    def _int4_mm(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.packed.device.type == "cuda":
-            return torch._weight_int4pack_mm(x2, self.packed, self.group_size, self.scales_zeros)
-        return torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
-
     def _fast_ok(self, x: torch.Tensor) -> bool:
-        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 where the packed kernel was built
-            return x.dtype in (torch.bfloat16, torch.float16) and (self.bits == 8 or self.packed is not None)
+        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 dequantizes (its one copy is the CPU
+            # kernel's layout; torch's CUDA int4 layout would be a second copy: not built, see issue 16)
+            return x.dtype in (torch.bfloat16, torch.float16) and self.bits == 8
         if x.device.type != "cpu" or x.dtype != torch.bfloat16:
             return False
-        return self.bits == 8 or self.packed is not None
+        return self.bits == 8 or (self.stream is not None and self.in_features % 64 == 0)
 
     def nbytes(self) -> int:
         """Bytes held: quantized weights, scales, outlier columns, bias."""
         tensors = list(self.buffers()) + ([self.bias] if self.bias is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _cuda_int4_tiles(in_features: int, out_features: int, device: torch.device, dtype: torch.dtype) -> int:
-    """innerKTiles for torch's CUDA int4 matmul (bf16, compute capability 8.0+), or 0 where it does not
-    apply: the largest of 8, 4, 2 whose 16-column tiles divide the input width; rows in multiples of 8."""
-    if device.type != "cuda" or dtype != torch.bfloat16 or out_features % 8:
-        return 0
-    if torch.cuda.get_device_capability(device)[0] < 8:
-        return 0
-    return next((t for t in (8, 4, 2) if in_features % (t * 16) == 0), 0)
 
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,

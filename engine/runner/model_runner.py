@@ -6,6 +6,7 @@ It never decides who runs: it executes exactly what the scheduler handed out.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -61,7 +63,8 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER) -> None:
+                 device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
+                 kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
@@ -70,7 +73,10 @@ class ModelRunner:
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
-        # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim).
+        # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
+        self.kv_int8 = kv_cache_dtype == "int8"
+        # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
+        # [+ the scale's bytes when int8]).
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.restore_kv(num_blocks)
 
@@ -82,8 +88,11 @@ class ModelRunner:
         was asked for). What is compiled is compiled lazily, by the next steps."""
         self.model.set_compiled(compile)
         self.invalidate_graphs()
-        self.backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
-                                      previous=self.backend)
+        backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
+                                 previous=self.backend)
+        if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
+        self.backend = backend
 
     @property
     def native_decode(self):
@@ -117,10 +126,12 @@ class ModelRunner:
 
     def restore_kv(self, num_blocks: int) -> None:
         """Zeroed K/V tensors of num_blocks blocks (after release_kv; what they held is gone)."""
-        shape = (self.cfg.num_key_value_heads, num_blocks * self.block_size, self.cfg.head_dim)
+        shape = (self.cfg.num_key_value_heads, num_blocks * self.block_size,
+                 self.cfg.head_dim + (SCALE_BYTES if self.kv_int8 else 0))
+        kv_dtype = torch.int8 if self.kv_int8 else self.dtype
         self.invalidate_graphs()
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype, device=self.device),
+                           torch.zeros(shape, dtype=kv_dtype, device=self.device))
                           for _ in range(self.cfg.num_hidden_layers)]
 
     @property

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from engine.config import EngineConfig
+from engine.models.layers.kv_quant import kv_row_bytes
 from engine.models.model_config import ModelConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -41,9 +42,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: K and V for block_size tokens across every layer."""
-    return block_size * mc.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one block: K and V for block_size tokens across every layer (int8: values + row scales)."""
+    row = kv_row_bytes(mc.head_dim, torch.empty((), dtype=dtype).element_size(), kv_cache_dtype == "int8")
+    return block_size * 2 * mc.num_hidden_layers * mc.num_key_value_heads * row
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
@@ -122,3 +124,14 @@ def kv_blocks_after_requant(config: EngineConfig, base_blocks: int, base_weights
     if config.num_kv_blocks is not None:
         return base_blocks
     return max(1, base_blocks + (base_weights - weights_now) // block_bytes)
+
+
+def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.dtype, progress=None):
+    """The native weight-streaming linear module where it applies (EngineConfig.stream_linear, bf16 on
+    the CPU), built once per machine; None elsewhere or where it cannot be built (then the library's
+    kernels run, after one warning)."""
+    if not config.stream_linear or device.type != "cpu" or dtype != torch.bfloat16:
+        return None
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel(progress)

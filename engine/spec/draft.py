@@ -17,13 +17,13 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
-from engine.models.layers.linear import pack_linears
+from engine.models.layers.linear import pack_linears, set_stream_kernel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
 from engine.runner.model_runner import ModelRunner
-from engine.runner.setup import kv_block_bytes
+from engine.runner.setup import kv_block_bytes, stream_kernel_for
 from engine.sampling_params import SamplingParams
 
 
@@ -53,6 +53,7 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     if bits != 16 and at_load is None:
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
+    set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
     return DraftModel(model, mc)
 
 

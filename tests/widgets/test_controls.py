@@ -7,7 +7,8 @@ from PySide6.QtCore import Qt
 from widgets.controls import CONFIG_KEYS, DEBOUNCE_MS, ControlsPanel
 
 # what the app hands the panel (app/knob_defaults.py: EngineConfig's defaults and the like)
-DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "num_speculative_tokens": 0, "max_num_batched_tokens": 512,
+DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "kv_cache_bits": 16, "num_speculative_tokens": 0,
+            "max_num_batched_tokens": 512,
             "arrival_rate": 2.0, "burst_size": 16, "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}
 
 
@@ -24,8 +25,8 @@ def test_slider_drag_is_debounced_into_one_signal(panel, qtbot):
         for v in range(10, 40):  # a drag: 30 moves
             slider.setValue(v)
     assert len(emitted) == 1
-    assert blocker.args[0] == {"max_num_seqs": 40, "quant_bits": 16, "num_speculative_tokens": 0,
-                               "max_num_batched_tokens": 512}
+    assert blocker.args[0] == {"max_num_seqs": 40, "quant_bits": 16, "kv_cache_bits": 16,
+                               "num_speculative_tokens": 0, "max_num_batched_tokens": 512}
     assert set(blocker.args[0]) == set(CONFIG_KEYS)
     qtbot.wait(DEBOUNCE_MS + 100)
     assert len(emitted) == 1

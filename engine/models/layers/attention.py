@@ -21,6 +21,10 @@ Which path computes it is one AttentionBackend, chosen once by engine/runner/att
     dimension rides along, so K/V are never repeated).
 
 The flat batch is ordered decodes first, then prefill chunks (the model runner guarantees it).
+
+An 8-bit cache (engine/models/layers/kv_quant.py: int8 rows with an inline float32 scale) is written
+quantized and dequantized as it is gathered; it runs the eager decode path (the native and compiled
+decode kernels read 16-bit caches).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+
+from engine.models.layers.kv_quant import dequantize_kv, is_quantized, quantize_kv
 
 QUERY_SLICE = 256  # prefill queries attended at once: bounds the scores, and skips most of the masked
 # upper triangle (each slice multiplies only the keys up to its end): 1536 tokens prefill 30 % faster than 1024
@@ -115,6 +121,8 @@ def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) ->
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     # k, v: (num_tokens, num_kv_heads, head_dim) -> caches (num_kv_heads, num_slots, head_dim)
+    if is_quantized(k_cache):  # rows of (num_kv_heads, num_slots, head_dim + 4) int8
+        k, v = quantize_kv(k), quantize_kv(v)
     k_cache.index_copy_(1, slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, slot_mapping, v.transpose(0, 1))
 
@@ -127,6 +135,9 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
     native, fused = md.backend.native_decode, md.backend.compiled_decode
+    if is_quantized(k_cache):  # the kernels read 16-bit caches; this step's own K/V as the cache holds them
+        native = fused = None
+        k, v = dequantize_kv(quantize_kv(k), q.dtype), dequantize_kv(quantize_kv(v), q.dtype)
     for g in md.decode_groups:
         n = g.num_seqs
         qg = q[g.start : g.start + n]
@@ -151,8 +162,8 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         if p.blocks is None:  # nothing cached: this chunk is the whole context
             kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
-            kp = gather_blocks(k_cache, p.blocks, md.block_size)[:, : p.ctx_len]
-            vp = gather_blocks(v_cache, p.blocks, md.block_size)[:, : p.ctx_len]
+            kp = dequantize_kv(gather_blocks(k_cache, p.blocks, md.block_size)[:, : p.ctx_len], q.dtype)
+            vp = dequantize_kv(gather_blocks(v_cache, p.blocks, md.block_size)[:, : p.ctx_len], q.dtype)
         if p.tree_mask is not None:  # a tree verify run: short, one slice, its own mask
             r = slice(p.q_start, p.q_start + p.q_len)
             out[r] = _chunk_attention(q[r], kp, vp, p, group, scale)
@@ -210,8 +221,9 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qd = (q.view(n, num_kv_heads, group, head_dim) * scale).transpose(0, 1)
     # index_select gathers rows far faster than advanced indexing on the CPU; the result is already
     # (kv_heads, n, max_ctx, head_dim), contiguous, so the matmuls run on it without a copy.
-    kd = gather_blocks(k_cache, g.blocks, block_size).view(num_kv_heads, n, g.max_ctx, head_dim)
-    vd = gather_blocks(v_cache, g.blocks, block_size).view(num_kv_heads, n, g.max_ctx, head_dim)
+    shape = (num_kv_heads, n, g.max_ctx, head_dim)
+    kd = dequantize_kv(gather_blocks(k_cache, g.blocks, block_size), q.dtype).view(shape)
+    vd = dequantize_kv(gather_blocks(v_cache, g.blocks, block_size), q.dtype).view(shape)
     scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
     out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
@@ -241,8 +253,9 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
             n = min(bs, ctx_len - i * bs)
             if n <= 0:
                 break
-            keys.append(k_cache[:, block * bs : block * bs + n].transpose(0, 1))  # (n, kv_heads, head_dim)
-            values.append(v_cache[:, block * bs : block * bs + n].transpose(0, 1))
+            # (n, kv_heads, head_dim), dequantized from an 8-bit cache
+            keys.append(dequantize_kv(k_cache[:, block * bs : block * bs + n], q.dtype).transpose(0, 1))
+            values.append(dequantize_kv(v_cache[:, block * bs : block * bs + n], q.dtype).transpose(0, 1))
         key = torch.cat(keys).float().repeat_interleave(group, dim=1)  # (ctx_len, heads, head_dim)
         value = torch.cat(values).float().repeat_interleave(group, dim=1)
         query = q[q_start : q_start + q_len].float()  # (q_len, heads, head_dim)

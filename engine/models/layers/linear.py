@@ -1,10 +1,14 @@
 """Linear layers. Quantized variants (engine/quant/weight_only.py) replace these by module swap.
 
-On the CPU, 16-bit (bf16) weights are also kept in oneDNN's blocked layout ("packed", `pack_linears`):
-the library's GEMM then reads each weight in the order its kernel walks it instead of re-blocking it
-on every call. Measured on the 2-core test machine (SmolLM2-135M shapes, bf16): one row 2-3x faster
-(gate_up 141 -> 51 us), 47 rows ~15 % (460 -> 398 us), 256 rows ~5 %. The packed copy is a second
-copy of each weight (counted in the engine's weights bytes); EngineConfig.pack_weights turns it off.
+Each Linear keeps ONE copy of its weight, (out, in) as the checkpoint stores it. On the CPU in bf16,
+up to STREAM_MAX_ROWS rows (decode) go through the native weight-streaming kernel
+(engine/runner/kernels/stream_linear.cpp, `stream`, set by `set_stream_kernel`), which reads that copy
+once per call; more rows (prefill) go through the library's GEMM on the same copy.
+
+EngineConfig.pack_weights (off by default) additionally keeps oneDNN's blocked layout ("packed",
+`pack_linears`) for the library GEMM: ~15 % faster at 47 rows, ~5 % at 256 (measured on the 2-core
+test machine, SmolLM2-135M shapes), at the price of a second copy of every weight (counted in the
+engine's weights bytes).
 """
 from __future__ import annotations
 
@@ -33,6 +37,28 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+STREAM_MAX_ROWS = 8  # up to this many rows the weight-streaming kernel beats the library GEMM
+
+
+@torch.library.custom_op("inferlab::stream_linear_bf16", mutates_args=())
+def stream_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The native kernel as an op a compiled region calls without a graph break (x 2-D bf16)."""
+    from engine.runner.kernels import stream_linear_kernel
+
+    return stream_linear_kernel().stream_linear_bf16(x, weight, bias)
+
+
+@stream_linear_bf16.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def wants_stream(x: torch.Tensor) -> bool:
+    """A few bf16 rows on the CPU, not for autograd (training LoRA adapters takes the library path)."""
+    return (x.dim() == 2 and x.shape[0] <= STREAM_MAX_ROWS and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and not x.requires_grad)
+
+
 def _forget(key: int, packed: torch.Tensor) -> None:
     if _PACKED.get(key) is packed:  # not a newer weight's copy at a reused address
         del _PACKED[key]
@@ -46,12 +72,15 @@ def packing_available(weight: torch.Tensor) -> bool:
 
 class Linear(nn.Module):
     """y = x W^T + b, weights stored (out_features, in_features) like Hugging Face checkpoints.
-    `gemv`, when set (EngineConfig.compile), computes single 16-bit rows on the CPU: see
-    engine/models/layers/gemv.py. `packed`, when set (`pack`), is the weight in oneDNN's layout, used for the
-    other 2-D bf16 inputs (inside compiled regions through the `inferlab::packed_linear` op)."""
+    `stream`, when set (`set_stream_kernel`), is the native module that computes a few bf16 rows on the
+    CPU straight from the weight. `gemv`, when set (EngineConfig.compile) and there is no native kernel,
+    computes single 16-bit rows through a compiled reduction: see engine/models/layers/gemv.py.
+    `packed`, when set (`pack`), is the weight in oneDNN's layout, used for the other 2-D bf16 inputs
+    (inside compiled regions through the `inferlab::packed_linear` op)."""
 
     gemv = None
     packed = None
+    stream = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -77,6 +106,10 @@ class Linear(nn.Module):
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stream is not None and self.weight.dtype == torch.bfloat16 and wants_stream(x):
+            if torch.compiler.is_compiling():
+                return stream_linear_bf16(x, self.weight, self.bias)
+            return self.stream.stream_linear_bf16(x, self.weight, self.bias)
         if self.gemv is not None and wants_gemv(x):
             # One row, compile=True. Streaming every weight from memory once per token, the compiled
             # reduction beats even the packed kernel (one stream: 58-63 vs 42-44 tokens/s, bench decode).
@@ -103,6 +136,14 @@ def pack_linears(model: nn.Module, on: bool = True) -> int:
                 m.pack()
             total += m.packed_bytes()
     return total
+
+
+def set_stream_kernel(model: nn.Module, kernel) -> None:
+    """Give every layer with a `stream` slot (Linear, the quantized layers) the native weight-streaming
+    module, or None (the library's kernels)."""
+    for m in model.modules():
+        if hasattr(type(m), "stream"):
+            m.stream = kernel
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

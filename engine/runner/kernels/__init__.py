@@ -4,9 +4,14 @@ ninja; the build is cached under torch's extensions directory, ~25 s the first t
 paged_decode.cpp: decode attention straight from the paged KV cache (EngineConfig.attention_backend
 "native"). The eager path copies every context into a padded batch and multiplies it with small bf16
 matmuls; the kernel streams each sequence's K and V blocks once where they lie, in float32 registers.
+
+stream_linear.cpp: Linear layers for a few rows (decode) that read each weight once, from the one
+copy the engine keeps: bf16 rows, and 4-bit codes (half a byte per weight) with group scales
+(engine/models/layers/linear.py, engine/quant/weight_only.py).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,26 +30,50 @@ def native_decode_applies(model_config, device, dtype) -> bool:
 
 def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
     """The compiled paged-decode module (its `paged_decode` function), or None where it cannot be built
-    (no compiler, no ninja): callers fall back to the eager path after one warning. The build targets
-    this machine's CPU, so AVX-512 with bf16 dot products is used where present; `portable` builds the
-    plain C++ body only (what CPUs without those instructions run; the tests check it too)."""
-    name = "inferlab_paged_decode" + ("_portable" if portable else "")
+    (no compiler, no ninja): callers fall back to the eager path after one warning."""
+    return _build("paged_decode", "the paged-attention kernel", progress, portable)
+
+
+def stream_linear_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
+    """The compiled weight-streaming linear module (stream_linear_bf16, stream_linear_int4, pack_int4),
+    or None where it cannot be built (after one warning): callers use the library's kernels then."""
+    return _build("stream_linear", "the weight-streaming linear kernel", progress, portable)
+
+
+def _build(source: str, what: str, progress: Callable[[str, float], None] | None, portable: bool):
+    """Build (once per machine) or load the extension from `source`.cpp; None after a failed build.
+    The build targets this machine's CPU (-march=native: AVX-512 with bf16 dot products where present);
+    `portable` builds the plain C++ bodies only (what other CPUs run; the tests check it too)."""
+    name = f"inferlab_{source}" + ("_portable" if portable else "") + "_" + _source_digest(source)
     if name not in _BUILT:
         if progress is not None:
-            progress("loading the paged-attention kernel" if _is_built(name)
-                     else "building the paged-attention kernel (once per machine, ~25 s)", 0.95)
+            progress(f"loading {what}" if _is_built(name) else f"building {what} (once per machine, ~25 s)", 0.95)
         try:
             from torch.utils.cpp_extension import load
 
             _clear_stale_lock(name)
 
             flags = ["-O3", "-march=native", "-fopenmp"] + (["-DINFERLAB_PORTABLE"] if portable else [])
-            _BUILT[name] = load(name=name, sources=[str(Path(__file__).with_name("paged_decode.cpp"))],
+            _BUILT[name] = load(name=name, sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
                                 extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-        except Exception as exc:  # noqa: BLE001 (any build failure means: use the eager path)
-            warnings.warn(f"native paged-decode kernel unavailable, using the eager path: {exc}", stacklevel=2)
+        except Exception as exc:  # noqa: BLE001 (any build failure means: use the library's path)
+            warnings.warn(f"native {source} kernel unavailable, using the library's path: {exc}", stacklevel=3)
             _BUILT[name] = None
     return _BUILT[name]
+
+
+@functools.cache  # read once per process: the kernels' loaders are called on hot paths
+def _source_digest(source: str) -> str:
+    """A short hash of the kernel's source and shared header, part of its build name: two checkouts with
+    different sources (worktrees, versions) then build into different folders of torch's shared
+    extension cache instead of rebuilding over each other (and waiting on each other's build lock)."""
+    import hashlib
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for f in (here / f"{source}.cpp", here / "common.h"):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def _is_built(name: str) -> bool:

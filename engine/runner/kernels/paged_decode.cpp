@@ -7,31 +7,7 @@
 // as bf16 pairs with float32 sums, a vectorised exp, V accumulated in float32 registers). Work is
 // split between threads by context length, not by count, so a few long documents in a batch of
 // short chats do not all land on one thread.
-#include <torch/extension.h>
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(INFERLAB_PORTABLE)
-#include <immintrin.h>
-#define INFERLAB_AVX512_BF16 1
-#endif
-#include <ATen/Parallel.h>
-#include <cmath>
-#include <cstring>
-#include <algorithm>
-#include <vector>
-
-static inline float bf16_to_float(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if (std::isnan(f)) return 0x7fc0;
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
+#include "common.h"
 
 // Calls row(t, x) for every context token t in order, x its D values widened to float32, walking the
 // sequence's blocks (one block: block_size rows of D in one KV head's slots).

@@ -1,0 +1,444 @@
+// Weight-streaming linear layers for a few rows (decode): y = x W^T, each weight read once per call.
+//
+// At one token per step a Linear is a matrix-vector product: every weight is loaded once and used
+// for one multiply-add per row of x, so the speed is the speed of reading the weights. These kernels
+// read the one plain copy the engine keeps (no packed second copy):
+//
+//   stream_linear_bf16: W (N, K) bf16 as stored. Rows of x up to 8 are done in one pass over W.
+//   stream_linear_int8: W as int8 rows with one scale each (8-bit layers, an int8 lm_head), up to 8 rows.
+//   stream_linear_int4: W as 4-bit codes, half a byte per weight, plus one bf16 (scale, zero) per
+//     group of input columns:  w = (q - 8) * scale + zero,  q in [0, 15].
+//     Codes layout (N, K / 2) uint8, in chunks of 32 columns (16 bytes): byte j of a chunk holds
+//     column j in its low nibble and column j + 16 in its high nibble, so a chunk unpacks into two
+//     runs of 16 consecutive columns. Any number of rows; x is taken 4 rows at a time.
+//
+// Two bodies compute the same thing: a portable one, and where the compiler targets AVX-512 with bf16
+// dot products (-march=native on such a CPU), one with intrinsics: bf16 pairs multiplied into float32
+// sums (vdpbf16ps). The int4 body turns each code into the bf16 number 128 + q by OR-ing it into the
+// bit pattern of 128.0 (bf16 0x4300 has 7 mantissa bits: 128 + q for q < 16 is exact), so
+//     sum_k w_k x_k = scale * sum_k (128 + q_k) x_k + (zero - 136 * scale) * sum_k x_k     per group.
+// Output rows are split between torch's threads.
+#include "common.h"
+
+static constexpr int64_t kMaxRowsBf16 = 8;  // rows of x per pass over W (bf16)
+static constexpr int64_t kTile = 4;         // rows of x per pass over W (int4)
+
+static inline uint16_t out(float v, const float* bias, int64_t n) {
+  return float_to_bf16(bias == nullptr ? v : v + bias[n]);
+}
+
+// ---------------------------------------------------------------------------------------------- bf16
+#ifdef INFERLAB_AVX512_BF16
+static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// Rows [n0, n1) of W against M rows of x; K a multiple of 32 or not (masked tail).
+template <int M>
+static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
+                      int64_t n0, int64_t n1) {
+  const int64_t kfull = K / 32 * 32;
+  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - kfull)) - 1);
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) {  // two weight rows at a time: independent accumulator chains
+    __m512 a0[M], a1[M];
+    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
+    const uint16_t* w0 = w + n * K;
+    const uint16_t* w1 = w0 + K;
+    for (int64_t k = 0; k < kfull; k += 32) {
+      const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + k);
+      const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + k);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+        a0[m] = _mm512_dpbf16_ps(a0[m], v0, xv);
+        a1[m] = _mm512_dpbf16_ps(a1[m], v1, xv);
+      }
+    }
+    if (tail) {
+      const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w0 + kfull);
+      const __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w1 + kfull);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + m * K + kfull);
+        a0[m] = _mm512_dpbf16_ps(a0[m], v0, xv);
+        a1[m] = _mm512_dpbf16_ps(a1[m], v1, xv);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      y[m * N + n] = out(hsum(a0[m]), bias, n);
+      y[m * N + n + 1] = out(hsum(a1[m]), bias, n + 1);
+    }
+  }
+  for (; n < n1; ++n) {
+    __m512 a[M];
+    for (int m = 0; m < M; ++m) a[m] = _mm512_setzero_ps();
+    const uint16_t* w0 = w + n * K;
+    for (int64_t k = 0; k < K; k += 32) {
+      const __mmask32 mask = k + 32 <= K ? static_cast<__mmask32>(~0u) : tail;
+      const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w0 + k);
+      for (int m = 0; m < M; ++m)
+        a[m] = _mm512_dpbf16_ps(a[m], v0, (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k));
+    }
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(hsum(a[m]), bias, n);
+  }
+}
+#else
+template <int M>
+static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
+                      int64_t n0, int64_t n1) {
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_float(x[i]);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wr = w + n * K;
+    for (int m = 0; m < M; ++m) {
+      const float* xr = xf.data() + m * K;
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t k = 0; k < K; ++k) acc += bf16_to_float(wr[k]) * xr[k];
+      y[m * N + n] = out(acc, bias, n);
+    }
+  }
+}
+#endif
+
+using RowsFn = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t, int64_t,
+                         int64_t);
+static RowsFn bf16_rows_for(int64_t m) {
+  static const RowsFn table[kMaxRowsBf16] = {bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,
+                                            bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
+  return table[m - 1];
+}
+
+// Output rows per thread task: whole cache lines of y, and enough work to be worth a task.
+static int64_t grain(int64_t N) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  return std::max<int64_t>(16, (N / threads + 15) / 16 * 16);
+}
+
+// The bias as float32 (an empty tensor when there is none).
+static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return torch::Tensor();
+  TORCH_CHECK(bias->numel() == N, "bias (N,)");
+  return bias->to(torch::kFloat32).contiguous();
+}
+
+// x (M, K) bf16 with M <= 8, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums.
+torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16 x and W only");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x (M, K) and W (N, K)");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16, "stream_linear_bf16 takes 1 to 8 rows");
+  auto xc = x.contiguous();
+  auto wc = w.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  RowsFn rows = bf16_rows_for(M);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------- int4
+// Per row of x, once per call: its columns reordered to match two chunks unpacked side by side
+// ([c0 0..15, c1 0..15 | c0 16..31, c1 16..31], for the AVX-512 body), and per group g the pair
+// (-136 * X_g, X_g) with X_g the sum of x over the group, so that a row's constant term
+//     sum_g (zero_g - 136 scale_g) X_g
+// is one dot product of those pairs with the row's interleaved (scale, zero) table.
+static void prepare_x(const uint16_t* x, int64_t K, int64_t group, float* gx, uint16_t* xperm) {
+  for (int64_t g = 0; g < K / group; ++g) {
+    float s = 0.f;
+    for (int64_t j = 0; j < group; ++j) s += bf16_to_float(x[g * group + j]);
+    gx[2 * g] = -136.f * s;
+    gx[2 * g + 1] = s;
+  }
+  for (int64_t p = 0; p < K / 64; ++p) {
+    const uint16_t* c0 = x + p * 64;
+    const uint16_t* c1 = c0 + 32;
+    uint16_t* o = xperm + p * 64;
+    std::memcpy(o, c0, 32);
+    std::memcpy(o + 16, c1, 32);
+    std::memcpy(o + 32, c0 + 16, 32);
+    std::memcpy(o + 48, c1 + 16, 32);
+  }
+}
+
+static inline int log2_exact(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return s;
+}
+
+// Rows [n0, n1) of the codes against T rows of x. sz: (N, groups, 2) bf16 (scale, zero).
+template <int T>
+static void int4_rows(const uint16_t* xperm, const float* gx, const uint8_t* codes, const uint16_t* sz,
+                      const uint16_t* x, uint16_t* y, const float* bias, int64_t K, int64_t N, int64_t group,
+                      int64_t n0, int64_t n1) {
+  const int64_t groups = K / group, pairs = 2 * groups;
+  const int shift = log2_exact(group / 32);  // chunk index -> group index (group sizes are powers of two)
+  std::vector<float> szf(pairs + 16);  // this row's (scale, zero) table in float32
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = codes + n * (K / 2);
+    const uint16_t* szr = sz + n * pairs;
+    float constant[T] = {};
+#ifdef INFERLAB_AVX512_BF16
+    (void)x;
+    {  // the (scale, zero) table to float32, and its dot products with each row's (-136 X_g, X_g)
+      __m512 c[T];
+      for (int t = 0; t < T; ++t) c[t] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < pairs; j += 16) {
+        const __mmask16 m = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                            : static_cast<__mmask16>((1u << (pairs - j)) - 1);
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, szr + j));
+        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+        _mm512_storeu_ps(szf.data() + j, f);
+        for (int t = 0; t < T; ++t) c[t] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(m, gx + t * pairs + j), c[t]);
+      }
+      for (int t = 0; t < T; ++t) constant[t] = _mm512_reduce_add_ps(c[t]);
+    }
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi16(0x0F), magic = _mm512_set1_epi16(0x4300);
+    for (int64_t p = 0; p < K / 64; ++p) {  // two chunks (64 columns, 32 bytes) per iteration
+      const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32)));
+      const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
+      const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
+      const float s0 = szf[2 * ((2 * p) >> shift)], s1 = szf[2 * ((2 * p + 1) >> shift)];
+      const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+      for (int t = 0; t < T; ++t) {
+        const uint16_t* xp = xperm + t * K + p * 64;
+        __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512(xp));
+        d = _mm512_dpbf16_ps(d, hi, (__m512bh)_mm512_loadu_si512(xp + 32));
+        acc[t] = _mm512_fmadd_ps(d, scale, acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + constant[t], bias, n);
+#else
+    (void)xperm;
+    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(szr[j]);
+    for (int t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < pairs; ++j) constant[t] += szf[j] * gx[t * pairs + j];
+      const uint16_t* xr = x + t * K;
+      float acc = 0.f;
+      for (int64_t c = 0; c < K / 32; ++c) {
+        float d = 0.f;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t byte = row[c * 16 + j];
+          d += (128.f + (byte & 0x0F)) * bf16_to_float(xr[c * 32 + j]);
+          d += (128.f + (byte >> 4)) * bf16_to_float(xr[c * 32 + 16 + j]);
+        }
+        acc += szf[2 * (c >> shift)] * d;
+      }
+      y[t * N + n] = out(acc + constant[t], bias, n);
+    }
+#endif
+  }
+}
+
+#ifdef INFERLAB_AVX512_BF16
+// One row of x, four output rows at a time: four independent accumulator chains (one row alone waits
+// on its own multiply-add latency), the x loads shared. The tail rows go through int4_rows<1>.
+static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* codes, const uint16_t* sz,
+                         const uint16_t* x, uint16_t* y, const float* bias, int64_t K, int64_t N, int64_t group,
+                         int64_t n0, int64_t n1) {
+  const int64_t groups = K / group, pairs = 2 * groups, stride = pairs + 16;
+  const int shift = log2_exact(group / 32);
+  std::vector<float> szf(4 * stride);
+  const __m512i low = _mm512_set1_epi16(0x0F), magic = _mm512_set1_epi16(0x4300);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    float constant[4];
+    for (int r = 0; r < 4; ++r) {
+      const uint16_t* szr = sz + (n + r) * pairs;
+      float* f32 = szf.data() + r * stride;
+      __m512 c = _mm512_setzero_ps();
+      for (int64_t j = 0; j < pairs; j += 16) {
+        const __mmask16 m = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                            : static_cast<__mmask16>((1u << (pairs - j)) - 1);
+        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, szr + j)), 16));
+        _mm512_storeu_ps(f32 + j, f);
+        c = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(m, gx + j), c);
+      }
+      constant[r] = _mm512_reduce_add_ps(c);
+    }
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t p = 0; p < K / 64; ++p) {
+      const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xperm + p * 64);
+      const __m512bh x1 = (__m512bh)_mm512_loadu_si512(xperm + p * 64 + 32);
+      const int64_t g0 = 2 * ((2 * p) >> shift), g1 = 2 * ((2 * p + 1) >> shift);
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* row = codes + (n + r) * (K / 2) + p * 32;
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+        const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
+        const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
+        const float* f32 = szf.data() + r * stride;
+        const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(f32[g0]), _mm256_set1_ps(f32[g1]), 1);
+        const __m512 d = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), lo, x0), hi, x1);
+        acc[r] = _mm512_fmadd_ps(d, scale, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) y[n + r] = out(_mm512_reduce_add_ps(acc[r]) + constant[r], bias, n + r);
+  }
+  if (n < n1) int4_rows<1>(xperm, gx, codes, sz, x, y, bias, K, N, group, n, n1);
+}
+#endif
+
+using Int4Fn = void (*)(const uint16_t*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, uint16_t*,
+                        const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+// x (M, K) bf16, codes (N, K / 2) uint8 in the chunk layout above, sz (N, K / group, 2) bf16
+// -> (M, N) bf16 (+ bias). K a multiple of 64 and of the group size; group a multiple of 32.
+torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group,
+                                 c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16, "bf16 x and scales");
+  TORCH_CHECK(codes.scalar_type() == at::kByte, "uint8 codes");
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2, "x (M, K), codes (N, K / 2)");
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0,
+              "K must be a multiple of 64 and of the group size (a power of two, at least 32)");
+  TORCH_CHECK(sz.numel() == N * (K / group) * 2, "sz (N, K / group, 2)");
+  auto xc = x.contiguous();
+  auto cc = codes.contiguous();
+  auto szc = sz.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const int64_t pairs = 2 * (K / group);
+  std::vector<float> gx(M * pairs);
+  std::vector<uint16_t> xperm(M * K);
+  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx.data() + m * pairs, xperm.data() + m * K);
+  static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
+  const uint8_t* cp = cc.data_ptr<uint8_t>();
+  const uint16_t* szp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+    const int64_t t = std::min(kTile, M - m0);
+    Int4Fn rows = table[t - 1];
+#ifdef INFERLAB_AVX512_BF16
+    if (t == 1) rows = int4_rows_x4;
+#endif
+    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+      rows(xperm.data() + m0 * K, gx.data() + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
+           group, n0, n1);
+    });
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------- int8
+// W as int8 rows with one scale each (w = scale * q): y = scale * (q . x). x widened to float32 once.
+template <int M>
+static void int8_rows(const float* xf, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                      int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    float dot[M];
+#ifdef INFERLAB_AVX512_BF16
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row + k)));
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask, xf + m * K + k), acc[m]);
+    }
+    for (int m = 0; m < M; ++m) dot[m] = _mm512_reduce_add_ps(acc[m]);
+#else
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(row[k]) * xf[m * K + k];
+      dot[m] = acc;
+    }
+#endif
+    const float s = bf16_to_float(scales[n]);
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(s * dot[m], bias, n);
+  }
+}
+
+#ifdef INFERLAB_AVX512_BF16
+// One row of x, four output rows at a time (independent chains, shared x loads); tail via int8_rows<1>.
+static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + k);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, q + (n + r) * K + k)));
+        acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) y[n + r] = out(bf16_to_float(scales[n + r]) * _mm512_reduce_add_ps(acc[r]), bias, n + r);
+  }
+  if (n < n1) int8_rows<1>(xf, q, scales, y, bias, K, N, n, n1);
+}
+#endif
+
+// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
+torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
+                                 c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
+              "x (M, K), int8 q (N, K)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto qc = q.contiguous();
+  auto sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  using Fn = void (*)(const float*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t);
+  static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
+                                         int8_rows<5>, int8_rows<6>, int8_rows<7>, int8_rows<8>};
+  Fn rows = table[M - 1];
+#ifdef INFERLAB_AVX512_BF16
+  if (M == 1) rows = int8_rows_x4;
+#endif
+  const float* xp = xf.data_ptr<float>();
+  const int8_t* qp = qc.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, qp, sp, yp, bp, K, N, n0, n1); });
+  return y;
+}
+
+// q (N, K) int codes 0..15 -> (N, K / 2) uint8 in the chunk layout.
+torch::Tensor pack_int4(torch::Tensor q) {
+  TORCH_CHECK(q.dim() == 2 && q.size(1) % 32 == 0, "q (N, K) with K a multiple of 32");
+  auto qc = q.to(torch::kUInt8).contiguous();
+  const int64_t N = qc.size(0), K = qc.size(1);
+  auto out = torch::empty({N, K / 2}, qc.options());
+  const uint8_t* src = qc.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < K / 32; ++c)
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t lo = src[n * K + c * 32 + j] & 0x0F, hi = src[n * K + c * 32 + 16 + j] & 0x0F;
+        dst[n * (K / 2) + c * 16 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+  return out;
+}
+
+bool has_avx512_bf16() {
+#ifdef INFERLAB_AVX512_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Without the GIL while they run (as torch's own ops).
+  m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int4", &stream_linear_int4, "x W^T with W as 4-bit codes + group (scale, zero)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
+  m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Build llama.cpp's command-line tools (llama-bench, llama-server, llama-cli, llama-perplexity,
+# llama-quantize) from the llama.cpp source that ships inside the llama-cpp-python sdist.
+# Why the sdist: pip can reach PyPI here while GitHub cannot be cloned, and the sdist vendors a
+# complete llama.cpp tree (vendor/llama.cpp) at a pinned commit.
+#
+#   scripts/build_llama_cpp.sh [OUT_DIR]     # default: $XDG_CACHE_HOME/inferlab/llama.cpp
+#
+# Idempotent: a finished build (OUT_DIR/bin/llama-bench and llama-server present and runnable) is
+# left alone; an unpacked source or a half-done build directory is reused. Environment knobs:
+#   LLAMA_CPP_PYTHON_VERSION  pin the sdist (default: the newest on the index)
+#   JOBS                      parallel compile jobs (default 2)
+#   FORCE=1                   rebuild even if the binaries exist
+# Afterwards: OUT_DIR/bin/{llama-bench,llama-server,...}, OUT_DIR/src (the llama.cpp tree, with
+# convert_hf_to_gguf.py), OUT_DIR/VERSION (sdist version + the compiler flags used).
+set -euo pipefail
+
+OUT_DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/inferlab/llama.cpp}"
+JOBS="${JOBS:-2}"
+TARGETS=(llama-bench llama-server llama-cli llama-perplexity llama-quantize)
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+
+if [[ "${FORCE:-0}" != 1 && -x "$OUT_DIR/bin/llama-bench" && -x "$OUT_DIR/bin/llama-server" ]] \
+   && "$OUT_DIR/bin/llama-bench" --help >/dev/null 2>&1; then
+  echo "llama.cpp already built in $OUT_DIR/bin"
+  exit 0
+fi
+
+for tool in cmake c++ python3; do
+  command -v "$tool" >/dev/null || { echo "error: '$tool' is needed to build llama.cpp" >&2; exit 2; }
+done
+
+# 1. the sdist (skipped when already downloaded)
+SDIST_DIR="$OUT_DIR/sdist"
+mkdir -p "$SDIST_DIR"
+if ! ls "$SDIST_DIR"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+  spec="llama-cpp-python${LLAMA_CPP_PYTHON_VERSION:+==$LLAMA_CPP_PYTHON_VERSION}"
+  python3 -m pip download --no-deps --no-binary :all: "$spec" -d "$SDIST_DIR"
+fi
+SDIST="$(ls "$SDIST_DIR"/llama_cpp_python-*.tar.gz | sort -V | tail -n 1)"
+
+# 2. unpack only vendor/llama.cpp into OUT_DIR/src (skipped when already there)
+SRC="$OUT_DIR/src"
+if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
+  tmp="$(mktemp -d "$OUT_DIR/unpack.XXXXXX")"
+  tar -xzf "$SDIST" -C "$tmp"
+  top="$(ls "$tmp")"
+  rm -rf "$SRC"
+  mv "$tmp/$top/vendor/llama.cpp" "$SRC"
+  rm -rf "$tmp"
+fi
+
+# 3. configure + build. GGML_NATIVE (default ON) compiles for this CPU's ISA (-march=native), which
+# is what a user building llama.cpp locally gets.
+BUILD="$OUT_DIR/build"
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+      >/dev/null
+available=()
+for t in "${TARGETS[@]}"; do
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q " $t\$\| $t:"; then available+=("$t"); fi
+done
+[[ ${#available[@]} -gt 0 ]] || available=("${TARGETS[@]}")
+cmake --build "$BUILD" --config Release -j "$JOBS" --target "${available[@]}"
+
+# 4. collect the binaries
+mkdir -p "$OUT_DIR/bin"
+for t in "${available[@]}"; do
+  if [[ -x "$BUILD/bin/$t" ]]; then cp -f "$BUILD/bin/$t" "$OUT_DIR/bin/$t"; fi
+done
+{
+  echo "sdist: $(basename "$SDIST")"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(c++ --version | head -n 1)"
+} > "$OUT_DIR/VERSION"
+for t in llama-bench llama-server; do
+  [[ -x "$OUT_DIR/bin/$t" ]] || { echo "error: $t was not built" >&2; exit 1; }
+done
+echo "llama.cpp binaries in $OUT_DIR/bin: $(ls "$OUT_DIR/bin" | tr '\n' ' ')"

@@ -1,0 +1,51 @@
+"""llama.cpp as the benches' peer (app/bench/llama_cpp.py). Everything that runs its binaries is marked
+`llama_cpp` and skips where scripts/build_llama_cpp.sh has not built them (INFERLAB_LLAMA_CPP_DIR, or
+the script's default folder)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.bench import llama_cpp
+
+
+def test_missing_binaries_are_none_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERLAB_LLAMA_CPP_DIR", str(tmp_path))
+    assert llama_cpp.llama_cpp_dir() == tmp_path
+    assert llama_cpp.find_binary() is None
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-bench").write_text("")  # there, but not executable
+    assert llama_cpp.find_binary() is None
+
+
+def test_the_4_bit_peer_runs_the_gguf_the_weights_came_from(tmp_path):
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    assert llama_cpp.gguf_for(str(folder), 4) is None  # not converted from a GGUF: no same-weights file
+    (folder / "inferlab_conversion.json").write_text(json.dumps({"source": str(gguf)}))
+    assert llama_cpp.gguf_for(str(folder), 4) == gguf
+    assert llama_cpp.gguf_for(str(folder), 8) is None
+
+
+def _default_gguf():
+    from engine.loading.loader import cache_root
+
+    files = sorted((cache_root() / "gguf").glob("*/*.gguf"))
+    return files[0] if files else None
+
+
+@pytest.mark.llama_cpp
+def test_llama_bench_reports_decode_speed_and_the_cpu():
+    binary = llama_cpp.find_binary()
+    if binary is None:
+        pytest.skip(f"llama.cpp is not built under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)")
+    gguf = _default_gguf()
+    if gguf is None:
+        pytest.skip("the default model's GGUF has not been downloaded")
+    # (--repack 0: this llama.cpp segfaults in a Q4_1 prefill with repacked weights on AVX-512 + AMX)
+    run = llama_cpp.llama_bench(binary, gguf, threads=1, n_gen=4, n_prompt=8, repack=False)
+    assert run["decode_tokens_per_s"] > 0 and run["prefill_tokens_per_s"] > 0
+    assert run["cpu_info"] and run["model_size_bytes"] > 0 and str(binary) in run["command"]

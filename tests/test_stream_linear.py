@@ -1,0 +1,138 @@
+"""The native weight-streaming linear kernel (engine/runner/kernels/stream_linear.cpp) against the
+reference products, on this CPU's body and the portable one; the layers that route to it; and an
+engine with it against one without (one copy of the weights, same greedy tokens)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.layers.linear import Linear, set_stream_kernel
+from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
+from engine.runner.kernels import stream_linear_kernel
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
+def kernel(request):
+    mod = stream_linear_kernel(portable=request.param)
+    if mod is None:
+        pytest.skip("no C++ toolchain to build the kernel")
+    return mod
+
+
+def close_to(y: torch.Tensor, exact: torch.Tensor) -> None:
+    """fp32 sums rounded once to bf16: within a bf16 ulp of the exact value (scaled by the output's size)."""
+    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
+    tol = 2**-7 * exact.abs().max().item() + 1e-3
+    assert (y.float() - exact).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("n, k", [(96, 64), (37, 200), (130, 576)])
+def test_bf16_rows_match_the_exact_product(kernel, rows, n, k):
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    close_to(kernel.stream_linear_bf16(x, w, None), x.float() @ w.float().t())
+    close_to(kernel.stream_linear_bf16(x, w, b), x.float() @ w.float().t() + b.float())
+
+
+def test_bf16_refuses_more_rows_than_one_pass_takes(kernel):
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        kernel.stream_linear_bf16(torch.zeros(9, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), None)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize("n, k, group", [(64, 128, 32), (33, 256, 64), (40, 576, 32), (16, 256, 128)])
+def test_int4_codes_match_the_dequantized_product(kernel, rows, n, k, group):
+    g = torch.Generator().manual_seed(rows * 100 + n)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    sz = torch.randn(n, k // group, 2, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = ((q.float().reshape(n, -1, group) - 8) * sz[..., :1].float() + sz[..., 1:].float()).reshape(n, k)
+    codes = pack_int4_chunks(q)
+    assert codes.shape == (n, k // 2) and torch.equal(kernel.pack_int4(q), codes)  # one layout, two packers
+    assert torch.equal(unpack_int4_chunks(codes), q)
+    close_to(kernel.stream_linear_int4(x, codes, sz, group, None), x.float() @ w.t())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n, k", [(64, 128), (37, 200)])
+def test_int8_rows_match_the_dequantized_product(kernel, rows, n, k):
+    g = torch.Generator().manual_seed(rows + n)
+    q = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    scales = torch.rand(n, generator=g).bfloat16() / 50
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    exact = x.float() @ (q.float() * scales.float()[:, None]).t() + b.float()
+    close_to(kernel.stream_linear_int8(x, q, scales, b), exact)
+
+
+def bf16_linear(n: int, k: int, bias: bool = True) -> Linear:
+    g = torch.Generator().manual_seed(n + k)
+    lin = Linear(k, n, bias=bias)
+    lin.weight.data = torch.randn(n, k, generator=g)
+    if bias:
+        lin.bias.data = torch.randn(n, generator=g)
+    return lin.bfloat16()
+
+
+def test_linear_routes_few_rows_to_the_kernel_and_more_to_the_library(kernel):
+    lin = bf16_linear(48, 96)
+    calls = []
+
+    class Spy:
+        def stream_linear_bf16(self, x, w, b):
+            calls.append(x.shape[0])
+            return kernel.stream_linear_bf16(x, w, b)
+
+    lin.stream = Spy()
+    for rows in (1, 8, 9, 40):
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        close_to(lin(x), F.linear(x.float(), lin.weight.float(), lin.bias.float()))
+    assert calls == [1, 8]  # 9 and 40 rows: the library GEMM on the same single copy
+
+
+def test_compiled_regions_call_the_kernels_without_a_graph_break():
+    mod = stream_linear_kernel()
+    if mod is None:
+        pytest.skip("no C++ toolchain")
+    lin = bf16_linear(128, 128)
+    torch.manual_seed(0)
+    q4 = QuantLinear(torch.randn(32, 128).bfloat16(), None, 4, 32)
+    q8 = QuantLinear(torch.randn(16, 32).bfloat16(), None, 8, 32)
+    set_stream_kernel(torch.nn.ModuleList([lin, q4, q8]), mod)
+
+    def region(x):
+        return q8(q4(F.silu(lin(x))))
+
+    compiled = torch.compile(region, dynamic=True, fullgraph=True)  # fullgraph: a break would raise
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        torch.testing.assert_close(compiled(x).float(), region(x).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [16, 8, 4])
+def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_llama_hd64, bits):
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.runner.memory import weights_bytes
+
+    def make(stream):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=64,
+                                      quant_bits=bits, stream_linear=stream, quant_reference=not stream))
+
+    fast, ref = make(True), make(False)
+    assert fast.model.lm_head.stream is not None and ref.model.lm_head.stream is None
+    if bits == 16:  # the same bf16 products, rounded once each: the same greedy tokens
+        p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        prompts = ["Hello world", "The quick brown fox"]
+        assert [o.token_ids for o in fast.generate(prompts, p)] == [o.token_ids for o in ref.generate(prompts, p)]
+    else:  # the reference rounds the dequantized weights to bf16 first, the kernels do not: logits close
+        ids = fast.tokenizer.encode("The quick brown fox jumps over the lazy dog. Paged attention stores keys")
+        a, b = fast.score(ids), ref.score(ids)
+        assert float((a - b).norm() / b.norm()) < 0.05  # (int4 itself moves them ~10x more from bf16)
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
+    # one copy of every weight: what the engine reports is what its tensors hold, no packed extra
+    assert fast.memory().weights_bytes == weights_bytes(fast.model) and fast.packed_bytes == 0
