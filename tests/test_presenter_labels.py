@@ -27,8 +27,9 @@ def test_no_text_cut_in_presenter_mode(qapp, tiny_llama, size):
                 if not any(found_by_panel.values()):
                     break
             assert w.presenter
-            need = w.minimumSizeHint().height()
-            assert need <= size[1], f"{name}: the panels need {need} px, the screen has {size[1]}"
+            need = w.minimumSizeHint()
+            assert need.height() <= size[1], f"{name}: the panels need {need.height()} lines, the screen has {size[1]}"
+            assert need.width() <= size[0], f"{name}: the panels need {need.width()} px across, the screen has {size[0]}"
             for panel_name, found in found_by_panel.items():
                 panel = w.panels[panel_name]
                 assert not hasattr(panel, "presenter_scale") or panel.presenter_scale() > 1.0
