@@ -53,6 +53,7 @@ class SpecPanel(Panel):
 
         self._summary = QLabel()
         self._summary.setTextFormat(Qt.TextFormat.RichText)
+        self._summary.setWordWrap(True)  # a long summary wraps instead of widening the panel past a projector
         self._rate_plot = _plot(f"acceptance rate (rolling {window_steps} steps)", "%")
         self._pos_plot = _plot("acceptance per draft position", "%")
         self._tps_plot = _plot("tokens per verify pass (per request)", "tokens")
