@@ -24,6 +24,7 @@ DEFAULT_MAX_STEPS = 600
 _PHASES = ("prefill", "decode", "verify")
 _HEADROOM = 1.3
 _MEDIAN_OF = 50  # steps behind the step-time plot's median
+MARK_LABEL_HEIGHTS = (0.85, 0.55, 0.25)  # where a config change's label sits on the line (share of the plot)
 
 
 def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
@@ -141,8 +142,10 @@ class TimelinePanel(Panel):
     def mark_config_change(self, text: str) -> None:
         """A labelled vertical line after the latest step (e.g. "max_num_seqs 8 → 32")."""
         x = (self._steps[-1].step + 0.5) if self._steps else 0.0
+        # successive marks put their labels at different heights: two close together do not print over each other
+        height = MARK_LABEL_HEIGHTS[len(self._marks) % len(MARK_LABEL_HEIGHTS)]
         lines = (pg.InfiniteLine(pos=x, angle=90, label=text,
-                                 labelOpts={"position": 0.85, "anchors": [(0, 0), (0, 0)]}),
+                                 labelOpts={"position": height, "anchors": [(0, 0), (0, 0)]}),
                  pg.InfiniteLine(pos=x, angle=90), pg.InfiniteLine(pos=x, angle=90))
         self._style_mark(lines)
         for plot, line in zip(self._plots(), lines, strict=True):

@@ -61,10 +61,12 @@ def test_config_change_lines_scroll_out(panel):
     assert panel.snapshot_data()["config_changes"] == ["max_num_seqs 8 → 32"]
     lines = panel._marks[0][2]
     assert lines[0].label.toPlainText() == "max_num_seqs 8 → 32" and len(lines) == 3  # one per plot
+    panel.mark_config_change("chunked prefill on")  # a second mark close by: its label at another height
+    assert panel._marks[1][2][0].label.orthoPos != lines[0].label.orthoPos
     for i in range(1, 60):
         panel.add_step(step(i, 1.0 + i * 0.03))
     panel.flush()
-    assert panel.snapshot_data()["config_changes"] == []  # its step left the ring buffer
+    assert panel.snapshot_data()["config_changes"] == []  # their step left the ring buffer
 
 
 def test_gantt_segments(panel):
