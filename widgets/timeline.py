@@ -24,7 +24,7 @@ DEFAULT_MAX_STEPS = 600
 _PHASES = ("prefill", "decode", "verify")
 _HEADROOM = 1.3
 _MEDIAN_OF = 50  # steps behind the step-time plot's median
-MARK_LABEL_HEIGHTS = (0.85, 0.55, 0.25)  # where a config change's label sits on the line (share of the plot)
+MARK_LABEL_HEIGHTS = (0.9, 0.68, 0.46, 0.24)  # where a config change's label sits on the line (share of the plot)
 
 
 def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
