@@ -1,10 +1,10 @@
 """EngineSource: the one seam between the app's panels and controls and whatever runs the engine.
 
-Today one implementation: EngineHost (app/engine_host.py), the embedded engine in its loop thread. A
-second one, a remote OpenAI-compatible server watched through its /metrics and streamed requests, would
-implement the same surface and declare less in `info.capabilities` (no block map, no step events, no
-quantization...): the GUI reads those flags and says on screen what the source does not expose; it
-never probes a source's or an engine's attributes.
+Two implementations: EngineHost (app/engine_host.py), the embedded engine in its loop thread, and
+RemoteSource (app/remote/source.py), an OpenAI-compatible server watched through its /metrics and
+streamed requests, which declares less in `info.capabilities` (no block map, no step events, no
+quantization, no LoRA pool...): the GUI reads those flags and says on screen what the source does not
+expose; it never probes a source's or an engine's attributes.
 
 Signals (Qt): sigLoadProgress(str, float), sigLoaded(EngineInfo), sigLoadFailed(str). The channel:
 `drain(limit)` returns the items published since the last call (app/channel.py, plus the engine's

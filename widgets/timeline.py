@@ -3,7 +3,8 @@
 Top plot: tokens per step stacked as prefill / decode / verify, with preemptions (×) and admission
 rejections (▲) as markers and configuration changes as labelled vertical lines.
 Middle plots: running and waiting request counts; the wall time of each step (what compilation,
-quantization or a bigger batch change), with its median over the last steps in the title.
+quantization or a bigger batch change), with its median over the last steps in the title; a few
+stalls far above the rest (a compile) are drawn as markers at the top instead of setting the scale.
 x is the step index; the last `max_steps` steps are kept in a ring buffer.
 """
 from __future__ import annotations
