@@ -13,7 +13,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFontMetricsF
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
@@ -234,8 +234,10 @@ class TradeoffPanel(Panel):
         return out
 
     def _place_labels(self, pos: dict) -> None:
-        """Greedy: a label is shown only where its text, measured on screen, overlaps no label placed
-        before it (frontier points first, then the current configuration, then one per predicted group)."""
+        """Greedy: each candidate (frontier points first, then the current configuration, then one per
+        predicted group) takes the first of a few spots around its point (above, below, beside; towards
+        the middle of the plot first) where its text, measured on screen, overlaps no label placed before
+        it, no marker and no edge of the plot; a label with no such spot is not shown (hover shows it)."""
         fg = self.palette().color(self.palette().ColorRole.Text)
         logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
         xs = [v[0] for v in logs.values()] or [0.0]
@@ -248,31 +250,59 @@ class TradeoffPanel(Panel):
         y_range = (min(ys) - 0.08 * (max(ys) - min(ys) or 1), max(ys) + 0.25 * (max(ys) - min(ys) or 1))
         vb.setRange(xRange=x_range, yRange=y_range, padding=0)
         box = vb.sceneBoundingRect()
-        metrics = QFontMetricsF(self.font())
+
+        def on_screen(lx: float, ly: float) -> QPointF:
+            return QPointF(box.left() + (lx - x_range[0]) / (x_range[1] - x_range[0]) * box.width(),
+                           box.bottom() - (ly - y_range[0]) / (y_range[1] - y_range[0]) * box.height())
+
+        r = self._scatter.opts.get("size", 13) / 2 + 2  # a marker's half-size on screen, and a margin
+        centres = [on_screen(lx, ly) for lx, ly in logs.values()]
+        markers = [QRectF(c.x() - r, c.y() - r, 2 * r, 2 * r) for c in centres]
         placed: list[QRectF] = []
         shown = set()
         for key, text in self._label_candidates(pos):
             lx, ly = logs[key]
-            right = lx > mid_x  # labels on the right half extend to the left of their point
-            at = QPointF(box.left() + (lx - x_range[0]) / (x_range[1] - x_range[0]) * box.width(),
-                         box.bottom() - (ly - y_range[0]) / (y_range[1] - y_range[0]) * box.height())
-            w, h = metrics.horizontalAdvance(text) + 8, metrics.height() + 2
-            rect = QRectF(at.x() - w if right else at.x(), at.y() - 1.1 * h, w, h)
-            if any(rect.intersects(r) for r in placed):
-                continue
-            placed.append(rect)
             item = self._labels.get(key)
             if item is None:
                 item = self._labels[key] = pg.TextItem()
                 self._plot.addItem(item)
             item.setText(text)
+            size = item.textItem.boundingRect()  # as drawn: the label's own font (presenter sizes)
+            w, h = size.width(), size.height()
+            spot = self._free_spot(on_screen(lx, ly), w, h, r, lx > mid_x, box, placed + markers)
+            if spot is None:
+                item.setVisible(False)
+                continue
+            (ax, ay), rect = spot
+            placed.append(rect)
             item.setColor(fg)
-            item.setAnchor((1.0, 1.1) if right else (0.0, 1.1))
+            item.setAnchor((ax, ay))
             item.setPos(lx, ly)  # log mode: text items sit in log10 coordinates
             item.setVisible(True)
             shown.add(key)
         for key in set(self._labels) - shown:
             self._plot.removeItem(self._labels.pop(key))
+
+    @staticmethod
+    def _free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: QRectF,
+                   taken: list[QRectF]) -> tuple[tuple[float, float], QRectF] | None:
+        """The first spot around the point `at` for a w x h label that stays inside `box` and meets
+        nothing `taken`: (the TextItem's anchor, the label's rect on screen), or None."""
+        # (dx, dy) of the label's top-left corner from the point, with the matching TextItem anchor:
+        # anchors place the text's box relative to the point; the offsets keep it clear of the marker
+        toward_middle = [("left", "above"), ("left", "below"), ("left", "beside")] if right_half else \
+            [("right", "above"), ("right", "below"), ("right", "beside")]
+        away = [(("right" if side == "left" else "left"), where) for side, where in toward_middle]
+        for side, where in toward_middle + away:
+            x = at.x() - w - (r if where == "beside" else 0) if side == "left" else \
+                at.x() + (r if where == "beside" else 0)
+            y = {"above": at.y() - r - h, "below": at.y() + r, "beside": at.y() - h / 2}[where]
+            rect = QRectF(x, y, w, h)
+            if not box.contains(rect) or any(rect.intersects(t) for t in taken):
+                continue
+            # the TextItem's anchor for this rect: the point's position inside the rect, as fractions
+            return ((at.x() - x) / w, (at.y() - y) / h), rect
+        return None
 
     def _tip(self, _x: float, _y: float, data: object) -> str:
         label = str(data)

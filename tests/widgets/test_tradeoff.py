@@ -112,3 +112,26 @@ def test_labels_never_overlap_when_points_crowd(panel):
     for i, a in enumerate(rects):
         for b in rects[i + 1:]:
             assert not a.intersects(b)
+
+
+def test_labels_meet_no_marker_and_stay_inside(panel, qtbot):
+    sweep = _sweep()
+    for i, p in enumerate(sweep["predicted"]):  # crowd the plot: predicted points among the measured ones
+        p["tokens_per_s_user"] = p["tokens_per_s_total"] = 30.0 + 3 * i
+    panel.set_sweep(sweep)
+    panel.set_current("batch 8 · 16-bit · k=0")
+    panel.flush()
+    qtbot.wait(50)  # a text item takes its place on screen when it is painted
+    view = panel._plot.getPlotItem().vb.sceneBoundingRect()
+    half = panel._scatter.opts["size"] / 2
+    markers = []
+    for s in panel._scatter.points():
+        c = panel._scatter.mapToScene(s.pos())
+        markers.append((c.x() - half, c.y() - half, c.x() + half, c.y() + half))
+    labels = [item.mapRectToScene(item.boundingRect()) for item in panel._labels.values() if item.isVisible()]
+    assert len(labels) >= 3
+    for rect in labels:
+        assert view.contains(rect)
+        for x0, y0, x1, y1 in markers:
+            assert not (rect.left() < x1 and rect.right() > x0 and rect.top() < y1 and rect.bottom() > y0), \
+                (rect, (x0, y0, x1, y1))
