@@ -26,6 +26,14 @@ from app.engine_source import EngineSource
 from app.frame_governor import FrameGovernor
 from app.knob_defaults import knob_defaults
 from app.panel_feeder import PanelFeeder
+from app.presenter_layout import (
+    PRESENTER_COMPARISON_SHARE,
+    PRESENTER_FONT_SCALE,
+    PRESENTER_PLOT_SCALE,
+    arrange_columns,
+    give_comparison_room,
+    presenter_scale,
+)
 from app.server_control import ServerControl
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
@@ -49,22 +57,9 @@ from widgets.panel_base import Panel
 from widgets.server_panel import ServerPanel
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
+PRESENTER_REBALANCE_MS = 1500  # presenter mode: how often the comparison's share of its column is checked
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
 STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock
-# presenter scales at a 720-line and a 1080-line projector (in between: interpolated). A 720-line picture
-# is projected as large as a 1080-line one, so each of its pixels is larger: it needs less enlarging, and
-# has less room. pyqtgraph's fonts are smaller than Qt's to start with.
-PRESENTER_FONT_SCALE = {720: 1.15, 1080: 1.4}
-PRESENTER_PLOT_SCALE = {720: 1.25, 1080: 1.6}
-PRESENTER_COMPARISON_SHARE = 0.3  # of the screen's height: the measured proof keeps room for its chart
-
-
-def presenter_scale(table: dict[int, float], screen_height: int) -> float:
-    lo, hi = table[720], table[1080]
-    t = min(1.0, max(0.0, (screen_height - 720) / 360))
-    return lo + t * (hi - lo)
-
-
 PANEL_TITLES = {
     "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
     "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
@@ -106,6 +101,7 @@ class MainWindow(QMainWindow):
         self._normal_font: QFont | None = None
         self._layout_before_presenting = None
         self._emphasised: tuple[str, ...] = ()
+        self._columns: list[list[QDockWidget]] = []  # presenter mode's columns of docks
         self._build_docks()
         self._build_caption_bar()
         self._build_status_bar()
@@ -123,6 +119,10 @@ class MainWindow(QMainWindow):
         host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
+        self.panels["comparison"].sigShown.connect(lambda: QTimer.singleShot(0, self._give_comparison_room))
+        self._room_timer = QTimer(self)  # presenter mode: texts grow as the engine reports; re-balance
+        self._room_timer.setInterval(PRESENTER_REBALANCE_MS)
+        self._room_timer.timeout.connect(self._give_comparison_room)
         self.attached_windows: list[MainWindow] = []  # File → Attach to server… opens these
         self.resize(1600, 1000)
         self.default_state = self.saveState(STATE_VERSION)
@@ -319,35 +319,23 @@ class MainWindow(QMainWindow):
         docks = [self.docks[n] for n in shown if n in self.docks]
         for name, dock in self.docks.items():
             dock.setVisible(name in shown)
-        # the chapter's main panel on the left; with four or more, a second column beside it; the next
-        # one on the right; each further one (the comparison, listed last) under the column that needs the
-        # least height, so the tallest column still fits a 720-line projector
-        left = Qt.DockWidgetArea.LeftDockWidgetArea
-        self.addDockWidget(left, docks[0])
-        columns = [[docks[0]]]
-        rest = docks[1:]
-        if len(docks) >= 4:
-            self.splitDockWidget(docks[0], docks[1], Qt.Orientation.Horizontal)
-            columns.append([docks[1]])
-            rest = docks[2:]
-        if rest:
-            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, rest[0])  # out of any tab group
-            columns.append([rest[0]])
-        for dock in rest[1:]:
-            column = min(columns, key=lambda c: sum(d.minimumSizeHint().height() for d in c))
-            self.splitDockWidget(column[-1], dock, Qt.Orientation.Vertical)
-            column.append(dock)
-        for dock in docks:
-            dock.show()
+        self._columns = arrange_columns(self, docks)
+        self._room_timer.start()
         if self._full_screen:  # the screen's size, also where no window manager applies full screen
             QTimer.singleShot(0, self._fit_screen)  # once the new layout's minimum is known
-        if len(columns) > 1:
-            width = max(1, self.width() // len(columns))
-            self.resizeDocks([c[0] for c in columns], [width] * len(columns), Qt.Orientation.Horizontal)
+        else:
+            QTimer.singleShot(0, self._give_comparison_room)
 
     def _fit_screen(self) -> None:
         if self._presenter and self._full_screen:
             self.setGeometry(self.screen().geometry())
+            QTimer.singleShot(0, self._give_comparison_room)  # once the docks have the screen's height
+
+    def _give_comparison_room(self) -> None:
+        if self._presenter and self._emphasised:
+            give_comparison_room(self, self._columns, self.docks["comparison"])
+        elif self._room_timer.isActive():
+            self._room_timer.stop()
 
     def reset_layout(self) -> None:
         self.restoreState(self.default_state, STATE_VERSION)

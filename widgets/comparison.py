@@ -53,6 +53,7 @@ def _label(point_size: int, bold: bool = False) -> QLabel:
 
 class ComparisonPanel(QWidget):
     sigRerunRequested = Signal()  # noqa: N815 (Qt signal naming, as the other panels)
+    sigShown = Signal()  # noqa: N815 (a new result is on the panel: its chart may need another height)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -147,6 +148,17 @@ class ComparisonPanel(QWidget):
             notes.append("predicted: from a model (bytes to read / memory bandwidth measured by a probe), not run")
         self.notes.setText("\n".join(notes))
         self.notes.setVisible(bool(notes))
+        self.sigShown.emit()
+
+    def chart_height(self) -> int:
+        """The panel's height that shows its title and its whole chart (bars, curve, time split) at the
+        panel's present width, without scrolling: what presenter mode gives it where the screen allows."""
+        content = self._content_layout.parentWidget()
+        content.resize(self.width(), content.height())  # the scroll area's width; the layout wraps to it
+        self._content_layout.activate()
+        shown = [w for w in (self.bars, self.curve, self.split) if not w.isHidden()] or [self.provenance]
+        bottom = max(w.geometry().y() + max(w.height(), w.minimumHeight()) for w in shown)
+        return bottom + self._content_layout.contentsMargins().bottom() + 2
 
     def result(self) -> dict | None:
         return self._result

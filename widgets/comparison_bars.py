@@ -39,14 +39,28 @@ class BarChart(QWidget):
         fits = all(fm.horizontalAdvance(word) <= width for word in label.split())
         return Qt.TextFlag.TextWordWrap if fits else Qt.TextFlag.TextWrapAnywhere
 
+    def _labels_above(self, fm: QFontMetrics, w: int) -> bool:
+        """Labels go on their own line above their bars (full width) where the label column would wrap
+        one of them onto more than two lines: a narrow panel (presenter mode at 720 lines) keeps its rows
+        short and its bars long."""
+        label_w = max(20, self._label_width(fm, w) - 8)
+        return any(self._label_height(fm, r[0], label_w) > 2.5 * fm.height() for r in self._rows)
+
+    def _label_height(self, fm: QFontMetrics, label: str, width: int) -> int:
+        return fm.boundingRect(0, 0, width, 10_000, self._wrap_flag(fm, label, width)
+                               | Qt.AlignmentFlag.AlignLeft, label).height()
+
     def _row_heights(self, w: int) -> list[int]:
         """Each row: its bars, or its label wrapped into the label column (at any character when one word
-        is wider than the column), whichever is taller: a label is never cut."""
+        is wider than the column), whichever is taller; or, labels above, the label and then the bars: a
+        label is never cut."""
         fm = QFontMetrics(self._font)
-        label_w = max(20, self._label_width(fm, w) - 8)
         bars = max(2, len(self._series)) * self._line() + 8
-        return [max(bars, fm.boundingRect(0, 0, label_w, 10_000, self._wrap_flag(fm, r[0], label_w)
-                                          | Qt.AlignmentFlag.AlignLeft, r[0]).height() + 8) for r in self._rows]
+        if self._labels_above(fm, w):
+            bars = len(self._series) * self._line() + 8
+            return [self._label_height(fm, r[0], w) + bars for r in self._rows]
+        label_w = max(20, self._label_width(fm, w) - 8)
+        return [max(bars, self._label_height(fm, r[0], label_w) + 8) for r in self._rows]
 
     def _needed_height(self) -> int:
         return self._line() * 2 + sum(self._row_heights(max(self.width(), 100))) + 8
@@ -63,7 +77,8 @@ class BarChart(QWidget):
         p.setFont(self._font)
         fm, text_color = QFontMetrics(self._font), self.palette().text().color()
         line, w = self._line(), self.width()
-        label_w = self._label_width(fm, w)
+        above = self._labels_above(fm, w)
+        label_w = 0 if above else self._label_width(fm, w)
         x = 0
         for i, name in enumerate(self._series):  # legend, above the data
             p.fillRect(QRectF(x, line * 0.2, line * 0.8, line * 0.8), QColor(SERIES_COLORS[i % len(SERIES_COLORS)]))
@@ -76,11 +91,16 @@ class BarChart(QWidget):
         y = line * 1.6
         for (label, values, texts, computed), per_row in zip(self._rows, self._row_heights(w), strict=True):
             p.setPen(text_color)
-            p.drawText(QRectF(0, y, label_w - 8, per_row - 4),
-                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
-                       | self._wrap_flag(fm, label, int(label_w - 8)), label)
+            if above:
+                label_h = self._label_height(fm, label, w)
+                p.drawText(QRectF(0, y, w, label_h), Qt.AlignmentFlag.AlignLeft | self._wrap_flag(fm, label, w), label)
+            else:
+                label_h = 0
+                p.drawText(QRectF(0, y, label_w - 8, per_row - 4),
+                           Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                           | self._wrap_flag(fm, label, int(label_w - 8)), label)
             for s, (v, t) in enumerate(zip(values, texts)):
-                by = y + s * line + 2
+                by = y + label_h + s * line + 2
                 length = bar_w * abs(v) / top if v is not None and top else 0
                 color = QColor(SERIES_COLORS[s % len(SERIES_COLORS)])
                 if computed:

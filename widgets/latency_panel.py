@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from engine.events import RequestTimeline, StepStats
 from widgets.fmt import ms, rate
+from widgets.line_labels import place_line_labels
 from widgets.panel_base import Panel
 from widgets.theme import PHASE_COLORS, style_plot
 
@@ -25,6 +26,9 @@ _BINS = 30
 _METRICS = (("ttft", "TTFT", 1e3, "ms"), ("tpot", "TPOT", 1e3, "ms"), ("e2e", "e2e", 1.0, "s"))
 _AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s per request"}
 _PCT_STYLE = {50: Qt.PenStyle.SolidLine, 95: Qt.PenStyle.DashLine, 99: Qt.PenStyle.DotLine}
+
+
+PRESENTER_HISTOGRAM_PX = 90  # a histogram's least height in presenter mode, times the presenter scale
 
 
 def latency_percentiles(values) -> dict[int, float] | None:
@@ -91,6 +95,12 @@ class LatencyPanel(Panel):
         grid.addWidget(label, 1, col)
 
     # --- setters ------------------------------------------------------------------------------
+    def set_presenter_scale(self, scale: float) -> None:
+        """Larger text needs taller histograms: each keeps a readable height on a projector."""
+        super().set_presenter_scale(scale)
+        for plot in self._plots.values():
+            plot.setMinimumHeight(int(PRESENTER_HISTOGRAM_PX * scale) if scale > 1 else 0)
+
     def add_finished(self, timeline: RequestTimeline) -> None:
         self._finished.append(timeline)
         self._seen(timeline.arrival, timeline.finished if timeline.finished is not None else timeline.arrival)
@@ -199,6 +209,9 @@ class LatencyPanel(Panel):
         for q in PERCENTILES:
             lines[q].setValue(pct[q])
             lines[q].show()
+        marks = [(budget, lines["budget"].label, "budget")] if budget is not None else []
+        place_line_labels(self._plots[key].getPlotItem().vb,
+                          marks + [(pct[q], lines[q].label, f"p{q}") for q in PERCENTILES])
         fmt = (lambda v: f"{v:.0f}") if unit == "ms" else (lambda v: f"{v:.2f}")
         self._labels[key].setText(" · ".join(f"p{q} {fmt(pct[q])} {unit}" for q in PERCENTILES)
                                   + f"  (n={vals.size})")

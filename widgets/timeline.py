@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from engine.events import StepStats
 from widgets.gantt import GanttView
+from widgets.line_labels import place_line_labels
 from widgets.panel_base import Panel
 from widgets.theme import phase_color, style_plot
 
@@ -232,6 +233,12 @@ class TimelinePanel(Panel):
         stalls = f" · {int(off.sum())} off the scale (longest {ms.max() / 1e3:.1f} s)" if off.any() else ""
         self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms · median {np.median(ms[-_MEDIAN_OF:]):.0f} ms "
                                  f"({min(len(ms), _MEDIAN_OF)} steps){stalls}")
+        self._place_mark_labels()
+
+    def _place_mark_labels(self) -> None:
+        """Each cue's label inside the plot, apart from the others (widgets/line_labels.py)."""
+        place_line_labels(self._tokens_plot.getPlotItem().vb,
+                          [(x, lines[0].label, text) for x, text, lines in self._marks])
 
     def _drop_scrolled_marks(self) -> None:
         if not self._steps:

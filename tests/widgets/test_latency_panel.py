@@ -76,3 +76,22 @@ def test_values_skip_missing():
     assert panel.values("ttft") == [pytest.approx(0.2)]
     assert np.isclose(panel.values("e2e"), [0.1, 0.3]).all()
     panel.deleteLater()
+
+
+def test_line_labels_apart_and_inside_when_percentiles_crowd(panel, qtbot):
+    """TPOT all alike: p50, p95, p99 and the budget sit a few pixels apart; their labels must not meet."""
+    panel.resize(600, 220)  # short histograms, as on a 720-line projector
+    panel.set_budget(1.0, 0.021)
+    for i in range(60):
+        panel.add_finished(timeline(i, arrival=float(i) * 0.1, ttft=0.2, tpot=0.02 + 0.0001 * (i % 3)))
+    panel.flush()
+    qtbot.wait(50)  # labels take their place on screen when painted
+    plot = panel._plots["tpot"]
+    box = plot.getPlotItem().vb.sceneBoundingRect()
+    labels = [line.label for line in panel._lines["tpot"].values() if line.isVisible() and line.label.isVisible()]
+    assert len(labels) >= 2
+    rects = [label.mapRectToScene(label.boundingRect()) for label in labels]
+    for i, rect in enumerate(rects):
+        assert box.adjusted(-1, -1, 1, 1).contains(rect)
+        for other in rects[i + 1:]:
+            assert not rect.intersects(other), (labels[i].toPlainText(), rect, other)

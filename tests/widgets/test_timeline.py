@@ -69,6 +69,27 @@ def test_config_change_lines_scroll_out(panel):
     assert panel.snapshot_data()["config_changes"] == []  # their step left the ring buffer
 
 
+def test_cue_labels_inside_the_plot_and_apart(panel, qtbot):
+    """Long cue labels, close together and near the right edge: each stays inside the plot (on the left
+    of its line, or wrapped) and no two meet; a label with no free height is hidden, not printed over."""
+    texts = ["cue: two long prompts arrive, each prefilled in one step", "chunked prefill off → on",
+             "cue: chunked prefill lets decodes slip in between", "cue: the same burst again", "max_num_seqs 8 → 32"]
+    for i in range(40):
+        panel.add_step(step(i, 1.0 + 0.03 * i, decode=4))
+        if i in (5, 30, 34, 37, 39):
+            panel.mark_config_change(texts[(5, 30, 34, 37, 39).index(i)])
+    panel.flush()
+    qtbot.wait(50)  # labels take their place on screen when painted
+    box = panel._tokens_plot.getPlotItem().vb.sceneBoundingRect()
+    shown = [lines[0].label for _x, _t, lines in panel._marks if lines[0].label.isVisible()]
+    assert len(shown) >= 3
+    rects = [label.mapRectToScene(label.boundingRect()) for label in shown]
+    for i, rect in enumerate(rects):
+        assert box.adjusted(-1, -1, 1, 1).contains(rect), (shown[i].toPlainText(), rect, box)
+        for other in rects[i + 1:]:
+            assert not rect.intersects(other)
+
+
 def test_gantt_segments(panel):
     g = panel.gantt
     panel.request_arrived("a", 0.0)
