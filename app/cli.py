@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
     parser.add_argument("--run-seconds", type=float, default=5.0)
+    parser.add_argument("--report", metavar="OUT.json", default=None,
+                        help="with --screenshot: sample the queue, goodput and latency every 5 s of the run and "
+                             "write them with a verdict (does the preset keep up with its arrivals?)")
     parser.add_argument("--size", type=_size, default=None, metavar="WxH",
                         help="the window's size for --screenshot (default 1600x1000), e.g. 1280x720 for a projector")
     parser.add_argument("--presenter", action="store_true",

@@ -7,6 +7,7 @@ thread (engine/serving/loop.py, hosted by app/engine_host.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -95,7 +96,8 @@ def _run_window(app, loop, window, host, args, preset: str) -> int:
         return 2  # finish() still waits for the loading engine thread: exiting under it aborts in C++
     with loop:
         if args.screenshot:
-            return loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds))
+            return loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds,
+                                                      report=getattr(args, "report", None), preset=preset))
         closed = asyncio.Event()
         app.lastWindowClosed.connect(closed.set)
         loop.run_until_complete(closed.wait())
@@ -137,13 +139,22 @@ async def wait_loaded(window, host, timeout: float = LOAD_TIMEOUT_S) -> str | No
     return None
 
 
-async def screenshot(window, host, out: Path, run_seconds: float) -> int:
+async def screenshot(window, host, out: Path, run_seconds: float, report: str | None = None,
+                     preset: str = "") -> int:
     error = await wait_loaded(window, host)
     if error is not None:
         print(f"inferlab: error: {error}", file=sys.stderr)
         window.close()
         return 2
-    await asyncio.sleep(run_seconds)
+    if report:  # the run sampled: does the preset keep up with its arrivals (app/soak.py)
+        from app.soak import sample_run, verdict
+
+        samples = await sample_run(window, run_seconds)
+        Path(report).parent.mkdir(parents=True, exist_ok=True)
+        Path(report).write_text(json.dumps({"preset": preset, "run_seconds": run_seconds,
+                                            **verdict(samples), "samples": samples}, indent=1))
+    else:
+        await asyncio.sleep(run_seconds)
     window.flush_panels()
     await asyncio.sleep(0.1)  # let the last repaint land
     out.parent.mkdir(parents=True, exist_ok=True)

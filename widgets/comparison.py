@@ -151,12 +151,13 @@ class ComparisonPanel(QWidget):
         self.sigShown.emit()
 
     def chart_height(self) -> int:
-        """The panel's height that shows its title and its whole chart (bars, curve, time split) at the
-        panel's present width, without scrolling: what presenter mode gives it where the screen allows."""
+        """The panel's height that shows its title, its whole chart (bars, curve, time split) and the
+        line saying when and where it was measured, at the panel's present width, without scrolling:
+        what presenter mode gives it where the screen allows."""
         content = self._content_layout.parentWidget()
         content.resize(self.width(), content.height())  # the scroll area's width; the layout wraps to it
         self._content_layout.activate()
-        shown = [w for w in (self.bars, self.curve, self.split) if not w.isHidden()] or [self.provenance]
+        shown = [w for w in (self.bars, self.curve, self.split, self.provenance) if not w.isHidden()]
         bottom = max(w.geometry().y() + max(w.height(), w.minimumHeight()) for w in shown)
         return bottom + self._content_layout.contentsMargins().bottom() + 2
 

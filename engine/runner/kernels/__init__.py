@@ -51,6 +51,10 @@ def _build(source: str, what: str, progress: Callable[[str, float], None] | None
         try:
             from torch.utils.cpp_extension import load
 
+            built = _import_built(name)
+            if built is not None:  # built before: no build lock taken (a start killed now leaves none)
+                _BUILT[name] = built
+                return built
             _clear_stale_lock(name)
 
             flags = ["-O3", "-march=native", "-fopenmp"] + (["-DINFERLAB_PORTABLE"] if portable else [])
@@ -74,6 +78,28 @@ def _source_digest(source: str) -> str:
     for f in (here / f"{source}.cpp", here / "common.h"):
         digest.update(f.read_bytes())
     return digest.hexdigest()[:10]
+
+
+def _import_built(name: str):
+    """The module built earlier under this name (its name holds the source's digest, so a built one is
+    current), imported straight from torch's extension cache; None where there is none. torch's `load`
+    takes a lock on the build folder even to find a build up to date, and a process killed meanwhile
+    (a screenshot run ending, Ctrl+C during start-up) leaves the lock behind: every later start waits."""
+    import importlib.util
+
+    try:
+        import torch  # noqa: F401 (the extension links against torch's libraries: load them first)
+        from torch.utils.cpp_extension import _get_build_directory
+
+        so = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+        if not so.is_file():
+            return None
+        spec = importlib.util.spec_from_file_location(name, so)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # noqa: BLE001 (anything odd: let torch's load decide, and say what it finds)
+        return None
 
 
 def _is_built(name: str) -> bool:
