@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 
+RUN_APP = "import sys; from app.cli import main; sys.exit(main())"  # the `inferlab` command, this Python
+
+
 def main() -> int:
     here = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(here))
@@ -30,7 +33,7 @@ def main() -> int:
     summary, bad = {}, []
     for name in args.presets:
         report = args.out / f"{name}.json"
-        cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "--screenshot", str(args.out / f"{name}.png"), "--preset", name,
+        cmd = [sys.executable, "-c", RUN_APP, "--screenshot", str(args.out / f"{name}.png"), "--preset", name,
                "--run-seconds", str(args.seconds), "--report", str(report)]
         done = subprocess.run(cmd, cwd=here, capture_output=True, text=True)
         if done.returncode != 0 or not report.exists():

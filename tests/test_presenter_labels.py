@@ -29,7 +29,8 @@ def test_no_text_cut_in_presenter_mode(qapp, tiny_llama, size):
             assert w.presenter
             need = w.minimumSizeHint()
             assert need.height() <= size[1], f"{name}: the panels need {need.height()} lines, the screen has {size[1]}"
-            assert need.width() <= size[0], f"{name}: the panels need {need.width()} px across, the screen has {size[0]}"
+            assert need.width() <= size[0], \
+                f"{name}: the panels need {need.width()} px across, the screen has {size[0]}"
             for panel_name, found in found_by_panel.items():
                 panel = w.panels[panel_name]
                 assert not hasattr(panel, "presenter_scale") or panel.presenter_scale() > 1.0

@@ -55,7 +55,8 @@ def test_the_comparison_gets_its_chart_height(qtbot):
     qtbot.wait(100)
     column = next(c for c in columns if docks[2] in c)
     assert docks[2].height() > before
-    assert comparison.height() >= min(comparison.chart_height(), COMPARISON_MAX_SHARE * sum(d.height() for d in column)) - 8
+    share = COMPARISON_MAX_SHARE * sum(d.height() for d in column)
+    assert comparison.height() >= min(comparison.chart_height(), share) - 8
 
 
 def test_the_panel_above_keeps_the_height_its_text_needs(qtbot):
