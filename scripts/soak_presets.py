@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 RUN_APP = "import sys; from app.cli import main; sys.exit(main())"  # the `inferlab` command, this Python
 
 
