@@ -7,6 +7,7 @@ keeps per-token events from turning into per-token paints.
 """
 from __future__ import annotations
 
+import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QWidget
 
@@ -14,6 +15,7 @@ from widgets.overlay import Overlay
 from widgets.presenter import clipped_texts, fit_texts, scale_plots
 
 REPAINT_INTERVAL_MS = 50  # 20 Hz
+PRESENTER_PLOT_MIN_PX = 80  # a plot's least height in presenter mode, times the presenter scale
 
 
 class Panel(QWidget):
@@ -62,9 +64,12 @@ class Panel(QWidget):
         return self._overlay.text()
 
     def set_presenter_scale(self, scale: float) -> None:
-        """Enlarge (or restore, scale 1) the plots' fonts, lines, markers and legends for a projector."""
+        """Enlarge (or restore, scale 1) the plots' fonts, lines, markers and legends for a projector; each
+        plot keeps a readable least height there (panels with plots of their own sizes set them after)."""
         self._presenter_scale = scale
         scale_plots(self, scale)
+        for plot in self.findChildren(pg.PlotWidget):
+            plot.setMinimumHeight(int(PRESENTER_PLOT_MIN_PX * scale) if scale > 1 else 0)
         self._mark_dirty()
 
     def presenter_scale(self) -> float:
