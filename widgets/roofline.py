@@ -54,7 +54,8 @@ class RooflinePanel(Panel):
         for kind, scatter in self._scatters.items():
             p.addItem(scatter)
             p.legend.addItem(scatter, f"{kind} steps")
-        self._roof_labels = (pg.TextItem(anchor=(1, 1)), pg.TextItem(anchor=(0, 0), angle=0))
+        # the peak's label under its roof at the right end (above it, the top of the view cut it off)
+        self._roof_labels = (pg.TextItem(anchor=(1, 0)), pg.TextItem(anchor=(0, 0), angle=0))
         for label in self._roof_labels:
             p.addItem(label)
         self._verdict_label = QLabel()
