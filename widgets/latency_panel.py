@@ -28,7 +28,7 @@ _AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s per request"}
 _PCT_STYLE = {50: Qt.PenStyle.SolidLine, 95: Qt.PenStyle.DashLine, 99: Qt.PenStyle.DotLine}
 
 
-PRESENTER_HISTOGRAM_PX = 90  # a histogram's least height in presenter mode, times the presenter scale
+PRESENTER_HISTOGRAM_PX = 115  # a histogram's least height in presenter mode, times the presenter scale
 
 
 def latency_percentiles(values) -> dict[int, float] | None:

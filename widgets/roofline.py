@@ -24,6 +24,9 @@ ROOF_COLOR = "#e15759"
 INTENSITY_RANGE = (0.1, 10_000.0)  # FLOPs per byte drawn along x
 
 
+PRESENTER_PLOT_PX = 140  # the plot's least height in presenter mode, times the presenter scale
+
+
 def si(value: float, unit: str) -> str:
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
@@ -77,6 +80,13 @@ class RooflinePanel(Panel):
         self._roofs = {"peak_flops": dict(peak_flops), "bandwidth": float(bandwidth), "how": how,
                        "machine": machine}
         self._mark_dirty()
+
+    def set_presenter_scale(self, scale: float) -> None:
+        """On a projector: a taller plot (its legend sits above the data, inside it), and how the roofs
+        were measured moves into the plot's tooltip (three lines the room does not read)."""
+        super().set_presenter_scale(scale)
+        self._plot.setMinimumHeight(int(PRESENTER_PLOT_PX * scale) if scale > 1 else 0)
+        self._how.setVisible(scale <= 1)
 
     def add_step(self, kind: str, intensity: float, achieved_flops: float) -> None:
         """One step's dot (kind: "prefill", "decode" or "verify")."""
@@ -144,6 +154,7 @@ class RooflinePanel(Panel):
         fp32_text = f", fp32 {si(fp32, 'FLOP/s')}" if fp32 else ""
         self._how.setText(f"Roofs measured on {self._roofs['machine'] or 'this machine'}{fp32_text}: "
                           f"{self._roofs['how']}")
+        self._plot.setToolTip(self._how.text())
 
     def _on_palette_changed(self) -> None:
         style_plot(self._plot, self.palette())
