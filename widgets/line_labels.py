@@ -34,8 +34,10 @@ def place_line_labels(vb: pg.ViewBox, marks: list[tuple[float, pg.InfLineLabel, 
             continue
         at = vb.mapViewToScene(QPointF(x, 0)).x()
         fm = QFontMetricsF(label.textItem.font())
-        room = max(box.right() - at, at - box.left()) - 6
-        label.setFormat(text if fm.horizontalAdvance(text) + 6 <= room else wrap_words(text, fm, room))
+        # the text item draws its text inside a margin of its own on each side
+        margin = 2 * label.textItem.document().documentMargin() + 2
+        room = max(box.right() - at, at - box.left()) - margin
+        label.setFormat(text if fm.horizontalAdvance(text) <= room else wrap_words(text, fm, room))
         size = label.textItem.boundingRect()
         right = at + size.width() <= box.right()
         left = at if right else at - size.width()

@@ -72,12 +72,13 @@ def test_config_change_lines_scroll_out(panel):
 def test_cue_labels_inside_the_plot_and_apart(panel, qtbot):
     """Long cue labels, close together and near the right edge: each stays inside the plot (on the left
     of its line, or wrapped) and no two meet; a label with no free height is hidden, not printed over."""
-    texts = ["cue: two long prompts arrive, each prefilled in one step", "chunked prefill off → on",
+    texts = ["cue: two long prompts arrive, each prefilled in one long step: TTFT and TPOT spike at once",
+             "chunked prefill off → on",
              "cue: chunked prefill lets decodes slip in between", "cue: the same burst again", "max_num_seqs 8 → 32"]
     for i in range(40):
         panel.add_step(step(i, 1.0 + 0.03 * i, decode=4))
-        if i in (5, 30, 34, 37, 39):
-            panel.mark_config_change(texts[(5, 30, 34, 37, 39).index(i)])
+        if i in (20, 30, 34, 37, 39):  # the first in the middle: too long for either side, it wraps
+            panel.mark_config_change(texts[(20, 30, 34, 37, 39).index(i)])
     panel.flush()
     qtbot.wait(50)  # labels take their place on screen when painted
     box = panel._tokens_plot.getPlotItem().vb.sceneBoundingRect()
