@@ -23,12 +23,14 @@ def wrap_words(text: str, fm: QFontMetricsF, width: float) -> str:
     return "\n".join(lines)
 
 
-def place_line_labels(vb: pg.ViewBox, marks: list[tuple[float, pg.InfLineLabel, str]]) -> None:
-    """marks: (the line's x in view coordinates, its label, the label's text), placed in this order."""
+def place_line_labels(vb: pg.ViewBox, marks: list[tuple[float, pg.InfLineLabel, str]],
+                      avoid: list[QRectF] = ()) -> None:
+    """marks: (the line's x in view coordinates, its label, the label's text), placed in this order;
+    avoid: what else a label must not cover (a legend inside the plot), in scene coordinates."""
     box = vb.sceneBoundingRect()
     if box.width() <= 0 or box.height() <= 0:
         return
-    taken: list[QRectF] = []
+    taken: list[QRectF] = list(avoid)
     for x, label, text in marks:
         if not label.line.isVisible():
             continue

@@ -237,8 +237,10 @@ class TimelinePanel(Panel):
 
     def _place_mark_labels(self) -> None:
         """Each cue's label inside the plot, apart from the others (widgets/line_labels.py)."""
-        place_line_labels(self._tokens_plot.getPlotItem().vb,
-                          [(x, lines[0].label, text) for x, text, lines in self._marks])
+        plot = self._tokens_plot.getPlotItem()
+        legend = plot.legend  # inside the data at scale 1 (presenter mode makes it a line above the plot)
+        avoid = [legend.sceneBoundingRect()] if legend is not None and legend.isVisible() else []
+        place_line_labels(plot.vb, [(x, lines[0].label, text) for x, text, lines in self._marks], avoid)
 
     def _drop_scrolled_marks(self) -> None:
         if not self._steps:
