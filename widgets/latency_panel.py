@@ -91,6 +91,7 @@ class LatencyPanel(Panel):
         label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         label.setWordWrap(True)  # growing numbers must not widen the dock
         self._plots[key], self._lines[key], self._labels[key] = w, lines, label
+        p.vb.sigResized.connect(lambda *_: self._mark_dirty())  # its line labels are placed for its size
         grid.addWidget(w, 0, col)
         grid.addWidget(label, 1, col)
 

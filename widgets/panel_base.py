@@ -35,8 +35,7 @@ class Panel(QWidget):
         if self._dirty:
             self._dirty = False
             self._repaint()
-        if self._presenter_scale > 1.0:  # new titles, or a dock resized: fit them to the room they have
-            fit_texts(self, self._presenter_scale)
+            fit_texts(self, self._presenter_scale)  # new titles, or a dock resized: fit them to their room
 
     def set_repaint_interval(self, ms: int, phase_ms: int = 0) -> None:
         """How often the timer repaints (the app slows it when the GUI's CPU time would slow the engine).
@@ -112,8 +111,7 @@ class Panel(QWidget):
         super().showEvent(event)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        if self._presenter_scale > 1.0:
-            self._mark_dirty()  # new room: titles and axis labels are fitted again at the next repaint
+        self._mark_dirty()  # new room: titles (and at presenter scale axis labels) are fitted again
         super().resizeEvent(event)
 
     def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)

@@ -169,13 +169,14 @@ def _scale_scatter(item: pg.ScatterPlotItem, scale: float) -> None:
 
 # --- fitting: wrap titles, shrink axis labels, so nothing is cut ----------------------------------
 def fit_texts(root: QWidget, scale: float) -> None:
-    """After a repaint at presenter scale: titles wrap at word (or legend chip) boundaries to the width
-    they have, axis labels shrink to their axis's length, and title rows take the height they need."""
-    if scale <= 1.0:
-        return
+    """After a repaint: titles wrap at word (or legend chip) boundaries to the width they have and title
+    rows take the height they need (also at scale 1: a long title in a narrow dock was cut); at presenter
+    scale axis labels also shrink to their axis's length."""
     for plot in plot_items(root):
-        _fit_title(plot, scale)
+        _fit_title(plot, max(1.0, scale))
         _fit_title_row(plot)
+        if scale <= 1.0:
+            continue
         plot.layout.activate()  # the axes get their new lengths before their labels are fitted to them
         for name in ("left", "bottom", "right", "top"):
             _fit_axis_label(plot.getAxis(name), scale)

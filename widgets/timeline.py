@@ -50,6 +50,8 @@ class TimelinePanel(Panel):
         self._marks: deque[tuple[int, str, tuple[pg.InfiniteLine, ...]]] = deque()
 
         self._tokens_plot = pg.PlotWidget()
+        # the cue labels are placed for the plot's size: placed again when it changes (a title re-fitted)
+        self._tokens_plot.getPlotItem().vb.sigResized.connect(lambda *_: self._place_mark_labels())
         self._queue_plot = pg.PlotWidget()
         self._time_plot = pg.PlotWidget()
         tp, qp, wp = (w.getPlotItem() for w in (self._tokens_plot, self._queue_plot, self._time_plot))
