@@ -115,7 +115,7 @@ def test_screenshot_that_raises_stops_the_engine_thread_first(qapp, tiny_llama, 
 
     hosts = recording_hosts(monkeypatch)
 
-    async def failing_screenshot(window, host, out, run_seconds):
+    async def failing_screenshot(window, host, out, run_seconds, **_options):
         assert await gui.wait_loaded(window, host) is None
         raise RuntimeError("grab failed")
 
