@@ -158,3 +158,23 @@ def test_a_preset_whose_engine_cannot_be_built_fails_once_and_keeps_the_engine(q
         wait_until(qapp, lambda: host.engine.stats().num_finished > finished_before, 10)  # it still serves
     finally:
         close_window(window)
+
+
+def test_screenshot_with_report_samples_the_run(qapp, tiny_llama, tmp_path, monkeypatch):
+    """--report: the running preset's queue, goodput and latency sampled during the run, with a verdict."""
+    import json
+
+    import app.soak as soak
+
+    monkeypatch.setattr(soak.sample_run, "__defaults__", (1.0,))  # a sample every second
+    preset = tmp_path / "busy.toml"
+    preset.write_text(GOOD + "[workload]\narrival_rate = 4.0\nprompt_tokens = [8, 16]\noutput_tokens = [4, 8]\n"
+                      "autostart = true\n")
+    report = tmp_path / "report.json"
+    assert run_screenshot(["--screenshot", str(tmp_path / "out.png"), "--preset", str(preset), "--model",
+                           str(tiny_llama), "--run-seconds", "5", "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["preset"] == str(preset) and data["verdict"] in ("keeps up", "queue grows")
+    assert len(data["samples"]) >= 4
+    assert any(s["finished_in_window"] for s in data["samples"])  # the load ran while it was sampled
+    assert all(isinstance(s["waiting"], int) for s in data["samples"])
