@@ -65,6 +65,11 @@ class EngineConfig:
     # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
     # buffers run without capture (what the tests check). Off by default.
     cuda_graphs: bool = False
+    # bf16 on the CPU, 16-bit KV cache, compile off: a decode-only step of 1..8 rows without LoRA adapters
+    # runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged attention, MLP, lm_head) in one
+    # native call (engine/runner/fused.py) instead of ~360 small torch ops; StepStats.forward_path says
+    # which path each step ran. Everything else runs layer by layer. Fixed at start-up.
+    fused_decode: bool = True
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

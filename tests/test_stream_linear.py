@@ -10,14 +10,12 @@ import torch.nn.functional as F
 from engine.models.layers.linear import Linear, set_stream_kernel
 from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
 from engine.runner.kernels import stream_linear_kernel
+from tests.conftest import built_kernel
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
 def kernel(request):
-    mod = stream_linear_kernel(portable=request.param)
-    if mod is None:
-        pytest.skip("no C++ toolchain to build the kernel")
-    return mod
+    return built_kernel(stream_linear_kernel, request.param)
 
 
 def close_to(y: torch.Tensor, exact: torch.Tensor) -> None:

@@ -119,6 +119,13 @@ static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t 
   return bias->to(torch::kFloat32).contiguous();
 }
 
+// Raw entry (the fused decode step calls it too): x (M, K) with M <= 8, w (N, K) -> y (M, N), bias float32 or null.
+static void linear_bf16(const uint16_t* xp, int64_t M, const uint16_t* wp, const float* bp, int64_t K, int64_t N,
+                        uint16_t* yp) {
+  RowsFn rows = bf16_rows_for(M);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+}
+
 // x (M, K) bf16 with M <= 8, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums.
 torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16 x and W only");
@@ -130,11 +137,8 @@ torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
   auto y = torch::empty({M, N}, x.options());
   auto bf = bias_f32(bias, N);
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  RowsFn rows = bf16_rows_for(M);
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+  linear_bf16(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, reinterpret_cast<const uint16_t*>(wc.data_ptr()),
+              bp, K, N, reinterpret_cast<uint16_t*>(y.data_ptr()));
   return y;
 }
 
@@ -285,6 +289,25 @@ static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* 
 using Int4Fn = void (*)(const uint16_t*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, uint16_t*,
                         const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
+// Raw entry (the fused decode step calls it too): x (M, K), any M; scratch gx (M * 2 * K / group floats) and
+// xperm (M * K values), so a caller that runs many layers allocates them once.
+static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                        const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
+  const int64_t pairs = 2 * (K / group);
+  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx + m * pairs, xperm + m * K);
+  static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
+  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+    const int64_t t = std::min(kTile, M - m0);
+    Int4Fn rows = table[t - 1];
+#ifdef INFERLAB_AVX512_BF16
+    if (t == 1) rows = int4_rows_x4;
+#endif
+    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+      rows(xperm + m0 * K, gx + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N, group, n0, n1);
+    });
+  }
+}
+
 // x (M, K) bf16, codes (N, K / 2) uint8 in the chunk layout above, sz (N, K / group, 2) bf16
 // -> (M, N) bf16 (+ bias). K a multiple of 64 and of the group size; group a multiple of 32.
 torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group,
@@ -301,27 +324,11 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   auto szc = sz.contiguous();
   auto y = torch::empty({M, N}, x.options());
   auto bf = bias_f32(bias, N);
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const int64_t pairs = 2 * (K / group);
-  std::vector<float> gx(M * pairs);
+  std::vector<float> gx(M * 2 * (K / group));
   std::vector<uint16_t> xperm(M * K);
-  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx.data() + m * pairs, xperm.data() + m * K);
-  static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
-  const uint8_t* cp = cc.data_ptr<uint8_t>();
-  const uint16_t* szp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
-    const int64_t t = std::min(kTile, M - m0);
-    Int4Fn rows = table[t - 1];
-#ifdef INFERLAB_AVX512_BF16
-    if (t == 1) rows = int4_rows_x4;
-#endif
-    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
-      rows(xperm.data() + m0 * K, gx.data() + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
-           group, n0, n1);
-    });
-  }
+  linear_int4(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, cc.data_ptr<uint8_t>(),
+              reinterpret_cast<const uint16_t*>(szc.data_ptr()), group, bf.defined() ? bf.data_ptr<float>() : nullptr,
+              K, N, reinterpret_cast<uint16_t*>(y.data_ptr()), gx.data(), xperm.data());
   return y;
 }
 
@@ -376,20 +383,10 @@ static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scale
 }
 #endif
 
-// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
-torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
-                                 c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
-              "x (M, K), int8 q (N, K)");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
-  auto xf = x.to(torch::kFloat32).contiguous();
-  auto qc = q.contiguous();
-  auto sc = scales.contiguous();
-  auto y = torch::empty({M, N}, x.options());
-  auto bf = bias_f32(bias, N);
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+// Raw entry (the fused decode step calls it too): x (M, K) bf16 with M <= 8; scratch xf (M * K floats).
+static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                        int64_t K, int64_t N, uint16_t* yp, float* xf) {
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_float(x[i]);
   using Fn = void (*)(const float*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
                       int64_t, int64_t);
   static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
@@ -398,11 +395,26 @@ torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor
 #ifdef INFERLAB_AVX512_BF16
   if (M == 1) rows = int8_rows_x4;
 #endif
-  const float* xp = xf.data_ptr<float>();
-  const int8_t* qp = qc.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, qp, sp, yp, bp, K, N, n0, n1); });
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xf, qp, sp, yp, bp, K, N, n0, n1); });
+}
+
+// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
+torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
+                                 c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
+              "x (M, K), int8 q (N, K)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
+  auto xc = x.contiguous();
+  auto qc = q.contiguous();
+  auto sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  std::vector<float> xf(M * K);
+  linear_int8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, qc.data_ptr<int8_t>(),
+              reinterpret_cast<const uint16_t*>(sc.data_ptr()), bf.defined() ? bf.data_ptr<float>() : nullptr, K, N,
+              reinterpret_cast<uint16_t*>(y.data_ptr()), xf.data());
   return y;
 }
 
@@ -431,6 +443,7 @@ bool has_avx512_bf16() {
 #endif
 }
 
+#ifndef INFERLAB_NO_MODULE  // fused_decode.cpp includes this file as its own body
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL while they run (as torch's own ops).
   m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)",
@@ -442,3 +455,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
 }
+#endif
