@@ -105,7 +105,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype)
-        self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode)
+        self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
+                                  config.int8_activations)
         self.runner.lora = self.lora
         if config.cuda_graphs:
             self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
@@ -260,8 +261,10 @@ class LLMEngine:
         self.spec.set_num_tokens(cfg.num_speculative_tokens)
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
-        if "compile" in changes and bool(cfg.compile) != self.model.compiled:
-            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode)
+        if (("compile" in changes and bool(cfg.compile) != self.model.compiled) or "fused_decode" in changes
+                or "int8_activations" in changes):
+            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
+                                      int8_activations=cfg.int8_activations)
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -403,7 +406,8 @@ class LLMEngine:
         self.runner.restore_kv(blocks)
         self.spec.restore_kv(draft_blocks)
         if compiled:
-            self.runner.set_execution(self.config.attention_backend, True, fused_decode=self.config.fused_decode)
+            self.runner.set_execution(self.config.attention_backend, True, fused_decode=self.config.fused_decode,
+                                      int8_activations=self.config.int8_activations)
 
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],

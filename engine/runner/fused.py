@@ -64,8 +64,9 @@ def _proj_args(mod: nn.Module) -> tuple | str:
 class FusedDecode:
     """The fused decode step of one runner: `plan` keeps the C++ model in step with the Python one."""
 
-    def __init__(self, kernel, model: nn.Module, block_size: int) -> None:
+    def __init__(self, kernel, model: nn.Module, block_size: int, int8_activations: bool = False) -> None:
         self.kernel = kernel
+        self.int8_activations = int8_activations  # EngineConfig.int8_activations
         self.model = model
         self.block_size = block_size
         self._plan = None
@@ -129,6 +130,7 @@ class FusedDecode:
                            None if a.q_norm is None else a.q_norm.weight.detach(),
                            None if a.k_norm is None else a.k_norm.weight.detach(),
                            *projs[1 + 4 * i : 5 + 4 * i], k, v)
+        plan.set_int8_activations(self.int8_activations)
         return plan
 
     @staticmethod

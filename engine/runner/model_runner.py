@@ -85,14 +85,16 @@ class ModelRunner:
         self.restore_kv(num_blocks)
 
     def set_execution(self, attention_backend: str, compile: bool,
-                      progress: Callable[[str, float], None] | None = None, fused_decode: bool = False) -> None:
+                      progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
+                      int8_activations: bool = False) -> None:
         """How the model runs (at start-up, and again when compile switches): compile=True compiles the
         model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
         was asked for). What is compiled is compiled lazily, by the next steps.
         `fused_decode`: decode-only steps run as one native call (engine/runner/fused.py) where it applies:
         bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
-        the compiled path), no CUDA-graph buffers."""
+        the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
+        int8 activations (EngineConfig.int8_activations)."""
         self.model.set_compiled(compile)
         self.invalidate_graphs()
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
@@ -107,7 +109,7 @@ class ModelRunner:
 
             kernel = fused_decode_kernel(progress)  # None where it cannot be built (after one warning)
             if kernel is not None:
-                self.fused = FusedDecode(kernel, self.model, self.block_size)
+                self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations)
 
     @property
     def native_decode(self):

@@ -15,6 +15,10 @@
 #include "stream_linear.cpp"
 #include "paged_decode.cpp"
 #undef INFERLAB_NO_MODULE
+#include <array>
+#include <chrono>
+#include <map>
+#include <string>
 
 namespace {
 
@@ -53,14 +57,21 @@ struct Proj {
     }
   }
 
-  // y (M, N) = x (M, K) W^T; scratch big enough for the largest K of the model.
-  void run(const uint16_t* x, int64_t M, uint16_t* y, float* fscratch, uint16_t* hscratch) const {
+  // y (M, N) = x (M, K) W^T; scratch big enough for the largest K of the model. q8: the 4- and 8-bit
+  // products with int8 activations (stream_linear.cpp), else the float bodies.
+  void run(const uint16_t* x, int64_t M, uint16_t* y, float* fscratch, uint16_t* hscratch, bool q8) const {
     if (kind == 0) {
       linear_bf16(x, M, reinterpret_cast<const uint16_t*>(a.data_ptr()),
                   bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, K, N, y);
       return;
     }
-    if (kind == 1)
+    if (kind == 1 && q8)
+      linear_int8_q8(x, M, a.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), nullptr, K, N, y,
+                     fscratch);
+    else if (kind == 2 && q8)
+      linear_int4_q8(x, M, a.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), group, nullptr, K,
+                     N, y, fscratch);
+    else if (kind == 1)
       linear_int8(x, M, a.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), nullptr, K, N, y,
                   fscratch);
     else
@@ -102,6 +113,12 @@ inline void rope(uint16_t* x, const float* cos, const float* sin, int64_t d) {
 }
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+#ifdef INFERLAB_AVX512_BF16
+inline __m512 bf16x16_to_float_reg(__m256bh h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+}
+#endif
 
 }  // namespace
 
@@ -154,6 +171,16 @@ class FusedModel {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  void set_int8_activations(bool on) { q8_ = on; }
+  // Per-op wall time of the steps run while profiling is on (scripts/fused_profile.py): seconds by op.
+  void set_profile(bool on) { profile_ = on; prof_.fill(0.0); prof_steps_ = 0; }
+  std::map<std::string, double> profile() const {
+    std::map<std::string, double> out;
+    for (size_t i = 0; i < kOps; ++i) out[kOpNames[i]] = prof_[i];
+    out["steps"] = static_cast<double>(prof_steps_);
+    return out;
+  }
+  bool int8_activations() const { return q8_; }
 
   // ids, positions, slots (n,) int64; blocks (n, max_blocks) int64; ctx_lens (n,) int64 (this token
   // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32).
@@ -191,6 +218,8 @@ class FusedModel {
     const float* cosp = cos_.data_ptr<float>();
     const float* sinp = sin_.data_ptr<float>();
 
+    if (profile_) ++prof_steps_;
+    auto t = Clock::now();
     for (int64_t r = 0; r < n; ++r) {  // the embedding rows are the first residual
       if (embed_scales_.defined()) {
         const int8_t* q = embed_.data_ptr<int8_t>() + idp[r] * H_;
@@ -200,6 +229,7 @@ class FusedModel {
         std::memcpy(res + r * H_, reinterpret_cast<const uint16_t*>(embed_.data_ptr()) + idp[r] * H_, H_ * 2);
       }
     }
+    tick(kEmbed, t);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       const uint16_t* w_in = reinterpret_cast<const uint16_t*>(L.in_norm.data_ptr());
@@ -208,7 +238,9 @@ class FusedModel {
           for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
         rms_norm(res + r * H_, w_in, H_, eps_, h + r * H_);
       }
-      L.qkv->run(h, n, qkv, fs, hs);
+      tick(kNorms, t);
+      L.qkv->run(h, n, qkv, fs, hs, q8_);
+      tick(kQkv, t);
       uint16_t* kc = reinterpret_cast<uint16_t*>(L.k_cache.data_ptr());
       uint16_t* vc = reinterpret_cast<uint16_t*>(L.v_cache.data_ptr());
       for (int64_t r = 0; r < n; ++r) {
@@ -224,26 +256,44 @@ class FusedModel {
         const float* c = cosp + pos[r] * d_;
         const float* s = sinp + pos[r] * d_;
         for (int64_t hh = 0; hh < nh_; ++hh) rope(q + hh * d_, c, s, d_);
+        for (int64_t hh = 0; hh < nkv_; ++hh) rope(k + hh * d_, c, s, d_);
+        for (int64_t i = 0; i < qs; ++i) qd[r * qs + i] = rnd(f(q[i]) * scale);
+        tick(kQkNormRope, t);
         for (int64_t hh = 0; hh < nkv_; ++hh) {
-          rope(k + hh * d_, c, s, d_);
           std::memcpy(kc + (hh * total_slots + slot[r]) * d_, k + hh * d_, d_ * 2);
           std::memcpy(vc + (hh * total_slots + slot[r]) * d_, v + hh * d_, d_ * 2);
         }
-        for (int64_t i = 0; i < qs; ++i) qd[r * qs + i] = rnd(f(q[i]) * scale);
+        tick(kKvWrite, t);
       }
       paged_decode_raw(qd, kc, vc, bt, lens, n, nkv_, group, d_, total_slots, max_blocks, block_size, att);
-      L.o->run(att, n, out, fs, hs);
+      tick(kAttention, t);
+      L.o->run(att, n, out, fs, hs, q8_);
+      tick(kOproj, t);
       const uint16_t* w_post = reinterpret_cast<const uint16_t*>(L.post_norm.data_ptr());
       for (int64_t r = 0; r < n; ++r) {
         for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
         rms_norm(res + r * H_, w_post, H_, eps_, h + r * H_);
       }
-      L.gate_up->run(h, n, gu, fs, hs);
+      tick(kNorms, t);
+      L.gate_up->run(h, n, gu, fs, hs, q8_);
+      tick(kGateUp, t);
       for (int64_t r = 0; r < n; ++r) {
         const uint16_t* g = gu + r * 2 * I_;
-        for (int64_t i = 0; i < I_; ++i) act[r * I_ + i] = rnd(f(rnd(silu(f(g[i])))) * f(g[I_ + i]));
+        int64_t i = 0;
+#ifdef INFERLAB_AVX512_BF16
+        for (; i + 16 <= I_; i += 16) {  // the same two roundings, 16 lanes at a time
+          const __m512 gv = bf16x16_to_float(g + i);
+          const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+          const __m512 sr = bf16x16_to_float_reg(_mm512_cvtneps_pbh(sv));
+          const __m512 pv = _mm512_mul_ps(sr, bf16x16_to_float(g + I_ + i));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(act + r * I_ + i), (__m256i)_mm512_cvtneps_pbh(pv));
+        }
+#endif
+        for (; i < I_; ++i) act[r * I_ + i] = rnd(f(rnd(silu(f(g[i])))) * f(g[I_ + i]));
       }
-      L.down->run(act, n, out, fs, hs);
+      tick(kSilu, t);
+      L.down->run(act, n, out, fs, hs, q8_);
+      tick(kDown, t);
     }
     auto hidden = torch::empty({n, H_}, torch::dtype(torch::kBFloat16));
     uint16_t* hid = reinterpret_cast<uint16_t*>(hidden.data_ptr());
@@ -252,16 +302,35 @@ class FusedModel {
       for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
       rms_norm(res + r * H_, w_final, H_, eps_, hid + r * H_);
     }
+    tick(kFinalNorm, t);
     const int64_t V = head_->N;
     logits_h_.resize(n * V);
-    head_->run(hid, n, logits_h_.data(), fs, hs);
+    head_->run(hid, n, logits_h_.data(), fs, hs, q8_);
     auto logits = torch::empty({n, V}, torch::dtype(torch::kFloat32));
     float* lp = logits.data_ptr<float>();
     for (int64_t i = 0; i < n * V; ++i) lp[i] = f(logits_h_[i]);
+    tick(kHead, t);
     return {hidden, logits};
   }
 
  private:
+  enum Op { kEmbed, kNorms, kQkv, kQkNormRope, kKvWrite, kAttention, kOproj, kGateUp, kSilu, kDown, kFinalNorm,
+            kHead, kOps };
+  static constexpr const char* kOpNames[kOps] = {"embed", "norms_and_adds", "qkv_proj", "qk_norm_rope_scale",
+                                                 "kv_write", "attention", "o_proj", "gate_up_proj", "silu_mul",
+                                                 "down_proj", "final_norm", "lm_head"};
+  using Clock = std::chrono::steady_clock;
+  // Adds the time since `t` to op `o` and restarts `t` (only while profiling).
+  void tick(Op o, Clock::time_point& t) {
+    if (!profile_) return;
+    const auto now = Clock::now();
+    prof_[o] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+  bool profile_ = false;
+  std::array<double, kOps> prof_{};
+  int64_t prof_steps_ = 0;
+
   void ensure_scratch() {
     if (!res_.empty()) return;
     const int64_t R = 8, qs = nh_ * d_, kvs = nkv_ * d_;
@@ -269,11 +338,13 @@ class FusedModel {
     res_.resize(R * H_); h_.resize(R * H_); out_.resize(R * H_);
     qkv_.resize(R * (qs + 2 * kvs)); qd_.resize(R * qs); att_.resize(R * qs);
     gu_.resize(R * 2 * I_); act_.resize(R * I_);
-    fscratch_.resize(R * kmax + 64);  // int8: x in float32; int4: 2 floats per group of 32 at most
+    // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more)
+    fscratch_.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax)}) + 64);
     hscratch_.resize(R * kmax + 64);  // int4: x reordered
   }
 
   int64_t H_, nh_, nkv_, d_, I_, max_k_ = 0;
+  bool q8_ = false;
   float eps_;
   torch::Tensor embed_, embed_scales_, final_norm_;
   std::shared_ptr<Proj> head_;
@@ -297,6 +368,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     torch::Tensor, std::shared_ptr<Proj>, torch::Tensor, torch::Tensor>())
       .def("add_layer", &FusedModel::add_layer)
       .def("num_layers", &FusedModel::num_layers)
+      .def("set_int8_activations", &FusedModel::set_int8_activations)
+      .def("set_profile", &FusedModel::set_profile)
+      .def("profile", &FusedModel::profile)
+      .def("int8_activations", &FusedModel::int8_activations)
       // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
       .def("step", &FusedModel::step, py::call_guard<py::gil_scoped_release>());
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");

@@ -418,6 +418,285 @@ torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor
   return y;
 }
 
+// ------------------------------------------------------------------- int8 activations (Q8, VNNI)
+// The 4-bit and 8-bit products with the activation row quantized once per call to int8, one float scale
+// per block of 32 columns (as llama.cpp's Q8 activations): x_k ~ d_b * xq_k. Integer products of codes
+// and xq (vpdpbusd: 64 byte pairs per instruction, where the CPU has AVX-512 VNNI; plain C++ elsewhere,
+// the same arithmetic) replace the bf16 products: fewer instructions per weight, so the few cores of a
+// decode keep up with the memory. The cost is x's rounding to 8 bits (the tests and `quant quality`
+// measure it); the float bodies above stay the exact path.
+//
+//   int4:  sum_k w_k x_k = sum_g [ scale_g * sum_{b in g} d_b * sum_{k in b} q_k xq_k ] + (zero_g - 8 scale_g) X_g
+//          with X_g the exact float sum of x over group g (one term per group, as the float body).
+//   int8:  sum_k w_k x_k = s_n * sum_b d_b * sum_{k in b} w_k xq_k; vpdpbusd multiplies unsigned by signed
+//          bytes, so the weights go in as w + 128 (one xor) and 128 * sum_b d_b sum_{k in b} xq_k is taken off.
+static constexpr int64_t kQBlock = 32;
+
+// Hands out consecutive pieces of one caller-owned float scratch (no allocation per call).
+struct Carve {
+  float* f;
+  float* take(int64_t n) {
+    float* p = f;
+    f += n;
+    return p;
+  }
+};
+
+// x (K,) bf16 -> xq (K,) int8 and d (ceil(K / 32),) with x_k ~ d_b xq_k; returns nothing.
+static void quantize_row_q8(const uint16_t* x, int64_t K, int8_t* xq, float* d) {
+  for (int64_t b = 0; b * kQBlock < K; ++b) {
+    const int64_t k0 = b * kQBlock, k1 = std::min(K, k0 + kQBlock);
+    float amax = 0.f;
+    for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_float(x[k])));
+    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    d[b] = scale;
+    for (int64_t k = k0; k < k1; ++k) xq[k] = static_cast<int8_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
+  }
+}
+
+// Per row of x for the int4 body: its int8 values in the order a 64-byte load of codes unpacks to
+// (per 128 columns: [chunk c's columns 0..15 for c = 0..3] then [chunk c's 16..31]; a last half block
+// zero-padded), the block scales spread to match (16 floats per 128 columns: lane i has chunk i / 4's
+// scale), and per group g the pair (-8 X_g, X_g).
+struct Q4x {
+  int8_t* xq;  // ceil(K / 128) * 128 bytes
+  float* dv;   // ceil(K / 128) * 16 floats
+  float* gx;   // 2 * K / group floats
+};
+
+static void prepare_q4x(const uint16_t* x, int64_t K, int64_t group, int8_t* tmp, float* dtmp, Q4x o) {
+  quantize_row_q8(x, K, tmp, dtmp);
+  const int64_t blocks = (K + 127) / 128;
+  std::memset(o.xq, 0, blocks * 128);
+  for (int64_t p = 0; p < blocks; ++p)
+    for (int c = 0; c < 4 && p * 128 + c * 32 < K; ++c) {
+      std::memcpy(o.xq + p * 128 + c * 16, tmp + p * 128 + c * 32, 16);
+      std::memcpy(o.xq + p * 128 + 64 + c * 16, tmp + p * 128 + c * 32 + 16, 16);
+    }
+  for (int64_t p = 0; p < blocks; ++p)
+    for (int i = 0; i < 16; ++i) {
+      const int64_t chunk = p * 4 + i / 4;
+      o.dv[p * 16 + i] = chunk * 32 < K ? dtmp[chunk] : 0.f;
+    }
+  for (int64_t g = 0; g < K / group; ++g) {
+    float s = 0.f;
+    for (int64_t j = 0; j < group; ++j) s += bf16_to_float(x[g * group + j]);
+    o.gx[2 * g] = -8.f * s;
+    o.gx[2 * g + 1] = s;
+  }
+}
+
+// Rows [n0, n1) of the codes against T rows of x prepared by prepare_q4x.
+template <int T>
+static void int4_rows_q8(const Q4x* xs, const uint8_t* codes, const uint16_t* sz, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t group, int64_t n0, int64_t n1) {
+  const int64_t groups = K / group, pairs = 2 * groups, blocks = (K + 127) / 128;
+  const int shift = log2_exact(group / 32);
+  std::vector<float> szf(pairs + 32, 0.f);
+#ifdef INFERLAB_AVX512_VNNI
+  alignas(64) int32_t idx_arr[16];
+  for (int i = 0; i < 16; ++i) idx_arr[i] = 2 * ((i / 4) >> shift);
+  const __m512i idx = _mm512_load_si512(idx_arr);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+#endif
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = codes + n * (K / 2);
+    const uint16_t* szr = sz + n * pairs;
+    float constant[T] = {};
+#ifdef INFERLAB_AVX512_VNNI
+    {  // the row's (scale, zero) table to float32, and its dot product with each x row's (-8 X_g, X_g)
+      __m512 c[T];
+      for (int t = 0; t < T; ++t) c[t] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < pairs; j += 16) {
+        const __mmask16 mk = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                             : static_cast<__mmask16>((1u << (pairs - j)) - 1);
+        const __m512 fz = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, szr + j)), 16));
+        _mm512_storeu_ps(szf.data() + j, fz);
+        for (int t = 0; t < T; ++t) c[t] = _mm512_fmadd_ps(fz, _mm512_maskz_loadu_ps(mk, xs[t].gx + j), c[t]);
+      }
+      for (int t = 0; t < T; ++t) constant[t] = _mm512_reduce_add_ps(c[t]);
+    }
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < blocks; ++p) {
+      const int64_t bytes = std::min<int64_t>(64, K / 2 - p * 64);
+      const __mmask64 m = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+      const __m512i b = _mm512_maskz_loadu_epi8(m, row + p * 64);
+      const __m512i lo = _mm512_and_si512(b, low), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+      const __m512 sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(szf.data() + 2 * ((4 * p) >> shift)));
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xq = xs[t].xq + p * 128;
+        __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+        dp = _mm512_dpbusd_epi32(dp, hi, _mm512_loadu_si512(xq + 64));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(xs[t].dv + p * 16)), acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + constant[t], bias, n);
+#else
+    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(szr[j]);
+    for (int t = 0; t < T; ++t)
+      for (int64_t j = 0; j < pairs; ++j) constant[t] += szf[j] * xs[t].gx[j];
+    for (int t = 0; t < T; ++t) {
+      float acc = 0.f;
+      for (int64_t c = 0; c < K / 32; ++c) {  // chunk c: 16 bytes, columns c*32 + j (low), + 16 (high)
+        const int8_t* xq = xs[t].xq + (c / 4) * 128 + (c % 4) * 16;
+        int32_t dot = 0;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t byte = row[c * 16 + j];
+          dot += (byte & 0x0F) * xq[j] + (byte >> 4) * xq[64 + j];
+        }
+        acc += szf[2 * (c >> shift)] * xs[t].dv[(c / 4) * 16 + (c % 4) * 4] * static_cast<float>(dot);
+      }
+      y[t * N + n] = out(acc + constant[t], bias, n);
+    }
+#endif
+  }
+}
+
+// Scratch, in floats, linear_int4_q8 needs for M rows of K columns (group >= 32).
+static int64_t q4_scratch_floats(int64_t M, int64_t K) {
+  const int64_t blocks = (K + 127) / 128;
+  return blocks * 32 + K / 32 + 8 + M * (blocks * 48 + K / 16 + 8) + 64;
+}
+
+// x (M, K) bf16, any M -> y (M, N); int4 codes with int8 activations. scratch: q4_scratch_floats floats.
+static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                           const float* bp, int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  const int64_t blocks = (K + 127) / 128;
+  std::vector<Q4x> xs(M);
+  Carve c{scratch};
+  int8_t* tmp = reinterpret_cast<int8_t*>(c.take(blocks * 32));  // K int8 (blocks * 128 bytes)
+  float* dtmp = c.take(K / 32 + 8);
+  for (int64_t m = 0; m < M; ++m) {
+    xs[m] = {reinterpret_cast<int8_t*>(c.take(blocks * 32)), c.take(blocks * 16), c.take(2 * (K / group) + 8)};
+    prepare_q4x(xp + m * K, K, group, tmp, dtmp, xs[m]);
+  }
+  using Fn = void (*)(const Q4x*, const uint8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t, int64_t);
+  static const Fn table[kTile] = {int4_rows_q8<1>, int4_rows_q8<2>, int4_rows_q8<3>, int4_rows_q8<4>};
+  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+    const int64_t t = std::min(kTile, M - m0);
+    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+      table[t - 1](xs.data() + m0, cp, szp, yp + m0 * N, bp, K, N, group, n0, n1);
+    });
+  }
+}
+
+// Per row of x for the int8 body: xq zero-padded to whole 64-byte loads, the block scales spread over
+// 16 lanes per 64 columns (lanes 0-7: the first block, 8-15: the second), and 128 * sum_b d_b sum xq_b.
+struct Q8x {
+  int8_t* xq;
+  float* dv;
+  float offset;
+};
+
+template <int M>
+static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t blocks = (K + 63) / 64;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    float dot[M];
+#ifdef INFERLAB_AVX512_VNNI
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < blocks; ++p) {
+      const int64_t bytes = std::min<int64_t>(64, K - p * 64);
+      const __mmask64 mk = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+      // w + 128 as unsigned bytes; masked-off bytes meet zero-padded xq
+      const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, row + p * 64), flip);
+      for (int m = 0; m < M; ++m) {
+        const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xs[m].xq + p * 64));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(xs[m].dv + p * 16), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) dot[m] = _mm512_reduce_add_ps(acc[m]) - xs[m].offset;
+#else
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b * kQBlock < K; ++b) {
+        int32_t s = 0;
+        for (int64_t k = b * kQBlock; k < std::min(K, (b + 1) * kQBlock); ++k) s += row[k] * xs[m].xq[k];
+        acc += xs[m].dv[(b / 2) * 16 + (b % 2) * 8] * static_cast<float>(s);
+      }
+      dot[m] = acc;
+    }
+#endif
+    const float s = bf16_to_float(scales[n]);
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(s * dot[m], bias, n);
+  }
+}
+
+static int64_t q8_scratch_floats(int64_t M, int64_t K) {
+  const int64_t blocks = (K + 63) / 64;
+  return M * (blocks * 16 + blocks * 16 + 8) + K / 32 + 72;
+}
+
+// x (M, K) bf16 with M <= 8 -> y (M, N); int8 rows with int8 activations. scratch: q8_scratch_floats floats.
+static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                           int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  const int64_t blocks = (K + 63) / 64;
+  Q8x xs[kMaxRowsBf16];
+  Carve c{scratch};
+  float* dtmp = c.take(K / 32 + 8);
+  for (int64_t m = 0; m < M; ++m) {
+    xs[m].xq = reinterpret_cast<int8_t*>(c.take(blocks * 16));
+    xs[m].dv = c.take(blocks * 16);
+    std::memset(xs[m].xq, 0, blocks * 64);
+    quantize_row_q8(x + m * K, K, xs[m].xq, dtmp);
+    float off = 0.f;
+    for (int64_t b = 0; b * kQBlock < K; ++b) {
+      int32_t s = 0;
+      for (int64_t k = b * kQBlock; k < std::min(K, (b + 1) * kQBlock); ++k) s += xs[m].xq[k];
+      off += dtmp[b] * static_cast<float>(s);
+    }
+    xs[m].offset = 128.f * off;
+    for (int64_t p = 0; p < blocks; ++p)
+      for (int i = 0; i < 16; ++i) {
+        const int64_t b = p * 2 + i / 8;
+        xs[m].dv[p * 16 + i] = b * kQBlock < K ? dtmp[b] : 0.f;
+      }
+  }
+  using Fn = void (*)(const Q8x*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t);
+  static const Fn table[kMaxRowsBf16] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
+                                         int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { table[M - 1](xs, qp, sp, yp, bp, K, N, n0, n1); });
+}
+
+// The two as tensor ops (the tests; the fused step calls the raw entries).
+torch::Tensor stream_linear_int4_q8(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte,
+              "bf16 x and scales, uint8 codes");
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 &&
+                  group <= 128 && (group & (group - 1)) == 0 && K % group == 0 && sz.numel() == N * (K / group) * 2,
+              "x (M, K), codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (32..128)");
+  auto xc = x.contiguous(), cc = codes.contiguous(), szc = sz.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  std::vector<float> scratch(q4_scratch_floats(M, K));
+  linear_int4_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, cc.data_ptr<uint8_t>(),
+                 reinterpret_cast<const uint16_t*>(szc.data_ptr()), group, nullptr, K, N,
+                 reinterpret_cast<uint16_t*>(y.data_ptr()), scratch.data());
+  return y;
+}
+
+torch::Tensor stream_linear_int8_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16 && q.scalar_type() == at::kChar,
+              "bf16 x and scales, int8 q");
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1) && x.size(0) >= 1 && x.size(0) <= kMaxRowsBf16 &&
+                  scales.numel() == q.size(0), "x (M <= 8, K), q (N, K), scales (N,)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  auto xc = x.contiguous(), qc = q.contiguous(), sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  std::vector<float> scratch(q8_scratch_floats(M, K));
+  linear_int8_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, qc.data_ptr<int8_t>(),
+                 reinterpret_cast<const uint16_t*>(sc.data_ptr()), nullptr, K, N,
+                 reinterpret_cast<uint16_t*>(y.data_ptr()), scratch.data());
+  return y;
+}
+
 // q (N, K) int codes 0..15 -> (N, K / 2) uint8 in the chunk layout.
 torch::Tensor pack_int4(torch::Tensor q) {
   TORCH_CHECK(q.dim() == 2 && q.size(1) % 32 == 0, "q (N, K) with K a multiple of 32");
@@ -451,6 +730,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_linear_int4", &stream_linear_int4, "x W^T with W as 4-bit codes + group (scale, zero)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int4_q8", &stream_linear_int4_q8, "the int4 product with int8 activations (per 32 columns)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int8_q8", &stream_linear_int8_q8, "the int8 product with int8 activations (per 32 columns)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
