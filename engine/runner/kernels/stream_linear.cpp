@@ -457,34 +457,78 @@ static void quantize_row_q8(const uint16_t* x, int64_t K, int8_t* xq, float* d) 
 // Per row of x for the int4 body: its int8 values in the order a 64-byte load of codes unpacks to
 // (per 128 columns: [chunk c's columns 0..15 for c = 0..3] then [chunk c's 16..31]; a last half block
 // zero-padded), the block scales spread to match (16 floats per 128 columns: lane i has chunk i / 4's
-// scale), and per group g the pair (-8 X_g, X_g).
+// scale), and per 128 columns the pairs (-8 X_g, X_g) of the groups there (8 floats, zero-padded), X_g
+// the exact float sum of x over group g: the zero term of the groups is then one 8-lane product with
+// the row's (scale, zero) pairs of the same columns, in the same pass.
 struct Q4x {
   int8_t* xq;  // ceil(K / 128) * 128 bytes
   float* dv;   // ceil(K / 128) * 16 floats
-  float* gx;   // 2 * K / group floats
+  float* gxv;  // ceil(K / 128) * 8 floats
 };
+
+// Groups whose (scale, zero) pairs one 128-column block of a row holds, and the first one's index.
+static inline int64_t q4_groups_in_block(int64_t p, int64_t groups, int shift) {
+  const int64_t per = shift >= 2 ? 1 : (4 >> shift);
+  return std::min(per, groups - ((4 * p) >> shift));
+}
 
 static void prepare_q4x(const uint16_t* x, int64_t K, int64_t group, int8_t* tmp, float* dtmp, Q4x o) {
   quantize_row_q8(x, K, tmp, dtmp);
-  const int64_t blocks = (K + 127) / 128;
+  const int64_t blocks = (K + 127) / 128, groups = K / group;
+  const int shift = log2_exact(group / 32);
   std::memset(o.xq, 0, blocks * 128);
   for (int64_t p = 0; p < blocks; ++p)
     for (int c = 0; c < 4 && p * 128 + c * 32 < K; ++c) {
       std::memcpy(o.xq + p * 128 + c * 16, tmp + p * 128 + c * 32, 16);
       std::memcpy(o.xq + p * 128 + 64 + c * 16, tmp + p * 128 + c * 32 + 16, 16);
     }
-  for (int64_t p = 0; p < blocks; ++p)
+  for (int64_t p = 0; p < blocks; ++p) {
     for (int i = 0; i < 16; ++i) {
       const int64_t chunk = p * 4 + i / 4;
       o.dv[p * 16 + i] = chunk * 32 < K ? dtmp[chunk] : 0.f;
     }
-  for (int64_t g = 0; g < K / group; ++g) {
-    float s = 0.f;
-    for (int64_t j = 0; j < group; ++j) s += bf16_to_float(x[g * group + j]);
-    o.gx[2 * g] = -8.f * s;
-    o.gx[2 * g + 1] = s;
+    const int64_t g0 = (4 * p) >> shift, ng = q4_groups_in_block(p, groups, shift);
+    for (int j = 0; j < 4; ++j) {
+      float sum = 0.f;
+      if (j < ng)
+        for (int64_t k = 0; k < group; ++k) sum += bf16_to_float(x[(g0 + j) * group + k]);
+      o.gxv[p * 8 + 2 * j] = -8.f * sum;
+      o.gxv[p * 8 + 2 * j + 1] = sum;
+    }
   }
 }
+
+#ifdef INFERLAB_AVX512_VNNI
+// One 128-column block of one code row against the prepared x rows: integer dot products per chunk,
+// scaled by (row scale x block scale) into acc; the block's zero terms into cacc (8 lanes).
+template <int T>
+static inline void q4_block(const uint8_t* row, const uint16_t* szr, const Q4x* xs, int64_t p, int64_t K,
+                            int64_t groups, int shift, __m512i idx, __m512* acc, __m256* cacc) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t bytes = std::min<int64_t>(64, K / 2 - p * 64);
+  const __mmask64 m = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+  const __m512i b = _mm512_maskz_loadu_epi8(m, row + p * 64);
+  const __m512i lo = _mm512_and_si512(b, low), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+  const int64_t g0 = (4 * p) >> shift;
+  const __mmask8 pm = static_cast<__mmask8>((1u << (2 * q4_groups_in_block(p, groups, shift))) - 1);
+  const __m256 fz = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(pm, szr + 2 * g0)), 16));
+  const __m512 sv = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(fz));
+  for (int t = 0; t < T; ++t) {
+    const int8_t* xq = xs[t].xq + p * 128;
+    __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+    dp = _mm512_dpbusd_epi32(dp, hi, _mm512_loadu_si512(xq + 64));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(xs[t].dv + p * 16)), acc[t]);
+    cacc[t] = _mm256_fmadd_ps(fz, _mm256_loadu_ps(xs[t].gxv + p * 8), cacc[t]);
+  }
+}
+
+// The sum of 8 float lanes.
+static inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+#endif
 
 // Rows [n0, n1) of the codes against T rows of x prepared by prepare_q4x.
 template <int T>
@@ -492,52 +536,44 @@ static void int4_rows_q8(const Q4x* xs, const uint8_t* codes, const uint16_t* sz
                          int64_t K, int64_t N, int64_t group, int64_t n0, int64_t n1) {
   const int64_t groups = K / group, pairs = 2 * groups, blocks = (K + 127) / 128;
   const int shift = log2_exact(group / 32);
-  std::vector<float> szf(pairs + 32, 0.f);
 #ifdef INFERLAB_AVX512_VNNI
   alignas(64) int32_t idx_arr[16];
   for (int i = 0; i < 16; ++i) idx_arr[i] = 2 * ((i / 4) >> shift);
   const __m512i idx = _mm512_load_si512(idx_arr);
-  const __m512i low = _mm512_set1_epi8(0x0F);
-#endif
+  int64_t n = n0;
+  if (T == 1) {  // one row of x (decode): four code rows at a time, independent chains, x loads shared
+    for (; n + 4 <= n1; n += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      __m256 cacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t p = 0; p < blocks; ++p)
+        for (int r = 0; r < 4; ++r)
+          q4_block<1>(codes + (n + r) * (K / 2), sz + (n + r) * pairs, xs, p, K, groups, shift, idx, acc + r, cacc + r);
+      for (int r = 0; r < 4; ++r) {
+        const float c = hsum8(cacc[r]);
+        y[n + r] = out(_mm512_reduce_add_ps(acc[r]) + c, bias, n + r);
+      }
+    }
+  }
+  for (; n < n1; ++n) {
+    __m512 acc[T];
+    __m256 cacc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps(), cacc[t] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < blocks; ++p)
+      q4_block<T>(codes + n * (K / 2), sz + n * pairs, xs, p, K, groups, shift, idx, acc, cacc);
+    for (int t = 0; t < T; ++t)
+      y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + hsum8(cacc[t]), bias, n);
+  }
+#else
+  std::vector<float> szf(pairs);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = codes + n * (K / 2);
-    const uint16_t* szr = sz + n * pairs;
-    float constant[T] = {};
-#ifdef INFERLAB_AVX512_VNNI
-    {  // the row's (scale, zero) table to float32, and its dot product with each x row's (-8 X_g, X_g)
-      __m512 c[T];
-      for (int t = 0; t < T; ++t) c[t] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < pairs; j += 16) {
-        const __mmask16 mk = pairs - j >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                             : static_cast<__mmask16>((1u << (pairs - j)) - 1);
-        const __m512 fz = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, szr + j)), 16));
-        _mm512_storeu_ps(szf.data() + j, fz);
-        for (int t = 0; t < T; ++t) c[t] = _mm512_fmadd_ps(fz, _mm512_maskz_loadu_ps(mk, xs[t].gx + j), c[t]);
-      }
-      for (int t = 0; t < T; ++t) constant[t] = _mm512_reduce_add_ps(c[t]);
-    }
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < blocks; ++p) {
-      const int64_t bytes = std::min<int64_t>(64, K / 2 - p * 64);
-      const __mmask64 m = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
-      const __m512i b = _mm512_maskz_loadu_epi8(m, row + p * 64);
-      const __m512i lo = _mm512_and_si512(b, low), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
-      const __m512 sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(szf.data() + 2 * ((4 * p) >> shift)));
-      for (int t = 0; t < T; ++t) {
-        const int8_t* xq = xs[t].xq + p * 128;
-        __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
-        dp = _mm512_dpbusd_epi32(dp, hi, _mm512_loadu_si512(xq + 64));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(xs[t].dv + p * 16)), acc[t]);
-      }
-    }
-    for (int t = 0; t < T; ++t) y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + constant[t], bias, n);
-#else
-    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(szr[j]);
-    for (int t = 0; t < T; ++t)
-      for (int64_t j = 0; j < pairs; ++j) constant[t] += szf[j] * xs[t].gx[j];
+    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(sz[n * pairs + j]);
     for (int t = 0; t < T; ++t) {
-      float acc = 0.f;
+      float acc = 0.f, constant = 0.f;
+      for (int64_t p = 0; p < blocks; ++p) {
+        const int64_t g0 = (4 * p) >> shift, ng = q4_groups_in_block(p, groups, shift);
+        for (int j = 0; j < 2 * ng; ++j) constant += szf[2 * g0 + j] * xs[t].gxv[p * 8 + j];
+      }
       for (int64_t c = 0; c < K / 32; ++c) {  // chunk c: 16 bytes, columns c*32 + j (low), + 16 (high)
         const int8_t* xq = xs[t].xq + (c / 4) * 128 + (c % 4) * 16;
         int32_t dot = 0;
@@ -547,16 +583,16 @@ static void int4_rows_q8(const Q4x* xs, const uint8_t* codes, const uint16_t* sz
         }
         acc += szf[2 * (c >> shift)] * xs[t].dv[(c / 4) * 16 + (c % 4) * 4] * static_cast<float>(dot);
       }
-      y[t * N + n] = out(acc + constant[t], bias, n);
+      y[t * N + n] = out(acc + constant, bias, n);
     }
-#endif
   }
+#endif
 }
 
 // Scratch, in floats, linear_int4_q8 needs for M rows of K columns (group >= 32).
 static int64_t q4_scratch_floats(int64_t M, int64_t K) {
   const int64_t blocks = (K + 127) / 128;
-  return blocks * 32 + K / 32 + 8 + M * (blocks * 48 + K / 16 + 8) + 64;
+  return blocks * 32 + K / 32 + 8 + M * (blocks * 56 + 8) + 64;
 }
 
 // x (M, K) bf16, any M -> y (M, N); int4 codes with int8 activations. scratch: q4_scratch_floats floats.
@@ -568,7 +604,7 @@ static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, con
   int8_t* tmp = reinterpret_cast<int8_t*>(c.take(blocks * 32));  // K int8 (blocks * 128 bytes)
   float* dtmp = c.take(K / 32 + 8);
   for (int64_t m = 0; m < M; ++m) {
-    xs[m] = {reinterpret_cast<int8_t*>(c.take(blocks * 32)), c.take(blocks * 16), c.take(2 * (K / group) + 8)};
+    xs[m] = {reinterpret_cast<int8_t*>(c.take(blocks * 32)), c.take(blocks * 16), c.take(blocks * 8)};
     prepare_q4x(xp + m * K, K, group, tmp, dtmp, xs[m]);
   }
   using Fn = void (*)(const Q4x*, const uint8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
@@ -594,7 +630,28 @@ template <int M>
 static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
                          int64_t K, int64_t N, int64_t n0, int64_t n1) {
   const int64_t blocks = (K + 63) / 64;
-  for (int64_t n = n0; n < n1; ++n) {
+  int64_t n = n0;
+#ifdef INFERLAB_AVX512_VNNI
+  if (M == 1) {  // one row of x (decode): four weight rows at a time, independent chains, x loads shared
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (; n + 4 <= n1; n += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t p = 0; p < blocks; ++p) {
+        const int64_t bytes = std::min<int64_t>(64, K - p * 64);
+        const __mmask64 mk = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+        const __m512i xv = _mm512_loadu_si512(xs[0].xq + p * 64);
+        const __m512 dv = _mm512_loadu_ps(xs[0].dv + p * 16);
+        for (int r = 0; r < 4; ++r) {
+          const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, q + (n + r) * K + p * 64), flip);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)), dv, acc[r]);
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        y[n + r] = out(bf16_to_float(scales[n + r]) * (_mm512_reduce_add_ps(acc[r]) - xs[0].offset), bias, n + r);
+    }
+  }
+#endif
+  for (; n < n1; ++n) {
     const int8_t* row = q + n * K;
     float dot[M];
 #ifdef INFERLAB_AVX512_VNNI
