@@ -22,6 +22,11 @@
 
 static constexpr int64_t kMaxRowsBf16 = 8;  // rows of x per pass over W (bf16)
 static constexpr int64_t kTile = 4;         // rows of x per pass over W (int4)
+// Bytes ahead in the weight stream the bodies ask for (software prefetch): a decode step's weights come
+// from memory, not from cache, and the hardware prefetcher alone leaves the core waiting on them
+// (measured in the fused step, one thread, SmolLM2 at 4 bits: 12.6 -> 7.4 ms per step).
+static constexpr int64_t kPrefetch = 2048;
+#define INFERLAB_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0)
 
 static inline uint16_t out(float v, const float* bias, int64_t n) {
   return float_to_bf16(bias == nullptr ? v : v + bias[n]);
@@ -44,6 +49,8 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     const uint16_t* w0 = w + n * K;
     const uint16_t* w1 = w0 + K;
     for (int64_t k = 0; k < kfull; k += 32) {
+      INFERLAB_PREFETCH(w0 + k);
+      INFERLAB_PREFETCH(w1 + k);
       const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + k);
       const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + k);
       for (int m = 0; m < M; ++m) {
@@ -271,6 +278,7 @@ static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* 
       const int64_t g0 = 2 * ((2 * p) >> shift), g1 = 2 * ((2 * p + 1) >> shift);
       for (int r = 0; r < 4; ++r) {
         const uint8_t* row = codes + (n + r) * (K / 2) + p * 32;
+        INFERLAB_PREFETCH(row);
         const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
         const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
         const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
@@ -373,6 +381,7 @@ static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scale
       const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
       const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + k);
       for (int r = 0; r < 4; ++r) {
+        INFERLAB_PREFETCH(q + (n + r) * K + k);
         const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, q + (n + r) * K + k)));
         acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
       }
@@ -546,8 +555,10 @@ static void int4_rows_q8(const Q4x* xs, const uint8_t* codes, const uint16_t* sz
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       __m256 cacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t p = 0; p < blocks; ++p)
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 4; ++r) {
+          INFERLAB_PREFETCH(codes + (n + r) * (K / 2) + p * 64);
           q4_block<1>(codes + (n + r) * (K / 2), sz + (n + r) * pairs, xs, p, K, groups, shift, idx, acc + r, cacc + r);
+        }
       for (int r = 0; r < 4; ++r) {
         const float c = hsum8(cacc[r]);
         y[n + r] = out(_mm512_reduce_add_ps(acc[r]) + c, bias, n + r);
@@ -642,6 +653,7 @@ static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales,
         const __m512i xv = _mm512_loadu_si512(xs[0].xq + p * 64);
         const __m512 dv = _mm512_loadu_ps(xs[0].dv + p * 16);
         for (int r = 0; r < 4; ++r) {
+          INFERLAB_PREFETCH(q + (n + r) * K + p * 64);
           const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, q + (n + r) * K + p * 64), flip);
           acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)), dv, acc[r]);
         }
