@@ -135,6 +135,23 @@ def test_greedy_generation_is_the_same_token_for_token(tiny_llama_hd64):
     assert fused.runner.last_path == PATH_FUSED and layers.runner.last_path == PATH_LAYERS
 
 
+def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
+    """The plan holds the layers' tensors: swapping the weights (set_quantization) must rebuild it."""
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = ["Hello world", "The quick brown fox"]
+    # int8_activations off: the exact bodies, the same tokens as the layer path
+    fused = _engine(tiny_llama_hd64, fused=True, int8_activations=False)
+    layers = _engine(tiny_llama_hd64, fused=False)
+    for e in (fused, layers):
+        e.generate(prompts, p)
+        assert e.runner.last_path == (PATH_FUSED if e is fused else PATH_LAYERS)
+        e.set_quantization(4)
+    a = [o.token_ids for o in fused.generate(prompts, p)]
+    assert fused.runner.last_path == PATH_FUSED
+    assert fused.runner.fused.plan(fused.runner.kv_caches) is not None
+    assert a == [o.token_ids for o in layers.generate(prompts, p)]
+
+
 def test_which_steps_take_the_fused_path(tiny_llama_hd64):
     engine = _engine(tiny_llama_hd64)
     taken = []
