@@ -255,14 +255,15 @@ class LLMEngine:
     def _reconfigure_now(self, changes) -> None:
         """A new config object (readers of engine.config see the old or the new one, never a mix); each
         part gets its own copy of the knobs it uses."""
-        self.config = cfg = dataclasses.replace(self.config, **changes)
+        old, self.config = self.config, dataclasses.replace(self.config, **changes)
+        cfg = self.config
         self.scheduler.reconfigure(SchedulerConfig.of(cfg), make_policy(cfg.policy) if "policy" in changes else None)
         self.admission.set_limits(cfg.max_queue_len, cfg.max_predicted_wait_s)
         self.spec.set_num_tokens(cfg.num_speculative_tokens)
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
-        if (("compile" in changes and bool(cfg.compile) != self.model.compiled) or "fused_decode" in changes
-                or "int8_activations" in changes):
+        if (("compile" in changes and bool(cfg.compile) != self.model.compiled)
+                or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
                                       int8_activations=cfg.int8_activations)
 

@@ -152,6 +152,19 @@ def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
     assert a == [o.token_ids for o in layers.generate(prompts, p)]
 
 
+def test_the_fused_step_switches_at_run_time(tiny_llama_hd64):
+    engine = _engine(tiny_llama_hd64, bits=4)
+    p = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for fused, q8, want in [(False, True, PATH_LAYERS), (True, False, PATH_FUSED), (True, True, PATH_FUSED)]:
+        engine.reconfigure(fused_decode=fused, int8_activations=q8)
+        engine.generate(["Hello world"], p)
+        assert engine.runner.last_path == want
+        if fused:
+            assert engine.runner.fused.plan(engine.runner.kv_caches).int8_activations() == q8
+    with pytest.raises(ValueError):
+        engine.reconfigure(fused_decode_typo=True)
+
+
 def test_which_steps_take_the_fused_path(tiny_llama_hd64):
     engine = _engine(tiny_llama_hd64)
     taken = []

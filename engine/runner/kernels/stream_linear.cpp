@@ -24,8 +24,9 @@ static constexpr int64_t kMaxRowsBf16 = 8;  // rows of x per pass over W (bf16)
 static constexpr int64_t kTile = 4;         // rows of x per pass over W (int4)
 // Bytes ahead in the weight stream the bodies ask for (software prefetch): a decode step's weights come
 // from memory, not from cache, and the hardware prefetcher alone leaves the core waiting on them
-// (measured in the fused step, one thread, SmolLM2 at 4 bits: 12.6 -> 7.4 ms per step).
-static constexpr int64_t kPrefetch = 2048;
+// (measured in the fused step, one thread, SmolLM2 at 4 bits: 12.6 ms per step without; 1, 2, 4, 8 KiB
+// ahead: 8.8, 7.0-8.1, 5.0-7.5, 6.9-7.2 ms on the shared 2-core machine, where runs vary by a third).
+static constexpr int64_t kPrefetch = 4096;
 #define INFERLAB_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0)
 
 static inline uint16_t out(float v, const float* bias, int64_t n) {
