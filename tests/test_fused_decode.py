@@ -184,6 +184,13 @@ def test_which_steps_take_the_fused_path(tiny_llama_hd64):
     assert any(p == PATH_FUSED for *_, p in taken) and any(p == PATH_LAYERS for *_, p in taken)
 
 
+def test_a_model_the_kernel_does_not_take_runs_layer_by_layer(tiny_llama):
+    engine = _engine(tiny_llama)  # head_dim 16: not the attention body's case
+    out = engine.generate(["Hello world"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4 and engine.runner.last_path == PATH_LAYERS
+    assert "head_dim" in engine.runner.fused.unsupported
+
+
 @pytest.mark.parametrize("over", [{"kv_cache_dtype": "int8"}, {"attention_backend": "reference"},
                                   {"fused_decode": False}, {"quant_bits": 8, "quant_outlier_channels": 4}])
 def test_cases_it_does_not_cover_run_layer_by_layer(tiny_llama_hd64, over):

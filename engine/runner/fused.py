@@ -88,6 +88,11 @@ class FusedDecode:
     def _build(self, kv_caches):
         m, cfg = self.model, self.model.config
         self.unsupported = None
+        if cfg.head_dim not in (64, 128) or cfg.num_attention_heads // cfg.num_key_value_heads > 8:
+            # the attention body's cases (engine/runner/kernels/paged_decode.cpp)
+            self.unsupported = f"head_dim {cfg.head_dim} with {cfg.num_attention_heads // cfg.num_key_value_heads} " \
+                               "query heads per KV head (the kernel: 64 or 128, at most 8)"
+            return None
         emb = m.embed_tokens
         if hasattr(emb, "qweight") and hasattr(emb, "scales"):  # engine/quant/embeddings.py Int8Embedding
             table, scales = emb.qweight, emb.scales
@@ -108,6 +113,14 @@ class FusedDecode:
         if bad is not None:
             self.unsupported = bad
             return None
+        try:
+            return self._make(table, scales, args, kv_caches)
+        except RuntimeError as exc:  # a shape the kernel does not take: this model runs layer by layer
+            self.unsupported = str(exc).splitlines()[0]
+            return None
+
+    def _make(self, table, scales, args, kv_caches):
+        m, cfg = self.model, self.model.config
         projs = [self.kernel.Proj(*a) for a in args]
         plan = self.kernel.FusedModel(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                                       cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps, table, scales,
