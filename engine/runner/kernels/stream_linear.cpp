@@ -437,7 +437,8 @@ torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor
 // measure it); the float bodies above stay the exact path.
 //
 //   int4:  sum_k w_k x_k = sum_g [ scale_g * sum_{b in g} d_b * sum_{k in b} q_k xq_k ] + (zero_g - 8 scale_g) X_g
-//          with X_g the exact float sum of x over group g (one term per group, as the float body).
+//          with X_g = sum_{b in g} d_b sum_{k in b} xq_k (x as rounded: the result is exactly the weights
+//          times the rounded row, as llama.cpp's Q4_1 x Q8_1).
 //   int8:  sum_k w_k x_k = s_n * sum_b d_b * sum_{k in b} w_k xq_k; vpdpbusd multiplies unsigned by signed
 //          bytes, so the weights go in as w + 128 (one xor) and 128 * sum_b d_b sum_{k in b} xq_k is taken off.
 static constexpr int64_t kQBlock = 32;
@@ -468,8 +469,9 @@ static void quantize_row_q8(const uint16_t* x, int64_t K, int8_t* xq, float* d) 
 // (per 128 columns: [chunk c's columns 0..15 for c = 0..3] then [chunk c's 16..31]; a last half block
 // zero-padded), the block scales spread to match (16 floats per 128 columns: lane i has chunk i / 4's
 // scale), and per 128 columns the pairs (-8 X_g, X_g) of the groups there (8 floats, zero-padded), X_g
-// the exact float sum of x over group g: the zero term of the groups is then one 8-lane product with
-// the row's (scale, zero) pairs of the same columns, in the same pass.
+// the sum of x over group g as rounded (sum d_b xq_k: with the exact sum, the codes' offset of 8 would
+// not cancel and x's rounding would count ~8 times over): the zero term of the groups is then one 8-lane
+// product with the row's (scale, zero) pairs of the same columns, in the same pass.
 struct Q4x {
   int8_t* xq;  // ceil(K / 128) * 128 bytes
   float* dv;   // ceil(K / 128) * 16 floats
@@ -500,8 +502,8 @@ static void prepare_q4x(const uint16_t* x, int64_t K, int64_t group, int8_t* tmp
     const int64_t g0 = (4 * p) >> shift, ng = q4_groups_in_block(p, groups, shift);
     for (int j = 0; j < 4; ++j) {
       float sum = 0.f;
-      if (j < ng)
-        for (int64_t k = 0; k < group; ++k) sum += bf16_to_float(x[(g0 + j) * group + k]);
+      if (j < ng)  // the sum of x as rounded (d_b xq_k), so the zero term cancels the codes' offset exactly
+        for (int64_t k = (g0 + j) * group; k < (g0 + j + 1) * group; ++k) sum += dtmp[k / kQBlock] * tmp[k];
       o.gxv[p * 8 + 2 * j] = -8.f * sum;
       o.gxv[p * 8 + 2 * j + 1] = sum;
     }
