@@ -65,6 +65,16 @@ class EngineConfig:
     # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
     # buffers run without capture (what the tests check). Off by default.
     cuda_graphs: bool = False
+    # bf16 on the CPU, 16-bit KV cache, compile off: a decode-only step of 1..8 rows without LoRA adapters
+    # runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged attention, MLP, lm_head) in one
+    # native call (engine/runner/fused.py) instead of ~360 small torch ops; StepStats.forward_path says
+    # which path each step ran. Everything else runs layer by layer. Switchable at run time.
+    fused_decode: bool = True
+    # In the fused decode step, 4- and 8-bit layers (and an int8 lm_head) quantize their activation row to
+    # int8 (one scale per 32 columns, as llama.cpp's Q8 activations) and multiply with integer dot products
+    # (AVX-512 VNNI where present): fewer instructions per weight. Off: the exact bf16-activation bodies.
+    # Its quality cost is measured by `inferlab bench quant` style figures (README). Switchable at run time.
+    int8_activations: bool = True
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16

@@ -77,6 +77,9 @@ class StepStats:
     flops: int = 0
     bytes_moved: int = 0
     scheduled_loras: tuple[str | None, ...] = ()  # the adapter of each entry of `scheduled` (None = base)
+    # how the model ran: "fused" (one native call, EngineConfig.fused_decode), "layers" (layer by layer),
+    # "" (no forward pass this step)
+    forward_path: str = ""
 
     @property
     def kv_usage(self) -> float:

@@ -105,7 +105,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype)
-        self.runner.set_execution(config.attention_backend, config.compile, progress)
+        self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
+                                  config.int8_activations)
         self.runner.lora = self.lora
         if config.cuda_graphs:
             self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
@@ -254,14 +255,17 @@ class LLMEngine:
     def _reconfigure_now(self, changes) -> None:
         """A new config object (readers of engine.config see the old or the new one, never a mix); each
         part gets its own copy of the knobs it uses."""
-        self.config = cfg = dataclasses.replace(self.config, **changes)
+        old, self.config = self.config, dataclasses.replace(self.config, **changes)
+        cfg = self.config
         self.scheduler.reconfigure(SchedulerConfig.of(cfg), make_policy(cfg.policy) if "policy" in changes else None)
         self.admission.set_limits(cfg.max_queue_len, cfg.max_predicted_wait_s)
         self.spec.set_num_tokens(cfg.num_speculative_tokens)
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
-        if "compile" in changes and bool(cfg.compile) != self.model.compiled:
-            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile))
+        if (("compile" in changes and bool(cfg.compile) != self.model.compiled)
+                or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
+            self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
+                                      int8_activations=cfg.int8_activations)
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -360,7 +364,7 @@ class LLMEngine:
         num_failed = sum(r.status is RequestStatus.FINISHED_ERROR for r in finished)
         stats = step_stats(step, t0, sched, self.scheduler, self.block_manager, len(finished),
                            self.admission.take_rejected(), num_failed,
-                           self._cost.count(self.model, self.weights_bytes))
+                           self._cost.count(self.model, self.weights_bytes), self.runner.last_path)
         event = EngineStepEvent(stats=stats, outputs=tuple(outputs.values()),
                                 finished=tuple(timeline(r) for r in finished), arrived=tuple(arrived),
                                 spec=self.spec.step_event(step - 1),
@@ -403,7 +407,8 @@ class LLMEngine:
         self.runner.restore_kv(blocks)
         self.spec.restore_kv(draft_blocks)
         if compiled:
-            self.runner.set_execution(self.config.attention_backend, True)
+            self.runner.set_execution(self.config.attention_backend, True, fused_decode=self.config.fused_decode,
+                                      int8_activations=self.config.int8_activations)
 
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],

@@ -114,7 +114,7 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
 
 def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
                num_finished: int, num_rejected: int, num_failed: int = 0,
-               cost: tuple[int, int] = (0, 0)) -> StepStats:
+               cost: tuple[int, int] = (0, 0), forward_path: str = "") -> StepStats:
     """The counts of one step, its wall time measured from t0 to now, and its (FLOPs, bytes moved)
     counted from the shapes it ran (engine/perf/step_counter.py)."""
     return StepStats(
@@ -135,4 +135,5 @@ def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Schedule
         scheduled=tuple((s.request.request_id, s.num_tokens, s.kind) for s in sched.scheduled),
         flops=cost[0], bytes_moved=cost[1],
         scheduled_loras=tuple(s.request.lora_name for s in sched.scheduled),
+        forward_path=forward_path,
     )

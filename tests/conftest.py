@@ -65,6 +65,15 @@ def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size()
 
 
+def built_kernel(loader, portable: bool):
+    """A native kernel module (engine/runner/kernels) for this CPU or the portable build; the test is
+    skipped where no C++ toolchain can build it."""
+    mod = loader(portable=portable)
+    if mod is None:
+        pytest.skip("no C++ toolchain to build the kernel")
+    return mod
+
+
 def build_tiny_model(folder: Path, model_type: str = "llama", seed: int = 0, **overrides) -> Path:
     import torch
     import transformers

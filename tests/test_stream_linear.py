@@ -10,14 +10,12 @@ import torch.nn.functional as F
 from engine.models.layers.linear import Linear, set_stream_kernel
 from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
 from engine.runner.kernels import stream_linear_kernel
+from tests.conftest import built_kernel
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
 def kernel(request):
-    mod = stream_linear_kernel(portable=request.param)
-    if mod is None:
-        pytest.skip("no C++ toolchain to build the kernel")
-    return mod
+    return built_kernel(stream_linear_kernel, request.param)
 
 
 def close_to(y: torch.Tensor, exact: torch.Tensor) -> None:
@@ -136,3 +134,43 @@ def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
     # one copy of every weight: what the engine reports is what its tensors hold, no packed extra
     assert fast.memory().weights_bytes == weights_bytes(fast.model) and fast.packed_bytes == 0
+
+
+def quantized_rows(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x as the int8-activation kernels see it: rounded to int8 per block of 32 columns (absmax scale)."""
+    xf = x.float()
+    k = xf.shape[1]
+    pad = (-k) % block
+    xb = torch.nn.functional.pad(xf, (0, pad)).view(xf.shape[0], -1, block)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
+    return (q * d).view(xf.shape[0], -1)[:, :k]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])
+@pytest.mark.parametrize("n, k, group", [(64, 128, 32), (33, 576, 32), (40, 576, 64), (16, 1536, 128), (5, 64, 32)])
+def test_int4_with_int8_activations_is_the_product_of_the_rounded_row(kernel, rows, n, k, group):
+    g = torch.Generator().manual_seed(rows * 7 + n + k)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    sz = torch.randn(n, k // group, 2, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = ((q.float().reshape(n, -1, group) - 8) * sz[..., :1].float() + sz[..., 1:].float()).reshape(n, k)
+    y = kernel.stream_linear_int4_q8(x, pack_int4_chunks(q), sz, group)
+    want = quantized_rows(x) @ w.t()  # the weights times x as rounded, both terms
+    close_to(y, want)
+    assert (y.float() - want).norm() / want.norm() < 0.005  # bf16 output rounding, not x's rounding again
+    # what the rounding costs: x itself moves by well under 1 % (8 bits per value, one scale per 32)
+    assert (quantized_rows(x) - x.float()).norm() / x.float().norm() < 0.01
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("n, k", [(64, 128), (37, 200), (130, 576), (3, 20)])
+def test_int8_with_int8_activations_is_the_product_of_the_rounded_row(kernel, rows, n, k):
+    g = torch.Generator().manual_seed(rows + 3 * n + k)
+    q = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    scales = torch.rand(n, generator=g).bfloat16() / 50
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = q.float() * scales.float()[:, None]
+    y, want = kernel.stream_linear_int8_q8(x, q, scales), quantized_rows(x) @ w.t()
+    close_to(y, want)
+    assert (y.float() - want).norm() / want.norm() < 0.005

@@ -39,8 +39,9 @@ def add_bench_args(p, engine_args) -> None:
     dec.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
                      help="weights: bf16, or int8 / int4 weight-only (4: the head in int8 too, as the Q4_1 GGUF's "
                           "Q8_0 table); llama.cpp runs the bf16 GGUF at 16, the source GGUF at 4")
-    dec.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
-                     help="inferlab modes to measure (default: eager and compile)")
+    dec.add_argument("--modes", nargs="+", choices=list(MODE_KNOBS), default=list(MODES),
+                     help="inferlab modes to measure (default: eager and compile; layers: eager without the "
+                          "fused decode step)")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
@@ -158,6 +159,10 @@ def _hf(engine: LLMEngine):
 
 
 MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
+# what each mode switches (between rounds): "eager" runs decode-only steps as one native call where it
+# applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline)
+MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True}, "compile": {"compile": True},
+              "layers": {"compile": False, "fused_decode": False}}
 
 
 def _alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
@@ -169,7 +174,7 @@ def _alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
     hf_runs: list[dict] = []
     for _ in range(rounds):
         for mode in modes:
-            engine.reconfigure(compile=mode == "compile")
+            engine.reconfigure(**MODE_KNOBS[mode])
             ours_runs[mode].append(ours())
         if hf is not None:
             hf_runs.append(hf())
@@ -178,11 +183,15 @@ def _alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
     return ours_runs, hf_runs
 
 
-def _warm_up(engine, run, modes: tuple[str, ...] = MODES) -> None:
-    """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them."""
+def _warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
+    """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them.
+    Returns the path each mode's last step ran (StepStats.forward_path: "fused" or "layers")."""
+    paths = {}
     for mode in modes:
-        engine.reconfigure(compile=mode == "compile")
+        engine.reconfigure(**MODE_KNOBS[mode])
         run()
+        paths[mode] = engine.runner.last_path
+    return paths
 
 
 def _throughput(args) -> dict:
@@ -226,7 +235,7 @@ def _decode(args) -> dict:
     modes = tuple(getattr(args, "modes", MODES))
     engine = _engine(args, quant_bits=bits, quant_embeddings=bits == 4)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
-    _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
+    paths = _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
     model = hf = None
     if not args.no_baseline:
         model = _hf(engine)
@@ -239,11 +248,11 @@ def _decode(args) -> dict:
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
     ours = {m: _median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
-           "stream_linear": engine.config.stream_linear,
+           "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}
     for m in modes:
-        out["inferlab" if m == "eager" else "inferlab_compile"] = _no_tokens(ours[m])
+        out["inferlab" if m == "eager" else f"inferlab_{m}"] = _no_tokens(ours[m])
     out["llama_cpp"] = _peer_summary(peer_info, peer_runs, ours)
     out["roofline"] = roofline_fractions(engine, len(prompt), args.max_tokens,
                                          {**{m: ours[m]["decode_tokens_per_s"] for m in modes},

@@ -20,6 +20,7 @@ from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
+from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
@@ -73,6 +74,9 @@ class ModelRunner:
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
+        # EngineConfig.fused_decode: decode-only steps in one native call (engine/runner/fused.py)
+        self.fused: FusedDecode | None = None
+        self.last_path = ""  # which path the last step ran: PATH_FUSED or PATH_LAYERS (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
         self.kv_int8 = kv_cache_dtype == "int8"
         # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
@@ -81,11 +85,16 @@ class ModelRunner:
         self.restore_kv(num_blocks)
 
     def set_execution(self, attention_backend: str, compile: bool,
-                      progress: Callable[[str, float], None] | None = None) -> None:
+                      progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
+                      int8_activations: bool = False) -> None:
         """How the model runs (at start-up, and again when compile switches): compile=True compiles the
         model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
-        was asked for). What is compiled is compiled lazily, by the next steps."""
+        was asked for). What is compiled is compiled lazily, by the next steps.
+        `fused_decode`: decode-only steps run as one native call (engine/runner/fused.py) where it applies:
+        bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
+        the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
+        int8 activations (EngineConfig.int8_activations)."""
         self.model.set_compiled(compile)
         self.invalidate_graphs()
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
@@ -93,6 +102,14 @@ class ModelRunner:
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
             backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
         self.backend = backend
+        self.fused = None
+        if (fused_decode and not compile and not backend.reference and not self.kv_int8
+                and self.device.type == "cpu" and self.dtype == torch.bfloat16):
+            from engine.runner.kernels import fused_decode_kernel
+
+            kernel = fused_decode_kernel(progress)  # None where it cannot be built (after one warning)
+            if kernel is not None:
+                self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations)
 
     @property
     def native_decode(self):
@@ -104,6 +121,8 @@ class ModelRunner:
         either changes (the next decode steps capture again)."""
         if self.graphs is not None:
             self.graphs.invalidate()
+        if self.fused is not None:  # it holds the layers' tensors and the caches too
+            self.fused.invalidate()
 
     def resize_kv(self, num_blocks: int) -> None:
         """New K/V tensors of `num_blocks` blocks; the slots both sizes share are copied over."""
@@ -152,7 +171,14 @@ class ModelRunner:
         # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
         decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
         order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
-        hidden = self.forward(order, bm)
+        plan = self._fused_plan(order)
+        all_logits = None
+        if plan is not None:  # the whole step in one native call: hidden states and every row's logits
+            hidden, all_logits = self.fused.run(plan, order, bm, self.kv_caches)
+            self.last_path = PATH_FUSED
+        else:
+            hidden = self.forward(order, bm)
+            self.last_path = PATH_LAYERS
         # Rows that produce a token: the last position of each request that reaches its end; every
         # position of a verify run (one per draft token, plus the bonus position).
         rows, producers, verify_spans = [], [], []
@@ -172,7 +198,7 @@ class ModelRunner:
         failed: dict[int, str] = {}
         if rows:
             row_hidden = hidden[rows]
-            logits = self.model.compute_logits(row_hidden)
+            logits = all_logits[rows] if all_logits is not None else self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             if producers:
                 result: SampleResult = sample(
@@ -194,6 +220,12 @@ class ModelRunner:
                 kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
         return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed)
+
+    def _fused_plan(self, order: list[ScheduledRequest]):
+        """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""
+        if self.fused is None or self.graphs is not None or not FusedDecode.eligible(order):
+            return None
+        return self.fused.plan(self.kv_caches)
 
     def clear_written_slots(self, s: ScheduledRequest, bm: BlockManager) -> None:
         """Zero the K/V slots this step wrote for a request that failed (its own fresh positions,

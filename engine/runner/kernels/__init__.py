@@ -8,6 +8,10 @@ matmuls; the kernel streams each sequence's K and V blocks once where they lie, 
 stream_linear.cpp: Linear layers for a few rows (decode) that read each weight once, from the one
 copy the engine keeps: bf16 rows, and 4-bit codes (half a byte per weight) with group scales
 (engine/models/layers/linear.py, engine/quant/weight_only.py).
+
+fused_decode.cpp: one native call per decode step (EngineConfig.fused_decode, engine/runner/fused.py):
+the whole transformer for 1..8 decode rows, small ops as raw loops, the products and the attention
+through the two files above (one translation unit: it includes them).
 """
 from __future__ import annotations
 
@@ -38,6 +42,16 @@ def stream_linear_kernel(progress: Callable[[str, float], None] | None = None, p
     """The compiled weight-streaming linear module (stream_linear_bf16, stream_linear_int4, pack_int4),
     or None where it cannot be built (after one warning): callers use the library's kernels then."""
     return _build("stream_linear", "the weight-streaming linear kernel", progress, portable)
+
+
+def fused_decode_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
+    """The compiled fused-decode module (FusedModel, Proj), or None where it cannot be built (after one
+    warning): the runner keeps the layer-by-layer path then."""
+    return _build("fused_decode", "the fused decode-step kernel", progress, portable)
+
+
+# Sources a kernel's translation unit includes besides itself and common.h (part of its build hash).
+_INCLUDES = {"fused_decode": ("stream_linear.cpp", "paged_decode.cpp")}
 
 
 def _build(source: str, what: str, progress: Callable[[str, float], None] | None, portable: bool):
@@ -75,7 +89,7 @@ def _source_digest(source: str) -> str:
 
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for f in (here / f"{source}.cpp", here / "common.h"):
+    for f in (here / f"{source}.cpp", here / "common.h", *(here / i for i in _INCLUDES.get(source, ()))):
         digest.update(f.read_bytes())
     return digest.hexdigest()[:10]
 

@@ -5,6 +5,9 @@
 #include <immintrin.h>
 #define INFERLAB_AVX512_BF16 1
 #endif
+#if defined(INFERLAB_AVX512_BF16) && defined(__AVX512VNNI__)
+#define INFERLAB_AVX512_VNNI 1  // integer dot products (vpdpbusd) for int8 activations
+#endif
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>

@@ -173,26 +173,11 @@ static inline void attend(const uint16_t* qs, const uint16_t* kh, const uint16_t
 #endif
 }
 
-// qd: (n, kv_heads, group, head_dim) bf16, already scaled; k_cache, v_cache: (kv_heads, slots, head_dim)
-// bf16; blocks: (n, max_blocks) int64; ctx_lens: (n,) int64. Returns (n, kv_heads, group, head_dim) bf16.
-torch::Tensor paged_decode(torch::Tensor qd, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size) {
-  TORCH_CHECK(qd.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
-              v_cache.scalar_type() == at::kBFloat16, "paged_decode: bf16 tensors only");
-  TORCH_CHECK(qd.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
-  const int64_t n = qd.size(0), kv_heads = qd.size(1), group = qd.size(2), d = qd.size(3);
-  TORCH_CHECK(group <= 8, "paged_decode: at most 8 query heads per KV head");
-  TORCH_CHECK(d == 64 || d == 128, "paged_decode: head_dim 64 or 128");
-  const int64_t slots = k_cache.size(1), max_blocks = blocks.size(1);
-  auto out = torch::empty_like(qd);
-  auto blocks_c = blocks.contiguous();
-  auto lens_c = ctx_lens.contiguous();
-  const uint16_t* q = reinterpret_cast<const uint16_t*>(qd.data_ptr());
-  const uint16_t* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
-  const uint16_t* vc = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
-  const int64_t* bt = blocks_c.data_ptr<int64_t>();
-  const int64_t* lens = lens_c.data_ptr<int64_t>();
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+// Raw entry (the fused decode step calls it too): q (n, kv_heads, group, d) scaled, caches (kv_heads, slots, d),
+// bt (n, max_blocks), lens (n,) -> o (n, kv_heads, group, d).
+static void paged_decode_raw(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* bt,
+                             const int64_t* lens, int64_t n, int64_t kv_heads, int64_t group, int64_t d,
+                             int64_t slots, int64_t max_blocks, int64_t block_size, uint16_t* o) {
   // Jobs are (sequence, KV head) pairs; each thread gets a run of them with about the same total
   // context (a fixed cost per job counts too), so the few long documents of a batch spread out.
   const int64_t jobs = n * kv_heads;
@@ -211,11 +196,33 @@ torch::Tensor paged_decode(torch::Tensor qd, torch::Tensor k_cache, torch::Tenso
       }
     }
   });
+}
+
+// qd: (n, kv_heads, group, head_dim) bf16, already scaled; k_cache, v_cache: (kv_heads, slots, head_dim)
+// bf16; blocks: (n, max_blocks) int64; ctx_lens: (n,) int64. Returns (n, kv_heads, group, head_dim) bf16.
+torch::Tensor paged_decode(torch::Tensor qd, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size) {
+  TORCH_CHECK(qd.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+              v_cache.scalar_type() == at::kBFloat16, "paged_decode: bf16 tensors only");
+  TORCH_CHECK(qd.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
+  const int64_t n = qd.size(0), kv_heads = qd.size(1), group = qd.size(2), d = qd.size(3);
+  TORCH_CHECK(group <= 8, "paged_decode: at most 8 query heads per KV head");
+  TORCH_CHECK(d == 64 || d == 128, "paged_decode: head_dim 64 or 128");
+  const int64_t slots = k_cache.size(1), max_blocks = blocks.size(1);
+  auto out = torch::empty_like(qd);
+  auto blocks_c = blocks.contiguous();
+  auto lens_c = ctx_lens.contiguous();
+  paged_decode_raw(reinterpret_cast<const uint16_t*>(qd.data_ptr()), reinterpret_cast<const uint16_t*>(k_cache.data_ptr()),
+                   reinterpret_cast<const uint16_t*>(v_cache.data_ptr()), blocks_c.data_ptr<int64_t>(),
+                   lens_c.data_ptr<int64_t>(), n, kv_heads, group, d, slots, max_blocks, block_size,
+                   reinterpret_cast<uint16_t*>(out.data_ptr()));
   return out;
 }
 
+#ifndef INFERLAB_NO_MODULE  // fused_decode.cpp includes this file as its own body
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
+#endif

@@ -22,6 +22,12 @@
 
 static constexpr int64_t kMaxRowsBf16 = 8;  // rows of x per pass over W (bf16)
 static constexpr int64_t kTile = 4;         // rows of x per pass over W (int4)
+// Bytes ahead in the weight stream the bodies ask for (software prefetch): a decode step's weights come
+// from memory, not from cache, and the hardware prefetcher alone leaves the core waiting on them
+// (measured in the fused step, one thread, SmolLM2 at 4 bits: 12.6 ms per step without; 1, 2, 4, 8 KiB
+// ahead: 8.8, 7.0-8.1, 5.0-7.5, 6.9-7.2 ms on the shared 2-core machine, where runs vary by a third).
+static constexpr int64_t kPrefetch = 4096;
+#define INFERLAB_PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0)
 
 static inline uint16_t out(float v, const float* bias, int64_t n) {
   return float_to_bf16(bias == nullptr ? v : v + bias[n]);
@@ -44,6 +50,8 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     const uint16_t* w0 = w + n * K;
     const uint16_t* w1 = w0 + K;
     for (int64_t k = 0; k < kfull; k += 32) {
+      INFERLAB_PREFETCH(w0 + k);
+      INFERLAB_PREFETCH(w1 + k);
       const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + k);
       const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + k);
       for (int m = 0; m < M; ++m) {
@@ -119,6 +127,13 @@ static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t 
   return bias->to(torch::kFloat32).contiguous();
 }
 
+// Raw entry (the fused decode step calls it too): x (M, K) with M <= 8, w (N, K) -> y (M, N), bias float32 or null.
+static void linear_bf16(const uint16_t* xp, int64_t M, const uint16_t* wp, const float* bp, int64_t K, int64_t N,
+                        uint16_t* yp) {
+  RowsFn rows = bf16_rows_for(M);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+}
+
 // x (M, K) bf16 with M <= 8, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums.
 torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16 x and W only");
@@ -130,11 +145,8 @@ torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
   auto y = torch::empty({M, N}, x.options());
   auto bf = bias_f32(bias, N);
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  RowsFn rows = bf16_rows_for(M);
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+  linear_bf16(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, reinterpret_cast<const uint16_t*>(wc.data_ptr()),
+              bp, K, N, reinterpret_cast<uint16_t*>(y.data_ptr()));
   return y;
 }
 
@@ -267,6 +279,7 @@ static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* 
       const int64_t g0 = 2 * ((2 * p) >> shift), g1 = 2 * ((2 * p + 1) >> shift);
       for (int r = 0; r < 4; ++r) {
         const uint8_t* row = codes + (n + r) * (K / 2) + p * 32;
+        INFERLAB_PREFETCH(row);
         const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
         const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low), magic);
         const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), magic);
@@ -285,6 +298,25 @@ static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* 
 using Int4Fn = void (*)(const uint16_t*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, uint16_t*,
                         const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
+// Raw entry (the fused decode step calls it too): x (M, K), any M; scratch gx (M * 2 * K / group floats) and
+// xperm (M * K values), so a caller that runs many layers allocates them once.
+static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                        const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
+  const int64_t pairs = 2 * (K / group);
+  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx + m * pairs, xperm + m * K);
+  static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
+  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+    const int64_t t = std::min(kTile, M - m0);
+    Int4Fn rows = table[t - 1];
+#ifdef INFERLAB_AVX512_BF16
+    if (t == 1) rows = int4_rows_x4;
+#endif
+    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+      rows(xperm + m0 * K, gx + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N, group, n0, n1);
+    });
+  }
+}
+
 // x (M, K) bf16, codes (N, K / 2) uint8 in the chunk layout above, sz (N, K / group, 2) bf16
 // -> (M, N) bf16 (+ bias). K a multiple of 64 and of the group size; group a multiple of 32.
 torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group,
@@ -301,27 +333,11 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   auto szc = sz.contiguous();
   auto y = torch::empty({M, N}, x.options());
   auto bf = bias_f32(bias, N);
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
-  const int64_t pairs = 2 * (K / group);
-  std::vector<float> gx(M * pairs);
+  std::vector<float> gx(M * 2 * (K / group));
   std::vector<uint16_t> xperm(M * K);
-  for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx.data() + m * pairs, xperm.data() + m * K);
-  static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
-  const uint8_t* cp = cc.data_ptr<uint8_t>();
-  const uint16_t* szp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
-    const int64_t t = std::min(kTile, M - m0);
-    Int4Fn rows = table[t - 1];
-#ifdef INFERLAB_AVX512_BF16
-    if (t == 1) rows = int4_rows_x4;
-#endif
-    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
-      rows(xperm.data() + m0 * K, gx.data() + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N,
-           group, n0, n1);
-    });
-  }
+  linear_int4(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, cc.data_ptr<uint8_t>(),
+              reinterpret_cast<const uint16_t*>(szc.data_ptr()), group, bf.defined() ? bf.data_ptr<float>() : nullptr,
+              K, N, reinterpret_cast<uint16_t*>(y.data_ptr()), gx.data(), xperm.data());
   return y;
 }
 
@@ -366,6 +382,7 @@ static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scale
       const __mmask16 mask = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
       const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + k);
       for (int r = 0; r < 4; ++r) {
+        INFERLAB_PREFETCH(q + (n + r) * K + k);
         const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, q + (n + r) * K + k)));
         acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
       }
@@ -376,20 +393,10 @@ static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scale
 }
 #endif
 
-// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
-torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
-                                 c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
-              "x (M, K), int8 q (N, K)");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
-  auto xf = x.to(torch::kFloat32).contiguous();
-  auto qc = q.contiguous();
-  auto sc = scales.contiguous();
-  auto y = torch::empty({M, N}, x.options());
-  auto bf = bias_f32(bias, N);
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+// Raw entry (the fused decode step calls it too): x (M, K) bf16 with M <= 8; scratch xf (M * K floats).
+static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                        int64_t K, int64_t N, uint16_t* yp, float* xf) {
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_float(x[i]);
   using Fn = void (*)(const float*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
                       int64_t, int64_t);
   static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
@@ -398,11 +405,367 @@ torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor
 #ifdef INFERLAB_AVX512_BF16
   if (M == 1) rows = int8_rows_x4;
 #endif
-  const float* xp = xf.data_ptr<float>();
-  const int8_t* qp = qc.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, qp, sp, yp, bp, K, N, n0, n1); });
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xf, qp, sp, yp, bp, K, N, n0, n1); });
+}
+
+// x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
+torch::Tensor stream_linear_int8(torch::Tensor x, torch::Tensor q, torch::Tensor scales,
+                                 c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16, "bf16 x and scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && x.dim() == 2 && x.size(1) == q.size(1),
+              "x (M, K), int8 q (N, K)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(M >= 1 && M <= kMaxRowsBf16 && scales.numel() == N, "1 to 8 rows; scales (N,)");
+  auto xc = x.contiguous();
+  auto qc = q.contiguous();
+  auto sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  std::vector<float> xf(M * K);
+  linear_int8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, qc.data_ptr<int8_t>(),
+              reinterpret_cast<const uint16_t*>(sc.data_ptr()), bf.defined() ? bf.data_ptr<float>() : nullptr, K, N,
+              reinterpret_cast<uint16_t*>(y.data_ptr()), xf.data());
+  return y;
+}
+
+// ------------------------------------------------------------------- int8 activations (Q8, VNNI)
+// The 4-bit and 8-bit products with the activation row quantized once per call to int8, one float scale
+// per block of 32 columns (as llama.cpp's Q8 activations): x_k ~ d_b * xq_k. Integer products of codes
+// and xq (vpdpbusd: 64 byte pairs per instruction, where the CPU has AVX-512 VNNI; plain C++ elsewhere,
+// the same arithmetic) replace the bf16 products: fewer instructions per weight, so the few cores of a
+// decode keep up with the memory. The cost is x's rounding to 8 bits (the tests and `quant quality`
+// measure it); the float bodies above stay the exact path.
+//
+//   int4:  sum_k w_k x_k = sum_g [ scale_g * sum_{b in g} d_b * sum_{k in b} q_k xq_k ] + (zero_g - 8 scale_g) X_g
+//          with X_g = sum_{b in g} d_b sum_{k in b} xq_k (x as rounded: the result is exactly the weights
+//          times the rounded row, as llama.cpp's Q4_1 x Q8_1).
+//   int8:  sum_k w_k x_k = s_n * sum_b d_b * sum_{k in b} w_k xq_k; vpdpbusd multiplies unsigned by signed
+//          bytes, so the weights go in as w + 128 (one xor) and 128 * sum_b d_b sum_{k in b} xq_k is taken off.
+static constexpr int64_t kQBlock = 32;
+
+// Hands out consecutive pieces of one caller-owned float scratch (no allocation per call).
+struct Carve {
+  float* f;
+  float* take(int64_t n) {
+    float* p = f;
+    f += n;
+    return p;
+  }
+};
+
+// x (K,) bf16 -> xq (K,) int8 and d (ceil(K / 32),) with x_k ~ d_b xq_k; returns nothing.
+static void quantize_row_q8(const uint16_t* x, int64_t K, int8_t* xq, float* d) {
+  for (int64_t b = 0; b * kQBlock < K; ++b) {
+    const int64_t k0 = b * kQBlock, k1 = std::min(K, k0 + kQBlock);
+    float amax = 0.f;
+    for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_float(x[k])));
+    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    d[b] = scale;
+    for (int64_t k = k0; k < k1; ++k) xq[k] = static_cast<int8_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
+  }
+}
+
+// Per row of x for the int4 body: its int8 values in the order a 64-byte load of codes unpacks to
+// (per 128 columns: [chunk c's columns 0..15 for c = 0..3] then [chunk c's 16..31]; a last half block
+// zero-padded), the block scales spread to match (16 floats per 128 columns: lane i has chunk i / 4's
+// scale), and per 128 columns the pairs (-8 X_g, X_g) of the groups there (8 floats, zero-padded), X_g
+// the sum of x over group g as rounded (sum d_b xq_k: with the exact sum, the codes' offset of 8 would
+// not cancel and x's rounding would count ~8 times over): the zero term of the groups is then one 8-lane
+// product with the row's (scale, zero) pairs of the same columns, in the same pass.
+struct Q4x {
+  int8_t* xq;  // ceil(K / 128) * 128 bytes
+  float* dv;   // ceil(K / 128) * 16 floats
+  float* gxv;  // ceil(K / 128) * 8 floats
+};
+
+// Groups whose (scale, zero) pairs one 128-column block of a row holds, and the first one's index.
+static inline int64_t q4_groups_in_block(int64_t p, int64_t groups, int shift) {
+  const int64_t per = shift >= 2 ? 1 : (4 >> shift);
+  return std::min(per, groups - ((4 * p) >> shift));
+}
+
+static void prepare_q4x(const uint16_t* x, int64_t K, int64_t group, int8_t* tmp, float* dtmp, Q4x o) {
+  quantize_row_q8(x, K, tmp, dtmp);
+  const int64_t blocks = (K + 127) / 128, groups = K / group;
+  const int shift = log2_exact(group / 32);
+  std::memset(o.xq, 0, blocks * 128);
+  for (int64_t p = 0; p < blocks; ++p)
+    for (int c = 0; c < 4 && p * 128 + c * 32 < K; ++c) {
+      std::memcpy(o.xq + p * 128 + c * 16, tmp + p * 128 + c * 32, 16);
+      std::memcpy(o.xq + p * 128 + 64 + c * 16, tmp + p * 128 + c * 32 + 16, 16);
+    }
+  for (int64_t p = 0; p < blocks; ++p) {
+    for (int i = 0; i < 16; ++i) {
+      const int64_t chunk = p * 4 + i / 4;
+      o.dv[p * 16 + i] = chunk * 32 < K ? dtmp[chunk] : 0.f;
+    }
+    const int64_t g0 = (4 * p) >> shift, ng = q4_groups_in_block(p, groups, shift);
+    for (int j = 0; j < 4; ++j) {
+      float sum = 0.f;
+      if (j < ng)  // the sum of x as rounded (d_b xq_k), so the zero term cancels the codes' offset exactly
+        for (int64_t k = (g0 + j) * group; k < (g0 + j + 1) * group; ++k) sum += dtmp[k / kQBlock] * tmp[k];
+      o.gxv[p * 8 + 2 * j] = -8.f * sum;
+      o.gxv[p * 8 + 2 * j + 1] = sum;
+    }
+  }
+}
+
+#ifdef INFERLAB_AVX512_VNNI
+// One 128-column block of one code row against the prepared x rows: integer dot products per chunk,
+// scaled by (row scale x block scale) into acc; the block's zero terms into cacc (8 lanes).
+template <int T>
+static inline void q4_block(const uint8_t* row, const uint16_t* szr, const Q4x* xs, int64_t p, int64_t K,
+                            int64_t groups, int shift, __m512i idx, __m512* acc, __m256* cacc) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t bytes = std::min<int64_t>(64, K / 2 - p * 64);
+  const __mmask64 m = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+  const __m512i b = _mm512_maskz_loadu_epi8(m, row + p * 64);
+  const __m512i lo = _mm512_and_si512(b, low), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+  const int64_t g0 = (4 * p) >> shift;
+  const __mmask8 pm = static_cast<__mmask8>((1u << (2 * q4_groups_in_block(p, groups, shift))) - 1);
+  const __m256 fz = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(pm, szr + 2 * g0)), 16));
+  const __m512 sv = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(fz));
+  for (int t = 0; t < T; ++t) {
+    const int8_t* xq = xs[t].xq + p * 128;
+    __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+    dp = _mm512_dpbusd_epi32(dp, hi, _mm512_loadu_si512(xq + 64));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(xs[t].dv + p * 16)), acc[t]);
+    cacc[t] = _mm256_fmadd_ps(fz, _mm256_loadu_ps(xs[t].gxv + p * 8), cacc[t]);
+  }
+}
+
+// The sum of 8 float lanes.
+static inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+#endif
+
+// Rows [n0, n1) of the codes against T rows of x prepared by prepare_q4x.
+template <int T>
+static void int4_rows_q8(const Q4x* xs, const uint8_t* codes, const uint16_t* sz, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t group, int64_t n0, int64_t n1) {
+  const int64_t groups = K / group, pairs = 2 * groups, blocks = (K + 127) / 128;
+  const int shift = log2_exact(group / 32);
+#ifdef INFERLAB_AVX512_VNNI
+  alignas(64) int32_t idx_arr[16];
+  for (int i = 0; i < 16; ++i) idx_arr[i] = 2 * ((i / 4) >> shift);
+  const __m512i idx = _mm512_load_si512(idx_arr);
+  int64_t n = n0;
+  if (T == 1) {  // one row of x (decode): four code rows at a time, independent chains, x loads shared
+    for (; n + 4 <= n1; n += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      __m256 cacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t p = 0; p < blocks; ++p)
+        for (int r = 0; r < 4; ++r) {
+          INFERLAB_PREFETCH(codes + (n + r) * (K / 2) + p * 64);
+          q4_block<1>(codes + (n + r) * (K / 2), sz + (n + r) * pairs, xs, p, K, groups, shift, idx, acc + r, cacc + r);
+        }
+      for (int r = 0; r < 4; ++r) {
+        const float c = hsum8(cacc[r]);
+        y[n + r] = out(_mm512_reduce_add_ps(acc[r]) + c, bias, n + r);
+      }
+    }
+  }
+  for (; n < n1; ++n) {
+    __m512 acc[T];
+    __m256 cacc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps(), cacc[t] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < blocks; ++p)
+      q4_block<T>(codes + n * (K / 2), sz + n * pairs, xs, p, K, groups, shift, idx, acc, cacc);
+    for (int t = 0; t < T; ++t)
+      y[t * N + n] = out(_mm512_reduce_add_ps(acc[t]) + hsum8(cacc[t]), bias, n);
+  }
+#else
+  std::vector<float> szf(pairs);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = codes + n * (K / 2);
+    for (int64_t j = 0; j < pairs; ++j) szf[j] = bf16_to_float(sz[n * pairs + j]);
+    for (int t = 0; t < T; ++t) {
+      float acc = 0.f, constant = 0.f;
+      for (int64_t p = 0; p < blocks; ++p) {
+        const int64_t g0 = (4 * p) >> shift, ng = q4_groups_in_block(p, groups, shift);
+        for (int j = 0; j < 2 * ng; ++j) constant += szf[2 * g0 + j] * xs[t].gxv[p * 8 + j];
+      }
+      for (int64_t c = 0; c < K / 32; ++c) {  // chunk c: 16 bytes, columns c*32 + j (low), + 16 (high)
+        const int8_t* xq = xs[t].xq + (c / 4) * 128 + (c % 4) * 16;
+        int32_t dot = 0;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t byte = row[c * 16 + j];
+          dot += (byte & 0x0F) * xq[j] + (byte >> 4) * xq[64 + j];
+        }
+        acc += szf[2 * (c >> shift)] * xs[t].dv[(c / 4) * 16 + (c % 4) * 4] * static_cast<float>(dot);
+      }
+      y[t * N + n] = out(acc + constant, bias, n);
+    }
+  }
+#endif
+}
+
+// Scratch, in floats, linear_int4_q8 needs for M rows of K columns (group >= 32).
+static int64_t q4_scratch_floats(int64_t M, int64_t K) {
+  const int64_t blocks = (K + 127) / 128;
+  return blocks * 32 + K / 32 + 8 + M * (blocks * 56 + 8) + 64;
+}
+
+// x (M, K) bf16, any M -> y (M, N); int4 codes with int8 activations. scratch: q4_scratch_floats floats.
+static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                           const float* bp, int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  const int64_t blocks = (K + 127) / 128;
+  std::vector<Q4x> xs(M);
+  Carve c{scratch};
+  int8_t* tmp = reinterpret_cast<int8_t*>(c.take(blocks * 32));  // K int8 (blocks * 128 bytes)
+  float* dtmp = c.take(K / 32 + 8);
+  for (int64_t m = 0; m < M; ++m) {
+    xs[m] = {reinterpret_cast<int8_t*>(c.take(blocks * 32)), c.take(blocks * 16), c.take(blocks * 8)};
+    prepare_q4x(xp + m * K, K, group, tmp, dtmp, xs[m]);
+  }
+  using Fn = void (*)(const Q4x*, const uint8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t, int64_t);
+  static const Fn table[kTile] = {int4_rows_q8<1>, int4_rows_q8<2>, int4_rows_q8<3>, int4_rows_q8<4>};
+  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+    const int64_t t = std::min(kTile, M - m0);
+    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+      table[t - 1](xs.data() + m0, cp, szp, yp + m0 * N, bp, K, N, group, n0, n1);
+    });
+  }
+}
+
+// Per row of x for the int8 body: xq zero-padded to whole 64-byte loads, the block scales spread over
+// 16 lanes per 64 columns (lanes 0-7: the first block, 8-15: the second), and 128 * sum_b d_b sum xq_b.
+struct Q8x {
+  int8_t* xq;
+  float* dv;
+  float offset;
+};
+
+template <int M>
+static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t blocks = (K + 63) / 64;
+  int64_t n = n0;
+#ifdef INFERLAB_AVX512_VNNI
+  if (M == 1) {  // one row of x (decode): four weight rows at a time, independent chains, x loads shared
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (; n + 4 <= n1; n += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t p = 0; p < blocks; ++p) {
+        const int64_t bytes = std::min<int64_t>(64, K - p * 64);
+        const __mmask64 mk = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+        const __m512i xv = _mm512_loadu_si512(xs[0].xq + p * 64);
+        const __m512 dv = _mm512_loadu_ps(xs[0].dv + p * 16);
+        for (int r = 0; r < 4; ++r) {
+          INFERLAB_PREFETCH(q + (n + r) * K + p * 64);
+          const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, q + (n + r) * K + p * 64), flip);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)), dv, acc[r]);
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        y[n + r] = out(bf16_to_float(scales[n + r]) * (_mm512_reduce_add_ps(acc[r]) - xs[0].offset), bias, n + r);
+    }
+  }
+#endif
+  for (; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    float dot[M];
+#ifdef INFERLAB_AVX512_VNNI
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < blocks; ++p) {
+      const int64_t bytes = std::min<int64_t>(64, K - p * 64);
+      const __mmask64 mk = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+      // w + 128 as unsigned bytes; masked-off bytes meet zero-padded xq
+      const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, row + p * 64), flip);
+      for (int m = 0; m < M; ++m) {
+        const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xs[m].xq + p * 64));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(xs[m].dv + p * 16), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) dot[m] = _mm512_reduce_add_ps(acc[m]) - xs[m].offset;
+#else
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b * kQBlock < K; ++b) {
+        int32_t s = 0;
+        for (int64_t k = b * kQBlock; k < std::min(K, (b + 1) * kQBlock); ++k) s += row[k] * xs[m].xq[k];
+        acc += xs[m].dv[(b / 2) * 16 + (b % 2) * 8] * static_cast<float>(s);
+      }
+      dot[m] = acc;
+    }
+#endif
+    const float s = bf16_to_float(scales[n]);
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(s * dot[m], bias, n);
+  }
+}
+
+static int64_t q8_scratch_floats(int64_t M, int64_t K) {
+  const int64_t blocks = (K + 63) / 64;
+  return M * (blocks * 16 + blocks * 16 + 8) + K / 32 + 72;
+}
+
+// x (M, K) bf16 with M <= 8 -> y (M, N); int8 rows with int8 activations. scratch: q8_scratch_floats floats.
+static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                           int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  const int64_t blocks = (K + 63) / 64;
+  Q8x xs[kMaxRowsBf16];
+  Carve c{scratch};
+  float* dtmp = c.take(K / 32 + 8);
+  for (int64_t m = 0; m < M; ++m) {
+    xs[m].xq = reinterpret_cast<int8_t*>(c.take(blocks * 16));
+    xs[m].dv = c.take(blocks * 16);
+    std::memset(xs[m].xq, 0, blocks * 64);
+    quantize_row_q8(x + m * K, K, xs[m].xq, dtmp);
+    float off = 0.f;
+    for (int64_t b = 0; b * kQBlock < K; ++b) {
+      int32_t s = 0;
+      for (int64_t k = b * kQBlock; k < std::min(K, (b + 1) * kQBlock); ++k) s += xs[m].xq[k];
+      off += dtmp[b] * static_cast<float>(s);
+    }
+    xs[m].offset = 128.f * off;
+    for (int64_t p = 0; p < blocks; ++p)
+      for (int i = 0; i < 16; ++i) {
+        const int64_t b = p * 2 + i / 8;
+        xs[m].dv[p * 16 + i] = b * kQBlock < K ? dtmp[b] : 0.f;
+      }
+  }
+  using Fn = void (*)(const Q8x*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
+                      int64_t, int64_t);
+  static const Fn table[kMaxRowsBf16] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
+                                         int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { table[M - 1](xs, qp, sp, yp, bp, K, N, n0, n1); });
+}
+
+// The two as tensor ops (the tests; the fused step calls the raw entries).
+torch::Tensor stream_linear_int4_q8(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte,
+              "bf16 x and scales, uint8 codes");
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 &&
+                  group <= 128 && (group & (group - 1)) == 0 && K % group == 0 && sz.numel() == N * (K / group) * 2,
+              "x (M, K), codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (32..128)");
+  auto xc = x.contiguous(), cc = codes.contiguous(), szc = sz.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  std::vector<float> scratch(q4_scratch_floats(M, K));
+  linear_int4_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, cc.data_ptr<uint8_t>(),
+                 reinterpret_cast<const uint16_t*>(szc.data_ptr()), group, nullptr, K, N,
+                 reinterpret_cast<uint16_t*>(y.data_ptr()), scratch.data());
+  return y;
+}
+
+torch::Tensor stream_linear_int8_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && scales.scalar_type() == at::kBFloat16 && q.scalar_type() == at::kChar,
+              "bf16 x and scales, int8 q");
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1) && x.size(0) >= 1 && x.size(0) <= kMaxRowsBf16 &&
+                  scales.numel() == q.size(0), "x (M <= 8, K), q (N, K), scales (N,)");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  auto xc = x.contiguous(), qc = q.contiguous(), sc = scales.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  std::vector<float> scratch(q8_scratch_floats(M, K));
+  linear_int8_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, qc.data_ptr<int8_t>(),
+                 reinterpret_cast<const uint16_t*>(sc.data_ptr()), nullptr, K, N,
+                 reinterpret_cast<uint16_t*>(y.data_ptr()), scratch.data());
   return y;
 }
 
@@ -431,6 +794,7 @@ bool has_avx512_bf16() {
 #endif
 }
 
+#ifndef INFERLAB_NO_MODULE  // fused_decode.cpp includes this file as its own body
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL while they run (as torch's own ops).
   m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)",
@@ -439,6 +803,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int4_q8", &stream_linear_int4_q8, "the int4 product with int8 activations (per 32 columns)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_linear_int8_q8", &stream_linear_int8_q8, "the int8 product with int8 activations (per 32 columns)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
 }
+#endif

@@ -1,0 +1,160 @@
+"""One native call per decode step (EngineConfig.fused_decode): the runner hands a decode-only batch
+to the C++ FusedModel (engine/runner/kernels/fused_decode.cpp), which runs the embedding, every layer,
+the final norm and the lm_head, and returns the final hidden states and the logits.
+
+At one stream on the CPU the layer-by-layer path spends about as long dispatching ~360 small torch ops
+(norms, RoPE, KV writes, casts, splits) as reading the weights; the fused step has none of that.
+
+Which steps take it, decided once per step by `ModelRunner` (`eligible`): 1..8 rows, all decodes (no
+prefill chunk, no verify run), no LoRA adapter bound to any of them, and a model whose every layer the
+kernel can read (`FusedDecode.unsupported`): bf16 Linear layers, int8 and int4 QuantLinear layers
+without 16-bit outlier columns and not in reference mode, a bf16 or int8 embedding table. The runner
+builds the FusedDecode only on the CPU in bf16 with a 16-bit KV cache and a non-reference attention
+backend. Everything else runs the layer-by-layer path, which is also what the tests hold this one to.
+
+The plan (the C++ object holding the layers' own tensors, no copies) is built on the first eligible
+step; the runner drops it whenever it drops its captured graphs (weights swapped, KV resized, released
+or restored), so the next eligible step builds it again and it never keeps old weights or caches alive.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.models.layers.linear import Linear, LinearWrapper
+
+FUSED_MAX_ROWS = 8  # the C++ step's scratch is sized for this many rows
+PATH_FUSED, PATH_LAYERS = "fused", "layers"  # what StepStats.forward_path says
+
+
+def _unwrap(mod: nn.Module) -> nn.Module:
+    """The projection a LoRA wrapper adds to (the fused step runs only rows without an adapter)."""
+    while isinstance(mod, LinearWrapper):
+        mod = mod.base
+    return mod
+
+
+def _proj_args(mod: nn.Module) -> tuple | str:
+    """(kind, a, b, group, bias) for the kernel's Proj, or why this layer cannot be fused. Quantized layers
+    (engine/quant/weight_only.py QuantLinear: `bits`, `qweight`/`scales` or `codes`/`scale_zero`) are
+    read by what they hold: the runner lies below engine.quant and does not import it."""
+    mod = _unwrap(mod)
+    empty = torch.empty(0)
+    if isinstance(mod, Linear):
+        if mod.weight.dtype != torch.bfloat16:
+            return f"a {mod.weight.dtype} Linear"
+        return (0, mod.weight.detach(), empty, 0, None if mod.bias is None else mod.bias.detach())
+    if getattr(mod, "bits", None) in (8, 4):
+        if mod.reference:
+            return "quantized layers in reference mode"
+        if mod.outlier_idx is not None:
+            return "16-bit outlier columns"
+        bias = None if mod.bias is None else mod.bias.detach()
+        if mod.bits == 8:
+            if mod.scales.dtype != torch.bfloat16:
+                return "int8 scales not in bf16"
+            return (1, mod.qweight, mod.scales, 0, bias)
+        if mod.in_features % 64:
+            return "an int4 layer whose in_features is not a multiple of 64"
+        return (2, mod.codes, mod.scale_zero, mod.group_size, bias)
+    return f"a {type(mod).__name__} projection"
+
+
+class FusedDecode:
+    """The fused decode step of one runner: `plan` keeps the C++ model in step with the Python one."""
+
+    def __init__(self, kernel, model: nn.Module, block_size: int, int8_activations: bool = False) -> None:
+        self.kernel = kernel
+        self.int8_activations = int8_activations  # EngineConfig.int8_activations
+        self.model = model
+        self.block_size = block_size
+        self._plan = None
+        self._built = False  # whether _plan is the current model's (it may be None: unsupported)
+        self.unsupported: str | None = None  # why the current model cannot run fused (None: it can)
+
+    def invalidate(self) -> None:
+        """Drop the plan and what it holds (old weights, released caches)."""
+        self._plan, self._built = None, False
+
+    def plan(self, kv_caches):
+        """The C++ model for the current modules and caches (None where they cannot run fused). Built
+        once; the runner invalidates it whenever the layers or the caches change (ModelRunner.
+        invalidate_graphs: weights swapped, KV resized, released or restored). Walking the modules every
+        step to check would cost ~0.3 ms of a ~4 ms step."""
+        if not self._built:
+            self._plan, self._built = self._build(kv_caches), True
+        return self._plan
+
+    def _build(self, kv_caches):
+        m, cfg = self.model, self.model.config
+        self.unsupported = None
+        if cfg.head_dim not in (64, 128) or cfg.num_attention_heads // cfg.num_key_value_heads > 8:
+            # the attention body's cases (engine/runner/kernels/paged_decode.cpp)
+            self.unsupported = f"head_dim {cfg.head_dim} with {cfg.num_attention_heads // cfg.num_key_value_heads} " \
+                               "query heads per KV head (the kernel: 64 or 128, at most 8)"
+            return None
+        emb = m.embed_tokens
+        if hasattr(emb, "qweight") and hasattr(emb, "scales"):  # engine/quant/embeddings.py Int8Embedding
+            table, scales = emb.qweight, emb.scales
+        elif isinstance(emb, nn.Embedding) and emb.weight.dtype == torch.bfloat16:
+            table, scales = emb.weight.detach(), None
+        else:
+            self.unsupported = f"a {type(emb).__name__} embedding"
+            return None
+        if len(kv_caches) != len(m.layers) or any(k.dtype != torch.bfloat16 for k, _ in kv_caches):
+            self.unsupported = "an 8-bit KV cache"
+            return None
+        mods = [m.lm_head]
+        for layer in m.layers:
+            a = layer.self_attn
+            mods += [a.qkv_proj, a.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+        args = [_proj_args(x) for x in mods]
+        bad = next((a for a in args if isinstance(a, str)), None)
+        if bad is not None:
+            self.unsupported = bad
+            return None
+        try:
+            return self._make(table, scales, args, kv_caches)
+        except RuntimeError as exc:  # a shape the kernel does not take: this model runs layer by layer
+            self.unsupported = str(exc).splitlines()[0]
+            return None
+
+    def _make(self, table, scales, args, kv_caches):
+        m, cfg = self.model, self.model.config
+        projs = [self.kernel.Proj(*a) for a in args]
+        plan = self.kernel.FusedModel(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                      cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps, table, scales,
+                                      m.norm.weight.detach(), projs[0], m.rotary.cos, m.rotary.sin)
+        for i, (layer, (k, v)) in enumerate(zip(m.layers, kv_caches)):
+            a = layer.self_attn
+            plan.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                           None if a.q_norm is None else a.q_norm.weight.detach(),
+                           None if a.k_norm is None else a.k_norm.weight.detach(),
+                           *projs[1 + 4 * i : 5 + 4 * i], k, v)
+        plan.set_int8_activations(self.int8_activations)
+        return plan
+
+    @staticmethod
+    def eligible(order) -> bool:
+        """A decode-only batch of 1..FUSED_MAX_ROWS rows, none of them with a LoRA adapter."""
+        return (0 < len(order) <= FUSED_MAX_ROWS
+                and all(s.kind == "decode" and s.num_tokens == 1 and s.request.lora_id == 0 for s in order))
+
+    def run(self, plan, order, bm, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden (n, hidden) bf16, logits (n, vocab) float32) of a decode-only batch."""
+        bs = self.block_size
+        ids, pos, slots, lens, tables = [], [], [], [], []
+        for s in order:
+            req = s.request
+            p = req.num_computed_tokens
+            table = bm.block_table(req.request_id)
+            ids.append(req.token_slice(p, p + 1)[0])
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            lens.append(p + 1)
+            tables.append(table)
+        width = max(-(-n // bs) for n in lens)
+        rows = [t[:width] + [0] * (width - len(t[:width])) for t in tables]
+        hidden, logits = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots),
+                                   torch.tensor(rows, dtype=torch.int64), torch.tensor(lens), bs)
+        return hidden, logits
