@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 
@@ -44,6 +43,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
+    from app.sweep_quality import quality_of
     from engine import EngineConfig, LLMEngine
     from engine.quant.quality import heldout_texts, windows
 
@@ -59,20 +59,12 @@ def main() -> None:
     rows = {}
     for name, q8 in (("16-bit", None), (f"{args.bits}-bit, bf16 activations", False),
                      (f"{args.bits}-bit, int8 activations", True)):
-        nll = kl = agree = count = 0.0
-        for ids, ref in zip(wins, refs):
-            cur = ref if q8 is None else decode_logits(q, ids, q8)
-            logp, refp = cur.log_softmax(-1), ref.log_softmax(-1)
-            target = torch.tensor(ids[1:])
-            nll -= float(logp[:-1].gather(1, target[:, None]).sum())
-            kl += float((refp.exp() * (refp - logp)).sum())
-            agree += int((refp.argmax(-1) == logp.argmax(-1)).sum())
-            count += len(ids)
-        tokens = sum(len(i) - 1 for i in wins)
-        rows[name] = {"perplexity": math.exp(nll / tokens), "kl_vs_16bit_per_token": kl / count,
-                      "top1_agreement_vs_16bit": agree / count}
-        print(f"{name:32s} ppl {rows[name]['perplexity']:8.3f}  KL {rows[name]['kl_vs_16bit_per_token']:.5f}  "
-              f"top-1 {rows[name]['top1_agreement_vs_16bit']:.4f}")
+        scored = ((ids, (ref if q8 is None else decode_logits(q, ids, q8)).log_softmax(-1), ref.log_softmax(-1))
+                  for ids, ref in zip(wins, refs))
+        got = quality_of(scored)
+        rows[name] = {"perplexity": got["perplexity"], "kl_vs_16bit_per_token": got["kl"],
+                      "top1_agreement_vs_16bit": got["agreement"]}
+        print(f"{name:32s} ppl {got['perplexity']:8.3f}  KL {got['kl']:.5f}  top-1 {got['agreement']:.4f}")
     result = {"bits": args.bits, "windows": len(wins), "window_tokens": args.window,
               "how": "teacher-forced decode steps through the fused path (held-out text, assets/heldout.txt)",
               "rows": rows}

@@ -140,8 +140,9 @@ class FusedDecode:
         return (0 < len(order) <= FUSED_MAX_ROWS
                 and all(s.kind == "decode" and s.num_tokens == 1 and s.request.lora_id == 0 for s in order))
 
-    def run(self, plan, order, bm, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
-        """(final hidden (n, hidden) bf16, logits (n, vocab) float32) of a decode-only batch."""
+    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden (n, hidden) bf16, logits (n, vocab) float32) of a decode-only batch.
+        block_rows: the runner's padding of block tables into one flat int64 tensor (ModelRunner._block_rows)."""
         bs = self.block_size
         ids, pos, slots, lens, tables = [], [], [], [], []
         for s in order:
@@ -154,7 +155,5 @@ class FusedDecode:
             lens.append(p + 1)
             tables.append(table)
         width = max(-(-n // bs) for n in lens)
-        rows = [t[:width] + [0] * (width - len(t[:width])) for t in tables]
-        hidden, logits = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots),
-                                   torch.tensor(rows, dtype=torch.int64), torch.tensor(lens), bs)
-        return hidden, logits
+        rows = block_rows(tables, width).view(len(order), width)
+        return plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows, torch.tensor(lens), bs)

@@ -174,7 +174,7 @@ class ModelRunner:
         plan = self._fused_plan(order)
         all_logits = None
         if plan is not None:  # the whole step in one native call: hidden states and every row's logits
-            hidden, all_logits = self.fused.run(plan, order, bm, self.kv_caches)
+            hidden, all_logits = self.fused.run(plan, order, bm, self._block_rows)
             self.last_path = PATH_FUSED
         else:
             hidden = self.forward(order, bm)
