@@ -97,7 +97,7 @@ def _run_window(app, loop, window, host, args, preset: str) -> int:
     with loop:
         if args.screenshot:
             return loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds,
-                                                      report=getattr(args, "report", None), preset=preset))
+                                                      report=args.report, preset=preset))
         closed = asyncio.Event()
         app.lastWindowClosed.connect(closed.set)
         loop.run_until_complete(closed.wait())

@@ -154,9 +154,7 @@ class ComparisonPanel(QWidget):
         """The panel's height that shows its title, its whole chart (bars, curve, time split) and the
         line saying when and where it was measured, at the panel's present width, without scrolling:
         what presenter mode gives it where the screen allows."""
-        content = self._content_layout.parentWidget()
-        content.resize(self.width(), content.height())  # the scroll area's width; the layout wraps to it
-        self._content_layout.activate()
+        self._content_layout.activate()  # the scroll area keeps the content at its width: wrapped to it
         shown = [w for w in (self.bars, self.curve, self.split, self.provenance) if not w.isHidden()]
         bottom = max(w.geometry().y() + max(w.height(), w.minimumHeight()) for w in shown)
         return bottom + self._content_layout.contentsMargins().bottom() + 2

@@ -28,7 +28,6 @@ _AXIS_LABELS = {"ttft": "ms", "tpot": "ms per token", "e2e": "s per request"}
 _PCT_STYLE = {50: Qt.PenStyle.SolidLine, 95: Qt.PenStyle.DashLine, 99: Qt.PenStyle.DotLine}
 
 
-PRESENTER_HISTOGRAM_PX = 115  # a histogram's least height in presenter mode, times the presenter scale
 
 
 def latency_percentiles(values) -> dict[int, float] | None:
@@ -40,6 +39,8 @@ def latency_percentiles(values) -> dict[int, float] | None:
 
 
 class LatencyPanel(Panel):
+    PRESENTER_PLOT_PX = 115  # histograms: their labels and budget line need the height on a projector
+
     def __init__(self, parent: QWidget | None = None, window_s: float = 30.0, rate_window_s: float = 5.0,
                  max_requests: int = 5000) -> None:
         super().__init__(parent)
@@ -96,12 +97,6 @@ class LatencyPanel(Panel):
         grid.addWidget(label, 1, col)
 
     # --- setters ------------------------------------------------------------------------------
-    def set_presenter_scale(self, scale: float) -> None:
-        """Larger text needs taller histograms: each keeps a readable height on a projector."""
-        super().set_presenter_scale(scale)
-        for plot in self._plots.values():
-            plot.setMinimumHeight(int(PRESENTER_HISTOGRAM_PX * scale) if scale > 1 else 0)
-
     def add_finished(self, timeline: RequestTimeline) -> None:
         self._finished.append(timeline)
         self._seen(timeline.arrival, timeline.finished if timeline.finished is not None else timeline.arrival)

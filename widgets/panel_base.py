@@ -15,10 +15,11 @@ from widgets.overlay import Overlay
 from widgets.presenter import clipped_texts, fit_texts, scale_plots
 
 REPAINT_INTERVAL_MS = 50  # 20 Hz
-PRESENTER_PLOT_MIN_PX = 80  # a plot's least height in presenter mode, times the presenter scale
 
 
 class Panel(QWidget):
+    PRESENTER_PLOT_PX = 80  # each plot's least height in presenter mode, times the scale (panels may raise it)
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._dirty = False
@@ -68,7 +69,7 @@ class Panel(QWidget):
         self._presenter_scale = scale
         scale_plots(self, scale)
         for plot in self.findChildren(pg.PlotWidget):
-            plot.setMinimumHeight(int(PRESENTER_PLOT_MIN_PX * scale) if scale > 1 else 0)
+            plot.setMinimumHeight(int(self.PRESENTER_PLOT_PX * scale) if scale > 1 else 0)
         self._mark_dirty()
 
     def presenter_scale(self) -> float:

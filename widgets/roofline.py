@@ -24,9 +24,6 @@ ROOF_COLOR = "#e15759"
 INTENSITY_RANGE = (0.1, 10_000.0)  # FLOPs per byte drawn along x
 
 
-PRESENTER_PLOT_PX = 140  # the plot's least height in presenter mode, times the presenter scale
-
-
 def si(value: float, unit: str) -> str:
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
@@ -35,6 +32,8 @@ def si(value: float, unit: str) -> str:
 
 
 class RooflinePanel(Panel):
+    PRESENTER_PLOT_PX = 140  # its legend sits above the data, inside the plot: more height on a projector
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._roofs: dict | None = None  # {"peak_flops": {dtype: FLOP/s}, "bandwidth": B/s, "how", "machine"}
@@ -85,7 +84,6 @@ class RooflinePanel(Panel):
         """On a projector: a taller plot (its legend sits above the data, inside it), and how the roofs
         were measured moves into the plot's tooltip (three lines the room does not read)."""
         super().set_presenter_scale(scale)
-        self._plot.setMinimumHeight(int(PRESENTER_PLOT_PX * scale) if scale > 1 else 0)
         self._how.setVisible(scale <= 1)
 
     def add_step(self, kind: str, intensity: float, achieved_flops: float) -> None:

@@ -26,7 +26,6 @@ DEFAULT_PRICE_PER_HOUR = 2.50
 AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
 NOT_MEASURED = "quality not measured"
 PREDICTED = "predicted"
-PRESENTER_PLOT_PX = 130  # the plot's least height in presenter mode, times the presenter scale
 _GOOD, _MID, _BAD, _NONE = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759"), QColor("#9aa0a6")
 
 
@@ -54,6 +53,8 @@ def predicted_label(p: dict) -> str:
 
 
 class TradeoffPanel(Panel):
+    PRESENTER_PLOT_PX = 130  # the chapter's chart: readable on a projector, the comparison takes the rest
+
     sigSweep = Signal()
     sigPriceChanged = Signal(float)  # $ per GPU-hour
     sigApply = Signal(dict)  # a measured point's engine configuration, to apply to the live engine
@@ -138,11 +139,6 @@ class TradeoffPanel(Panel):
         self._predicted = {predicted_label(p): {**p, "label": predicted_label(p)}
                            for p in result.get("predicted", []) if p.get("predicted") and p.get("tokens_per_s_total")}
         self._mark_dirty()
-
-    def set_presenter_scale(self, scale: float) -> None:
-        """On a projector the plot keeps a readable height (the comparison under it takes the rest)."""
-        super().set_presenter_scale(scale)
-        self._plot.setMinimumHeight(int(PRESENTER_PLOT_PX * scale) if scale > 1 else 0)
 
     def set_current(self, label: str | None) -> None:
         self._current = label
