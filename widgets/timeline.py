@@ -26,7 +26,9 @@ DEFAULT_MAX_STEPS = 600
 _PHASES = ("prefill", "decode", "verify")
 _HEADROOM = 1.3
 _MEDIAN_OF = 50  # steps behind the step-time plot's median
-MARK_LABEL_HEIGHTS = (0.9, 0.68, 0.46, 0.24)  # where a config change's label sits on the line (share of the plot)
+# where a new config change's label starts on its line (share of the plot), successive marks apart; the next
+# repaint places every label for good (widgets/line_labels.py)
+MARK_LABEL_HEIGHTS = (0.9, 0.68, 0.46, 0.24)
 
 
 def _fill_curve(plot: pg.PlotItem, phase: str) -> pg.PlotDataItem:
