@@ -36,6 +36,8 @@ from widgets.comparison_split import SplitChart
 from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
+QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
+CURVE_MAX_PX = 480  # the curve's height at most when fitted to its panel (pyqtgraph's own size hint)
 EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
               "`inferlab prepare` before the talk")
 
@@ -72,7 +74,8 @@ class ComparisonPanel(QWidget):
         self.table.verticalHeader().setFont(f)
         self.bars = BarChart(point_size=POINT_SIZE)
         self.curve = pg.PlotWidget()
-        self.curve.setMinimumHeight(180)
+        self._curve_least = 180
+        self.curve.setMinimumHeight(self._curve_least)
         self.split = SplitChart(point_size=POINT_SIZE - 1)
         self.rerun = QPushButton("Measure now (M)")
         self.rerun.setToolTip("run this comparison here, side by side on the same seeded workload")
@@ -106,7 +109,9 @@ class ComparisonPanel(QWidget):
         at = layout.indexOf(self.split) + 1 if first else 1  # 0: the title row
         layout.insertWidget(at, self.provenance)
         layout.insertWidget(at + 1, self.table)
-        self.curve.setMinimumHeight(120 if first else 180)  # what a 720-line projector has room for
+        self._curve_least = 120 if first else 180  # what a 720-line projector has room for
+        self.curve.setMinimumHeight(self._curve_least)
+        self.curve.setMaximumHeight(QWIDGETSIZE_MAX)  # no height fitted by fit_chart yet
 
     # --- setters --------------------------------------------------------------------------------
     def set_available(self, available: bool, why: str = "") -> None:
@@ -158,6 +163,19 @@ class ComparisonPanel(QWidget):
         shown = [w for w in (self.bars, self.curve, self.split, self.provenance) if not w.isHidden()]
         bottom = max(w.geometry().y() + max(w.height(), w.minimumHeight()) for w in shown)
         return bottom + self._content_layout.contentsMargins().bottom() + 2
+
+    def fit_chart(self, height: int, grow: bool = True) -> None:
+        """Presenter mode: size the curve (the one chart that can take any height) so that the title, the
+        whole chart and the "measured" line fit `height` without scrolling, as far as the curve's least
+        height allows; a taller panel gives it back up to CURVE_MAX_PX (unless not `grow`)."""
+        if self.curve.isHidden():
+            return
+        spare = height - self.chart_height()
+        if spare > 0 and not grow:
+            return
+        target = max(self._curve_least, min(CURVE_MAX_PX, self.curve.height() + spare))
+        if target != self.curve.maximumHeight():
+            self.curve.setFixedHeight(target)  # its size hint follows its size: a maximum alone never grows
 
     def result(self) -> dict | None:
         return self._result

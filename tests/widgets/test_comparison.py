@@ -2,7 +2,7 @@
 bars vs a curve, the not-built case, and no label cut short."""
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QApplication, QLabel
 
 from widgets.comparison import EMPTY_TEXT, ComparisonPanel
 from widgets.comparison_format import metric_label, ratio_text
@@ -127,3 +127,23 @@ def test_chart_first_for_the_projector(show):
     panel.set_chart_first(False)
     assert layout.indexOf(panel.provenance) == 1 and layout.indexOf(panel.table) == 2
     assert layout.indexOf(panel.table) < layout.indexOf(panel.bars)
+
+
+def test_fit_chart_shows_the_curve_and_the_measured_line_without_scrolling(show):
+    rows = [{"label": f"rate={r}", "config": {"rate": r}, "metrics": {"goodput_rps": r / 2},
+             "requests": [{"id": f"c{i}-{j}", "queue_ms": 10.0 * j, "prefill_ms": 50.0, "decode_ms": 300.0}
+                          for j in range(10)]} for i, r in enumerate((1.0, 4.0, 16.0))]
+    panel = show(ComparisonPanel(), 630, 500)
+    panel.set_chart_first(True)
+    panel.set_result(_result(knob="rate", metrics=["goodput_rps"], chart=["goodput_rps"], comparison=rows))
+    QApplication.processEvents()  # the scroll area lays its content out
+    assert panel.chart_height() > panel.height()  # the curve at pyqtgraph's own height pushes the rest down
+    panel.fit_chart(panel.height())
+    assert panel.chart_height() <= panel.height()
+    assert panel.curve.height() >= panel._curve_least
+    shrunk = panel.curve.height()
+    panel.fit_chart(panel.height() + 100)  # more room: the curve takes it back
+    QApplication.processEvents()
+    assert panel.curve.height() > shrunk
+    panel.set_chart_first(False)  # off the projector: no limit left behind
+    assert panel.curve.maximumHeight() > 10_000 and panel.curve.minimumHeight() == panel._curve_least
