@@ -8,73 +8,31 @@ only: its signals, `info` and `drain()`; never the engine inside it.
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QApplication,
-    QDockWidget,
     QLabel,
     QMainWindow,
     QProgressBar,
     QSizePolicy,
     QToolBar,
-    QWidget,
 )
 
 from app import gui_gc
 from app.controller import AppController
 from app.engine_source import EngineSource
 from app.frame_governor import FrameGovernor
-from app.knob_defaults import knob_defaults
 from app.panel_feeder import PanelFeeder
-from app.presenter_layout import (
-    PRESENTER_COMPARISON_SHARE,
-    PRESENTER_FONT_SCALE,
-    PRESENTER_PLOT_SCALE,
-    arrange_columns,
-    give_comparison_room,
-    presenter_scale,
-)
+from app.presenter_mode import PresenterMode
 from app.server_control import ServerControl
 from app.trace_recorder import TraceRecorder
 from app.tradeoff_meter import TradeoffMeter
+from app.window_docks import PANEL_TITLES, build_docks, make_panels
 from app.window_menus import build_menus
-from widgets import (
-    CaptionBanner,
-    ControlsPanel,
-    LatencyPanel,
-    MemoryPanel,
-    QuantErrorPanel,
-    RooflinePanel,
-    SpecPanel,
-    TimelinePanel,
-    TokenStreamPanel,
-    TradeoffPanel,
-    apply_theme,
-)
-from widgets.comparison import ComparisonPanel
-from widgets.lora_panel import LoraPanel
-from widgets.panel_base import Panel
-from widgets.server_panel import ServerPanel
+from widgets import CaptionBanner, apply_theme
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
-PRESENTER_REBALANCE_MS = 1500  # presenter mode: how often the comparison's share of its column is checked
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
 STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock
-PANEL_TITLES = {
-    "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
-    "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error", "comparison": "Measured comparison", "roofline": "Roofline",
-    "lora": "LoRA adapters",
-    "server": "Server (/metrics)",
-}
-
-
-def make_panels() -> dict[str, QWidget]:
-    return {"controls": ControlsPanel(defaults=knob_defaults()), "tokens": TokenStreamPanel(max_streams=16),
-            "memory": MemoryPanel(),
-            "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel(),
-            "roofline": RooflinePanel(), "lora": LoraPanel(), "server": ServerPanel()}
 
 
 class MainWindow(QMainWindow):
@@ -90,19 +48,13 @@ class MainWindow(QMainWindow):
         self.persist = persist and settings is not None
         self.panels = make_panels()
         self.caption = CaptionBanner()
-        self.docks: dict[str, QDockWidget] = {}
         self.recorder = TraceRecorder()
         self.meter = TradeoffMeter(min_seconds=tradeoff_seconds)
         self.feeder = PanelFeeder(self.panels, self.meter, self.recorder, self)
         self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
         self.server = ServerControl(host)
-        self._presenter = False
-        self._full_screen = False  # presenter mode full screen (not a headless screenshot at a given size)
-        self._normal_font: QFont | None = None
-        self._layout_before_presenting = None
         self._emphasised: tuple[str, ...] = ()
-        self._columns: list[list[QDockWidget]] = []  # presenter mode's columns of docks
-        self._build_docks()
+        self.docks = build_docks(self, self.panels)
         self._build_caption_bar()
         self._build_status_bar()
         self.theme = str(self._setting("theme", "dark"))
@@ -119,50 +71,15 @@ class MainWindow(QMainWindow):
         host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
-        self.panels["comparison"].sigShown.connect(lambda: QTimer.singleShot(0, self._give_comparison_room))
-        self._room_timer = QTimer(self)  # presenter mode: texts grow as the engine reports; re-balance
-        self._room_timer.setInterval(PRESENTER_REBALANCE_MS)
-        self._room_timer.timeout.connect(self._give_comparison_room)
+        self.presenting = PresenterMode(self, STATE_VERSION)
         self.attached_windows: list[MainWindow] = []  # File → Attach to server… opens these
         self.resize(1600, 1000)
-        self.default_state = self.saveState(STATE_VERSION)
+        self.default_state = self.saveState(STATE_VERSION)  # presenter mode arranges from it
         self.set_theme(self.theme)
         if self.persist:
             self._restore_settings()
 
     # --- construction -------------------------------------------------------------------------
-    def _build_docks(self) -> None:
-        self.setDockNestingEnabled(True)
-        for name, panel in self.panels.items():
-            dock = QDockWidget(PANEL_TITLES[name], self)
-            dock.setObjectName(f"dock-{name}")
-            dock.setWidget(panel)
-            dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                             | QDockWidget.DockWidgetFeature.DockWidgetFloatable
-                             | QDockWidget.DockWidgetFeature.DockWidgetClosable)
-            self.docks[name] = dock
-        d = self.docks
-        # three columns: controls + tradeoff/comparison | tokens + timeline | memory + latency/spec/quant/roofline
-        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["controls"])
-        self.splitDockWidget(d["controls"], d["tokens"], Qt.Orientation.Horizontal)
-        self.splitDockWidget(d["tokens"], d["memory"], Qt.Orientation.Horizontal)
-        self.splitDockWidget(d["controls"], d["tradeoff"], Qt.Orientation.Vertical)
-        self.splitDockWidget(d["tokens"], d["timeline"], Qt.Orientation.Vertical)
-        self.splitDockWidget(d["memory"], d["latency"], Qt.Orientation.Vertical)
-        self.tabifyDockWidget(d["latency"], d["spec"])
-        self.tabifyDockWidget(d["latency"], d["quant"])
-        self.tabifyDockWidget(d["latency"], d["roofline"])
-        self.tabifyDockWidget(d["latency"], d["lora"])
-        self.tabifyDockWidget(d["memory"], d["server"])  # an attached server's panel, where its memory is not
-        self.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
-        d["latency"].raise_()
-        d["tradeoff"].raise_()
-        d["memory"].raise_()
-        self.resizeDocks([d["controls"], d["tokens"], d["memory"]], [400, 640, 560], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["controls"], d["tradeoff"]], [430, 530], Qt.Orientation.Vertical)
-        self.resizeDocks([d["tokens"], d["timeline"]], [380, 580], Qt.Orientation.Vertical)
-        self.resizeDocks([d["memory"], d["latency"]], [470, 490], Qt.Orientation.Vertical)
-
     def _build_caption_bar(self) -> None:
         bar = QToolBar("Caption", self)
         bar.setObjectName("caption-bar")
@@ -256,47 +173,14 @@ class MainWindow(QMainWindow):
                 action.setChecked(n == f"theme-{name}")
 
     def set_presenter(self, on: bool, full_screen: bool = True, screen_height: int | None = None) -> None:
-        """Larger fonts and charts, the caption banner large, only the preset's panels; full screen unless
-        `full_screen` is False (headless screenshots at a given projector size)."""
-        app = QApplication.instance()
-        if on == self._presenter:
-            return
-        self._presenter = on
-        # the projector's lines: the screen's when full screen, else the size asked for (a headless
-        # screenshot; the window itself may not have shrunk to it yet)
-        screen_h = self.screen().size().height() if full_screen else (screen_height or self.height())
-        if on:
-            self._layout_before_presenting = self.saveState(STATE_VERSION)
-            self._normal_font = app.font()
-            font = QFont(self._normal_font)
-            font.setPointSizeF(self._normal_font.pointSizeF() * presenter_scale(PRESENTER_FONT_SCALE, screen_h))
-            app.setFont(font)
-            self.caption_bar.show()
-            self.statusBar().hide()  # for the room: the cue shows under the caption, the rest is the speaker's
-            self._full_screen = full_screen
-            if full_screen:
-                self.showFullScreen()
-        else:
-            if self._normal_font is not None:
-                app.setFont(self._normal_font)
-            self.statusBar().show()
-            self.showNormal()
-            if self._layout_before_presenting is not None:
-                self.restoreState(self._layout_before_presenting, STATE_VERSION)
-        self.caption.set_presenter(on, screen_h)
-        plot_scale = presenter_scale(PRESENTER_PLOT_SCALE, screen_h) if on else 1.0
-        for panel in self.panels.values():  # the charts too, not only the caption: fonts, lines, markers
-            if isinstance(panel, Panel):
-                panel.set_presenter_scale(plot_scale)
-        self.panels["comparison"].set_chart_first(on)
-        self.panels["comparison"].setMinimumHeight(int(PRESENTER_COMPARISON_SHARE * screen_h) if on else 0)
-        self._focus_presented_panels()
+        """Presenter mode (app/presenter_mode.py); full screen unless `full_screen` is False."""
+        self.presenting.set(on, full_screen, screen_height)
         if "presenter" in self.actions_by_name:
             self.actions_by_name["presenter"].setChecked(on)
 
     @property
     def presenter(self) -> bool:
-        return self._presenter
+        return self.presenting.on
 
     def emphasise(self, names) -> None:
         """Show and raise the preset's panels; mark them with a star in their title."""
@@ -306,36 +190,7 @@ class MainWindow(QMainWindow):
         for name in reversed(self._emphasised):  # the first named ends on top of a tab group
             self.docks[name].show()
             self.docks[name].raise_()
-        self._focus_presented_panels()
-
-    def _focus_presented_panels(self) -> None:
-        """In presenter mode only the preset's panels stay on screen, side by side (no tabs: nothing the
-        room should see hides behind another), the first named on the left."""
-        if not (self._presenter and self._emphasised):
-            return
-        self.restoreState(self.default_state, STATE_VERSION)  # the same start for every preset's arrangement
-        # the sliders stay off the projector (keys and the preset's cues turn the knobs; the panels show it)
-        shown = [n for n in self._emphasised if n != "controls"] or list(self._emphasised)
-        docks = [self.docks[n] for n in shown if n in self.docks]
-        for name, dock in self.docks.items():
-            dock.setVisible(name in shown)
-        self._columns = arrange_columns(self, docks)
-        self._room_timer.start()
-        if self._full_screen:  # the screen's size, also where no window manager applies full screen
-            QTimer.singleShot(0, self._fit_screen)  # once the new layout's minimum is known
-        else:
-            QTimer.singleShot(0, self._give_comparison_room)
-
-    def _fit_screen(self) -> None:
-        if self._presenter and self._full_screen:
-            self.setGeometry(self.screen().geometry())
-            QTimer.singleShot(0, self._give_comparison_room)  # once the docks have the screen's height
-
-    def _give_comparison_room(self) -> None:
-        if self._presenter and self._emphasised:
-            give_comparison_room(self, self._columns, self.docks["comparison"])
-        elif self._room_timer.isActive():
-            self._room_timer.stop()
+        self.presenting.show_panels(self._emphasised)
 
     def reset_layout(self) -> None:
         self.restoreState(self.default_state, STATE_VERSION)
@@ -417,7 +272,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self.server.stop()
-        if self._presenter:
+        if self.presenter:
             self.set_presenter(False)
         self.save_settings()
         self._drain_timer.stop()
