@@ -223,3 +223,43 @@ def test_bad_input_fails_alone_and_writes_nothing(tiny_llama_hd64, kernel):
     # the engine still serves
     out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 3
+
+
+def _fused_logits(engine, kernel, int8_activations):
+    """Every fused step's logits over the prompts (and one row alone), in order."""
+    runner = engine.runner
+    runner.fused = FusedDecode(kernel, engine.model, runner.block_size, int8_activations)
+    seen = []
+    run = runner.fused.run
+
+    def keep(*a):
+        hidden, logits = run(*a)
+        seen.append((hidden, logits))
+        return hidden, logits
+
+    runner.fused.run = keep
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine.generate(PROMPTS, p)
+    engine.generate(PROMPTS[3:4], p)
+    return seen
+
+
+@pytest.mark.parametrize("bits,q8", [(16, False), (4, False), (4, True), (8, True)])
+def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, bits, q8):
+    """The step runs in one parallel region, each thread taking its static share of every product's
+    rows and of the attention's jobs: 1, 2 and 3 threads (more than this machine may have) must give
+    the same hidden states and logits, bit for bit (each output row is summed the same way whoever
+    computes it)."""
+    before = torch.get_num_threads()
+    runs = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runs[threads] = _fused_logits(_engine(tiny, bits, quant_embeddings=bits < 16), kernel, q8)
+    finally:
+        torch.set_num_threads(before)
+    assert runs[1], "no step took the fused path"
+    for threads in (2, 3):
+        assert len(runs[threads]) == len(runs[1])
+        for (h1, l1), (h, lg) in zip(runs[1], runs[threads]):
+            assert torch.equal(h1, h) and torch.equal(l1, lg), threads
