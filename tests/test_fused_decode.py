@@ -81,9 +81,10 @@ def _compare_every_fused_step(engine, kernel, int8_activations=False):
 
     def both(plan, order, bm, kv_caches):
         ref = engine.model.compute_logits(runner.forward(order, bm))
-        hidden, logits = run(plan, order, bm, kv_caches)
+        hidden, logits, greedy = run(plan, order, bm, kv_caches)
+        assert greedy == logits.argmax(-1).tolist()  # the step's own argmax, as torch's
         pairs.append((logits, ref, len(order), max(s.request.num_computed_tokens + 1 for s in order)))
-        return hidden, logits
+        return hidden, logits, greedy
 
     runner.fused.run = both
     p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -233,9 +234,9 @@ def _fused_logits(engine, kernel, int8_activations):
     run = runner.fused.run
 
     def keep(*a):
-        hidden, logits = run(*a)
+        hidden, logits, greedy = run(*a)
         seen.append((hidden, logits))
-        return hidden, logits
+        return hidden, logits, greedy
 
     runner.fused.run = keep
     p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -263,3 +264,26 @@ def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, bi
         assert len(runs[threads]) == len(runs[1])
         for (h1, l1), (h, lg) in zip(runs[1], runs[threads]):
             assert torch.equal(h1, h) and torch.equal(l1, lg), threads
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_logits_in_the_fused_step_fail_the_request(tiny_llama_hd64, value, temperature):
+    """A greedy row's token comes from the step's own pass over the logits (no sampler): a row with a
+    NaN or infinite logit fails its request, as the sampler fails a sampled one, never with a silent
+    token."""
+    engine = _engine(tiny_llama_hd64)
+    p = SamplingParams(max_tokens=6, temperature=temperature, seed=1, ignore_eos=True)
+    ids = [engine.add_request([5, 6, 7], p), engine.add_request([8, 9], p)]
+    engine.step()  # the prefills, on the layer path, with finite weights: one token each
+    with torch.no_grad():
+        engine.model.lm_head.weight[3, :] = value  # the plan reads the layer's own tensor: logit 3 of every row
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert engine.runner.last_path == PATH_FUSED
+    for rid in ids:
+        assert done[rid].finish_reason == "error" and "non-finite logits" in done[rid].error
+        assert len(done[rid].token_ids) == 1  # the prefill's token only

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from engine.models.layers.linear import Linear, LinearWrapper
+from engine.models.layers.sampler import SampleResult
 
 FUSED_MAX_ROWS = 8  # the C++ step's scratch is sized for this many rows
 PATH_FUSED, PATH_LAYERS = "fused", "layers"  # what StepStats.forward_path says
@@ -135,13 +136,26 @@ class FusedDecode:
         return plan
 
     @staticmethod
+    def greedy_result(greedy: list[int | None] | None, producers) -> SampleResult | None:
+        """The sampler's result for the producing rows straight from the step's greedy tokens, where every
+        one of them is greedy without logprobs (else None: the sampler runs). A row whose logits are not
+        finite fails, as sample() fails it. producers: (scheduled request, row) pairs."""
+        if greedy is None or any(not s.request.sampling_params.greedy or s.request.sampling_params.logprobs is not None
+                                 for s, _ in producers):
+            return None
+        tokens = [greedy[r] for _, r in producers]
+        return SampleResult(tokens, [None] * len(tokens), [j for j, t in enumerate(tokens) if t is None])
+
+    @staticmethod
     def eligible(order) -> bool:
         """A decode-only batch of 1..FUSED_MAX_ROWS rows, none of them with a LoRA adapter."""
         return (0 < len(order) <= FUSED_MAX_ROWS
                 and all(s.kind == "decode" and s.num_tokens == 1 and s.request.lora_id == 0 for s in order))
 
-    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """(final hidden (n, hidden) bf16, logits (n, vocab) float32) of a decode-only batch.
+    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+        """(final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens) of a decode-only batch:
+        per row the first index of its largest logit, None where a logit is NaN or infinite (taken in the
+        same pass that writes the logits, so greedy rows need no torch op after the step).
         block_rows: the runner's padding of block tables into one flat int64 tensor (ModelRunner._block_rows)."""
         bs = self.block_size
         ids, pos, slots, lens, tables = [], [], [], [], []
@@ -156,4 +170,6 @@ class FusedDecode:
             tables.append(table)
         width = max(-(-n // bs) for n in lens)
         rows = block_rows(tables, width).view(len(order), width)
-        return plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows, torch.tensor(lens), bs)
+        hidden, logits, greedy = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows,
+                                           torch.tensor(lens), bs)
+        return hidden, logits, [t if t >= 0 else None for t in greedy.tolist()]

@@ -237,7 +237,8 @@ class FusedModel {
   bool int8_activations() const { return q8_; }
 
   // ids, positions, slots (n,) int64; blocks (n, max_blocks) int64; ctx_lens (n,) int64 (this token
-  // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32).
+  // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens (n,)
+  // int64: each row's argmax, -1 where a logit is not finite): the runner's greedy rows need no torch op.
   std::vector<torch::Tensor> step(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
                                   torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size) {
     const int64_t n = ids.size(0);
@@ -274,6 +275,7 @@ class FusedModel {
     StepArgs a{n, idp, pos, slot, bt, lens, max_blocks, block_size, total_slots,
                reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost};
     if (profile_) ++prof_steps_;
+    for (Greedy& g : greedy_) g = Greedy{};  // a thread the runtime did not start leaves its share empty
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -284,7 +286,7 @@ class FusedModel {
 #else
     run_team(Team{}, a);
 #endif
-    return {hidden, logits};
+    return {hidden, logits, greedy_tokens(n, threads)};
   }
 
  private:
@@ -344,9 +346,42 @@ class FusedModel {
     uint16_t* lh = logits_h_.data();
     product(*head_, h, n, lh, s, t);
     const auto [v0, v1] = t.share(V);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t i = v0; i < v1; ++i) a.logits[r * V + i] = f(lh[r * V + i]);
+    for (int64_t r = 0; r < n; ++r) {  // float32 logits, and this share's greedy token and finiteness
+      Greedy& g = greedy_[t.tid * 8 + r];
+      g = Greedy{};
+      for (int64_t i = v0; i < v1; ++i) {
+        const float v = f(lh[r * V + i]);
+        a.logits[r * V + i] = v;
+        if (!std::isfinite(v)) g.finite = false;
+        else if (g.index < 0 || v > g.value) g.value = v, g.index = i;  // the first of equal maxima
+      }
+    }
     tick(t, kHead, time);
+  }
+
+  // Per row and thread: the largest finite logit of the thread's share, its index, and whether every
+  // logit there was finite.
+  struct Greedy {
+    float value = 0.f;
+    int64_t index = -1;
+    bool finite = true;
+  };
+
+  // Each row's greedy token (the first index of the largest logit, as torch.argmax) or -1 where a
+  // logit is NaN or infinite (that row fails, as the sampler fails it), from the threads' shares.
+  torch::Tensor greedy_tokens(int64_t n, int threads) const {
+    auto out = torch::empty({n}, torch::dtype(torch::kInt64));
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      Greedy best;
+      for (int th = 0; th < threads; ++th) {  // shares in index order: a tie keeps the earlier one
+        const Greedy& g = greedy_[th * 8 + r];
+        best.finite = best.finite && g.finite;
+        if (g.index >= 0 && (best.index < 0 || g.value > best.value)) best.value = g.value, best.index = g.index;
+      }
+      o[r] = best.finite ? best.index : -1;
+    }
+    return out;
   }
 
   // For each row: res += add (when given), then RMSNorm(res) into h. Every thread does it on its own copy.
@@ -453,6 +488,7 @@ class FusedModel {
       gu_.resize(R * 2 * I_); act_.resize(R * I_);
     }
     if (static_cast<int>(scratch_.size()) < threads) scratch_.resize(threads);
+    if (static_cast<int>(greedy_.size()) < threads * 8) greedy_.resize(threads * 8);
     for (ThreadScratch& s : scratch_) {
       if (s.res.empty()) {
         s.res.resize(R * H_); s.h.resize(R * H_);
@@ -474,6 +510,7 @@ class FusedModel {
   std::vector<Layer> layers_;
   std::vector<uint16_t> out_, qkv_, qd_, att_, gu_, act_, logits_h_;  // shared by the team
   std::vector<ThreadScratch> scratch_;  // one per thread
+  std::vector<Greedy> greedy_;          // (thread, row)
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
