@@ -105,10 +105,18 @@ struct Proj {
   void prepare(const uint16_t* x, int64_t M, float* fscratch, uint16_t* hscratch, bool q8, Prepared& p) const {
     p.x = x;
     p.M = M;
-    if (kind == 1 && q8) int8_q8_prepare(x, M, K, fscratch, p.q8.data());
-    else if (kind == 2 && q8) int4_q8_prepare(x, M, K, group, fscratch, p.q4.data());
-    else if (kind == 1) int8_prepare(x, M, K, fscratch), p.xf = fscratch;
-    else if (kind == 2) int4_prepare(x, M, K, group, fscratch, hscratch), p.xf = fscratch, p.xperm = hscratch;
+    if (kind == 1 && q8) {
+      int8_q8_prepare(x, M, K, fscratch, p.q8.data());
+    } else if (kind == 2 && q8) {
+      int4_q8_prepare(x, M, K, group, fscratch, p.q4.data());
+    } else if (kind == 1) {
+      int8_prepare(x, M, K, fscratch);
+      p.xf = fscratch;
+    } else if (kind == 2) {
+      int4_prepare(x, M, K, group, fscratch, hscratch);
+      p.xf = fscratch;
+      p.xperm = hscratch;
+    }
   }
 
   void rows(const Prepared& p, uint16_t* y, int64_t n0, int64_t n1, bool q8) const {
