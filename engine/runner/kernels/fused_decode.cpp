@@ -247,8 +247,12 @@ class FusedModel {
   // ids, positions, slots (n,) int64; blocks (n, max_blocks) int64; ctx_lens (n,) int64 (this token
   // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens (n,)
   // int64: each row's argmax, -1 where a logit is not finite): the runner's greedy rows need no torch op.
+  // `chained`: some rows are consecutive positions of one sequence (a speculative verify of a chain of
+  // drafts), so a row attends over K/V that another row of the step writes: every row's K/V is written
+  // before any row attends (one more barrier a layer).
   std::vector<torch::Tensor> step(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
-                                  torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size) {
+                                  torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size,
+                                  bool chained) {
     const int64_t n = ids.size(0);
     TORCH_CHECK(n >= 1 && n <= 8, "the fused decode step takes 1 to 8 rows");
     TORCH_CHECK(!layers_.empty(), "no layers");
@@ -281,7 +285,7 @@ class FusedModel {
     const int threads = std::max(1, at::get_num_threads());
     ensure_scratch(threads, (max_len + 15) / 16 * 16);  // nothing is allocated inside the region
     StepArgs a{n, idp, pos, slot, bt, lens, max_blocks, block_size, total_slots,
-               reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost};
+               reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost, chained};
     if (profile_) ++prof_steps_;
     for (Greedy& g : greedy_) g = Greedy{};  // a thread the runtime did not start leaves its share empty
 #ifdef _OPENMP
@@ -306,6 +310,7 @@ class FusedModel {
     uint16_t* hidden;
     float* logits;
     const std::vector<int64_t>* cost;
+    bool chained;  // rows of one sequence at consecutive positions (see step)
   };
 
   // The whole step on one thread of the team (all of them run it; see Team).
@@ -464,9 +469,19 @@ class FusedModel {
       rope(k, c, sn, d_);
       std::memcpy(kc + (kh * slots + a.slot[r]) * d_, k, d_ * 2);
       std::memcpy(vc + (kh * slots + a.slot[r]) * d_, v, d_ * 2);
-      attend(qd, kc + kh * slots * d_, vc + kh * slots * d_, a.bt + r * a.max_blocks, a.lens[r], a.block_size,
-             group, d_, s.scores, s.acc, att_.data() + job * group * d_);
+      if (!a.chained) attend_job(job, kc, vc, slots, a, s);
     }
+    if (!a.chained) return;
+    t.sync();  // chained rows: every row's K/V is in the cache before any row reads it
+    for (int64_t job = j0; job < j1; ++job) attend_job(job, kc, vc, slots, a, s);
+  }
+
+  void attend_job(int64_t job, const uint16_t* kc, const uint16_t* vc, int64_t slots, const StepArgs& a,
+                  ThreadScratch& s) {
+    const int64_t r = job / nkv_, kh = job % nkv_, group = nh_ / nkv_;
+    attend(qd_.data() + r * nh_ * d_ + kh * group * d_, kc + kh * slots * d_, vc + kh * slots * d_,
+           a.bt + r * a.max_blocks, a.lens[r], a.block_size, group, d_, s.scores, s.acc,
+           att_.data() + job * group * d_);
   }
 
   enum Op { kEmbed, kNorms, kQkv, kAttention, kOproj, kGateUp, kDown, kFinalNorm, kHead, kOps };
@@ -540,6 +555,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("profile", &FusedModel::profile)
       .def("int8_activations", &FusedModel::int8_activations)
       // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
-      .def("step", &FusedModel::step, py::call_guard<py::gil_scoped_release>());
+      .def("step", &FusedModel::step, py::arg("ids"), py::arg("positions"), py::arg("slots"), py::arg("blocks"),
+           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false,
+           py::call_guard<py::gil_scoped_release>());
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
 }
