@@ -81,9 +81,10 @@ def _compare_every_fused_step(engine, kernel, int8_activations=False):
 
     def both(plan, order, bm, kv_caches):
         ref = engine.model.compute_logits(runner.forward(order, bm))
-        hidden, logits = run(plan, order, bm, kv_caches)
+        hidden, logits, greedy = run(plan, order, bm, kv_caches)
+        assert greedy == logits.argmax(-1).tolist()  # the step's own argmax, as torch's
         pairs.append((logits, ref, len(order), max(s.request.num_computed_tokens + 1 for s in order)))
-        return hidden, logits
+        return hidden, logits, greedy
 
     runner.fused.run = both
     p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -223,3 +224,159 @@ def test_bad_input_fails_alone_and_writes_nothing(tiny_llama_hd64, kernel):
     # the engine still serves
     out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 3
+
+
+def _fused_logits(engine, kernel, int8_activations):
+    """Every fused step's logits over the prompts (and one row alone), in order."""
+    runner = engine.runner
+    runner.fused = FusedDecode(kernel, engine.model, runner.block_size, int8_activations)
+    seen = []
+    run = runner.fused.run
+
+    def keep(*a):
+        hidden, logits, greedy = run(*a)
+        seen.append((hidden, logits))
+        return hidden, logits, greedy
+
+    runner.fused.run = keep
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine.generate(PROMPTS, p)
+    engine.generate(PROMPTS[3:4], p)
+    return seen
+
+
+@pytest.mark.parametrize("bits,q8", [(16, False), (4, False), (4, True), (8, True)])
+def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, bits, q8):
+    """The step runs in one parallel region, each thread taking its static share of every product's
+    rows and of the attention's jobs: 1, 2 and 3 threads (more than this machine may have) must give
+    the same hidden states and logits, bit for bit (each output row is summed the same way whoever
+    computes it)."""
+    before = torch.get_num_threads()
+    runs = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runs[threads] = _fused_logits(_engine(tiny, bits, quant_embeddings=bits < 16), kernel, q8)
+    finally:
+        torch.set_num_threads(before)
+    assert runs[1], "no step took the fused path"
+    for threads in (2, 3):
+        assert len(runs[threads]) == len(runs[1])
+        for (h1, l1), (h, lg) in zip(runs[1], runs[threads]):
+            assert torch.equal(h1, h) and torch.equal(l1, lg), threads
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_logits_in_the_fused_step_fail_the_request(tiny_llama_hd64, value, temperature):
+    """A greedy row's token comes from the step's own pass over the logits (no sampler): a row with a
+    NaN or infinite logit fails its request, as the sampler fails a sampled one, never with a silent
+    token."""
+    engine = _engine(tiny_llama_hd64)
+    p = SamplingParams(max_tokens=6, temperature=temperature, seed=1, ignore_eos=True)
+    ids = [engine.add_request([5, 6, 7], p), engine.add_request([8, 9], p)]
+    engine.step()  # the prefills, on the layer path, with finite weights: one token each
+    with torch.no_grad():
+        engine.model.lm_head.weight[3, :] = value  # the plan reads the layer's own tensor: logit 3 of every row
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert engine.runner.last_path == PATH_FUSED
+    for rid in ids:
+        assert done[rid].finish_reason == "error" and "non-finite logits" in done[rid].error
+        assert len(done[rid].token_ids) == 1  # the prefill's token only
+
+
+REPEATS = [list(range(10, 20)) * 3, [5, 6, 7, 8] * 6, list(range(30, 37)) * 4]
+
+
+@pytest.mark.parametrize("bits", [16, 4])
+def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, bits):
+    """Speculative decoding with n-gram drafts: a verify run's rows (the last token and its drafts, at
+    consecutive positions) go through the fused step, each attending over the K/V its own earlier rows
+    wrote in the same step; its logits are the layer path's."""
+    engine = _engine(tiny_llama_hd64, bits, spec_method="ngram", num_speculative_tokens=3)
+    runner = engine.runner
+    runner.fused = FusedDecode(kernel, engine.model, runner.block_size)
+    pairs, run = [], runner.fused.run
+
+    def both(plan, order, bm, block_rows):
+        ref = engine.model.compute_logits(runner.forward(order, bm))  # writes the same slots first
+        hidden, logits, greedy = run(plan, order, bm, block_rows)
+        pairs.append((logits, ref, sorted({s.kind for s in order})))
+        return hidden, logits, greedy
+
+    runner.fused.run = both
+    engine.generate(REPEATS, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    assert any("verify" in kinds for *_, kinds in pairs), "no verify run took the fused path"
+    agree = total = 0
+    for fused, ref, _ in pairs:
+        assert fused.shape == ref.shape
+        # the layer path attends a verify run's rows as a prefill chunk (another summation and rounding
+        # order than the decode body both paths share), and tiny random models amplify it layer by layer;
+        # the next test holds the chained rows to single-row steps exactly
+        assert (fused - ref).abs().max().item() <= 0.05 * ref.abs().max().item() + 1e-2
+        agree += int((fused.argmax(-1) == ref.argmax(-1)).sum())
+        total += fused.shape[0]
+    assert agree >= 0.9 * total
+
+
+@pytest.mark.parametrize("bits,q8", [(16, False), (4, True)])
+def test_chained_rows_equal_single_row_steps(tiny_llama_hd64, kernel, bits, q8):
+    """Eight consecutive positions of one sequence in one step (each row attending over the K/V the rows
+    before it wrote in the same step, whichever thread wrote them) give the logits of eight one-row steps."""
+    engine = _engine(tiny_llama_hd64, bits, quant_embeddings=bits < 16)
+    fused = FusedDecode(kernel, engine.model, engine.runner.block_size, q8)
+    plan = fused.plan(engine.runner.kv_caches)
+    ids = torch.tensor([11, 42, 7, 99, 3, 64, 5, 17])
+    pos = torch.arange(8)
+    blocks = torch.tensor([[2, 5]]).expand(8, 2).contiguous()  # one table for every row
+    slots = 2 * 16 + pos
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # rows 0-2, 3-5 and 6-7 on three threads: each reads what another wrote
+    try:
+        _, chained, greedy = plan.step(ids, pos, slots, blocks, pos + 1, 16, True)
+    finally:
+        torch.set_num_threads(before)
+    singles = [plan.step(ids[i : i + 1], pos[i : i + 1], slots[i : i + 1], blocks[:1], pos[i : i + 1] + 1, 16)[1]
+               for i in range(8)]
+    assert torch.equal(chained, torch.cat(singles))
+    assert greedy.tolist() == chained.argmax(-1).tolist()
+
+
+def test_speculative_greedy_output_is_plain_decodings_token_for_token(tiny_llama_hd64):
+    p = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    plain = [o.token_ids for o in _engine(tiny_llama_hd64).generate(REPEATS, p)]
+    spec = _engine(tiny_llama_hd64, spec_method="ngram", num_speculative_tokens=4)
+    paths = []
+    execute = spec.runner.execute
+
+    def spy(sched, bm):
+        result = execute(sched, bm)
+        paths.append((sorted({s.kind for s in sched.scheduled}), spec.runner.last_path))
+        return result
+
+    spec.runner.execute = spy
+    assert [o.token_ids for o in spec.generate(REPEATS, p)] == plain
+    assert (["verify"], PATH_FUSED) in paths or (["decode", "verify"], PATH_FUSED) in paths
+
+
+def test_a_verify_batch_is_cut_into_calls_without_splitting_a_request():
+    from types import SimpleNamespace
+
+    from engine.runner.fused import FUSED_MAX_ROWS, _calls
+
+    def sched(kind, n, tree=None, lora=0):
+        return SimpleNamespace(kind=kind, num_tokens=n, request=SimpleNamespace(spec_tree=tree, lora_id=lora))
+
+    five = [sched("verify", 5) for _ in range(2)]
+    assert [[s.num_tokens for s in c] for c in _calls(five)] == [[5], [5]]
+    assert FusedDecode.eligible(five)
+    assert [sum(s.num_tokens for s in c) for c in _calls([sched("decode", 1)] * 3 + five[:1])] == [8]
+    assert not FusedDecode.eligible(five * 2)  # four calls: one weight pass per call loses to one batch
+    assert not FusedDecode.eligible([sched("verify", 3, tree=[0, 0])])  # a tree needs its mask
+    assert not FusedDecode.eligible([sched("verify", FUSED_MAX_ROWS + 1)])
+    assert not FusedDecode.eligible([sched("decode", 1, lora=2)])
+    assert not FusedDecode.eligible([sched("prefill", 4)])

@@ -5,8 +5,10 @@ the final norm and the lm_head, and returns the final hidden states and the logi
 At one stream on the CPU the layer-by-layer path spends about as long dispatching ~360 small torch ops
 (norms, RoPE, KV writes, casts, splits) as reading the weights; the fused step has none of that.
 
-Which steps take it, decided once per step by `ModelRunner` (`eligible`): 1..8 rows, all decodes (no
-prefill chunk, no verify run), no LoRA adapter bound to any of them, and a model whose every layer the
+Which steps take it, decided once per step by `ModelRunner` (`eligible`): decodes and verify runs of a
+chain of drafts (speculative decoding; not a tree), no prefill chunk, no LoRA adapter bound to any of
+them, in one or two native calls of at most 8 rows (a verify run's rows stay in one call, where the
+step writes their K/V before any of them attends), and a model whose every layer the
 kernel can read (`FusedDecode.unsupported`): bf16 Linear layers, int8 and int4 QuantLinear layers
 without 16-bit outlier columns and not in reference mode, a bf16 or int8 embedding table. The runner
 builds the FusedDecode only on the CPU in bf16 with a 16-bit KV cache and a non-reference attention
@@ -22,8 +24,10 @@ import torch
 from torch import nn
 
 from engine.models.layers.linear import Linear, LinearWrapper
+from engine.models.layers.sampler import SampleResult
 
 FUSED_MAX_ROWS = 8  # the C++ step's scratch is sized for this many rows
+FUSED_MAX_CALLS = 2  # a step of more rows takes this many native calls at most (each reads every weight once)
 PATH_FUSED, PATH_LAYERS = "fused", "layers"  # what StepStats.forward_path says
 
 
@@ -135,25 +139,74 @@ class FusedDecode:
         return plan
 
     @staticmethod
-    def eligible(order) -> bool:
-        """A decode-only batch of 1..FUSED_MAX_ROWS rows, none of them with a LoRA adapter."""
-        return (0 < len(order) <= FUSED_MAX_ROWS
-                and all(s.kind == "decode" and s.num_tokens == 1 and s.request.lora_id == 0 for s in order))
+    def greedy_result(greedy: list[int | None] | None, producers) -> SampleResult | None:
+        """The sampler's result for the producing rows straight from the step's greedy tokens, where every
+        one of them is greedy without logprobs (else None: the sampler runs). A row whose logits are not
+        finite fails, as sample() fails it. producers: (scheduled request, row) pairs."""
+        if greedy is None or any(not s.request.sampling_params.greedy or s.request.sampling_params.logprobs is not None
+                                 for s, _ in producers):
+            return None
+        tokens = [greedy[r] for _, r in producers]
+        return SampleResult(tokens, [None] * len(tokens), [j for j, t in enumerate(tokens) if t is None])
 
-    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """(final hidden (n, hidden) bf16, logits (n, vocab) float32) of a decode-only batch.
+    @staticmethod
+    def eligible(order) -> bool:
+        """Decodes and verifies of a chain of drafts (no tree), none of them with a LoRA adapter, that fit
+        in at most FUSED_MAX_CALLS calls of at most FUSED_MAX_ROWS rows, each request's rows in one call."""
+        if not order or any(s.request.lora_id != 0 for s in order):
+            return False
+        for s in order:
+            if s.kind == "decode" and s.num_tokens == 1:
+                continue
+            if s.kind != "verify" or s.request.spec_tree or s.num_tokens > FUSED_MAX_ROWS:
+                return False
+        return len(_calls(order)) <= FUSED_MAX_CALLS
+
+    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+        """(final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens) of a batch `eligible`
+        takes, one row per token in `order`'s order: per row the first index of its largest logit, None
+        where a logit is NaN or infinite (taken in the same pass that writes the logits, so greedy rows need
+        no torch op after the step). A verify run's rows are its last known token and its drafts, at
+        consecutive positions: the native step writes every row's K/V before any row attends (`chained`).
         block_rows: the runner's padding of block tables into one flat int64 tensor (ModelRunner._block_rows)."""
+        outs = [self._call(plan, part, bm, block_rows) for part in _calls(order)]
+        if len(outs) == 1:
+            return outs[0]
+        return (torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs]), [t for o in outs for t in o[2]])
+
+    def _call(self, plan, order, bm, block_rows):
         bs = self.block_size
         ids, pos, slots, lens, tables = [], [], [], [], []
         for s in order:
             req = s.request
             p = req.num_computed_tokens
+            end = p + s.num_tokens
             table = bm.block_table(req.request_id)
-            ids.append(req.token_slice(p, p + 1)[0])
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            lens.append(p + 1)
-            tables.append(table)
+            if s.kind == "verify":  # the last known token, then the drafts being checked
+                ids += req.token_slice(p, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
+            else:
+                ids.append(req.token_slice(p, p + 1)[0])
+            for q in range(p, end):
+                pos.append(q)
+                slots.append(table[q // bs] * bs + q % bs)
+                lens.append(q + 1)
+                tables.append(table)
         width = max(-(-n // bs) for n in lens)
-        rows = block_rows(tables, width).view(len(order), width)
-        return plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows, torch.tensor(lens), bs)
+        rows = block_rows(tables, width).view(len(ids), width)
+        chained = len(ids) > len(order)
+        hidden, logits, greedy = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows,
+                                           torch.tensor(lens), bs, chained)
+        return hidden, logits, [t if t >= 0 else None for t in greedy.tolist()]
+
+
+def _calls(order) -> list[list]:
+    """`order` cut, in order, into native calls of at most FUSED_MAX_ROWS rows, no request split."""
+    calls: list[list] = [[]]
+    rows = 0
+    for s in order:
+        if rows + s.num_tokens > FUSED_MAX_ROWS:
+            calls.append([])
+            rows = 0
+        calls[-1].append(s)
+        rows += s.num_tokens
+    return calls

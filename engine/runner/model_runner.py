@@ -172,9 +172,9 @@ class ModelRunner:
         decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
         order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
         plan = self._fused_plan(order)
-        all_logits = None
-        if plan is not None:  # the whole step in one native call: hidden states and every row's logits
-            hidden, all_logits = self.fused.run(plan, order, bm, self._block_rows)
+        all_logits = greedy = None
+        if plan is not None:  # the whole step in one native call: hidden states, every row's logits and argmax
+            hidden, all_logits, greedy = self.fused.run(plan, order, bm, self._block_rows)
             self.last_path = PATH_FUSED
         else:
             hidden = self.forward(order, bm)
@@ -197,13 +197,18 @@ class ModelRunner:
         kept: dict[int, torch.Tensor] = {}
         failed: dict[int, str] = {}
         if rows:
-            row_hidden = hidden[rows]
-            logits = all_logits[rows] if all_logits is not None else self.model.compute_logits(row_hidden)
+            every_row = rows == list(range(hidden.shape[0]))  # a decode-only step: no copy to take
+            row_hidden = hidden if every_row else hidden[rows]
+            if all_logits is not None:
+                logits = all_logits if every_row else all_logits[rows]
+            else:
+                logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             if producers:
-                result: SampleResult = sample(
-                    logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
-                    [s.request.generator for s, _ in producers])
+                result: SampleResult | None = FusedDecode.greedy_result(greedy, producers)
+                if result is None:
+                    result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                                    [s.request.generator for s, _ in producers])
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp

@@ -11,7 +11,8 @@ copy the engine keeps: bf16 rows, and 4-bit codes (half a byte per weight) with 
 
 fused_decode.cpp: one native call per decode step (EngineConfig.fused_decode, engine/runner/fused.py):
 the whole transformer for 1..8 decode rows, small ops as raw loops, the products and the attention
-through the two files above (one translation unit: it includes them).
+through the two files above (one translation unit: it includes them), in one OpenMP parallel region per
+step (torch's thread count; each thread a static share of every stage, barriers between stages).
 """
 from __future__ import annotations
 

@@ -7,6 +7,12 @@
 // vector products and the attention are the same bodies the separate kernels run: this file is one
 // translation unit with stream_linear.cpp and paged_decode.cpp (included below), so nothing is copied.
 //
+// Threads: one OpenMP parallel region per step, torch's thread count (at::get_num_threads, what --threads
+// and EngineConfig.num_threads set; the extension shares torch's OpenMP runtime). Every thread takes its
+// static share of each product's output rows and of the attention's (sequence, KV head) jobs; barriers
+// sit only where a stage reads what other threads wrote (see Team). The split never changes how a row
+// is summed: any thread count gives the same numbers (tests/test_fused_decode.py).
+//
 // Numerics follow the eager path op for op: every value the eager path rounds to bf16 is rounded to
 // bf16 here at the same point (norm outputs, residual adds, RoPE products and sums, the scaled query,
 // SiLU and its product, each projection's output, a quantized layer's bias added after rounding), with
@@ -19,8 +25,44 @@
 #include <chrono>
 #include <map>
 #include <string>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
+
+// One thread's place in the step's one parallel region: its index and the team's size. A step used to
+// fork and join torch's threads once per product and once per attention (~180 times a step at 30
+// layers); now the team is formed once per step, every thread takes its static share of each stage, and
+// the stages that read what others wrote wait at a barrier (5 per layer).
+struct Team {
+  int tid = 0, size = 1;
+  void sync() const {
+#ifdef _OPENMP
+    if (size > 1) {
+#pragma omp barrier
+    }
+#endif
+  }
+  // This thread's share [n0, n1) of n output rows: whole runs of 32 (a cache line of bf16 y is never
+  // written by two threads), as even as that allows.
+  std::pair<int64_t, int64_t> share(int64_t n) const {
+    const int64_t runs = (n + 31) / 32;
+    const int64_t r0 = runs * tid / size, r1 = runs * (tid + 1) / size;
+    return {std::min(n, r0 * 32), std::min(n, r1 * 32)};
+  }
+};
+
+// x as a projection's body reads it, prepared once per call and per thread (a few microseconds: each
+// thread prepares its own copy rather than wait at one more barrier for a shared one).
+struct Prepared {
+  const uint16_t* x = nullptr;
+  int64_t M = 0;
+  const float* xf = nullptr;       // int8, float bodies: x widened; int4 float body: the group sums
+  const uint16_t* xperm = nullptr;  // int4 float body: x reordered
+  std::array<Q4x, 8> q4{};          // int4 with int8 activations
+  std::array<Q8x, 8> q8{};          // int8 with int8 activations
+};
 
 inline uint16_t rnd(float v) { return float_to_bf16(v); }
 inline float f(uint16_t h) { return bf16_to_float(h); }
@@ -57,32 +99,52 @@ struct Proj {
     }
   }
 
-  // y (M, N) = x (M, K) W^T; scratch big enough for the largest K of the model. q8: the 4- and 8-bit
-  // products with int8 activations (stream_linear.cpp), else the float bodies.
-  void run(const uint16_t* x, int64_t M, uint16_t* y, float* fscratch, uint16_t* hscratch, bool q8) const {
+  // y (M, N) = x (M, K) W^T in two halves: prepare x (this thread's scratch, big enough for the largest K
+  // of the model), then output rows [n0, n1). q8: the 4- and 8-bit products with int8 activations
+  // (stream_linear.cpp), else the float bodies.
+  void prepare(const uint16_t* x, int64_t M, float* fscratch, uint16_t* hscratch, bool q8, Prepared& p) const {
+    p.x = x;
+    p.M = M;
+    if (kind == 1 && q8) {
+      int8_q8_prepare(x, M, K, fscratch, p.q8.data());
+    } else if (kind == 2 && q8) {
+      int4_q8_prepare(x, M, K, group, fscratch, p.q4.data());
+    } else if (kind == 1) {
+      int8_prepare(x, M, K, fscratch);
+      p.xf = fscratch;
+    } else if (kind == 2) {
+      int4_prepare(x, M, K, group, fscratch, hscratch);
+      p.xf = fscratch;
+      p.xperm = hscratch;
+    }
+  }
+
+  void rows(const Prepared& p, uint16_t* y, int64_t n0, int64_t n1, bool q8) const {
+    if (n0 >= n1) return;
+    const int64_t M = p.M;
+    const uint16_t* sc = kind == 0 ? nullptr : reinterpret_cast<const uint16_t*>(b.data_ptr());
     if (kind == 0) {
-      linear_bf16(x, M, reinterpret_cast<const uint16_t*>(a.data_ptr()),
-                  bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, K, N, y);
+      bf16_rows_for(M)(p.x, reinterpret_cast<const uint16_t*>(a.data_ptr()), y,
+                       bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, K, N, n0, n1);
       return;
     }
-    if (kind == 1 && q8)
-      linear_int8_q8(x, M, a.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), nullptr, K, N, y,
-                     fscratch);
-    else if (kind == 2 && q8)
-      linear_int4_q8(x, M, a.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), group, nullptr, K,
-                     N, y, fscratch);
-    else if (kind == 1)
-      linear_int8(x, M, a.data_ptr<int8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), nullptr, K, N, y,
-                  fscratch);
-    else
-      linear_int4(x, M, a.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(b.data_ptr()), group, nullptr, K, N,
-                  y, fscratch, hscratch);
+    if (kind == 1 && q8) int8_q8_range(p.q8.data(), M, a.data_ptr<int8_t>(), sc, nullptr, K, N, y, n0, n1);
+    else if (kind == 2 && q8) int4_q8_range(p.q4.data(), M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, n0, n1);
+    else if (kind == 1) int8_range(p.xf, M, a.data_ptr<int8_t>(), sc, nullptr, K, N, y, n0, n1);
+    else int4_range(p.x, M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, p.xf, p.xperm, n0, n1);
     if (bias_h.defined()) {
       const uint16_t* bh = reinterpret_cast<const uint16_t*>(bias_h.data_ptr());
       for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) y[m * N + n] = rnd(f(y[m * N + n]) + f(bh[n]));
+        for (int64_t n = n0; n < n1; ++n) y[m * N + n] = rnd(f(y[m * N + n]) + f(bh[n]));
     }
   }
+};
+
+// What each thread of the step keeps to itself: its copy of the residual stream and of the normed rows
+// (every thread computes them, identically: cheaper than a barrier), and the products' scratch.
+struct ThreadScratch {
+  std::vector<uint16_t> res, h, hs;
+  std::vector<float> fs, scores, acc;
 };
 
 struct Layer {
@@ -183,9 +245,14 @@ class FusedModel {
   bool int8_activations() const { return q8_; }
 
   // ids, positions, slots (n,) int64; blocks (n, max_blocks) int64; ctx_lens (n,) int64 (this token
-  // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32).
+  // included). Returns (final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens (n,)
+  // int64: each row's argmax, -1 where a logit is not finite): the runner's greedy rows need no torch op.
+  // `chained`: some rows are consecutive positions of one sequence (a speculative verify of a chain of
+  // drafts), so a row attends over K/V that another row of the step writes: every row's K/V is written
+  // before any row attends (one more barrier a layer).
   std::vector<torch::Tensor> step(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
-                                  torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size) {
+                                  torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size,
+                                  bool chained) {
     const int64_t n = ids.size(0);
     TORCH_CHECK(n >= 1 && n <= 8, "the fused decode step takes 1 to 8 rows");
     TORCH_CHECK(!layers_.empty(), "no layers");
@@ -208,121 +275,224 @@ class FusedModel {
     for (int64_t i = 0; i < n * max_blocks; ++i)
       TORCH_CHECK(bt[i] >= 0 && bt[i] * block_size < total_slots, "block id out of range");
 
-    const int64_t qs = nh_ * d_, kvs = nkv_ * d_, qkvn = qs + 2 * kvs, group = nh_ / nkv_;
-    ensure_scratch();
-    uint16_t *res = res_.data(), *h = h_.data(), *qkv = qkv_.data(), *qd = qd_.data(), *att = att_.data(),
-             *gu = gu_.data(), *act = act_.data(), *out = out_.data();
-    float* fs = fscratch_.data();
-    uint16_t* hs = hscratch_.data();
-    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
-    const float* cosp = cos_.data_ptr<float>();
-    const float* sinp = sin_.data_ptr<float>();
-
-    if (profile_) ++prof_steps_;
-    auto t = Clock::now();
-    for (int64_t r = 0; r < n; ++r) {  // the embedding rows are the first residual
-      if (embed_scales_.defined()) {
-        const int8_t* q = embed_.data_ptr<int8_t>() + idp[r] * H_;
-        const float s = f(reinterpret_cast<const uint16_t*>(embed_scales_.data_ptr())[idp[r]]);
-        for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(static_cast<float>(q[i]) * s);
-      } else {
-        std::memcpy(res + r * H_, reinterpret_cast<const uint16_t*>(embed_.data_ptr()) + idp[r] * H_, H_ * 2);
-      }
-    }
-    tick(kEmbed, t);
-    for (size_t li = 0; li < layers_.size(); ++li) {
-      const Layer& L = layers_[li];
-      const uint16_t* w_in = reinterpret_cast<const uint16_t*>(L.in_norm.data_ptr());
-      for (int64_t r = 0; r < n; ++r) {
-        if (li > 0)  // residual += the previous layer's MLP output
-          for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
-        rms_norm(res + r * H_, w_in, H_, eps_, h + r * H_);
-      }
-      tick(kNorms, t);
-      L.qkv->run(h, n, qkv, fs, hs, q8_);
-      tick(kQkv, t);
-      uint16_t* kc = reinterpret_cast<uint16_t*>(L.k_cache.data_ptr());
-      uint16_t* vc = reinterpret_cast<uint16_t*>(L.v_cache.data_ptr());
-      for (int64_t r = 0; r < n; ++r) {
-        uint16_t* q = qkv + r * qkvn;
-        uint16_t* k = q + qs;
-        const uint16_t* v = k + kvs;
-        if (L.q_norm.defined()) {
-          const uint16_t* qw = reinterpret_cast<const uint16_t*>(L.q_norm.data_ptr());
-          const uint16_t* kw = reinterpret_cast<const uint16_t*>(L.k_norm.data_ptr());
-          for (int64_t hh = 0; hh < nh_; ++hh) rms_norm(q + hh * d_, qw, d_, eps_, q + hh * d_);
-          for (int64_t hh = 0; hh < nkv_; ++hh) rms_norm(k + hh * d_, kw, d_, eps_, k + hh * d_);
-        }
-        const float* c = cosp + pos[r] * d_;
-        const float* s = sinp + pos[r] * d_;
-        for (int64_t hh = 0; hh < nh_; ++hh) rope(q + hh * d_, c, s, d_);
-        for (int64_t hh = 0; hh < nkv_; ++hh) rope(k + hh * d_, c, s, d_);
-        for (int64_t i = 0; i < qs; ++i) qd[r * qs + i] = rnd(f(q[i]) * scale);
-        tick(kQkNormRope, t);
-        for (int64_t hh = 0; hh < nkv_; ++hh) {
-          std::memcpy(kc + (hh * total_slots + slot[r]) * d_, k + hh * d_, d_ * 2);
-          std::memcpy(vc + (hh * total_slots + slot[r]) * d_, v + hh * d_, d_ * 2);
-        }
-        tick(kKvWrite, t);
-      }
-      paged_decode_raw(qd, kc, vc, bt, lens, n, nkv_, group, d_, total_slots, max_blocks, block_size, att);
-      tick(kAttention, t);
-      L.o->run(att, n, out, fs, hs, q8_);
-      tick(kOproj, t);
-      const uint16_t* w_post = reinterpret_cast<const uint16_t*>(L.post_norm.data_ptr());
-      for (int64_t r = 0; r < n; ++r) {
-        for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
-        rms_norm(res + r * H_, w_post, H_, eps_, h + r * H_);
-      }
-      tick(kNorms, t);
-      L.gate_up->run(h, n, gu, fs, hs, q8_);
-      tick(kGateUp, t);
-      for (int64_t r = 0; r < n; ++r) {
-        const uint16_t* g = gu + r * 2 * I_;
-        int64_t i = 0;
-#ifdef INFERLAB_AVX512_BF16
-        for (; i + 16 <= I_; i += 16) {  // the same two roundings, 16 lanes at a time
-          const __m512 gv = bf16x16_to_float(g + i);
-          const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-          const __m512 sr = bf16x16_to_float_reg(_mm512_cvtneps_pbh(sv));
-          const __m512 pv = _mm512_mul_ps(sr, bf16x16_to_float(g + I_ + i));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(act + r * I_ + i), (__m256i)_mm512_cvtneps_pbh(pv));
-        }
-#endif
-        for (; i < I_; ++i) act[r * I_ + i] = rnd(f(rnd(silu(f(g[i])))) * f(g[I_ + i]));
-      }
-      tick(kSilu, t);
-      L.down->run(act, n, out, fs, hs, q8_);
-      tick(kDown, t);
-    }
-    auto hidden = torch::empty({n, H_}, torch::dtype(torch::kBFloat16));
-    uint16_t* hid = reinterpret_cast<uint16_t*>(hidden.data_ptr());
-    const uint16_t* w_final = reinterpret_cast<const uint16_t*>(final_norm_.data_ptr());
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(out[r * H_ + i]));
-      rms_norm(res + r * H_, w_final, H_, eps_, hid + r * H_);
-    }
-    tick(kFinalNorm, t);
     const int64_t V = head_->N;
-    logits_h_.resize(n * V);
-    head_->run(hid, n, logits_h_.data(), fs, hs, q8_);
+    auto hidden = torch::empty({n, H_}, torch::dtype(torch::kBFloat16));
     auto logits = torch::empty({n, V}, torch::dtype(torch::kFloat32));
-    float* lp = logits.data_ptr<float>();
-    for (int64_t i = 0; i < n * V; ++i) lp[i] = f(logits_h_[i]);
-    tick(kHead, t);
-    return {hidden, logits};
+    logits_h_.resize(n * V);
+    const std::vector<int64_t> cost = job_costs(lens, n, nkv_);  // the attention's jobs, balanced by context
+    int64_t max_len = 0;
+    for (int64_t r = 0; r < n; ++r) max_len = std::max(max_len, lens[r]);
+    const int threads = std::max(1, at::get_num_threads());
+    ensure_scratch(threads, (max_len + 15) / 16 * 16);  // nothing is allocated inside the region
+    StepArgs a{n, idp, pos, slot, bt, lens, max_blocks, block_size, total_slots,
+               reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost, chained};
+    if (profile_) ++prof_steps_;
+    for (Greedy& g : greedy_) g = Greedy{};  // a thread the runtime did not start leaves its share empty
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+      run_team(Team{omp_get_thread_num(), omp_get_num_threads()}, a);  // the team may be smaller than asked
+    } else {
+      run_team(Team{}, a);
+    }
+#else
+    run_team(Team{}, a);
+#endif
+    return {hidden, logits, greedy_tokens(n, threads)};
   }
 
  private:
-  enum Op { kEmbed, kNorms, kQkv, kQkNormRope, kKvWrite, kAttention, kOproj, kGateUp, kSilu, kDown, kFinalNorm,
-            kHead, kOps };
-  static constexpr const char* kOpNames[kOps] = {"embed", "norms_and_adds", "qkv_proj", "qk_norm_rope_scale",
-                                                 "kv_write", "attention", "o_proj", "gate_up_proj", "silu_mul",
-                                                 "down_proj", "final_norm", "lm_head"};
+  // One step's inputs and outputs, as the team reads them.
+  struct StepArgs {
+    int64_t n;
+    const int64_t *ids, *pos, *slot, *bt, *lens;
+    int64_t max_blocks, block_size, total_slots;
+    uint16_t* hidden;
+    float* logits;
+    const std::vector<int64_t>* cost;
+    bool chained;  // rows of one sequence at consecutive positions (see step)
+  };
+
+  // The whole step on one thread of the team (all of them run it; see Team).
+  void run_team(const Team& t, const StepArgs& a) {
+    const int64_t n = a.n;
+    ThreadScratch& s = scratch_[t.tid];
+    uint16_t *res = s.res.data(), *h = s.h.data();
+    auto time = Clock::now();
+    for (int64_t r = 0; r < n; ++r) {  // the embedding rows are the first residual
+      if (embed_scales_.defined()) {
+        const int8_t* q = embed_.data_ptr<int8_t>() + a.ids[r] * H_;
+        const float sc = f(reinterpret_cast<const uint16_t*>(embed_scales_.data_ptr())[a.ids[r]]);
+        for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(static_cast<float>(q[i]) * sc);
+      } else {
+        std::memcpy(res + r * H_, reinterpret_cast<const uint16_t*>(embed_.data_ptr()) + a.ids[r] * H_, H_ * 2);
+      }
+    }
+    tick(t, kEmbed, time);
+    uint16_t *out = out_.data(), *gu = gu_.data(), *act = act_.data();
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& L = layers_[li];
+      add_and_norm(res, li > 0 ? out : nullptr, L.in_norm, n, h);  // residual += the previous MLP output
+      tick(t, kNorms, time);
+      product(*L.qkv, h, n, qkv_.data(), s, t);
+      t.sync();
+      tick(t, kQkv, time);
+      attention(L, a, s, t);
+      t.sync();
+      tick(t, kAttention, time);
+      product(*L.o, att_.data(), n, out, s, t);
+      t.sync();
+      tick(t, kOproj, time);
+      add_and_norm(res, out, L.post_norm, n, h);
+      tick(t, kNorms, time);
+      gate_up_silu(*L.gate_up, h, n, gu, act, s, t);
+      t.sync();
+      tick(t, kGateUp, time);
+      product(*L.down, act, n, out, s, t);
+      t.sync();
+      tick(t, kDown, time);
+    }
+    add_and_norm(res, out, final_norm_, n, h);
+    if (t.tid == 0) std::memcpy(a.hidden, h, n * H_ * 2);
+    tick(t, kFinalNorm, time);
+    const int64_t V = head_->N;
+    uint16_t* lh = logits_h_.data();
+    product(*head_, h, n, lh, s, t);
+    const auto [v0, v1] = t.share(V);
+    for (int64_t r = 0; r < n; ++r) {  // float32 logits, and this share's greedy token and finiteness
+      Greedy& g = greedy_[t.tid * 8 + r];
+      g = Greedy{};
+      for (int64_t i = v0; i < v1; ++i) {
+        const float v = f(lh[r * V + i]);
+        a.logits[r * V + i] = v;
+        if (!std::isfinite(v)) g.finite = false;
+        else if (g.index < 0 || v > g.value) g.value = v, g.index = i;  // the first of equal maxima
+      }
+    }
+    tick(t, kHead, time);
+  }
+
+  // Per row and thread: the largest finite logit of the thread's share, its index, and whether every
+  // logit there was finite.
+  struct Greedy {
+    float value = 0.f;
+    int64_t index = -1;
+    bool finite = true;
+  };
+
+  // Each row's greedy token (the first index of the largest logit, as torch.argmax) or -1 where a
+  // logit is NaN or infinite (that row fails, as the sampler fails it), from the threads' shares.
+  torch::Tensor greedy_tokens(int64_t n, int threads) const {
+    auto out = torch::empty({n}, torch::dtype(torch::kInt64));
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      Greedy best;
+      for (int th = 0; th < threads; ++th) {  // shares in index order: a tie keeps the earlier one
+        const Greedy& g = greedy_[th * 8 + r];
+        best.finite = best.finite && g.finite;
+        if (g.index >= 0 && (best.index < 0 || g.value > best.value)) best.value = g.value, best.index = g.index;
+      }
+      o[r] = best.finite ? best.index : -1;
+    }
+    return out;
+  }
+
+  // For each row: res += add (when given), then RMSNorm(res) into h. Every thread does it on its own copy.
+  void add_and_norm(uint16_t* res, const uint16_t* add, const torch::Tensor& w, int64_t n, uint16_t* h) const {
+    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+    for (int64_t r = 0; r < n; ++r) {
+      if (add != nullptr)
+        for (int64_t i = 0; i < H_; ++i) res[r * H_ + i] = rnd(f(res[r * H_ + i]) + f(add[r * H_ + i]));
+      rms_norm(res + r * H_, wp, H_, eps_, h + r * H_);
+    }
+  }
+
+  // y (n, N) = x P^T: x prepared by this thread, this thread's share of the output rows.
+  void product(const Proj& p, const uint16_t* x, int64_t n, uint16_t* y, ThreadScratch& s, const Team& t) const {
+    Prepared pr;
+    p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
+    const auto [n0, n1] = t.share(p.N);
+    p.rows(pr, y, n0, n1, q8_);
+  }
+
+  // gate_up and SiLU(gate) * up: this thread's share [i0, i1) of the intermediate columns, both halves of
+  // gate_up for them, so the product needs no barrier before the activation.
+  void gate_up_silu(const Proj& p, const uint16_t* x, int64_t n, uint16_t* gu, uint16_t* act, ThreadScratch& s,
+                    const Team& t) const {
+    Prepared pr;
+    p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
+    const auto [i0, i1] = t.share(I_);
+    p.rows(pr, gu, i0, i1, q8_);
+    p.rows(pr, gu, I_ + i0, I_ + i1, q8_);
+    for (int64_t r = 0; r < n; ++r) {
+      const uint16_t* g = gu + r * 2 * I_;
+      int64_t i = i0;
+#ifdef INFERLAB_AVX512_BF16
+      for (; i + 16 <= i1; i += 16) {  // the same two roundings, 16 lanes at a time
+        const __m512 gv = bf16x16_to_float(g + i);
+        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        const __m512 sr = bf16x16_to_float_reg(_mm512_cvtneps_pbh(sv));
+        const __m512 pv = _mm512_mul_ps(sr, bf16x16_to_float(g + I_ + i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(act + r * I_ + i), (__m256i)_mm512_cvtneps_pbh(pv));
+      }
+#endif
+      for (; i < i1; ++i) act[r * I_ + i] = rnd(f(rnd(silu(f(g[i])))) * f(g[I_ + i]));
+    }
+  }
+
+  // This thread's (sequence, KV head) jobs: q/k norm, RoPE and the query scale for the job's heads, its
+  // K and V rows written into the paged caches, then its attention. A job reads only the cache rows of
+  // its own sequence and KV head, so no other thread waits on its write.
+  void attention(const Layer& L, const StepArgs& a, ThreadScratch& s, const Team& t) {
+    const int64_t qs = nh_ * d_, kvs = nkv_ * d_, qkvn = qs + 2 * kvs, group = nh_ / nkv_, slots = a.total_slots;
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    uint16_t* kc = reinterpret_cast<uint16_t*>(L.k_cache.data_ptr());
+    uint16_t* vc = reinterpret_cast<uint16_t*>(L.v_cache.data_ptr());
+    const uint16_t* qw = L.q_norm.defined() ? reinterpret_cast<const uint16_t*>(L.q_norm.data_ptr()) : nullptr;
+    const uint16_t* kw = L.q_norm.defined() ? reinterpret_cast<const uint16_t*>(L.k_norm.data_ptr()) : nullptr;
+    const auto [j0, j1] = job_share(*a.cost, t.tid, t.size);
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t r = job / nkv_, kh = job % nkv_;
+      uint16_t* q = qkv_.data() + r * qkvn + kh * group * d_;
+      uint16_t* k = qkv_.data() + r * qkvn + qs + kh * d_;
+      const uint16_t* v = k + kvs;
+      uint16_t* qd = qd_.data() + r * qs + kh * group * d_;
+      const float* c = cos_.data_ptr<float>() + a.pos[r] * d_;
+      const float* sn = sin_.data_ptr<float>() + a.pos[r] * d_;
+      for (int64_t g = 0; g < group; ++g) {
+        uint16_t* qh = q + g * d_;
+        if (qw != nullptr) rms_norm(qh, qw, d_, eps_, qh);
+        rope(qh, c, sn, d_);
+        for (int64_t i = 0; i < d_; ++i) qd[g * d_ + i] = rnd(f(qh[i]) * scale);
+      }
+      if (kw != nullptr) rms_norm(k, kw, d_, eps_, k);
+      rope(k, c, sn, d_);
+      std::memcpy(kc + (kh * slots + a.slot[r]) * d_, k, d_ * 2);
+      std::memcpy(vc + (kh * slots + a.slot[r]) * d_, v, d_ * 2);
+      if (!a.chained) attend_job(job, kc, vc, slots, a, s);
+    }
+    if (!a.chained) return;
+    t.sync();  // chained rows: every row's K/V is in the cache before any row reads it
+    for (int64_t job = j0; job < j1; ++job) attend_job(job, kc, vc, slots, a, s);
+  }
+
+  void attend_job(int64_t job, const uint16_t* kc, const uint16_t* vc, int64_t slots, const StepArgs& a,
+                  ThreadScratch& s) {
+    const int64_t r = job / nkv_, kh = job % nkv_, group = nh_ / nkv_;
+    attend(qd_.data() + r * nh_ * d_ + kh * group * d_, kc + kh * slots * d_, vc + kh * slots * d_,
+           a.bt + r * a.max_blocks, a.lens[r], a.block_size, group, d_, s.scores, s.acc,
+           att_.data() + job * group * d_);
+  }
+
+  enum Op { kEmbed, kNorms, kQkv, kAttention, kOproj, kGateUp, kDown, kFinalNorm, kHead, kOps };
+  static constexpr const char* kOpNames[kOps] = {"embed", "norms_and_adds", "qkv_proj",
+                                                 "attention_with_qk_norm_rope_kv_write", "o_proj",
+                                                 "gate_up_proj_silu_mul", "down_proj", "final_norm", "lm_head"};
   using Clock = std::chrono::steady_clock;
-  // Adds the time since `t` to op `o` and restarts `t` (only while profiling).
-  void tick(Op o, Clock::time_point& t) {
-    if (!profile_) return;
+  // Adds the time since `t` to op `o` and restarts `t` (only while profiling; thread 0's clock: a stage
+  // that ends at a barrier counts the slowest thread).
+  void tick(const Team& team, Op o, Clock::time_point& t) {
+    if (!profile_ || team.tid != 0) return;
     const auto now = Clock::now();
     prof_[o] += std::chrono::duration<double>(now - t).count();
     t = now;
@@ -331,16 +501,27 @@ class FusedModel {
   std::array<double, kOps> prof_{};
   int64_t prof_steps_ = 0;
 
-  void ensure_scratch() {
-    if (!res_.empty()) return;
-    const int64_t R = 8, qs = nh_ * d_, kvs = nkv_ * d_;
+  // The shared buffers, and each thread's own for `threads` threads and contexts up to max_len.
+  void ensure_scratch(int threads, int64_t max_len) {
+    const int64_t R = 8, qs = nh_ * d_, kvs = nkv_ * d_, group = nh_ / nkv_;
     const int64_t kmax = std::max(max_k_, H_);
-    res_.resize(R * H_); h_.resize(R * H_); out_.resize(R * H_);
-    qkv_.resize(R * (qs + 2 * kvs)); qd_.resize(R * qs); att_.resize(R * qs);
-    gu_.resize(R * 2 * I_); act_.resize(R * I_);
-    // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more)
-    fscratch_.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax)}) + 64);
-    hscratch_.resize(R * kmax + 64);  // int4: x reordered
+    if (out_.empty()) {
+      out_.resize(R * H_);
+      qkv_.resize(R * (qs + 2 * kvs)); qd_.resize(R * qs); att_.resize(R * qs);
+      gu_.resize(R * 2 * I_); act_.resize(R * I_);
+    }
+    if (static_cast<int>(scratch_.size()) < threads) scratch_.resize(threads);
+    if (static_cast<int>(greedy_.size()) < threads * 8) greedy_.resize(threads * 8);
+    for (ThreadScratch& s : scratch_) {
+      if (s.res.empty()) {
+        s.res.resize(R * H_); s.h.resize(R * H_);
+        // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more)
+        s.fs.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax)}) + 64);
+        s.hs.resize(R * kmax + 64);  // int4: x reordered
+        s.acc.resize(8 * 128);       // the portable attention body's sums (group <= 8, head_dim <= 128)
+      }
+      if (static_cast<int64_t>(s.scores.size()) < group * max_len) s.scores.resize(group * max_len);
+    }
   }
 
   int64_t H_, nh_, nkv_, d_, I_, max_k_ = 0;
@@ -350,8 +531,9 @@ class FusedModel {
   std::shared_ptr<Proj> head_;
   torch::Tensor cos_, sin_;
   std::vector<Layer> layers_;
-  std::vector<uint16_t> res_, h_, out_, qkv_, qd_, att_, gu_, act_, hscratch_, logits_h_;
-  std::vector<float> fscratch_;
+  std::vector<uint16_t> out_, qkv_, qd_, att_, gu_, act_, logits_h_;  // shared by the team
+  std::vector<ThreadScratch> scratch_;  // one per thread
+  std::vector<Greedy> greedy_;          // (thread, row)
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -373,6 +555,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("profile", &FusedModel::profile)
       .def("int8_activations", &FusedModel::int8_activations)
       // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
-      .def("step", &FusedModel::step, py::call_guard<py::gil_scoped_release>());
+      .def("step", &FusedModel::step, py::arg("ids"), py::arg("positions"), py::arg("slots"), py::arg("blocks"),
+           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false,
+           py::call_guard<py::gil_scoped_release>());
   m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
 }

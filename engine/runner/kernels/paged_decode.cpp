@@ -173,23 +173,36 @@ static inline void attend(const uint16_t* qs, const uint16_t* kh, const uint16_t
 #endif
 }
 
-// Raw entry (the fused decode step calls it too): q (n, kv_heads, group, d) scaled, caches (kv_heads, slots, d),
+// Jobs are (sequence, KV head) pairs, job = sequence * kv_heads + head; each thread gets a run of them
+// with about the same total context (a fixed cost per job counts too), so the few long documents of a
+// batch spread out. job_costs: the running sum of the jobs' costs (jobs + 1 entries); job_share: the
+// jobs [first, last) of part p of parts.
+static std::vector<int64_t> job_costs(const int64_t* lens, int64_t n, int64_t kv_heads) {
+  std::vector<int64_t> cost(n * kv_heads + 1, 0);
+  for (int64_t j = 0; j < n * kv_heads; ++j) cost[j + 1] = cost[j] + lens[j / kv_heads] + 16;
+  return cost;
+}
+
+static std::pair<int64_t, int64_t> job_share(const std::vector<int64_t>& cost, int64_t p, int64_t parts) {
+  const int64_t jobs = static_cast<int64_t>(cost.size()) - 1;
+  const int64_t first = std::lower_bound(cost.begin(), cost.end(), cost[jobs] * p / parts) - cost.begin();
+  const int64_t last = std::lower_bound(cost.begin(), cost.end(), cost[jobs] * (p + 1) / parts) - cost.begin();
+  return {std::min(first, jobs), std::min(last, jobs)};
+}
+
+// Raw entry: q (n, kv_heads, group, d) scaled, caches (kv_heads, slots, d),
 // bt (n, max_blocks), lens (n,) -> o (n, kv_heads, group, d).
 static void paged_decode_raw(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* bt,
                              const int64_t* lens, int64_t n, int64_t kv_heads, int64_t group, int64_t d,
                              int64_t slots, int64_t max_blocks, int64_t block_size, uint16_t* o) {
-  // Jobs are (sequence, KV head) pairs; each thread gets a run of them with about the same total
-  // context (a fixed cost per job counts too), so the few long documents of a batch spread out.
   const int64_t jobs = n * kv_heads;
-  std::vector<int64_t> cost(jobs + 1, 0);
-  for (int64_t j = 0; j < jobs; ++j) cost[j + 1] = cost[j] + lens[j / kv_heads] + 16;
+  const std::vector<int64_t> cost = job_costs(lens, n, kv_heads);
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(jobs, at::get_num_threads()));
   at::parallel_for(0, parts, 1, [&](int64_t p_begin, int64_t p_end) {
     std::vector<float> scores, acc(group * d);
     for (int64_t p = p_begin; p < p_end; ++p) {
-      const int64_t first = std::lower_bound(cost.begin(), cost.end(), cost[jobs] * p / parts) - cost.begin();
-      const int64_t last = std::lower_bound(cost.begin(), cost.end(), cost[jobs] * (p + 1) / parts) - cost.begin();
-      for (int64_t job = first; job < std::min(last, jobs); ++job) {
+      const auto [first, last] = job_share(cost, p, parts);
+      for (int64_t job = first; job < last; ++job) {
         const int64_t s = job / kv_heads, h = job % kv_heads;
         attend(q + job * group * d, kc + h * slots * d, vc + h * slots * d, bt + s * max_blocks, lens[s],
                block_size, group, d, scores, acc, o + job * group * d);

@@ -127,7 +127,8 @@ static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t 
   return bias->to(torch::kFloat32).contiguous();
 }
 
-// Raw entry (the fused decode step calls it too): x (M, K) with M <= 8, w (N, K) -> y (M, N), bias float32 or null.
+// Raw entry: x (M, K) with M <= 8, w (N, K) -> y (M, N), bias float32 or null. (The fused decode step
+// calls bf16_rows_for itself, on each thread's share of the rows.)
 static void linear_bf16(const uint16_t* xp, int64_t M, const uint16_t* wp, const float* bp, int64_t K, int64_t N,
                         uint16_t* yp) {
   RowsFn rows = bf16_rows_for(M);
@@ -298,12 +299,17 @@ static void int4_rows_x4(const uint16_t* xperm, const float* gx, const uint8_t* 
 using Int4Fn = void (*)(const uint16_t*, const float*, const uint8_t*, const uint16_t*, const uint16_t*, uint16_t*,
                         const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
-// Raw entry (the fused decode step calls it too): x (M, K), any M; scratch gx (M * 2 * K / group floats) and
-// xperm (M * K values), so a caller that runs many layers allocates them once.
-static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
-                        const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
+// The two halves of the raw entry (the fused decode step runs them on each thread: the preparation of x,
+// then its share of the output rows). Scratch gx (M * 2 * K / group floats) and xperm (M * K values).
+static void int4_prepare(const uint16_t* xp, int64_t M, int64_t K, int64_t group, float* gx, uint16_t* xperm) {
   const int64_t pairs = 2 * (K / group);
   for (int64_t m = 0; m < M; ++m) prepare_x(xp + m * K, K, group, gx + m * pairs, xperm + m * K);
+}
+
+static void int4_range(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                       const float* bp, int64_t K, int64_t N, uint16_t* yp, const float* gx, const uint16_t* xperm,
+                       int64_t n0, int64_t n1) {
+  const int64_t pairs = 2 * (K / group);
   static const Int4Fn table[kTile] = {int4_rows<1>, int4_rows<2>, int4_rows<3>, int4_rows<4>};
   for (int64_t m0 = 0; m0 < M; m0 += kTile) {
     const int64_t t = std::min(kTile, M - m0);
@@ -311,10 +317,17 @@ static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const 
 #ifdef INFERLAB_AVX512_BF16
     if (t == 1) rows = int4_rows_x4;
 #endif
-    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
-      rows(xperm + m0 * K, gx + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N, group, n0, n1);
-    });
+    rows(xperm + m0 * K, gx + m0 * pairs, cp, szp, xp + m0 * K, yp + m0 * N, bp, K, N, group, n0, n1);
   }
+}
+
+// Raw entry: x (M, K), any M; scratch as int4_prepare's.
+static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                        const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
+  int4_prepare(xp, M, K, group, gx, xperm);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+    int4_range(xp, M, cp, szp, group, bp, K, N, yp, gx, xperm, n0, n1);
+  });
 }
 
 // x (M, K) bf16, codes (N, K / 2) uint8 in the chunk layout above, sz (N, K / group, 2) bf16
@@ -393,10 +406,14 @@ static void int8_rows_x4(const float* xf, const int8_t* q, const uint16_t* scale
 }
 #endif
 
-// Raw entry (the fused decode step calls it too): x (M, K) bf16 with M <= 8; scratch xf (M * K floats).
-static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
-                        int64_t K, int64_t N, uint16_t* yp, float* xf) {
+// The two halves of the raw entry (as int4_prepare / int4_range): x (M, K) bf16 with M <= 8 widened to
+// xf (M * K floats), then rows [n0, n1).
+static void int8_prepare(const uint16_t* x, int64_t M, int64_t K, float* xf) {
   for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_float(x[i]);
+}
+
+static void int8_range(const float* xf, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                       int64_t K, int64_t N, uint16_t* yp, int64_t n0, int64_t n1) {
   using Fn = void (*)(const float*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
                       int64_t, int64_t);
   static const Fn table[kMaxRowsBf16] = {int8_rows<1>, int8_rows<2>, int8_rows<3>, int8_rows<4>,
@@ -405,7 +422,14 @@ static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const ui
 #ifdef INFERLAB_AVX512_BF16
   if (M == 1) rows = int8_rows_x4;
 #endif
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xf, qp, sp, yp, bp, K, N, n0, n1); });
+  rows(xf, qp, sp, yp, bp, K, N, n0, n1);
+}
+
+// Raw entry: x (M, K) bf16 with M <= 8; scratch xf (M * K floats).
+static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                        int64_t K, int64_t N, uint16_t* yp, float* xf) {
+  int8_prepare(x, M, K, xf);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_range(xf, M, qp, sp, bp, K, N, yp, n0, n1); });
 }
 
 // x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
@@ -609,11 +633,10 @@ static int64_t q4_scratch_floats(int64_t M, int64_t K) {
   return blocks * 32 + K / 32 + 8 + M * (blocks * 56 + 8) + 64;
 }
 
-// x (M, K) bf16, any M -> y (M, N); int4 codes with int8 activations. scratch: q4_scratch_floats floats.
-static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
-                           const float* bp, int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+// The two halves of linear_int4_q8 (the fused decode step runs them on each thread): M rows of x
+// quantized and laid out into xs[0..M) (views into scratch: q4_scratch_floats floats), then rows [n0, n1).
+static void int4_q8_prepare(const uint16_t* xp, int64_t M, int64_t K, int64_t group, float* scratch, Q4x* xs) {
   const int64_t blocks = (K + 127) / 128;
-  std::vector<Q4x> xs(M);
   Carve c{scratch};
   int8_t* tmp = reinterpret_cast<int8_t*>(c.take(blocks * 32));  // K int8 (blocks * 128 bytes)
   float* dtmp = c.take(K / 32 + 8);
@@ -621,15 +644,25 @@ static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, con
     xs[m] = {reinterpret_cast<int8_t*>(c.take(blocks * 32)), c.take(blocks * 16), c.take(blocks * 8)};
     prepare_q4x(xp + m * K, K, group, tmp, dtmp, xs[m]);
   }
+}
+
+static void int4_q8_range(const Q4x* xs, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                          const float* bp, int64_t K, int64_t N, uint16_t* yp, int64_t n0, int64_t n1) {
   using Fn = void (*)(const Q4x*, const uint8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
                       int64_t, int64_t, int64_t);
   static const Fn table[kTile] = {int4_rows_q8<1>, int4_rows_q8<2>, int4_rows_q8<3>, int4_rows_q8<4>};
-  for (int64_t m0 = 0; m0 < M; m0 += kTile) {
-    const int64_t t = std::min(kTile, M - m0);
-    at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
-      table[t - 1](xs.data() + m0, cp, szp, yp + m0 * N, bp, K, N, group, n0, n1);
-    });
-  }
+  for (int64_t m0 = 0; m0 < M; m0 += kTile)
+    table[std::min(kTile, M - m0) - 1](xs + m0, cp, szp, yp + m0 * N, bp, K, N, group, n0, n1);
+}
+
+// x (M, K) bf16, any M -> y (M, N); int4 codes with int8 activations. scratch: q4_scratch_floats floats.
+static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
+                           const float* bp, int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  std::vector<Q4x> xs(M);
+  int4_q8_prepare(xp, M, K, group, scratch, xs.data());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+    int4_q8_range(xs.data(), M, cp, szp, group, bp, K, N, yp, n0, n1);
+  });
 }
 
 // Per row of x for the int8 body: xq zero-padded to whole 64-byte loads, the block scales spread over
@@ -705,11 +738,10 @@ static int64_t q8_scratch_floats(int64_t M, int64_t K) {
   return M * (blocks * 16 + blocks * 16 + 8) + K / 32 + 72;
 }
 
-// x (M, K) bf16 with M <= 8 -> y (M, N); int8 rows with int8 activations. scratch: q8_scratch_floats floats.
-static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
-                           int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+// The two halves of linear_int8_q8 (as int4_q8_prepare / int4_q8_range): M <= 8 rows of x quantized
+// into xs[0..M) (views into scratch: q8_scratch_floats floats), then rows [n0, n1).
+static void int8_q8_prepare(const uint16_t* x, int64_t M, int64_t K, float* scratch, Q8x* xs) {
   const int64_t blocks = (K + 63) / 64;
-  Q8x xs[kMaxRowsBf16];
   Carve c{scratch};
   float* dtmp = c.take(K / 32 + 8);
   for (int64_t m = 0; m < M; ++m) {
@@ -730,11 +762,23 @@ static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const
         xs[m].dv[p * 16 + i] = b * kQBlock < K ? dtmp[b] : 0.f;
       }
   }
+}
+
+static void int8_q8_range(const Q8x* xs, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                          int64_t K, int64_t N, uint16_t* yp, int64_t n0, int64_t n1) {
   using Fn = void (*)(const Q8x*, const int8_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t,
                       int64_t, int64_t);
   static const Fn table[kMaxRowsBf16] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
                                          int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { table[M - 1](xs, qp, sp, yp, bp, K, N, n0, n1); });
+  table[M - 1](xs, qp, sp, yp, bp, K, N, n0, n1);
+}
+
+// x (M, K) bf16 with M <= 8 -> y (M, N); int8 rows with int8 activations. scratch: q8_scratch_floats floats.
+static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
+                           int64_t K, int64_t N, uint16_t* yp, float* scratch) {
+  Q8x xs[kMaxRowsBf16];
+  int8_q8_prepare(x, M, K, scratch, xs);
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_q8_range(xs, M, qp, sp, bp, K, N, yp, n0, n1); });
 }
 
 // The two as tensor ops (the tests; the fused step calls the raw entries).
