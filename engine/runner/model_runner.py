@@ -207,7 +207,8 @@ class ModelRunner:
             if producers:
                 result: SampleResult | None = FusedDecode.greedy_result(greedy, producers)
                 if result is None:
-                    result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                    result = sample(logits[[r for _, r in producers]],
+                                    [s.request.sampling_params for s, _ in producers],
                                     [s.request.generator for s, _ in producers])
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
