@@ -4,9 +4,12 @@
    chat template when it has one), three in four greedily and one sampled at temperature 0.7: the text
    the heads must learn to foresee is the text this model writes.
 2. One forward pass per answer gives the final hidden state h_t at every position.
-3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head), on the
-   answer positions only. A tenth of the answers is held out to measure each head's top-1 accuracy.
-The heads are small (hidden² + hidden per head) and train in minutes on the CPU.
+3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head, the softmax
+   over the tokens the answers use), on the answer positions only. The answers are split 80/10/10:
+   training stops once the loss on "val" stops improving (early stopping) and each head's top-1 accuracy
+   is reported on "test", which training never saw.
+The heads are small (2·hidden² + hidden per head, or a low-rank product) and fit in a few minutes on the
+CPU; writing the answers is most of the time.
 """
 from __future__ import annotations
 
