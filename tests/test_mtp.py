@@ -326,3 +326,15 @@ def test_early_stopping_keeps_the_best_epoch():
     mapped = (nxt[:100] % 5 + 1).unsqueeze(1) % 5  # tokens 0..4: rows 0..4 of the shortlist
     assert vocab_rows[:5].tolist() == [0, 1, 2, 3, 4]
     assert round(mean_loss(heads, weights, val[0], val[1], mapped, vocab_rows), 3) == min(losses)
+
+
+def test_training_with_too_few_answers_to_hold_out(tiny_llama):
+    """Two answers cannot be split 80/10/10: the heads train and are measured on both (as the GPU test
+    does with two prompts) instead of failing on an empty split."""
+    from engine.spec.mtp_train import fit_heads, original_weights, training_data
+
+    eng = make(tiny_llama)
+    data = training_data(eng, 2, [[8, 9, 10], [30, 31, 32, 33]], max_tokens=8)
+    assert len(data["train"][0]) == len(data["test"][0]) > 0
+    heads, measured = fit_heads(data, original_weights(eng), 2, epochs=1, lr=1e-3)
+    assert heads.num_heads == 2 and len(measured["test_top1_per_head"]) == 2
