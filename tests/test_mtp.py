@@ -207,3 +207,134 @@ def test_heads_found_in_order_asked_trained_shipped(tmp_path, monkeypatch):
     assert mtp.find_heads(str(model), str(asked)) is None  # asked for a file that is not there: not another
     asked.write_bytes(b"x")
     assert mtp.find_heads(str(model), str(asked)) == asked
+
+
+def _serving_inputs(eng, prompts, params):
+    """Generate with MTP on, recording what the heads read at every proposal: (the request's tokens so
+    far, the hidden state handed to the heads, the token handed with it)."""
+    seen = []
+    propose = eng.proposer.propose_batch
+
+    def spy(hidden, depths, max_nodes=None, last_tokens=None):
+        rows = [r for r in eng.scheduler.running if r.mtp_hidden is not None
+                and r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens < r.sampling_params.max_tokens]
+        by_hidden = {id(r.mtp_hidden): r for r in rows}
+        for i in range(len(hidden)):
+            r = next(r for r in rows if torch.equal(r.mtp_hidden, hidden[i]))
+            seen.append((list(r.all_token_ids), hidden[i].float().clone(), last_tokens[i]))
+        assert by_hidden
+        return propose(hidden, depths, max_nodes, last_tokens)
+
+    eng.proposer.propose_batch = spy
+    outs = eng.generate(prompts, params)
+    return seen, outs
+
+
+@pytest.mark.parametrize("widths", [(1,), (3, 2)])
+def test_heads_read_in_serving_what_they_were_trained_on(tiny_llama, heads_file, widths):
+    """For the same tokens, the (hidden state, token) a head reads while serving (after a prefill, a
+    plain decode, a chain or a tree verify) equals the training example train-mtp builds for that
+    position (mtp_train.hidden_and_labels): fp32, so equal up to rounding."""
+    from engine.spec.mtp_train import hidden_and_labels
+
+    eng = make(tiny_llama, spec_method="mtp", num_speculative_tokens=2, mtp_heads=str(heads_file),
+               mtp_tree_widths=widths, mtp_max_tree_tokens=16)
+    seen, outs = _serving_inputs(eng, PROMPTS, GREEDY)
+    assert len(seen) > 10 and eng.stats().num_verify_passes > 0
+    for p, o in zip(PROMPTS, outs):
+        ids = list(p) + list(o.token_ids)
+        h, nxt, _ = hidden_and_labels(eng, [(ids, len(p))], 2)  # row j: position len(p) - 1 + j
+        for tokens, hidden, last in seen:
+            if tokens == ids[: len(tokens)] and len(tokens) > len(p):
+                j = len(tokens) - 1 - len(p)  # the position that produced the last token
+                assert last == int(nxt[j]) == tokens[-1]
+                assert torch.allclose(hidden, h[j], atol=1e-4, rtol=1e-4), (len(tokens), (hidden - h[j]).abs().max())
+
+
+def test_heads_read_the_fused_steps_hidden_state(tiny_llama_hd64):
+    """bf16 on the CPU: a plain decode takes the fused native step (engine/runner/fused.py); the hidden
+    state MTP keeps from it is the final normed one training reads (within bf16 rounding)."""
+    from engine.runner.fused import PATH_FUSED
+    from engine.spec.mtp_train import hidden_and_labels
+
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=64))
+    eng.runner.keep_hidden = True
+    paths, kept = [], []
+    execute = eng.runner.execute
+
+    def spy(sched, bm):
+        result = execute(sched, bm)
+        paths.append(eng.runner.last_path)
+        for i, s in enumerate(result.order):
+            if i in result.hidden:
+                kept.append((list(s.request.all_token_ids) + [result.sampled[i]], result.hidden[i][0].float()))
+        return result
+
+    eng.runner.execute = spy
+    prompt = list(range(10, 25))
+    out = eng.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    assert PATH_FUSED in paths
+    ids = prompt + list(out.token_ids)
+    h, nxt, _ = hidden_and_labels(eng, [(ids, len(prompt))], 1)
+    for tokens, hidden in kept:
+        j = len(tokens) - 1 - len(prompt)
+        assert tokens[-1] == int(nxt[j])
+        assert (hidden - h[j]).norm() / h[j].norm() < 0.03
+
+
+def test_low_rank_heads_train_stop_early_save_and_load(tmp_path):
+    from engine.spec.mtp_train import accuracy, train_heads
+
+    torch.manual_seed(0)
+    hidden, vocab, n = 16, 40, 600
+    weights = (torch.randn(vocab, hidden), torch.randn(vocab, hidden))
+    h = torch.randn(n, hidden)
+    nxt = torch.randint(0, vocab, (n,))
+    labels = torch.stack([nxt % 5, nxt % 5 + 5], 1)  # learnable from the token; tokens 10.. never labels
+    val = (h[:100], nxt[:100], labels[:100])
+    heads = train_heads(h[100:], nxt[100:], labels[100:], weights, 2, epochs=60, lr=3e-2, rank=8,
+                        weight_decay=0.01, val=val, patience=2)
+    assert heads.rank == 8 and sum(p.numel() for p in heads.parameters()) == 2 * (8 * 32 + 16 * 8 + 16)
+    acc = accuracy(heads, weights, *val)  # over the whole vocabulary (training ranked 10 tokens)
+    assert min(acc) > 0.25, acc  # chance: 0.1 among the labels, 0.025 over the vocabulary
+    path = tmp_path / "low.safetensors"
+    save_heads(heads, path, {"rank": 8})
+    loaded, meta = load_heads(path, hidden)
+    assert loaded.rank == 8 and meta == {"rank": 8}
+    assert accuracy(loaded, weights, *val) == acc
+    with pytest.raises(ValueError, match="hidden size"):
+        load_heads(path, 32)
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    """Held-out labels that contradict the training ones: the held-out loss is best after the first
+    epoch, training stops `patience` epochs later and hands back the first epoch's heads."""
+    from engine.spec.mtp_train import mean_loss, train_heads
+
+    torch.manual_seed(0)
+    hidden, vocab, n = 16, 40, 400
+    weights = (torch.randn(vocab, hidden), torch.randn(vocab, hidden))
+    h, nxt = torch.randn(n, hidden), torch.randint(0, vocab, (n,))
+    labels = (nxt % 5).unsqueeze(1)
+    val = (h[:100], nxt[:100], (nxt[:100] % 5 + 1).unsqueeze(1) % 5)
+    messages = []
+    heads = train_heads(h[100:], nxt[100:], labels[100:], weights, 1, epochs=20, lr=3e-2, val=val, patience=2,
+                        progress=lambda m, f: messages.append(m))
+    losses = [float(m.rsplit(" ", 1)[1]) for m in messages if "held-out" in m]
+    assert 2 <= len(losses) < 20 and losses.index(min(losses)) == len(losses) - 3  # stopped 2 epochs after the best
+    vocab_rows = torch.cat([nxt[100:], labels[100:].flatten()]).unique()
+    mapped = (nxt[:100] % 5 + 1).unsqueeze(1) % 5  # tokens 0..4: rows 0..4 of the shortlist
+    assert vocab_rows[:5].tolist() == [0, 1, 2, 3, 4]
+    assert round(mean_loss(heads, weights, val[0], val[1], mapped, vocab_rows), 3) == min(losses)
+
+
+def test_training_with_too_few_answers_to_hold_out(tiny_llama):
+    """Two answers cannot be split 80/10/10: the heads train and are measured on both (as the GPU test
+    does with two prompts) instead of failing on an empty split."""
+    from engine.spec.mtp_train import fit_heads, original_weights, training_data
+
+    eng = make(tiny_llama)
+    data = training_data(eng, 2, [[8, 9, 10], [30, 31, 32, 33]], max_tokens=8)
+    assert len(data["train"][0]) == len(data["test"][0]) > 0
+    heads, measured = fit_heads(data, original_weights(eng), 2, epochs=1, lr=1e-3)
+    assert heads.num_heads == 2 and len(measured["test_top1_per_head"]) == 2

@@ -33,14 +33,21 @@ class MtpHeads(nn.Module):
     (known when the heads run): [h_t ; emb(x_{t+1})] -> hidden. Without it a head has to guess token t+2
     without knowing t+1 (plain Medusa); with it, it only has to do what the model's next pass would."""
 
-    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True, rank: int | None = None) -> None:
+        """rank: each head's matrix as a product (hidden x rank)(rank x width) instead of a full one
+        (fewer weights to fit: they generalize better from a few thousand answers)."""
         super().__init__()
-        self.use_token = use_token
+        self.use_token, self.rank = use_token, rank
         width = 2 * hidden_size if use_token else hidden_size
-        self.blocks = nn.ModuleList(nn.Linear(width, hidden_size) for _ in range(num_heads))
+        if rank:
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, hidden_size))
+                                        for _ in range(num_heads))
+        else:
+            self.blocks = nn.ModuleList(nn.Linear(width, hidden_size) for _ in range(num_heads))
         for b in self.blocks:
-            nn.init.zeros_(b.weight)
-            nn.init.zeros_(b.bias)
+            out = b[-1] if rank else b  # the last layer starts at zero (a low-rank head's first one cannot)
+            nn.init.zeros_(out.weight)
+            nn.init.zeros_(out.bias)
 
     @property
     def num_heads(self) -> int:
@@ -94,10 +101,14 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
     num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
-    shape = tuple(state["blocks.0.weight"].shape) if num else ()
-    if shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
+    rank = state["blocks.0.0.weight"].shape[0] if "blocks.0.0.weight" in state else None
+    if rank:  # low rank: (rank, width) then (hidden, rank)
+        shape = (state["blocks.0.1.weight"].shape[0], state["blocks.0.0.weight"].shape[1])
+    else:
+        shape = tuple(state["blocks.0.weight"].shape) if "blocks.0.weight" in state else ()
+    if not num or shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
         raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
-    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size)
+    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size, rank=rank)
     heads.load_state_dict(state)
     return heads, meta
 

@@ -4,9 +4,12 @@
    chat template when it has one), three in four greedily and one sampled at temperature 0.7: the text
    the heads must learn to foresee is the text this model writes.
 2. One forward pass per answer gives the final hidden state h_t at every position.
-3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head), on the
-   answer positions only. A tenth of the answers is held out to measure each head's top-1 accuracy.
-The heads are small (hidden² + hidden per head) and train in minutes on the CPU.
+3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head, the softmax
+   over the tokens the answers use), on the answer positions only. The answers are split 80/10/10:
+   training stops once the loss on "val" stops improving (early stopping) and each head's top-1 accuracy
+   is reported on "test", which training never saw.
+The heads are small (2·hidden² + hidden per head, or a low-rank product) and fit in a few minutes on the
+CPU; writing the answers is most of the time.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "mtp_prompts.txt"
 IGNORE = -100
 
 Progress = Callable[[str, float], None]
+RANK = None  # the heads' rank by default (None: full matrices); chosen by held-out accuracy, see README
+WEIGHT_DECAY = 0.0
 
 
 def default_prompts() -> list[str]:
@@ -68,10 +73,13 @@ def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
 
 
 def head_loss(heads: MtpHeads, weights: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, nxt: torch.Tensor,
-              labels: torch.Tensor):
+              labels: torch.Tensor, vocab: torch.Tensor | None = None):
     """(mean cross-entropy, per-head top-1 hits, per-head counted positions). weights: (lm_head, embedding
-    table), 16-bit originals as float32."""
+    table), 16-bit originals as float32. vocab: the softmax over these token ids only (labels already
+    mapped to their rows), a shortlist that makes training several times cheaper; None: every token."""
     lm_weight, emb_weight = weights
+    if vocab is not None:
+        lm_weight = lm_weight[vocab]
     logits = heads(h, emb_weight[nxt] if heads.use_token else None) @ lm_weight.t()  # (n, heads, vocab)
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     valid = labels != IGNORE
@@ -79,30 +87,82 @@ def head_loss(heads: MtpHeads, weights: tuple[torch.Tensor, torch.Tensor], h: to
     return loss, hits, valid.sum(0)
 
 
+def shortlist(nxt: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the token ids the training answers use, labels mapped to their rows in it): the heads learn to
+    rank these; a token never written in the answers keeps the lm_head's own score for it."""
+    seen = torch.cat([nxt, labels[labels != IGNORE]]).unique()
+    return seen, shortlist_labels(labels, seen, vocab_size)
+
+
 def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor],
                 num_heads: int, *, epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
-                use_token: bool = True, progress: Progress | None = None) -> MtpHeads:
+                use_token: bool = True, rank: int | None = None, weight_decay: float = 0.0,
+                val: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, patience: int = 1,
+                full_vocab: bool = False, progress: Progress | None = None) -> MtpHeads:
+    """AdamW on the heads, `epochs` passes at most. With `val`, the held-out loss is measured after each
+    epoch and training stops once it has not improved for `patience` epochs; the best epoch's heads are
+    returned (early stopping). Unless `full_vocab`, the softmax runs over the answers' tokens only."""
     torch.manual_seed(seed)
-    heads = MtpHeads(h.shape[1], num_heads, use_token).to(h.device)  # where the hidden states are
-    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    heads = MtpHeads(h.shape[1], num_heads, use_token, rank).to(h.device)  # where the hidden states are
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
+    vocab = None
+    if not full_vocab:
+        vocab, labels = shortlist(nxt, labels, weights[0].shape[0])
+        if val is not None:
+            val = (val[0], val[1], shortlist_labels(val[2], vocab, weights[0].shape[0]))
     steps = epochs * -(-len(h) // batch)
-    done = 0
-    for _ in range(epochs):
+    done, best, best_state, waited = 0, float("inf"), None, 0
+    for epoch in range(epochs):
         order = torch.randperm(len(h)).to(h.device)  # drawn on the CPU: the same order on every device
         for i in range(0, len(h), batch):
             idx = order[i : i + batch]
-            loss, _, _ = head_loss(heads, weights, h[idx], nxt[idx], labels[idx])
+            loss, _, _ = head_loss(heads, weights, h[idx], nxt[idx], labels[idx], vocab)
             opt.zero_grad()
             loss.backward()
             opt.step()
             done += 1
             if progress:
-                progress(f"training heads: loss {loss.item():.3f}", done / steps)
+                progress(f"training heads: epoch {epoch + 1}, loss {loss.item():.3f}", done / steps)
+        if val is None:
+            continue
+        val_loss = mean_loss(heads, weights, *val, vocab)
+        if progress:
+            progress(f"training heads: epoch {epoch + 1}, held-out loss {val_loss:.3f}", done / steps)
+        if val_loss < best:
+            best, waited = val_loss, 0
+            best_state = {k: v.detach().clone() for k, v in heads.state_dict().items()}
+        else:
+            waited += 1
+            if waited >= patience:
+                break
+    if best_state is not None:
+        heads.load_state_dict(best_state)
     return heads
+
+
+def shortlist_labels(labels: torch.Tensor, vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Labels mapped to their rows in a shortlist; a token outside it is not counted (IGNORE)."""
+    row = torch.full((vocab_size,), IGNORE, dtype=torch.long, device=labels.device)
+    row[vocab] = torch.arange(len(vocab), device=labels.device)
+    return torch.where(labels == IGNORE, labels, row[labels.clamp(min=0)])
+
+
+@torch.no_grad()
+def mean_loss(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
+              vocab: torch.Tensor | None = None) -> float:
+    total, count = 0.0, 0
+    for i in range(0, len(h), 512):
+        lab = labels[i : i + 512]
+        n = int((lab != IGNORE).sum())
+        if n:
+            loss, _, _ = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], lab, vocab)
+            total, count = total + float(loss) * n, count + n
+    return total / max(1, count)
 
 
 @torch.no_grad()
 def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    """Top-1 per head over the whole vocabulary (what serving ranks)."""
     hits = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     count = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     for i in range(0, len(h), 512):
@@ -112,15 +172,22 @@ def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, label
     return [a / max(1, c) for a, c in zip(hits.tolist(), count.tolist())]
 
 
+def split_answers(seqs: list, seed: int = 0) -> dict[str, list]:
+    """Answers shuffled, then a tenth held out for early stopping ("val") and a tenth never touched
+    while training ("test", what the report's held-out accuracy is measured on)."""
+    seqs = list(seqs)
+    random.Random(seed).shuffle(seqs)
+    if len(seqs) < 3:  # too few answers to hold any out: every split is all of them
+        return {"test": seqs, "val": seqs, "train": seqs}
+    n = max(1, len(seqs) // 10)
+    return {"test": seqs[:n], "val": seqs[n : 2 * n], "train": seqs[2 * n :]}
+
+
 def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], max_tokens: int,
                   seed: int = 0) -> dict:
-    """The self-distilled examples: train and validation (h, next token, labels), a tenth of the answers
-    held out."""
+    """The self-distilled examples: train, val and test (h, next token, labels), split by answer."""
     seqs = self_distill(engine, prompts, max_tokens)
-    random.Random(seed).shuffle(seqs)
-    n_val = max(1, len(seqs) // 10)
-    return {"train": hidden_and_labels(engine, seqs[n_val:], num_heads),
-            "val": hidden_and_labels(engine, seqs[:n_val], num_heads)}
+    return {name: hidden_and_labels(engine, part, num_heads) for name, part in split_answers(seqs, seed).items()}
 
 
 def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,12 +196,15 @@ def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, seed: int = 0,
-              use_token: bool = True, progress: Progress | None = None) -> tuple[MtpHeads, dict]:
-    """Train, then measure top-1 accuracy per head on the held-out answers (and on a sample of the
-    training ones), against untrained heads."""
+              use_token: bool = True, rank: int | None = None, weight_decay: float = 0.0, patience: int = 1,
+              full_vocab: bool = False, progress: Progress | None = None) -> tuple[MtpHeads, dict]:
+    """Train (early stopping on "val"), then measure top-1 accuracy per head on the held-out answers
+    ("test", untouched by training; "val" too) and on a sample of the training ones, against untrained heads."""
     train, val = data["train"], data["val"]
+    test = data.get("test", val)
     weights = tuple(w.to(train[0].device) for w in weights)  # the host's 16-bit originals join the states
-    heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token,
+    heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token, rank=rank,
+                        weight_decay=weight_decay, val=val, patience=patience, full_vocab=full_vocab,
                         progress=progress)
     untrained = MtpHeads(train[0].shape[1], num_heads, use_token).to(train[0].device)
     sample = tuple(t[:4096] for t in train)  # how well the heads fit what they saw
@@ -142,26 +212,32 @@ def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, se
     def pct(hs, split):
         return [round(a, 4) for a in accuracy(hs, weights, *split)]
 
-    return heads, dict(train_positions=len(train[0]), val_positions=len(val[0]),
-                       val_top1_per_head=pct(heads, val), val_top1_untrained=pct(untrained, val),
-                       train_top1_per_head=pct(heads, sample), train_top1_untrained=pct(untrained, sample))
+    return heads, dict(train_positions=len(train[0]), val_positions=len(val[0]), test_positions=len(test[0]),
+                       test_top1_per_head=pct(heads, test), test_top1_untrained=pct(untrained, test),
+                       val_top1_per_head=pct(heads, val), train_top1_per_head=pct(heads, sample),
+                       train_top1_untrained=pct(untrained, sample))
 
 
 def train_mtp(engine, *, num_heads: int = 3, prompts: Sequence[str | list[int]] | None = None,
-              max_tokens: int = 128, epochs: int = 3, lr: float = 3e-3, out: str | Path | None = None,
+              max_tokens: int = 128, epochs: int = 8, lr: float = 3e-3, rank: int | None = RANK,
+              weight_decay: float = WEIGHT_DECAY, patience: int = 1, out: str | Path | None = None,
               seed: int = 0, use_token: bool = True, progress: Progress | None = None) -> dict:
-    """Generate, extract, train, measure, save. Returns a report (also stored in the file's metadata)."""
+    """Generate, extract, train (early stopping on held-out answers), measure, save. Returns a report
+    (also stored in the file's metadata)."""
     report = progress or (lambda message, fraction: None)
     t0 = time.perf_counter()
     prompts = list(prompts or default_prompts())
     report(f"the model answers {len(prompts)} prompts itself, then its hidden states are read…", 0.0)
     data = training_data(engine, num_heads, prompts, max_tokens, seed)
+    t1 = time.perf_counter()
     heads, measured = fit_heads(data, original_weights(engine), num_heads, epochs=epochs, lr=lr, seed=seed,
-                                use_token=use_token, progress=report)
+                                use_token=use_token, rank=rank, weight_decay=weight_decay, patience=patience,
+                                progress=report)
     path = Path(out) if out else heads_path(engine.model_path)
-    meta = dict(model=str(engine.model_path), num_heads=num_heads, reads_last_token=use_token,
-                prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr, **measured,
-                seconds=round(time.perf_counter() - t0, 1))
+    meta = dict(model=str(engine.model_path), num_heads=num_heads, reads_last_token=use_token, rank=rank,
+                prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr, weight_decay=weight_decay,
+                patience=patience, **measured, data_seconds=round(t1 - t0, 1),
+                fit_seconds=round(time.perf_counter() - t1, 1), seconds=round(time.perf_counter() - t0, 1))
     save_heads(heads, path, meta)
     report(f"saved {path}", 1.0)
     return dict(meta, path=str(path))
