@@ -377,6 +377,7 @@ def test_a_verify_batch_is_cut_into_calls_without_splitting_a_request():
     assert [sum(s.num_tokens for s in c) for c in _calls([sched("decode", 1)] * 3 + five[:1])] == [8]
     assert not FusedDecode.eligible(five * 2)  # four calls: one weight pass per call loses to one batch
     assert not FusedDecode.eligible([sched("verify", 3, tree=[0, 0])])  # a tree needs its mask
+    assert FusedDecode.eligible([sched("verify", 4, tree=[0, 1, 2])])  # one chain: MTP heads at width 1
     assert not FusedDecode.eligible([sched("verify", FUSED_MAX_ROWS + 1)])
     assert not FusedDecode.eligible([sched("decode", 1, lora=2)])
     assert not FusedDecode.eligible([sched("prefill", 4)])

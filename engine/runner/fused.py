@@ -6,9 +6,9 @@ At one stream on the CPU the layer-by-layer path spends about as long dispatchin
 (norms, RoPE, KV writes, casts, splits) as reading the weights; the fused step has none of that.
 
 Which steps take it, decided once per step by `ModelRunner` (`eligible`): decodes and verify runs of a
-chain of drafts (speculative decoding; not a tree), no prefill chunk, no LoRA adapter bound to any of
-them, in one or two native calls of at most 8 rows (a verify run's rows stay in one call, where the
-step writes their K/V before any of them attends), and a model whose every layer the
+chain of drafts (speculative decoding; a tree only when it is one chain), no prefill chunk, no LoRA
+adapter bound to any of them, in one or two native calls of at most 8 rows (a verify run's rows stay in
+one call, where the step writes their K/V before any of them attends), and a model whose every layer the
 kernel can read (`FusedDecode.unsupported`): bf16 Linear layers, int8 and int4 QuantLinear layers
 without 16-bit outlier columns and not in reference mode, a bf16 or int8 embedding table. The runner
 builds the FusedDecode only on the CPU in bf16 with a 16-bit KV cache and a non-reference attention
@@ -151,14 +151,15 @@ class FusedDecode:
 
     @staticmethod
     def eligible(order) -> bool:
-        """Decodes and verifies of a chain of drafts (no tree), none of them with a LoRA adapter, that fit
+        """Decodes and verifies of a chain of drafts (`_chain`), none of them with a LoRA adapter, that fit
         in at most FUSED_MAX_CALLS calls of at most FUSED_MAX_ROWS rows, each request's rows in one call."""
         if not order or any(s.request.lora_id != 0 for s in order):
             return False
         for s in order:
             if s.kind == "decode" and s.num_tokens == 1:
                 continue
-            if s.kind != "verify" or s.request.spec_tree or s.num_tokens > FUSED_MAX_ROWS:
+            if s.kind != "verify" or s.num_tokens > FUSED_MAX_ROWS or not _chain(s.request.spec_tree,
+                                                                                  s.num_tokens - 1):
                 return False
         return len(_calls(order)) <= FUSED_MAX_CALLS
 
@@ -197,6 +198,12 @@ class FusedDecode:
         hidden, logits, greedy = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows,
                                            torch.tensor(lens), bs, chained)
         return hidden, logits, [t if t >= 0 else None for t in greedy.tolist()]
+
+
+def _chain(parents, drafts: int) -> bool:
+    """Whether a verify run's drafts form a chain: no tree (n-gram, a draft model), or a tree whose every
+    draft's parent is the row just before it (multi-token prediction's heads at width 1)."""
+    return not parents or all(p == i for i, p in enumerate(parents[:drafts]))
 
 
 def _calls(order) -> list[list]:
