@@ -1,6 +1,7 @@
 """`inferlab bench {throughput,decode} --json OUT`: side-by-side measurements in one run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import statistics
@@ -9,7 +10,7 @@ import time
 
 import torch
 
-from app.bench import bandwidth, hf_baseline, llama_cpp, runs
+from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.workload import corpus_tokens, mixed_workload
 from app.device_args import device_options
 from app.generate import stderr_progress
@@ -33,6 +34,12 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--kv-cache-mib", type=int, default=1024)
     tp.add_argument("--rounds", type=int, default=1, help="alternate inferlab and HF rounds; medians compared")
     tp.add_argument("--max-output-tokens", type=int, default=256, help="outputs are 16 to this many tokens")
+    tp.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's llama-server even where it is built")
+    tp.add_argument("--llama-parallel", type=int, default=16,
+                    help="llama-server's parallel slots (-np, continuous batching) for the same requests")
+    tp.add_argument("--llama-threads", type=int, default=None,
+                    help="llama-server's threads (default: the engine's; on a busy machine its spinning threads "
+                         "stall with more threads than free cores, see the README)")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
@@ -86,7 +93,7 @@ def run_bench(args) -> int:
 
     try:
         return _run_bench(args)
-    except (ValueError, ModelLoadError) as exc:
+    except (ValueError, ModelLoadError, llama_server.PeerError) as exc:
         print(f"inferlab: error: bench {args.bench}: {exc}", file=sys.stderr)
         return 2
 
@@ -97,6 +104,13 @@ def _run_bench(args) -> int:
 
         return _emit(args, {"benchmark": "serve", "machine": platform.processor() or platform.machine(),
                             "time": time.strftime("%Y-%m-%d %H:%M:%S"), **run_url_bench(args)})
+    if args.bench == "serve" and getattr(args, "peer", None):  # two servers as child processes, side by side
+        from app.bench.serve_peer import run_peer_bench
+
+        return _emit(args, {"benchmark": "serve", "peer": args.peer, "cpu": cpu_description(),
+                            "machine": platform.processor() or platform.machine(),
+                            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            **run_peer_bench(args)})
     if args.bench == "gui" and args.threads is None:
         from app.gui import engine_threads
 
@@ -195,6 +209,11 @@ def _warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
 
 
 def _throughput(args) -> dict:
+    with contextlib.ExitStack() as stack:  # stops llama-server, where one was started, however this ends
+        return _throughput_with(args, stack)
+
+
+def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
     engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      kv_cache_memory_bytes=args.kv_cache_mib * 2**20)
     reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs,
@@ -206,8 +225,14 @@ def _throughput(args) -> dict:
         pad = engine.tokenizer.eos_token_id or 0
         hf_baseline.hf_generate_static(model, reqs[:2], 2, pad)  # warm-up
         hf = lambda: hf_baseline.hf_generate_static(model, reqs, args.hf_batch_size, pad)  # noqa: E731
+    peer, peer_info = (None, {"skipped": "--no-llama-cpp"}) if args.no_llama_cpp else llama_server.throughput_peer(
+        engine.model_path, reqs, args.llama_threads or torch.get_num_threads(), args.llama_parallel, stack)
     # each ours-round starts with a cold prefix cache (runs.engine_throughput resets it)
-    ours_runs, hf_runs = _alternate(engine, args.rounds, lambda: runs.engine_throughput(engine, reqs), hf)
+    ours_runs, hf_runs = _alternate(engine, args.rounds, lambda: runs.engine_throughput(engine, reqs), hf,
+                                    {"llama.cpp": peer} if peer else None)
+    peer_runs = ours_runs.pop("peer:llama.cpp", [])
+    if peer:
+        peer_info["inferlab_dtype"] = str(engine.dtype).removeprefix("torch.")
     key = "output_tokens_per_s"
     out = {"workload": {"requests": len(reqs), "chats": args.num_chats, "documents": args.num_docs,
                         "prompt_tokens": sum(len(r.prompt_token_ids) for r in reqs),
@@ -222,9 +247,38 @@ def _throughput(args) -> dict:
                                   f"{key}_each_round": [x[key] for x in hf_runs], f"{key}_median": hf_med}
         out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in MODES}
         out["speedup_each_round"] = {m: [a[key] / b[key] for a, b in zip(r, hf_runs)] for m, r in ours_runs.items()}
+    out["llama_cpp"] = _throughput_peer_summary(peer_info, peer_runs, out["inferlab"], key)
     out["memory_bandwidth"] = bandwidth.batch_bandwidth(
         engine, {m: _median_run(r, key) for m, r in ours_runs.items()})
+    _print_throughput(out, key)
     return out
+
+
+def _throughput_peer_summary(info: dict, peer_runs: list[dict], ours: dict, key: str) -> dict:
+    if not peer_runs:
+        return info
+    med = statistics.median(r[key] for r in peer_runs)
+    return {**info, **_median_run(peer_runs, key), f"{key}_each_round": [r[key] for r in peer_runs],
+            f"{key}_median": med, "inferlab_over_llama_cpp": {m: o[f"{key}_median"] / med for m, o in ours.items()}}
+
+
+def _print_throughput(out: dict, key: str) -> None:
+    """The medians as a small table on stderr (the JSON on stdout stays machine-readable)."""
+    rows = [(f"inferlab {m}", o[f"{key}_median"]) for m, o in out["inferlab"].items()]
+    for name, side in (("HF transformers static", out.get("hf_transformers")), ("llama.cpp llama-server",
+                                                                                 out["llama_cpp"])):
+        if side and f"{key}_median" in side:
+            rows.append((name, side[f"{key}_median"]))
+    print(f"mixed workload, {out['workload']['requests']} requests, median of {out['rounds']} round(s):",
+          file=sys.stderr)
+    for name, rate in rows:
+        print(f"  {name:<26} {rate:8.1f} output tok/s", file=sys.stderr)
+    for mode, ratio in out.get("speedup", {}).items():
+        print(f"  inferlab {mode} / HF: {ratio:.2f}x", file=sys.stderr)
+    for mode, ratio in out["llama_cpp"].get("inferlab_over_llama_cpp", {}).items():
+        print(f"  inferlab {mode} / llama.cpp: {ratio:.2f}x", file=sys.stderr)
+    if "skipped" in out["llama_cpp"]:
+        print(f"  llama.cpp skipped: {out['llama_cpp']['skipped']}", file=sys.stderr)
 
 
 def _decode(args) -> dict:
