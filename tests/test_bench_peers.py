@@ -70,7 +70,7 @@ def test_llama_server_command_gives_every_slot_its_context_and_the_same_threads(
 
 
 def test_throughput_summary_has_each_round_the_median_and_the_ratio():
-    from app.bench.cli import _throughput_peer_summary
+    from app.bench.throughput import _throughput_peer_summary
 
     key = "output_tokens_per_s"
     peer_runs = [{key: 100.0, "seconds": 1.0}, {key: 80.0, "seconds": 1.2}, {key: 120.0, "seconds": 0.9}]
