@@ -85,8 +85,13 @@ def add_bench_args(p, engine_args) -> None:
 
 def run_bench(args) -> int:
     """Run one benchmark; a model that cannot load or a workload it cannot take is one error line (exit 2)."""
+    import signal
+    import threading
+
     from engine.loading.errors import ModelLoadError
 
+    if threading.current_thread() is threading.main_thread():  # SIGTERM unwinds, so the servers a bench
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # started are stopped
     try:
         return _run_bench(args)
     except (ValueError, ModelLoadError, llama_server.PeerError) as exc:

@@ -58,19 +58,25 @@ class ChildServer:
     def start(self, timeout_s: float = 300.0) -> ChildServer:
         self._log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        try:
+            self._wait_healthy(timeout_s)
+        except BaseException:  # not up (or interrupted while starting): nothing is left running
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        tail = self.log_tail()
-        self.stop()
-        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s: {tail}")
+        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s: {self.log_tail()}")
 
     def log_tail(self) -> str:
         if self._log is None:
