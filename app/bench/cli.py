@@ -3,17 +3,14 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import sys
 import time
 
 import torch
 
-from app.bench import bandwidth, hf_baseline, llama_cpp, runs
-from app.bench.workload import corpus_tokens, mixed_workload
-from app.device_args import device_options
-from app.generate import stderr_progress
-from engine import EngineConfig, LLMEngine
+from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
+from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
+from app.bench.workload import corpus_tokens
 from engine.perf.probe import cpu_description
 
 
@@ -33,6 +30,12 @@ def add_bench_args(p, engine_args) -> None:
     tp.add_argument("--kv-cache-mib", type=int, default=1024)
     tp.add_argument("--rounds", type=int, default=1, help="alternate inferlab and HF rounds; medians compared")
     tp.add_argument("--max-output-tokens", type=int, default=256, help="outputs are 16 to this many tokens")
+    tp.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's llama-server even where it is built")
+    tp.add_argument("--llama-parallel", type=int, default=16,
+                    help="llama-server's parallel slots (-np, continuous batching) for the same requests")
+    tp.add_argument("--llama-threads", type=int, default=None,
+                    help="llama-server's threads (default: the engine's; on a busy machine its spinning threads "
+                         "stall with more threads than free cores, see the README)")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
@@ -82,11 +85,16 @@ def add_bench_args(p, engine_args) -> None:
 
 def run_bench(args) -> int:
     """Run one benchmark; a model that cannot load or a workload it cannot take is one error line (exit 2)."""
+    import signal
+    import threading
+
     from engine.loading.errors import ModelLoadError
 
+    if threading.current_thread() is threading.main_thread():  # SIGTERM unwinds, so the servers a bench
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # started are stopped
     try:
         return _run_bench(args)
-    except (ValueError, ModelLoadError) as exc:
+    except (ValueError, ModelLoadError, llama_server.PeerError) as exc:
         print(f"inferlab: error: bench {args.bench}: {exc}", file=sys.stderr)
         return 2
 
@@ -97,6 +105,13 @@ def _run_bench(args) -> int:
 
         return _emit(args, {"benchmark": "serve", "machine": platform.processor() or platform.machine(),
                             "time": time.strftime("%Y-%m-%d %H:%M:%S"), **run_url_bench(args)})
+    if args.bench == "serve" and getattr(args, "peer", None):  # two servers as child processes, side by side
+        from app.bench.serve_peer import run_peer_bench
+
+        return _emit(args, {"benchmark": "serve", "peer": args.peer, "cpu": cpu_description(),
+                            "machine": platform.processor() or platform.machine(),
+                            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            **run_peer_bench(args)})
     if args.bench == "gui" and args.threads is None:
         from app.gui import engine_threads
 
@@ -106,7 +121,9 @@ def _run_bench(args) -> int:
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
               "cpu": cpu_description(), "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
-        result.update(_throughput(args))
+        from app.bench.throughput import run_throughput
+
+        result.update(run_throughput(args))
     elif args.bench == "spec":
         from app.bench.spec_bench import run_spec_bench
 
@@ -149,104 +166,26 @@ def _emit(args, result: dict) -> int:
     return 0
 
 
-def _engine(args, **kw) -> LLMEngine:
-    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads, **kw)
-    return LLMEngine(cfg, progress=stderr_progress)
-
-
-def _hf(engine: LLMEngine):
-    return hf_baseline.load_hf(engine.model_path, engine.dtype, engine.device)
-
-
-MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
-# what each mode switches (between rounds): "eager" runs decode-only steps as one native call where it
-# applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline)
-MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True}, "compile": {"compile": True},
-              "layers": {"compile": False, "fused_decode": False}}
-
-
-def _alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
-               modes: tuple[str, ...] = MODES) -> tuple[dict[str, list[dict]], list[dict]]:
-    """Rounds alternate HF, the engine's modes and any peers (name -> one measured run, e.g.
-    llama.cpp): the machine's speed drifts (shared hosts), and interleaving exposes every side to the
-    same drift. ours(), hf(): one measured run each. Each peer's runs land in peers_runs[name]."""
-    ours_runs: dict[str, list[dict]] = {m: [] for m in modes}
-    hf_runs: list[dict] = []
-    for _ in range(rounds):
-        for mode in modes:
-            engine.reconfigure(**MODE_KNOBS[mode])
-            ours_runs[mode].append(ours())
-        if hf is not None:
-            hf_runs.append(hf())
-        for name, run in (peers or {}).items():
-            ours_runs.setdefault(f"peer:{name}", []).append(run())
-    return ours_runs, hf_runs
-
-
-def _warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
-    """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them.
-    Returns the path each mode's last step ran (StepStats.forward_path: "fused" or "layers")."""
-    paths = {}
-    for mode in modes:
-        engine.reconfigure(**MODE_KNOBS[mode])
-        run()
-        paths[mode] = engine.runner.last_path
-    return paths
-
-
-def _throughput(args) -> dict:
-    engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                     kv_cache_memory_bytes=args.kv_cache_mib * 2**20)
-    reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs,
-                          output=(min(16, args.max_output_tokens), args.max_output_tokens))
-    _warm_up(engine, lambda: runs.engine_throughput(engine, reqs[:16]))
-    model = hf = None
-    if not args.no_baseline:
-        model = _hf(engine)
-        pad = engine.tokenizer.eos_token_id or 0
-        hf_baseline.hf_generate_static(model, reqs[:2], 2, pad)  # warm-up
-        hf = lambda: hf_baseline.hf_generate_static(model, reqs, args.hf_batch_size, pad)  # noqa: E731
-    # each ours-round starts with a cold prefix cache (runs.engine_throughput resets it)
-    ours_runs, hf_runs = _alternate(engine, args.rounds, lambda: runs.engine_throughput(engine, reqs), hf)
-    key = "output_tokens_per_s"
-    out = {"workload": {"requests": len(reqs), "chats": args.num_chats, "documents": args.num_docs,
-                        "prompt_tokens": sum(len(r.prompt_token_ids) for r in reqs),
-                        "output_tokens": sum(r.max_tokens for r in reqs)},
-           "rounds": args.rounds, "max_num_seqs": args.max_num_seqs,
-           "max_num_batched_tokens": args.max_num_batched_tokens,
-           "inferlab": {m: {**_median_run(r, key), f"{key}_each_round": [x[key] for x in r],
-                            f"{key}_median": statistics.median(x[key] for x in r)} for m, r in ours_runs.items()}}
-    if model is not None:
-        hf_med = statistics.median(x[key] for x in hf_runs)
-        out["hf_transformers"] = {**_median_run(hf_runs, key), "batch_size": args.hf_batch_size,
-                                  f"{key}_each_round": [x[key] for x in hf_runs], f"{key}_median": hf_med}
-        out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in MODES}
-        out["speedup_each_round"] = {m: [a[key] / b[key] for a, b in zip(r, hf_runs)] for m, r in ours_runs.items()}
-    out["memory_bandwidth"] = bandwidth.batch_bandwidth(
-        engine, {m: _median_run(r, key) for m, r in ours_runs.items()})
-    return out
-
-
 def _decode(args) -> dict:
     """One stream: HF, inferlab eager and inferlab with compile=True (dense code between attentions
     compiled), and llama.cpp's llama-bench on the same weights where it is built; medians over
     alternating rounds, and each side's share of the measured memory bandwidth (the roofline)."""
     bits = getattr(args, "bits", 16)
     modes = tuple(getattr(args, "modes", MODES))
-    engine = _engine(args, quant_bits=bits, quant_embeddings=bits == 4)
+    engine = bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4)
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
-    paths = _warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
+    paths = warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
     model = hf = None
     if not args.no_baseline:
-        model = _hf(engine)
+        model = hf_model(engine)
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
         hf = lambda: hf_baseline.hf_one_stream(model, prompt, args.max_tokens)  # noqa: E731
     peer, peer_info = _llama_cpp_peer(args, engine, bits)
-    ours_runs, hf_runs = _alternate(engine, args.rounds,
-                                    lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf,
-                                    {"llama.cpp": peer} if peer else None, modes)
+    ours_runs, hf_runs = alternate(engine, args.rounds,
+                                   lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf,
+                                   {"llama.cpp": peer} if peer else None, modes)
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
-    ours = {m: _median_run(r) for m, r in ours_runs.items()}
+    ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
@@ -259,7 +198,7 @@ def _decode(args) -> dict:
                                           **({"llama.cpp": out["llama_cpp"]["decode_tokens_per_s"]}
                                              if peer_runs else {})})
     if model is not None:
-        hf_res = _median_run(hf_runs)
+        hf_res = median_run(hf_runs)
         out["hf_transformers"] = _no_tokens(hf_res)
         out["hf_decode_tokens_per_s_each_round"] = [r["decode_tokens_per_s"] for r in hf_runs]
         out["speedup_decode"] = {m: ours[m]["decode_tokens_per_s"] / hf_res["decode_tokens_per_s"] for m in modes}
@@ -270,10 +209,6 @@ def _decode(args) -> dict:
         engine, {m: ours[m]["decode_tokens_per_s"] for m in modes},
         out.get("hf_transformers", {}).get("decode_tokens_per_s"))
     return out
-
-
-def _median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
-    return sorted(results, key=lambda r: r[key])[len(results) // 2]
 
 
 def _no_tokens(d: dict) -> dict:
@@ -301,7 +236,7 @@ def _llama_cpp_peer(args, engine, bits: int):
 def _peer_summary(info: dict, peer_runs: list[dict], ours: dict) -> dict:
     if not peer_runs:
         return info
-    med = _median_run(peer_runs)
+    med = median_run(peer_runs)
     return {**info, **med, "decode_tokens_per_s_each_round": [r["decode_tokens_per_s"] for r in peer_runs],
             "inferlab_over_llama_cpp": {m: ours[m]["decode_tokens_per_s"] / med["decode_tokens_per_s"]
                                         for m in ours}}

@@ -51,9 +51,11 @@ def add_serve_bench_args(p, engine_args) -> None:
     p.add_argument("--slo-tpot", type=float, default=0.15, help="TPOT target, seconds")
     p.add_argument("--slo-percentile", type=float, default=99.0)
     p.add_argument("--seed", type=int, default=0)
+    from app.bench.serve_peer import add_peer_args
     from app.bench.serve_url import add_url_args
 
     add_url_args(p)
+    add_peer_args(p)
 
 
 def make_schedule(tokenizer, args, rate: float, seed: int) -> list[TimedRequest]:

@@ -81,6 +81,30 @@ async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> 
     return list(results), t0
 
 
+def client_for(num_requests: int, headers: dict | None = None) -> httpx.AsyncClient:
+    """One client for a whole run: a connection per request in flight."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=600.0), headers=headers or {},
+                             limits=httpx.Limits(max_connections=num_requests + 4))
+
+
+async def warm_up(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+    """The served model id (`model` when given); one short request first, as the first request pays for
+    lazy setup on some servers."""
+    model = model or await _model_id(client, url)
+    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False),
+                         StreamResult("warmup"))
+    return model
+
+
+async def run_rate(client: httpx.AsyncClient, url: str, model: str, rate: float, schedule: list[TimedText],
+                   slo: SLO, label: str | None = None) -> dict:
+    """One run of `schedule` against the server at `url`: its report, its row printed on stderr."""
+    results, t0 = await _run_rate(client, url, model, schedule)
+    run = _report(rate, results, t0, slo, schedule)
+    _print_row(run, label)
+    return run
+
+
 def _timeline(res: StreamResult) -> RequestTimeline:
     return RequestTimeline(res.request_id, res.sent, res.prompt_tokens or 0, first_token=res.first_token,
                            finished=res.finished, num_output_tokens=res.num_tokens,
@@ -92,22 +116,13 @@ def run_url_bench(args) -> dict:
 
     url = base_url(args.url)
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
     schedules = {rate: make_text_schedule(args, rate, args.seed) for rate in args.rates}
 
     async def main() -> tuple[str, list[dict]]:
-        timeout = httpx.Timeout(30.0, read=600.0)
-        limits = httpx.Limits(max_connections=args.num_requests + 4)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
-            model = args.served_model or await _model_id(client, url)
-            warm = StreamResult("warmup")  # the first request pays for lazy setup on some servers
-            await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0,
-                                                            chat=False), warm)
-            runs = []
-            for rate in args.rates:
-                results, t0 = await _run_rate(client, url, model, schedules[rate])
-                runs.append(_report(rate, results, t0, slo, schedules[rate]))
-                _print_row(runs[-1])
+        async with client_for(args.num_requests, headers) as client:
+            model = await warm_up(client, url, args.served_model)
+            runs = [await run_rate(client, url, model, rate, schedules[rate], slo) for rate in args.rates]
             return model, runs
 
     model, runs = asyncio.run(main())
@@ -116,14 +131,18 @@ def run_url_bench(args) -> dict:
         "driver": "HTTP: streaming /v1/completions sent at their Poisson due time, ignore_eos; latency from the "
                   "due time, timed on arrival of each chunk (client side)",
         "server": {"url": url, "label": args.label, "model": model},
-        "workload": {"requests_per_run": args.num_requests, "long_share": args.long_share,
-                     "long_prompt_words": args.long_words, "chat_prompt_words": [12, 48],
-                     "chat_max_tokens": args.chat_max_tokens, "long_max_tokens": args.long_max_tokens,
-                     "rates_rps": args.rates, "seed": args.seed, "long_requests": sum(r.kind == "long" for r in some)},
+        "workload": url_workload(args, some),
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "percentile": slo.percentile},
         "runs": runs,
         "table": [r["row"] for r in runs],
     }
+
+
+def url_workload(args, schedule: list[TimedText]) -> dict:
+    return {"requests_per_run": args.num_requests, "long_share": args.long_share, "long_prompt_words": args.long_words,
+            "chat_prompt_words": [12, 48], "chat_max_tokens": args.chat_max_tokens,
+            "long_max_tokens": args.long_max_tokens, "rates_rps": args.rates, "seed": args.seed,
+            "long_requests": sum(r.kind == "long" for r in schedule)}
 
 
 def _report(rate: float, results: list[StreamResult], t0: float, slo: SLO, schedule: list[TimedText]) -> dict:
@@ -150,9 +169,10 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def _print_row(run: dict) -> None:
+def _print_row(run: dict, label: str | None = None) -> None:
     r = run["row"]
-    print(f"rate {r['rate_rps']:>4} rps  goodput {r['goodput_rps']:.2f} rps ({r['slo_attainment']:.0%})  "
+    print(f"{label + '  ' if label else ''}rate {r['rate_rps']:>4} rps  "
+          f"goodput {r['goodput_rps']:.2f} rps ({r['slo_attainment']:.0%})  "
           f"TTFT p50 {r['p50_ttft_s']} p99 {r['p99_ttft_s']} s  TPOT p50 {r['p50_tpot_s']} p99 {r['p99_tpot_s']} s  "
           f"{r['output_tokens_per_s']} tok/s  [{r['duration_s']} s, {r['errors']} errors, load {r['load_1m']}]",
           file=sys.stderr, flush=True)

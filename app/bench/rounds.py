@@ -1,0 +1,57 @@
+"""What the side-by-side benches share: the engine under test, the HF baseline's model, the modes
+compared, and rounds that alternate every side (medians compared)."""
+from __future__ import annotations
+
+from app.bench import hf_baseline
+from app.device_args import device_options
+from app.generate import stderr_progress
+from engine import EngineConfig, LLMEngine
+
+
+def bench_engine(args, **kw) -> LLMEngine:
+    cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads, **kw)
+    return LLMEngine(cfg, progress=stderr_progress)
+
+
+def hf_model(engine: LLMEngine):
+    return hf_baseline.load_hf(engine.model_path, engine.dtype, engine.device)
+
+
+MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
+# what each mode switches (between rounds): "eager" runs decode-only steps as one native call where it
+# applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline)
+MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True}, "compile": {"compile": True},
+              "layers": {"compile": False, "fused_decode": False}}
+
+
+def alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
+               modes: tuple[str, ...] = MODES) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Rounds alternate HF, the engine's modes and any peers (name -> one measured run, e.g.
+    llama.cpp): the machine's speed drifts (shared hosts), and interleaving exposes every side to the
+    same drift. ours(), hf(): one measured run each. Each peer's runs land in peers_runs[name]."""
+    ours_runs: dict[str, list[dict]] = {m: [] for m in modes}
+    hf_runs: list[dict] = []
+    for _ in range(rounds):
+        for mode in modes:
+            engine.reconfigure(**MODE_KNOBS[mode])
+            ours_runs[mode].append(ours())
+        if hf is not None:
+            hf_runs.append(hf())
+        for name, run in (peers or {}).items():
+            ours_runs.setdefault(f"peer:{name}", []).append(run())
+    return ours_runs, hf_runs
+
+
+def warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
+    """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them.
+    Returns the path each mode's last step ran (StepStats.forward_path: "fused" or "layers")."""
+    paths = {}
+    for mode in modes:
+        engine.reconfigure(**MODE_KNOBS[mode])
+        run()
+        paths[mode] = engine.runner.last_path
+    return paths
+
+
+def median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
+    return sorted(results, key=lambda r: r[key])[len(results) // 2]

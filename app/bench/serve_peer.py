@@ -1,0 +1,129 @@
+"""`inferlab bench serve --peer llama-server`: `inferlab serve` and llama.cpp's `llama-server` side by side.
+
+Both servers run as child processes on the same GGUF (`--gguf`, default: the bf16 GGUF of --model's
+weights, written once by llama.cpp's convert_hf_to_gguf.py), with the same threads, and are up for the
+whole run. The HTTP serving bench (serve_url.py: seeded Poisson arrivals, streaming /v1/completions,
+ignore_eos, temperature 0, latencies from each request's due time) sends the same schedule to each,
+one server at a time: for every rate and round the two take turns, and the one that goes first
+alternates from round to round, so both see the same drift of a shared machine. Medians over rounds.
+
+inferlab serve runs with its own defaults (`inferlab serve --threads T`: chunked prefill, FCFS, its
+token budget and batch size) unless --peer-inferlab-args says otherwise; llama-server with `-np`
+parallel slots (--peer-parallel) and continuous batching.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import statistics
+import sys
+
+from app.bench import llama_cpp
+from app.bench.llama_server import ChildServer, free_port, llama_server
+from app.bench.serve_url import client_for, make_text_schedule, run_rate, url_workload, warm_up
+from engine.core.metrics import SLO
+
+SIDES = ("inferlab", "llama.cpp")
+# row fields compared, and which way is better
+HIGHER_BETTER = ("goodput_rps", "slo_attainment", "output_tokens_per_s")
+LOWER_BETTER = ("p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
+
+
+def add_peer_args(p) -> None:
+    p.add_argument("--peer", choices=["llama-server"], default=None,
+                   help="run inferlab serve and llama.cpp's llama-server on the same GGUF, side by side over HTTP")
+    p.add_argument("--gguf", default=None, help="with --peer: the GGUF both serve (default: bf16 of --model's weights)")
+    p.add_argument("--peer-parallel", type=int, default=8, help="with --peer: llama-server's slots (-np)")
+    p.add_argument("--peer-threads", type=int, default=None,
+                   help="with --peer: llama-server's threads (default: --threads, the same as inferlab's)")
+    p.add_argument("--peer-ctx-per-slot", type=int, default=2048, help="with --peer: llama-server's context per slot")
+    p.add_argument("--peer-inferlab-args", default="", help="with --peer: more `inferlab serve` options, one string")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --peer: rounds per rate (medians; who goes first alternates)")
+
+
+def peer_gguf(args) -> str:
+    if args.gguf:
+        return args.gguf
+    from engine.loading.loader import resolve_model_folder
+
+    return str(llama_cpp.bf16_gguf(str(resolve_model_folder(args.model, lambda message, fraction: None))))
+
+
+def inferlab_server(gguf: str, threads: int, extra: str, dtype: str) -> ChildServer:
+    port = free_port()
+    return ChildServer("inferlab serve", [
+        sys.executable, "-m", "app.cli", "serve", "--model", gguf, "--port", str(port), "--threads", str(threads),
+        "--dtype", dtype, "--log-level", "warning", *shlex.split(extra)], port)
+
+
+def run_peer_bench(args) -> dict:
+    binary = llama_cpp.find_binary("llama-server")
+    if binary is None:
+        raise ValueError(f"no llama-server under {llama_cpp.llama_cpp_dir()}: run scripts/build_llama_cpp.sh "
+                         "(or set INFERLAB_LLAMA_CPP_DIR)")
+    gguf = peer_gguf(args)
+    threads = args.threads or 2
+    slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
+    schedules = {rate: make_text_schedule(args, rate, args.seed) for rate in args.rates}
+    with contextlib.ExitStack() as stack:
+        servers = {"inferlab": stack.enter_context(inferlab_server(gguf, threads, args.peer_inferlab_args, args.dtype)),
+                   "llama.cpp": stack.enter_context(llama_server(binary, gguf, args.peer_threads or threads,
+                                                                 args.peer_parallel,
+                                                                 args.peer_ctx_per_slot))}
+        commands = {name: " ".join(s.command) for name, s in servers.items()}
+        runs = asyncio.run(_alternate(servers, schedules, args, slo))
+    return {
+        "driver": "HTTP, both servers up; the same seeded schedule sent to each in turn (who goes first "
+                  "alternates by round); streaming /v1/completions, ignore_eos, temperature 0; latency from the due "
+                  "time, timed on arrival (client side)",
+        "gguf": gguf, "threads": {"inferlab": threads, "llama.cpp": args.peer_threads or threads},
+        "servers": commands,
+        "workload": {**url_workload(args, next(iter(schedules.values()))), "rounds": args.rounds},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "percentile": slo.percentile},
+        "runs": runs, **compare(runs, args.rates),
+    }
+
+
+async def _alternate(servers: dict[str, ChildServer], schedules: dict, args, slo: SLO) -> list[dict]:
+    runs = []
+    async with client_for(args.num_requests) as client:
+        models = {name: await warm_up(client, s.url, None) for name, s in servers.items()}
+        for rate in args.rates:
+            for i in range(args.rounds):
+                for name in (SIDES if i % 2 == 0 else SIDES[::-1]):
+                    run = await run_rate(client, servers[name].url, models[name], rate, schedules[rate], slo,
+                                         label=f"{name:<9}")
+                    runs.append({"server": name, "round": i, "load_average_1m": os.getloadavg()[0], **run})
+    return runs
+
+
+def compare(runs: list[dict], rates: list[float]) -> dict:
+    """Per rate: each side's median row over its rounds, and inferlab / llama.cpp for every figure."""
+    table, ratios = [], []
+    for rate in rates:
+        med = {side: _median_row([r["row"] for r in runs if r["server"] == side and r["rate_rps"] == rate])
+               for side in SIDES}
+        table += [{"server": side, **med[side]} for side in SIDES]
+        ratios.append({"rate_rps": rate, **{k: _ratio(med["inferlab"].get(k), med["llama.cpp"].get(k))
+                                            for k in HIGHER_BETTER + LOWER_BETTER}})
+    return {"table": table, "inferlab_over_llama_cpp": ratios,
+            "ratio_note": "inferlab / llama.cpp: above 1 is better for goodput, SLO attainment and tokens/s; "
+                          "below 1 is better for TTFT and TPOT"}
+
+
+def _median_row(rows: list[dict]) -> dict:
+    if not rows:
+        return {}
+    out = dict(rows[0])
+    for key in HIGHER_BETTER + LOWER_BETTER + ("duration_s", "load_1m", "errors"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    out["rounds"] = len(rows)
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else round(a / b, 3)

@@ -1,0 +1,76 @@
+"""A stand-in OpenAI-compatible server, run as a child process by the peer-bench tests (in place of
+llama-server or `inferlab serve`): GET /health, /v1/models; POST /v1/completions streamed or not, one
+"tok" per output token, usage counting the prompt's token ids (or words). Every request body is
+appended to --log as one JSON line. --short answers one token fewer than asked (a server that does
+other work than asked)."""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--short", action="store_true")
+    p.add_argument("--name", default="fake")
+    args = p.parse_args()
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path == "/health":
+                return self._send(200, {"status": "ok"})
+            if self.path == "/v1/models":
+                return self._send(200, {"object": "list", "data": [{"id": args.name}]})
+            self._send(404, {})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock, open(args.log, "a") as f:
+                f.write(json.dumps(body) + "\n")
+            prompt = body["prompt"]
+            n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+            n_out = body["max_tokens"] - (1 if args.short else 0)
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out}
+            if not body.get("stream"):
+                return self._send(200, {"choices": [{"text": "tok" * n_out, "finish_reason": "length"}],
+                                        "usage": usage})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(n_out):
+                reason = "length" if i == n_out - 1 else None
+                self._event({"choices": [{"text": "tok", "finish_reason": reason}]})
+            self._event({"choices": [], "usage": usage})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
+        def _event(self, payload: dict) -> None:
+            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.flush()
+
+        def _send(self, code: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
