@@ -113,7 +113,7 @@ def test_accepted_side_branches_move_their_kv(tiny_llama, heads_file, monkeypatc
                mtp_tree_widths=(3, 2), mtp_max_tree_tokens=32)
     reqs = {}
 
-    def oracle(hidden, depths, max_nodes=None, last_tokens=None):
+    def oracle(hidden, depths, max_nodes=None, last_tokens=None, chain=False):
         out = []
         for r, d in zip(reqs["running"](), depths):
             nodes, parents = eng.proposer.tree(d, max_nodes)
@@ -215,7 +215,7 @@ def _serving_inputs(eng, prompts, params):
     seen = []
     propose = eng.proposer.propose_batch
 
-    def spy(hidden, depths, max_nodes=None, last_tokens=None):
+    def spy(hidden, depths, max_nodes=None, last_tokens=None, chain=False):
         rows = [r for r in eng.scheduler.running if r.mtp_hidden is not None
                 and r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens < r.sampling_params.max_tokens]
         by_hidden = {id(r.mtp_hidden): r for r in rows}
@@ -223,7 +223,7 @@ def _serving_inputs(eng, prompts, params):
             r = next(r for r in rows if torch.equal(r.mtp_hidden, hidden[i]))
             seen.append((list(r.all_token_ids), hidden[i].float().clone(), last_tokens[i]))
         assert by_hidden
-        return propose(hidden, depths, max_nodes, last_tokens)
+        return propose(hidden, depths, max_nodes, last_tokens, chain=chain)
 
     eng.proposer.propose_batch = spy
     outs = eng.generate(prompts, params)
@@ -338,3 +338,36 @@ def test_training_with_too_few_answers_to_hold_out(tiny_llama):
     assert len(data["train"][0]) == len(data["test"][0]) > 0
     heads, measured = fit_heads(data, original_weights(eng), 2, epochs=1, lr=1e-3)
     assert heads.num_heads == 2 and len(measured["test_top1_per_head"]) == 2
+
+
+def test_on_the_cpu_mtp_proposes_chains_and_verifies_them_in_the_fused_step(tiny_llama_hd64, tmp_path):
+    """bf16 on the CPU: each request's drafts are its heads' top-1 chain (at every depth, also near the
+    end of an answer), the verify runs take the fused native step, and greedy output is plain decoding's."""
+    from engine.runner.fused import PATH_FUSED
+
+    def engine(**kw):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=64, **kw))
+
+    base = engine()
+    plain = base.generate(PROMPTS, GREEDY)
+    hidden = base.model_config.hidden_size
+    torch.manual_seed(4)
+    heads = MtpHeads(hidden, 3)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.weight, std=0.2)
+    save_heads(heads, tmp_path / "heads.safetensors", {"model": "tiny"})
+    eng = engine(spec_method="mtp", num_speculative_tokens=3, mtp_heads=str(tmp_path / "heads.safetensors"))
+    seen = []
+    execute = eng.runner.execute
+
+    def spy(sched, bm):
+        trees = [list(s.request.spec_tree) for s in sched.scheduled if s.kind == "verify"]
+        result = execute(sched, bm)
+        seen.append((trees, eng.runner.last_path))
+        return result
+
+    eng.runner.execute = spy
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == [o.token_ids for o in plain]
+    verifies = [(t, p) for t, p in seen if t]
+    assert verifies and all(p == PATH_FUSED for _, p in verifies)
+    assert all(tree == list(range(len(tree))) for trees, _ in verifies for tree in trees)

@@ -133,9 +133,10 @@ class SpeculativeDecoder:
         # a tree's runs layer by layer (2 streams, quiet 2-core CPU: plain 111 tok/s, chain of 3 92, tree
         # (3, 2, 1) 42; same output as plain with the chain).
         chain = getattr(self.runner, "fused", None) is not None
-        max_nodes = max(depths) if chain else max(max(depths), self.mtp_max_tree_tokens // len(ready))
+        max_nodes = max(max(depths), self.mtp_max_tree_tokens // len(ready))
         last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
-        for (r, _), (tokens, parents) in zip(ready, self.proposer.propose_batch(hidden, depths, max_nodes, last)):
+        proposals = self.proposer.propose_batch(hidden, depths, max_nodes, last, chain=chain)
+        for (r, _), (tokens, parents) in zip(ready, proposals):
             r.spec_token_ids, r.spec_tree = tokens, list(parents)
 
     def propose(self, running: list[Request]) -> None:

@@ -150,9 +150,9 @@ class MtpProposer:
 
     @torch.inference_mode()
     def propose_batch(self, hidden: torch.Tensor, depths: list[int], max_nodes: int | None = None,
-                      last_tokens: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+                      last_tokens: list[int] | None = None, chain: bool = False) -> list[tuple[list[int], list[int]]]:
         """hidden (n, hidden) for n requests (and the tokens they produced) -> per request (draft
-        tokens, parent rows)."""
+        tokens, parent rows). `chain`: each request's top-1 chain only, as deep as its depth."""
         depth = max(depths)
         emb = None
         if self.heads.use_token:
@@ -163,6 +163,6 @@ class MtpProposer:
         top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
         result = []
         for i, d in enumerate(depths):
-            nodes, parents = self.tree(d, max_nodes)
+            nodes, parents = self.tree(d, d if chain else max_nodes)  # the top-1 chain leads the order
             result.append(([top[i][len(node) - 1][node[-1]] for node in nodes], parents))
         return result
