@@ -34,7 +34,10 @@ def test_panels_receive_data_under_load(qapp, window):
     assert ctl.load_running
     ctl.burst(3)
     ctl.submit("Hello there", True)
-    wait_until(qapp, lambda: data(window, "latency")["num_finished"] >= 3, 30)
+    # the token panel opens a load stream's tab at most every 0.5 s (app/panel_feeder.py): a tiny model
+    # can finish three requests sooner than that, so wait for the tabs as well
+    wait_until(qapp, lambda: data(window, "latency")["num_finished"] >= 3
+               and data(window, "tokens")["num_streams"] >= 2, 30)
     run_for(qapp, 0.3)
 
     tokens = data(window, "tokens")
