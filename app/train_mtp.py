@@ -13,8 +13,10 @@ def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--heads", type=int, default=3, help="prediction heads (tokens 2, 3, … ahead)")
     p.add_argument("--max-tokens", type=int, default=96, help="length of each self-written answer")
     p.add_argument("--prompts", type=int, default=128,
-                   help="train on the first N prompts of assets/mtp_prompts.txt (0: all 256, what the shipped heads used; writing the answers is most of the time)")
-    p.add_argument("--epochs", type=int, default=8, help="at most; training stops once the held-out loss stops improving")
+                   help="train on the first N prompts of assets/mtp_prompts.txt (0: all 256, what the shipped "
+                        "heads used; writing the answers is most of the time)")
+    p.add_argument("--epochs", type=int, default=8,
+                   help="at most; training stops once the held-out loss stops improving")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--rank", type=int, default=None, help="low-rank heads (e.g. 128); default: full matrices")
     p.add_argument("--weight-decay", type=float, default=0.0)

@@ -65,9 +65,10 @@ class EngineConfig:
     # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
     # buffers run without capture (what the tests check). Off by default.
     cuda_graphs: bool = False
-    # bf16 on the CPU, 16-bit KV cache, compile off: a decode-only step of 1..8 rows without LoRA adapters
-    # runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged attention, MLP, lm_head) in one
-    # native call (engine/runner/fused.py) instead of ~360 small torch ops; StepStats.forward_path says
+    # bf16 on the CPU, 16-bit KV cache, compile off: a step of decodes and chain verifies (up to two calls of
+    # 8 rows) without LoRA adapters runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged
+    # attention, MLP, lm_head) in one native call a batch (engine/runner/fused.py) instead of ~360 small
+    # torch ops; StepStats.forward_path says
     # which path each step ran. Everything else runs layer by layer. Switchable at run time.
     fused_decode: bool = True
     # In the fused decode step, 4- and 8-bit layers (and an int8 lm_head) quantize their activation row to

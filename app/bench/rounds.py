@@ -18,7 +18,7 @@ def hf_model(engine: LLMEngine):
 
 
 MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
-# what each mode switches (between rounds): "eager" runs decode-only steps as one native call where it
+# what each mode switches (between rounds): "eager" runs decode steps as one native call where it
 # applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline)
 MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True}, "compile": {"compile": True},
               "layers": {"compile": False, "fused_decode": False}}

@@ -1,6 +1,7 @@
-"""One native call per decode step (EngineConfig.fused_decode): the runner hands a decode-only batch
-to the C++ FusedModel (engine/runner/kernels/fused_decode.cpp), which runs the embedding, every layer,
-the final norm and the lm_head, and returns the final hidden states and the logits.
+"""One native call per decode step (EngineConfig.fused_decode): the runner hands a batch of decodes and
+chain verifies to the C++ FusedModel (engine/runner/kernels/fused_decode.cpp), which runs the
+embedding, every layer, the final norm and the lm_head, and returns the final hidden states, the logits
+and each row's greedy token.
 
 At one stream on the CPU the layer-by-layer path spends about as long dispatching ~360 small torch ops
 (norms, RoPE, KV writes, casts, splits) as reading the weights; the fused step has none of that.

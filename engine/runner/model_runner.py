@@ -74,7 +74,7 @@ class ModelRunner:
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
         self.backend = backend  # replaced whole by set_execution
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
-        # EngineConfig.fused_decode: decode-only steps in one native call (engine/runner/fused.py)
+        # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
         self.last_path = ""  # which path the last step ran: PATH_FUSED or PATH_LAYERS (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
@@ -91,7 +91,7 @@ class ModelRunner:
         model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
         was asked for). What is compiled is compiled lazily, by the next steps.
-        `fused_decode`: decode-only steps run as one native call (engine/runner/fused.py) where it applies:
+        `fused_decode`: decode and chain-verify steps run as native calls (engine/runner/fused.py) where it applies:
         bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
         the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
         int8 activations (EngineConfig.int8_activations)."""
@@ -197,7 +197,7 @@ class ModelRunner:
         kept: dict[int, torch.Tensor] = {}
         failed: dict[int, str] = {}
         if rows:
-            every_row = rows == list(range(hidden.shape[0]))  # a decode-only step: no copy to take
+            every_row = rows == list(range(hidden.shape[0]))  # every row produces (decodes, verifies): no copy
             row_hidden = hidden if every_row else hidden[rows]
             if all_logits is not None:
                 logits = all_logits if every_row else all_logits[rows]

@@ -132,7 +132,7 @@ class SpeculativeDecoder:
         # the runner has the fused native step (the CPU), one chain each: a chain's verify takes that step,
         # a tree's runs layer by layer (2 streams, quiet 2-core CPU: plain 111 tok/s, chain of 3 92, tree
         # (3, 2, 1) 42; same output as plain with the chain).
-        chain = getattr(self.runner, "fused", None) is not None
+        chain = self.runner.fused is not None
         max_nodes = max(max(depths), self.mtp_max_tree_tokens // len(ready))
         last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
         proposals = self.proposer.propose_batch(hidden, depths, max_nodes, last, chain=chain)

@@ -34,7 +34,7 @@ namespace {
 // One thread's place in the step's one parallel region: its index and the team's size. A step used to
 // fork and join torch's threads once per product and once per attention (~180 times a step at 30
 // layers); now the team is formed once per step, every thread takes its static share of each stage, and
-// the stages that read what others wrote wait at a barrier (5 per layer).
+// the stages that read what others wrote wait at a barrier (5 per layer; 6 when rows are chained).
 struct Team {
   int tid = 0, size = 1;
   void sync() const {
@@ -442,7 +442,8 @@ class FusedModel {
 
   // This thread's (sequence, KV head) jobs: q/k norm, RoPE and the query scale for the job's heads, its
   // K and V rows written into the paged caches, then its attention. A job reads only the cache rows of
-  // its own sequence and KV head, so no other thread waits on its write.
+  // its own sequence and KV head, so no other thread waits on its write; except chained rows (a verify
+  // run's drafts, one sequence), which read each other's: there all writes end at a barrier first.
   void attention(const Layer& L, const StepArgs& a, ThreadScratch& s, const Team& t) {
     const int64_t qs = nh_ * d_, kvs = nkv_ * d_, qkvn = qs + 2 * kvs, group = nh_ / nkv_, slots = a.total_slots;
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
