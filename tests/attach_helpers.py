@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import subprocess
 import sys
 import threading
@@ -13,13 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from app.bench.llama_server import ChildServer, free_port
+
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:
@@ -42,20 +36,8 @@ def inferlab_serve(model_folder, *extra: str):
     port = free_port()
     cmd = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_folder), "--dtype", "float32",
            "--threads", "1", "--port", str(port), "--log-level", "warning", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parents[1])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", proc=proc)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ChildServer("inferlab serve", cmd, port) as server:
+        yield server.url
 
 
 class FlakyServer:
