@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from app.bench.llama_server import ChildServer, free_port
+from app.bench.llama_server import free_port
+from app.bench.serve_peer import inferlab_server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -32,11 +33,8 @@ def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = 
 
 @contextlib.contextmanager
 def inferlab_serve(model_folder, *extra: str):
-    """`inferlab serve` on a tiny model, in a separate process; yields its base URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_folder), "--dtype", "float32",
-           "--threads", "1", "--port", str(port), "--log-level", "warning", *extra]
-    with ChildServer("inferlab serve", cmd, port) as server:
+    """`inferlab serve` on a tiny model, in a separate process (the serving peer bench's); yields its URL."""
+    with inferlab_server(str(model_folder), 1, shlex.join(extra), "float32") as server:
         yield server.url
 
 
