@@ -148,28 +148,31 @@ def shortlist_labels(labels: torch.Tensor, vocab: torch.Tensor, vocab_size: int)
 
 
 @torch.no_grad()
-def mean_loss(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
-              vocab: torch.Tensor | None = None) -> float:
-    total, count = 0.0, 0
-    for i in range(0, len(h), 512):
-        lab = labels[i : i + 512]
-        n = int((lab != IGNORE).sum())
-        if n:
-            loss, _, _ = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], lab, vocab)
-            total, count = total + float(loss) * n, count + n
-    return total / max(1, count)
-
-
-@torch.no_grad()
-def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
-    """Top-1 per head over the whole vocabulary (what serving ranks)."""
+def evaluate(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
+             vocab: torch.Tensor | None = None) -> tuple[float, list[float]]:
+    """(mean cross-entropy over the counted positions, top-1 per head), in chunks of 512 positions; over
+    the shortlist `vocab` (labels mapped to it) or, None, the whole vocabulary (what serving ranks)."""
+    total = 0.0
     hits = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     count = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     for i in range(0, len(h), 512):
-        _, hh, cc = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], labels[i : i + 512])
+        loss, hh, cc = head_loss(heads, weights, h[i : i + 512], nxt[i : i + 512], labels[i : i + 512], vocab)
+        n = int(cc.sum())
+        if n:  # a chunk with nothing counted has a NaN mean
+            total += float(loss) * n
         hits += hh
         count += cc
-    return [a / max(1, c) for a, c in zip(hits.tolist(), count.tolist())]
+    return total / max(1, int(count.sum())), [a / max(1, c) for a, c in zip(hits.tolist(), count.tolist())]
+
+
+def mean_loss(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
+              vocab: torch.Tensor | None = None) -> float:
+    return evaluate(heads, weights, h, nxt, labels, vocab)[0]
+
+
+def accuracy(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    """Top-1 per head over the whole vocabulary (what serving ranks)."""
+    return evaluate(heads, weights, h, nxt, labels)[1]
 
 
 def split_answers(seqs: list, seed: int = 0) -> dict[str, list]:
