@@ -42,7 +42,7 @@ class EngineConfig:
 
     # Model execution
     # "native" (default): decode attention by a C++ kernel that streams each sequence's K/V blocks from
-    # the paged cache once, in float32 registers (engine/runner/kernels; bf16 on the CPU, head_dim 64/128;
+    # the paged cache once, in float32 registers (engine/kernels; bf16 on the CPU, head_dim 64/128;
     # built once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
@@ -55,7 +55,7 @@ class EngineConfig:
     # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
     compile: bool = False
     # bf16 on the CPU: a few rows (decode) of every Linear, and every int4 layer, through the native
-    # weight-streaming kernel (engine/runner/kernels/stream_linear.cpp), which reads the layer's one copy
+    # weight-streaming kernel (engine/kernels/stream_linear.cpp), which reads the layer's one copy
     # of its weights once per call; off: the library's kernels (oneDNN; torch's compiled gemv under compile).
     stream_linear: bool = True
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;

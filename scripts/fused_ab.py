@@ -2,7 +2,7 @@
 sources (A/B), in one process on one engine, in alternating rounds: the two builds read the same weights
 and caches, so only the kernels differ. Prints the median native-call time per step of each (median
 of the rounds' medians), the 10th percentile over all steps, and their ratios.
-    python scripts/fused_ab.py --other /work/main/engine/runner/kernels [--bits 4] [--threads 2]
+    python scripts/fused_ab.py --other /work/main/engine/kernels [--bits 4] [--threads 2]
         [--rounds 7] [--tokens 64] [--rows 1] [--json OUT]
 Run it at low load (`uptime`): the machine is shared, and alternating rounds only even out slow drift."""
 from __future__ import annotations

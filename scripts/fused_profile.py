@@ -1,5 +1,5 @@
 """Where one decode step of the fused path goes: per-op wall time inside the native step (the C++
-timers of engine/runner/kernels/fused_decode.cpp), the whole native call, and the runner's Python
+timers of engine/kernels/fused_decode.cpp), the whole native call, and the runner's Python
 around it, over a one-stream generation of SmolLM2-135M (or --model).
     python scripts/fused_profile.py [--bits 4] [--threads 2] [--tokens 64] [--int8-activations 0|1]
 Medians are not possible per op (the timers sum); run it at low load (`uptime`)."""

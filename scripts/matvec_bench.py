@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from engine.quant.embeddings import int8_rows
     from engine.quant.weight_only import QuantLinear
-    from engine.runner.kernels import stream_linear_kernel
+    from engine.kernels import stream_linear_kernel
 
     k = stream_linear_kernel()
     g = torch.Generator().manual_seed(0)

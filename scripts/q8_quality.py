@@ -18,7 +18,7 @@ def decode_logits(engine, ids: list[int], int8_activations: bool) -> torch.Tenso
     """(len(ids), vocab) float32: each position's logits from a decode step of the fused path, the KV
     cache filled from slot 0 on (a fresh engine's blocks, in order)."""
     from engine.runner.fused import FusedDecode
-    from engine.runner.kernels import fused_decode_kernel
+    from engine.kernels import fused_decode_kernel
 
     runner = engine.runner
     fused = FusedDecode(fused_decode_kernel(), engine.model, runner.block_size, int8_activations)

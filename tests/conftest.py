@@ -66,7 +66,7 @@ def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:
 
 
 def built_kernel(loader, portable: bool):
-    """A native kernel module (engine/runner/kernels) for this CPU or the portable build; the test is
+    """A native kernel module (engine/kernels) for this CPU or the portable build; the test is
     skipped where no C++ toolchain can build it."""
     mod = loader(portable=portable)
     if mod is None:

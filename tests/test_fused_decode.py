@@ -1,4 +1,4 @@
-"""The fused decode step (engine/runner/fused.py, engine/runner/kernels/fused_decode.cpp) against the
+"""The fused decode step (engine/runner/fused.py, engine/kernels/fused_decode.cpp) against the
 layer-by-layer path: logits of every decode step of several requests (different context lengths,
 across block boundaries) on tiny random Llama (tied and untied), Qwen2 (q/k/v bias) and Qwen3 (q/k
 norm) models, bf16 / 8-bit / 4-bit weights, GQA, on this CPU's build and the portable one; greedy
@@ -10,7 +10,7 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
-from engine.runner.kernels import fused_decode_kernel
+from engine.kernels import fused_decode_kernel
 from tests.conftest import built_kernel
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,11 @@
-"""The native paged-decode kernel (engine/runner/kernels/paged_decode.cpp) against plain float32 attention,
+"""The native paged-decode kernel (engine/kernels/paged_decode.cpp) against plain float32 attention,
 and the engine running it. The kernel is built once per machine (~25 s, cached by torch)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.runner.kernels import paged_decode_kernel
+from engine.kernels import paged_decode_kernel
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ def test_fast_kernel_equals_reference(bits, group, outliers):
     fast = QuantLinear(W, None, bits, group, idx)
     ref = QuantLinear(W, None, bits, group, idx, reference=True)
     if bits == 4:  # int4 runs on the native weight-streaming kernel
-        from engine.runner.kernels import stream_linear_kernel
+        from engine.kernels import stream_linear_kernel
 
         fast.stream = ref.stream = stream_linear_kernel()
         assert fast.stream is not None

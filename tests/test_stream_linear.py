@@ -1,4 +1,4 @@
-"""The native weight-streaming linear kernel (engine/runner/kernels/stream_linear.cpp) against the
+"""The native weight-streaming linear kernel (engine/kernels/stream_linear.cpp) against the
 reference products, on this CPU's body and the portable one; the layers that route to it; and an
 engine with it against one without (one copy of the weights, same greedy tokens)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.models.layers.linear import Linear, set_stream_kernel
 from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
-from engine.runner.kernels import stream_linear_kernel
+from engine.kernels import stream_linear_kernel
 from tests.conftest import built_kernel
 
 

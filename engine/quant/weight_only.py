@@ -5,7 +5,7 @@
 
 Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
 int8 (up to 8 rows; more rows: torch's `_weight_int8pack_mm`) and, for int4, the native kernel
-(engine/runner/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
+(engine/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
 call, for any number of rows; both want bf16 activations). Each layer keeps one copy of its codes, in
 the layout the kernel reads. Everywhere else, and as the reference the tests hold them to, the weight
 is dequantized and multiplied.
@@ -30,7 +30,7 @@ QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 def stream_linear_int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor,
                        group_size: int) -> torch.Tensor:
     """The native int4 kernel as an op a compiled region calls without a graph break."""
-    from engine.runner.kernels import stream_linear_kernel
+    from engine.kernels import stream_linear_kernel
 
     return stream_linear_kernel().stream_linear_int4(x, codes, scale_zero, group_size, None)
 
@@ -43,7 +43,7 @@ def _(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor, group_size
 @torch.library.custom_op("inferlab::stream_linear_int8", mutates_args=())
 def stream_linear_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The native int8 row kernel as an op a compiled region calls without a graph break."""
-    from engine.runner.kernels import stream_linear_kernel
+    from engine.kernels import stream_linear_kernel
 
     return stream_linear_kernel().stream_linear_int8(x, qweight, scales, None)
 

@@ -22,7 +22,7 @@ import torch
 
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
 from engine.models.model_config import ModelConfig
-from engine.runner.kernels import native_decode_applies, paged_decode_kernel
+from engine.kernels import native_decode_applies, paged_decode_kernel
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """One native call per decode step (EngineConfig.fused_decode): the runner hands a batch of decodes and
-chain verifies to the C++ FusedModel (engine/runner/kernels/fused_decode.cpp), which runs the
+chain verifies to the C++ FusedModel (engine/kernels/fused_decode.cpp), which runs the
 embedding, every layer, the final norm and the lm_head, and returns the final hidden states, the logits
 and each row's greedy token.
 
@@ -94,7 +94,7 @@ class FusedDecode:
         m, cfg = self.model, self.model.config
         self.unsupported = None
         if cfg.head_dim not in (64, 128) or cfg.num_attention_heads // cfg.num_key_value_heads > 8:
-            # the attention body's cases (engine/runner/kernels/paged_decode.cpp)
+            # the attention body's cases (engine/kernels/paged_decode.cpp)
             self.unsupported = f"head_dim {cfg.head_dim} with {cfg.num_attention_heads // cfg.num_key_value_heads} " \
                                "query heads per KV head (the kernel: 64 or 128, at most 8)"
             return None

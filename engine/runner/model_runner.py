@@ -105,7 +105,7 @@ class ModelRunner:
         self.fused = None
         if (fused_decode and not compile and not backend.reference and not self.kv_int8
                 and self.device.type == "cpu" and self.dtype == torch.bfloat16):
-            from engine.runner.kernels import fused_decode_kernel
+            from engine.kernels import fused_decode_kernel
 
             kernel = fused_decode_kernel(progress)  # None where it cannot be built (after one warning)
             if kernel is not None:

@@ -132,6 +132,6 @@ def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.d
     kernels run, after one warning)."""
     if not config.stream_linear or device.type != "cpu" or dtype != torch.bfloat16:
         return None
-    from engine.runner.kernels import stream_linear_kernel
+    from engine.kernels import stream_linear_kernel
 
     return stream_linear_kernel(progress)

@@ -12,7 +12,7 @@ Which path computes it is one AttentionBackend, chosen once by engine/runner/att
   Slow and obvious; the tests hold every other path to it.
 - otherwise ``paged_attention_fast``: prefill chunks (and verify runs) as two matmuls per query slice;
   decode tokens by the first of these the backend has:
-  - the C++ paged-decode kernel (engine/runner/kernels, "native"): streams each sequence's K/V blocks
+  - the C++ paged-decode kernel (engine/kernels, "native"): streams each sequence's K/V blocks
     once where they lie, all decodes in one call;
   - the compiled gather-fused kernel (``decode_attention_math`` under torch.compile; "compiled", or any
     backend but reference with compile=True): the gather fused into the reductions, ~5x the eager path

@@ -2,7 +2,7 @@
 
 Each Linear keeps ONE copy of its weight, (out, in) as the checkpoint stores it. On the CPU in bf16,
 up to STREAM_MAX_ROWS rows (decode) go through the native weight-streaming kernel
-(engine/runner/kernels/stream_linear.cpp, `stream`, set by `set_stream_kernel`), which reads that copy
+(engine/kernels/stream_linear.cpp, `stream`, set by `set_stream_kernel`), which reads that copy
 once per call; more rows (prefill) go through the library's GEMM on the same copy.
 
 EngineConfig.pack_weights (off by default) additionally keeps oneDNN's blocked layout ("packed",
@@ -43,7 +43,7 @@ STREAM_MAX_ROWS = 8  # up to this many rows the weight-streaming kernel beats th
 @torch.library.custom_op("inferlab::stream_linear_bf16", mutates_args=())
 def stream_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel as an op a compiled region calls without a graph break (x 2-D bf16)."""
-    from engine.runner.kernels import stream_linear_kernel
+    from engine.kernels import stream_linear_kernel
 
     return stream_linear_kernel().stream_linear_bf16(x, weight, bias)
 
