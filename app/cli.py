@@ -27,8 +27,8 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def _epilog() -> str:
-    from app.keys import keys_help
-    from app.presets import PRESETS_DIR, available
+    from app.gui.keys import keys_help
+    from app.talk.presets import PRESETS_DIR, available
 
     names = available(PRESETS_DIR)
     listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ")
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_mtp_args(train, _engine_args)
 
     prepare = sub.add_parser("prepare", help="run every preset's measured comparison ahead of a talk; store them")
-    from app.compare.prepare import add_prepare_args
+    from app.talk.compare.prepare import add_prepare_args
 
     add_prepare_args(prepare, _engine_args)
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_train_mtp(args)
     if args.command == "prepare":
-        from app.compare.prepare import run_prepare
+        from app.talk.compare.prepare import run_prepare
 
         return run_prepare(args)
     if args.command == "train-lora":
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.cli import run_bench
 
         return run_bench(args)
-    from app.gui import run_gui
+    from app.gui.launch import run_gui
 
     return run_gui(args)
 

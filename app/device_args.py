@@ -1,7 +1,8 @@
-"""--device and --gpu-memory-utilization: the same two options for the app and every engine command."""
+"""--device, --gpu-memory-utilization and the engine's thread count: the same for the app and every engine command."""
 from __future__ import annotations
 
 import argparse
+import os
 
 # The desktop app usually runs on the GPU that also drives the display (its compositor, the browser):
 # it takes less of it than a headless command, which may have the GPU to itself.
@@ -31,3 +32,8 @@ def device_options(args: argparse.Namespace) -> dict:
     """The EngineConfig fields the two options set (a Namespace made by hand may lack the share)."""
     share = vars(args).get("gpu_memory_utilization") or HEADLESS_GPU_MEMORY_UTILIZATION
     return {"device": args.device, "gpu_memory_utilization": share}
+
+
+def engine_threads() -> int:
+    """Leave one core to the GUI thread: torch's CPU thread pool degrades badly when oversubscribed."""
+    return max(1, (os.cpu_count() or 2) - 1)

@@ -3,7 +3,7 @@
 
     python scripts/soak_presets.py [--seconds 120] [--out DIR] [PRESET ...]
 
-Each preset runs in the real app (headless, its cues included) for --seconds; app/soak.py samples the
+Each preset runs in the real app (headless, its cues included) for --seconds; app/gui/soak.py samples the
 queue, goodput and latency every 5 s. Prints one line per preset and writes DIR/NAME.json (the samples)
 and DIR/summary.json. Exit status 1 when a preset's queue grows (a preset must not open a meltdown).
 """
@@ -21,7 +21,7 @@ RUN_APP = "import sys; from app.cli import main; sys.exit(main())"  # the `infer
 def main() -> int:
     here = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(here))
-    from app import presets
+    from app.talk import presets
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("presets", nargs="*", default=presets.available())

@@ -6,13 +6,13 @@ import os
 import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-os.environ.setdefault("QT_NO_GUI_THREADPOOL", "1")  # as app.gui.prepare_qt_environment() does
+os.environ.setdefault("QT_NO_GUI_THREADPOOL", "1")  # as app.gui.launch.prepare_qt_environment() does
 
 from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.engine_host import EngineHost  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
+from app.gui.main_window import MainWindow  # noqa: E402
+from app.host.engine_host import EngineHost  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 
 NUM_KV_BLOCKS = 256

@@ -8,10 +8,10 @@ import pytest
 import torch
 from app_helpers import close_window, open_window, run_for, wait_until
 
-from app import window_menus
-from app.sweep import SweepSpec
-from app.sweep_point import Workload
-from app.trace_recorder import REQUEST_FIELDS
+from app.gui import window_menus
+from app.gui.trace_recorder import REQUEST_FIELDS
+from app.tradeoff.sweep import SweepSpec
+from app.tradeoff.sweep_point import Workload
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_panels_receive_data_under_load(qapp, window):
     assert ctl.load_running
     ctl.burst(3)
     ctl.submit("Hello there", True)
-    # the token panel opens a load stream's tab at most every 0.5 s (app/panel_feeder.py): a tiny model
+    # the token panel opens a load stream's tab at most every 0.5 s (app/gui/panel_feeder.py): a tiny model
     # can finish three requests sooner than that, so wait for the tabs as well
     wait_until(qapp, lambda: data(window, "latency")["num_finished"] >= 3
                and data(window, "tokens")["num_streams"] >= 2, 30)

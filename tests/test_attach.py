@@ -14,11 +14,11 @@ from app_helpers import run_for
 from attach_helpers import FlakyServer, free_port, inferlab_serve, wait_http
 from PySide6.QtCore import QElapsedTimer, QTimer
 
-from app import channel
-from app.engine_source import EngineSource
+from app.gui.main_window import MainWindow
 from app.load.generator import LoadConfig
-from app.main_window import MainWindow
 from app.remote.source import RemoteSource, base_url
+from app.source import channel
+from app.source.engine_source import EngineSource
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 
@@ -238,9 +238,9 @@ def test_source_against_llama_server(qapp):
 
 
 def test_presets_say_what_needs_the_embedded_engine():
-    from app import presets
-    from app.engine_info import Capabilities
-    from app.preset_actions import needs_embedded
+    from app.gui.preset_actions import needs_embedded
+    from app.source.engine_info import Capabilities
+    from app.talk import presets
 
     caps = Capabilities(load_generator=True, server_metrics=True, client_timings=True)
     load = lambda name: presets.load_preset(name, presets.PRESETS_DIR)  # noqa: E731

@@ -12,7 +12,7 @@ import pytest
 
 from app.bench import llama_cpp, llama_server, serve_peer
 from app.bench.llama_server import ChildServer, PeerError, free_port
-from app.bench.workload import BenchRequest
+from app.load.workload import BenchRequest
 
 FAKE = str(Path(__file__).parent / "fake_openai_server.py")
 REQUESTS = [BenchRequest(list(range(100, 100 + n)), out, "chat") for n, out in ((12, 5), (40, 3), (7, 9))]

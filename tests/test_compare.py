@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from app.compare.drive import Cancelled
-from app.compare.runner import run_comparison
-from app.compare.spec import parse_compare
-from app.compare.store import load_stored, prepared_json, save_result
-from app.compare.workload import plan
+from app.talk.compare.drive import Cancelled
+from app.talk.compare.runner import run_comparison
+from app.talk.compare.spec import parse_compare
+from app.talk.compare.store import load_stored, prepared_json, save_result
+from app.talk.compare.workload import plan
 from engine import EngineConfig, LLMEngine
 from engine.core.metrics import SLO
 from engine.loading.loader import load_model
@@ -132,8 +132,8 @@ def test_stored_results_round_trip(tmp_path):
 
 
 def test_job_stores_and_the_preset_finds_it_at_once(loaded, tiny_llama, tmp_path, monkeypatch):
-    from app.compare.job import ComparisonJob
-    from app.presets import Preset
+    from app.talk.compare.job import ComparisonJob
+    from app.talk.presets import Preset
 
     monkeypatch.setenv("INFERLAB_DATA_DIR", str(tmp_path))
     preset = Preset(name="mine", path="mine.toml", title="t", caption="c", compare=parse_compare(_spec(values=[2])))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.presets import PresetError, available, load_preset
+from app.talk.presets import PresetError, available, load_preset
 
 HEAD = '[preset]\ntitle = "T"\ncaption = "C"\n\n'
 

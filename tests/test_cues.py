@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cues import Cue, CueTimeline, parse_cues
+from app.talk.cues import Cue, CueTimeline, parse_cues
 
 
 def _table(period=0, *entries):

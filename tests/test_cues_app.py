@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from app_helpers import close_window, open_window, run_for, wait_until
 
-from app import presets
+from app.talk import presets
 
 PRESET = """\
 [preset]

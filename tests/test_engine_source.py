@@ -5,10 +5,10 @@ from __future__ import annotations
 from app_helpers import run_for
 from PySide6.QtCore import QObject, Signal
 
-from app.engine_host import EngineHost
-from app.engine_info import Capabilities, EngineInfo
-from app.engine_source import EngineSource
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
+from app.host.engine_host import EngineHost
+from app.source.engine_info import Capabilities, EngineInfo
+from app.source.engine_source import EngineSource
 from engine.config import EngineConfig
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from app import qt_check
 from app.cli import build_parser
 from app.generate import chat_prompt
-from app.keys import KEYS
-from app.presets import available
+from app.gui import qt_check
+from app.gui.keys import KEYS
+from app.talk.presets import available
 
 LDD = """\
 \tlinux-vdso.so.1 (0x00007ffd)
@@ -40,12 +40,12 @@ def test_missing_libraries_named_with_their_packages(monkeypatch, tmp_path):
 
 
 def test_gui_reports_the_problem_instead_of_aborting(monkeypatch, capsys):
-    import app.gui
+    import app.gui.launch
 
     monkeypatch.setattr(qt_check, "platform_problem", lambda: "Qt needs libxcb-cursor.so.0")
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
     args = build_parser().parse_args([])
-    assert app.gui.run_gui(args) == 2
+    assert app.gui.launch.run_gui(args) == 2
     assert "inferlab: error: Qt needs libxcb-cursor.so.0" in capsys.readouterr().err
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.frame_governor import MAX_INTERVAL_MS, MIN_INTERVAL_MS, FrameGovernor
+from app.gui.frame_governor import MAX_INTERVAL_MS, MIN_INTERVAL_MS, FrameGovernor
 from widgets.timeline import TimelinePanel
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from app_helpers import close_window, open_window, run_for, wait_until
 
-from app import presets
+from app.talk import presets
 from widgets.presenter import clipped_texts
 
 

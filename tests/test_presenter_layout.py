@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QVBoxLayout, QWidget
 
-from app.presenter_layout import COMPARISON_MAX_SHARE, MIN_COLUMN_PX, arrange_columns, give_comparison_room
+from app.gui.presenter_layout import COMPARISON_MAX_SHARE, MIN_COLUMN_PX, arrange_columns, give_comparison_room
 from widgets.comparison import ComparisonPanel
 
 sys.path.insert(0, str(Path(__file__).parent / "widgets"))

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from app.presets import PresetError, load_preset
+from app.talk.presets import PresetError, load_preset
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.runner import setup
 
@@ -66,7 +66,7 @@ def test_available_memory_is_read_on_linux():
 
 
 def recording_hosts(monkeypatch) -> list:
-    import app.engine_host as engine_host
+    import app.host.engine_host as engine_host
 
     hosts = []
 
@@ -83,7 +83,7 @@ def run_screenshot(argv: list[str]) -> int:
     import asyncio
 
     from app.cli import build_parser
-    from app.gui import run_gui
+    from app.gui.launch import run_gui
 
     try:
         return run_gui(build_parser().parse_args(argv))
@@ -111,7 +111,7 @@ def test_screenshot_with_a_broken_preset_stops_the_engine_thread(qapp, tiny_llam
 
 def test_screenshot_that_raises_stops_the_engine_thread_first(qapp, tiny_llama, tmp_path, monkeypatch, capsys):
     """Any exception in the screenshot run: the engine thread is stopped, then the traceback shows."""
-    import app.gui as gui
+    import app.gui.launch as gui
 
     hosts = recording_hosts(monkeypatch)
 
@@ -164,7 +164,7 @@ def test_screenshot_with_report_samples_the_run(qapp, tiny_llama, tmp_path, monk
     """--report: the running preset's queue, goodput and latency sampled during the run, with a verdict."""
     import json
 
-    import app.soak as soak
+    import app.gui.soak as soak
 
     monkeypatch.setattr(soak.sample_run, "__defaults__", (1.0,))  # a sample every second
     preset = tmp_path / "busy.toml"

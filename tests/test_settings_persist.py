@@ -6,10 +6,10 @@ from __future__ import annotations
 from app_helpers import run_for
 from PySide6.QtCore import QSettings
 
-from app.engine_host import EngineHost
-from app.gui import _last_preset
-from app.main_window import MainWindow
-from app.presets import PRESETS_DIR, available
+from app.gui.launch import _last_preset
+from app.gui.main_window import MainWindow
+from app.host.engine_host import EngineHost
+from app.talk.presets import PRESETS_DIR, available
 from engine.config import EngineConfig
 
 

@@ -1,7 +1,7 @@
 """The soak verdict: a queue that keeps growing is told from one that comes and goes."""
 from __future__ import annotations
 
-from app.soak import verdict
+from app.gui.soak import verdict
 
 
 def _samples(waiting: list[int]) -> list[dict]:

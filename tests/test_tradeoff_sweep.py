@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from app.frontier import cheapness, pareto, speed
-from app.sweep import SweepSpec, run_sweep
-from app.sweep_point import Workload
-from app.sweep_store import export_csv, load, save
+from app.tradeoff.frontier import cheapness, pareto, speed
+from app.tradeoff.sweep import SweepSpec, run_sweep
+from app.tradeoff.sweep_point import Workload
+from app.tradeoff.sweep_store import export_csv, load, save
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.loading.loader import load_model
 from engine.perf.roofline import Roofs

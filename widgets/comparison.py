@@ -1,4 +1,4 @@
-"""ComparisonPanel: a chapter's measured comparison, fed one result dict (app/compare/store.py format).
+"""ComparisonPanel: a chapter's measured comparison, fed one result dict (app/talk/compare/store.py format).
 
 Shows what was compared, a table (a row per metric, a column per configuration, each value with its
 ratio to the first configuration), a chart (bars, or a curve when the knob is numeric with more than

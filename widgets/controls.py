@@ -3,7 +3,7 @@
 Slider drags are debounced (DEBOUNCE_MS after the last move) so a drag across 200 positions becomes
 one reconfigure, not 200. `set_values` loads a preset silently and cancels pending emissions.
 The starting values are data from the app (`defaults`: the engine's EngineConfig defaults and the
-like, app/knob_defaults.py); the panel does not know them itself. `reset()` goes back to them.
+like, app/talk/knob_defaults.py); the panel does not know them itself. `reset()` goes back to them.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def chip(name: str | None, text: str | None = None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class AdapterRow:
-    """What the panel shows of one registered adapter (plain data; app/channel.py LoraAdapters)."""
+    """What the panel shows of one registered adapter (plain data; app/source/channel.py LoraAdapters)."""
 
     name: str
     rank: int

@@ -4,7 +4,7 @@ Top: the connection (connected, slow, down, garbage) and the server's gauges and
 fact the server does not export named as such. Middle: latency percentiles, the server's estimated
 from its histogram buckets (labelled "bucket estimate") beside the client's measured on arrival.
 Bottom: running / waiting requests and generated tokens/s over the last two minutes.
-Fed plain dicts by the app (app/panel_feeder.py); computes nothing but the plot arrays.
+Fed plain dicts by the app (app/gui/panel_feeder.py); computes nothing but the plot arrays.
 """
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ class TradeoffPanel(Panel):
         self._mark_dirty()
 
     def add_sweep_point(self, p: dict) -> None:
-        """One measured sweep point (app/sweep.py's dict) as it arrives."""
+        """One measured sweep point (app/tradeoff/sweep.py's dict) as it arrives."""
         label = sweep_label(p)
         self._points[label] = {**p, "label": label, "source": "sweep",
                                "config": {"max_num_seqs": p["batch"], "quant_bits": p["bits"],

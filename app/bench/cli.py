@@ -10,7 +10,7 @@ import torch
 
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
-from app.bench.workload import corpus_tokens
+from app.load.workload import corpus_tokens
 from engine.perf.probe import cpu_description
 
 
@@ -113,7 +113,7 @@ def _run_bench(args) -> int:
                             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
                             **run_peer_bench(args)})
     if args.bench == "gui" and args.threads is None:
-        from app.gui import engine_threads
+        from app.device_args import engine_threads
 
         args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
     torch.set_num_threads(args.threads or torch.get_num_threads())

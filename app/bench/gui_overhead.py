@@ -106,14 +106,14 @@ def _run_bare(engine, arrivals) -> dict:
 def _run_hosted(engine, arrivals, app, with_window: bool) -> dict:
     from PySide6.QtCore import QEventLoop, QTimer
 
-    from app.engine_host import EngineHost
+    from app.host.engine_host import EngineHost
 
     counter = _Counter()
     engine.add_listener(counter)
     host = EngineHost(engine.config, engine=engine)
     window, stamps = None, []
     if with_window:
-        from app.main_window import MainWindow
+        from app.gui.main_window import MainWindow
 
         window = MainWindow(host, None, persist=False)
         window.controller.interactive = False
@@ -165,8 +165,9 @@ def run(args) -> dict:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
 
+    from app.device_args import engine_threads
     from app.generate import stderr_progress
-    from app.gui import engine_threads, prepare_qt_environment
+    from app.gui.launch import prepare_qt_environment
 
     prepare_qt_environment()
     from engine import EngineConfig, LLMEngine

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from app.bench.workload import BenchRequest
+from app.load.workload import BenchRequest
 
 
 def load_hf(folder: str, dtype: torch.dtype, device: torch.device | str = "cpu"):

@@ -5,7 +5,7 @@ agreement on a few prompts, and decode speed with many streams."""
 from __future__ import annotations
 
 from app.bench.quant_bench import decode_rate
-from app.bench.workload import corpus_tokens
+from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from app.bench.workload import BenchRequest
+from app.load.workload import BenchRequest
 from app.remote.client import request_body
 
 LOG_TAIL_CHARS = 600

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.bench.workload import corpus_tokens
 from app.device_args import device_options
 from app.generate import stderr_progress
+from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.lora.adapter import TARGETS, load_adapter
 from engine.lora.merge import merge_adapter

@@ -4,8 +4,8 @@ from __future__ import annotations
 import time
 
 from app.bench.runs import engine_one_stream
-from app.bench.workload import corpus_tokens
 from app.device_args import device_options
+from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from app.bench.workload import BenchRequest
+from app.load.workload import BenchRequest
 from engine import LLMEngine, SamplingParams
 
 

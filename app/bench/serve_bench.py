@@ -20,8 +20,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from app.bench.workload import corpus_tokens
 from app.device_args import device_options
+from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
 

@@ -10,7 +10,7 @@ import torch
 
 from app.bench import bandwidth, hf_baseline, llama_server, runs
 from app.bench.rounds import MODES, alternate, bench_engine, hf_model, median_run, warm_up
-from app.bench.workload import mixed_workload
+from app.load.workload import mixed_workload
 
 
 def run_throughput(args) -> dict:

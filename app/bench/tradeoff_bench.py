@@ -1,12 +1,12 @@
-"""`inferlab bench tradeoff --json OUT`: the tradeoff sweep headless (app/sweep.py), with the machine's
+"""`inferlab bench tradeoff --json OUT`: the tradeoff sweep headless (app/tradeoff/sweep.py), with the machine's
 roofs, the frontier and the predicted points (kept apart from the measured ones)."""
 from __future__ import annotations
 
 import time
 
 from app.device_args import device_options
-from app.sweep import SweepSpec, run_sweep
-from app.sweep_point import Workload
+from app.tradeoff.sweep import SweepSpec, run_sweep
+from app.tradeoff.sweep_point import Workload
 
 
 def add_args(p, engine_args) -> None:
@@ -43,11 +43,11 @@ def run(args) -> dict:
     result["probe_seconds"] = probe_s
     result["wall_seconds"] = time.perf_counter() - t0
     if args.csv:
-        from app.sweep_store import export_csv
+        from app.tradeoff.sweep_store import export_csv
 
         export_csv(result, args.csv)
     if args.save:
-        from app.sweep_store import save
+        from app.tradeoff.sweep_store import save
 
         result["stored_at"] = str(save(result, roofs.machine, loaded.path))
     return result

@@ -2,7 +2,7 @@
 
 Threads
   GUI thread      owns the source (a QObject): command methods post to the worker and return at once;
-                  `drain()` hands over what the worker published (app/channel.py items).
+                  `drain()` hands over what the worker published (app/source/channel.py items).
   attach worker   one thread running an asyncio loop with one httpx client: scrapes /metrics at
                   SCRAPE_HZ (parsed, rates and bucket percentiles computed here, app/remote/facts.py),
                   runs the load generator's arrivals and every streaming request (app/remote/client.py).
@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 import httpx
 from PySide6.QtCore import QObject, Signal
 
-from app import channel
-from app.engine_info import Capabilities, EngineInfo
 from app.load.generator import LoadConfig, LoadGenerator
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.watch import ServerWatch
+from app.source import channel
+from app.source.engine_info import Capabilities, EngineInfo
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
 
@@ -138,7 +138,7 @@ class RemoteSource(QObject):
         return self.watch.facts
 
     def drain(self, limit: int | None = None) -> list:
-        """Everything the worker published since the last call, oldest first (app/channel.py)."""
+        """Everything the worker published since the last call, oldest first (app/source/channel.py)."""
         return channel.drain(self._events, limit)
 
     # --- commands (any thread) --------------------------------------------------------------------

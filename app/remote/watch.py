@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import httpx
 
-from app import channel
 from app.remote.facts import FactsTracker
 from app.remote.metrics import KIND_NAMES, MetricsError, parse_metrics, server_kind
+from app.source import channel
 
 SLOW_S = 0.75  # /metrics slower than this: "answers slowly"
 RETRY_S = 1.0

@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 
 from widgets.controls import CONFIG_KEYS, DEBOUNCE_MS, ControlsPanel
 
-# what the app hands the panel (app/knob_defaults.py: EngineConfig's defaults and the like)
+# what the app hands the panel (app/talk/knob_defaults.py: EngineConfig's defaults and the like)
 DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "kv_cache_bits": 16, "num_speculative_tokens": 0,
             "max_num_batched_tokens": 512,
             "arrival_rate": 2.0, "burst_size": 16, "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}

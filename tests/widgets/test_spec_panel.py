@@ -78,7 +78,7 @@ def test_rolling_ratio():
 
 
 def test_compared_speedup_stands_in_until_a_live_one_is_measured(panel):
-    from app.compare.headline import speculation_speedup
+    from app.talk.compare.headline import speculation_speedup
 
     result = {"measured_at": "2026-11-30T17:25:00+00:00", "comparison": [
         {"label": "off", "config": {"mode": "continuous"}, "metrics": {"tokens_per_s": 36.7}},

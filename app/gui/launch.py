@@ -1,0 +1,162 @@
+"""`inferlab` (the desktop app) and `inferlab --screenshot OUT.png --preset NAME --run-seconds N`.
+
+qasync runs asyncio inside the Qt event loop: the screenshot run is a coroutine that waits for the
+model, lets the preset run, grabs the window and quits. The engine itself runs in the engine loop's
+thread (engine/serving/loop.py, hosted by app/host/engine_host.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+DEFAULT_PRESET = "continuous-batching"
+SCREENSHOT_SIZE = (1600, 1000)
+LOAD_TIMEOUT_S = 600.0
+EXIT_TIMEOUT_S = 60.0
+
+
+def prepare_qt_environment() -> None:
+    """Before the QApplication exists. Qt's raster engine splits large fills over a GUI thread pool
+    and waits for it; with the engine keeping the cores busy those workers wait for a core, and the
+    event loop with them. Painting on the GUI thread alone is steadier here."""
+    os.environ.setdefault("QT_NO_GUI_THREADPOOL", "1")
+
+
+def run_gui(args) -> int:
+    prepare_qt_environment()
+    if args.screenshot:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.gui.qt_check import platform_problem
+
+    problem = platform_problem()
+    if problem is not None:  # Qt would abort the process with a message that names one library at best
+        print(f"inferlab: error: {problem}", file=sys.stderr)
+        return 2
+    import qasync
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from app.device_args import device_options, engine_threads
+    from app.gui.main_window import MainWindow
+    from app.host.engine_host import EngineHost
+    from engine.config import EngineConfig
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName("inferlab")
+    app.setApplicationName("inferlab")
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+
+    if getattr(args, "attach", None):  # an OpenAI-compatible server instead of the embedded engine
+        from app.remote.source import RemoteSource
+
+        try:
+            host = RemoteSource(args.attach, args.api_key)
+        except ValueError as exc:
+            print(f"inferlab: error: --attach: {exc}", file=sys.stderr)
+            return 2
+    else:
+        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), **device_options(args)))
+    if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
+        scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
+        settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
+        window = MainWindow(host, settings, persist=False)
+        window.controller.interactive = False
+        window.resize(*(args.size or SCREENSHOT_SIZE))
+    else:
+        settings = QSettings()
+        window = MainWindow(host, settings)
+    preset = args.preset or _last_preset(settings) or DEFAULT_PRESET
+    window.show()
+    host.start()  # after show(): the window is up before the model starts loading
+    try:
+        code = _run_window(app, loop, window, host, args, preset)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:  # noqa: BLE001 (the engine thread stops first on every way out, then the error shows)
+        traceback.print_exc()
+        code = 1
+    return finish(host, code)
+
+
+def _run_window(app, loop, window, host, args, preset: str) -> int:
+    """Apply the preset, then run until the window closes (or the screenshot is saved)."""
+    ok = window.controller.apply_preset(preset)
+    if args.presenter:  # a screenshot keeps its given size; the app goes full screen
+        window.set_presenter(True, full_screen=not args.screenshot,
+                             screen_height=args.size[1] if args.screenshot and args.size else None)
+    if args.screenshot and not ok:
+        print(f"inferlab: error: {window.controller.last_error}", file=sys.stderr)
+        window.close()
+        return 2  # finish() still waits for the loading engine thread: exiting under it aborts in C++
+    with loop:
+        if args.screenshot:
+            return loop.run_until_complete(screenshot(window, host, Path(args.screenshot), args.run_seconds,
+                                                      report=args.report, preset=preset))
+        closed = asyncio.Event()
+        app.lastWindowClosed.connect(closed.set)
+        loop.run_until_complete(closed.wait())
+        return 0
+
+
+def finish(host, code: int) -> int:
+    """Wait for the engine thread (a long prefill step cannot be cut short). Exiting while it runs
+    torch code would abort in C++ destructors, so if it will not stop, leave without them."""
+    if host.shutdown(timeout=EXIT_TIMEOUT_S):
+        return code
+    print(f"inferlab: the engine thread did not stop within {EXIT_TIMEOUT_S:.0f} s; exiting anyway",
+          file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _last_preset(settings) -> str | None:
+    value = settings.value("last_preset")
+    return str(value) if value and Path(str(value)).is_file() else None
+
+
+async def wait_loaded(window, host, timeout: float = LOAD_TIMEOUT_S) -> str | None:
+    """None once the model is loaded and the window knows it, else the error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (host.loaded and window.controller.engine_ready):
+        if host.load_error is not None:
+            return host.load_error
+        if loop.time() > deadline:
+            return f"the model did not load within {timeout:.0f} s"
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def screenshot(window, host, out: Path, run_seconds: float, report: str | None = None,
+                     preset: str = "") -> int:
+    error = await wait_loaded(window, host)
+    if error is not None:
+        print(f"inferlab: error: {error}", file=sys.stderr)
+        window.close()
+        return 2
+    if report:  # the run sampled: does the preset keep up with its arrivals (app/gui/soak.py)
+        from app.gui.soak import sample_run, verdict
+
+        samples = await sample_run(window, run_seconds)
+        Path(report).parent.mkdir(parents=True, exist_ok=True)
+        Path(report).write_text(json.dumps({"preset": preset, "run_seconds": run_seconds,
+                                            **verdict(samples), "samples": samples}, indent=1))
+    else:
+        await asyncio.sleep(run_seconds)
+    window.flush_panels()
+    await asyncio.sleep(0.1)  # let the last repaint land
+    out.parent.mkdir(parents=True, exist_ok=True)
+    saved = window.grab().save(str(out))
+    window.close()
+    if not saved:
+        print(f"inferlab: error: could not write {out}", file=sys.stderr)
+        return 2
+    print(f"saved {out}")
+    return 0

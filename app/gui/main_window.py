@@ -1,0 +1,286 @@
+"""MainWindow: every panel in a dock, the caption on top, load progress in the status bar.
+
+The window only arranges things; AppController (app/gui/controller.py) decides what a click means,
+PanelFeeder (app/gui/panel_feeder.py) moves the engine source's channel items into panels on a ~30 Hz timer.
+The window talks to its engine source (app/source/engine_source.py; EngineHost today) through that interface
+only: its signals, `info` and `drain()`; never the engine inside it.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtWidgets import (
+    QApplication,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QSizePolicy,
+    QToolBar,
+)
+
+from app.gui import collector
+from app.gui.controller import AppController
+from app.gui.frame_governor import FrameGovernor
+from app.gui.panel_feeder import PanelFeeder
+from app.gui.presenter_mode import PresenterMode
+from app.gui.server_control import ServerControl
+from app.gui.trace_recorder import TraceRecorder
+from app.gui.window_docks import PANEL_TITLES, build_docks, make_panels
+from app.gui.window_menus import build_menus
+from app.source.engine_source import EngineSource
+from app.tradeoff.tradeoff_meter import TradeoffMeter
+from widgets import CaptionBanner, apply_theme
+
+DRAIN_INTERVAL_MS = 33  # ~30 Hz
+DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
+STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, host: EngineSource, settings: QSettings | None = None, *, persist: bool = True,
+                 tradeoff_seconds: float = 5.0) -> None:
+        super().__init__()
+        self.setWindowTitle("inferlab")
+        self.setObjectName("inferlab-main")
+        self.host = host
+        collector.acquire()
+        self._gc_held = True
+        self.settings = settings
+        self.persist = persist and settings is not None
+        self.panels = make_panels()
+        self.caption = CaptionBanner()
+        self.recorder = TraceRecorder()
+        self.meter = TradeoffMeter(min_seconds=tradeoff_seconds)
+        self.feeder = PanelFeeder(self.panels, self.meter, self.recorder, self)
+        self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
+        self.server = ServerControl(host)
+        self._emphasised: tuple[str, ...] = ()
+        self.docks = build_docks(self, self.panels)
+        self._build_caption_bar()
+        self._build_status_bar()
+        self.theme = str(self._setting("theme", "dark"))
+        self.actions_by_name = build_menus(self)
+        self._drain_timer = QTimer(self)
+        self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
+        self._drain_timer.timeout.connect(self._on_drain)
+        self._drain_timer.start()
+        self.governor = FrameGovernor(self.panels.values(), self)
+        self.governor.sigRateChanged.connect(self._on_frame_rate)
+        host.sigLoadProgress.connect(self._on_load_progress)
+        host.sigLoaded.connect(self._on_loaded)
+        self.feeder.sigQuantized.connect(self._on_quantized)
+        host.sigLoadFailed.connect(self._on_load_failed)
+        self.feeder.sigMessage.connect(self.show_message)
+        self.feeder.sigServerStatus.connect(self._on_server_status)
+        self.presenting = PresenterMode(self, STATE_VERSION)
+        self.attached_windows: list[MainWindow] = []  # File → Attach to server… opens these
+        self.resize(1600, 1000)
+        self.default_state = self.saveState(STATE_VERSION)  # presenter mode arranges from it
+        self.set_theme(self.theme)
+        if self.persist:
+            self._restore_settings()
+
+    # --- construction -------------------------------------------------------------------------
+    def _build_caption_bar(self) -> None:
+        bar = QToolBar("Caption", self)
+        bar.setObjectName("caption-bar")
+        bar.setMovable(False)
+        self.caption.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        bar.addWidget(self.caption)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, bar)
+        self.caption_bar = bar
+
+    def _build_status_bar(self) -> None:
+        self.status_label = QLabel("starting…")
+        self.engine_label = QLabel()
+        self.rate_label = QLabel("panels 20 Hz")
+        self.rate_label.setToolTip("How often the panels repaint: slowed while the GUI thread's CPU time would "
+                                   "slow the engine (they share Python's GIL)")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(260)
+        self.progress.setRange(0, 1000)
+        sb = self.statusBar()
+        sb.addWidget(self.status_label, 1)
+        sb.addPermanentWidget(self.rate_label)
+        sb.addPermanentWidget(self.engine_label)
+        sb.addPermanentWidget(self.progress)
+
+    # --- engine host signals ------------------------------------------------------------------
+    def _on_load_progress(self, message: str, fraction: float) -> None:
+        self.progress.show()
+        self.progress.setValue(round(1000 * max(0.0, min(1.0, fraction))))
+        self.progress.setFormat(f"{message} %p%")
+        self.status_label.setText(f"loading {self.host.config.model}: {message}")
+
+    def _on_loaded(self, info) -> None:
+        collector.collect_and_freeze()
+        self.progress.hide()
+        self._show_engine_label(info.num_kv_blocks)
+        attached = "client_timings" in info.capabilities
+        self.show_message(f"attached to {info.source}: model {info.model}" if attached
+                          else f"model loaded: {info.model_path}")
+        self.controller.on_loaded(info)
+
+    def _show_engine_label(self, num_kv_blocks: int) -> None:
+        info = self.host.info
+        if "server_metrics" in info.capabilities or "client_timings" in info.capabilities:
+            state = getattr(self.host, "status", ("connected", ""))[0]
+            self.engine_label.setText(f"{info.model} · {info.source} · {state}")
+            return
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
+                                  f"× {info.block_size} · context {info.max_model_len}")
+
+    def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:
+        """Requantizing resized the KV cache (the bytes the weights freed or took back)."""
+        if self.host.info is not None:
+            self._show_engine_label(num_kv_blocks)
+
+    def _on_server_status(self, state: str, text: str) -> None:
+        """An attached server's connection changed: the status bar says so until it changes again."""
+        info = self.host.info
+        if info is not None:
+            self.engine_label.setText(f"{info.model} · {info.source} · {state}")
+        else:
+            self.status_label.setText(text)
+        self.show_message(text)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.engine_label.setText("no model")
+        self.controller.on_load_failed(message)
+
+    def _on_frame_rate(self, hz: float) -> None:
+        self.rate_label.setText(f"panels {hz:.0f} Hz")
+        self._drain_timer.setInterval(max(DRAIN_INTERVAL_MS, round(500 / hz)))  # twice per repaint
+
+    def _on_drain(self) -> None:
+        items = self.host.drain(DRAIN_LIMIT)
+        if items:
+            self.feeder.feed(items)
+
+    # --- window-level state -------------------------------------------------------------------
+    def show_message(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    def set_theme(self, name: str) -> None:
+        app = QApplication.instance()
+        apply_theme(app, name if name in ("dark", "light") else "dark")
+        self.theme = name
+        if self.persist:
+            self.settings.setValue("theme", name)
+        for n, action in getattr(self, "actions_by_name", {}).items():
+            if n in ("theme-dark", "theme-light"):
+                action.setChecked(n == f"theme-{name}")
+
+    def set_presenter(self, on: bool, full_screen: bool = True, screen_height: int | None = None) -> None:
+        """Presenter mode (app/gui/presenter_mode.py); full screen unless `full_screen` is False."""
+        self.presenting.set(on, full_screen, screen_height)
+        if "presenter" in self.actions_by_name:
+            self.actions_by_name["presenter"].setChecked(on)
+
+    @property
+    def presenter(self) -> bool:
+        return self.presenting.on
+
+    def emphasise(self, names) -> None:
+        """Show and raise the preset's panels; mark them with a star in their title."""
+        self._emphasised = tuple(names)
+        for name, dock in self.docks.items():
+            dock.setWindowTitle(("★ " if name in names else "") + PANEL_TITLES[name])
+        for name in reversed(self._emphasised):  # the first named ends on top of a tab group
+            self.docks[name].show()
+            self.docks[name].raise_()
+        self.presenting.show_panels(self._emphasised)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self.default_state, STATE_VERSION)
+        for dock in self.docks.values():
+            dock.show()
+
+    def flush_panels(self) -> None:
+        self.feeder.flush_pending()
+        for panel in self.panels.values():
+            if hasattr(panel, "flush"):
+                panel.flush()
+
+    # --- settings -----------------------------------------------------------------------------
+    def _setting(self, key: str, default):
+        if self.settings is None or not self.persist:
+            return default
+        return self.settings.value(key, default)
+
+    def _restore_settings(self) -> None:
+        geometry = self.settings.value("geometry")
+        state = self.settings.value("windowState")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.restoreState(state, STATE_VERSION)
+        price = self.settings.value("price_per_hour")
+        if price is not None:
+            self.panels["tradeoff"].set_price_per_hour(float(price))
+
+    def save_settings(self) -> None:
+        if not self.persist:
+            return
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("windowState", self.saveState(STATE_VERSION))
+        self.settings.setValue("theme", self.theme)
+        self.settings.setValue("price_per_hour", self.panels["tradeoff"].price_per_hour())
+        if self.controller.preset is not None:
+            self.settings.setValue("last_preset", self.controller.preset.path)
+        self.settings.sync()
+
+    def attach(self, url: str, api_key: str | None = None):
+        """Open a second window fed by an OpenAI-compatible server (app/remote/source.py), with this
+        window's preset; None (and a message) for a URL that is not one."""
+        from app.remote.source import RemoteSource
+
+        try:
+            source = RemoteSource(url, api_key)
+        except ValueError as exc:
+            self.show_message(f"not attached: {exc}")
+            return None
+        window = MainWindow(source, self.settings, persist=False)
+        window.controller.interactive = self.controller.interactive
+        self.attached_windows.append(window)
+        window.show()
+        source.start()
+        if self.controller.preset is not None:
+            window.controller.apply_preset(self.controller.preset.path)
+        self.show_message(f"attaching to {source.url} in a new window")
+        return window
+
+    def toggle_server(self, on: bool) -> None:
+        """Serve the OpenAI-compatible API on this window's engine: external requests show in the panels."""
+        if not on:
+            self.server.stop()
+            self.show_message("OpenAI-compatible server stopped")
+            return
+        info = self.host.info
+        if info is not None and not info.capabilities.serve:
+            self.actions_by_name["serve"].setChecked(False)
+            self.show_message(f"server not started: serving the API is not offered by {info.source}")
+            return
+        try:
+            url = self.server.start()
+        except (RuntimeError, OSError) as exc:
+            self.actions_by_name["serve"].setChecked(False)
+            self.show_message(f"server not started: {exc}")
+            return
+        self.show_message(f"serving the OpenAI-compatible API at {url}; its requests show in the panels")
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.server.stop()
+        if self.presenter:
+            self.set_presenter(False)
+        self.save_settings()
+        self._drain_timer.stop()
+        self.governor.stop()
+        self.controller.shutdown()
+        if not self.host.shutdown(timeout=5.0):
+            self.show_message("the engine thread did not stop within 5 s (a model load cannot be interrupted)")
+        if self._gc_held:
+            self._gc_held = False
+            collector.release()
+        super().closeEvent(event)

@@ -1,0 +1,40 @@
+"""Slow jobs that run in the engine thread between steps: requantizing the weights and measuring
+perplexity. The window stays live (only the engine pauses); progress goes out as channel.Busy items."""
+from __future__ import annotations
+
+from app.source import channel
+
+
+def quantize(host, bits: int, group_size: int | None = None) -> None:
+    """Requantize from the original 16-bit weights; measure perplexity before and after when the
+    source can (once per bit width), so the tradeoff plot gets a measured quality delta. The engine's
+    per-layer weight error goes to the quantization-error heatmap."""
+    engine = host.engine
+
+    def busy(text: str, fraction: float | None) -> None:
+        host.publish(channel.Busy(text, fraction))
+
+    measure = host.info is not None and host.info.capabilities.perplexity
+    try:
+        if measure:
+            measure_perplexity(host, busy)  # the current weights, before they change
+        busy(f"quantizing weights to {bits} bits…", 0.0)
+        report = engine.set_quantization(bits, group_size,
+                                         progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
+        engine.step()  # the new layers are swapped in at the top of a step
+        host.publish(channel.QuantError(bits, report))  # {module: ||W - Ŵ|| / ||W||}
+        # the KV cache took the bytes the weights freed (or gave them back)
+        host.publish(channel.Quantized(engine.config.quant_bits, engine.memory().kv_blocks_total))
+        if measure:
+            measure_perplexity(host, busy)
+    finally:
+        busy("", None)
+
+
+def measure_perplexity(host, busy) -> None:
+    bits = host.engine.config.quant_bits
+    if bits in host.perplexity:
+        return
+    busy(f"measuring perplexity at {bits} bits on the held-out text…", None)
+    host.perplexity[bits] = host.engine.perplexity()
+    host.publish(channel.Perplexity(dict(host.perplexity)))

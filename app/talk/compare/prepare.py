@@ -1,0 +1,85 @@
+"""`inferlab prepare [--json OUT] [--preset NAME ...]`: run every preset's comparison ahead of a talk,
+with progress on stderr, and store the results per machine, model and configuration (app/talk/compare/store.py).
+A preset whose comparison fails is reported and skipped; the others still run and are stored."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from app.talk.compare.headline import headline_text
+from app.talk.compare.job import comparison_base
+from app.talk.compare.machine import machine_info
+from app.talk.compare.runner import run_comparison
+from app.talk.compare.store import prepared_json, save_result
+
+
+def add_prepare_args(p, engine_args) -> None:
+    engine_args(p)
+    p.add_argument("--json", metavar="OUT", help="also write every result to one JSON file")
+    p.add_argument("--preset", action="append", default=[], metavar="NAME",
+                   help="only this preset (repeatable); default: all presets")
+
+
+def _say(text: str, fraction: float | None = None) -> None:
+    line = f"{text}  {100 * fraction:5.1f}%" if fraction is not None else text
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_prepare(args) -> int:
+    import torch
+
+    from app.device_args import engine_threads
+    from app.talk.presets import PresetError, available, load_preset
+    from engine.core.metrics import SLO
+    from engine.loading.loader import load_model
+
+    # the app's thread count by default: results are stored per machine and thread count, and the app
+    # looks up its own (one core left to the GUI thread)
+    args.threads = args.threads or engine_threads()
+    torch.set_num_threads(args.threads)
+    names = args.preset or available()
+    try:
+        presets = [load_preset(n) for n in names]
+    except PresetError as exc:
+        _say(f"error: {exc}")
+        return 2
+    t_start = time.perf_counter()
+    shown = [-1.0]
+
+    def load_progress(text: str, fraction: float) -> None:
+        if fraction - shown[0] >= 0.2 or fraction >= 1.0:
+            shown[0] = fraction
+            _say(f"loading {args.model}: {text}", fraction)
+
+    loaded = load_model(args.model, progress=load_progress)
+    base = comparison_base(args.model, args.dtype, args.device, args.threads)
+    results, failed = {}, []
+    for i, preset in enumerate(presets):
+        if preset.compare is None:
+            _say(f"[{i + 1}/{len(presets)}] {preset.name}: no [compare] section, skipped")
+            continue
+        t0 = time.perf_counter()
+
+        def progress(text: str, fraction: float, i=i) -> None:
+            _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
+
+        try:
+            result = run_comparison(preset.compare, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s),
+                                    progress=progress)
+        except Exception as exc:  # one broken comparison must not cost the others
+            failed.append(preset.name)
+            _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
+            continue
+        path = save_result(preset.name, args.model, result)
+        results[preset.name] = result
+        _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
+             f"({time.perf_counter() - t0:.1f} s; stored in {path})")
+    _say(f"prepared {len(results)} of {len(presets)} presets in {time.perf_counter() - t_start:.0f} s"
+         + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if args.json:
+        doc = prepared_json(args.model, machine_info(args.device), results)
+        Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        _say(f"wrote {args.json}")
+    return 1 if failed else 0
