@@ -38,7 +38,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant", "comparison",
                "roofline", "lora")
 
