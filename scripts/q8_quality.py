@@ -17,8 +17,8 @@ import torch
 def decode_logits(engine, ids: list[int], int8_activations: bool) -> torch.Tensor:
     """(len(ids), vocab) float32: each position's logits from a decode step of the fused path, the KV
     cache filled from slot 0 on (a fresh engine's blocks, in order)."""
-    from engine.runner.fused import FusedDecode
     from engine.kernels import fused_decode_kernel
+    from engine.runner.fused import FusedDecode
 
     runner = engine.runner
     fused = FusedDecode(fused_decode_kernel(), engine.model, runner.block_size, int8_activations)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.kernels import fused_decode_kernel
+from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from tests.conftest import built_kernel, kernel_tiers
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import stream_linear_kernel
 from engine.models.layers.linear import Linear, set_stream_kernel
 from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
-from engine.kernels import stream_linear_kernel
 from tests.conftest import built_kernel, kernel_tiers
 
 

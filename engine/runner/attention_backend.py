@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
 from engine.models.model_config import ModelConfig
-from engine.kernels import native_decode_applies, paged_decode_kernel
 
 
 @functools.cache
