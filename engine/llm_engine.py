@@ -219,6 +219,13 @@ class LLMEngine:
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
 
+    def kernels_line(self) -> str:
+        """The native CPU kernels in words for the engine line: their ISA tier, a build in progress, or
+        why they are not there ("torch's kernels" on a GPU, where they do not apply)."""
+        if self.device.type != "cpu":
+            return "none on this device (torch's kernels)"
+        return kernels.status()
+
     def _attach_built_kernels(self) -> None:
         """kernel_build "background": once the native kernels' build is done, the weight-streaming products,
         the native attention and the fused step take over between two steps (a failed build leaves
