@@ -19,7 +19,8 @@ def add_bench_args(p, engine_args) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
     tp = sub.add_parser("throughput", help="mixed workload: inferlab vs HF generate in static batches")
     dec = sub.add_parser("decode", help="one stream: inferlab vs HF generate")
-    for q in (tp, dec):
+    bat = sub.add_parser("batch", help="batched decode, N streams: inferlab vs llama.cpp's llama-batched-bench")
+    for q in (tp, dec, bat):
         engine_args(q)
         q.add_argument("--json", metavar="OUT", help="write the results here")
         q.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
@@ -47,6 +48,13 @@ def add_bench_args(p, engine_args) -> None:
                      help="inferlab modes to measure (default: eager and compile; layers: eager without the "
                           "fused decode step)")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    bat.add_argument("--streams", type=int, nargs="+", default=[4, 8], help="streams decoding at once (default 4 8)")
+    bat.add_argument("--prompt-tokens", type=int, default=32, help="each stream's own prompt")
+    bat.add_argument("--max-tokens", type=int, default=64, help="tokens each stream generates")
+    bat.add_argument("--rounds", type=int, default=3, help="alternating inferlab / llama.cpp rounds (median)")
+    bat.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
+                     help="weights (llama.cpp: the bf16 GGUF at 16, the source GGUF at 4)")
+    bat.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
                      help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
                           "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
@@ -153,6 +161,10 @@ def _run_bench(args) -> int:
         from app.bench import kv_bench
 
         result.update(kv_bench.run(args))
+    elif args.bench == "batch":
+        from app.bench.batch_bench import run_batch_bench
+
+        result.update(run_batch_bench(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 
