@@ -40,6 +40,8 @@ def _epilog() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferlab", description=__doc__, epilog=_epilog(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true",
+                        help="print inferlab's version, torch's, the CPU and the native kernels' ISA tier, and exit")
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
     parser.add_argument("--run-seconds", type=float, default=5.0)
@@ -100,8 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_text() -> str:
+    """inferlab's version, torch's, the CPU and the native kernels' tier (nothing is built or loaded)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import engine.kernels as kernels
+
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"inferlab {ver('inferlab')} (torch {ver('torch')}, Python {platform.python_version()})\n"
+            f"CPU: {platform.machine()}; native kernels: {kernels.describe_tier()} of "
+            f"{', '.join(kernels.supported_tiers())}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.version:
+        print(version_text())
+        return 0
     if args.command == "generate":
         from app.generate import run_generate
 

@@ -76,6 +76,11 @@ class EngineConfig:
     # (AVX-512 VNNI where present): fewer instructions per weight. Off: the exact bf16-activation bodies.
     # Its quality cost: `python scripts/q8_quality.py` (figures in the README). Switchable at run time.
     int8_activations: bool = True
+    # The native kernels' first build on a machine (engine/kernels, ~25-60 s, once per ISA tier): "wait"
+    # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels
+    # until the build is done, then switches to the native ones between two steps (the app: live tokens
+    # within seconds of a first start).
+    kernel_build: str = "wait"
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = 16
@@ -126,5 +131,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_dtype not in ("auto", "int8"):
             raise ValueError(f"kv_cache_dtype must be 'auto' or 'int8', got {self.kv_cache_dtype!r}")
+        if self.kernel_build not in ("wait", "background"):
+            raise ValueError(f"kernel_build must be 'wait' or 'background', got {self.kernel_build!r}")
         if self.quant_bits not in (16, 8, 4):
             raise ValueError(f"quant_bits must be 16, 8 or 4, got {self.quant_bits}")

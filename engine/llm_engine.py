@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 import engine.commands as cmd
+import engine.kernels as kernels
 from engine.config import EngineConfig
 from engine.core.admission import AdmissionController
 from engine.core.block_manager import BlockManager
@@ -106,7 +107,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
-                                  config.int8_activations)
+                                  config.int8_activations, wait_kernels=config.kernel_build == "wait")
+        # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
+        self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
         if config.cuda_graphs:
             self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
@@ -197,6 +200,8 @@ class LLMEngine:
         outputs: Outputs = {}
         finished: list[Request] = []
         arrived = self._drain_commands(outputs, finished)
+        if self._kernels_pending:
+            self._attach_built_kernels()
         self.weights.fit_kv(self.block_manager, self.runner)
         self.spec.begin_step()
         self.spec.propose(self.scheduler.running)
@@ -213,6 +218,25 @@ class LLMEngine:
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
+
+    def kernels_line(self) -> str:
+        """The native CPU kernels in words for the engine line: their ISA tier, a build in progress, or
+        why they are not there ("torch's kernels" on a GPU, where they do not apply)."""
+        if self.device.type != "cpu":
+            return "none on this device (torch's kernels)"
+        return kernels.status()
+
+    def _attach_built_kernels(self) -> None:
+        """kernel_build "background": once the native kernels' build is done, the weight-streaming products,
+        the native attention and the fused step take over between two steps (a failed build leaves
+        torch's kernels, as at start-up)."""
+        if kernels.build_pending():
+            return
+        self._kernels_pending = False
+        cfg = self.config
+        self.weights.set_stream_kernel(stream_kernel_for(cfg, self.device, self.dtype))
+        self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
+                                  int8_activations=cfg.int8_activations, wait_kernels=False)
 
     def _drain_commands(self, outputs: Outputs, finished: list[Request]) -> list:
         """Apply every queued command; one that fails is reported (a warning; a request that cannot

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's command-line tools (llama-bench, llama-server, llama-cli, llama-perplexity,
-# llama-quantize) from the llama.cpp source that ships inside the llama-cpp-python sdist.
+# Build llama.cpp's command-line tools (llama-bench, llama-batched-bench, llama-server, llama-cli,
+# llama-perplexity, llama-quantize) from the llama.cpp source that ships inside the llama-cpp-python sdist.
 # Why the sdist: pip can reach PyPI here while GitHub cannot be cloned, and the sdist vendors a
 # complete llama.cpp tree (vendor/llama.cpp) at a pinned commit.
 #
@@ -11,13 +11,22 @@
 #   LLAMA_CPP_PYTHON_VERSION  pin the sdist (default: the newest on the index)
 #   JOBS                      parallel compile jobs (default 2)
 #   FORCE=1                   rebuild even if the binaries exist
+#   LLAMA_ISA=avx2            build for AVX2 + FMA + F16C only (GGML_NATIVE off, no AVX-512), to compare
+#                             with inferlab's avx2 tier on a CPU that has AVX-512 (default: native)
 # Afterwards: OUT_DIR/bin/{llama-bench,llama-server,...}, OUT_DIR/src (the llama.cpp tree, with
 # convert_hf_to_gguf.py), OUT_DIR/VERSION (sdist version + the compiler flags used).
 set -euo pipefail
 
 OUT_DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/inferlab/llama.cpp}"
 JOBS="${JOBS:-2}"
-TARGETS=(llama-bench llama-server llama-cli llama-perplexity llama-quantize)
+TARGETS=(llama-bench llama-batched-bench llama-server llama-cli llama-perplexity llama-quantize)
+ISA_FLAGS=()
+case "${LLAMA_ISA:-native}" in
+  native) ;;
+  avx2) ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                   -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF) ;;
+  *) echo "error: LLAMA_ISA must be native or avx2" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 
@@ -56,7 +65,7 @@ fi
 BUILD="$OUT_DIR/build"
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-      >/dev/null
+      "${ISA_FLAGS[@]}" >/dev/null
 available=()
 for t in "${TARGETS[@]}"; do
   if cmake --build "$BUILD" --target help 2>/dev/null | grep -q " $t\$\| $t:"; then available+=("$t"); fi
@@ -72,6 +81,7 @@ done
 {
   echo "sdist: $(basename "$SDIST")"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(c++ --version | head -n 1)"
+  echo "isa: ${LLAMA_ISA:-native}"
 } > "$OUT_DIR/VERSION"
 for t in llama-bench llama-server; do
   [[ -x "$OUT_DIR/bin/$t" ]] || { echo "error: $t was not built" >&2; exit 1; }

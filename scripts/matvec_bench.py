@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=31)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from engine.kernels import stream_linear_kernel
     from engine.quant.embeddings import int8_rows
     from engine.quant.weight_only import QuantLinear
-    from engine.kernels import stream_linear_kernel
 
     k = stream_linear_kernel()
     g = torch.Generator().manual_seed(0)

@@ -65,12 +65,34 @@ def build_tokenizer(folder: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size()
 
 
-def built_kernel(loader, portable: bool):
-    """A native kernel module (engine/kernels) for this CPU or the portable build; the test is
-    skipped where no C++ toolchain can build it."""
-    mod = loader(portable=portable)
+def kernel_tiers() -> tuple[str, ...]:
+    """Every ISA tier of the native kernels this machine runs (engine/kernels): the tests check each one,
+    so an AVX-512 machine checks the AVX2 and portable bodies too."""
+    from engine.kernels import supported_tiers
+
+    return supported_tiers()
+
+
+def has_toolchain() -> bool:
+    """What torch's cpp_extension needs to build the kernels: ninja and a C++ compiler."""
+    import os
+    import shutil
+
+    from torch.utils.cpp_extension import is_ninja_available
+
+    return is_ninja_available() and shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+def built_kernel(loader, tier: str):
+    """The native kernel module (engine/kernels) built for `tier`. Where a compiler is here, a build that
+    fails fails the test (a broken body must not pass as a skip); without one the test is skipped."""
+    mod = loader(tier=tier)
     if mod is None:
-        pytest.skip("no C++ toolchain to build the kernel")
+        if has_toolchain():
+            pytest.fail(f"the native kernels ({tier}) did not build although a C++ compiler and ninja are "
+                        "present (the warning above says why)")
+        pytest.skip("no C++ toolchain to build the kernels")
+    assert mod.tier() == tier  # the build runs the body it was asked for (not a fallback)
     return mod
 
 

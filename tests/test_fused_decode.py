@@ -1,7 +1,7 @@
 """The fused decode step (engine/runner/fused.py, engine/kernels/fused_decode.cpp) against the
 layer-by-layer path: logits of every decode step of several requests (different context lengths,
 across block boundaries) on tiny random Llama (tied and untied), Qwen2 (q/k/v bias) and Qwen3 (q/k
-norm) models, bf16 / 8-bit / 4-bit weights, GQA, on this CPU's build and the portable one; greedy
+norm) models, bf16 / 8-bit / 4-bit weights, GQA, on every ISA tier this CPU runs; greedy
 tokens; which steps take it; bad input."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.kernels import fused_decode_kernel
-from tests.conftest import built_kernel
+from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
+from tests.conftest import built_kernel, kernel_tiers
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
+@pytest.fixture(scope="module", params=kernel_tiers())
 def kernel(request):
     return built_kernel(fused_decode_kernel, request.param)
 

@@ -1,5 +1,5 @@
 """The native weight-streaming linear kernel (engine/kernels/stream_linear.cpp) against the
-reference products, on this CPU's body and the portable one; the layers that route to it; and an
+reference products, on every ISA tier this CPU runs; the layers that route to it; and an
 engine with it against one without (one copy of the weights, same greedy tokens)."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import stream_linear_kernel
 from engine.models.layers.linear import Linear, set_stream_kernel
 from engine.quant.weight_only import QuantLinear, pack_int4_chunks, unpack_int4_chunks
-from engine.kernels import stream_linear_kernel
-from tests.conftest import built_kernel
+from tests.conftest import built_kernel, kernel_tiers
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["this-cpu", "portable"])
+@pytest.fixture(scope="module", params=kernel_tiers())
 def kernel(request):
     return built_kernel(stream_linear_kernel, request.param)
 

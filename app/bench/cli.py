@@ -8,6 +8,7 @@ import time
 
 import torch
 
+import engine.kernels as kernels
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
 from app.load.workload import corpus_tokens
@@ -18,7 +19,8 @@ def add_bench_args(p, engine_args) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
     tp = sub.add_parser("throughput", help="mixed workload: inferlab vs HF generate in static batches")
     dec = sub.add_parser("decode", help="one stream: inferlab vs HF generate")
-    for q in (tp, dec):
+    bat = sub.add_parser("batch", help="batched decode, N streams: inferlab vs llama.cpp's llama-batched-bench")
+    for q in (tp, dec, bat):
         engine_args(q)
         q.add_argument("--json", metavar="OUT", help="write the results here")
         q.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
@@ -46,6 +48,16 @@ def add_bench_args(p, engine_args) -> None:
                      help="inferlab modes to measure (default: eager and compile; layers: eager without the "
                           "fused decode step)")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    bat.add_argument("--streams", type=int, nargs="+", default=[4, 8], help="streams decoding at once (default 4 8)")
+    bat.add_argument("--prompt-tokens", type=int, default=32, help="each stream's own prompt")
+    bat.add_argument("--max-tokens", type=int, default=64, help="tokens each stream generates")
+    bat.add_argument("--rounds", type=int, default=3, help="alternating inferlab / llama.cpp rounds (median)")
+    bat.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
+                     help="weights (llama.cpp: the bf16 GGUF at 16, the source GGUF at 4)")
+    bat.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
+                     help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
+                          "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
@@ -119,7 +131,8 @@ def _run_bench(args) -> int:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "cpu": cpu_description(), "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "cpu": cpu_description(), "cpu_tier": kernels.describe_tier(), "torch": torch.__version__,
+              "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         from app.bench.throughput import run_throughput
 
@@ -148,6 +161,10 @@ def _run_bench(args) -> int:
         from app.bench import kv_bench
 
         result.update(kv_bench.run(args))
+    elif args.bench == "batch":
+        from app.bench.batch_bench import run_batch_bench
+
+        result.update(run_batch_bench(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 
@@ -155,6 +172,21 @@ def _run_bench(args) -> int:
     else:
         result.update(_decode(args))
     return _emit(args, result)
+
+
+def _engine_on_tier(args, tier: str, bits: int):
+    """An engine like the bench's whose native kernels are `tier`'s (INFERLAB_CPU_TIER while it is built)."""
+    import os
+
+    before = os.environ.get("INFERLAB_CPU_TIER")
+    os.environ["INFERLAB_CPU_TIER"] = tier
+    try:
+        return bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4)
+    finally:
+        if before is None:
+            os.environ.pop("INFERLAB_CPU_TIER")
+        else:
+            os.environ["INFERLAB_CPU_TIER"] = before
 
 
 def _emit(args, result: dict) -> int:
@@ -181,10 +213,18 @@ def _decode(args) -> dict:
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
         hf = lambda: hf_baseline.hf_one_stream(model, prompt, args.max_tokens)  # noqa: E731
     peer, peer_info = _llama_cpp_peer(args, engine, bits)
+    peers = {"llama.cpp": peer} if peer else {}
+    tiers = [t for t in dict.fromkeys(getattr(args, "tiers", [])) if t in kernels.supported_tiers()
+             and t != kernels.cpu_tier()]
+    for tier in tiers:  # the same engine on another tier's kernels: its own engine, alternating with the rest
+        other = _engine_on_tier(args, tier, bits)
+        runs.engine_one_stream(other, prompt, args.max_tokens)  # warm-up
+        peers[f"tier:{tier}"] = lambda e=other: runs.engine_one_stream(e, prompt, args.max_tokens)
     ours_runs, hf_runs = alternate(engine, args.rounds,
                                    lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), hf,
-                                   {"llama.cpp": peer} if peer else None, modes)
+                                   peers or None, modes)
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
+    tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
@@ -193,6 +233,14 @@ def _decode(args) -> dict:
     for m in modes:
         out["inferlab" if m == "eager" else f"inferlab_{m}"] = _no_tokens(ours[m])
     out["llama_cpp"] = _peer_summary(peer_info, peer_runs, ours)
+    if tiers:  # eager decode per ISA tier, medians of the same rounds; ratios against the engine's own tier
+        own = ours.get("eager", next(iter(ours.values())))["decode_tokens_per_s"]
+        out["tiers"] = {kernels.cpu_tier(): {"decode_tokens_per_s": own, "each_round": [
+            r["decode_tokens_per_s"] for r in ours_runs.get("eager", [])]}}
+        for t, r in tier_runs.items():
+            med = median_run(r)["decode_tokens_per_s"]
+            out["tiers"][t] = {"decode_tokens_per_s": med, "vs_own_tier": round(med / own, 3),
+                               "each_round": [x["decode_tokens_per_s"] for x in r]}
     out["roofline"] = roofline_fractions(engine, len(prompt), args.max_tokens,
                                          {**{m: ours[m]["decode_tokens_per_s"] for m in modes},
                                           **({"llama.cpp": out["llama_cpp"]["decode_tokens_per_s"]}

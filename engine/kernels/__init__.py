@@ -1,29 +1,118 @@
-"""Native CPU kernels, compiled on first use with torch.utils.cpp_extension (needs a C++ compiler and
-ninja; the build is cached under torch's extensions directory, ~25 s the first time).
+"""Native CPU kernels: one C++ module (module.cpp) built with torch.utils.cpp_extension once per machine and
+ISA tier, like ggml's CPU variants. It holds:
 
-paged_decode.cpp: decode attention straight from the paged KV cache (EngineConfig.attention_backend
-"native"). The eager path copies every context into a padded batch and multiplies it with small bf16
-matmuls; the kernel streams each sequence's K and V blocks once where they lie, in float32 registers.
+- the weight-streaming products (stream_linear.cpp over core/linear.h): Linear layers for a few rows
+  (decode) that read each weight once, from the one copy the engine keeps: bf16 rows, int8 rows, 4-bit
+  codes with group scales, with float or int8 activations;
+- the paged decode attention (paged_decode.cpp over core/attention.h): K and V streamed from the paged
+  cache where they lie (EngineConfig.attention_backend "native");
+- the fused decode step (fused_decode.cpp over core/ops.h): the whole transformer for 1..8 decode rows in
+  one native call and one OpenMP parallel region (EngineConfig.fused_decode, engine/runner/fused.py).
 
-stream_linear.cpp: Linear layers for a few rows (decode) that read each weight once, from the one
-copy the engine keeps: bf16 rows, and 4-bit codes (half a byte per weight) with group scales
-(engine/models/layers/linear.py, engine/quant/weight_only.py).
+Tiers (core/isa.h): "avx512" (AVX-512 with bf16 dot products and VNNI), "avx2" (AVX2 + FMA + F16C),
+"neon" (AArch64, sdot where the CPU has it) and "portable" (plain C++). `cpu_tier()` is the best tier this
+CPU runs; INFERLAB_CPU_TIER=portable|avx2|avx512|neon forces a lower one. Each tier is its own build
+(its compiler flags, its name), so the tests build and check every tier the test machine can run.
 
-fused_decode.cpp: one native call per decode step (EngineConfig.fused_decode, engine/runner/fused.py):
-the whole transformer for 1..8 decode rows, small ops as raw loops, the products and the attention
-through the two files above (one translation unit: it includes them), in one OpenMP parallel region per
-step (torch's thread count; each thread a static share of every stage, barriers between stages).
+Where no C++ compiler with OpenMP is found (macOS's Apple clang, Windows without a toolchain) the build
+fails once, one line says so, and the engine runs on torch's kernels. The first build takes ~25-60 s:
+`build_in_background` starts it in a thread while the engine runs on torch's kernels (the app does this).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import platform
+import threading
+import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
-_BUILT: dict[str, object] = {}  # name -> the loaded module, or None after a failed build
+TIERS = ("portable", "avx2", "avx512", "neon")
+_X86_NEEDS = {"avx2": {"avx2", "fma", "f16c"},
+              "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}}
+_FLAGS = {
+    "portable": ["-DINFERLAB_PORTABLE"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+               "-mavx512vnni"],
+    "neon": ["-march=armv8-a"],  # + dotprod where the CPU has it (_tier_flags)
+}
+_WHAT = {"portable": "plain C++", "avx2": "AVX2 + FMA", "avx512": "AVX-512 bf16 + VNNI", "neon": "Arm NEON"}
+
+_BUILT: dict[str, object] = {}  # build name -> the loaded module, or None after a failed build
+_PENDING: dict[str, Future] = {}  # build name -> its background build
+_LOCK = threading.Lock()  # one build at a time in this process (background thread and callers)
 
 
+# ---------------------------------------------------------------------------------------- the CPU's tier
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux names them (/proc/cpuinfo: x86 "flags", Arm "Features"); empty
+    where there is no /proc/cpuinfo (macOS, Windows)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def supported_tiers(flags: frozenset[str] | None = None, machine: str | None = None) -> tuple[str, ...]:
+    """The tiers this CPU runs, worst first (portable always). Without /proc/cpuinfo, torch's own CPU
+    capability decides between portable and avx2 (it does not tell bf16 or VNNI: never avx512 then)."""
+    flags = cpu_flags() if flags is None else flags
+    machine = (machine or platform.machine()).lower()
+    if machine in ("aarch64", "arm64"):
+        return ("portable", "neon")  # Advanced SIMD is part of every AArch64 CPU
+    if machine not in ("x86_64", "amd64", "i686", "x86"):
+        return ("portable",)
+    if not flags:
+        return ("portable", "avx2") if _torch_capability() in ("AVX2", "AVX512") else ("portable",)
+    return ("portable",) + tuple(t for t in ("avx2", "avx512") if _X86_NEEDS[t] <= flags)
+
+
+def _torch_capability() -> str:
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001 (an old torch: assume nothing)
+        return "DEFAULT"
+
+
+def cpu_tier() -> str:
+    """The tier the engine's kernels run: the best this CPU supports, or INFERLAB_CPU_TIER where it names
+    one this CPU supports (a tier it cannot run is refused with a warning: the best one runs)."""
+    tiers = supported_tiers()
+    forced = os.environ.get("INFERLAB_CPU_TIER", "").strip().lower()
+    if forced:
+        if forced in tiers:
+            return forced
+        warnings.warn(f"INFERLAB_CPU_TIER={forced!r}: this CPU runs {', '.join(tiers)}; using {tiers[-1]}",
+                      stacklevel=2)
+    return tiers[-1]
+
+
+def describe_tier(tier: str | None = None) -> str:
+    """The tier in words, for the engine line and the bench JSON: "avx2 (AVX2 + FMA)"."""
+    tier = tier or cpu_tier()
+    return f"{tier} ({_WHAT[tier]})"
+
+
+def _tier_flags(tier: str) -> list[str]:
+    if tier == "neon" and "asimddp" in cpu_flags():
+        return ["-march=armv8.2-a+dotprod"]
+    return list(_FLAGS[tier])
+
+
+# ------------------------------------------------------------------------------------------ the loaders
 def native_decode_applies(model_config, device, dtype) -> bool:
     """The kernel's cases: bf16 on the CPU, head_dim 64 or 128, at most 8 query heads per KV head."""
     import torch
@@ -33,114 +122,217 @@ def native_decode_applies(model_config, device, dtype) -> bool:
             and group <= 8)
 
 
-def paged_decode_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
-    """The compiled paged-decode module (its `paged_decode` function), or None where it cannot be built
-    (no compiler, no ninja): callers fall back to the eager path after one warning."""
-    return _build("paged_decode", "the paged-attention kernel", progress, portable)
+def kernel_module(progress: Callable[[str, float], None] | None = None, tier: str | None = None,
+                  wait: bool = True):
+    """The native module for `tier` (default: cpu_tier()), built once per machine; None where it cannot
+    be built (after one warning: callers run torch's kernels then). `wait=False`: the module if it is
+    built already, else None at once, with its build started in the background (`build_pending`)."""
+    tier = tier or cpu_tier()
+    if tier not in TIERS:
+        raise ValueError(f"unknown CPU tier {tier!r}; one of {', '.join(TIERS)}")
+    name = _build_name(tier)
+    if name in _BUILT:
+        return _BUILT[name]
+    if not wait:
+        built = _import_built(name)
+        if built is not None:
+            _BUILT[name] = built
+            return built
+        build_in_background(tier)
+        return None
+    return _build(name, tier, progress)
 
 
-def stream_linear_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
-    """The compiled weight-streaming linear module (stream_linear_bf16, stream_linear_int4, pack_int4),
-    or None where it cannot be built (after one warning): callers use the library's kernels then."""
-    return _build("stream_linear", "the weight-streaming linear kernel", progress, portable)
+# The three names callers use; one module holds all three since the kernels are one translation unit.
+def paged_decode_kernel(progress=None, tier: str | None = None, wait: bool = True):
+    """The module whose `paged_decode` runs decode attention over the paged cache (see kernel_module)."""
+    return kernel_module(progress, tier, wait)
 
 
-def fused_decode_kernel(progress: Callable[[str, float], None] | None = None, portable: bool = False):
-    """The compiled fused-decode module (FusedModel, Proj), or None where it cannot be built (after one
-    warning): the runner keeps the layer-by-layer path then."""
-    return _build("fused_decode", "the fused decode-step kernel", progress, portable)
+def stream_linear_kernel(progress=None, tier: str | None = None, wait: bool = True):
+    """The module whose stream_linear_* run the weight-streaming products (see kernel_module)."""
+    return kernel_module(progress, tier, wait)
 
 
-# Sources a kernel's translation unit includes besides itself and common.h (part of its build hash).
-_INCLUDES = {"fused_decode": ("stream_linear.cpp", "paged_decode.cpp")}
+def fused_decode_kernel(progress=None, tier: str | None = None, wait: bool = True):
+    """The module whose FusedModel / Proj run the fused decode step (see kernel_module)."""
+    return kernel_module(progress, tier, wait)
 
 
-def _build(source: str, what: str, progress: Callable[[str, float], None] | None, portable: bool):
-    """Build (once per machine) or load the extension from `source`.cpp; None after a failed build.
-    The build targets this machine's CPU (-march=native: AVX-512 with bf16 dot products where present);
-    `portable` builds the plain C++ bodies only (what other CPUs run; the tests check it too)."""
-    name = f"inferlab_{source}" + ("_portable" if portable else "") + "_" + _source_digest(source)
-    if name not in _BUILT:
-        if progress is not None:
-            progress(f"loading {what}" if _is_built(name) else f"building {what} (once per machine, ~25 s)", 0.95)
+def build_in_background(tier: str | None = None) -> Future:
+    """Start building `tier`'s module in a thread (once); the future's result is the module or None."""
+    tier = tier or cpu_tier()
+    name = _build_name(tier)
+    with _LOCK:
+        if name in _PENDING:
+            return _PENDING[name]
+        future: Future = Future()
+        _PENDING[name] = future
+
+    def run() -> None:
         try:
-            from torch.utils.cpp_extension import load
+            future.set_result(_build(name, tier, None))
+        except BaseException as exc:  # noqa: BLE001 (_build warns and returns None; this is a last guard)
+            future.set_exception(exc)
 
-            built = _import_built(name)
-            if built is not None:  # built before: no build lock taken (a start killed now leaves none)
-                _BUILT[name] = built
-                return built
-            _clear_stale_lock(name)
-
-            flags = ["-O3", "-march=native", "-fopenmp"] + (["-DINFERLAB_PORTABLE"] if portable else [])
-            _BUILT[name] = load(name=name, sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
-                                extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-        except Exception as exc:  # noqa: BLE001 (any build failure means: use the library's path)
-            warnings.warn(f"native {source} kernel unavailable, using the library's path: {exc}", stacklevel=3)
-            _BUILT[name] = None
-    return _BUILT[name]
+    threading.Thread(target=run, name=f"inferlab-kernels-{tier}", daemon=True).start()
+    return future
 
 
-@functools.cache  # read once per process: the kernels' loaders are called on hot paths
-def _source_digest(source: str) -> str:
-    """A short hash of the kernel's source and shared header, part of its build name: two checkouts with
-    different sources (worktrees, versions) then build into different folders of torch's shared
-    extension cache instead of rebuilding over each other (and waiting on each other's build lock)."""
+def build_pending(tier: str | None = None) -> bool:
+    """Whether `tier`'s module is being built in the background right now."""
+    future = _PENDING.get(_build_name(tier or cpu_tier()))
+    return future is not None and not future.done()
+
+
+def status(tier: str | None = None) -> str:
+    """The kernels in words for the engine line: "avx2 (AVX2 + FMA)", "building avx2 (…)" or why not."""
+    tier = tier or cpu_tier()
+    name = _build_name(tier)
+    if build_pending(tier):
+        return f"building {describe_tier(tier)} in the background; torch's kernels meanwhile"
+    if name in _BUILT and _BUILT[name] is None:
+        return f"unavailable ({_FAILED.get(name, 'no C++ compiler')}); torch's kernels"
+    return describe_tier(tier)
+
+
+_FAILED: dict[str, str] = {}  # build name -> the first line of why it failed
+
+
+# ------------------------------------------------------------------------------------------- the build
+_SOURCES = ("module.cpp", "stream_linear.cpp", "paged_decode.cpp", "fused_decode.cpp", "torch_common.h")
+
+
+def _build_name(tier: str) -> str:
+    return f"inferlab_kernels_{tier}_{_source_digest()}"
+
+
+@functools.cache  # read once per process: the loaders are called on hot paths
+def _source_digest() -> str:
+    """A short hash of every source the module compiles, part of its build name: two checkouts with
+    different sources (worktrees, versions) build into different folders of torch's extension cache."""
     import hashlib
 
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for f in (here / f"{source}.cpp", here / "common.h", *(here / i for i in _INCLUDES.get(source, ()))):
-        digest.update(f.read_bytes())
+    for f in sorted([*(here / s for s in _SOURCES), *(here / "core").glob("*.h")]):
+        digest.update(f.name.encode() + f.read_bytes())
     return digest.hexdigest()[:10]
 
 
+def _build(name: str, tier: str, progress: Callable[[str, float], None] | None):
+    """Build (once per machine) or load the module; None after a failed build (one warning, one line)."""
+    with _LOCK:
+        if name in _BUILT:
+            return _BUILT[name]
+        if progress is not None:
+            progress(f"loading the native kernels ({tier})" if _is_built(name)
+                     else f"building the native kernels for {describe_tier(tier)} (once per machine, ~25-60 s)", 0.95)
+        built = _import_built(name)
+        if built is None:
+            built = _compile(name, tier)
+        _BUILT[name] = built
+        return built
+
+
+def _compile(name: str, tier: str):
+    try:
+        from torch.utils.cpp_extension import load
+
+        with _machine_build_lock(name):
+            built = _import_built(name)  # another process may have built it while this one waited
+            if built is not None:
+                return built
+            _clear_dead_lock(name)
+            return load(name=name, sources=[str(Path(__file__).with_name("module.cpp"))],
+                        extra_cflags=["-O3", "-fopenmp", *_tier_flags(tier)], extra_ldflags=["-fopenmp"],
+                        verbose=False)
+    except Exception as exc:  # noqa: BLE001 (any build failure means: use torch's kernels)
+        why = _first_line(exc)
+        _FAILED[name] = why
+        warnings.warn(f"native kernels ({tier}) unavailable, running on torch's kernels: {why}", stacklevel=4)
+        return None
+
+
+def _first_line(exc: Exception) -> str:
+    """The part of a build error a person can act on: the compiler's first error line, else the message."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "error" in line.lower() and "ninja" not in line.lower():
+            return line.strip()[:300]
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _import_built(name: str):
-    """The module built earlier under this name (its name holds the source's digest, so a built one is
+    """The module built earlier under this name (its name holds the sources' digest, so a built one is
     current), imported straight from torch's extension cache; None where there is none. torch's `load`
     takes a lock on the build folder even to find a build up to date, and a process killed meanwhile
-    (a screenshot run ending, Ctrl+C during start-up) leaves the lock behind: every later start waits."""
+    leaves it behind: loading what is built needs no lock."""
     import importlib.util
 
     try:
         import torch  # noqa: F401 (the extension links against torch's libraries: load them first)
-        from torch.utils.cpp_extension import _get_build_directory
 
-        so = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+        so = _build_dir(name) / f"{name}.so"
         if not so.is_file():
             return None
         spec = importlib.util.spec_from_file_location(name, so)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    except Exception:  # noqa: BLE001 (anything odd: let torch's load decide, and say what it finds)
+    except Exception:  # noqa: BLE001 (anything odd: build it again, and say what the build finds)
         return None
 
 
-def _is_built(name: str) -> bool:
-    """Whether torch's extension cache already holds this kernel (then loading it takes a moment)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
+def _build_dir(name: str) -> Path:
+    from torch.utils.cpp_extension import _get_build_directory
 
-        return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    return Path(_get_build_directory(name, verbose=False))
+
+
+def _is_built(name: str) -> bool:
+    """Whether torch's extension cache already holds this module (then loading it takes a moment)."""
+    try:
+        return (_build_dir(name) / f"{name}.so").is_file()
     except Exception:  # noqa: BLE001 (a private helper of torch's: if it moves, say "building")
         return False
 
 
-STALE_LOCK_S = 600  # a build takes ~25 s; a lock this old was left by a process killed mid-build
-
-
-def _clear_stale_lock(name: str) -> None:
-    """torch waits forever on the build lock a killed build leaves behind (the start then hangs at
-    "loading the paged-attention kernel"); a lock older than any real build is removed, saying so."""
-    import time
-
+@contextlib.contextmanager
+def _machine_build_lock(name: str):
+    """An exclusive lock on this build across processes, held while compiling. The kernel releases it when
+    its holder dies, so a process that finds torch's own lock file while holding this one knows that
+    file was left by a build that died (where flock is missing, Windows, the lock file's age decides)."""
+    path = _build_dir(name).with_suffix(".inferlab-lock")
     try:
-        from torch.utils.cpp_extension import _get_build_directory
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
-        lock = Path(_get_build_directory(name, verbose=False)) / "lock"
-        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+
+STALE_LOCK_S = 600  # without flock: a lock this old was left by a process killed mid-build
+
+
+def _clear_dead_lock(name: str) -> None:
+    """torch waits forever on the build lock a killed build leaves behind. Under the machine build lock no
+    live process is building, so a lock file there is dead: removed at once, saying so (without flock:
+    one older than any real build)."""
+    try:
+        import fcntl  # noqa: F401
+        have_flock = True
+    except ImportError:
+        have_flock = False
+    try:
+        lock = _build_dir(name) / "lock"
+        if lock.exists() and (have_flock or time.time() - lock.stat().st_mtime > STALE_LOCK_S):
             lock.unlink()
-            warnings.warn(f"removed a stale build lock left by an interrupted build: {lock}", stacklevel=3)
+            warnings.warn(f"removed a build lock left by a build that did not finish: {lock}", stacklevel=4)
     except (ImportError, OSError):
         pass  # nothing to clear, or not ours to clear: torch reports what it must

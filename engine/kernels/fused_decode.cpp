@@ -5,7 +5,7 @@
 // the Linear layers; each costs microseconds of dispatch, which at one stream is as long as reading
 // the weights. Here every small op is a raw-pointer loop over preallocated scratch, and the matrix-
 // vector products and the attention are the same bodies the separate kernels run: this file is one
-// translation unit with stream_linear.cpp and paged_decode.cpp (included below), so nothing is copied.
+// translation unit with stream_linear.cpp and paged_decode.cpp (module.cpp), so nothing is copied.
 //
 // Threads: one OpenMP parallel region per step, torch's thread count (at::get_num_threads, what --threads
 // and EngineConfig.num_threads set; the extension shares torch's OpenMP runtime). Every thread takes its
@@ -17,11 +17,16 @@
 // bf16 here at the same point (norm outputs, residual adds, RoPE products and sums, the scaled query,
 // SiLU and its product, each projection's output, a quantized layer's bias added after rounding), with
 // float32 sums inside, so its logits match the eager path's up to summation order.
-#define INFERLAB_NO_MODULE
-#include "stream_linear.cpp"
-#include "paged_decode.cpp"
-#undef INFERLAB_NO_MODULE
+#pragma once
+#include "torch_common.h"
+#include "core/attention.h"
+#include "core/linear.h"
+#include "core/ops.h"
+
+using namespace inferlab;
 #include <array>
+#include <atomic>
+#include <thread>
 #include <chrono>
 #include <map>
 #include <string>
@@ -35,14 +40,44 @@ namespace {
 // fork and join torch's threads once per product and once per attention (~180 times a step at 30
 // layers); now the team is formed once per step, every thread takes its static share of each stage, and
 // the stages that read what others wrote wait at a barrier (5 per layer; 6 when rows are chained).
+// The team's barrier: spin a short while (a stage ends within microseconds of the others on free cores),
+// then yield the core between checks. OpenMP's own barrier spins for its whole wait, so when another
+// busy process takes one of the cores (a screen recorder, slides), a thread spinning for a descheduled
+// partner keeps the partner from running: 2-thread decode collapsed to a fraction of 1-thread speed.
+// Yielding after the spin lets the partner run on that core and the step degrades to ~1-thread speed.
+struct SpinYieldBarrier {
+  std::atomic<int> arrived{0}, phase{0}, size{1};
+  void wait() {
+    const int ph = phase.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == size.load(std::memory_order_relaxed) - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      phase.store(ph + 1, std::memory_order_release);  // releases the others (and this stage's writes)
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 1; phase.load(std::memory_order_acquire) == ph; ++i) {
+      if (i < 64 || (i & 63) != 0 || std::chrono::steady_clock::now() - start < kSpin) {
+        relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  static constexpr std::chrono::microseconds kSpin{50};
+  static void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+};
+
 struct Team {
   int tid = 0, size = 1;
+  SpinYieldBarrier* barrier = nullptr;
   void sync() const {
-#ifdef _OPENMP
-    if (size > 1) {
-#pragma omp barrier
-    }
-#endif
+    if (size > 1) barrier->wait();
   }
   // This thread's share [n0, n1) of n output rows: whole runs of 32 (a cache line of bf16 y is never
   // written by two threads), as even as that allows.
@@ -151,36 +186,6 @@ struct Layer {
   torch::Tensor in_norm, post_norm, q_norm, k_norm, k_cache, v_cache;
   std::shared_ptr<Proj> qkv, o, gate_up, down;
 };
-
-// RMSNorm as engine/models/layers/norm.py: float32 statistics, normalised value rounded to bf16, then
-// times the bf16 weight (rounded again).
-inline void rms_norm(const uint16_t* x, const uint16_t* w, int64_t n, float eps, uint16_t* y) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; ++i) { const float v = f(x[i]); ss += v * v; }
-  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = rnd(f(w[i]) * f(rnd(f(x[i]) * r)));
-}
-
-// Rotate-half RoPE on one head in place, as engine/models/layers/rotary.py in bf16: cos and sin rounded
-// to bf16, x*cos and rotated*sin each rounded, then their sum.
-inline void rope(uint16_t* x, const float* cos, const float* sin, int64_t d) {
-  const int64_t half = d / 2;
-  alignas(64) uint16_t out[256];
-  for (int64_t j = 0; j < d; ++j) {
-    const float rot = j < half ? -f(x[j + half]) : f(x[j - half]);
-    const float a = f(rnd(f(x[j]) * f(rnd(cos[j])))), b = f(rnd(rot * f(rnd(sin[j]))));
-    out[j] = rnd(a + b);
-  }
-  std::memcpy(x, out, d * sizeof(uint16_t));
-}
-
-inline float silu(float v) { return v / (1.f + std::exp(-v)); }
-
-#ifdef INFERLAB_AVX512_BF16
-inline __m512 bf16x16_to_float_reg(__m256bh h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-}
-#endif
 
 }  // namespace
 
@@ -291,7 +296,11 @@ class FusedModel {
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
-      run_team(Team{omp_get_thread_num(), omp_get_num_threads()}, a);  // the team may be smaller than asked
+    {
+      const int size = omp_get_num_threads();  // the team may be smaller than asked
+      barrier_.size.store(size, std::memory_order_relaxed);  // the same value from every thread, before any wait
+      run_team(Team{omp_get_thread_num(), size, &barrier_}, a);
+    }
     } else {
       run_team(Team{}, a);
     }
@@ -424,20 +433,7 @@ class FusedModel {
     const auto [i0, i1] = t.share(I_);
     p.rows(pr, gu, i0, i1, q8_);
     p.rows(pr, gu, I_ + i0, I_ + i1, q8_);
-    for (int64_t r = 0; r < n; ++r) {
-      const uint16_t* g = gu + r * 2 * I_;
-      int64_t i = i0;
-#ifdef INFERLAB_AVX512_BF16
-      for (; i + 16 <= i1; i += 16) {  // the same two roundings, 16 lanes at a time
-        const __m512 gv = bf16x16_to_float(g + i);
-        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        const __m512 sr = bf16x16_to_float_reg(_mm512_cvtneps_pbh(sv));
-        const __m512 pv = _mm512_mul_ps(sr, bf16x16_to_float(g + I_ + i));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(act + r * I_ + i), (__m256i)_mm512_cvtneps_pbh(pv));
-      }
-#endif
-      for (; i < i1; ++i) act[r * I_ + i] = rnd(f(rnd(silu(f(g[i])))) * f(g[I_ + i]));
-    }
+    for (int64_t r = 0; r < n; ++r) silu_mul(gu + r * 2 * I_, gu + r * 2 * I_ + I_, act + r * I_, i0, i1);
   }
 
   // This thread's (sequence, KV head) jobs: q/k norm, RoPE and the query scale for the job's heads, its
@@ -535,29 +531,5 @@ class FusedModel {
   std::vector<uint16_t> out_, qkv_, qd_, att_, gu_, act_, logits_h_;  // shared by the team
   std::vector<ThreadScratch> scratch_;  // one per thread
   std::vector<Greedy> greedy_;          // (thread, row)
+  SpinYieldBarrier barrier_;            // the team's (see Team)
 };
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
-  // module_local: the portable and the native build load side by side in one process (the tests)
-  py::class_<Proj, std::shared_ptr<Proj>>(m, "Proj", py::module_local())
-      .def(py::init<int64_t, torch::Tensor, torch::Tensor, int64_t, c10::optional<torch::Tensor>>(),
-           py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("group"), py::arg("bias"))
-      .def_readonly("kind", &Proj::kind)
-      .def_readonly("N", &Proj::N)
-      .def_readonly("K", &Proj::K);
-  py::class_<FusedModel>(m, "FusedModel", py::module_local())
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, torch::Tensor, c10::optional<torch::Tensor>,
-                    torch::Tensor, std::shared_ptr<Proj>, torch::Tensor, torch::Tensor>())
-      .def("add_layer", &FusedModel::add_layer)
-      .def("num_layers", &FusedModel::num_layers)
-      .def("set_int8_activations", &FusedModel::set_int8_activations)
-      .def("set_profile", &FusedModel::set_profile)
-      .def("profile", &FusedModel::profile)
-      .def("int8_activations", &FusedModel::int8_activations)
-      // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
-      .def("step", &FusedModel::step, py::arg("ids"), py::arg("positions"), py::arg("slots"), py::arg("blocks"),
-           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false,
-           py::call_guard<py::gil_scoped_release>());
-  m.def("has_avx512_bf16", &has_avx512_bf16, "whether this build runs the AVX-512 bf16 bodies");
-}

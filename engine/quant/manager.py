@@ -65,6 +65,11 @@ class WeightsManager:
         self._kv_base = (blocks, self.weights_bytes + other_weights_bytes)
         self.kv_target = blocks  # the KV blocks the current weights leave room for
 
+    def set_stream_kernel(self, kernel) -> None:
+        """The native weight-streaming module for every layer (one built in the background arrives late)."""
+        self.stream_kernel = kernel
+        set_stream_kernel(self.model, kernel)
+
     def build_quantized(self, config: EngineConfig, bits: int, group_size: int | None = None,
                         outlier_channels: int | None = None, progress: Progress | None = None,
                         embeddings: bool | None = None, install: bool = False) -> dict:

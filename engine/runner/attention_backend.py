@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
 from engine.models.model_config import ModelConfig
-from engine.kernels import native_decode_applies, paged_decode_kernel
 
 
 @functools.cache
@@ -34,10 +34,11 @@ def _compiled_decode_attention():
 
 def select_backend(name: str, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
                    compile: bool, progress: Callable[[str, float], None] | None = None,
-                   previous: AttentionBackend | None = None) -> AttentionBackend:
+                   previous: AttentionBackend | None = None, wait: bool = True) -> AttentionBackend:
     """The backend for `name` (EngineConfig.attention_backend) on this model, device and dtype.
     `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off (a previous
-    of another kind, e.g. a bare runner's EAGER, has none to keep)."""
+    of another kind, e.g. a bare runner's EAGER, has none to keep). `wait=False`: the native kernel only if
+    it is built already (its build goes on in the background; engine/kernels)."""
     if name == "reference":
         return AttentionBackend(name, reference=True)
     compiled = None
@@ -46,7 +47,7 @@ def select_backend(name: str, model_config: ModelConfig, device: torch.device, d
                     else CompiledDecode(_compiled_decode_attention()))
     native = None
     if name == "native" and native_decode_applies(model_config, device, dtype):
-        native = paged_decode_kernel(progress)  # None where it cannot be built (after one warning)
+        native = paged_decode_kernel(progress, wait=wait)  # None where it cannot be built (after one warning)
     return AttentionBackend(name, compiled_decode=compiled, native_decode=native)
 
 

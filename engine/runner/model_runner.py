@@ -86,7 +86,7 @@ class ModelRunner:
 
     def set_execution(self, attention_backend: str, compile: bool,
                       progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
-                      int8_activations: bool = False) -> None:
+                      int8_activations: bool = False, wait_kernels: bool = True) -> None:
         """How the model runs (at start-up, and again when compile switches): compile=True compiles the
         model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
@@ -94,11 +94,12 @@ class ModelRunner:
         `fused_decode`: decode and chain-verify steps run as native calls (engine/runner/fused.py) where it applies:
         bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
         the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
-        int8 activations (EngineConfig.int8_activations)."""
+        int8 activations (EngineConfig.int8_activations); `wait_kernels=False`: the native kernels only where
+        they are built already (EngineConfig.kernel_build "background")."""
         self.model.set_compiled(compile)
         self.invalidate_graphs()
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
-                                 previous=self.backend)
+                                 previous=self.backend, wait=wait_kernels)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
             backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
         self.backend = backend
@@ -107,7 +108,7 @@ class ModelRunner:
                 and self.device.type == "cpu" and self.dtype == torch.bfloat16):
             from engine.kernels import fused_decode_kernel
 
-            kernel = fused_decode_kernel(progress)  # None where it cannot be built (after one warning)
+            kernel = fused_decode_kernel(progress, wait=wait_kernels)  # None where not built (after one warning)
             if kernel is not None:
                 self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations)
 

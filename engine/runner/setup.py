@@ -134,4 +134,4 @@ def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.d
         return None
     from engine.kernels import stream_linear_kernel
 
-    return stream_linear_kernel(progress)
+    return stream_linear_kernel(progress, wait=config.kernel_build == "wait")

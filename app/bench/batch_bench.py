@@ -1,0 +1,101 @@
+"""`inferlab bench batch`: batched decode, N streams at once, inferlab against llama.cpp's
+llama-batched-bench on the same weights, in alternating rounds.
+
+Both sides do the same work per stream count N: N sequences, each with its own prompt of P tokens (no
+shared prefix: the prefix cache is emptied before each round, llama-batched-bench runs without -pps),
+then T generated tokens each. The figure compared is decode tokens/s over all N streams, taken from the
+moment every stream has its first token to the last token (llama-batched-bench's S_TG: N*T / t_tg).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from app.bench import llama_cpp
+from app.bench.rounds import bench_engine, median_run
+from app.bench.workload import corpus_tokens
+from engine import LLMEngine, SamplingParams
+
+BATCHED = "llama-batched-bench"
+
+
+def engine_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Every prompt at once; decode tokens/s from the last first token to the end (the prefill excluded)."""
+    engine.block_manager.reset_prefix_cache()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    first: dict[str, float] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.new_token_ids and out.request_id not in first:
+                first[out.request_id] = time.perf_counter()
+    end = time.perf_counter()
+    decode_start = max(first[i] for i in ids)
+    # tokens after each stream's first one, counted from the moment the last stream got its first
+    produced_after = len(prompts) * (max_tokens - 1)
+    return {"seconds": end - t0, "prefill_seconds": decode_start - t0,
+            "decode_tokens_per_s": produced_after / max(end - decode_start, 1e-9)}
+
+
+def batched_bench(binary: Path, gguf: Path, threads: int, streams: int, n_prompt: int, n_gen: int) -> dict:
+    """One llama-batched-bench run (-npl streams, its own prompt per stream, jsonl): its S_TG."""
+    ctx = streams * (n_prompt + n_gen) + 64
+    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(streams), "--output-format", "jsonl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-batched-bench failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        raise RuntimeError(f"llama-batched-bench printed no result: {proc.stdout[-400:]}")
+    row = rows[-1]
+    return {"command": " ".join(cmd), "decode_tokens_per_s": float(row["speed_tg"]),
+            "prefill_tokens_per_s": float(row["speed_pp"])}
+
+
+def run_batch_bench(args) -> dict:
+    bits = args.bits
+    streams = sorted(set(args.streams))
+    engine = bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4, max_num_seqs=max(streams),
+                          max_num_batched_tokens=max(512, max(streams) * args.prompt_tokens))
+    corpus = corpus_tokens(engine.tokenizer)
+    prompts = [corpus[i * args.prompt_tokens:(i + 1) * args.prompt_tokens] for i in range(max(streams))]
+    peer, peer_info = _peer(args, engine, bits)
+    out: dict = {"bits": bits, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                 "rounds": args.rounds, "llama_cpp": peer_info, "streams": {}}
+    for n in streams:
+        engine_batch(engine, prompts[:n], 8)  # warm-up (and a first fused step of this width)
+        if peer:
+            peer(n)
+        ours, theirs = [], []
+        for _ in range(args.rounds):  # alternating: both sides see the same drift of a shared machine
+            ours.append(engine_batch(engine, prompts[:n], args.max_tokens))
+            if peer:
+                theirs.append(peer(n))
+        row = {"inferlab": {**median_run(ours), "each_round": [r["decode_tokens_per_s"] for r in ours]},
+               "decode_step_path": engine.runner.last_path}
+        if theirs:
+            med = median_run(theirs)
+            row["llama_cpp"] = {**med, "each_round": [r["decode_tokens_per_s"] for r in theirs]}
+            row["inferlab_over_llama_cpp"] = row["inferlab"]["decode_tokens_per_s"] / med["decode_tokens_per_s"]
+        out["streams"][str(n)] = row
+    return out
+
+
+def _peer(args, engine, bits: int):
+    if args.no_llama_cpp:
+        return None, {"skipped": "--no-llama-cpp"}
+    binary = llama_cpp.find_binary(BATCHED)
+    if binary is None:
+        return None, {"skipped": f"no {BATCHED} under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
+    gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    if gguf is None:
+        return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
+    threads = torch.get_num_threads()
+    return (lambda n: batched_bench(binary, gguf, threads, n, args.prompt_tokens, args.max_tokens),
+            {"binary": str(binary), "gguf": str(gguf), "threads": threads})

@@ -1,0 +1,223 @@
+// A torch-free check of the native kernels' bodies for the tier this file is compiled for (core/isa.h):
+// every product, the paged attention and the small ops on seeded random inputs, against a plain
+// double-precision reference written here. It runs where torch cannot: under qemu-aarch64 for the NEON
+// body (tests/test_kernel_tiers.py cross-compiles it), and natively for each x86 tier.
+//
+//   g++ -O2 -std=c++17 [tier flags] -I engine/kernels harness/check_kernels.cpp -o check && ./check
+// Prints one line per check and "N passed, M failed"; exits 1 on a failure.
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "core/attention.h"
+#include "core/linear.h"
+#include "core/ops.h"
+
+using namespace inferlab;
+
+namespace {
+
+int passed = 0, failed = 0;
+std::mt19937 rng(1234);
+
+float uniform(float a, float b) { return std::uniform_real_distribution<float>(a, b)(rng); }
+std::vector<uint16_t> bf16_vec(int64_t n, float a = -1.f, float b = 1.f) {
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(uniform(a, b));
+  return v;
+}
+
+// |got - want| within tol * (1 + |want|), element by element; one line of output per check.
+void expect_close(const std::string& what, const std::vector<uint16_t>& got, const std::vector<double>& want,
+                  double tol) {
+  double worst = 0.0;
+  int64_t at = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = bf16_to_float(got[i]);
+    const double err = std::fabs(g - want[i]) / (1.0 + std::fabs(want[i]));
+    if (!(err <= worst)) worst = err, at = static_cast<int64_t>(i);  // NaN counts as the worst
+  }
+  const bool ok = worst <= tol;
+  (ok ? passed : failed)++;
+  std::printf("%s %-46s worst relative error %.2e%s\n", ok ? "ok  " : "FAIL", what.c_str(), worst,
+              ok ? "" : (" at " + std::to_string(at)).c_str());
+}
+
+void check_bf16(int64_t M, int64_t K, int64_t N) {
+  const auto x = bf16_vec(M * K), w = bf16_vec(N * K, -0.2f, 0.2f);
+  std::vector<float> bias(N);
+  for (auto& b : bias) b = uniform(-1.f, 1.f);
+  std::vector<uint16_t> y(M * N);
+  bf16_rows_for(M)(x.data(), w.data(), y.data(), bias.data(), K, N, 0, N);
+  std::vector<double> want(M * N);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bias[n];
+      for (int64_t k = 0; k < K; ++k) s += double(bf16_to_float(x[m * K + k])) * bf16_to_float(w[n * K + k]);
+      want[m * N + n] = s;
+    }
+  expect_close("bf16 rows M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N), y, want,
+               1e-2);
+}
+
+// 4-bit codes in the kernel's chunk layout (core/linear.h) and their (scale, zero) per group.
+struct Int4W {
+  std::vector<uint8_t> q, codes;
+  std::vector<uint16_t> sz;
+};
+Int4W make_int4(int64_t N, int64_t K, int64_t group) {
+  Int4W w;
+  w.q.resize(N * K);
+  for (auto& v : w.q) v = static_cast<uint8_t>(rng() % 16);
+  w.codes.resize(N * K / 2);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < K / 32; ++c)
+      for (int j = 0; j < 16; ++j)
+        w.codes[n * (K / 2) + c * 16 + j] =
+            static_cast<uint8_t>(w.q[n * K + c * 32 + j] | (w.q[n * K + c * 32 + 16 + j] << 4));
+  w.sz = bf16_vec(N * (K / group) * 2, -0.05f, 0.05f);
+  return w;
+}
+double int4_weight(const Int4W& w, int64_t n, int64_t k, int64_t K, int64_t group) {
+  const int64_t g = k / group, pairs = 2 * (K / group);
+  return (double(w.q[n * K + k]) - 8.0) * bf16_to_float(w.sz[n * pairs + 2 * g]) + bf16_to_float(w.sz[n * pairs + 2 * g + 1]);
+}
+
+void check_int4(int64_t M, int64_t K, int64_t N, int64_t group) {
+  const auto x = bf16_vec(M * K);
+  const Int4W w = make_int4(N, K, group);
+  std::vector<uint16_t> y(M * N), y8(M * N);
+  std::vector<float> gx(M * 2 * (K / group));
+  std::vector<uint16_t> xperm(M * K);
+  int4_prepare(x.data(), M, K, group, gx.data(), xperm.data());
+  int4_range(x.data(), M, w.codes.data(), w.sz.data(), group, nullptr, K, N, y.data(), gx.data(), xperm.data(), 0, N);
+  std::vector<float> scratch(q4_scratch_floats(M, K));
+  std::vector<Q4x> xs(M);
+  int4_q8_prepare(x.data(), M, K, group, scratch.data(), xs.data());
+  int4_q8_range(xs.data(), M, w.codes.data(), w.sz.data(), group, nullptr, K, N, y8.data(), 0, N);
+  // the int8-activation reference: x as the kernel rounds it (per 32 columns, d * xq)
+  std::vector<int8_t> xq(K + 128);
+  std::vector<float> d(K / 32 + 8);
+  std::vector<double> want(M * N), want8(M * N);
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_q8(x.data() + m * K, K, xq.data(), d.data());
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0.0, s8 = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double wk = int4_weight(w, n, k, K, group);
+        s += wk * bf16_to_float(x[m * K + k]);
+        s8 += wk * double(d[k / 32]) * xq[k];
+      }
+      want[m * N + n] = s;
+      want8[m * N + n] = s8;
+    }
+  }
+  const std::string shape = " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                            " g=" + std::to_string(group);
+  expect_close("int4 rows" + shape, y, want, 1e-2);
+  expect_close("int4 rows, int8 activations" + shape, y8, want8, 1e-2);
+}
+
+void check_int8(int64_t M, int64_t K, int64_t N) {
+  const auto x = bf16_vec(M * K);
+  std::vector<int8_t> q(N * K);
+  for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  const auto scales = bf16_vec(N, 0.001f, 0.01f);
+  std::vector<uint16_t> y(M * N), y8(M * N);
+  std::vector<float> xf(M * K);
+  int8_prepare(x.data(), M, K, xf.data());
+  int8_range(xf.data(), M, q.data(), scales.data(), nullptr, K, N, y.data(), 0, N);
+  std::vector<float> scratch(q8_scratch_floats(M, K));
+  Q8x xs[kMaxRows];
+  int8_q8_prepare(x.data(), M, K, scratch.data(), xs);
+  int8_q8_range(xs, M, q.data(), scales.data(), nullptr, K, N, y8.data(), 0, N);
+  std::vector<int8_t> xq(K + 64);
+  std::vector<float> d(K / 32 + 8);
+  std::vector<double> want(M * N), want8(M * N);
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_q8(x.data() + m * K, K, xq.data(), d.data());
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0.0, s8 = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        s += double(q[n * K + k]) * bf16_to_float(x[m * K + k]);
+        s8 += double(q[n * K + k]) * double(d[k / 32]) * xq[k];
+      }
+      want[m * N + n] = s * bf16_to_float(scales[n]);
+      want8[m * N + n] = s8 * bf16_to_float(scales[n]);
+    }
+  }
+  const std::string shape = " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  expect_close("int8 rows" + shape, y, want, 1e-2);
+  expect_close("int8 rows, int8 activations" + shape, y8, want8, 1e-2);
+}
+
+void check_attention(int64_t D, int64_t group, int64_t len, int64_t block_size) {
+  const int64_t blocks = (len + block_size - 1) / block_size + 2, slots = blocks * block_size;
+  const auto q = bf16_vec(group * D, -0.5f, 0.5f), kc = bf16_vec(slots * D), vc = bf16_vec(slots * D);
+  std::vector<int64_t> bt(blocks);
+  for (int64_t i = 0; i < blocks; ++i) bt[i] = blocks - 1 - i;  // blocks out of order, as a paged cache has them
+  std::vector<float> scores;
+  std::vector<float> acc(8 * 128);
+  std::vector<uint16_t> o(group * D);
+  attend(q.data(), kc.data(), vc.data(), bt.data(), len, block_size, group, D, scores, acc, o.data());
+  std::vector<double> want(group * D, 0.0);
+  auto row = [&](const std::vector<uint16_t>& c, int64_t t, int64_t j) {
+    return double(bf16_to_float(c[(bt[t / block_size] * block_size + t % block_size) * D + j]));
+  };
+  for (int64_t g = 0; g < group; ++g) {
+    std::vector<double> s(len);
+    double mx = -1e300, sum = 0.0;
+    for (int64_t t = 0; t < len; ++t) {
+      double dot = 0.0;
+      for (int64_t j = 0; j < D; ++j) dot += double(bf16_to_float(q[g * D + j])) * row(kc, t, j);
+      s[t] = dot;
+      mx = std::max(mx, dot);
+    }
+    for (auto& v : s) sum += (v = std::exp(v - mx));
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t j = 0; j < D; ++j) want[g * D + j] += s[t] / sum * row(vc, t, j);
+  }
+  expect_close("paged attention D=" + std::to_string(D) + " group=" + std::to_string(group) +
+                   " len=" + std::to_string(len), o, want, 1e-2);
+}
+
+void check_silu_mul(int64_t n) {
+  const auto g = bf16_vec(n, -8.f, 8.f), u = bf16_vec(n, -2.f, 2.f);
+  std::vector<uint16_t> act(n);
+  silu_mul(g.data(), u.data(), act.data(), 0, n);
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double gv = bf16_to_float(g[i]);
+    want[i] = gv / (1.0 + std::exp(-gv)) * bf16_to_float(u[i]);
+  }
+  expect_close("silu(gate) * up n=" + std::to_string(n), act, want, 2e-2);
+}
+
+}  // namespace
+
+int main() {
+  std::printf("tier: %s\n", tier_name());
+  for (int64_t M : {1, 2, 3, 5, 8}) {
+    check_bf16(M, 576, 67);
+    check_bf16(M, 72, 9);  // K not a multiple of 8 or 32: the tails
+  }
+  for (int64_t M : {1, 2, 4, 5}) {
+    check_int4(M, 576, 37, 32);
+    check_int4(M, 320, 12, 64);  // a half 128-column block at the end; two groups per block
+    check_int4(M, 256, 9, 128);
+  }
+  for (int64_t M : {1, 3, 8}) {
+    check_int8(M, 576, 41);
+    check_int8(M, 200, 7);  // a partial 32-column block
+  }
+  for (int64_t D : {64, 128})
+    for (int64_t group : {1, 3, 8}) {
+      check_attention(D, group, 1, 16);
+      check_attention(D, group, 37, 16);
+      check_attention(D, group, 300, 32);
+    }
+  check_silu_mul(1536);
+  check_silu_mul(13);
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

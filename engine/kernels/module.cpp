@@ -1,0 +1,43 @@
+// The native CPU kernels' one translation unit, built once per ISA tier (engine/kernels/__init__.py passes
+// the tier's compiler flags; core/isa.h turns them into one body per kernel): the weight-streaming
+// products (stream_linear.cpp), the paged decode attention (paged_decode.cpp) and the fused decode step
+// (fused_decode.cpp) in one module, so each tier is one build.
+#include "stream_linear.cpp"
+#include "paged_decode.cpp"
+#include "fused_decode.cpp"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  // module_local: the portable and the native build load side by side in one process (the tests)
+  py::class_<Proj, std::shared_ptr<Proj>>(m, "Proj", py::module_local())
+      .def(py::init<int64_t, torch::Tensor, torch::Tensor, int64_t, c10::optional<torch::Tensor>>(),
+           py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("group"), py::arg("bias"))
+      .def_readonly("kind", &Proj::kind)
+      .def_readonly("N", &Proj::N)
+      .def_readonly("K", &Proj::K);
+  py::class_<FusedModel>(m, "FusedModel", py::module_local())
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, torch::Tensor, c10::optional<torch::Tensor>,
+                    torch::Tensor, std::shared_ptr<Proj>, torch::Tensor, torch::Tensor>())
+      .def("add_layer", &FusedModel::add_layer)
+      .def("num_layers", &FusedModel::num_layers)
+      .def("set_int8_activations", &FusedModel::set_int8_activations)
+      .def("set_profile", &FusedModel::set_profile)
+      .def("profile", &FusedModel::profile)
+      .def("int8_activations", &FusedModel::int8_activations)
+      // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
+      .def("step", &FusedModel::step, py::arg("ids"), py::arg("positions"), py::arg("slots"), py::arg("blocks"),
+           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false,
+           py::call_guard<py::gil_scoped_release>());
+  // The weight-streaming products and the paged attention as torch ops (without the GIL while they run).
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)", nogil);
+  m.def("stream_linear_int4", &stream_linear_int4, "x W^T with W as 4-bit codes + group (scale, zero)", nogil);
+  m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each", nogil);
+  m.def("stream_linear_int4_q8", &stream_linear_int4_q8, "the int4 product with int8 activations (per 32 columns)",
+        nogil);
+  m.def("stream_linear_int8_q8", &stream_linear_int8_q8, "the int8 product with int8 activations (per 32 columns)",
+        nogil);
+  m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
+  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
+  m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
+}

@@ -1,0 +1,129 @@
+"""The native kernels' ISA tiers (engine/kernels): which tier a CPU runs, the torch-free harness of every
+body (engine/kernels/harness/check_kernels.cpp) built for each x86 tier this CPU runs and for Arm NEON
+(cross-compiled, run under qemu-aarch64), and the engine on torch's kernels where no compiler works."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine import kernels
+
+KERNELS = Path(kernels.__file__).parent
+HARNESS = KERNELS / "harness" / "check_kernels.cpp"
+AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"})
+
+
+def test_tiers_follow_the_cpus_flags():
+    assert kernels.supported_tiers(AVX512, "x86_64") == ("portable", "avx2", "avx512")
+    # AVX-512 without bf16 dot products (Skylake-X, Ice Lake): the AVX2 body
+    assert kernels.supported_tiers(AVX512 - {"avx512_bf16"}, "x86_64") == ("portable", "avx2")
+    assert kernels.supported_tiers(frozenset({"avx2", "fma", "f16c", "sse4_2"}), "x86_64") == ("portable", "avx2")
+    assert kernels.supported_tiers(frozenset({"avx2", "sse4_2"}), "x86_64") == ("portable",)  # no FMA
+    assert kernels.supported_tiers(frozenset({"fp", "asimd"}), "aarch64") == ("portable", "neon")
+    assert kernels.supported_tiers(frozenset(), "riscv64") == ("portable",)
+
+
+def test_a_lower_tier_can_be_forced_and_a_higher_one_is_refused(monkeypatch):
+    best = kernels.supported_tiers()[-1]
+    monkeypatch.setenv("INFERLAB_CPU_TIER", "portable")
+    assert kernels.cpu_tier() == "portable"
+    monkeypatch.setenv("INFERLAB_CPU_TIER", "sse9")
+    with pytest.warns(UserWarning, match="INFERLAB_CPU_TIER='sse9'"):
+        assert kernels.cpu_tier() == best
+    with pytest.raises(ValueError, match="unknown CPU tier"):
+        kernels.kernel_module(tier="sse9")
+
+
+def _compile_and_run(compiler: str, flags: list[str], out: Path, runner: list[str]) -> str:
+    subprocess.run([compiler, "-O2", "-std=c++17", *flags, f"-I{KERNELS}", str(HARNESS), "-o", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*runner, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 failed" in done.stdout
+    return done.stdout
+
+
+@pytest.mark.parametrize("tier", kernels.supported_tiers())
+def test_the_harness_passes_on_every_tier_this_cpu_runs(tier, tmp_path):
+    """Every body against the double-precision reference, built with the tier's own flags (so CI on an
+    AVX-512 machine checks the AVX2 body too); the binary says which body it ran."""
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    out = _compile_and_run(compiler, kernels._tier_flags(tier), tmp_path / "check", [])
+    assert f"tier: {tier}" in out
+
+
+@pytest.mark.parametrize("flags", [["-march=armv8.2-a+dotprod"], ["-march=armv8-a"]], ids=["sdot", "no-sdot"])
+def test_the_neon_body_passes_under_qemu(flags, tmp_path):
+    """The NEON body (with and without sdot) cross-compiled for AArch64 and run under qemu-aarch64-static:
+    .ci/run installs g++-aarch64-linux-gnu and qemu-user-static; skipped only where they are missing."""
+    cross, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64-static")
+    if cross is None or qemu is None:
+        pytest.skip("needs g++-aarch64-linux-gnu and qemu-user-static (apt-get install them)")
+    out = _compile_and_run(cross, ["-static", *flags], tmp_path / "check-arm", [qemu])
+    assert "tier: neon" in out
+
+
+def test_without_a_compiler_the_engine_runs_on_torchs_kernels(tmp_path, monkeypatch):
+    """A compiler that fails (as on macOS without OpenMP): one warning line, no traceback, None; an
+    engine then generates on torch's kernels."""
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setattr(kernels, "_source_digest", lambda: "nocompiler")  # a build no cache holds
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_FAILED", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    with pytest.warns(UserWarning, match="running on torch's kernels") as caught:
+        assert kernels.kernel_module(tier="portable") is None
+    assert len([w for w in caught if "native kernels" in str(w.message)]) == 1
+    assert "\n" not in str(caught[0].message)
+    assert kernels.status("portable").startswith("unavailable")
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tests.conftest import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    monkeypatch.setenv("INFERLAB_CPU_TIER", "portable")
+    eng = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=16))
+    assert eng.runner.fused is None and eng.runner.native_decode is None
+    out = eng.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(out[0].token_ids) == 4
+
+
+def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monkeypatch):
+    """kernel_build="background": the engine starts on torch's kernels while the build runs, and the
+    native ones (fused step, native attention) take over at a step after it is done."""
+    import threading
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tests.conftest import build_tiny_model
+
+    tier = kernels.cpu_tier()
+    real = kernels.kernel_module(tier=tier)  # built (or loaded) now; the test holds its "build" back
+    if real is None:
+        pytest.skip("no C++ toolchain to build the kernels")
+    name = kernels._build_name(tier)
+    release = threading.Event()
+
+    def slow_build(build_name, build_tier, progress):
+        release.wait(60)
+        return real
+
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_PENDING", {})
+    monkeypatch.setattr(kernels, "_import_built", lambda n: None)  # as on a machine that never built it
+    monkeypatch.setattr(kernels, "_build", slow_build)
+    folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    eng = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=16, kernel_build="background"))
+    assert kernels.build_pending(tier) and eng.runner.fused is None
+    first = eng.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.0))
+    assert eng.runner.fused is None and len(first[0].token_ids) == 3
+    release.set()
+    kernels._PENDING[name].result(timeout=60)
+    kernels._BUILT[name] = real
+    eng.generate(["hello again"], SamplingParams(max_tokens=3, temperature=0.0))
+    assert eng.runner.fused is not None and eng.runner.native_decode is not None
