@@ -17,7 +17,7 @@ import torch
 
 from app.bench import llama_cpp
 from app.bench.rounds import bench_engine, median_run
-from app.bench.workload import corpus_tokens
+from app.load.workload import corpus_tokens
 from engine import LLMEngine, SamplingParams
 
 BATCHED = "llama-batched-bench"
