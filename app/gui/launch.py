@@ -61,7 +61,9 @@ def run_gui(args) -> int:
             print(f"inferlab: error: --attach: {exc}", file=sys.stderr)
             return 2
     else:
-        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), **device_options(args)))
+        # the native kernels' first build runs in the background: live tokens on torch's kernels meanwhile
+        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), kernel_build="background",
+                                       **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
