@@ -127,3 +127,21 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
     kernels._BUILT[name] = real
     eng.generate(["hello again"], SamplingParams(max_tokens=3, temperature=0.0))
     assert eng.runner.fused is not None and eng.runner.native_decode is not None
+
+
+def test_the_whole_module_compiles_for_aarch64():
+    """The torch side too (the fused step's barrier, the bindings) compiles for AArch64 with the NEON body:
+    a syntax-only cross-compile against this torch's headers (they are the same on every architecture)."""
+    import sysconfig
+
+    import torch
+
+    cross = shutil.which("aarch64-linux-gnu-g++")
+    if cross is None:
+        pytest.skip("needs g++-aarch64-linux-gnu (apt-get install it)")
+    torch_inc = Path(torch.__file__).parent / "include"
+    done = subprocess.run([cross, "-fsyntax-only", "-std=c++17", "-march=armv8.2-a+dotprod", "-fopenmp",
+                           f"-I{torch_inc}", f"-I{torch_inc / 'torch' / 'csrc' / 'api' / 'include'}",
+                           f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=inferlab_check",
+                           str(KERNELS / "module.cpp")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
