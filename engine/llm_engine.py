@@ -40,7 +40,8 @@ from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
-from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype, stream_kernel_for
+from engine.runner.cpu_compute import plan_compute
+from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -66,7 +67,9 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
+        self.dtype = self.compute.dtype
+        wide = self.compute.matmul_dtype if self.compute.widened else None
         # one bar for the whole start: loading fills 90 %, building the engine (and the kernel) the rest
         loaded = loaded or load_model(config.model, progress=progress and (lambda m, f: progress(m, 0.9 * f)))
         self.weights_origin = loaded.origin  # where the weights came from, for the quality figures
@@ -84,8 +87,8 @@ class LLMEngine:
                                  f"{e}") from e
         # a draft model is built before the KV cache is sized: its weights and its KV blocks (as many as
         # the target's) come out of the same budget
-        draft = build_draft_model(config, loaded, mc, self.device, self.dtype) if config.spec_method == "draft" \
-            else None
+        draft = build_draft_model(config, loaded, mc, self.device, self.dtype, wide) \
+            if config.spec_method == "draft" else None
         draft_block_bytes = draft.block_bytes(config.block_size, self.dtype) if draft else 0
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes + draft_block_bytes,
                                       calibrate=_calibrator(weakref.ref(self)),
@@ -94,7 +97,8 @@ class LLMEngine:
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
                                       at_load=at_load,
-                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress))
+                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress),
+                                      matmul_dtype=wide)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -104,7 +108,7 @@ class LLMEngine:
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
-                                  kv_cache_dtype=config.kv_cache_dtype)
+                                  kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
                                   config.int8_activations)
         self.runner.lora = self.lora
