@@ -61,7 +61,9 @@ def run_gui(args) -> int:
             print(f"inferlab: error: --attach: {exc}", file=sys.stderr)
             return 2
     else:
-        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), **device_options(args)))
+        host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
+                                       num_threads=getattr(args, "threads", None) or engine_threads(),
+                                       **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
@@ -117,8 +119,11 @@ def finish(host, code: int) -> int:
 
 
 def engine_threads() -> int:
-    """Leave one core to the GUI thread: torch's CPU thread pool degrades badly when oversubscribed."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    """The cores free now, less one left to the GUI thread: the engine's threads wait at a barrier for
+    the slowest, so one without a core stalls every step (engine/runner/threads.py)."""
+    from engine.runner.threads import choose_threads
+
+    return choose_threads(None, reserve=1).count
 
 
 def _last_preset(settings) -> str | None:

@@ -36,12 +36,13 @@ from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
+from engine.runner.cpu_compute import compute_line, plan_compute
 from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
-from engine.runner.cpu_compute import plan_compute
 from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
+from engine.runner.threads import choose_threads
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -64,9 +65,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Progress | None = None) -> None:
         self.config = config = config or EngineConfig()  # replaced (never mutated) by reconfigure
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
+        self.threads = choose_threads(config.num_threads)  # None: the cores free now (engine/runner/threads.py)
+        if config.num_threads or self.device.type == "cpu":
+            torch.set_num_threads(self.threads.count)
         self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
         self.dtype = self.compute.dtype
         wide = self.compute.matmul_dtype if self.compute.widened else None
@@ -444,6 +446,12 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return engine_stats(self.counters, self.scheduler.num_preemptions, self.admission.num_rejected, self.spec)
+
+    def compute_line(self, short: bool = False) -> str:
+        """What the engine computes in and on how many threads, and why: the engine line of the app,
+        `generate --stats` and the benches, e.g. "bf16 weights, fp32 prefill: this CPU has no native
+        bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)"."""
+        return compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short)
 
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager

@@ -9,9 +9,11 @@ import time
 import torch
 
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
+from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
 from app.bench.workload import corpus_tokens
 from engine.perf.probe import cpu_description
+from engine.runner.threads import choose_threads
 
 
 def add_bench_args(p, engine_args) -> None:
@@ -46,6 +48,8 @@ def add_bench_args(p, engine_args) -> None:
                      help="inferlab modes to measure (default: eager and compile; layers: eager without the "
                           "fused decode step)")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    dec.add_argument("--background-load", type=int, default=0, metavar="N",
+                     help="run N busy processes during the measurement (a busy laptop); recorded in the JSON")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
@@ -116,9 +120,11 @@ def _run_bench(args) -> int:
         from app.gui import engine_threads
 
         args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    threads = choose_threads(args.threads)  # chosen before any background load starts
+    args.threads = threads.count  # every engine of the bench runs this many
+    torch.set_num_threads(threads.count)
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
-              "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+              "threads": torch.get_num_threads(), "threads_reason": threads.describe(), "machine": platform.processor() or platform.machine(),
               "cpu": cpu_description(), "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         from app.bench.throughput import run_throughput
@@ -153,7 +159,9 @@ def _run_bench(args) -> int:
 
         result.update(tradeoff_bench.run(args))
     else:
-        result.update(_decode(args))
+        with background_load(args.background_load) as load:
+            result["background_load"] = load
+            result.update(_decode(args))
     return _emit(args, result)
 
 
@@ -187,6 +195,7 @@ def _decode(args) -> dict:
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
+           "engine": engine.compute_line(),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.perf.roofline import Roofs
+from engine.runner.cpu_compute import cpu_flags
 
 GEMM_SIZE = 2048  # (n x n) @ (n x n): 2 n^3 FLOPs, large enough for the library's peak kernel
 GEMM_REPEATS = 5
@@ -39,17 +40,6 @@ def machine_name(device: torch.device) -> str:
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
              "amx_int8", "avx512_fp16")  # the ones the CPU kernels (ours, oneDNN, llama.cpp) pick paths by
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty where the platform does not list them)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
 
 
 def cpu_description() -> dict:

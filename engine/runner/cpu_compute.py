@@ -76,12 +76,17 @@ class ComputePlan:
     def widened(self) -> bool:
         return self.matmul_dtype != self.dtype
 
+    @property
+    def what(self) -> str:
+        """e.g. "bf16 weights, fp32 prefill", or "bf16"."""
+        if self.widened:
+            return f"{_SHORT[self.dtype]} weights, {_SHORT[self.matmul_dtype]} prefill"
+        return _SHORT.get(self.dtype, str(self.dtype))
+
     def describe(self) -> str:
         """One line for the engine line and `generate --stats`, e.g. "bf16 weights, fp32 prefill: this
         CPU has no native bf16"."""
-        what = (f"{_SHORT[self.dtype]} weights, {_SHORT[self.matmul_dtype]} prefill" if self.widened
-                else _SHORT.get(self.dtype, str(self.dtype)))
-        return f"{what}: {self.reason}"
+        return f"{self.what}: {self.reason}"
 
 
 def plan_compute(name: str, device: torch.device, flags: Sequence[str] | None = None,
@@ -122,3 +127,29 @@ def _gpu_plan(name: str, device: torch.device) -> ComputePlan:
     if major < 8:
         return ComputePlan(torch.float16, torch.float16, f"GPU compute capability {major}.{minor} < 8.0 has no fast bf16")
     return ComputePlan(torch.bfloat16, torch.bfloat16, f"GPU compute capability {major}.{minor} computes bf16 natively")
+
+
+def kernel_tier() -> str | None:
+    """The ISA tier the native kernels run ("portable", "avx2", "avx512", "neon"), None where the
+    kernels do not say (engine.kernels.cpu_tier)."""
+    try:
+        from engine.kernels import cpu_tier
+    except ImportError:
+        return None
+    try:
+        return cpu_tier()
+    except Exception:  # noqa: BLE001 (a line of text must never take the engine down)
+        return None
+
+
+def compute_line(plan: ComputePlan, threads=None, short: bool = False) -> str:
+    """The plan, the native kernels' tier where known, and the thread choice (on the CPU), in one line
+    with the reasons; `short`: without them (a status bar), e.g. "bf16 weights, fp32 prefill · avx2 · 1 thread"."""
+    tier = kernel_tier() if threads is not None else None
+    if short:
+        parts = [plan.what, *([f"{tier} kernels"] if tier else []),
+                 *([f"{threads.count} thread{'s' if threads.count != 1 else ''}"] if threads is not None else [])]
+        return " · ".join(parts)
+    parts = [plan.describe(), *([f"native kernels: {tier}"] if tier else []),
+             *([threads.describe()] if threads is not None else [])]
+    return "; ".join(parts)
