@@ -28,7 +28,7 @@ from app import channel, engine_work, lora_host
 from app import host_commands as cmd
 from app.engine_info import EngineInfo, make_info
 from app.load.generator import LoadConfig, LoadGenerator
-from app.roofline_feed import roofline_at_load
+from app.roofline_feed import RoofProbe
 from engine.config import EngineConfig
 from engine.core.admission import RequestRejected
 from engine.events import EngineStepEvent
@@ -77,6 +77,7 @@ class EngineHost(QObject):
         self.perplexity: dict[int, float] = {}  # weight bits -> perplexity on the held-out text
         self.loop = EngineLoop(engine, config=config, progress=self.sigLoadProgress.emit, name="inferlab-engine")
         self.loop.subscribe(_HostSubscriber(self))
+        self.loop.subscribe(RoofProbe(self.publish))  # the roofs, off the engine thread (after self's info)
         self.loop.add_ticker(self._tick)
         now = time.perf_counter
         for command_type, handler in {
@@ -229,8 +230,6 @@ class EngineHost(QObject):
             self.publish(channel.Reset())
         self.info = info
         self.sigLoaded.emit(info)
-        # the machine's roofs (probed once per machine, a few seconds; cached) and the stored sweep
-        self.publish(channel.RooflineAtLoad(roofline_at_load(engine)))
 
     def _on_failure(self, failure: LoopFailure) -> None:
         if failure.kind is FailureKind.LOAD:
