@@ -72,17 +72,23 @@ def test_a_widened_linear_computes_in_fp32_and_returns_bf16():
     assert torch.equal(y, exact.to(torch.bfloat16))  # fp32 product, rounded once at the end
 
 
-def _linear_dtypes(monkeypatch) -> list[tuple[int, torch.dtype]]:
-    """(rows, dtype) of every library product with more than a few rows (prefill) from now on."""
-    seen: list[tuple[int, torch.dtype]] = []
-    real = F.linear
+def _product_dtypes(monkeypatch) -> list[tuple[str, torch.dtype]]:
+    """(what, dtype) of every library product with more than a few rows (prefill) and of every
+    attention matmul from now on."""
+    seen: list[tuple[str, torch.dtype]] = []
+    real_linear, real_matmul = F.linear, torch.matmul
 
-    def spy(x, weight, bias=None):
+    def linear(x, weight, bias=None):
         if x.dim() == 2 and x.shape[0] > 8:
-            seen.append((x.shape[0], x.dtype))
-        return real(x, weight, bias)
+            seen.append(("linear", x.dtype))
+        return real_linear(x, weight, bias)
 
-    monkeypatch.setattr(F, "linear", spy)
+    def matmul(a, b):
+        seen.append(("attention", a.dtype))
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(F, "linear", linear)
+    monkeypatch.setattr(torch, "matmul", matmul)
     return seen
 
 
@@ -95,7 +101,8 @@ def test_forced_emulated_bf16_prefills_in_fp32_with_the_same_tokens(tiny_llama, 
     assert eng.dtype == torch.bfloat16 and eng.compute.widened
     assert eng.runner.backend.matmul_dtype == torch.float32
     assert "bf16 weights, fp32 prefill" in eng.compute.describe()
-    seen = _linear_dtypes(monkeypatch)
+    seen = _product_dtypes(monkeypatch)
     got = [o.token_ids for o in eng.generate(PROMPTS, GREEDY)]
-    assert seen and {dtype for _, dtype in seen} == {torch.float32}
+    assert {what for what, _ in seen} == {"linear", "attention"}
+    assert {dtype for _, dtype in seen} == {torch.float32}
     assert got == expected
