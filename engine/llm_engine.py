@@ -70,10 +70,13 @@ class LLMEngine:
         if config.num_threads or self.device.type == "cpu":
             torch.set_num_threads(self.threads.count)
         self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
-        self.dtype = self.compute.dtype
-        wide = self.compute.matmul_dtype if self.compute.widened else None
         # one bar for the whole start: loading fills 90 %, building the engine (and the kernel) the rest
         loaded = loaded or load_model(config.model, progress=progress and (lambda m, f: progress(m, 0.9 * f)))
+        stream_kernel = stream_kernel_for(config, self.device, self.compute.dtype, progress)
+        if stream_kernel is None and self.device.type == "cpu":
+            self.compute = self.compute.without_native_kernels()
+        self.dtype = self.compute.dtype
+        wide = self.compute.matmul_dtype if self.compute.widened else None
         self.weights_origin = loaded.origin  # where the weights came from, for the quality figures
         self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
         mc = self.model_config
@@ -99,8 +102,7 @@ class LLMEngine:
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
                                       at_load=at_load,
-                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress),
-                                      matmul_dtype=wide)
+                                      stream_kernel=stream_kernel, matmul_dtype=wide)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)

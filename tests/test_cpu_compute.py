@@ -106,3 +106,15 @@ def test_forced_emulated_bf16_prefills_in_fp32_with_the_same_tokens(tiny_llama, 
     assert {what for what, _ in seen} == {"linear", "attention"}
     assert {dtype for _, dtype in seen} == {torch.float32}
     assert got == expected
+
+
+def test_without_native_kernels_an_emulating_cpu_runs_an_fp32_model(tiny_llama, monkeypatch):
+    """Decode on torch's kernels would widen every weight per token: an fp32 model reads less."""
+    assert plan_compute("auto", CPU, ZEN4, NO_ENV).without_native_kernels().dtype == torch.bfloat16
+    monkeypatch.setenv(EMULATED_BF16_ENV, "1")
+    monkeypatch.setattr("engine.llm_engine.stream_kernel_for", lambda *a, **k: None)  # no compiler
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4))
+    assert (eng.dtype, eng.compute.widened) == (torch.float32, False)
+    assert eng.compute.describe().startswith("fp32: ")
+    assert eng.compute.describe().endswith("the native decode kernels are not available")
+    assert eng.generate(PROMPTS[:1], GREEDY)[0].token_ids

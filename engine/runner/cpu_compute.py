@@ -83,6 +83,15 @@ class ComputePlan:
             return f"{_SHORT[self.dtype]} weights, {_SHORT[self.matmul_dtype]} prefill"
         return _SHORT.get(self.dtype, str(self.dtype))
 
+    def without_native_kernels(self) -> ComputePlan:
+        """The plan where the native decode kernels cannot run (no compiler, not built yet, or
+        stream_linear off): a widened plan becomes an fp32 model, since decode on torch's kernels would
+        otherwise widen every weight per token (3x the bytes of an fp32 read); others stay as they are."""
+        if not self.widened:
+            return self
+        return ComputePlan(self.matmul_dtype, self.matmul_dtype,
+                           f"{self.reason}, and the native decode kernels are not available")
+
     def describe(self) -> str:
         """One line for the engine line and `generate --stats`, e.g. "bf16 weights, fp32 prefill: this
         CPU has no native bf16"."""
