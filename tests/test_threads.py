@@ -34,6 +34,7 @@ def test_a_requested_count_is_kept_and_a_busy_machine_is_said():
     assert "1 of 2 cores free now (load average 1.0)" in choice.reason
     assert "stall" in choice.reason
     assert "stall" not in choose_threads(1, allowed=2, physical=2, load=1.0).reason
+    assert "stall" not in choose_threads(1, allowed=2, physical=2, load=5.0).reason  # one is the least there is
 
 
 @pytest.fixture

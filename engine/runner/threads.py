@@ -63,7 +63,8 @@ def choose_threads(requested: int | None, reserve: int = 0, *, allowed: int | No
     now = (f"{free} of {allowed} cores free now (load average {load:.1f})" if load is not None
            else f"{allowed} cores allowed (load average unknown)")
     if requested:
-        warn = "; more threads than free cores stall at every barrier" if load is not None and requested > free else ""
+        over = load is not None and requested > max(1, free)
+        warn = "; more threads than free cores stall at every barrier" if over else ""
         return ThreadChoice(int(requested), f"as configured; {now}{warn}")
     count = max(1, min(usable, free) - reserve)
     left = f", {reserve} left to the GUI" if reserve else ""
