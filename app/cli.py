@@ -8,12 +8,20 @@ import textwrap
 from app.device_args import APP_GPU_MEMORY_UTILIZATION, HEADLESS_GPU_MEMORY_UTILIZATION, add_device_args
 from engine.config import DEFAULT_MODEL
 
+DTYPE_HELP = ("auto: bf16 weights, computed in bf16 where the CPU has native bf16 dot products (avx512_bf16, "
+              "AMX, Arm bf16), else prefill in fp32 (the engine line says which and why)")
+THREADS_HELP = "CPU threads (default: the cores free now, from the affinity mask and the load average)"
+
+
+def _compute_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help=DTYPE_HELP)
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder, .gguf file or Hub id")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     add_device_args(p, HEADLESS_GPU_MEMORY_UTILIZATION)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    _compute_args(p)
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -59,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
     add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
+    _compute_args(parser)
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 # The desktop app usually runs on the GPU that also drives the display (its compositor, the browser):
 # it takes less of it than a headless command, which may have the GPU to itself.
@@ -35,5 +34,8 @@ def device_options(args: argparse.Namespace) -> dict:
 
 
 def engine_threads() -> int:
-    """Leave one core to the GUI thread: torch's CPU thread pool degrades badly when oversubscribed."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    """The cores free now, less one left to the GUI thread: the engine's threads wait at a barrier for
+    the slowest, so one without a core stalls every step (engine/runner/threads.py)."""
+    from engine.runner.threads import choose_threads
+
+    return choose_threads(None, reserve=1).count

@@ -81,6 +81,5 @@ def run_generate(args) -> int:
         decode = (time.perf_counter() - first) / max(n - 1, 1) if first else 0.0
         print(f"[{n} tokens, finish={final.finish_reason}, TTFT {(first - t0) * 1e3:.0f} ms, "
               f"{1 / decode if decode else 0:.1f} tok/s decode, {dt:.2f} s total]", file=sys.stderr)
-        print(f"[{engine.device.type}, {str(engine.dtype).removeprefix('torch.')}, native kernels: "
-              f"{engine.kernels_line()}, last step: {engine.runner.last_path or '-'}]", file=sys.stderr)
+        print(f"[engine: {engine.compute_line()}]", file=sys.stderr)
     return 0

@@ -9,12 +9,14 @@ DEFAULT_MODEL = "smollm2-135m"
 @dataclass(slots=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL  # a built-in name, a Hugging Face folder, a .gguf file or a Hub id
-    # "auto": bf16 on the CPU and on GPUs that compute in it (compute capability 8.0+), fp16 on older GPUs
+    # "auto": bf16 weights on the CPU, computed in bf16 where the CPU has native bf16 dot products, else
+    # prefill's products in fp32 (engine/runner/cpu_compute.py); bf16 on GPUs of compute capability 8.0+,
+    # fp16 on older GPUs
     dtype: str = "auto"  # "auto", "bfloat16", "float16", "float32"
     # "auto": $INFERLAB_DEVICE when set (the test suite pins "cpu"), else CUDA when torch sees a GPU, else CPU
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     seed: int = 0
-    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    num_threads: int | None = None  # torch CPU threads; None: the CPU's free cores (engine/runner/threads.py)
 
     # KV cache
     block_size: int = 16

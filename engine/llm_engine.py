@@ -37,11 +37,13 @@ from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
 from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
+from engine.runner.cpu_compute import compute_line, plan_compute
 from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_peak_bytes
-from engine.runner.setup import kv_block_bytes, resolve_device, resolve_dtype, stream_kernel_for
+from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
+from engine.runner.threads import choose_threads
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -64,12 +66,18 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Progress | None = None) -> None:
         self.config = config = config or EngineConfig()  # replaced (never mutated) by reconfigure
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.threads = choose_threads(config.num_threads)  # None: the cores free now (engine/runner/threads.py)
+        if config.num_threads or self.device.type == "cpu":
+            torch.set_num_threads(self.threads.count)
+        self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
         # one bar for the whole start: loading fills 90 %, building the engine (and the kernel) the rest
         loaded = loaded or load_model(config.model, progress=progress and (lambda m, f: progress(m, 0.9 * f)))
+        stream_kernel = stream_kernel_for(config, self.device, self.compute.dtype, progress)
+        if stream_kernel is None and self.device.type == "cpu":
+            self.compute = self.compute.without_native_kernels()
+        self.dtype = self.compute.dtype
+        wide = self.compute.matmul_dtype if self.compute.widened else None
         self.weights_origin = loaded.origin  # where the weights came from, for the quality figures
         self.tokenizer, self.model_path, self.model_config = loaded.tokenizer, loaded.path, loaded.config
         mc = self.model_config
@@ -85,8 +93,8 @@ class LLMEngine:
                                  f"{e}") from e
         # a draft model is built before the KV cache is sized: its weights and its KV blocks (as many as
         # the target's) come out of the same budget
-        draft = build_draft_model(config, loaded, mc, self.device, self.dtype) if config.spec_method == "draft" \
-            else None
+        draft = build_draft_model(config, loaded, mc, self.device, self.dtype, wide) \
+            if config.spec_method == "draft" else None
         draft_block_bytes = draft.block_bytes(config.block_size, self.dtype) if draft else 0
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes + draft_block_bytes,
                                       calibrate=_calibrator(weakref.ref(self)),
@@ -95,7 +103,7 @@ class LLMEngine:
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
                                       at_load=at_load,
-                                      stream_kernel=stream_kernel_for(config, self.device, self.dtype, progress))
+                                      stream_kernel=stream_kernel, matmul_dtype=wide)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -105,7 +113,7 @@ class LLMEngine:
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
-                                  kv_cache_dtype=config.kv_cache_dtype)
+                                  kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
                                   config.int8_activations, wait_kernels=config.kernel_build == "wait")
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
@@ -464,6 +472,13 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return engine_stats(self.counters, self.scheduler.num_preemptions, self.admission.num_rejected, self.spec)
+
+    def compute_line(self, short: bool = False) -> str:
+        """What the engine computes in and on how many threads, and why: the engine line of the app,
+        `generate --stats` and the benches, e.g. "bf16 weights, fp32 prefill: this CPU has no native
+        bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)"."""
+        return compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
+                            self.kernels_line())
 
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager

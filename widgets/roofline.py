@@ -39,6 +39,7 @@ class RooflinePanel(Panel):
         self._roofs: dict | None = None  # {"peak_flops": {dtype: FLOP/s}, "bandwidth": B/s, "how", "machine"}
         self._dots = {kind: deque(maxlen=MAX_DOTS) for kind in KIND_COLORS}
         self._verdicts: dict[str, str] = {}
+        self._status = "Measuring this machine's roofs…"  # shown until the roofs arrive
         self._plot = pg.PlotWidget()
         p = self._plot.getPlotItem()
         p.setLogMode(x=True, y=True)
@@ -80,6 +81,11 @@ class RooflinePanel(Panel):
                        "machine": machine}
         self._mark_dirty()
 
+    def set_status(self, text: str) -> None:
+        """What the roof probe is doing (shown on the plot until the roofs arrive)."""
+        self._status = text
+        self._mark_dirty()
+
     def set_presenter_scale(self, scale: float) -> None:
         """On a projector: a taller plot (its legend sits above the data, inside it), and how the roofs
         were measured moves into the plot's tooltip (three lines the room does not read)."""
@@ -118,7 +124,7 @@ class RooflinePanel(Panel):
         lines = [f"<span style='color:{KIND_COLORS.get(k, '#888')}'>●</span> {t}"
                  for k, t in sorted(self._verdicts.items())]
         self._verdict_label.setText("<br>".join(lines) if lines else "verdict: no steps yet")
-        self._empty.set_text("" if self._roofs else "Measuring this machine's roofs…")
+        self._empty.set_text("" if self._roofs else self._status)
 
     def _set_range(self) -> None:
         lo, hi = INTENSITY_RANGE

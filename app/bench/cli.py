@@ -10,9 +10,11 @@ import torch
 
 import engine.kernels as kernels
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
+from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
 from app.load.workload import corpus_tokens
 from engine.perf.probe import cpu_description
+from engine.runner.threads import choose_threads
 
 
 def add_bench_args(p, engine_args) -> None:
@@ -58,6 +60,8 @@ def add_bench_args(p, engine_args) -> None:
     dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
                      help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
                           "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
+    dec.add_argument("--background-load", type=int, default=0, metavar="N",
+                     help="run N busy processes during the measurement (a busy laptop); recorded in the JSON")
     qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
@@ -128,10 +132,13 @@ def _run_bench(args) -> int:
         from app.device_args import engine_threads
 
         args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    threads = choose_threads(args.threads)  # chosen before any background load starts
+    args.threads = threads.count  # every engine of the bench runs this many
+    torch.set_num_threads(threads.count)
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
-              "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "cpu": cpu_description(), "cpu_tier": kernels.describe_tier(), "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
+              "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
+              "cpu_tier": kernels.describe_tier(), "torch": torch.__version__,
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         from app.bench.throughput import run_throughput
@@ -170,7 +177,9 @@ def _run_bench(args) -> int:
 
         result.update(tradeoff_bench.run(args))
     else:
-        result.update(_decode(args))
+        with background_load(args.background_load) as load:
+            result["background_load"] = load
+            result.update(_decode(args))
     return _emit(args, result)
 
 
@@ -227,6 +236,7 @@ def _decode(args) -> dict:
     tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
+           "engine": engine.compute_line(),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}

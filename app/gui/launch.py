@@ -62,7 +62,9 @@ def run_gui(args) -> int:
             return 2
     else:
         # the native kernels' first build runs in the background: live tokens on torch's kernels meanwhile
-        host = EngineHost(EngineConfig(model=args.model, num_threads=engine_threads(), kernel_build="background",
+        host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
+                                       num_threads=getattr(args, "threads", None) or engine_threads(),
+                                       kernel_build="background",
                                        **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")

@@ -117,7 +117,7 @@ class MainWindow(QMainWindow):
         self._show_engine_label(info.num_kv_blocks)
         attached = "client_timings" in info.capabilities
         self.show_message(f"attached to {info.source}: model {info.model}" if attached
-                          else f"model loaded: {info.model_path}")
+                          else f"model loaded: {info.model_path}" + (f" · {info.compute}" if info.compute else ""))
         self.controller.on_loaded(info)
 
     def _show_engine_label(self, num_kv_blocks: int) -> None:
@@ -127,8 +127,10 @@ class MainWindow(QMainWindow):
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return
         kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        compute = f" · {info.compute_short}" if info.compute_short else ""  # compute path, threads; why: tooltip
+        self.engine_label.setToolTip(info.compute)
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
-                                  f"× {info.block_size} · context {info.max_model_len}")
+                                  f"× {info.block_size} · context {info.max_model_len}{compute}")
 
     def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:
         """Requantizing resized the KV cache (the bytes the weights freed or took back)."""

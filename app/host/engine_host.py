@@ -29,7 +29,7 @@ from app.host import host_commands as cmd
 from app.load.generator import LoadConfig, LoadGenerator
 from app.source import channel
 from app.source.engine_info import EngineInfo, make_info
-from app.tradeoff.roofline_feed import roofline_at_load
+from app.tradeoff.roofline_feed import RoofProbe
 from engine.config import EngineConfig
 from engine.core.admission import RequestRejected
 from engine.events import EngineStepEvent
@@ -78,6 +78,7 @@ class EngineHost(QObject):
         self.perplexity: dict[int, float] = {}  # weight bits -> perplexity on the held-out text
         self.loop = EngineLoop(engine, config=config, progress=self.sigLoadProgress.emit, name="inferlab-engine")
         self.loop.subscribe(_HostSubscriber(self))
+        self.loop.subscribe(RoofProbe(self.publish))  # the roofs, off the engine thread (after self's info)
         self.loop.add_ticker(self._tick)
         now = time.perf_counter
         for command_type, handler in {
@@ -230,8 +231,6 @@ class EngineHost(QObject):
             self.publish(channel.Reset())
         self.info = info
         self.sigLoaded.emit(info)
-        # the machine's roofs (probed once per machine, a few seconds; cached) and the stored sweep
-        self.publish(channel.RooflineAtLoad(roofline_at_load(engine)))
 
     def _on_failure(self, failure: LoopFailure) -> None:
         if failure.kind is FailureKind.LOAD:

@@ -79,7 +79,9 @@ class ComparisonResult:
 
 @dataclass(frozen=True, slots=True)
 class RooflineAtLoad:
-    payload: dict  # once per loaded engine: the probed roofs and the stored sweep (app/tradeoff/roofline_feed.py)
+    # per loaded engine, and again as the probe goes: the roofs (None while probing, with a "status"
+    # line) and the stored sweep (app/tradeoff/roofline_feed.py RoofProbe)
+    payload: dict
 
 
 @dataclass(frozen=True, slots=True)

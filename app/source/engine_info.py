@@ -52,6 +52,8 @@ class EngineInfo:
     capabilities: Capabilities = field(default_factory=Capabilities)
     config: dict = field(default_factory=dict)
     weights_origin: str = ""  # where the weights came from, in words ("" for weights as a folder stores them)
+    compute: str = ""  # dtype, compute path, kernel tier and threads, and why (LLMEngine.compute_line)
+    compute_short: str = ""  # the same without the reasons (the status bar; the reasons in its tooltip)
 
     @property
     def reconfigurable(self) -> tuple[str, ...]:
@@ -82,4 +84,5 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config={k: getattr(cfg, k) for k in cfg.__slots__}, weights_origin=e.weights_origin)
+                      config={k: getattr(cfg, k) for k in cfg.__slots__}, weights_origin=e.weights_origin,
+                      compute=e.compute_line(), compute_short=e.compute_line(short=True))

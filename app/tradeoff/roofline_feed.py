@@ -1,4 +1,5 @@
-"""RooflineFeed: step stats -> roofline dots and verdict lines (the decision lives here, not in the view).
+"""RooflineFeed: step stats -> roofline dots and verdict lines (the decision lives here, not in the view);
+RoofProbe: the machine's roofs, measured off the engine thread after the first tokens.
 
 The verdict line per kind of step summarises the last VERDICT_WINDOW steps of that kind: the most
 common verdict, and the median fraction of the roof that bounds them, e.g.
@@ -6,12 +7,19 @@ common verdict, and the median fraction of the roof that bounds them, e.g.
 """
 from __future__ import annotations
 
+import threading
 from collections import Counter, deque
+from collections.abc import Callable
 
-from engine.events import StepStats
+from app.source import channel
+from engine.events import EngineStepEvent, StepStats
 from engine.perf.roofline import Roofs, StepVerdict, step_verdict
+from engine.serving.loop import Subscriber
 
 VERDICT_WINDOW = 50
+FIRST_TOKENS_WAIT_S = 15.0  # the probe starts after the first tokens, or after this long without any
+PROBE_WAITING = "Roofs: probing this machine after the first tokens…"
+PROBE_RUNNING = "Roofs: probing this machine… (at most {:.0f} s, beside the engine)"
 
 
 def step_kind(stats: StepStats) -> str:
@@ -59,22 +67,62 @@ class RooflineFeed:
         self.panel.reset()
 
     def on_loaded(self, payload: dict, tradeoff_panel) -> None:
-        """The engine thread's ("roofline", …) event: the roofs, and the sweep stored for this machine
-        and model (shown on the tradeoff plot until a new sweep replaces it)."""
+        """A RoofProbe's RooflineAtLoad: the roofs when known (else what the probe is doing), and the
+        sweep stored for this machine and model (shown on the tradeoff plot until a new sweep replaces it)."""
         if payload.get("roofs") is not None:
             self.set_roofs(payload["roofs"])
+        elif payload.get("status"):
+            self.panel.set_status(payload["status"])
         if payload.get("stored"):
             tradeoff_panel.set_sweep(payload["stored"])
 
 
-def roofline_at_load(engine) -> dict:
-    """In the engine thread, once the model is loaded: the probed roofs (measured at the first start on
-    this machine, a few seconds; cached afterwards) and the stored sweep. Never raises."""
-    from app.tradeoff import sweep_store
-    from engine.perf.probe import probe_roofs
+class RoofProbe(Subscriber):
+    """The machine's roofs for the roofline panel, never in the engine's way: a subscriber of the engine
+    loop that, for each engine, publishes the cached roofs (and the sweep stored for this machine and
+    model) at once, or, when this machine has none yet, says "probing…" and measures them in a thread
+    of its own once the first tokens are out (or FIRST_TOKENS_WAIT_S passed), within the probe's time
+    limit. On a CPU that emulates bf16 the old probe, in the engine thread, held every panel empty for
+    ~6 minutes (issue 24). `publish` takes a typed channel item (app/source/channel.py) from any thread."""
 
-    try:
-        roofs = probe_roofs(engine.device)
-    except Exception as exc:  # the panel then says it has no roofs; the engine serves on
-        return {"roofs": None, "stored": None, "error": f"{type(exc).__name__}: {exc}"}
-    return {"roofs": roofs, "stored": sweep_store.load(roofs.machine, engine.model_path)}
+    def __init__(self, publish: Callable[[object], None]) -> None:
+        self.publish = publish
+        self.first_tokens = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def on_engine(self, engine) -> None:
+        from app.tradeoff import sweep_store
+        from engine.perf.probe import cached_roofs, machine_name
+
+        stored = sweep_store.load(machine_name(engine.device), engine.model_path)
+        roofs = cached_roofs(engine.device)
+        if roofs is not None or (self.thread is not None and self.thread.is_alive()):
+            self.publish(channel.RooflineAtLoad({"roofs": roofs, "stored": stored}))
+            return
+        self.first_tokens.clear()
+        self.publish(channel.RooflineAtLoad({"roofs": None, "stored": stored, "status": PROBE_WAITING}))
+        threads = getattr(getattr(engine, "threads", None), "count", None)
+        self.thread = threading.Thread(target=self._probe, args=(engine.device, threads), daemon=True,
+                                       name="inferlab-roof-probe")
+        self.thread.start()
+
+    def on_step(self, event: EngineStepEvent) -> None:
+        # inside engine.step(): one flag test once the first tokens are out
+        if not self.first_tokens.is_set() and any(o.new_token_ids for o in event.outputs):
+            self.first_tokens.set()
+
+    def _probe(self, device, threads: int | None) -> None:
+        import torch
+
+        from engine.perf.probe import PROBE_TIME_LIMIT_S, probe_roofs
+
+        self.first_tokens.wait(FIRST_TOKENS_WAIT_S)
+        self.publish(channel.RooflineAtLoad({"roofs": None, "status": PROBE_RUNNING.format(PROBE_TIME_LIMIT_S)}))
+        if threads:  # a new thread starts with torch's default count: measure with the engine's
+            torch.set_num_threads(threads)
+        try:
+            roofs = probe_roofs(device)
+        except Exception as exc:  # noqa: BLE001 (the panel says so; the engine serves on)
+            self.publish(channel.RooflineAtLoad({"roofs": None, "status": f"no roofs: {type(exc).__name__}: {exc}"}))
+            return
+        self.publish(channel.RooflineAtLoad({"roofs": roofs}))

@@ -1,13 +1,16 @@
 """Probe this machine's roofs once: matmul FLOP/s (bf16, fp32) and memory read bandwidth.
 
 Measured with the calling thread's torch thread count (the engine's). Each figure is the median of a
-few timed runs after one warm-up. The bandwidth buffer is max(2 GiB, 4x the last-level cache), so
+few timed runs after one warm-up, within a time limit (PROBE_TIME_LIMIT_S): the GEMM grows from 256
+until one call is long enough to time, so a dtype the CPU emulates is measured small, not for minutes.
+The bandwidth buffer is max(2 GiB, 4x the last-level cache), so
 the reads come from memory, not from a large L3. The result is cached per machine (CPU model or GPU
 name), thread count and torch version in the user cache dir, with how it was measured.
 """
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import time
@@ -18,9 +21,13 @@ from pathlib import Path
 import torch
 
 from engine.perf.roofline import Roofs
+from engine.runner.cpu_compute import cpu_flags
 
 GEMM_SIZE = 2048  # (n x n) @ (n x n): 2 n^3 FLOPs, large enough for the library's peak kernel
+GEMM_MIN_SIZE = 256  # the first size tried; it doubles while a call is shorter than GEMM_MIN_CALL_S
+GEMM_MIN_CALL_S = 0.05
 GEMM_REPEATS = 5
+PROBE_TIME_LIMIT_S = 20.0  # the whole probe; a busy machine gets fewer repeats, never minutes
 MIN_STREAM_BYTES = 2 * 2**30
 STREAM_REPEATS = 3
 
@@ -39,17 +46,6 @@ def machine_name(device: torch.device) -> str:
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
              "amx_int8", "avx512_fp16")  # the ones the CPU kernels (ours, oneDNN, llama.cpp) pick paths by
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty where the platform does not list them)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
 
 
 def cpu_description() -> dict:
@@ -76,11 +72,15 @@ def last_level_cache_bytes() -> int:
     return best
 
 
-def _timed(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> list[float]:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
+def _timed(fn: Callable[[], object], repeats: int, sync: Callable[[], None], deadline: float = math.inf,
+           times: list[float] | None = None) -> list[float]:
+    """Up to `repeats` timed calls in all (`times`: those already taken, after their warm-up; else one
+    warm-up first); at least one, none begun after `deadline`."""
+    if times is None:
+        fn()
+        sync()
+        times = []
+    while len(times) < repeats and (not times or time.perf_counter() < deadline):
         t0 = time.perf_counter()
         fn()
         sync()
@@ -88,18 +88,29 @@ def _timed(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> 
     return times
 
 
-def measure_gemm(dtype: torch.dtype, device: torch.device, n: int = GEMM_SIZE,
-                 repeats: int = GEMM_REPEATS) -> float:
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    times = _timed(lambda: torch.mm(a, b), repeats, _sync(device))
-    return 2 * n**3 / statistics.median(times)
+def measure_gemm(dtype: torch.dtype, device: torch.device, n: int = GEMM_SIZE, repeats: int = GEMM_REPEATS,
+                 deadline: float = math.inf) -> tuple[float, int]:
+    """(FLOP/s, the size measured): (m x m) @ (m x m), m doubling from GEMM_MIN_SIZE until one call takes
+    GEMM_MIN_CALL_S or m reaches n. A dtype the CPU emulates (bf16 without native dot products: 0.27
+    GFLOP/s on a Zen 3) stops small instead of taking minutes at n = 2048."""
+    m = min(GEMM_MIN_SIZE, n)
+    sync = _sync(device)
+    while True:
+        a = torch.randn(m, m, device=device).to(dtype)
+        b = torch.randn(m, m, device=device).to(dtype)
+        first = _timed(lambda a=a, b=b: torch.mm(a, b), 1, sync)  # after its warm-up
+        if first[0] >= GEMM_MIN_CALL_S or m >= n or time.perf_counter() >= deadline:
+            break
+        m = min(2 * m, n)
+    times = _timed(lambda: torch.mm(a, b), repeats, sync, deadline, times=first)
+    return 2 * m**3 / statistics.median(times), m
 
 
-def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = STREAM_REPEATS) -> float:
+def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = STREAM_REPEATS,
+                      deadline: float = math.inf) -> float:
     """Read bandwidth: a sum over a float32 buffer (one add per 4 bytes read: the memory is the limit)."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    times = _timed(lambda: buf.sum(), repeats, _sync(device))
+    times = _timed(lambda: buf.sum(), repeats, _sync(device), deadline)
     return nbytes / statistics.median(times)
 
 
@@ -108,17 +119,24 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 
 def measure_roofs(device: torch.device | None = None, gemm_size: int = GEMM_SIZE,
-                  stream_bytes: int | None = None) -> Roofs:
+                  stream_bytes: int | None = None, time_limit_s: float = PROBE_TIME_LIMIT_S) -> Roofs:
+    """The roofs within about `time_limit_s` (past it, no new repeat starts; each figure keeps at least one)."""
     device = device or torch.device("cpu")
+    started = time.perf_counter()
+    deadline = started + time_limit_s
     if stream_bytes is None:
         llc = last_level_cache_bytes() if device.type == "cpu" else 0
         stream_bytes = max(MIN_STREAM_BYTES, 4 * llc)
-    flops = {name: measure_gemm(dt, device, gemm_size) for name, dt in
-             (("bfloat16", torch.bfloat16), ("float32", torch.float32))}
-    bw = measure_bandwidth(device, stream_bytes)
-    how = (f"GEMM {gemm_size}x{gemm_size}x{gemm_size} (torch.mm), median of {GEMM_REPEATS} after 1 warm-up; "
-           f"read bandwidth: sum over a {stream_bytes / 2**30:.2f} GiB float32 buffer, median of "
-           f"{STREAM_REPEATS} after 1 warm-up; {torch.get_num_threads()} threads")
+    flops, sizes = {}, {}
+    for name, dt in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        flops[name], sizes[name] = measure_gemm(dt, device, gemm_size, deadline=deadline)
+    bw = measure_bandwidth(device, stream_bytes, deadline=deadline)
+    took = time.perf_counter() - started
+    cut = f"; cut short by its {time_limit_s:.0f} s limit (fewer repeats)" if took > time_limit_s else ""
+    how = (f"GEMM bf16 {sizes['bfloat16']}^3, fp32 {sizes['float32']}^3 (torch.mm; the size doubles up to "
+           f"{gemm_size} until a call takes {GEMM_MIN_CALL_S * 1e3:.0f} ms), median of up to {GEMM_REPEATS} after "
+           f"1 warm-up; read bandwidth: sum over a {stream_bytes / 2**30:.2f} GiB float32 buffer, median of up "
+           f"to {STREAM_REPEATS} after 1 warm-up; {torch.get_num_threads()} threads; {took:.1f} s{cut}")
     return Roofs(machine=machine_name(device), threads=torch.get_num_threads(), torch_version=torch.__version__,
                  peak_flops=flops, bandwidth_bytes_per_s=bw, how=how,
                  measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -132,16 +150,24 @@ def cache_path(device: torch.device, cache_dir: Path | None = None) -> Path:
     return base / ("".join(c if c.isalnum() or c in "-._" else "_" for c in key) + ".json")
 
 
-def probe_roofs(device: torch.device | None = None, cache_dir: Path | None = None, refresh: bool = False) -> Roofs:
-    """The cached roofs for this machine, thread count and torch; measured (a few seconds) when missing."""
+def cached_roofs(device: torch.device | None = None, cache_dir: Path | None = None) -> Roofs | None:
+    """The roofs stored for this machine, thread count and torch, or None (none yet, or damaged)."""
+    path = cache_path(device or torch.device("cpu"), cache_dir)
+    try:
+        return Roofs.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged cache is measured again
+
+
+def probe_roofs(device: torch.device | None = None, cache_dir: Path | None = None, refresh: bool = False,
+                time_limit_s: float = PROBE_TIME_LIMIT_S) -> Roofs:
+    """The cached roofs for this machine, thread count and torch; measured (within `time_limit_s`) when
+    missing."""
     device = device or torch.device("cpu")
+    if not refresh and (roofs := cached_roofs(device, cache_dir)) is not None:
+        return roofs
+    roofs = measure_roofs(device, time_limit_s=time_limit_s)
     path = cache_path(device, cache_dir)
-    if path.exists() and not refresh:
-        try:
-            return Roofs.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache is measured again
-    roofs = measure_roofs(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(roofs.to_dict(), indent=2))
     return roofs

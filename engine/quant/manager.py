@@ -16,7 +16,7 @@ from torch import nn
 from engine.commands import SwapWeights
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
-from engine.models.layers.linear import pack_linears, set_stream_kernel
+from engine.models.layers.linear import pack_linears, set_matmul_dtype, set_stream_kernel
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
@@ -35,14 +35,17 @@ class WeightsManager:
     def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, block_bytes: int,
                  calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0,
                  profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
-                 at_load: QuantizeAtLoad | None = None, stream_kernel=None) -> None:
+                 at_load: QuantizeAtLoad | None = None, stream_kernel=None,
+                 matmul_dtype: torch.dtype | None = None) -> None:
         """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
         too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
         `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
         `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
-        originals already on the host."""
+        originals already on the host; `matmul_dtype`: what every (swapped-in) Linear's library products
+        compute in, when wider than its weights (engine/runner/cpu_compute.py)."""
         self.model = model
         self.stream_kernel = stream_kernel
+        self.matmul_dtype = matmul_dtype
         self.device = device
         self.block_bytes = block_bytes
         self._calibrate = calibrate
@@ -57,6 +60,7 @@ class WeightsManager:
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
         set_stream_kernel(model, stream_kernel)
+        set_matmul_dtype(model, matmul_dtype)
         self.weights_bytes = weights_bytes(model)  # with the packed copies
         self._other_weights = other_weights_bytes
         blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes + other_weights_bytes, weights_saved,
@@ -106,6 +110,7 @@ class WeightsManager:
         swap_modules(self.model, dict(command.modules))
         self.packed_bytes = pack_linears(self.model, config.pack_weights)
         set_stream_kernel(self.model, self.stream_kernel)
+        set_matmul_dtype(self.model, self.matmul_dtype)
         self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
         self.weights_bytes = weights_bytes(self.model)
         self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes + self._other_weights,

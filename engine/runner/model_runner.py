@@ -65,14 +65,16 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", matmul_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
-        self.backend = backend  # replaced whole by set_execution
+        # fp32 on a CPU without native bf16 (engine/runner/cpu_compute.py): the eager attention's products
+        self.matmul_dtype = matmul_dtype
+        self.backend = dataclasses.replace(backend, matmul_dtype=matmul_dtype) if matmul_dtype else backend
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
@@ -102,6 +104,8 @@ class ModelRunner:
                                  previous=self.backend, wait=wait_kernels)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
             backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
+        if self.matmul_dtype is not None:
+            backend = dataclasses.replace(backend, matmul_dtype=self.matmul_dtype)
         self.backend = backend
         self.fused = None
         if (fused_decode and not compile and not backend.reference and not self.kv_int8

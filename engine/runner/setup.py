@@ -9,8 +9,8 @@ import torch
 from engine.config import EngineConfig
 from engine.models.layers.kv_quant import kv_row_bytes
 from engine.models.model_config import ModelConfig
+from engine.runner.cpu_compute import plan_compute
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEVICE_ENV = "INFERLAB_DEVICE"  # what device "auto" means when set (the test suite pins "cpu")
 CPU_KV_CACHE_BYTES = 512 * 2**20  # the CPU's KV budget when none is given
 
@@ -33,13 +33,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """bf16 by default: on the CPU it runs on AMX and halves the bytes read per token; on GPUs of
-    compute capability 8.0+ (Ampere on) it is a native format. Older GPUs compute in fp16."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
-        return torch.float16
-    return torch.bfloat16
+    """The dtype weights and KV are stored in (engine/runner/cpu_compute.py decides, and why)."""
+    return plan_compute(name, device).dtype
 
 
 def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:

@@ -17,7 +17,7 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
-from engine.models.layers.linear import pack_linears, set_stream_kernel
+from engine.models.layers.linear import pack_linears, set_matmul_dtype, set_stream_kernel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.quant.at_load import QuantizeAtLoad
@@ -38,7 +38,7 @@ class DraftModel:
 
 
 def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfig, device: torch.device,
-                      dtype: torch.dtype) -> DraftModel:
+                      dtype: torch.dtype, matmul_dtype: torch.dtype | None = None) -> DraftModel:
     """The draft model on the device, quantized layer by layer (a self-draft: a 4-bit copy of the target
     by default). Built before the target's KV cache is sized: its weights and KV share the budget."""
     loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded
@@ -54,6 +54,7 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
     set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
+    set_matmul_dtype(model, matmul_dtype)  # as the target's (engine/runner/cpu_compute.py)
     return DraftModel(model, mc)
 
 

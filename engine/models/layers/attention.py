@@ -67,6 +67,9 @@ class AttentionBackend:
     reference: bool = False  # the readable one-sequence-at-a-time path
     compiled_decode: CompiledDecode | None = None  # decode through the compiled gather-fused kernel
     native_decode: object = None  # the C++ paged-decode module, only where it applies to the model
+    # what the eager paths' matmuls compute in when wider than the activations (fp32 on a CPU without
+    # native bf16, engine/runner/cpu_compute.py): K/V widened as gathered, the output rounded back
+    matmul_dtype: torch.dtype | None = None
 
 
 EAGER = AttentionBackend()  # batched paged attention, no kernel: what a bare ModelRunner runs
@@ -135,6 +138,7 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
     native, fused = md.backend.native_decode, md.backend.compiled_decode
+    wide = md.backend.matmul_dtype
     if is_quantized(k_cache):  # the kernels read 16-bit caches; this step's own K/V as the cache holds them
         native = fused = None
         k, v = dequantize_kv(quantize_kv(k), q.dtype), dequantize_kv(quantize_kv(v), q.dtype)
@@ -156,7 +160,7 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
             else:
                 out[g.start : g.start + n] = o.transpose(0, 1).reshape(n, num_heads, head_dim)
                 continue
-        out[g.start : g.start + n] = _decode_attention(qg, k_cache, v_cache, g, group, scale, md.block_size)
+        out[g.start : g.start + n] = _decode_attention(qg, k_cache, v_cache, g, group, scale, md.block_size, wide)
     for p in md.prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
         if p.blocks is None:  # nothing cached: this chunk is the whole context
@@ -164,6 +168,8 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         else:
             kp = dequantize_kv(gather_blocks(k_cache, p.blocks, md.block_size)[:, : p.ctx_len], q.dtype)
             vp = dequantize_kv(gather_blocks(v_cache, p.blocks, md.block_size)[:, : p.ctx_len], q.dtype)
+        if wide is not None:  # widened once here, not per query slice
+            kp, vp = kp.to(wide), vp.to(wide)
         if p.tree_mask is not None:  # a tree verify run: short, one slice, its own mask
             r = slice(p.q_start, p.q_start + p.q_len)
             out[r] = _chunk_attention(q[r], kp, vp, p, group, scale)
@@ -182,16 +188,17 @@ def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: Pre
     kp, vp (kv_heads, ctx_len, head_dim), causal from the chunk's offset. Two matmuls with the query
     heads of a KV head stacked (K/V never repeated): on the CPU this beats SDPA's masked kernel by
     about 4x and its causal one too at these sizes. The caller cuts long chunks into QUERY_SLICE
-    queries at a time, so the score matrix stays bounded."""
+    queries at a time, so the score matrix stays bounded. Computed in kp's dtype (the caller may have
+    widened K/V), returned in q's."""
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = kp.shape[0]
-    qg = (q * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
+    qg = (q.to(kp.dtype) * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
     scores = torch.matmul(qg, kp.transpose(-1, -2)).view(num_kv_heads, group, q_len, p.ctx_len)
-    mask = torch.zeros(q_len, p.ctx_len, dtype=q.dtype, device=q.device)
+    mask = torch.zeros(q_len, p.ctx_len, dtype=kp.dtype, device=q.device)
     mask.masked_fill_(~chunk_mask(q_len, p.ctx_len, q.device, p.tree_mask), float("-inf"))
     probs = (scores + mask).softmax(dim=-1).view(num_kv_heads, group * q_len, p.ctx_len)
     out = torch.matmul(probs, vp)  # (kv_heads, group * q_len, head_dim)
-    return out.view(num_heads, q_len, head_dim).transpose(0, 1)
+    return out.view(num_heads, q_len, head_dim).transpose(0, 1).to(q.dtype)
 
 
 def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
@@ -211,22 +218,24 @@ def decode_attention_math(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
-                      group: int, scale: float, block_size: int) -> torch.Tensor:
-    """One query token per sequence. The query heads sharing a KV head ride together as a (group,)
-    dimension, so K/V are read once per KV head, never repeated. Plain matmuls beat SDPA's flash kernel
-    here: with one query row per head there is nothing to tile, and the gather dominates anyway."""
+                      group: int, scale: float, block_size: int, wide: torch.dtype | None = None) -> torch.Tensor:
+    """One query token per sequence (computed in `wide` when given, returned in q's dtype). The query heads
+    sharing a KV head ride together as a (group,) dimension, so K/V are read once per KV head, never
+    repeated. Plain matmuls beat SDPA's flash kernel here: with one query row per head there is nothing to
+    tile, and the gather dominates anyway."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     # (kv_heads, n, group, head_dim); scale the few queries, not the many scores
-    qd = (q.view(n, num_kv_heads, group, head_dim) * scale).transpose(0, 1)
+    dtype = wide or q.dtype
+    qd = (q.view(n, num_kv_heads, group, head_dim).to(dtype) * scale).transpose(0, 1)
     # index_select gathers rows far faster than advanced indexing on the CPU; the result is already
     # (kv_heads, n, max_ctx, head_dim), contiguous, so the matmuls run on it without a copy.
     shape = (num_kv_heads, n, g.max_ctx, head_dim)
-    kd = dequantize_kv(gather_blocks(k_cache, g.blocks, block_size), q.dtype).view(shape)
-    vd = dequantize_kv(gather_blocks(v_cache, g.blocks, block_size), q.dtype).view(shape)
+    kd = dequantize_kv(gather_blocks(k_cache, g.blocks, block_size), dtype).to(dtype).view(shape)
+    vd = dequantize_kv(gather_blocks(v_cache, g.blocks, block_size), dtype).to(dtype).view(shape)
     scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
     out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
-    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
+    return out.transpose(0, 1).reshape(n, num_heads, head_dim).to(q.dtype)
 
 
 def chunk_mask(q_len: int, ctx_len: int, device: torch.device, tree_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,6 +9,10 @@ EngineConfig.pack_weights (off by default) additionally keeps oneDNN's blocked l
 `pack_linears`) for the library GEMM: ~15 % faster at 47 rows, ~5 % at 256 (measured on the 2-core
 test machine, SmolLM2-135M shapes), at the price of a second copy of every weight (counted in the
 engine's weights bytes).
+
+`matmul_dtype`, when set (`set_matmul_dtype`: fp32 on a CPU without native bf16 dot products,
+engine/runner/cpu_compute.py), is what the library path computes in: the bf16 weight is widened per
+call (no second copy kept) and the result rounded back, so activations between layers stay bf16.
 """
 from __future__ import annotations
 
@@ -81,6 +85,7 @@ class Linear(nn.Module):
     gemv = None
     packed = None
     stream = None
+    matmul_dtype: torch.dtype | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -116,6 +121,8 @@ class Linear(nn.Module):
             # Inside a compiled region the math is traced into the region's own graph.
             y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
             return y if self.bias is None else y + self.bias
+        if self.matmul_dtype is not None and x.dtype != self.matmul_dtype:
+            return widened_linear(x, self.weight, self.bias, self.matmul_dtype)
         if self.packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and not x.requires_grad:
             if torch.compiler.is_compiling():  # an opaque call in the compiled graph; the bias add fuses
                 y = packed_linear(x, self.weight)
@@ -144,6 +151,22 @@ def set_stream_kernel(model: nn.Module, kernel) -> None:
     for m in model.modules():
         if hasattr(type(m), "stream"):
             m.stream = kernel
+
+
+def set_matmul_dtype(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """Give every layer with a `matmul_dtype` slot the dtype its library products compute in (None:
+    the input's own)."""
+    for m in model.modules():
+        if hasattr(type(m), "matmul_dtype"):
+            m.matmul_dtype = dtype
+
+
+def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """x W^T + b computed in `dtype` (a CPU's fast fp32 GEMM instead of its emulated bf16 one), returned
+    in x's dtype. The weight is widened for this call only: memory stays one bf16 copy."""
+    y = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    return y.to(x.dtype)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
