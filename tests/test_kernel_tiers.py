@@ -109,22 +109,21 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
     name = kernels._build_name(tier)
     release = threading.Event()
 
-    def slow_build(build_name, build_tier, progress):
+    def slow_compile(build_name, build_tier):  # under the build lock, as a real compile
         release.wait(60)
         return real
 
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_PENDING", {})
     monkeypatch.setattr(kernels, "_import_built", lambda n: None)  # as on a machine that never built it
-    monkeypatch.setattr(kernels, "_build", slow_build)
+    monkeypatch.setattr(kernels, "_compile", slow_compile)
     folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=16, kernel_build="background"))
     assert kernels.build_pending(tier) and eng.runner.fused is None
     first = eng.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.0))
     assert eng.runner.fused is None and len(first[0].token_ids) == 3
     release.set()
-    kernels._PENDING[name].result(timeout=60)
-    kernels._BUILT[name] = real
+    assert kernels._PENDING[name].result(timeout=60) is real
     eng.generate(["hello again"], SamplingParams(max_tokens=3, temperature=0.0))
     assert eng.runner.fused is not None and eng.runner.native_decode is not None
 

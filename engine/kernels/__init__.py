@@ -46,6 +46,7 @@ _WHAT = {"portable": "plain C++", "avx2": "AVX2 + FMA", "avx512": "AVX-512 bf16 
 _BUILT: dict[str, object] = {}  # build name -> the loaded module, or None after a failed build
 _PENDING: dict[str, Future] = {}  # build name -> its background build
 _LOCK = threading.Lock()  # one build at a time in this process (background thread and callers)
+_PENDING_LOCK = threading.Lock()  # _PENDING only: never held during a build, so asking never waits on one
 
 
 # ---------------------------------------------------------------------------------------- the CPU's tier
@@ -163,7 +164,7 @@ def build_in_background(tier: str | None = None) -> Future:
     """Start building `tier`'s module in a thread (once); the future's result is the module or None."""
     tier = tier or cpu_tier()
     name = _build_name(tier)
-    with _LOCK:
+    with _PENDING_LOCK:
         if name in _PENDING:
             return _PENDING[name]
         future: Future = Future()
