@@ -6,8 +6,12 @@ engine, the loop re-attaches them to the new one, so the server keeps serving ac
 """
 from __future__ import annotations
 
-from app.server import ServerThread, create_app
+from typing import TYPE_CHECKING
+
 from engine.serving.async_engine import AsyncEngine
+
+if TYPE_CHECKING:
+    from app.server import ServerThread
 
 
 class ServerControl:
@@ -33,6 +37,8 @@ class ServerControl:
         info = self.host.info
         if info is None:
             raise RuntimeError("the model is still loading; start the server once it is ready")
+        from app.server import ServerThread, create_app  # FastAPI and pydantic: seconds to import, so only now
+
         self._async = AsyncEngine(loop=self.host.loop).start()
         app = create_app(self._async, model_name=info.model)
         self._metrics = app.state.inferlab.metrics
