@@ -100,7 +100,7 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if lora_dir is not None:
-        install_lora_routes(app, lambda: async_engine.engine, lora_dir)
+        install_lora_routes(app, lambda: async_engine.engine, lora_dir, name)
 
     @app.get("/health")
     async def health() -> Response:

@@ -79,6 +79,8 @@ def run_serve(args) -> int:
         loras = lora_args(args.lora)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
         for lora_name, path in loras:
+            if lora_name == (args.served_model_name or args.model):
+                raise ValueError(f"--lora {lora_name}=...: an adapter cannot take the base model's name")
             engine.add_lora(lora_name, path)
     except (ValueError, ModelLoadError) as exc:
         print(f"\ninferlab: error: {exc}", file=sys.stderr)  # a line of its own, after the progress

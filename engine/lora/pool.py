@@ -21,6 +21,7 @@ import torch
 
 from engine.events import LoraAdapterInfo, LoraPoolEvent, LoraPoolSnapshot
 from engine.lora.adapter import LoraAdapter, load_adapter
+from engine.lora.checks import check_name
 from engine.lora.modules import LoraModules
 from engine.models.model_config import ModelConfig
 
@@ -45,8 +46,7 @@ class LoraPool:
     def register(self, name: str, path: str) -> LoraAdapter:
         """Read and check an adapter (in the caller's thread) and reserve its name. Raises ValueError
         (LoraLoadError) for an adapter that does not fit, or a name already in use."""
-        if not name or not isinstance(name, str):
-            raise ValueError("a LoRA adapter needs a non-empty name")
+        check_name(name)
         with self._lock:
             if name in self._names:
                 raise ValueError(f"a LoRA adapter named {name!r} is already loaded (remove_lora it first)")
