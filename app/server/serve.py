@@ -67,6 +67,7 @@ def run_serve(args) -> int:
     import uvicorn
 
     from app.generate import stderr_progress
+    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
     from app.server.api import create_app
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
@@ -93,8 +94,8 @@ def run_serve(args) -> int:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=2)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2,
+                    http=header_timeout_protocol(), timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         async_engine.shutdown()
     return 0
