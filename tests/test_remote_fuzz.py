@@ -56,8 +56,8 @@ numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
 names = st.sampled_from(["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                          "vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "sglang:token_usage",
                          "inferlab:num_requests_running", "x", "vllm:cache_config_info"])
-labels = st.one_of(st.just(""), st.builds(lambda a, b: '{num_gpu_blocks="%s",block_size="%s"}' % (a, b), numbers,
-                                          numbers), st.sampled_from(['{le="0.1"}', '{le="+Inf"}', "{", '{a="b"']))
+labels = st.one_of(st.just(""), st.builds(lambda a, b: f'{{num_gpu_blocks="{a}",block_size="{b}"}}', numbers, numbers),
+                   st.sampled_from(['{le="0.1"}', '{le="+Inf"}', "{", '{a="b"']))
 metric_line = st.one_of(st.builds(lambda n, lab, v: f"{n}{lab} {v}", names, labels, numbers),
                         st.builds(lambda n, t: f"# TYPE {n} {t}", names,
                                   st.sampled_from(["gauge", "counter", "histogram", "bogus"])),
@@ -107,7 +107,8 @@ def test_any_metrics_page_ends_in_a_status_in_bounded_memory(server, small_limit
 
 
 anything = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
-                     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+                     st.lists(st.integers(), max_size=3),
+                     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 chunk = st.one_of(
     st.builds(lambda t, r: {"choices": [{"text": t, "finish_reason": r}]}, anything, anything),
     st.builds(lambda d: {"choices": [{"delta": d}]}, anything),

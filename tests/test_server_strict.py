@@ -75,7 +75,8 @@ def test_fields_that_would_be_ignored_are_400s(server, extra, param):
 def test_the_same_fields_used_rightly_are_served(server):
     srv, _engine, _path = server
     body = {"model": MODEL_NAME, "max_tokens": 2, "logprobs": True, "top_logprobs": 2,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]}
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"},
+                                                      {"type": "text", "text": "lo"}]}]}
     reply = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
     assert reply.status_code == 200, reply.text
 

@@ -3,7 +3,8 @@
 Unknown fields are ignored, as the OpenAI API does for fields it does not know; fields inferlab knows
 but cannot honour (n > 1, echo, penalties, logit_bias, tools, tool_choice, functions) and fields that
 would be ignored here (top_logprobs without logprobs, a text part whose text is not a string, an empty
-role) are refused with 400 rather than silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and `priority` are vLLM-style extensions.
+role) are refused with 400 rather than silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and
+`priority` are vLLM-style extensions.
 
 Types are strict (a string is not a number, a boolean is not an integer: what the API documents or a
 400), text must be valid Unicode (no lone surrogates, which JSON's \ud800 escapes can carry), and list

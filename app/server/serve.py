@@ -67,8 +67,8 @@ def run_serve(args) -> int:
     import uvicorn
 
     from app.generate import stderr_progress
-    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
     from app.server.api import create_app
+    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
     from engine.serving.async_engine import AsyncEngine
