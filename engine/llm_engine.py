@@ -9,6 +9,7 @@ block manager (counts), the model runner (tensors, KV cache, attention backend),
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 import weakref
@@ -129,7 +130,10 @@ class LLMEngine:
         self.admission = AdmissionController(config)
         self._inbox = cmd.CommandInbox()
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
-        self._listeners: list[StepListener] = []
+        self._listeners: tuple[StepListener, ...] = ()  # copy-on-write: a step reads it while others subscribe
+        self._listeners_lock = threading.Lock()
+        # one step at a time, whoever calls it (an engine loop, generate() from several threads, score())
+        self._step_lock = threading.RLock()
         self._last_activation_bytes = 0
         self._device_memory: DeviceMemory | None = None
         self._released: tuple | None = None  # release_memory: what restore_memory gives back
@@ -149,6 +153,10 @@ class LLMEngine:
         req.lora_name, req.lora_id = lora_name, lora_id
         rid = req.request_id
         with self._inbox.lock:
+            if lora_id and self.lora.resolve_or_none(lora_name) != lora_id:
+                # removed (or replaced) while the prompt was tokenized: its RemoveLora may already be
+                # queued, so this request would name an adapter the pool forgets; it fails alone, here
+                raise ValueError(f"LoRA adapter {lora_name!r} was removed while the request was being prepared")
             pending = self._inbox.pending_requests()
             if rid in self._requests or any(r.request_id == rid for r in pending):
                 raise ValueError(f"request id {rid!r} is already in use")
@@ -164,7 +172,7 @@ class LLMEngine:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
         Raises ValueError for a knob that cannot change at run time or a bad value."""
         command = cmd.reconfigure_command(changes)
-        self.spec.check_switch(changes.get("spec_method", self.config.spec_method))
+        self.spec.check_switch(command.changes.get("spec_method", self.config.spec_method))
         self._inbox.put(command)
 
     def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
@@ -197,13 +205,22 @@ class LLMEngine:
         return bool(self._inbox) or self.scheduler.has_unfinished()
 
     def add_listener(self, listener: StepListener) -> None:
-        self._listeners.append(listener)
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
 
     def remove_listener(self, listener: StepListener) -> None:
-        self._listeners.remove(listener)
+        with self._listeners_lock:
+            i = self._listeners.index(listener)  # ValueError when it is not there, as list.remove
+            self._listeners = self._listeners[:i] + self._listeners[i + 1:]
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step (thread-safe: callers in several threads take turns; each step's outputs reach every
+        listener, whoever called it)."""
+        with self._step_lock:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         outputs: Outputs = {}
         finished: list[Request] = []
@@ -264,6 +281,8 @@ class LLMEngine:
     def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
         match command:
             case cmd.AddRequest(request=req):
+                if req.lora_id and not self.lora.is_known(req.lora_id):  # its adapter is gone: never in a batch
+                    raise ValueError(f"LoRA adapter {req.lora_name!r} was removed before the request started")
                 req.generator = torch.Generator(device=self.device).manual_seed(req.seed)
                 self._requests[req.request_id] = req
                 self.scheduler.add(req)
@@ -287,8 +306,16 @@ class LLMEngine:
     def _reconfigure_now(self, changes) -> None:
         """A new config object (readers of engine.config see the old or the new one, never a mix); each
         part gets its own copy of the knobs it uses."""
-        old, self.config = self.config, dataclasses.replace(self.config, **changes)
-        cfg = self.config
+        old = self.config
+        new = self.config = dataclasses.replace(old, **changes)
+        try:
+            self._apply_knobs(old, new, changes)
+        except Exception:  # the engine keeps serving with the knobs it had (the failure is reported)
+            self.config = old
+            self._apply_knobs(new, old, changes)
+            raise
+
+    def _apply_knobs(self, old: EngineConfig, cfg: EngineConfig, changes) -> None:
         self.scheduler.reconfigure(SchedulerConfig.of(cfg), make_policy(cfg.policy) if "policy" in changes else None)
         self.admission.set_limits(cfg.max_queue_len, cfg.max_predicted_wait_s)
         self.spec.set_num_tokens(cfg.num_speculative_tokens)
@@ -453,14 +480,15 @@ class LLMEngine:
     def score(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits (len(token_ids), vocab) float32 for every position of a text, computed fresh in
         temporary KV blocks (never taken from or added to the prefix cache). Call between steps."""
-        with torch.inference_mode():
+        with self._step_lock, torch.inference_mode():
             return self.model.compute_logits(self.hidden_states(token_ids))
 
     def hidden_states(self, token_ids: Sequence[int]) -> torch.Tensor:
         """The final (normed) hidden states (len(token_ids), hidden) that the lm_head reads, computed as
         score() computes its logits."""
-        return fresh_hidden_states(self.runner, self.block_manager, lambda: self.intake.next_id("__score-"),
-                                   token_ids, self.max_model_len)
+        with self._step_lock:
+            return fresh_hidden_states(self.runner, self.block_manager, lambda: self.intake.next_id("__score-"),
+                                       token_ids, self.max_model_len)
 
     def build_quantized(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
                         progress: Progress | None = None, embeddings: bool | None = None) -> dict:

@@ -51,7 +51,7 @@ def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
              lora_names: Sequence[str | None] | None = None) -> list[RequestOutput]:
     """Run prompts to completion through engine.add_request / engine.step; the final RequestOutput of
-    each, in input order."""
+    each, in input order. Safe from several threads at once."""
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
     plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
@@ -60,16 +60,22 @@ def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
     loras = list(lora_names) if lora_names is not None else [None] * len(prompts)
     if len(loras) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora_names")
-    ids = [engine.add_request(p, sp, lora_name=lo) if lo is not None else engine.add_request(p, sp)
-           for p, sp, lo in zip(prompts, plist, loras)]
-    final: dict[str, RequestOutput] = {}
-    pending = set(ids)
-    while pending:
-        for out in engine.step():
-            if out.finished and out.request_id in pending:
-                final[out.request_id] = out
-                pending.discard(out.request_id)
-    return [final[i] for i in ids]
+    # Finished outputs are taken from the step events, not from step()'s return: with generate() running in
+    # several threads (or beside an engine loop), the step that finishes a request may be another caller's.
+    finished: dict[str, RequestOutput] = {}
+
+    def collect(event) -> None:
+        finished.update((out.request_id, out) for out in event.outputs if out.finished)
+
+    engine.add_listener(collect)
+    try:
+        ids = [engine.add_request(p, sp, lora_name=lo) if lo is not None else engine.add_request(p, sp)
+               for p, sp, lo in zip(prompts, plist, loras)]
+        while not all(i in finished for i in ids):
+            engine.step()  # serialised by the engine: one step at a time, whichever thread calls it
+    finally:
+        engine.remove_listener(collect)
+    return [finished[i] for i in ids]
 
 
 @torch.inference_mode()

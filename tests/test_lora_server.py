@@ -21,14 +21,17 @@ def test_model_field_picks_the_adapter(tiny_llama, tmp_path):
             assert models[1]["parent"] == MODEL_NAME and models[1]["root"] == "style"
             assert str(tmp_path) not in str(models)  # a name, never a local path
             texts = {}
-            for model in (MODEL_NAME, "style", "not-an-adapter"):
+            missing = client.post(f"{server.url}/v1/completions", json={
+                "model": "not-an-adapter", "prompt": [5, 17, 42, 99, 7], "max_tokens": 8})
+            assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+            for model in (MODEL_NAME, "style"):
                 reply = client.post(f"{server.url}/v1/completions", json={
                     "model": model, "prompt": [5, 17, 42, 99, 7], "max_tokens": 8, "temperature": 0,
                     "ignore_eos": True})
                 assert reply.status_code == 200, reply.text
                 texts[model] = reply.json()["choices"][0]["text"]
                 assert reply.json()["model"] == (model if model == "style" else MODEL_NAME)
-    assert texts["style"] != texts[MODEL_NAME] == texts["not-an-adapter"]
+    assert texts["style"] != texts[MODEL_NAME]
     want = engine.generate([[5, 17, 42, 99, 7]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
                            lora_names=["style"])[0].text
     assert texts["style"] == want

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import serving, wait_until
+from server_helpers import MODEL_NAME, serving, wait_until
 
 from app.server import ServerThread, create_app
 from app.server.protocol import MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -219,20 +219,40 @@ def completion_bodies(draw):
         body["stop"] = draw(st.lists(st.text(min_size=1, max_size=4), max_size=3))
     if draw(st.integers(0, 2)) == 0:  # a bad one: any field, any value
         body[draw(st.sampled_from([*number_fields, "stop", "prompt", "stream", "logprobs", "n", "priority",
-                                   "stop_token_ids", "echo"]))] = draw(anything)
+                                   "stop_token_ids", "echo", "model", "tool_choice", "top_logprobs",
+                                   "functions"]))] = draw(anything)
+    if draw(st.integers(0, 3)) == 0:  # a model name: the served one, none, or one that names nothing
+        body["model"] = draw(st.sampled_from([MODEL_NAME, "", "tiny-lama", "style", MODEL_NAME.upper()]))
     return body
 
 
+chat_messages = st.one_of(  # well formed, or a text part / role of the wrong kind
+    st.builds(lambda t: [{"role": "user", "content": [{"type": "text", "text": t}]}], anything),
+    st.builds(lambda r: [{"role": r, "content": "Hi"}], st.one_of(st.just(""), st.just("  "), anything)))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=completion_bodies(), chat=st.booleans())
-def test_fuzzed_requests_never_5xx_and_good_ones_finish(url, body, chat):
+@given(body=completion_bodies(), chat=st.booleans(), messages=st.one_of(st.none(), chat_messages))
+def test_fuzzed_requests_never_5xx_and_good_ones_finish(url, body, chat, messages):
     path = "/v1/completions"
     if chat:
         prompt = body.pop("prompt")
-        body["messages"] = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+        body["messages"] = messages or [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
         path = "/v1/chat/completions"
     r = post(url, path, body)
     assert r.status_code < 500, (body, r.text)
+    unknown_model = isinstance(body.get("model"), str) and body["model"] not in (MODEL_NAME, "")
+    if r.status_code == 404:  # only for a model that names nothing served
+        assert unknown_model and error_of(r)["code"] == "model_not_found", (body, r.text)
+    ignored = [f for f in ("tool_choice", "functions") if body.get(f) is not None]
+    if chat and body.get("top_logprobs") is not None and not body.get("logprobs"):
+        ignored.append("top_logprobs")
+    if chat and messages is not None:
+        part = (messages[0]["content"] or [{}])[0] if isinstance(messages[0]["content"], list) else {}
+        if ("text" in part and not isinstance(part["text"], str)) or not str(messages[0]["role"]).strip():
+            ignored.append("messages")
+    if unknown_model or (chat and ignored):  # never served as if the field were not there
+        assert r.status_code != 200, (body, r.text)
     if r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"):
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and not any('"error"' in e for e in events[:-1])
@@ -243,7 +263,7 @@ def test_fuzzed_requests_never_5xx_and_good_ones_finish(url, body, chat):
         choices = r.json()["choices"]
         assert choices and all(c["finish_reason"] in ("stop", "length") for c in choices)
     else:
-        assert r.status_code in (400, 429) and error_of(r)["message"]
+        assert r.status_code in (400, 404, 429) and error_of(r)["message"]
 
 
 def test_after_the_fuzz_the_engine_is_empty(stack):

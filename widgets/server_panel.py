@@ -183,7 +183,7 @@ class ServerPanel(Panel):
 
 
 def _num(v) -> str:
-    return "—" if v is None else f"{v:.0f}"
+    return "—" if v is None or not math.isfinite(v) else f"{v:.0f}"
 
 
 def _missing_keys(facts: dict) -> set[str]:

@@ -5,6 +5,10 @@ content chunk with perf_counter as it arrives: TTFT is send -> first content, in
 gaps between chunks, the token count is the server's `usage` when it reports one (stream_options), else
 the number of content chunks (servers send one per decode step). Cancelling the task closes the
 stream, which is how a client aborts a request on vLLM, SGLang, llama.cpp and inferlab alike.
+
+The server is not trusted: lines and the whole stream are bounded in size and time (app/remote/bounded.py),
+and a chunk whose fields have the wrong types (a delta that is not an object, a usage count that is not a
+count) ends the request with an error that names the field, never a request that does not finish.
 """
 from __future__ import annotations
 
@@ -16,7 +20,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from app.remote.bounded import ReadLimit, head, lines
+
 MAX_ERROR_CHARS = 300
+MAX_COUNT = 2**31  # a token count beyond this is not a count
+
+
+class BadChunk(ValueError):
+    """A stream chunk with a field of the wrong type (the message names it)."""
 
 
 @dataclass(slots=True)
@@ -69,15 +80,68 @@ def request_body(model: str, prompt: str, *, max_tokens: int, temperature: float
 
 
 def _chunk_text(chunk: dict) -> tuple[str, str | None]:
-    """(new text, finish_reason) of one stream chunk, completions or chat."""
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
+    """(new text, finish_reason) of one stream chunk, completions or chat; BadChunk for a wrong type."""
+    choices = chunk.get("choices")
+    if choices is None or choices == []:
         return "", None
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise BadChunk("choices is not a list of objects")
     c = choices[0]
     text = c.get("text")
     if text is None:
-        text = (c.get("delta") or {}).get("content") or ""
-    return (text if isinstance(text, str) else ""), c.get("finish_reason")
+        delta = c.get("delta")
+        if delta is not None and not isinstance(delta, dict):
+            raise BadChunk("delta is not an object")
+        text = (delta or {}).get("content")
+    if text is not None and not isinstance(text, str):
+        raise BadChunk("the chunk's text is not a string")
+    reason = c.get("finish_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise BadChunk("finish_reason is not a string")
+    return text or "", reason[:40] if reason else None
+
+
+def _count(usage: dict, key: str, old: int | None) -> int | None:
+    value = usage.get(key)
+    if value is None:
+        return old
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise BadChunk(f"usage.{key} is not a token count: {str(value)[:40]!r}")
+    return value
+
+
+def _apply_chunk(res: StreamResult, data: str, t: float, on_text) -> bool:
+    """One `data:` payload into `res`; False when it ends the request (an error it carries or causes)."""
+    try:
+        chunk = json.loads(data)
+    except (ValueError, RecursionError):
+        res.finish_reason, res.error = "error", f"not JSON in the stream: {data[:80]!r}"
+        return False
+    if not isinstance(chunk, dict):
+        return True
+    if "error" in chunk:
+        res.finish_reason, res.error = "error", str(chunk["error"])[:MAX_ERROR_CHARS]
+        return False
+    try:
+        usage = chunk.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            raise BadChunk("usage is not an object")
+        if usage:
+            res.completion_tokens = _count(usage, "completion_tokens", res.completion_tokens)
+            res.prompt_tokens = _count(usage, "prompt_tokens", res.prompt_tokens)
+        text, reason = _chunk_text(chunk)
+    except BadChunk as exc:
+        res.finish_reason, res.error = "error", f"a malformed chunk in the stream: {exc}"
+        return False
+    if text:
+        if res.first_token is None:
+            res.first_token = t
+        res.chunk_times.append(t)
+        res.text += text
+        if on_text is not None:
+            on_text(res, text, t)
+    res.finish_reason = reason or res.finish_reason
+    return True
 
 
 async def stream_request(client: httpx.AsyncClient, base_url: str, path: str, body: dict, res: StreamResult, *,
@@ -92,43 +156,23 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, path: str, bo
         async with client.stream("POST", base_url + path, json=body, headers=headers) as resp:
             res.status = resp.status_code
             if resp.status_code != 200:
-                detail = (await resp.aread()).decode("utf-8", "replace")[:MAX_ERROR_CHARS]
+                detail = (await head(resp))[:MAX_ERROR_CHARS]
                 res.finish_reason = "rejected" if resp.status_code == 429 else "error"
                 res.error = f"HTTP {resp.status_code}: {detail}"
                 return res
-            async for line in resp.aiter_lines():
+            async for line in lines(resp):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                t = time.perf_counter()
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    res.finish_reason, res.error = "error", f"not JSON in the stream: {data[:80]!r}"
+                if not _apply_chunk(res, data, time.perf_counter(), on_text):
                     return res
-                if not isinstance(chunk, dict):
-                    continue
-                if "error" in chunk:
-                    res.finish_reason, res.error = "error", str(chunk["error"])[:MAX_ERROR_CHARS]
-                    return res
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
-                    res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
-                text, reason = _chunk_text(chunk)
-                if text:
-                    if res.first_token is None:
-                        res.first_token = t
-                    res.chunk_times.append(t)
-                    res.text += text
-                    if on_text is not None:
-                        on_text(res, text, t)
-                res.finish_reason = reason or res.finish_reason
     except asyncio.CancelledError:
         res.finish_reason, res.finished = "abort", time.perf_counter()
         raise
+    except ReadLimit as exc:
+        res.finish_reason, res.error = "error", f"the server's stream went over a limit: {exc}"[:MAX_ERROR_CHARS]
     except httpx.HTTPError as exc:
         res.finish_reason, res.error = "error", f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     finally:

@@ -4,7 +4,8 @@
 RATE_WINDOW_S seconds (a counter that went down restarted: its new value counts from 0). Latency
 percentiles come from the histogram buckets observed over the last PERCENTILE_WINDOW_S seconds (all of
 the server's history while that window has no observations), interpolated inside a bucket: they are
-bucket estimates and say so. Computed in the scraper's thread; the GUI only shows them.
+bucket estimates and say so. Computed in the scraper's thread; the GUI only shows them. A value that
+is not finite (a gauge of +Inf, a counter of NaN) is no value: None, which the panel shows as "—".
 """
 from __future__ import annotations
 
@@ -73,18 +74,20 @@ class FactsTracker:
             self._history.popleft()
         m = self.map
         g, c = scrape.gauges, scrape.counters
-        hit_rate = self._ratio(m.prefix_hits, m.prefix_queries, m.prefix_misses)
+        hit_rate = _finite(self._ratio(m.prefix_hits, m.prefix_queries, m.prefix_misses))
         if hit_rate is None:
             hit_rate = _finite(first(g, m.prefix_hit_rate))
         accept = self._ratio(m.spec_accepted, m.spec_drafts)
         if accept is None:
             accept = _finite(first(g, m.spec_accept_rate))
-        preempt_total = first(c, m.preemptions)
+        preempt_total = _finite(first(c, m.preemptions))
         facts = dict(
             running=_finite(first(g, m.running)), waiting=_finite(first(g, m.waiting)),
             kv_usage=_finite(first(g, m.kv_usage)), prefix_hit_rate=hit_rate,
-            prompt_tokens_per_s=self.rate(m.prompt_tokens), generation_tokens_per_s=self.rate(m.generation_tokens),
-            preemptions_total=preempt_total, preemptions_per_s=self.rate(m.preemptions), spec_acceptance=accept,
+            prompt_tokens_per_s=_finite(self.rate(m.prompt_tokens)),
+            generation_tokens_per_s=_finite(self.rate(m.generation_tokens)),
+            preemptions_total=preempt_total, preemptions_per_s=_finite(self.rate(m.preemptions)),
+            spec_acceptance=_finite(accept),
             kv_blocks=kv_blocks(scrape), kv_capacity_tokens=_finite(first(g, m.kv_capacity_tokens)))
         latency = {key: self.percentiles(getattr(m, key)) for key in ("ttft", "itl", "e2e")}
         missing = [name for key, name in _FACT_NAMES.items() if key not in latency and not self._exported(key, scrape)]
@@ -141,17 +144,17 @@ class FactsTracker:
     def percentiles(self, names: tuple[str, ...]) -> BucketPercentiles | None:
         now = self._history[-1]
         hist = first(now.histograms, names)
-        if hist is None or hist.count <= 0:
+        if hist is None or not hist.is_finite or hist.count <= 0:
             return None
         then = self._earlier(now.t - PERCENTILE_WINDOW_S)
         window = hist.minus(first(then.histograms, names) if then is not None else None)
         span = now.t - then.t if then is not None and window is not hist else None
-        if window.count <= 0:  # nothing finished lately: the server's whole history
+        if not window.is_finite or window.count <= 0:  # nothing finished lately: the server's whole history
             window, span = hist, None
         values, capped = {}, set()
         for q in QUANTILES:
             est = bucket_quantile(window, q / 100)
-            if est is not None:
+            if est is not None and math.isfinite(est[0]):
                 values[q] = est[0]
                 if est[1]:
                     capped.add(q)
@@ -166,4 +169,4 @@ class FactsTracker:
 
 
 def _finite(v: float | None) -> float | None:
-    return None if v is None or math.isnan(v) else float(v)
+    return None if v is None or not math.isfinite(v) else float(v)

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 KIND_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "inferlab": "inferlab"}
 MAX_PAYLOAD_CHARS = 8 * 2**20  # a /metrics page larger than this is not a metrics page
+MAX_COUNT = 2**40  # a block count or size beyond this is not one
 
 
 class MetricsError(ValueError):
@@ -32,6 +33,11 @@ class Histogram:
     @property
     def count(self) -> float:
         return self.cumulative[-1] if self.cumulative else 0.0
+
+    @property
+    def is_finite(self) -> bool:
+        """Counts and sum are finite numbers (a hostile or broken server's +Inf count is no histogram)."""
+        return all(math.isfinite(c) for c in self.cumulative) and math.isfinite(self.total)
 
     def minus(self, earlier: Histogram | None) -> Histogram:
         """The observations made since `earlier` (itself when the buckets changed or the counter reset)."""
@@ -196,9 +202,12 @@ def kv_blocks(scrape: Scrape) -> tuple[int, int] | None:
     inferlab's cache_config_info labels); None elsewhere."""
     labels = scrape.info.get("vllm:cache_config_info") or scrape.info.get("inferlab:cache_config_info")
     try:
-        return (int(float(labels["num_gpu_blocks"])), int(float(labels["block_size"]))) if labels else None
-    except (KeyError, ValueError):
+        blocks, size = (float(labels["num_gpu_blocks"]), float(labels["block_size"])) if labels else (0, 0)
+    except (KeyError, ValueError, TypeError):
         return None
+    if not (0 < blocks <= MAX_COUNT and 0 < size <= MAX_COUNT):  # "inf", "nan", 1e400: not a count
+        return None
+    return int(blocks), int(size)
 
 
 def bucket_quantile(hist: Histogram, q: float) -> tuple[float, bool] | None:

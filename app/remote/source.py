@@ -243,6 +243,10 @@ class RemoteSource(QObject):
                 fn()
             scraper = asyncio.create_task(self.watch.run(client, self.scrape_interval_s))
             while not self._stopping.is_set():
+                if scraper.done():  # it catches every failure of a look; should it end anyway, it restarts
+                    self.publish(channel.Message(f"the scraper of {self.url} stopped ({_ended_why(scraper)}); "
+                                                 "restarting it"))
+                    scraper = asyncio.create_task(self.watch.run(client, self.scrape_interval_s))
                 now = time.perf_counter()
                 for arrival in self.loadgen.due(now):
                     self._launch_arrival(arrival)
@@ -304,6 +308,8 @@ class RemoteSource(QObject):
             await stream_request(self._client, self.url, path, body, res, on_text=self._on_text)
         except asyncio.CancelledError:
             pass  # an abort: the stream is closed, the server drops the request
+        except Exception as exc:  # noqa: BLE001 (whatever the server's answer broke: this request ends with it)
+            res.finish_reason, res.error = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             self._tasks.pop(res.request_id, None)
             self._finished(res)
@@ -346,3 +352,10 @@ class RemoteSource(QObject):
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+
+def _ended_why(task: asyncio.Task) -> str:
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return f"{type(exc).__name__}: {str(exc)[:200]}" if exc is not None else "it returned"

@@ -6,21 +6,29 @@ Reads /v1/models (the model id requests name, the context length where the serve
 connecting, connected, slow (/metrics took over SLOW_S), down (no answer, or none within the timeout),
 garbage (an answer that is not metrics), no-metrics (the server publishes none: client-side facts only).
 A down server is retried every RETRY_S; "reconnected" says it is back.
+
+Every read is bounded in size and total time (app/remote/bounded.py): a body that never ends or arrives a
+byte a second is a status ("down", "garbage"), not a worker stuck or growing. Any failure of one look,
+whatever raised it, is a visible status and the next look comes RETRY_S later: the scraper never dies.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
 import httpx
 
+from app.remote.bounded import ReadLimit, fetch
 from app.remote.facts import FactsTracker
-from app.remote.metrics import KIND_NAMES, MetricsError, parse_metrics, server_kind
+from app.remote.metrics import KIND_NAMES, MAX_PAYLOAD_CHARS, MetricsError, parse_metrics, server_kind
 from app.source import channel
 
 SLOW_S = 0.75  # /metrics slower than this: "answers slowly"
 RETRY_S = 1.0
+MAX_MODELS_BYTES = 2**20  # /v1/models: a list of a few model cards
+MAX_CONTEXT = 2**31  # a context length beyond this is not one
 
 
 class ServerWatch:
@@ -45,7 +53,12 @@ class ServerWatch:
         self._client = client
         while True:
             t0 = time.perf_counter()
-            ok = await self.scrape_once()
+            try:
+                ok = await self.scrape_once()
+            except Exception as exc:  # noqa: BLE001 (a monitor survives what it monitors: say it, look again)
+                self.set_status("garbage", f"reading {self.url} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                                           f"retrying every {RETRY_S:.0f} s")
+                ok = False
             pause = interval_s if ok else RETRY_S
             await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
 
@@ -57,7 +70,15 @@ class ServerWatch:
                 return False
         t0 = time.perf_counter()
         try:
-            resp = await self._client.get(self.url + "/metrics", timeout=self.timeout_s)
+            status, body = await fetch(self._client, self.url + "/metrics", max_bytes=MAX_PAYLOAD_CHARS,
+                                       total_s=self.timeout_s)
+        except ReadLimit as exc:
+            if exc.too_slow:
+                self.set_status("down", f"{self.url} did not answer /metrics within {self.timeout_s:.0f} s (the "
+                                         f"whole answer); retrying every {RETRY_S:.0f} s")
+            else:
+                self.set_status("garbage", f"{exc}: not a metrics page; retrying every {RETRY_S:.0f} s")
+            return False
         except httpx.TimeoutException:
             self.set_status("down", f"{self.url} did not answer /metrics within {self.timeout_s:.0f} s; "
                                      f"retrying every {RETRY_S:.0f} s")
@@ -67,16 +88,16 @@ class ServerWatch:
                                      f"{RETRY_S:.0f} s")
             return False
         elapsed = time.perf_counter() - t0
-        if resp.status_code in (404, 405, 501):
+        if status in (404, 405, 501):
             self._first_answer(None)
-            self.set_status("no-metrics", f"{self.name} publishes no /metrics (HTTP {resp.status_code}; "
+            self.set_status("no-metrics", f"{self.name} publishes no /metrics (HTTP {status}; "
                                            "llama-server needs --metrics): client-side facts only")
             return True
-        if resp.status_code != 200:
-            self.set_status("garbage", f"{self.url}/metrics answered HTTP {resp.status_code}; retrying")
+        if status != 200:
+            self.set_status("garbage", f"{self.url}/metrics answered HTTP {status}; retrying")
             return False
         try:
-            scrape = parse_metrics(resp.text, time.perf_counter())
+            scrape = parse_metrics(body.decode("utf-8", "replace"), time.perf_counter())
         except MetricsError as exc:
             self.set_status("garbage", f"{self.url}/metrics returned something else than metrics ({exc}); "
                                         "retrying")
@@ -95,37 +116,43 @@ class ServerWatch:
         """/v1/models: the model id requests name and the context length where the server says it.
         False when the server is unreachable, None when it answered without a usable list."""
         try:
-            resp = await self._client.get(self.url + "/v1/models", timeout=self.timeout_s)
-        except httpx.HTTPError as exc:
-            self.set_status("down", f"{self.url} is not answering ({type(exc).__name__}); retrying every "
-                                     f"{RETRY_S:.0f} s")
+            status, body = await fetch(self._client, self.url + "/v1/models", max_bytes=MAX_MODELS_BYTES,
+                                       total_s=self.timeout_s)
+        except (httpx.HTTPError, ReadLimit) as exc:
+            why = str(exc) if isinstance(exc, ReadLimit) else f"{self.url} is not answering ({type(exc).__name__})"
+            self.set_status("down", f"{why}; retrying every {RETRY_S:.0f} s")
             return False
         try:
-            data = resp.json()["data"][0]
-            self.model_id = str(data["id"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            if resp.status_code == 401:
+            data = json.loads(body)["data"][0]
+            self.model_id = str(data["id"])[:200]
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+            if status == 401:
                 self.set_status("down", f"{self.url} refused the API key (HTTP 401): attach with --api-key")
                 return False
             return None
-        self._owned_by = str(data.get("owned_by") or "")
-        for key in ("max_model_len", "context_length"):
-            if isinstance(data.get(key), int):
-                self.max_model_len = data[key]
+        self._owned_by = str(data.get("owned_by") or "")[:200]
         meta = data.get("meta")
-        if isinstance(meta, dict) and isinstance(meta.get("n_ctx_train"), int):
-            self.max_model_len = self.max_model_len or meta["n_ctx_train"]
+        lengths = [(key, data.get(key)) for key in ("max_model_len", "context_length")]
+        lengths.append(("meta.n_ctx_train", meta.get("n_ctx_train") if isinstance(meta, dict) else None))
+        for key, value in lengths:
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT:
+                self.publish(channel.Message(f"{self.url}/v1/models: {key} {str(value)[:40]!r} is not a context "
+                                             "length; ignored"))
+            elif self.max_model_len is None or key != "meta.n_ctx_train":
+                self.max_model_len = value
         return True
 
     def _first_answer(self, scrape) -> None:
         """The first answer: the kind of server (metric prefixes, else /v1/models' owned_by)."""
         if self.answered:
             return
-        self.answered = True
         self.kind = server_kind(scrape, self._owned_by) or "openai"
         self.name = f"{KIND_NAMES.get(self.kind, 'the server')} at {self.url}"
         self._tracker = FactsTracker(self.kind)
         self.on_first_answer(scrape is not None)
+        self.answered = True  # after the window heard of it: a failure there is tried again next look
 
     def set_status(self, state: str, text: str) -> None:
         if state == "connected" and self.status[0] in ("down", "garbage"):

@@ -7,8 +7,9 @@ stays open as in vLLM unless `metrics_require_key`; /health and /openapi.json st
 tokenized (and chat templates rendered) in a worker thread: the event loop never does the heavy work.
 
 One base model: a request's `model` field that names a LoRA adapter the engine holds (`inferlab serve
---lora NAME=PATH`) runs with it, and is echoed back; anything else runs the base model under the served
-name. /v1/models lists the base model and each adapter (`parent`: the base).
+--lora NAME=PATH`) runs with it, and is echoed back; the served name (or no `model`) runs the base model;
+any other name is a 404 (model_not_found). /v1/models lists the base model and each adapter (`parent`: the
+base). Idle connections are closed after a header timeout (app/server/header_timeout.py).
 """
 from __future__ import annotations
 
@@ -42,11 +43,16 @@ class ServerState:
     created: int
 
     def adapter(self, model: str | None) -> str | None:
-        """The LoRA adapter a request's `model` field names, or None (the base model)."""
+        """The LoRA adapter a request's `model` field names, or None (the base model). A name that is
+        neither (a typo, an adapter just unloaded) is a 404, as vLLM and OpenAI answer: serving it with
+        the base model would pass one model's answer off as another's."""
         engine = self.engine.engine  # None while the app loads its engine (submit then answers 503)
         if not model or model == self.model_name or engine is None:
             return None
-        return model if any(a.name == model for a in engine.list_loras()) else None
+        if any(a.name == model for a in engine.list_loras()):
+            return model
+        raise APIError(404, f"the model {model[:100]!r} does not exist; GET /v1/models lists the models served",
+                       "not_found_error", param="model", code="model_not_found")
 
     def submit(self, prompts: list, params, meta: formats.ResponseMeta, priority: int,
                param: str, lora_name: str | None = None) -> list[RequestStream]:
@@ -100,7 +106,7 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if lora_dir is not None:
-        install_lora_routes(app, lambda: async_engine.engine, lora_dir)
+        install_lora_routes(app, lambda: async_engine.engine, lora_dir, name)
 
     @app.get("/health")
     async def health() -> Response:
@@ -121,10 +127,10 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         body.refuse_unsupported()
+        lora = state.adapter(body.model)
         prompts, params = body.prompts(), body.sampling_params()
         state.check_fits_queue(len(prompts))
         ids = await asyncio.to_thread(_encode_prompts, async_engine.tokenizer, prompts)
-        lora = state.adapter(body.model)
         meta = formats.ResponseMeta("completion", lora or state.model_name)
         streams = state.submit(ids, params, meta, body.priority, "prompt", lora)
         return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
@@ -133,12 +139,12 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         body.refuse_unsupported()
+        lora = state.adapter(body.model)
         tok = async_engine.tokenizer
         if not tok.has_chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
         ids = await asyncio.to_thread(_render_chat, tok, body.chat_messages())
         params = body.sampling_params(len(ids), async_engine.max_model_len)
-        lora = state.adapter(body.model)
         meta = formats.ResponseMeta("chat", lora or state.model_name)
         streams = state.submit([ids], params, meta, body.priority, "messages", lora)
         return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from app.server.errors import APIError, bad_request
+from engine.lora.checks import check_name
 
 
 class LoadLora(BaseModel):
@@ -38,17 +39,31 @@ def allowed_path(lora_dir: Path, requested: str) -> Path:
     return path
 
 
-def install_lora_routes(app: FastAPI, engine_of, lora_dir: str | Path) -> None:
-    """`engine_of()`: the LLMEngine now serving (the app may rebuild it)."""
+def without_paths(message: str, path: Path, requested: str, lora_dir: Path) -> str:
+    """An error message as the client may see it: the server's folders replaced by what the client named."""
+    return message.replace(str(path), repr(requested)).replace(str(lora_dir.resolve()), "<lora-dir>")
+
+
+def install_lora_routes(app: FastAPI, engine_of, lora_dir: str | Path, base_name: str) -> None:
+    """`engine_of()`: the LLMEngine now serving (the app may rebuild it); `base_name`: the served model's
+    name, which no adapter may take (a request naming it must reach the base model)."""
     lora_dir = Path(lora_dir)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLora) -> dict:
+        if body.lora_name == base_name:
+            raise APIError(400, f"lora_name {base_name!r} is the base model's name; choose another",
+                           param="lora_name")
+        try:
+            check_name(body.lora_name)
+        except ValueError as exc:
+            raise bad_request(exc, "lora_name") from None
         path = allowed_path(lora_dir, body.lora_path)
         try:  # reading and checking the adapter is file I/O and tensor work: off the event loop
             info = await asyncio.to_thread(engine_of().add_lora, body.lora_name, str(path))
-        except ValueError as exc:
-            raise bad_request(exc, "lora_path") from None
+        except Exception as exc:  # noqa: BLE001 (the client's file, whatever it made the reader raise: a 400)
+            reason = str(exc) if isinstance(exc, ValueError) else f"cannot read this adapter ({type(exc).__name__})"
+            raise bad_request(without_paths(reason, path, body.lora_path, lora_dir), "lora_path") from None
         return {"object": "lora_adapter", "id": info.name, "rank": info.rank, "targets": list(info.targets)}
 
     @app.post("/v1/unload_lora_adapter")

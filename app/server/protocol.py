@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API (the subset inferlab serves) and their SamplingParams.
 
 Unknown fields are ignored, as the OpenAI API does for fields it does not know; fields inferlab knows
-but cannot honour (n > 1, echo, penalties, logit_bias, tools) are refused with 400 rather than
-silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and `priority` are vLLM-style extensions.
+but cannot honour (n > 1, echo, penalties, logit_bias, tools, tool_choice, functions) and fields that
+would be ignored here (top_logprobs without logprobs, a text part whose text is not a string, an empty
+role) are refused with 400 rather than silently ignored. `top_k`, `ignore_eos`, `stop_token_ids` and
+`priority` are vLLM-style extensions.
 
 Types are strict (a string is not a number, a boolean is not an integer: what the API documents or a
 400), text must be valid Unicode (no lone surrogates, which JSON's \ud800 escapes can carry), and list
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from app.server.errors import APIError, bad_request
 from app.server.limits import lone_surrogate_at
@@ -137,16 +139,25 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @field_validator("role")
+    @classmethod
+    def _role_named(cls, role: str) -> str:
+        if not role.strip():  # the template would render a turn nobody sent
+            raise ValueError("a message's role must not be empty")
+        return role
+
     def text(self) -> str:
-        """The message's text; content parts other than text are refused."""
+        """The message's text; content parts other than text, or whose text is not a string, are refused."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         parts = []
         for part in self.content:
             if part.get("type") != "text":
-                raise APIError(400, f"content parts of type {part.get('type')!r} are not supported",
+                raise APIError(400, f"content parts of type {str(part.get('type'))[:40]!r} are not supported",
                                param="messages")
-            parts.append(str(part.get("text", "")))
+            if not isinstance(part.get("text"), str):
+                raise APIError(400, "a text content part needs a string `text`", param="messages")
+            parts.append(part["text"])
         return "".join(parts)
 
 
@@ -157,6 +168,9 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # present at all: refused (no tools are supported, so it could only be ignored)
+    functions: Any = None  # the deprecated form of tools
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
 
     def refuse_unsupported(self) -> None:
@@ -167,6 +181,11 @@ class ChatCompletionRequest(_Common):
             raise APIError(400, f"at most {MAX_MESSAGES} messages in one request", param="messages")
         if self.tools:
             raise APIError(400, "tools are not supported", param="tools")
+        for name in ("tool_choice", "functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise APIError(400, f"{name} is not supported (this server offers no tools)", param=name)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise APIError(400, "only response_format type 'text' is supported", param="response_format")
 

@@ -68,6 +68,7 @@ def run_serve(args) -> int:
 
     from app.generate import stderr_progress
     from app.server.api import create_app
+    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
     from engine.serving.async_engine import AsyncEngine
@@ -79,6 +80,8 @@ def run_serve(args) -> int:
         loras = lora_args(args.lora)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
         for lora_name, path in loras:
+            if lora_name == (args.served_model_name or args.model):
+                raise ValueError(f"--lora {lora_name}=...: an adapter cannot take the base model's name")
             engine.add_lora(lora_name, path)
     except (ValueError, ModelLoadError) as exc:
         print(f"\ninferlab: error: {exc}", file=sys.stderr)  # a line of its own, after the progress
@@ -91,8 +94,8 @@ def run_serve(args) -> int:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=2)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2,
+                    http=header_timeout_protocol(), timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         async_engine.shutdown()
     return 0

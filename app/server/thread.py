@@ -11,16 +11,20 @@ import threading
 
 import uvicorn
 
+from app.server.header_timeout import HEADER_TIMEOUT_S, KEEP_ALIVE_S, header_timeout_protocol
+
 
 class ServerThread:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
+                 header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
         self.app = app
         self.host = host
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2,
+                                http=header_timeout_protocol(header_timeout_s), timeout_keep_alive=KEEP_ALIVE_S)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="inferlab-http", daemon=True)
         self.error: BaseException | None = None

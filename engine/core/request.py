@@ -85,6 +85,11 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def in_prompt(self) -> bool:
+        """Prompt tokens are still to be computed (what the next step computes is, at least in part, a prefill)."""
+        return self.num_computed_tokens < len(self.prompt_token_ids)
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

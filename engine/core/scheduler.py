@@ -117,7 +117,7 @@ class Scheduler:
                 kind = "verify"
             else:
                 req.spec_token_ids.clear()
-                kind = "decode" if pending == 1 else "prefill"
+                kind = "decode" if pending == 1 and not req.in_prompt else "prefill"
             out.scheduled.append(ScheduledRequest(req, n, kind))
             scheduled_ids.add(req.request_id)
             budget -= n
@@ -173,7 +173,9 @@ class Scheduler:
             self.running.append(req)
             if req.lora_id:
                 adapters.add(req.lora_id)
-            out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 else "decode"))
+            # a prompt's tokens are a prefill however few are left (its last one after a prefix-cache hit):
+            # they run on one path, so the K/V a prompt leaves do not depend on how it was split
+            out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 or req.in_prompt else "decode"))
             budget -= n
 
     def _reserve(self, req: Request, n: int, out: SchedulerOutput) -> bool:

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 
+from engine.lora.checks import LoraLoadError, check_config, check_pair, check_values
 from engine.models.model_config import ModelConfig
+
+__all__ = ["LoraAdapter", "LoraLoadError", "load_adapter", "read_config", "scaling", "target_shapes"]
 
 # PEFT target name -> (our module under the decoder layer, which slice of its output). q/k/v and gate/up
 # are fused in our model (engine/models/llama.py), so an update to q_proj lands in the first rows of qkv_proj.
@@ -29,10 +32,6 @@ _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\
 # Config features that change the math beyond y = Wx + s B A x: refused rather than silently ignored.
 _UNSUPPORTED = {"use_dora": "DoRA", "modules_to_save": "modules_to_save", "layer_replication": "layer_replication",
                 "trainable_token_indices": "trainable tokens"}
-
-
-class LoraLoadError(ValueError):
-    """An adapter that cannot be used with this base model (one message saying every reason)."""
 
 
 @dataclass(slots=True)
@@ -85,6 +84,7 @@ def read_config(folder: Path) -> dict:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise LoraLoadError(f"cannot read {cfg_path}: {exc}") from None
+    check_config(cfg)  # a JSON object with sane numbers and patterns, before anything reads a field
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise LoraLoadError(f"{folder} is a {cfg.get('peft_type')} adapter; only LoRA adapters are supported")
     used = [what for key, what in _UNSUPPORTED.items() if cfg.get(key)]
@@ -115,7 +115,7 @@ def load_adapter(path: str | Path, name: str, lora_id: int, mc: ModelConfig, max
     cfg = read_config(folder)
     tensors = _read_tensors(folder)
     shapes = target_shapes(mc)
-    alpha, rslora = float(cfg.get("lora_alpha", cfg.get("r", 8))), bool(cfg.get("use_rslora", False))
+    alpha, rslora, alpha_pattern = check_config(cfg)
     problems: list[str] = []
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
@@ -135,19 +135,18 @@ def load_adapter(path: str | Path, name: str, lora_id: int, mc: ModelConfig, max
             problems.append(f"{where}: has lora_{''.join(ab)} without its partner")
             continue
         a, b = ab["A"], ab["B"]
-        fan_in, fan_out = shapes[target]
+        problem = check_pair(a, b, *shapes[target], max_rank)
+        if problem is not None:
+            problems.append(f"{where}: {problem}")
+            continue
         r = a.shape[0]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != fan_in or b.shape != (fan_out, r):
-            problems.append(f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}, but this base needs "
-                            f"lora_A (r, {fan_in}) and lora_B ({fan_out}, r)")
-            continue
-        if r > max_rank:
-            problems.append(f"{where}: rank {r} exceeds max_lora_rank={max_rank}")
-            continue
         key = f"model.layers.{layer}.{TARGETS[target][0].split('.')[0]}.{target}"
-        a_m = float(_pattern_value(cfg.get("alpha_pattern") or {}, key, alpha))
-        s = scaling(a_m, r, rslora)
-        weights[(layer, target)] = (a.to(dtype).contiguous(), (b.double() * s).to(dtype).contiguous())
+        scaled_b = (b.double() * scaling(float(_pattern_value(alpha_pattern, key, alpha)), r, rslora)).to(dtype)
+        problem = check_values({"lora_B x lora_alpha / r": scaled_b})
+        if problem is not None:
+            problems.append(f"{where}: {problem}")
+            continue
+        weights[(layer, target)] = (a.to(dtype).contiguous(), scaled_b.contiguous())
     if not weights and not problems:
         problems.append("no LoRA weights found")
     if problems:

@@ -21,6 +21,7 @@ import torch
 
 from engine.events import LoraAdapterInfo, LoraPoolEvent, LoraPoolSnapshot
 from engine.lora.adapter import LoraAdapter, load_adapter
+from engine.lora.checks import check_name
 from engine.lora.modules import LoraModules
 from engine.models.model_config import ModelConfig
 
@@ -45,8 +46,7 @@ class LoraPool:
     def register(self, name: str, path: str) -> LoraAdapter:
         """Read and check an adapter (in the caller's thread) and reserve its name. Raises ValueError
         (LoraLoadError) for an adapter that does not fit, or a name already in use."""
-        if not name or not isinstance(name, str):
-            raise ValueError("a LoRA adapter needs a non-empty name")
+        check_name(name)
         with self._lock:
             if name in self._names:
                 raise ValueError(f"a LoRA adapter named {name!r} is already loaded (remove_lora it first)")
@@ -75,6 +75,17 @@ class LoraPool:
         if info is None:
             raise ValueError(f"unknown LoRA adapter {name!r}; loaded: {sorted(self._names) or 'none'}")
         return info.lora_id
+
+    def resolve_or_none(self, name: str) -> int | None:
+        """The id registered under `name` now, or None (removed)."""
+        with self._lock:
+            info = self._names.get(name)
+        return info.lora_id if info is not None else None
+
+    def is_known(self, lora_id: int) -> bool:
+        """Whether the pool still holds this adapter (registered, or removed but not yet collected)."""
+        with self._lock:
+            return lora_id in self._known
 
     def infos(self) -> tuple[LoraAdapterInfo, ...]:
         with self._lock:
@@ -115,10 +126,14 @@ class LoraPool:
                 self.num_hits += 1
                 self._slots.move_to_end(self._slot_of[lora_id])
                 continue
+            info = self._known.get(lora_id)
+            if info is None:  # collected after its removal: its requests fail, the batch runs
+                failed[lora_id] = "its LoRA adapter was removed"
+                continue
             try:
                 self._load(lora_id, in_use)
             except (ValueError, OSError, RuntimeError) as exc:
-                failed[lora_id] = f"LoRA adapter {self._known[lora_id].name!r} could not be loaded: {exc}"
+                failed[lora_id] = f"LoRA adapter {info.name!r} could not be loaded: {exc}"
         return failed
 
     def bind(self, order: Sequence) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.layers.linear import STREAM_MAX_ROWS, Linear, LinearWrapper
+from engine.models.layers.linear import Linear, LinearWrapper, few_rows
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -133,7 +133,7 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        few = x2.shape[0] <= STREAM_MAX_ROWS
+        few = few_rows(x2)  # a few decode rows (prompt rows take the many-row kernel: linear.PROMPT_ROWS)
         if self.bits == 8 and x.device.type == "cuda":  # int8 -> 16 bits in the product's dtype, scaled after
             y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
         elif self.bits == 8 and self.stream is not None and few and self.scales.dtype == x2.dtype:

@@ -16,6 +16,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
+from engine.models.layers.linear import PROMPT_ROWS
 from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -257,13 +258,18 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.eligible(self, order):
             return self.graphs.run(self, order, bm)
         input_ids, positions, md = self._prepare(order, bm)
-        if self.lora is None:
-            return self.model(input_ids, positions, self.kv_caches, md)
-        self.lora.bind(order)
+        # prompt rows take the library GEMM however few (engine/models/layers/linear.py PROMPT_ROWS)
+        prompt_rows = PROMPT_ROWS.set(any(s.kind == "prefill" for s in order))
         try:
-            return self.model(input_ids, positions, self.kv_caches, md)
-        finally:  # another runner over the same model (calibration) must not see this batch's rows
-            self.lora.unbind()
+            if self.lora is None:
+                return self.model(input_ids, positions, self.kv_caches, md)
+            self.lora.bind(order)
+            try:
+                return self.model(input_ids, positions, self.kv_caches, md)
+            finally:  # another runner over the same model (calibration) must not see this batch's rows
+                self.lora.unbind()
+        finally:
+            PROMPT_ROWS.reset(prompt_rows)
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
         bs = self.block_size

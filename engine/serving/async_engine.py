@@ -27,7 +27,7 @@ import threading
 from collections.abc import Sequence
 
 from engine.events import EngineStepEvent, RequestOutput
-from engine.serving.loop import EngineLoop, FailureKind, LoopFailure, Subscriber
+from engine.serving.loop import EngineLoop, EngineUnavailable, FailureKind, LoopFailure, Subscriber
 
 IDLE_WAIT_S = 0.5  # a safety net only: add_request and abort wake the thread at once
 
@@ -85,10 +85,13 @@ class AsyncEngine(Subscriber):
         self._ids = itertools.count()
         self.last_error: str | None = None
         self._attached = False
+        self._closed = False  # shut down: add_request refuses at once (nothing would deliver its outputs)
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> AsyncEngine:
         """Subscribe to the loop (and start it when it is this front's own)."""
+        with self._lock:
+            self._closed = False
         if not self._attached:
             self._attached = True
             self.loop.subscribe(self)
@@ -97,7 +100,10 @@ class AsyncEngine(Subscriber):
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Detach (and stop the loop when it is this front's own); every open stream ends with an error."""
+        """Detach (and stop the loop when it is this front's own); every open stream ends with an error and
+        add_request raises EngineUnavailable until start() again."""
+        with self._lock:
+            self._closed = True
         if self._owns_loop:
             self.loop.stop(timeout)
         self.loop.unsubscribe(self)
@@ -125,6 +131,8 @@ class AsyncEngine(Subscriber):
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
         stream = RequestStream(self, rid, asyncio.get_running_loop())
         with self._lock:
+            if self._closed:
+                raise EngineUnavailable("the engine was shut down; it takes no more requests")
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = stream  # before the engine can produce anything for it

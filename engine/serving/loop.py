@@ -106,8 +106,10 @@ class EngineLoop:
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop after the step in flight; True when the thread ended within `timeout`."""
-        self._stop.set()
+        """Stop after the step in flight; True when the thread ended within `timeout`. From now on
+        add_request raises EngineUnavailable; requests still in the engine end with "abort"."""
+        with self._engine_lock:
+            self._stop.set()  # under the lock: an add_request either got in before, or is refused
         self._wake.set()
         if self._thread is None or self._thread is threading.current_thread():
             return True
@@ -162,6 +164,8 @@ class EngineLoop:
     def add_request(self, prompt, params, **kw) -> str:
         """Queue a request now; raises ValueError / RequestRejected (from the engine) or EngineUnavailable."""
         with self._engine_lock:
+            if self._stop.is_set():
+                raise EngineUnavailable("the engine loop has stopped; it takes no more requests")
             if not self._accepting:
                 raise EngineUnavailable("the model is still loading" if self._engine is None
                                         else "the engine is being rebuilt; try again in a moment")
@@ -197,6 +201,7 @@ class EngineLoop:
         self._attach(engine)
         try:
             self._loop()
+            self._abort_leftovers()
         finally:
             self._engine.remove_listener(self._fan_out)
 
@@ -262,6 +267,16 @@ class EngineLoop:
             for sub in self._subscribers:
                 sub.on_engine(engine)
 
+    def _abort_leftovers(self) -> None:
+        """On stop and before a rebuild: requests added before it end with "abort" (their callers stop
+        waiting), never left open."""
+        try:
+            if self._engine.has_unfinished():
+                self._engine.step()  # drains the inbox: requests queued just before are live, so abortable
+            self.abort_all()
+        except Exception as exc:  # noqa: BLE001 (a failing step: report it, the loop ends anyway)
+            self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
+
     def _notify_error(self, failure: LoopFailure) -> None:
         for sub in self._subscribers:
             sub.on_error(failure)
@@ -282,12 +297,7 @@ class EngineLoop:
         with self._engine_lock:
             self._accepting = False  # new requests are refused until the swap
         old = self._engine
-        try:
-            if old.has_unfinished():
-                old.step()  # drains the engine's inbox: requests queued just before are live, so abortable
-            self.abort_all()  # the streams of the old engine's requests end with "abort"
-        except Exception as exc:  # a failing step: the old engine goes anyway
-            self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
+        self._abort_leftovers()  # the streams of the old engine's requests end with "abort"
         old.remove_listener(self._fan_out)
         released = not old.has_unfinished()  # (an abort that did not finish in time: keep it whole)
         if released:  # its KV cache makes room for the new engine's (a GPU holds one)

@@ -38,6 +38,12 @@ from engine.models.layers.kv_quant import dequantize_kv, is_quantized, quantize_
 
 QUERY_SLICE = 256  # prefill queries attended at once: bounds the scores, and skips most of the masked
 # upper triangle (each slice multiplies only the keys up to its end): 1536 tokens prefill 30 % faster than 1024
+# A chunk's keys are padded (masked, zero) to a multiple of this. The CPU kernels sum a row's products in
+# blocks of the key dimension, with a tail of its own: the same query against 100 keys and against 300
+# rounds differently, so a prompt's K/V would depend on where a chunk or a prefix-cache hit cut it. With
+# every key count a multiple of 64, each query's nonzero terms fall in the same blocks whatever the cut
+# (zeros add exactly nothing): a prompt leaves the same K/V however it was split.
+KEY_ALIGN = 64
 
 
 class CompiledDecode:
@@ -192,11 +198,17 @@ def _chunk_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, p: Pre
     widened K/V), returned in q's."""
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = kp.shape[0]
+    pad = -p.ctx_len % KEY_ALIGN  # see KEY_ALIGN: the padded keys are zero and masked
+    keys = p.ctx_len + pad
+    if pad:
+        kp = torch.nn.functional.pad(kp, (0, 0, 0, pad))
+        vp = torch.nn.functional.pad(vp, (0, 0, 0, pad))
     qg = (q.to(kp.dtype) * scale).transpose(0, 1).reshape(num_kv_heads, group * q_len, head_dim)
-    scores = torch.matmul(qg, kp.transpose(-1, -2)).view(num_kv_heads, group, q_len, p.ctx_len)
-    mask = torch.zeros(q_len, p.ctx_len, dtype=kp.dtype, device=q.device)
-    mask.masked_fill_(~chunk_mask(q_len, p.ctx_len, q.device, p.tree_mask), float("-inf"))
-    probs = (scores + mask).softmax(dim=-1).view(num_kv_heads, group * q_len, p.ctx_len)
+    scores = torch.matmul(qg, kp.transpose(-1, -2)).view(num_kv_heads, group, q_len, keys)
+    seen = torch.zeros(q_len, keys, dtype=torch.bool, device=q.device)
+    seen[:, : p.ctx_len] = chunk_mask(q_len, p.ctx_len, q.device, p.tree_mask)
+    mask = torch.zeros(q_len, keys, dtype=kp.dtype, device=q.device).masked_fill_(~seen, float("-inf"))
+    probs = (scores + mask).softmax(dim=-1).view(num_kv_heads, group * q_len, keys)
     out = torch.matmul(probs, vp)  # (kv_heads, group * q_len, head_dim)
     return out.view(num_heads, q_len, head_dim).transpose(0, 1).to(q.dtype)
 

@@ -17,6 +17,7 @@ call (no second copy kept) and the result rounded back, so activations between l
 from __future__ import annotations
 
 import weakref
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -57,9 +58,24 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+# True while a forward pass carries prompt rows (the runner sets it): they take the library GEMM however
+# few they are. The few-row kernels round differently from the GEMM, so a prompt's last 4 tokens after a
+# prefix-cache hit (or a short last chunk) would get other K/V than in a full prefill, and a greedy answer
+# could change on its second run. The GEMM gives each row the same result whatever the row count. A
+# ContextVar, not a flag on the layers: it belongs to one forward pass in one thread (two engines may step
+# in two threads), and flipping module attributes would make torch.compile recompile.
+PROMPT_ROWS: ContextVar[bool] = ContextVar("inferlab_prompt_rows", default=False)
+
+
+def few_rows(x: torch.Tensor) -> bool:
+    """Up to STREAM_MAX_ROWS rows that are not prompt rows (PROMPT_ROWS; inside a compiled region the
+    row count alone decides: the ContextVar is not traced)."""
+    return x.shape[0] <= STREAM_MAX_ROWS and (torch.compiler.is_compiling() or not PROMPT_ROWS.get())
+
+
 def wants_stream(x: torch.Tensor) -> bool:
     """A few bf16 rows on the CPU, not for autograd (training LoRA adapters takes the library path)."""
-    return (x.dim() == 2 and x.shape[0] <= STREAM_MAX_ROWS and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    return (x.dim() == 2 and few_rows(x) and x.dtype == torch.bfloat16 and x.device.type == "cpu"
             and not x.requires_grad)
 
 
@@ -115,7 +131,7 @@ class Linear(nn.Module):
             if torch.compiler.is_compiling():
                 return stream_linear_bf16(x, self.weight, self.bias)
             return self.stream.stream_linear_bf16(x, self.weight, self.bias)
-        if self.gemv is not None and wants_gemv(x):
+        if self.gemv is not None and wants_gemv(x) and few_rows(x):
             # One row, compile=True. Streaming every weight from memory once per token, the compiled
             # reduction beats even the packed kernel (one stream: 58-63 vs 42-44 tokens/s, bench decode).
             # Inside a compiled region the math is traced into the region's own graph.

@@ -1,0 +1,101 @@
+"""Bounded reads from a server we do not trust: a size and a total time for every body, a size and a
+time for every line of a stream.
+
+httpx bounds each socket read, not a body: a /metrics page that never ends grows without bound, and one
+sent a byte a second never times out (each byte restarts the read timeout). A monitor must survive the
+thing it monitors, so every read here stops at a limit and says which (ReadLimit), and the caller turns
+that into a status the user sees.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+
+MAX_LINE_BYTES = 1 * 2**20  # one SSE line: a token's chunk is a few hundred bytes
+LINE_TIMEOUT_S = 30.0  # a line that has begun arriving must end within this
+MAX_STREAM_BYTES = 32 * 2**20  # one whole stream (~100k tokens' chunks)
+STREAM_TOTAL_S = 3600.0  # one whole stream
+MAX_ERROR_BYTES = 4096  # what an error answer's body may show
+
+
+class ReadLimit(Exception):
+    """A body or line went over its size or time limit (the message says which; `too_slow`: time)."""
+
+    def __init__(self, message: str, too_slow: bool = False) -> None:
+        super().__init__(message)
+        self.too_slow = too_slow
+
+
+async def fetch(client: httpx.AsyncClient, url: str, *, max_bytes: int, total_s: float) -> tuple[int, bytes]:
+    """GET `url`: (status, body); ReadLimit when the body is larger than `max_bytes` or the whole answer
+    takes longer than `total_s`. httpx errors (refused, reset) pass through."""
+    try:
+        async with asyncio.timeout(total_s):
+            async with client.stream("GET", url, timeout=total_s) as resp:
+                body = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise ReadLimit(f"{url} sent more than {max_bytes // 1024:,} KiB")
+                return resp.status_code, bytes(body)
+    except TimeoutError:
+        raise ReadLimit(f"{url} did not finish its answer within {total_s:g} s", too_slow=True) from None
+
+
+async def head(resp: httpx.Response, max_bytes: int = MAX_ERROR_BYTES, total_s: float = 5.0) -> str:
+    """At most the first `max_bytes` of a body (an error's detail), within `total_s`; never more."""
+    out = bytearray()
+    try:
+        async with asyncio.timeout(total_s):
+            async for chunk in resp.aiter_bytes():
+                out += chunk
+                if len(out) >= max_bytes:
+                    break
+    except TimeoutError:
+        pass
+    return out[:max_bytes].decode("utf-8", "replace")
+
+
+async def lines(resp: httpx.Response, *, max_line_bytes: int | None = None, line_s: float | None = None,
+                max_total_bytes: int | None = None, total_s: float | None = None) -> AsyncIterator[str]:
+    """The lines of a streamed body (SSE), decoded; ReadLimit when a line grows beyond `max_line_bytes`
+    or takes longer than `line_s` from its first byte, or the stream beyond `max_total_bytes` / `total_s`
+    (None: this module's limits, read at the call). The wait between lines is the client's read timeout
+    (a queued request may wait long for a token)."""
+    max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    line_s = LINE_TIMEOUT_S if line_s is None else line_s
+    max_total_bytes = MAX_STREAM_BYTES if max_total_bytes is None else max_total_bytes
+    total_s = STREAM_TOTAL_S if total_s is None else total_s
+    loop = asyncio.get_running_loop()
+    end = loop.time() + total_s
+    chunks = resp.aiter_bytes().__aiter__()
+    pending = bytearray()
+    line_deadline: float | None = None
+    total = 0
+    while True:
+        deadline = end if line_deadline is None else min(end, line_deadline)
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), max(0.0, deadline - loop.time()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            what = "the stream" if line_deadline is None or end <= line_deadline else "a line of the stream"
+            raise ReadLimit(f"{what} took longer than {total_s if what == 'the stream' else line_s:g} s") from None
+        total += len(chunk)
+        if total > max_total_bytes:
+            raise ReadLimit(f"the stream sent more than {max_total_bytes // 2**20} MiB")
+        pending += chunk
+        if b"\n" in chunk:  # (pending held no newline before: only a chunk with one can end a line)
+            *complete, rest = pending.split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+            pending = bytearray(rest)
+            line_deadline = loop.time() + line_s if pending else None  # a line began in this chunk
+        elif line_deadline is None:  # a line begins: its clock starts now
+            line_deadline = loop.time() + line_s
+        if len(pending) > max_line_bytes:
+            raise ReadLimit(f"a line of the stream is longer than {max_line_bytes // 1024:,} KiB")
+    if pending:
+        yield pending.decode("utf-8", "replace")
