@@ -15,7 +15,7 @@ from hostile_server import HostileServer, body, endless, trickle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import channel
+from app.source import channel
 from app.remote import bounded, watch
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.watch import ServerWatch

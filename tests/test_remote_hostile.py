@@ -13,7 +13,7 @@ import httpx
 import pytest
 from hostile_server import HostileServer, body, endless, sse, trickle
 
-from app import channel
+from app.source import channel
 from app.remote import bounded
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.watch import ServerWatch
