@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # The knobs reconfigure() may change between steps; the rest need a new engine.
 RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
                   "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile",
-                  "fused_decode", "int8_activations")
+                  "fused_decode", "int8_activations", "cuda_graphs")
 
 
 @dataclass(frozen=True, slots=True)

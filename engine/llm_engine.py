@@ -108,8 +108,7 @@ class LLMEngine:
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
                                   config.int8_activations)
         self.runner.lora = self.lora
-        if config.cuda_graphs:
-            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
+        self._use_graphs(config.cuda_graphs)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -266,6 +265,13 @@ class LLMEngine:
                 or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
                                       int8_activations=cfg.int8_activations)
+        self._use_graphs(bool(cfg.cuda_graphs))
+
+    def _use_graphs(self, enabled: bool) -> None:
+        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA."""
+        if enabled != (self.runner.graphs is not None):
+            self.runner.invalidate_graphs()
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda") if enabled else None
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
