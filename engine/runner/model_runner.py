@@ -100,7 +100,7 @@ class ModelRunner:
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                  previous=self.backend)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
-            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None)
         self.backend = backend
         self.fused = None
         if (fused_decode and not compile and not backend.reference and not self.kv_int8
@@ -292,15 +292,14 @@ class ModelRunner:
             else:
                 ctx_blocks = None
                 if start > 0:
-                    ctx_blocks = torch.tensor(table[: -(-end // bs)], device=self.device)
+                    ctx_blocks = self._to_device(table[: -(-end // bs)])
                 prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
-        dev = self.device
         groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
         md = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=dev),
+            slot_mapping=self._to_device(slots),
             num_decode_tokens=len(dec_tables),
             decode_groups=groups,
             prefills=prefills,
@@ -309,17 +308,18 @@ class ModelRunner:
             tree_masks=tree_masks,
             backend=self.backend,
         )
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
+        return self._to_device(ids), self._to_device(pos), md
 
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
-        The native kernel reads each context to its own length: one group, no padding mask."""
+        The native kernel and FlexAttention read each context to its own length: one group, no padding
+        mask (the native kernel takes the lengths on the host, FlexAttention on the device)."""
         bs, groups, start = self.block_size, [], 0
-        if self.backend.native_decode is not None:
+        if self.backend.native_decode is not None or self.backend.flex is not None:
             max_blocks = -(-lens[-1] // bs)
-            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None,
-                                torch.tensor(lens))]
+            ctx_lens = torch.tensor(lens) if self.backend.native_decode is not None else self._to_device(lens)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None, ctx_lens)]
         while start < len(lens):
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
@@ -331,14 +331,22 @@ class ModelRunner:
             mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
             groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
-                                      mask.to(self.device)[:, None, :], torch.tensor(lens[start:end])))
+                                      self._to_device(mask)[:, None, :], torch.tensor(lens[start:end])))
             start = end
         return groups
 
     def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
         """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
         rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
-        return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
+        return self._to_device(rows).reshape(-1)
+
+    def _to_device(self, values) -> torch.Tensor:
+        """A step input (a list of ints, or a host tensor) on the device. On CUDA through pinned host
+        memory, so the copy is asynchronous: from pageable memory a non_blocking copy still waits."""
+        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def move_slots(self, moves: list[tuple[int, int]]) -> None:
         """Copy K/V from slot src to slot dst in every layer, in order (a tree's accepted path moving to
