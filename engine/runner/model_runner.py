@@ -16,7 +16,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
-from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
+from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
@@ -43,6 +43,29 @@ class StepResult:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     # order index -> why that request failed this step (non-finite logits); it produced nothing
     failed: dict[int, str] = field(default_factory=dict)
+    # order index -> the argmax of each verify row (what a greedy verification compares the drafts with),
+    # read back with the sampled tokens
+    verify_argmax: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _read_back(logits: torch.Tensor, producers: list, verify_spans: list,
+               greedy) -> tuple[SampleResult | None, list[int]]:
+    """Sample the producers' rows and read, in the same one copy back to the host, every verify row's
+    finiteness then its argmax: a step waits for the device once, however many requests it verifies.
+    Returns (the sampling result or None, [bad per verify row..., argmax per verify row...], the verify
+    rows in the order of verify_spans)."""
+    extra = None
+    if verify_spans:
+        verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
+        extra = torch.cat([(~torch.isfinite(verify_rows).all(dim=-1)).long(), verify_rows.argmax(dim=-1)])
+    result = None
+    if producers:
+        result = FusedDecode.greedy_result(greedy, producers)
+        if result is None:
+            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                            [s.request.generator for s, _ in producers], extra=extra)
+            return result, result.extra
+    return result, extra.tolist() if extra is not None else []
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -194,6 +217,7 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
         verify_logits: dict[int, torch.Tensor] = {}
+        verify_argmax: dict[int, list[int]] = {}
         kept: dict[int, torch.Tensor] = {}
         failed: dict[int, str] = {}
         if rows:
@@ -204,28 +228,28 @@ class ModelRunner:
             else:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
-            if producers:
-                result: SampleResult | None = FusedDecode.greedy_result(greedy, producers)
-                if result is None:
-                    result = sample(logits[[r for _, r in producers]],
-                                    [s.request.sampling_params for s, _ in producers],
-                                    [s.request.generator for s, _ in producers])
+            result, verify_host = _read_back(logits, producers, verify_spans, greedy)
+            if result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
                 failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
+            num_verify_rows, rows_at = len(verify_host) // 2, 0
             for s, first, n in verify_spans:
-                if nonfinite_rows(logits[first : first + n]):
+                if any(verify_host[rows_at : rows_at + n]):
                     failed[where[id(s)]] = NONFINITE
                 else:
                     verify_logits[where[id(s)]] = logits[first : first + n]
+                    top = num_verify_rows + rows_at
+                    verify_argmax[where[id(s)]] = verify_host[top : top + n]
+                rows_at += n
             for i in failed:  # stale NaN K/V must not reach another request through a padded gather
                 self.clear_written_slots(order[i], bm)
             if self.keep_hidden:
                 kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
                 kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed)
+        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed, verify_argmax)
 
     def _fused_plan(self, order: list[ScheduledRequest]):
         """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""
