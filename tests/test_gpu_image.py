@@ -102,3 +102,24 @@ def test_graphs_switch_on_and_off_at_run_time_with_the_same_tokens(tiny_llama):
     eng.reconfigure(cuda_graphs=False)
     assert [o.token_ids for o in eng.generate(["Hello there", "a"], params)] == want
     assert eng.runner.graphs is None
+
+
+def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
+    """An engine with an adapter pool runs its base-only decode steps through the graphs' buffers (the
+    unbound LoRA layers add nothing); a step with an adapter row takes the ordinary path."""
+    from lora_helpers import make_adapter
+
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="fast", num_kv_blocks=64, max_loras=2)
+    plain = LLMEngine(EngineConfig(**kw))
+    graphs = LLMEngine(EngineConfig(**kw, cuda_graphs=True))
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter")
+    for eng in (plain, graphs):
+        eng.add_lora("a", str(adapter))
+    assert [o.token_ids for o in graphs.generate(["Hello there", "a"], params)] == \
+        [o.token_ids for o in plain.generate(["Hello there", "a"], params)]
+    base_runs = graphs.runner.graphs.num_runs
+    assert base_runs >= 9
+    with_adapter = graphs.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
+    assert with_adapter == plain.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
+    assert graphs.runner.graphs.num_runs == base_runs  # adapter rows never go through the graphs

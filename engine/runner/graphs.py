@@ -12,7 +12,9 @@ inputs from static buffers that every step fills in place.
   mask rebuilt inside the graph from the static tables and lengths; on the eager decode attention
   every row gathers that many slots (whole-block gather + matmuls) under an additive mask built from
   the context lengths on the device, before the replay.
-- Only steps that are all decodes, with no LoRA rows, not on the native kernel or the compiled decode
+- Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
+  for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
+  not on the native kernel or the compiled decode
   attention, uncompiled. Anything else runs the ordinary path.
 
 Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
@@ -75,7 +77,8 @@ class DecodeGraphs:
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
         backend = r.backend
         return (bool(order) and all(s.kind == "decode" for s in order) and batch_bucket(len(order)) is not None
-                and r.lora is None and not backend.reference and backend.native_decode is None
+                and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
+                and not backend.reference and backend.native_decode is None
                 and backend.compiled_decode is None and not r.model.compiled)
 
     def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
