@@ -83,3 +83,21 @@ def test_native_means_flex_on_cuda_and_the_8_bit_cache_leaves_it(tiny_llama):
     int8 = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32, attention_backend="flex",
                                   kv_cache_dtype="int8"))
     assert int8.runner.backend.flex is None  # FlexAttention reads 16-bit caches
+
+
+def test_a_failing_flex_kernel_turns_itself_off_and_the_tokens_stay(tiny_llama, monkeypatch):
+    """On a GPU the compiled kernel may fail to build: the first failure disables it with a warning and
+    the eager path serves that step and the rest, so a run still brings its figures back."""
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    kw = dict(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=24)
+    prompts = ["The quick brown fox jumps over the lazy dog. Hello", "a"]
+    want = [o.token_ids for o in LLMEngine(EngineConfig(**kw, attention_backend="reference")).generate(prompts, params)]
+    eng = LLMEngine(EngineConfig(**kw, attention_backend="flex"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(eng.runner.backend.flex, "fn", broken)
+    with pytest.warns(UserWarning, match="FlexAttention paged attention unavailable"):
+        got = [o.token_ids for o in eng.generate(prompts, params)]
+    assert got == want and eng.runner.backend.flex.fn is None and "no kernel" in eng.runner.backend.flex.error

@@ -340,7 +340,8 @@ class ModelRunner:
         The native kernel and FlexAttention read each context to its own length: one group, no padding
         mask (the native kernel takes the lengths on the host, FlexAttention on the device)."""
         bs, groups, start = self.block_size, [], 0
-        if self.backend.native_decode is not None or self.backend.flex is not None:
+        flex = self.backend.flex is not None and self.backend.flex.fn is not None  # not disabled by a failure
+        if self.backend.native_decode is not None or flex:
             max_blocks = -(-lens[-1] // bs)
             ctx_lens = torch.tensor(lens) if self.backend.native_decode is not None else self._to_device(lens)
             return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None, ctx_lens)]

@@ -155,9 +155,12 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
                                               md.block_size)
             out[g.start : g.start + n] = o.view(n, num_heads, head_dim)
             continue
-        if flex is not None:  # K/V read in place, page by page, through the block mask
-            out[g.start : g.start + n] = flex.decode(qg, k_cache, v_cache, g, md.block_size, scale)
-            continue
+        if flex is not None and flex.fn is not None:  # K/V read in place, page by page, through the block mask
+            try:
+                out[g.start : g.start + n] = flex.decode(qg, k_cache, v_cache, g, md.block_size, scale)
+                continue
+            except Exception as exc:  # noqa: BLE001 (the compiler or the kernel failed): eager from now on
+                flex.disable(f"{type(exc).__name__}: {exc}")
         if fused is not None and fused.fn is not None:
             qd = (qg.view(n, -1, group, head_dim) * scale).transpose(0, 1)  # (kv_heads, n, group, head_dim)
             try:
@@ -170,9 +173,12 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         out[g.start : g.start + n] = _decode_attention(qg, k_cache, v_cache, g, group, scale, md.block_size)
     for p in md.prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
-        if flex is not None and p.blocks is not None and p.tree_mask is None:  # over a cached context, in place
-            out[rows] = flex.prefill(q[rows], k_cache, v_cache, p, md.block_size, scale)
-            continue
+        if flex is not None and flex.fn is not None and p.blocks is not None and p.tree_mask is None:
+            try:  # over a cached context, in place
+                out[rows] = flex.prefill(q[rows], k_cache, v_cache, p, md.block_size, scale)
+                continue
+            except Exception as exc:  # noqa: BLE001 (as for decodes)
+                flex.disable(f"{type(exc).__name__}: {exc}")
         if p.blocks is None:  # nothing cached: this chunk is the whole context
             kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
@@ -238,7 +244,11 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     shape = (num_kv_heads, n, g.max_ctx, head_dim)
     kd = dequantize_kv(gather_blocks(k_cache, g.blocks, block_size), q.dtype).view(shape)
     vd = dequantize_kv(gather_blocks(v_cache, g.blocks, block_size), q.dtype).view(shape)
-    scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
+    mask = g.mask
+    if mask is None:  # a group made for a kernel that reads each context to its length (FlexAttention failed)
+        valid = torch.arange(g.max_ctx, device=q.device).unsqueeze(0) < g.ctx_lens.to(q.device).unsqueeze(1)
+        mask = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill_(~valid, float("-inf"))[:, None]
+    scores = torch.matmul(qd, kd.transpose(-1, -2)) + mask  # (kv_heads, n, group, max_ctx)
     out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 

@@ -35,8 +35,17 @@ class FlexPaged:
         from torch.nn.attention.flex_attention import flex_attention
 
         self.compiled = compiled
-        self.fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+        self.fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention  # None: disabled
         self.calls = 0  # the tests check this path ran
+        self.error: str | None = None  # why it was disabled
+
+    def disable(self, reason: str) -> None:
+        """The first failure (a kernel this GPU or torch cannot build, say) turns it off with one warning:
+        the eager path serves from then on, so a run brings back figures instead of ending."""
+        import warnings
+
+        warnings.warn(f"FlexAttention paged attention unavailable, using the eager path: {reason}", stacklevel=3)
+        self.fn, self.error = None, reason
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group, block_size: int,
                scale: float) -> torch.Tensor:
