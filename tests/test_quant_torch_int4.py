@@ -65,3 +65,13 @@ def test_a_self_draft_is_4_bit_only_where_a_fast_int4_kernel_runs(monkeypatch, t
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert self_draft_bits(cuda, torch.bfloat16, mc, 32) == 8
     assert self_draft_bits(torch.device("cpu"), torch.bfloat16, mc, 32) == 4  # the native int4 kernel
+
+
+def test_a_packing_that_disagrees_with_the_rule_is_not_used(monkeypatch):
+    """The layout is checked once per layer with one product: were this torch's layout not the one
+    assumed (the nibble order, say), the layer keeps the native layout instead of computing garbage."""
+    real_pack = int4_torch.pack
+    monkeypatch.setattr(int4_torch, "pack", lambda q: real_pack(15 - q))  # codes mirrored: a wrong layout
+    with pytest.warns(UserWarning, match="packed int4 matmul not used"):
+        layer = QuantLinear(_weight(), None, 4, 32, int4_layout="torch")
+    assert layer.packed is None and layer.codes is not None

@@ -4,7 +4,8 @@ contract, what the tests run here).
 
 Its dequantization rule is QuantLinear's own: w = (q - 8) * scale + zero per group of input columns, so
 the codes and (scale, zero) pairs go in as they are; the packing is done once, when the layer is built,
-and the packed tensor is the layer's only copy of its codes on the device.
+checked with one product against that rule (a torch whose layout differs leaves the layer on the
+native layout, with a warning), and the packed tensor is the layer's only copy of its codes.
 """
 from __future__ import annotations
 
@@ -34,6 +35,28 @@ def pack(q: torch.Tensor) -> torch.Tensor:
         q8 = (q[:, ::2].to(torch.uint8) << 4) | q[:, 1::2].to(torch.uint8)
         return torch.ops.aten._convert_weight_to_int4pack(q8.contiguous(), tiles)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), tiles)
+
+
+def checked_pack(q: torch.Tensor, scale_zero: torch.Tensor,
+                 group_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(packed codes, the kernel's scale-and-zero pairs), after one product through the kernel agreed with
+    the readable rule on a random row; None, with a warning, where packing failed or they disagree (a
+    torch whose layout differs from the one assumed here: the layer then keeps the native layout)."""
+    import warnings
+
+    try:
+        packed, szt = pack(q), scales_and_zeros(scale_zero)
+        out_features, in_features = q.shape
+        sz = scale_zero.float()  # (out, groups, 2)
+        w = ((q.float().reshape(out_features, -1, group_size) - 8) * sz[..., :1] + sz[..., 1:]).reshape(q.shape)
+        x = torch.randn(1, in_features, device=q.device).to(torch.bfloat16)
+        got, want = matmul(x, packed, group_size, szt).float(), x.float() @ w.t()
+        if (got - want).norm() > 0.02 * want.norm() + 1e-3:
+            raise ValueError(f"the packed product is off by {float((got - want).norm() / want.norm()):.3f}")
+    except (RuntimeError, ValueError) as exc:
+        warnings.warn(f"torch's packed int4 matmul not used ({type(exc).__name__}: {exc})", stacklevel=3)
+        return None
+    return packed, szt
 
 
 def scales_and_zeros(scale_zero: torch.Tensor) -> torch.Tensor:

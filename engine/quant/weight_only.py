@@ -124,9 +124,11 @@ class QuantLinear(nn.Module):
         # (out, groups, 2) scale-and-zero per group: what the native kernel reads next to each row
         scale_zero = torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous()
         if self._torch_int4(w.device):  # the kernel's (groups, out, 2) pairs and its packing, made once
-            self.register_buffer("szt", int4_torch.scales_and_zeros(scale_zero))
-            self.register_buffer("packed", int4_torch.pack(q))
-            return
+            packed = int4_torch.checked_pack(q, scale_zero, self.group_size)
+            if packed is not None:
+                self.register_buffer("szt", packed[1])
+                self.register_buffer("packed", packed[0])
+                return
         self.register_buffer("scale_zero", scale_zero)
         # two 4-bit codes per byte, the one copy both the kernel and the dequantize path read
         self.register_buffer("codes", pack_int4_chunks(q))
