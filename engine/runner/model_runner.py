@@ -52,8 +52,9 @@ def _read_back(logits: torch.Tensor, producers: list, verify_spans: list,
                greedy) -> tuple[SampleResult | None, list[int]]:
     """Sample the producers' rows and read, in the same one copy back to the host, every verify row's
     finiteness then its argmax: a step waits for the device once, however many requests it verifies.
-    Returns (the sampling result or None, [bad per verify row..., argmax per verify row...], the verify
-    rows in the order of verify_spans)."""
+    Returns (the sampling result or None, [bad per verify row..., argmax per verify row...]), the verify
+    rows in the order of verify_spans. (The CPU's fused step samples greedily on its own: there the verify
+    rows are a second read, which costs nothing on the CPU.)"""
     extra = None
     if verify_spans:
         verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
