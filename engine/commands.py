@@ -63,6 +63,7 @@ KNOBS: Mapping[str, Knob] = MappingProxyType({
     "max_queue_len": Knob(int, lo=0, optional=True), "max_predicted_wait_s": Knob(float, lo=0, optional=True),
     "num_speculative_tokens": Knob(int, lo=0, hi=8), "spec_method": Knob(str, optional=True),
     "compile": Knob(bool), "fused_decode": Knob(bool), "int8_activations": Knob(bool),
+    "cuda_graphs": Knob(bool),
 })
 RECONFIGURABLE = tuple(KNOBS)
 

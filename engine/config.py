@@ -48,8 +48,10 @@ class EngineConfig:
     # built once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
-    # the block gather fused into its reductions. "reference": the readable one-sequence-at-a-time path
-    # the tests hold the others to. What runs is chosen once, by engine/runner/attention_backend.py.
+    # the block gather fused into its reductions. "flex": decodes and cached-context prefill chunks
+    # through FlexAttention with a paged block mask, K/V read in place (compiled on CUDA, where "native"
+    # means this; eager on the CPU; not yet run on a GPU). "reference": the readable one-sequence-at-a-time
+    # path the tests hold the others to. What runs is chosen once, by engine/runner/attention_backend.py.
     attention_backend: str = "native"
     # torch.compile the dense code between two attentions (one call per layer), run single 16-bit rows on
     # the CPU (decode of one stream) through a compiled matrix-vector reduction at ~2x the library's
@@ -121,8 +123,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.attention_backend not in ("fast", "compiled", "native", "reference"):
-            raise ValueError(f"attention_backend must be 'fast', 'compiled', 'native' or 'reference', "
+        if self.attention_backend not in ("fast", "compiled", "native", "flex", "reference"):
+            raise ValueError(f"attention_backend must be 'fast', 'compiled', 'native', 'flex' or 'reference', "
                              f"got {self.attention_backend!r}")
         if self.quant_group_size not in (32, 64, 128):
             raise ValueError(f"quant_group_size must be 32, 64 or 128, got {self.quant_group_size}")

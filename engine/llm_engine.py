@@ -120,8 +120,7 @@ class LLMEngine:
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
-        if config.cuda_graphs:
-            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
+        self._use_graphs(config.cuda_graphs)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -325,6 +324,13 @@ class LLMEngine:
                 or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
                                       int8_activations=cfg.int8_activations)
+        self._use_graphs(bool(cfg.cuda_graphs))
+
+    def _use_graphs(self, enabled: bool) -> None:
+        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA."""
+        if enabled != (self.runner.graphs is not None):
+            self.runner.invalidate_graphs()
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda") if enabled else None
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -375,7 +381,7 @@ class LLMEngine:
         req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
         token, lp = result.sampled[i], result.logprobs[i]
         if i in result.verify_logits:
-            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i))
+            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i), result.verify_argmax.get(i))
             self.counters.generated += len(v.token_ids)
             outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
             return

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# without the GUI or HTTP stack (the lent GPU image) the tests that need it skip; the rest run
+pytest_plugins = ["optional_stacks"]
 # Engines built with device="auto" run on the CPU, GPU box or not: the suite's exact figures (block ids,
 # budgets, packed CPU kernels) are CPU facts. Tests of the CUDA paths are marked `cuda` and say
 # device="cuda" themselves; they skip where torch sees no GPU.

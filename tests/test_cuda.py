@@ -99,6 +99,25 @@ def test_int4_uses_the_packed_cuda_kernel_and_matches_the_reference():
     torch.testing.assert_close(fast.dequantize(), ref.dequantize(), atol=1e-2, rtol=1e-2)
 
 
+def test_int8_takes_the_fused_kernel_for_decode_rows_and_matches_the_reference():
+    from engine.quant.weight_only import QuantLinear
+
+    torch.manual_seed(0)
+    w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16).cuda()
+    fast, ref = QuantLinear(w, None, 8, 32), QuantLinear(w, None, 8, 32, reference=True)
+    if not fast.int8_fused:
+        pytest.skip(f"torch {torch.__version__} has no CUDA _weight_int8pack_mm: int8 casts its weight per call")
+    for rows in (1, 4, 64):  # the fused kernel, then (64 rows) the cast-and-GEMM path
+        x = torch.randn(rows, 512, dtype=torch.bfloat16, device="cuda")
+        torch.testing.assert_close(fast(x).float(), ref(x).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_the_self_draft_is_4_bit_on_the_packed_int4_kernel(tiny_llama):
+    eng = _engine(tiny_llama, spec_method="draft", num_speculative_tokens=3)
+    layers = [m for m in eng.proposer.model.modules() if hasattr(m, "packed")]
+    assert layers and all(m.bits == 4 and m.packed is not None for m in layers)
+
+
 def test_mtp_heads_train_on_the_gpu(tiny_llama):
     from engine.spec.mtp_train import fit_heads, original_weights, training_data
 

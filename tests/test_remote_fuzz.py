@@ -15,10 +15,10 @@ from hostile_server import HostileServer, body, endless, trickle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.source import channel
 from app.remote import bounded, watch
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.watch import ServerWatch
+from app.source import channel
 
 CASE_S = 8.0
 MAX_PEAK_BYTES = 24 * 2**20

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from hostile_server import HostileServer, body, endless, sse, trickle
 
-from app.source import channel
 from app.remote import bounded
 from app.remote.client import StreamResult, request_body, stream_request
 from app.remote.watch import ServerWatch
+from app.source import channel
 
 MODELS = body('{"data": [{"id": "m", "max_model_len": 4096}]}', "application/json")
 GOOD_METRICS = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"

@@ -26,6 +26,9 @@ def add_bench_args(p, engine_args) -> None:
         engine_args(q)
         q.add_argument("--json", metavar="OUT", help="write the results here")
         q.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
+        q.add_argument("--modes", nargs="+", choices=list(MODE_KNOBS), default=list(MODES),
+                       help="inferlab modes to measure (default: eager and compile; layers: eager without the "
+                            "fused decode step; graphs: all-decode steps from CUDA graphs, --cuda-graphs)")
     tp.add_argument("--num-chats", type=int, default=36)
     tp.add_argument("--num-docs", type=int, default=12)
     tp.add_argument("--hf-batch-size", type=int, default=8)
@@ -46,9 +49,6 @@ def add_bench_args(p, engine_args) -> None:
     dec.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
                      help="weights: bf16, or int8 / int4 weight-only (4: the head in int8 too, as the Q4_1 GGUF's "
                           "Q8_0 table); llama.cpp runs the bf16 GGUF at 16, the source GGUF at 4")
-    dec.add_argument("--modes", nargs="+", choices=list(MODE_KNOBS), default=list(MODES),
-                     help="inferlab modes to measure (default: eager and compile; layers: eager without the "
-                          "fused decode step)")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     bat.add_argument("--streams", type=int, nargs="+", default=[4, 8], help="streams decoding at once (default 4 8)")
     bat.add_argument("--prompt-tokens", type=int, default=32, help="each stream's own prompt")
@@ -303,18 +303,18 @@ def _peer_summary(info: dict, peer_runs: list[dict], ours: dict) -> dict:
 def roofline_fractions(engine, prompt_tokens: int, max_tokens: int, rates: dict[str, float]) -> dict:
     """Bytes one decode step reads (weights + KV at the mid-run context, engine/perf/step_cost.py)
     times each side's tokens/s, as a share of the probed memory bandwidth (engine/perf/probe.py)."""
-    from engine.perf.probe import last_level_cache_bytes, probe_roofs
+    from engine.perf.probe import device_cache_bytes, probe_roofs
     from engine.perf.step_cost import RequestWork, step_cost
     from engine.perf.step_counter import model_shape
 
     shape = model_shape(engine.model, engine.model_config, torch.empty((), dtype=engine.dtype).element_size())
     step = step_cost(shape, [RequestWork(1, prompt_tokens + max_tokens // 2, 1)])
-    roofs = probe_roofs()
+    roofs = probe_roofs(engine.device)  # the roofs of the device the engine runs on, not the host CPU's
     bw = roofs.bandwidth_bytes_per_s
     weights = shape.layer_weight_bytes + shape.lm_head_bytes
     return {"bytes_per_token": step.bytes_moved, "weight_bytes_per_token": weights,
             "probed_bandwidth_bytes_per_s": bw, "probe": roofs.how, "probed_at": roofs.measured_at,
-            "last_level_cache_bytes": last_level_cache_bytes(),
-            "weights_fit_in_last_level_cache": weights < last_level_cache_bytes(),
+            "last_level_cache_bytes": device_cache_bytes(engine.device),
+            "weights_fit_in_last_level_cache": weights < device_cache_bytes(engine.device),
             "achieved_bandwidth_bytes_per_s": {k: step.bytes_moved * r for k, r in rates.items()},
             "fraction_of_probed_bandwidth": {k: step.bytes_moved * r / bw for k, r in rates.items()}}

@@ -19,9 +19,13 @@ def hf_model(engine: LLMEngine):
 
 MODES = ("eager", "compile")  # the engine as built, and with compile=True (reconfigured between rounds)
 # what each mode switches (between rounds): "eager" runs decode steps as one native call where it
-# applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline)
-MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True}, "compile": {"compile": True},
-              "layers": {"compile": False, "fused_decode": False}}
+# applies (EngineConfig.fused_decode), "layers" the same engine layer by layer (the fused step's baseline),
+# "graphs" all-decode steps replayed from CUDA graphs (EngineConfig.cuda_graphs; on the CPU the same
+# static buffers, uncaptured)
+MODE_KNOBS = {"eager": {"compile": False, "fused_decode": True, "cuda_graphs": False},
+              "compile": {"compile": True, "cuda_graphs": False},
+              "layers": {"compile": False, "fused_decode": False, "cuda_graphs": False},
+              "graphs": {"compile": False, "fused_decode": True, "cuda_graphs": True}}
 
 
 def alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
@@ -44,12 +48,16 @@ def alternate(engine, rounds: int, ours, hf, peers: dict | None = None,
 
 def warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
     """Each mode once before the rounds, so compiling (and recompiling for new shapes) stays out of them.
-    Returns the path each mode's last step ran (StepStats.forward_path: "fused" or "layers")."""
+    Returns the path each mode's last step ran (StepStats.forward_path: "fused" or "layers"; in the
+    graphs mode how many steps went through the graphs' static buffers, and how many of them replayed)."""
     paths = {}
     for mode in modes:
         engine.reconfigure(**MODE_KNOBS[mode])
         run()
         paths[mode] = engine.runner.last_path
+        graphs = engine.runner.graphs  # dropped when the next mode's first step switches them off
+        if mode == "graphs" and graphs is not None:
+            paths[mode] += f"; {graphs.num_runs} steps in graph buffers, {graphs.num_replays} replayed"
     return paths
 
 

@@ -1,5 +1,6 @@
-"""`inferlab bench throughput`: the mixed workload through inferlab (eager and compile=True), HF
-transformers in static batches and llama.cpp's llama-server where it is built, in alternating rounds."""
+"""`inferlab bench throughput`: the mixed workload through inferlab (--modes; by default eager and
+compile=True), HF transformers in static batches and llama.cpp's llama-server where it is built, in
+alternating rounds."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,8 @@ def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
                           kv_cache_memory_bytes=args.kv_cache_mib * 2**20)
     reqs = mixed_workload(engine.tokenizer, args.num_chats, args.num_docs,
                           output=(min(16, args.max_output_tokens), args.max_output_tokens))
-    warm_up(engine, lambda: runs.engine_throughput(engine, reqs[:16]))
+    modes = tuple(getattr(args, "modes", MODES))
+    warm_up(engine, lambda: runs.engine_throughput(engine, reqs[:16]), modes)
     model = hf = None
     if not args.no_baseline:
         model = hf_model(engine)
@@ -34,7 +36,7 @@ def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
         engine.model_path, reqs, args.llama_threads or torch.get_num_threads(), args.llama_parallel, stack)
     # each ours-round starts with a cold prefix cache (runs.engine_throughput resets it)
     ours_runs, hf_runs = alternate(engine, args.rounds, lambda: runs.engine_throughput(engine, reqs), hf,
-                                   {"llama.cpp": peer} if peer else None)
+                                   {"llama.cpp": peer} if peer else None, modes)
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
     if peer:
         peer_info["inferlab_dtype"] = str(engine.dtype).removeprefix("torch.")
@@ -50,7 +52,7 @@ def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
         hf_med = statistics.median(x[key] for x in hf_runs)
         out["hf_transformers"] = {**median_run(hf_runs, key), "batch_size": args.hf_batch_size,
                                   f"{key}_each_round": [x[key] for x in hf_runs], f"{key}_median": hf_med}
-        out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in MODES}
+        out["speedup"] = {m: out["inferlab"][m][f"{key}_median"] / hf_med for m in modes}
         out["speedup_each_round"] = {m: [a[key] / b[key] for a, b in zip(r, hf_runs)] for m, r in ours_runs.items()}
     out["llama_cpp"] = _throughput_peer_summary(peer_info, peer_runs, out["inferlab"], key)
     out["memory_bandwidth"] = bandwidth.batch_bandwidth(

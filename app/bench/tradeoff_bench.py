@@ -28,9 +28,10 @@ def run(args) -> dict:
     from engine.config import EngineConfig
     from engine.loading.loader import load_model
     from engine.perf.probe import probe_roofs
+    from engine.runner.setup import resolve_device
 
     t0 = time.perf_counter()
-    roofs = probe_roofs(refresh=args.reprobe)
+    roofs = probe_roofs(resolve_device(args.device), refresh=args.reprobe)  # the sweep engines' device
     probe_s = time.perf_counter() - t0
     loaded = load_model(args.model)
     base = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads)

@@ -25,6 +25,7 @@ from engine.loading.gguf_convert import convert_gguf
 from engine.loading.origin import weights_origin
 from engine.loading.shapes import check_shapes, expected_shapes
 from engine.loading.tokenizer import Tokenizer
+from engine.loading.user_dirs import user_dir
 from engine.models.model_config import ModelConfig
 
 
@@ -59,9 +60,7 @@ def cache_root() -> Path:
     override = os.environ.get("INFERLAB_CACHE_DIR")
     if override:
         return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("inferlab"))
+    return user_dir("cache")
 
 
 def load_model(name_or_path: str, *, progress: Progress | None = None) -> LoadedModel:

@@ -72,6 +72,13 @@ def last_level_cache_bytes() -> int:
     return best
 
 
+def device_cache_bytes(device: torch.device) -> int:
+    """The last-level cache in front of `device`'s memory: the GPU's L2 on CUDA, else the CPU's."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+    return last_level_cache_bytes()
+
+
 def _timed(fn: Callable[[], object], repeats: int, sync: Callable[[], None], deadline: float = math.inf,
            times: list[float] | None = None) -> list[float]:
     """Up to `repeats` timed calls in all (`times`: those already taken, after their warm-up; else one
@@ -143,9 +150,9 @@ def measure_roofs(device: torch.device | None = None, gemm_size: int = GEMM_SIZE
 
 
 def cache_path(device: torch.device, cache_dir: Path | None = None) -> Path:
-    import platformdirs
+    from engine.loading.user_dirs import user_dir
 
-    base = cache_dir or Path(platformdirs.user_cache_dir("inferlab")) / "roofline"
+    base = cache_dir or user_dir("cache") / "roofline"
     key = f"{machine_name(device)}-{torch.get_num_threads()}t-torch{torch.__version__}"
     return base / ("".join(c if c.isalnum() or c in "-._" else "_" for c in key) + ".json")
 

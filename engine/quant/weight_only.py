@@ -6,9 +6,13 @@
 Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
 int8 (up to 8 rows; more rows: torch's `_weight_int8pack_mm`) and, for int4, the native kernel
 (engine/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
-call, for any number of rows; both want bf16 activations). Each layer keeps one copy of its codes, in
-the layout the kernel reads. Everywhere else, and as the reference the tests hold them to, the weight
-is dequantized and multiplied.
+call, for any number of rows; both want bf16 activations). On CUDA, int4 runs through torch's packed
+int4 matmul (`_weight_int4pack_mm`, engine/quant/int4_torch.py; bf16, compute capability 8.0+), its
+layout packed once when the layer is built; int8 through torch's fused `_weight_int8pack_mm` for a
+few rows (decode), and for more rows (prefill) the weight cast to 16 bits once per call, which a GEMM
+over many rows amortizes. Each layer keeps one copy of its codes, in the layout its kernel reads.
+Everywhere else, and as the reference the tests hold them to, the weight is dequantized and multiplied.
+None of the CUDA paths has run on a GPU yet; their CPU twins are tested (tests/test_quant_torch_int4.py).
 
 Outliers (LLM.int8 style): the few input channels with the largest activation x weight magnitude are
 kept out of the quantized matrix and multiplied in 16 bits, so one huge value no longer stretches the
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.layers.linear import Linear, LinearWrapper, few_rows
+from engine.quant import int4_torch
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -75,9 +80,13 @@ class QuantLinear(nn.Module):
     stream = None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
-                 outlier_idx: torch.Tensor | None = None, reference: bool = False) -> None:
+                 outlier_idx: torch.Tensor | None = None, reference: bool = False, int4_layout: str = "auto") -> None:
+        """`int4_layout`: "auto" packs int4 for torch's int4 matmul on CUDA where it applies and keeps the
+        native kernel's layout elsewhere; "torch" packs for torch's matmul on the CPU too (its tests)."""
         super().__init__()
         self.bits, self.group_size, self.reference = bits, group_size, reference
+        self.int4_layout = int4_layout
+        self.register_buffer("packed", None)  # torch's packed int4 layout, when the layer uses it (then no codes)
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         w = weight.float()
@@ -100,6 +109,8 @@ class QuantLinear(nn.Module):
         q, scale = int8_rows(w, self.dtype)  # one scale per output row
         self.register_buffer("qweight", q)
         self.register_buffer("scales", scale)
+        # torch's fused int8 kernel where this torch build has it for the device (older CUDA builds lack it)
+        self.int8_fused = w.device.type == "cuda" and _int8_mm_runs(w.device, self.dtype)
 
     def _quantize_int4(self, w: torch.Tensor) -> None:
         g = self.group_size
@@ -111,14 +122,28 @@ class QuantLinear(nn.Module):
         zero = lo + 8 * scale  # so that w = (q - 8) * scale + zero
         q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
         # (out, groups, 2) scale-and-zero per group: what the native kernel reads next to each row
-        self.register_buffer("scale_zero", torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous())
+        scale_zero = torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous()
+        if self._torch_int4(w.device):  # the kernel's (groups, out, 2) pairs and its packing, made once
+            packed = int4_torch.checked_pack(q, scale_zero, self.group_size)
+            if packed is not None:
+                self.register_buffer("szt", packed[1])
+                self.register_buffer("packed", packed[0])
+                return
+        self.register_buffer("scale_zero", scale_zero)
         # two 4-bit codes per byte, the one copy both the kernel and the dequantize path read
         self.register_buffer("codes", pack_int4_chunks(q))
+
+    def _torch_int4(self, device: torch.device) -> bool:
+        wanted = self.int4_layout == "torch" or (self.int4_layout == "auto" and device.type == "cuda")
+        return (wanted and not self.reference
+                and int4_torch.applies(device, self.dtype, self.out_features, self.in_features, self.group_size))
 
     def dequantize(self) -> torch.Tensor:
         """The weight this module effectively multiplies by, (out, in), float32 (outliers included)."""
         if self.bits == 8:
             w = self.qweight.float() * self.scales.float()[:, None]
+        elif self.packed is not None:
+            w = int4_torch.dequantize(self.packed, self.group_size, self.szt, self.in_features)
         else:
             q = unpack_int4_chunks(self.codes)
             sz = self.scale_zero.float()  # (out, groups, 2)
@@ -134,7 +159,11 @@ class QuantLinear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         few = few_rows(x2)  # a few decode rows (prompt rows take the many-row kernel: linear.PROMPT_ROWS)
-        if self.bits == 8 and x.device.type == "cuda":  # int8 -> 16 bits in the product's dtype, scaled after
+        if self.packed is not None:
+            y = int4_torch.matmul(x2, self.packed, self.group_size, self.szt)
+        elif self.bits == 8 and self.int8_fused and few and self.scales.dtype == x2.dtype:
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)  # fused: the int8 weight read once
+        elif self.bits == 8 and x.device.type == "cuda":  # many rows: one 16-bit cast per call, then a GEMM
             y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
         elif self.bits == 8 and self.stream is not None and few and self.scales.dtype == x2.dtype:
             if torch.compiler.is_compiling():
@@ -154,8 +183,9 @@ class QuantLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
     def _fast_ok(self, x: torch.Tensor) -> bool:
-        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 dequantizes (its one copy is the CPU
-            # kernel's layout; torch's CUDA int4 layout would be a second copy: not built, see issue 16)
+        if self.packed is not None:  # torch's int4 matmul takes bf16 activations
+            return x.dtype == torch.bfloat16
+        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 not packed for torch (fp16, old GPUs)
             return x.dtype in (torch.bfloat16, torch.float16) and self.bits == 8
         if x.device.type != "cpu" or x.dtype != torch.bfloat16:
             return False
@@ -165,6 +195,17 @@ class QuantLinear(nn.Module):
         """Bytes held: quantized weights, scales, outlier columns, bias."""
         tensors = list(self.buffers()) + ([self.bias] if self.bias is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _int8_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `_weight_int8pack_mm` runs on `device` for `dtype` activations (one tiny product)."""
+    try:
+        x = torch.zeros(1, 32, dtype=dtype, device=device)
+        torch._weight_int8pack_mm(x, torch.zeros(8, 32, dtype=torch.int8, device=device),
+                                  torch.ones(8, dtype=dtype, device=device))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,

@@ -10,7 +10,11 @@ metadata. The runner selects it at start-up and again when compile switches (Mod
   query heads per KV head; built once per machine, ~25 s); the "fast" path for everything else.
 - "compiled", or compile=True with any backend but reference: decode through the compiled
   gather-fused kernel (where the native kernel does not take the decode first).
-- "fast": batched paged attention in eager torch.
+- "flex": decodes and prefill chunks over a cached context through FlexAttention with a paged block
+  mask (engine/models/layers/flex_paged.py), reading K/V in place; compiled on CUDA, eager on the CPU
+  (where the tests hold it to the reference). "native" on CUDA, where the C++ kernel does not run, is
+  "flex" where this torch has FlexAttention.
+- "fast": batched paged attention in eager torch (decodes gather each context into a padded copy).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from engine.kernels import native_decode_applies, paged_decode_kernel
+from engine.models.layers import flex_paged
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
 from engine.models.model_config import ModelConfig
 
@@ -48,7 +53,11 @@ def select_backend(name: str, model_config: ModelConfig, device: torch.device, d
     native = None
     if name == "native" and native_decode_applies(model_config, device, dtype):
         native = paged_decode_kernel(progress, wait=wait)  # None where it cannot be built (after one warning)
-    return AttentionBackend(name, compiled_decode=compiled, native_decode=native)
+    flex = None
+    if (name == "flex" or (name == "native" and device.type == "cuda")) and flex_paged.available():
+        flex = (previous.flex if previous is not None and previous.flex is not None
+                else flex_paged.FlexPaged(compiled=device.type == "cuda"))
+    return AttentionBackend(name, compiled_decode=compiled, native_decode=native, flex=flex)
 
 
 def for_model(backend: AttentionBackend, model_config: ModelConfig, device: torch.device,

@@ -7,11 +7,15 @@ inputs from static buffers that every step fills in place.
 
 - Batch bucket: the decode rows padded up to the next of BATCH_BUCKETS; a padding row repeats row 0
   (the same token, position and slot: it writes the same K/V to the same slot, and its output is cut).
-- Context bucket: the longest context padded to a power of two of blocks; every row attends over that
-  many slots through the eager decode attention (whole-block gather + matmuls) with an additive mask
-  built from the context lengths on the device, before the replay.
-- Only steps that are all decodes, with no LoRA rows, on the eager decode attention, uncompiled.
-  Anything else runs the ordinary path.
+- Context bucket: the longest context padded to a power of two of blocks: the static block tables'
+  width. With FlexAttention (CUDA's default) each row reads only its own pages, in place, its block
+  mask rebuilt inside the graph from the static tables and lengths; on the eager decode attention
+  every row gathers that many slots (whole-block gather + matmuls) under an additive mask built from
+  the context lengths on the device, before the replay.
+- Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
+  for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
+  not on the native kernel or the compiled decode
+  attention, uncompiled. Anything else runs the ordinary path.
 
 Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
 (requantization), the execution mode. On the CPU the flag runs the very same static buffers without
@@ -19,6 +23,7 @@ capturing (what the tests check against the ordinary path); capture happens only
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +68,7 @@ class DecodeGraphs:
         self.num_runs = 0  # steps through the static buffers (replayed or, on the CPU, run eagerly)
         self.num_replays = 0
         self.num_captures = 0
+        self.capture_error: str | None = None  # why capture was turned off, if it was
 
     def invalidate(self) -> None:
         self._steps.clear()
@@ -71,7 +77,8 @@ class DecodeGraphs:
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
         backend = r.backend
         return (bool(order) and all(s.kind == "decode" for s in order) and batch_bucket(len(order)) is not None
-                and r.lora is None and not backend.reference and backend.native_decode is None
+                and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
+                and not backend.reference and backend.native_decode is None
                 and backend.compiled_decode is None and not r.model.compiled)
 
     def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
@@ -91,6 +98,8 @@ class DecodeGraphs:
         st = self._steps.get((b, c)) or self._new_step(runner, b, c)
         self.num_runs += 1
         dev = st.ids.device
+        if dev.type == "cuda":  # pinned: the copies below are asynchronous (pageable memory would wait)
+            host, blocks = host.pin_memory(), blocks.pin_memory()
         st.ids.copy_(host[0], non_blocking=True)
         st.positions.copy_(host[1], non_blocking=True)
         st.slots.copy_(host[2], non_blocking=True)
@@ -101,10 +110,10 @@ class DecodeGraphs:
         if st.graph is not None:
             st.graph.replay()
             self.num_replays += 1
-        elif self.capture:
-            self._capture(runner, st)
+        elif self.capture and self._capture(runner, st):
             st.graph.replay()  # capturing records the kernels without running them
         else:
+            st.md.decode_groups[0].flex_mask = None  # uncaptured: the block mask is built anew each step
             st.out = _forward(runner, st)
         return st.out[:n].clone()  # graphs share a memory pool: the next replay may reuse this buffer
 
@@ -120,21 +129,31 @@ class DecodeGraphs:
         self._steps[(b, c)] = st
         return st
 
-    def _capture(self, runner, st: StaticStep) -> None:
+    def _capture(self, runner, st: StaticStep) -> bool:
         """Warm up on a side stream (the allocator and lazy inits settle), then record one step. The
-        warm-up and the capture write this step's K/V (the same values the replay writes)."""
+        warm-up and the capture write this step's K/V (the same values the replay writes). A step that
+        cannot be captured (an op that waits for the host, say) turns capture off with one warning and
+        the reason in capture_error: the static buffers then run uncaptured, the tokens unchanged."""
         side = torch.cuda.Stream(device=st.ids.device)
         side.wait_stream(torch.cuda.current_stream(st.ids.device))
         with torch.cuda.stream(side):
             for _ in range(2):
+                st.md.decode_groups[0].flex_mask = None
                 _forward(runner, st)
         torch.cuda.current_stream(st.ids.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            st.out = _forward(runner, st)
+        st.md.decode_groups[0].flex_mask = None  # built inside the graph: every replay rebuilds it
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                st.out = _forward(runner, st)
+        except RuntimeError as exc:
+            self.capture, self.capture_error = False, f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"CUDA graph capture failed, decode steps run uncaptured: {exc}", stacklevel=2)
+            return False
         self._pool = graph.pool()
         st.graph = graph
         self.num_captures += 1
+        return True
 
 
 def _forward(runner, st: StaticStep) -> torch.Tensor:

@@ -17,7 +17,7 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import PROMPT_ROWS
-from engine.models.layers.sampler import SampleResult, nonfinite_rows, sample
+from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
@@ -44,6 +44,30 @@ class StepResult:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     # order index -> why that request failed this step (non-finite logits); it produced nothing
     failed: dict[int, str] = field(default_factory=dict)
+    # order index -> the argmax of each verify row (what a greedy verification compares the drafts with),
+    # read back with the sampled tokens
+    verify_argmax: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _read_back(logits: torch.Tensor, producers: list, verify_spans: list,
+               greedy) -> tuple[SampleResult | None, list[int]]:
+    """Sample the producers' rows and read, in the same one copy back to the host, every verify row's
+    finiteness then its argmax: a step waits for the device once, however many requests it verifies.
+    Returns (the sampling result or None, [bad per verify row..., argmax per verify row...]), the verify
+    rows in the order of verify_spans. (The CPU's fused step samples greedily on its own: there the verify
+    rows are a second read, which costs nothing on the CPU.)"""
+    extra = None
+    if verify_spans:
+        verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
+        extra = torch.cat([(~torch.isfinite(verify_rows).all(dim=-1)).long(), verify_rows.argmax(dim=-1)])
+    result = None
+    if producers:
+        result = FusedDecode.greedy_result(greedy, producers)
+        if result is None:
+            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+                            [s.request.generator for s, _ in producers], extra=extra)
+            return result, result.extra
+    return result, extra.tolist() if extra is not None else []
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -104,7 +128,7 @@ class ModelRunner:
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                  previous=self.backend, wait=wait_kernels)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
-            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None)
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None)
         if self.matmul_dtype is not None:
             backend = dataclasses.replace(backend, matmul_dtype=self.matmul_dtype)
         self.backend = backend
@@ -200,6 +224,7 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
         verify_logits: dict[int, torch.Tensor] = {}
+        verify_argmax: dict[int, list[int]] = {}
         kept: dict[int, torch.Tensor] = {}
         failed: dict[int, str] = {}
         if rows:
@@ -210,28 +235,28 @@ class ModelRunner:
             else:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
-            if producers:
-                result: SampleResult | None = FusedDecode.greedy_result(greedy, producers)
-                if result is None:
-                    result = sample(logits[[r for _, r in producers]],
-                                    [s.request.sampling_params for s, _ in producers],
-                                    [s.request.generator for s, _ in producers])
+            result, verify_host = _read_back(logits, producers, verify_spans, greedy)
+            if result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
                 failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
+            num_verify_rows, rows_at = len(verify_host) // 2, 0
             for s, first, n in verify_spans:
-                if nonfinite_rows(logits[first : first + n]):
+                if any(verify_host[rows_at : rows_at + n]):
                     failed[where[id(s)]] = NONFINITE
                 else:
                     verify_logits[where[id(s)]] = logits[first : first + n]
+                    top = num_verify_rows + rows_at
+                    verify_argmax[where[id(s)]] = verify_host[top : top + n]
+                rows_at += n
             for i in failed:  # stale NaN K/V must not reach another request through a padded gather
                 self.clear_written_slots(order[i], bm)
             if self.keep_hidden:
                 kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
                 kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
         act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed)
+        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed, verify_argmax)
 
     def _fused_plan(self, order: list[ScheduledRequest]):
         """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""
@@ -303,15 +328,14 @@ class ModelRunner:
             else:
                 ctx_blocks = None
                 if start > 0:
-                    ctx_blocks = torch.tensor(table[: -(-end // bs)], device=self.device)
+                    ctx_blocks = self._to_device(table[: -(-end // bs)])
                 prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
-        dev = self.device
         groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
         md = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=dev),
+            slot_mapping=self._to_device(slots),
             num_decode_tokens=len(dec_tables),
             decode_groups=groups,
             prefills=prefills,
@@ -320,17 +344,19 @@ class ModelRunner:
             tree_masks=tree_masks,
             backend=self.backend,
         )
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), md
+        return self._to_device(ids), self._to_device(pos), md
 
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
-        The native kernel reads each context to its own length: one group, no padding mask."""
+        The native kernel and FlexAttention read each context to its own length: one group, no padding
+        mask (the native kernel takes the lengths on the host, FlexAttention on the device)."""
         bs, groups, start = self.block_size, [], 0
-        if self.backend.native_decode is not None:
+        flex = self.backend.flex is not None and self.backend.flex.fn is not None  # not disabled by a failure
+        if self.backend.native_decode is not None or flex:
             max_blocks = -(-lens[-1] // bs)
-            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None,
-                                torch.tensor(lens))]
+            ctx_lens = torch.tensor(lens) if self.backend.native_decode is not None else self._to_device(lens)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None, ctx_lens)]
         while start < len(lens):
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
@@ -342,14 +368,22 @@ class ModelRunner:
             mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
             groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
-                                      mask.to(self.device)[:, None, :], torch.tensor(lens[start:end])))
+                                      self._to_device(mask)[:, None, :], torch.tensor(lens[start:end])))
             start = end
         return groups
 
     def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
         """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
         rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
-        return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
+        return self._to_device(rows).reshape(-1)
+
+    def _to_device(self, values) -> torch.Tensor:
+        """A step input (a list of ints, or a host tensor) on the device. On CUDA through pinned host
+        memory, so the copy is asynchronous: from pageable memory a non_blocking copy still waits."""
+        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def move_slots(self, moves: list[tuple[int, int]]) -> None:
         """Copy K/V from slot src to slot dst in every layer, in order (a tree's accepted path moving to

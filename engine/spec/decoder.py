@@ -161,8 +161,8 @@ class SpeculativeDecoder:
                 r, kr = want[rid]
                 r.spec_token_ids = tokens[:kr]
 
-    def apply_verify(self, s: ScheduledRequest, logits: torch.Tensor,
-                     hidden: torch.Tensor | None = None) -> VerifyOutcome:
+    def apply_verify(self, s: ScheduledRequest, logits: torch.Tensor, hidden: torch.Tensor | None = None,
+                     argmax: list[int] | None = None) -> VerifyOutcome:
         """Accept what the verify run confirms, append it to the request (which may finish) and give
         back the KV of rejected drafts. The caller publishes the outcome and finishes the request."""
         req = s.request
@@ -177,7 +177,7 @@ class SpeculativeDecoder:
                 req.mtp_hidden = hidden[res.path[-1] if res.path else 0]
             drafted = max(tree_depths(parents))
         else:
-            res = verify(draft, logits, req.sampling_params, req.generator)
+            res = verify(draft, logits, req.sampling_params, req.generator, argmax=argmax)
             drafted = len(draft)
         req.num_computed_tokens += 1 + res.num_accepted  # the last token and the accepted drafts
         out = VerifyOutcome([], "", [])

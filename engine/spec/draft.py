@@ -20,6 +20,7 @@ from engine.models.layers.attention import EAGER, AttentionBackend
 from engine.models.layers.linear import pack_linears, set_matmul_dtype, set_stream_kernel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.quant import int4_torch
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
 from engine.runner.model_runner import ModelRunner
@@ -39,14 +40,16 @@ class DraftModel:
 
 def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfig, device: torch.device,
                       dtype: torch.dtype, matmul_dtype: torch.dtype | None = None) -> DraftModel:
-    """The draft model on the device, quantized layer by layer (a self-draft: a 4-bit copy of the target
-    by default). Built before the target's KV cache is sized: its weights and KV share the budget."""
+    """The draft model on the device, quantized layer by layer (a self-draft: a copy of the target, at
+    self_draft_bits unless draft_quant_bits says). Built before the target's KV cache is sized: its
+    weights and KV share the budget."""
     loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded
     if loaded.config.vocab_size != target_config.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({loaded.config.vocab_size}) differs from the "
                          f"target's ({target_config.vocab_size}); they must share a tokenizer")
     mc = loaded.config
-    bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
+    bits = cfg.draft_quant_bits or (16 if cfg.draft_model
+                                    else self_draft_bits(device, dtype, mc, cfg.quant_group_size))
     # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
     at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if bits != 16 and device.type != "cpu" else None
     model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
@@ -56,6 +59,18 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
     set_matmul_dtype(model, matmul_dtype)  # as the target's (engine/runner/cpu_compute.py)
     return DraftModel(model, mc)
+
+
+def self_draft_bits(device: torch.device, dtype: torch.dtype, mc: ModelConfig, group_size: int) -> int:
+    """A self-draft pays only when it is cheaper to run than the target: 4 bits where a fast int4 kernel
+    runs (the CPU's native kernel; on CUDA torch's packed int4 matmul, bf16 on compute capability 8.0+),
+    else 8 bits (torch's fused int8 kernel), never the 4-bit dequantize-every-call fallback."""
+    if device.type != "cuda":
+        return 4
+    shapes = ((mc.hidden_size, mc.hidden_size), (mc.intermediate_size, mc.hidden_size),
+              (mc.hidden_size, mc.intermediate_size))
+    fast = all(int4_torch.applies(device, dtype, out, inp, group_size) for out, inp in shapes)
+    return 4 if fast else 8
 
 
 class DraftModelProposer:

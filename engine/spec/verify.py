@@ -41,24 +41,27 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def verify(draft: list[int], logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None, batched: bool | None = None) -> VerifyResult:
+           generator: torch.Generator | None, batched: bool | None = None,
+           argmax: list[int] | None = None) -> VerifyResult:
     """draft: k proposed tokens; logits: (k + 1, vocab) target logits at the positions that predict
     draft[0..k-1] and the bonus token. A pure function of its inputs (and the generator's state).
 
     Greedy: the target's argmax at every position, read back once; drafts are kept while they equal it.
     Sampling walks the drafts in turn; on a GPU (`batched`, default: not the CPU) every position is
-    decided at once and read back in one copy instead of one wait per draft (_verify_batched)."""
+    decided at once and read back in one copy instead of one wait per draft (_verify_batched).
+    `argmax`: the logits' argmax per row when the caller already read it back (the model runner reads
+    every greedy verify of a step with its sampled tokens, in one copy)."""
     if params.greedy:
-        return _verify_greedy(draft, logits)
+        return _verify_greedy(draft, logits, argmax)
     probs = target_probs(logits, params)
     batched = logits.device.type != "cpu" if batched is None else batched
     return (_verify_batched if batched else _verify_sequential)(draft, probs, params, generator)
 
 
-def _verify_greedy(draft: list[int], logits: torch.Tensor) -> VerifyResult:
+def _verify_greedy(draft: list[int], logits: torch.Tensor, argmax: list[int] | None = None) -> VerifyResult:
     """p is one-hot at the argmax: a draft is accepted iff it is the argmax, and the residual of a
     rejected one is p itself (its draft was not the argmax), whose sample is the argmax."""
-    top = logits.argmax(-1).tolist()  # the one copy back
+    top = argmax if argmax is not None else logits.argmax(-1).tolist()  # the one copy back, if not done
     n = next((i for i, x in enumerate(draft) if x != top[i]), len(draft))
     sources = [TokenSource.ACCEPTED] * n
     sources.append(TokenSource.CORRECTED if n < len(draft) else TokenSource.BONUS if draft else TokenSource.DECODED)

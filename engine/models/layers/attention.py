@@ -10,10 +10,13 @@ Which path computes it is one AttentionBackend, chosen once by engine/runner/att
 (`select_backend`) and carried to every layer in the step's AttentionMetadata:
 - ``reference``: one sequence at a time, walking its block table block by block, softmax written out.
   Slow and obvious; the tests hold every other path to it.
-- otherwise ``paged_attention_fast``: prefill chunks (and verify runs) as two matmuls per query slice;
-  decode tokens by the first of these the backend has:
+- otherwise ``paged_attention_fast``: prefill chunks (and verify runs) as two matmuls per query slice
+  (with FlexAttention: chunks over a cached context in place); decode tokens by the first of these the
+  backend has:
   - the C++ paged-decode kernel (engine/kernels, "native"): streams each sequence's K/V blocks
     once where they lie, all decodes in one call;
+  - FlexAttention with a paged block mask (engine/models/layers/flex_paged.py; "flex", and "native" on
+    CUDA): every decode in one call, each row reading its own pages in place;
   - the compiled gather-fused kernel (``decode_attention_math`` under torch.compile; "compiled", or any
     backend but reference with compile=True): the gather fused into the reductions, ~5x the eager path
     for 64 sequences of 800 tokens on the CPU;
@@ -76,6 +79,9 @@ class AttentionBackend:
     # what the eager paths' matmuls compute in when wider than the activations (fp32 on a CPU without
     # native bf16, engine/runner/cpu_compute.py): K/V widened as gathered, the output rounded back
     matmul_dtype: torch.dtype | None = None
+    # FlexAttention with a paged block mask (engine/models/layers/flex_paged.py): decodes and prefill
+    # chunks over a cached context read K/V in place
+    flex: object = None
 
 
 EAGER = AttentionBackend()  # batched paged attention, no kernel: what a bare ModelRunner runs
@@ -91,6 +97,7 @@ class PrefillSeq:
     # A verify run over a tree of drafts: (q_len, q_len) bool, row i sees chunk row j iff j is i or one of
     # its ancestors (instead of every earlier row). The context before the chunk is seen by every row.
     tree_mask: torch.Tensor | None = None
+    flex_mask: object = None  # the FlexAttention block mask, built by the first layer of a step
 
 
 @dataclass(slots=True)
@@ -103,6 +110,7 @@ class DecodeGroup:
     blocks: torch.Tensor  # (num_seqs * max_ctx / block_size,) each sequence's blocks, padded with block 0
     mask: torch.Tensor | None  # (num_seqs, 1, max_ctx) additive: 0 where attended, -inf on padding
     ctx_lens: torch.Tensor  # (num_seqs,) int64: each sequence's context (all the native kernel needs)
+    flex_mask: object = None  # the FlexAttention block mask, built by the first layer of a step
 
 
 @dataclass(slots=True)
@@ -143,10 +151,10 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[0]
     out = torch.empty_like(q)
-    native, fused = md.backend.native_decode, md.backend.compiled_decode
+    native, fused, flex = md.backend.native_decode, md.backend.compiled_decode, md.backend.flex
     wide = md.backend.matmul_dtype
     if is_quantized(k_cache):  # the kernels read 16-bit caches; this step's own K/V as the cache holds them
-        native = fused = None
+        native = fused = flex = None
         k, v = dequantize_kv(quantize_kv(k), q.dtype), dequantize_kv(quantize_kv(v), q.dtype)
     for g in md.decode_groups:
         n = g.num_seqs
@@ -157,6 +165,12 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
                                               md.block_size)
             out[g.start : g.start + n] = o.view(n, num_heads, head_dim)
             continue
+        if flex is not None and flex.fn is not None:  # K/V read in place, page by page, through the block mask
+            try:
+                out[g.start : g.start + n] = flex.decode(qg, k_cache, v_cache, g, md.block_size, scale)
+                continue
+            except Exception as exc:  # noqa: BLE001 (the compiler or the kernel failed): eager from now on
+                flex.disable(f"{type(exc).__name__}: {exc}")
         if fused is not None and fused.fn is not None:
             qd = (qg.view(n, -1, group, head_dim) * scale).transpose(0, 1)  # (kv_heads, n, group, head_dim)
             try:
@@ -169,6 +183,12 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
         out[g.start : g.start + n] = _decode_attention(qg, k_cache, v_cache, g, group, scale, md.block_size, wide)
     for p in md.prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
+        if flex is not None and flex.fn is not None and p.blocks is not None and p.tree_mask is None:
+            try:  # over a cached context, in place
+                out[rows] = flex.prefill(q[rows], k_cache, v_cache, p, md.block_size, scale)
+                continue
+            except Exception as exc:  # noqa: BLE001 (as for decodes)
+                flex.disable(f"{type(exc).__name__}: {exc}")
         if p.blocks is None:  # nothing cached: this chunk is the whole context
             kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # (kv_heads, q_len, head_dim)
         else:
@@ -245,7 +265,11 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     shape = (num_kv_heads, n, g.max_ctx, head_dim)
     kd = dequantize_kv(gather_blocks(k_cache, g.blocks, block_size), dtype).to(dtype).view(shape)
     vd = dequantize_kv(gather_blocks(v_cache, g.blocks, block_size), dtype).to(dtype).view(shape)
-    scores = torch.matmul(qd, kd.transpose(-1, -2)) + g.mask  # (kv_heads, n, group, max_ctx)
+    mask = g.mask
+    if mask is None:  # a group made for a kernel that reads each context to its length (FlexAttention failed)
+        valid = torch.arange(g.max_ctx, device=q.device).unsqueeze(0) < g.ctx_lens.to(q.device).unsqueeze(1)
+        mask = torch.zeros(valid.shape, dtype=dtype, device=q.device).masked_fill_(~valid, float("-inf"))[:, None]
+    scores = torch.matmul(qd, kd.transpose(-1, -2)) + mask  # (kv_heads, n, group, max_ctx)
     out = torch.matmul(scores.softmax(dim=-1), vd)  # (kv_heads, n, group, head_dim)
     return out.transpose(0, 1).reshape(n, num_heads, head_dim).to(q.dtype)
 

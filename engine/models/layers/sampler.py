@@ -22,12 +22,7 @@ class SampleResult:
     # Per row, when logprobs were asked for: (logprob of the sampled token, [(id, logprob), ...] top-n)
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
     failed: list[int] = field(default_factory=list)  # rows whose logits were not finite
-
-
-def nonfinite_rows(logits: torch.Tensor) -> list[int]:
-    """Indices of the rows of logits (n, vocab) that hold a NaN or an infinity."""
-    bad = ~torch.isfinite(logits).all(dim=-1)
-    return bad.nonzero().flatten().tolist() if bool(bad.any()) else []
+    extra: list[int] = field(default_factory=list)  # the caller's `extra`, read back with the tokens
 
 
 def scale_by_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -54,8 +49,10 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> SampleResult:
-    """logits: (n, vocab) float32, one row per request that produces a token this step.
+           generators: list[torch.Generator | None], extra: torch.Tensor | None = None) -> SampleResult:
+    """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
+    integers on the same device that the caller wants on the host too (SampleResult.extra), in the same
+    copy (the runner's verify rows).
 
     Everything runs where the logits are; the host reads the results back once (twice with logprobs):
     no per-row .item(), which on a GPU would wait for the device once per request."""
@@ -84,6 +81,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         chosen_lp = lp.gather(1, chosen[want].unsqueeze(1)).squeeze(1)
         ints.append(top_ids.flatten())
         floats = torch.cat([chosen_lp, top_vals.flatten()]).tolist()
+    if extra is not None:
+        ints.append(extra.long())
     host = torch.cat(ints).tolist()  # the one copy back of the tokens
     token_ids: list[int | None] = host[:n]
     failed = [i for i in range(n) if host[n + i]]
@@ -97,4 +96,5 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         ids = host[2 * n + j * top_n : 2 * n + j * top_n + k]
         vals = floats[len(want) + j * top_n : len(want) + j * top_n + k]
         logprobs[i] = (floats[j], list(zip(ids, vals)))
-    return SampleResult(token_ids, logprobs, failed)
+    extra_host = host[len(host) - extra.numel():] if extra is not None else []
+    return SampleResult(token_ids, logprobs, failed, extra_host)

@@ -1,0 +1,125 @@
+"""The GPU day's check on exactly what the lent image holds (no Qt, no FastAPI, no platformdirs, no gguf),
+and the options it measures: --cuda-graphs everywhere, the graphs mode of the benches."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_path):
+    """A venv with only the image's packages (this machine's CPU torch standing in for its CUDA torch):
+    every step writes its result with figures; none fails on a missing package; the screenshot, which
+    needs the GUI stack the image lacks, is skipped, saying so."""
+    from image_venv import build_image_venv
+
+    try:
+        python = build_image_venv(tmp_path / "venv")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"no venv of the image's packages can be built offline here: {e}")
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(work),
+                           "--budget-s", "280"], env={**env, "PYTHON": str(python)},
+                          capture_output=True, text=True, timeout=300)
+    results = json.loads((out / "results.json").read_text())
+    steps = {s["name"]: s for s in results["steps"]}
+    logs = {n: s["log_tail"][-800:] for n, s in steps.items()}
+    assert proc.returncode == 0 and results["ok"], (proc.stderr[-1500:], logs)
+    assert not [n for n, text in logs.items() if "ModuleNotFoundError" in text], logs
+    assert steps["screenshot"]["missing_packages"] == ["PySide6", "pyqtgraph", "qasync"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_64.json", "cpu_suite.xml"])
+    missing = json.loads((out / "environment.json").read_text())["missing_packages"]
+    assert {"PySide6", "platformdirs", "gguf", "fastapi"} <= set(missing) and "torch" not in missing
+    decode = json.loads((out / "bench_decode.json").read_text())
+    assert decode["device"] == "cpu" and set(decode["decode_step_path"]) == {"eager", "graphs"}
+    assert "steps in graph buffers" in decode["decode_step_path"]["graphs"]
+    achieved = decode["memory_bandwidth"]["achieved_bytes_per_s"]
+    assert set(achieved) == {"eager", "graphs", "hf_transformers"} and min(achieved.values()) > 0
+    assert decode["roofline"]["probed_bandwidth_bytes_per_s"] > 0
+    batch = json.loads((out / "bench_64.json").read_text())
+    assert set(batch["inferlab"]) == {"eager", "graphs"} and batch["hf_transformers"]["output_tokens_per_s"] > 0
+    assert "passed" in steps["cpu_suite"]["log_tail"] and "skipped" in steps["cuda_tests"]["log_tail"]
+
+
+def test_the_cache_and_data_folders_need_no_platformdirs(monkeypatch, tmp_path):
+    """Without platformdirs (the lent image) the folders are the XDG ones it would have named on Linux."""
+    from engine.loading.loader import cache_root
+    from engine.loading.user_dirs import user_dir
+
+    monkeypatch.setitem(sys.modules, "platformdirs", None)  # `import platformdirs` raises ImportError
+    monkeypatch.delenv("INFERLAB_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert cache_root() == tmp_path / "cache" / "inferlab"
+    assert user_dir("data") == tmp_path / "data" / "inferlab"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert user_dir("cache") == Path.home() / ".cache" / "inferlab"
+    with pytest.raises(ValueError, match="cache' or 'data"):
+        user_dir("config")
+
+
+def test_a_module_that_needs_a_missing_gui_package_is_skipped_not_an_error():
+    from optional_stacks import missing_optional
+
+    assert missing_optional("E   ModuleNotFoundError: No module named 'PySide6.QtCore'") == "PySide6"
+    assert missing_optional("E   ModuleNotFoundError: No module named 'uvicorn'") == "uvicorn"
+    assert missing_optional("E   ModuleNotFoundError: No module named 'torch'") is None  # a real failure stays one
+    assert missing_optional("E   SyntaxError: invalid syntax") is None
+
+
+@pytest.mark.parametrize("argv", [["bench", "decode"], ["bench", "throughput"], ["generate", "--prompt", "hi"],
+                                  ["serve"], []])
+def test_every_engine_command_and_the_app_take_cuda_graphs(argv):
+    from app.cli import build_parser
+    from app.device_args import device_options
+
+    parser = build_parser()  # no subcommand: the desktop app
+    assert device_options(parser.parse_args([*argv, "--cuda-graphs"]))["cuda_graphs"] is True
+    assert device_options(parser.parse_args(argv))["cuda_graphs"] is False
+
+
+def test_graphs_switch_on_and_off_at_run_time_with_the_same_tokens(tiny_llama):
+    """The benches' graphs mode: reconfigure(cuda_graphs=...) between rounds; the static-buffer steps
+    (uncaptured on the CPU) give the ordinary path's tokens, and switching off drops them."""
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", attention_backend="fast", num_kv_blocks=32))
+    want = [o.token_ids for o in eng.generate(["Hello there", "a"], params)]
+    assert eng.runner.graphs is None
+    eng.reconfigure(cuda_graphs=True)
+    assert [o.token_ids for o in eng.generate(["Hello there", "a"], params)] == want
+    assert eng.runner.graphs is not None and eng.runner.graphs.num_runs >= 10 and eng.config.cuda_graphs
+    eng.reconfigure(cuda_graphs=False)
+    assert [o.token_ids for o in eng.generate(["Hello there", "a"], params)] == want
+    assert eng.runner.graphs is None
+
+
+def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
+    """An engine with an adapter pool runs its base-only decode steps through the graphs' buffers (the
+    unbound LoRA layers add nothing); a step with an adapter row takes the ordinary path."""
+    from lora_helpers import make_adapter
+
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="fast", num_kv_blocks=64, max_loras=2)
+    plain = LLMEngine(EngineConfig(**kw))
+    graphs = LLMEngine(EngineConfig(**kw, cuda_graphs=True))
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter")
+    for eng in (plain, graphs):
+        eng.add_lora("a", str(adapter))
+    assert [o.token_ids for o in graphs.generate(["Hello there", "a"], params)] == \
+        [o.token_ids for o in plain.generate(["Hello there", "a"], params)]
+    base_runs = graphs.runner.graphs.num_runs
+    assert base_runs >= 9
+    with_adapter = graphs.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
+    assert with_adapter == plain.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
+    assert graphs.runner.graphs.num_runs == base_runs  # adapter rows never go through the graphs
