@@ -44,6 +44,8 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     decode = json.loads((out / "bench_decode.json").read_text())
     assert decode["device"] == "cpu" and set(decode["decode_step_path"]) == {"eager", "graphs"}
     assert "steps in graph buffers" in decode["decode_step_path"]["graphs"]
+    kernels = decode["kernels"]  # what ran, said with the figures (on CUDA: flex, packed int4, graphs)
+    assert kernels["attention_backend"] == "native" and not kernels["flex_attention"] and not kernels["flex_error"]
     achieved = decode["memory_bandwidth"]["achieved_bytes_per_s"]
     assert set(achieved) == {"eager", "graphs", "hf_transformers"} and min(achieved.values()) > 0
     assert decode["roofline"]["probed_bandwidth_bytes_per_s"] > 0
@@ -123,3 +125,19 @@ def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
     with_adapter = graphs.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
     assert with_adapter == plain.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
     assert graphs.runner.graphs.num_runs == base_runs  # adapter rows never go through the graphs
+
+
+def test_a_peer_whose_gguf_cannot_be_made_is_skipped_not_fatal(monkeypatch, tmp_path):
+    """bench decode's llama.cpp peer: a failed GGUF conversion is said in the results; the bench goes on."""
+    from argparse import Namespace
+
+    from app.bench import cli, llama_cpp
+
+    def no_gguf(model_path, bits):
+        raise ValueError("convert_hf_to_gguf.py failed: no sentencepiece")
+
+    monkeypatch.setattr(llama_cpp, "find_binary", lambda: tmp_path / "llama-bench")
+    monkeypatch.setattr(llama_cpp, "gguf_for", no_gguf)
+    engine = Namespace(model_path=str(tmp_path))
+    peer, info = cli._llama_cpp_peer(Namespace(no_llama_cpp=False), engine, 16)
+    assert peer is None and "sentencepiece" in info["skipped"]

@@ -11,7 +11,7 @@ import torch
 import engine.kernels as kernels
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.background_load import background_load
-from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, median_run, warm_up
+from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
 from app.load.workload import corpus_tokens
 from engine.perf.probe import cpu_description
 from engine.runner.threads import choose_threads
@@ -236,7 +236,7 @@ def _decode(args) -> dict:
     tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
-           "engine": engine.compute_line(),
+           "engine": engine.compute_line(), "kernels": kernels_used(engine),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}
@@ -281,7 +281,10 @@ def _llama_cpp_peer(args, engine, bits: int):
     binary = llama_cpp.find_binary()
     if binary is None:
         return None, {"skipped": f"no llama-bench under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
-    gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    try:
+        gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    except ValueError as exc:  # the conversion failed (e.g. its script's own needs are missing): said, not fatal
+        return None, {"skipped": str(exc)}
     if gguf is None:
         return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
     threads = torch.get_num_threads()

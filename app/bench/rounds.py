@@ -58,7 +58,24 @@ def warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
         graphs = engine.runner.graphs  # dropped when the next mode's first step switches them off
         if mode == "graphs" and graphs is not None:
             paths[mode] += f"; {graphs.num_runs} steps in graph buffers, {graphs.num_replays} replayed"
+            if graphs.capture_error:
+                paths[mode] += f"; capture failed: {graphs.capture_error}"
     return paths
+
+
+def kernels_used(engine) -> dict:
+    """Which kernels the engine ran with, read after the rounds: what a GPU run must say before its
+    figures mean anything (a kernel that failed and turned itself off says why)."""
+    backend, graphs = engine.runner.backend, engine.runner.graphs
+    layers = [m for m in engine.model.modules() if hasattr(m, "bits") and hasattr(m, "packed")]
+    flex = backend.flex
+    return {"attention_backend": backend.name, "native_decode": backend.native_decode is not None,
+            "flex_attention": flex is not None and flex.fn is not None, "flex_compiled": bool(flex and flex.compiled),
+            "flex_error": flex.error if flex is not None else None,
+            "int4_packed_layers": sum(m.bits == 4 and m.packed is not None for m in layers),
+            "int8_fused_layers": sum(m.bits == 8 and bool(getattr(m, "int8_fused", False)) for m in layers),
+            "quantized_layers": len(layers),
+            "graphs_capture_error": graphs.capture_error if graphs is not None else None}
 
 
 def median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
