@@ -21,12 +21,14 @@ from app.gui import collector
 from app.gui.controller import AppController
 from app.gui.frame_governor import FrameGovernor
 from app.gui.panel_feeder import PanelFeeder
+from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
 from app.gui.server_control import ServerControl
 from app.gui.trace_recorder import TraceRecorder
-from app.gui.window_docks import PANEL_TITLES, build_docks, make_panels
+from app.gui.window_docks import build_docks
 from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
+from app.talk.panel_specs import PANEL_BY_NAME
 from app.tradeoff.tradeoff_meter import TradeoffMeter
 from widgets import CaptionBanner, apply_theme
 
@@ -186,7 +188,7 @@ class MainWindow(QMainWindow):
         """Show and raise the preset's panels; mark them with a star in their title."""
         self._emphasised = tuple(names)
         for name, dock in self.docks.items():
-            dock.setWindowTitle(("★ " if name in names else "") + PANEL_TITLES[name])
+            dock.setWindowTitle(("★ " if name in names else "") + PANEL_BY_NAME[name].title)
         for name in reversed(self._emphasised):  # the first named ends on top of a tab group
             self.docks[name].show()
             self.docks[name].raise_()
@@ -218,7 +220,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state, STATE_VERSION)
         price = self.settings.value("price_per_hour")
         if price is not None:
-            self.panels["tradeoff"].set_price_per_hour(float(price))
+            self.panels.tradeoff.set_price_per_hour(float(price))
 
     def save_settings(self) -> None:
         if not self.persist:
@@ -226,7 +228,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("windowState", self.saveState(STATE_VERSION))
         self.settings.setValue("theme", self.theme)
-        self.settings.setValue("price_per_hour", self.panels["tradeoff"].price_per_hour())
+        self.settings.setValue("price_per_hour", self.panels.tradeoff.price_per_hour())
         if self.controller.preset is not None:
             self.settings.setValue("last_preset", self.controller.preset.path)
         self.settings.sync()

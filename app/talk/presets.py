@@ -31,6 +31,7 @@ from app.load.generator import LoadConfig
 from app.talk.compare.spec import CompareSpec, CompareSpecError, parse_compare
 from app.talk.compare.toml_lines import compare_line
 from app.talk.cues import Cue, parse_cues
+from app.talk.panel_specs import PANEL_NAMES
 from engine.core.policies import POLICIES
 
 try:
@@ -39,8 +40,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
-PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant", "comparison",
-               "roofline", "lora")
 
 
 class PresetError(ValueError):
