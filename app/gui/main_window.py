@@ -28,13 +28,15 @@ from app.gui.trace_recorder import TraceRecorder
 from app.gui.window_docks import build_docks
 from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
-from app.talk.panel_specs import PANEL_BY_NAME
+from app.talk.panel_specs import PANEL_BY_NAME, PANEL_SPECS
 from app.tradeoff.tradeoff_meter import TradeoffMeter
 from widgets import CaptionBanner, apply_theme
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_LIMIT = 5000  # events per tick, so a backlog never blocks the event loop for long
-STATE_VERSION = 4  # 2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock
+# the saved dock layout's version: a layout saved before a dock was added is not restored over the new window
+# (2: the comparison and roofline docks; 3: the server dock; 4: the LoRA dock); a new panel bumps it
+STATE_VERSION = len(PANEL_SPECS) - 8
 
 
 class MainWindow(QMainWindow):

@@ -8,6 +8,10 @@ from PySide6.QtWidgets import QDockWidget, QMainWindow
 from app.gui.panels import Panels
 from app.talk.panel_specs import PANEL_BY_NAME
 
+# the panels the arrangement below places by name; any other panel of the table is tabbed behind latency
+ARRANGED = frozenset({"controls", "tokens", "memory", "tradeoff", "timeline", "latency", "spec", "quant", "roofline",
+                      "lora", "server", "comparison"})
+
 
 def build_docks(window: QMainWindow, panels: Panels) -> dict[str, QDockWidget]:
     """Put each panel in a dock of `window`, in the default arrangement; returns the docks by name."""
@@ -35,6 +39,8 @@ def build_docks(window: QMainWindow, panels: Panels) -> dict[str, QDockWidget]:
     window.tabifyDockWidget(d["latency"], d["lora"])
     window.tabifyDockWidget(d["memory"], d["server"])  # an attached server's panel, where its memory is not
     window.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
+    for name in [n for n in docks if n not in ARRANGED]:  # a new panel not placed above: behind latency
+        window.tabifyDockWidget(d["latency"], d[name])
     d["latency"].raise_()
     d["tradeoff"].raise_()
     d["memory"].raise_()
