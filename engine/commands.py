@@ -13,16 +13,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.core.policies import make_policy
 from engine.core.request import Request
+from engine.knobs import RECONFIGURABLE as RECONFIGURABLE  # what reconfigure() may change: knobs run_time
+from engine.knobs import check_knobs
 
 if TYPE_CHECKING:
     from engine.lora.adapter import LoraAdapter
 
-# The knobs reconfigure() may change between steps; the rest need a new engine.
-RECONFIGURABLE = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy",
-                  "max_queue_len", "max_predicted_wait_s", "num_speculative_tokens", "spec_method", "compile",
-                  "fused_decode", "int8_activations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +44,7 @@ def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
     unknown = set(changes) - set(RECONFIGURABLE)
     if unknown:
         raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
-    if changes.get("max_num_seqs", 1) < 1 or changes.get("max_num_batched_tokens", 1) < 1:
-        raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-    if "policy" in changes:
-        make_policy(changes["policy"])
-    if not 0 <= changes.get("num_speculative_tokens", 0) <= 8:
-        raise ValueError("num_speculative_tokens must be between 0 and 8")
+    check_knobs(changes)  # each value against its knob's range or list
     return Reconfigure(MappingProxyType(dict(changes)))
 
 

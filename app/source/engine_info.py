@@ -82,4 +82,4 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config={k: getattr(cfg, k) for k in cfg.__slots__}, weights_origin=e.weights_origin)
+                      config=cfg.knob_values(), weights_origin=e.weights_origin)

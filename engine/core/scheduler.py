@@ -12,27 +12,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.config import SchedulerConfig  # held by EngineConfig; the scheduler gets it whole
 from engine.core.block_manager import BlockManager
 from engine.core.policies import Policy, make_policy
 from engine.core.request import Request, RequestStatus
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """The scheduler's own knobs: a copy, replaced whole by Scheduler.reconfigure (never shared with
-    the engine's config, so a change lands between two schedule() calls, not in the middle of one)."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # the token budget of one step
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    max_loras: int = 0  # distinct LoRA adapters the running batch may hold (the device slots)
-
-    @classmethod
-    def of(cls, config) -> SchedulerConfig:
-        """The scheduling knobs of an EngineConfig."""
-        return cls(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                   config.policy, config.max_loras)
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.layers.linear import Linear
+from engine.quant_formats import quant_format
 
 EMBED, HEAD = "embed_tokens", "lm_head"
 
@@ -43,12 +44,12 @@ class Int8Embedding(nn.Module):
 def embedding_modules(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
                       quantize: bool, reference: bool = False) -> dict[str, nn.Module]:
     """New embedding and head modules built from the original 16-bit tables: quantized when `quantize`
-    and bits < 16, else the originals restored (tied again where the model ties them)."""
+    and `bits` name a quantized format, else the originals restored (tied again where the model ties them)."""
     from engine.quant.weight_only import QuantLinear  # quant imports this module's int8_rows
 
     tied = model.config.tie_word_embeddings
     emb_w = originals[EMBED]
-    if not quantize or bits == 16:
+    if not quantize or quant_format(bits).dense:
         emb = nn.Embedding.from_pretrained(emb_w, freeze=True)
         head = Linear(emb_w.shape[1], emb_w.shape[0])
         head.weight = emb.weight if tied else nn.Parameter(originals[HEAD], requires_grad=False)

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.models.layers.linear import STREAM_MAX_ROWS, Linear, LinearWrapper
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
+from engine.quant_formats import quant_format
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -89,12 +90,11 @@ class QuantLinear(nn.Module):
         else:
             self.outlier_idx = None
         self.bias = bias
-        if bits == 8:
-            self._quantize_int8(w)
-        elif bits == 4:
-            self._quantize_int4(w)
-        else:
-            raise ValueError(f"QuantLinear takes 8 or 4 bits, got {bits}")
+        self.format = quant_format(bits)
+        quantize = {"int8": self._quantize_int8, "int4": self._quantize_int4}.get(self.format.name)
+        if quantize is None:
+            raise ValueError(f"QuantLinear takes a quantized format, got {self.format.name}")
+        quantize(w)
 
     def _quantize_int8(self, w: torch.Tensor) -> None:
         q, scale = int8_rows(w, self.dtype)  # one scale per output row
@@ -181,6 +181,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
     the next is made (start-up; a requantization at run time builds aside while the old layers serve).
     `names`: only these layers (engine/quant/at_load.py: one decoder layer as it is loaded)."""
     names = names or [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
+    fmt = quant_format(bits)
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
@@ -188,7 +189,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             mod = mod.base
         weight = originals[name] if device is None else originals[name].to(device)
         bias = mod.bias
-        if bits == 16:
+        if fmt.dense:
             lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             lin.weight = nn.Parameter(weight, requires_grad=False)
             lin.bias = bias

@@ -22,6 +22,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
+from engine.quant_formats import quant_format
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_block_bytes, stream_kernel_for
 from engine.sampling_params import SamplingParams
@@ -48,9 +49,10 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     mc = loaded.config
     bits = cfg.draft_quant_bits or (16 if cfg.draft_model else 4)  # self-draft defaults to 4 bits
     # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
-    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if bits != 16 and device.type != "cpu" else None
+    quantized = quant_format(bits).quantized
+    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if quantized and device.type != "cpu" else None
     model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
-    if bits != 16 and at_load is None:
+    if quantized and at_load is None:
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
     set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
