@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from engine.events import SpecMethod
 from engine.quant_formats import QUANT_BITS
 
 
@@ -42,7 +43,7 @@ class Knob:
         if self.choices:
             if value in self.choices and isinstance(value, bool) == isinstance(self.choices[0], bool):
                 return None
-            return f"expected one of {', '.join(repr(c) for c in self.choices)}"
+            return f"expected one of {', '.join(repr(getattr(c, 'value', c)) for c in self.choices)}"
         if self.type is bool:
             return None if isinstance(value, bool) else "expected true or false"
         if self.type is str:
@@ -90,7 +91,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_predicted_wait_s", _FLOAT, None, run_time=True, low=0, optional=True),
     # speculation: n-gram lookup switches between steps; a draft model or MTP heads need a new engine
     Knob("num_speculative_tokens", _INT, 0, run_time=True, low=0, high=8),
-    Knob("spec_method", _STR, None, run_time=True, choices=("ngram", "draft", "mtp"), optional=True,
+    Knob("spec_method", _STR, None, run_time=True, choices=tuple(SpecMethod), optional=True,
          none_spellings=("none",)),
     # execution paths switched between steps
     Knob("compile", _BOOL, False, run_time=True),

@@ -38,7 +38,7 @@ def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_re
         why = f"{' and '.join(missing)}: not exposed by {source}" if missing else ""
         why = why[:1].upper() + why[1:]
         panel = panels.named(spec.name)
-        if panel is panels.timeline and missing and "client_timings" in caps:  # the Gantt chart stays live
+        if panel is panels.timeline and missing and caps.client_timings:  # the Gantt chart stays live
             panels.timeline.set_available(True)
             panels.timeline.set_steps_note(why, GANTT_CLIENT_LEGEND.format(
                 queued=phase_color("queued").name(), decode=phase_color("decode").name()))

@@ -19,6 +19,7 @@ from app.gui.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.gui.tradeoff_actions import connect_tradeoff
 from app.talk.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
 from app.tradeoff.sweep import Sweep, SweepSpec
+from engine.events import SpecMethod
 from engine.sampling_params import SamplingParams
 
 USER_MAX_TOKENS = 128
@@ -175,22 +176,22 @@ class AppController(QObject):
         """Weight bits requantize in the engine thread; KV cache bits and a new draft length rebuild
         the engine (the KV cache is allocated with its dtype)."""
         kv_bits = values.get("kv_cache_bits", self.state.config["kv_cache_bits"])
-        if kv_bits != self.state.config["kv_cache_bits"] and "rebuild" in self.state.capabilities:
+        if kv_bits != self.state.config["kv_cache_bits"] and self.state.capabilities.rebuild:
             self.panels.timeline.mark_config_change(f"KV cache {self.state.config['kv_cache_bits']} → {kv_bits}-bit")
             self.state.config["kv_cache_bits"] = kv_bits
             self.presets.rebuild({"kv_cache_dtype": kv_cache_dtype(kv_bits)}, knob=True)
             return
         bits = values.get("quant_bits", self.state.config["quant_bits"])
-        if bits != self.state.config["quant_bits"] and "quantization" in self.state.capabilities:
+        if bits != self.state.config["quant_bits"] and self.state.capabilities.quantization:
             self.panels.timeline.mark_config_change(f"weights {self.state.config['quant_bits']} → {bits}-bit")
             self.state.config["quant_bits"] = bits
             self.host.quantize(bits)
             self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
         k = values.get("num_speculative_tokens", self.state.config["num_speculative_tokens"])
         before = self.state.config["num_speculative_tokens"]
-        if k != before and "speculative" in self.state.capabilities:
+        if k != before and self.state.capabilities.speculative:
             self.state.config["num_speculative_tokens"] = k
-            self.state.spec_method = (self.state.spec_method or "ngram") if k else None
+            self.state.spec_method = (self.state.spec_method or SpecMethod.NGRAM) if k else None
             if not self.presets.spec_live():
                 self.presets.rebuild({"spec_method": self.state.spec_method, "num_speculative_tokens": k}, knob=True)
                 return
@@ -234,7 +235,7 @@ class AppController(QObject):
 
     def ask_every_adapter(self, prompt: str) -> None:
         """One prompt to the base model and every LoRA adapter at once; the LoRA panel shows the answers."""
-        if self.host.info is None or "lora" not in self.state.capabilities:
+        if self.host.info is None or not self.state.capabilities.lora:
             self.window.show_message("the model is still loading" if self.host.info is None
                                      else f"multi-LoRA serving is not offered by {self.state.source_name}")
             return
@@ -266,7 +267,7 @@ class AppController(QObject):
 
     # --- sweep --------------------------------------------------------------------------------
     def run_sweep(self, spec: SweepSpec | None = None) -> None:
-        if self.state.engine_ready and "sweep" not in self.state.capabilities:
+        if self.state.engine_ready and not self.state.capabilities.sweep:
             self.window.show_message("the tradeoff sweep runs the embedded engine; not offered by "
                                      f"{self.state.source_name}")
             return

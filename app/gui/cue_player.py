@@ -78,7 +78,7 @@ class CuePlayer(QObject):
         fixed = [k for k in knobs if ctl.engine_ready and k not in ctl.state.capabilities.reconfigurable]
         if fixed:  # an attached server keeps its own settings: the cue must not claim otherwise
             text += f" — not on {ctl.state.source_name}: {', '.join(fixed)} is the server's own setting"
-        elif ctl.engine_ready and "client_timings" in ctl.state.capabilities:
+        elif ctl.engine_ready and ctl.state.capabilities.client_timings:
             text += f" (on {ctl.state.source_name}: with the server's own scheduling settings)"
         self.played.append(text)
         ctl.caption.set_cue(text)

@@ -119,14 +119,14 @@ class MainWindow(QMainWindow):
         collector.collect_and_freeze()
         self.progress.hide()
         self._show_engine_label(info.num_kv_blocks)
-        attached = "client_timings" in info.capabilities
+        attached = info.capabilities.client_timings
         self.show_message(f"attached to {info.source}: model {info.model}" if attached
                           else f"model loaded: {info.model_path}")
         self.controller.on_loaded(info)
 
     def _show_engine_label(self, num_kv_blocks: int) -> None:
         info = self.host.info
-        if "server_metrics" in info.capabilities or "client_timings" in info.capabilities:
+        if info.capabilities.server_metrics or info.capabilities.client_timings:
             state = getattr(self.host, "status", ("connected", ""))[0]
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return

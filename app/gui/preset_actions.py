@@ -12,11 +12,12 @@ from app.talk import presets
 from app.talk.compare.headline import speculation_speedup
 from app.talk.compare_run import ComparisonRun, stored_result
 from app.talk.panel_specs import PANEL_BY_NAME
+from engine.events import SpecMethod
 
 # switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
 # steps after switching on pay for the compilation, which the step-time plot shows
 SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "compile")
-SPEC_METHODS = ("ngram", "draft", "mtp")  # what a preset or the draft-length slider may switch on
+SPEC_METHODS = tuple(SpecMethod)  # what a preset or the draft-length slider may switch on
 
 
 class PresetActions:
@@ -40,12 +41,12 @@ class PresetActions:
         self._show_caption(preset)
         shows_comparison = preset.compare is not None and "comparison" not in preset.panels
         caps = self.state.capabilities
-        attached = ("server",) if "server_metrics" in caps else ()  # what the server's /metrics say
+        attached = ("server",) if caps.server_metrics else ()  # what the server's /metrics say
         self.window.emphasise(preset.panels + attached + (("comparison",) if shows_comparison else ()))
         self._show_comparison(preset)
         self.window.setWindowTitle(f"inferlab — {preset.title}")
         self.state.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
-        self.state.config["quant_bits"] = preset.engine["quant_bits"] if "quantization" in caps else 16
+        self.state.config["quant_bits"] = preset.engine["quant_bits"] if caps.quantization else 16
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.arrival_rate = preset.load.arrival_rate
         self.verbs.sync_actions()
@@ -61,7 +62,7 @@ class PresetActions:
     def _show_caption(self, preset: presets.Preset) -> None:
         missing = preset.unavailable(self.state.capabilities)
         text = preset.caption + "".join(f"\n⚠ Not available yet: {why}." for why in missing)
-        if self.state.engine_ready and "client_timings" in self.state.capabilities:  # attached to a server
+        if self.state.engine_ready and self.state.capabilities.client_timings:  # attached to a server
             text += "\n" + needs_embedded(preset, self.state.capabilities, self.state.source_name)
         info = self.host.info
         if info is not None and info.weights_origin and (preset.engine["quant_bits"] != 16 or "quant" in preset.panels):
@@ -87,7 +88,7 @@ class PresetActions:
     def measure_comparison(self, every_preset: bool = False) -> None:
         """M: run this chapter's comparison now (Load → Prepare the talk: every preset's), in the engine
         thread on engines of its own; the live load waits meanwhile and resumes after."""
-        if self.state.engine_ready and "sweep" not in self.state.capabilities:
+        if self.state.engine_ready and not self.state.capabilities.sweep:
             self.window.show_message("measured comparisons run the embedded engine; not offered by "
                                      f"{self.state.source_name}")
             return
@@ -118,15 +119,15 @@ class PresetActions:
 
     def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
-        if "speculative" not in self.state.capabilities or method not in SPEC_METHODS or not k:
+        if not self.state.capabilities.speculative or method not in SPEC_METHODS or not k:
             return None, 0
-        if method == "mtp" and "mtp" not in self.state.capabilities:
+        if method == SpecMethod.MTP and not self.state.capabilities.mtp:
             return None, 0  # heads not trained for this model: the caption says how to train them
         return method, k
 
     def rebuild(self, changes: dict, knob: bool) -> None:
         """Build a new engine with changed construction-time fields; on_loaded continues."""
-        if "rebuild" not in self.state.capabilities:
+        if not self.state.capabilities.rebuild:
             self.verbs.error(f"{', '.join(changes)} cannot change: rebuilding the engine is not offered by "
                        f"{self.state.source_name}")
             return
@@ -138,16 +139,17 @@ class PresetActions:
     def spec_live(self) -> bool:
         """Speculation switches between steps (reconfigure) unless it needs a draft model."""
         info = self.host.info
-        return info is not None and "spec_method" in info.reconfigurable and self.state.spec_method in (None, "ngram")
+        return (info is not None and "spec_method" in info.reconfigurable
+                and self.state.spec_method in (None, SpecMethod.NGRAM))
 
     def _push_preset(self, preset: presets.Preset) -> None:
         wants = {"num_kv_blocks": preset.engine["num_kv_blocks"] or self.state.start_kv_blocks}
-        if "lora" in self.state.capabilities:  # the adapter pool's slots are fixed when the engine is built
+        if self.state.capabilities.lora:  # the adapter pool's slots are fixed when the engine is built
             wants["max_loras"] = preset.engine["max_loras"]
         if not self.spec_live():
             wants.update(spec_method=self.state.spec_method,
                          num_speculative_tokens=self.state.config["num_speculative_tokens"])
-        wants = self._unless_failed_before(preset, wants) if "rebuild" in self.state.capabilities else {}
+        wants = self._unless_failed_before(preset, wants) if self.state.capabilities.rebuild else {}
         if any(self.host.info.config.get(k) != v for k, v in wants.items()):
             self.rebuild(wants, knob=False)  # on_loaded pushes the preset again, on the new engine
             return
@@ -157,7 +159,7 @@ class PresetActions:
         if self.state.config["quant_bits"] != self.state.engine_bits:
             self.host.quantize(self.state.config["quant_bits"], preset.engine["quant_group_size"])
         self.host.set_load_config(replace(preset.load, arrival_rate=self.state.arrival_rate))
-        if "lora" in self.state.capabilities and preset.load.lora_mix:
+        if self.state.capabilities.lora and preset.load.lora_mix:
             self.host.use_loras(preset.load.lora_mix)
         if preset.burst:
             self.host.burst(preset.burst)
@@ -190,7 +192,7 @@ class PresetActions:
 def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
     """What of this preset an attached server cannot do: its panels that need the embedded engine, and
     its engine settings (the server runs with its own)."""
-    gantt_only = "client_timings" in capabilities  # the timeline keeps its Gantt chart, timed by the client
+    gantt_only = capabilities.client_timings  # the timeline keeps its Gantt chart, timed by the client
     lacking = [what for panel in preset.panels if not (panel == "timeline" and gantt_only)
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
     engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")

@@ -33,6 +33,8 @@ class Capabilities:
         return frozenset(f.name for f in fields(self) if f.type == "bool" and getattr(self, f.name) is True)
 
     def __contains__(self, name: object) -> bool:
+        """By name only where the name is data (a panel's needs, a preset's features); code reads the
+        attribute (`capabilities.lora`), so a misspelt capability fails at once."""
         return name in self.names()
 
 

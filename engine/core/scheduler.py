@@ -16,13 +16,14 @@ from engine.config import SchedulerConfig  # held by EngineConfig; the scheduler
 from engine.core.block_manager import BlockManager
 from engine.core.policies import Policy, make_policy
 from engine.core.request import Request, RequestStatus
+from engine.events import StepKind
 
 
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_tokens: int  # tokens to run this step, starting at request.num_computed_tokens
-    kind: str  # "prefill", "decode" or "verify" (the last token + draft tokens)
+    kind: StepKind  # prefill, decode or verify (the last token + draft tokens)
 
 
 @dataclass(slots=True)
@@ -33,15 +34,15 @@ class SchedulerOutput:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "prefill")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.PREFILL)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "decode")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.DECODE)
 
     @property
     def num_verify_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "verify")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.VERIFY)
 
     @property
     def is_empty(self) -> bool:
@@ -97,10 +98,10 @@ class Scheduler:
                 continue
             if pending == 1 and n > 1:  # the last token plus n - 1 draft tokens, checked in one pass
                 del req.spec_token_ids[n - 1 :]
-                kind = "verify"
+                kind = StepKind.VERIFY
             else:
                 req.spec_token_ids.clear()
-                kind = "decode" if pending == 1 else "prefill"
+                kind = StepKind.DECODE if pending == 1 else StepKind.PREFILL
             out.scheduled.append(ScheduledRequest(req, n, kind))
             scheduled_ids.add(req.request_id)
             budget -= n
@@ -156,7 +157,7 @@ class Scheduler:
             self.running.append(req)
             if req.lora_id:
                 adapters.add(req.lora_id)
-            out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 else "decode"))
+            out.scheduled.append(ScheduledRequest(req, n, StepKind.PREFILL if remaining > 1 else StepKind.DECODE))
             budget -= n
 
     def _reserve(self, req: Request, n: int, out: SchedulerOutput) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from engine.events import StepKind
 from engine.perf.roofline import Roofs
 from engine.quant_formats import QUANT_BITS, quant_format
 
@@ -87,8 +88,8 @@ class Efficiency:
 
 def calibrate(roofs: Roofs, steps: list[tuple[str, int, int, float]]) -> Efficiency | None:
     """steps: (kind, flops, bytes, wall) of measured steps. None without both kinds."""
-    mem = [b / w / roofs.bandwidth_bytes_per_s for k, f, b, w in steps if k == "decode" and w > 0 and b > 0]
-    comp = [f / w / roofs.flops_roof() for k, f, b, w in steps if k == "prefill" and w > 0 and f > 0]
+    mem = [b / w / roofs.bandwidth_bytes_per_s for k, f, b, w in steps if k == StepKind.DECODE and w > 0 and b > 0]
+    comp = [f / w / roofs.flops_roof() for k, f, b, w in steps if k == StepKind.PREFILL and w > 0 and f > 0]
     if not mem or not comp:
         return None
     return Efficiency(min(1.0, statistics.median(mem)), min(1.0, statistics.median(comp)), len(mem), len(comp))

@@ -14,6 +14,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.events import StepKind
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
@@ -92,7 +93,7 @@ class DraftModelProposer:
                 break
             sched = SchedulerOutput(scheduled=[
                 ScheduledRequest(s, s.num_tokens - s.num_computed_tokens,
-                                 "decode" if s.num_tokens - s.num_computed_tokens == 1 else "prefill")
+                                 StepKind.DECODE if s.num_tokens - s.num_computed_tokens == 1 else StepKind.PREFILL)
                 for s in shadows])
             result = self.runner.execute(sched, bm)
             for s, token in zip(result.order, result.sampled):
