@@ -206,7 +206,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             progress(f"quantizing to {bits} bits", (i + 1) / len(names))
     if EMBED in originals:
         tables = {k: originals[k] if device is None else originals[k].to(device) for k in (EMBED, HEAD)}
-        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, reference)
+        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, QuantLinear, reference)
         if install:
             swap_modules(model, table_modules)
         new.update(table_modules)
