@@ -3,6 +3,7 @@ what presets may name and what each panel needs from the source all read it."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 
@@ -40,3 +41,31 @@ def test_every_need_names_a_declared_capability():
     for spec in PANEL_SPECS:
         for capability, what in spec.needs:
             assert what and capability in declared, (spec.name, capability)  # a typo would grey it out for good
+
+
+def test_preset_actions_is_a_part_with_its_dependencies_given(tmp_path):
+    """PresetActions needs no controller: its state and the controller's verbs are handed in."""
+    from app.gui.control_state import ControlState
+    from app.gui.preset_actions import PresetActions
+    from app.talk.knob_defaults import engine_knob_defaults
+
+    class Verbs:
+        def __init__(self):
+            self.errors: list[str] = []
+
+        def push_config(self): ...
+        def sync_actions(self): ...
+        def set_load_running(self, running): ...
+
+        def error(self, message, title="inferlab"):
+            self.errors.append(message)
+
+    state = ControlState(config=engine_knob_defaults(), arrival_rate=1.0, source_name="test", start_kv_blocks=None,
+                         presets_dir=tmp_path)
+    verbs = Verbs()
+    host = types.SimpleNamespace(info=None)  # a source that has not loaded yet
+    actions = PresetActions(window=None, host=host, panels=None, caption=None, cues=None, state=state, verbs=verbs)
+    (tmp_path / "broken.toml").write_text('[preset]\ntitle = "T"\n')
+    assert not actions.apply_preset("broken") and "caption: missing" in verbs.errors[0]
+    assert state.preset is None  # a broken preset changes nothing
+    assert not actions.spec_live()  # no engine info yet: speculation would need a rebuild

@@ -94,6 +94,7 @@ class AppController(QObject):
         grey_out_features(self.panels, self.state.capabilities, self.state.source_name, self.state.engine_ready)
 
     # --- presets: app/gui/preset_actions.py --------------------------------------------------------
+    # read-only views of the shared state and the presets' verbs, for the menus, launch and tests
     @property
     def preset(self):
         return self.state.preset
