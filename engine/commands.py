@@ -7,65 +7,19 @@ and the engine applies each command on its own, so one that fails loses none of 
 """
 from __future__ import annotations
 
-import math
-import numbers
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.core.policies import make_policy
 from engine.core.request import Request
+from engine.knobs import RECONFIGURABLE as RECONFIGURABLE  # what reconfigure() may change: knobs run_time
+from engine.knobs import check_knobs
 
 if TYPE_CHECKING:
     from engine.lora.adapter import LoraAdapter
 
-@dataclass(frozen=True, slots=True)
-class Knob:
-    """A run-time knob's type and range: reconfigure() checks a value against it in the caller's thread,
-    so a wrong one (a float where an int belongs, a string for a bool) is refused before it can reach a
-    step, where it would make every later step raise."""
-
-    kind: type  # int, float, bool or str (an int is accepted where a float belongs; a bool never for a number)
-    lo: float | None = None
-    hi: float | None = None
-    optional: bool = False  # None allowed (the feature off)
-
-    def check(self, name: str, value: Any) -> Any:
-        """The value as the engine stores it (a plain int / float / bool / str), or ValueError."""
-        if value is None and self.optional:
-            return None
-        if self.kind is bool:
-            ok = isinstance(value, bool)
-        elif self.kind is int:
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        elif self.kind is float:
-            ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                  and math.isfinite(float(value)))
-        else:
-            ok = isinstance(value, self.kind)
-        if not ok:
-            none = " or None" if self.optional else ""
-            raise ValueError(f"{name} must be {'a finite ' if self.kind is float else 'a '}{self.kind.__name__}"
-                             f"{none}, got {value!r} ({type(value).__name__})")
-        value = self.kind(value)
-        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            bounds = f">= {self.lo}" if self.hi is None else f"between {self.lo} and {self.hi}"
-            raise ValueError(f"{name} must be {bounds}, got {value!r}")
-        return value
-
-
-# The knobs reconfigure() may change between steps (the rest need a new engine), with their types and ranges.
-KNOBS: Mapping[str, Knob] = MappingProxyType({
-    "max_num_seqs": Knob(int, lo=1), "max_num_batched_tokens": Knob(int, lo=1),
-    "enable_chunked_prefill": Knob(bool), "policy": Knob(str),
-    "max_queue_len": Knob(int, lo=0, optional=True), "max_predicted_wait_s": Knob(float, lo=0, optional=True),
-    "num_speculative_tokens": Knob(int, lo=0, hi=8), "spec_method": Knob(str, optional=True),
-    "compile": Knob(bool), "fused_decode": Knob(bool), "int8_activations": Knob(bool),
-    "cuda_graphs": Knob(bool),
-})
-RECONFIGURABLE = tuple(KNOBS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +44,7 @@ def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
     unknown = set(changes) - set(RECONFIGURABLE)
     if unknown:
         raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
-    changes = {name: KNOBS[name].check(name, value) for name, value in changes.items()}
-    if "policy" in changes:
-        make_policy(changes["policy"])
+    check_knobs(changes)  # each value against its knob's range or list
     return Reconfigure(MappingProxyType(dict(changes)))
 
 

@@ -9,6 +9,52 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10: the same behaviour, spelled out
+    class StrEnum(str, Enum):  # noqa: UP042 (3.10 has no enum.StrEnum)
+        """Members are their string values: equal to them, formatted and JSON-encoded as them."""
+
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, spec: str) -> str:
+            return str.__format__(self, spec)
+
+
+class StepKind(StrEnum):
+    """What a scheduled request runs this step (ScheduledRequest.kind, StepStats.scheduled)."""
+
+    PREFILL = "prefill"  # prompt tokens (a chunk of them under chunked prefill)
+    DECODE = "decode"  # the one newest token
+    VERIFY = "verify"  # the last known token + draft tokens, checked by the target
+
+
+class ForwardPath(StrEnum):
+    """How the model ran a step (StepStats.forward_path)."""
+
+    NONE = ""  # no forward pass this step
+    FUSED = "fused"  # one native call for the whole transformer (EngineConfig.fused_decode)
+    LAYERS = "layers"  # layer by layer
+
+
+class SpecMethod(StrEnum):
+    """The speculative proposer (EngineConfig.spec_method; None: no speculation)."""
+
+    NGRAM = "ngram"  # prompt lookup: switched between steps
+    DRAFT = "draft"  # a draft model (or a quantized copy of the target): fixed when the engine is built
+    MTP = "mtp"  # multi-token prediction heads: fixed when the engine is built
+
+
+class LoraEventKind(StrEnum):
+    """A change in where a LoRA adapter lives (LoraPoolEvent.kind)."""
+
+    ADDED = "added"
+    REMOVED = "removed"
+    LOAD = "load"  # into a device slot
+    EVICT = "evict"  # out of its slot
+    DROP = "drop"  # host -> disk
+
 
 class TokenSource(str, Enum):
     """How a token came to be: the colours of the token stream."""
@@ -71,15 +117,13 @@ class StepStats:
     num_rejected: int = 0  # requests refused by admission control in this step
     num_finished: int = 0
     num_failed: int = 0  # of those, requests that failed on their own (finish_reason "error")
-    # per request scheduled this step: (request_id, num_tokens, "prefill" | "decode" | "verify")
-    scheduled: tuple[tuple[str, int, str], ...] = ()
+    # per request scheduled this step: (request_id, num_tokens, kind)
+    scheduled: tuple[tuple[str, int, StepKind], ...] = ()
     # counted from the shapes this step ran (engine/perf/step_cost.py), not timed
     flops: int = 0
     bytes_moved: int = 0
     scheduled_loras: tuple[str | None, ...] = ()  # the adapter of each entry of `scheduled` (None = base)
-    # how the model ran: "fused" (one native call, EngineConfig.fused_decode), "layers" (layer by layer),
-    # "" (no forward pass this step)
-    forward_path: str = ""
+    forward_path: ForwardPath = ForwardPath.NONE  # how the model ran (fused, layer by layer, or not at all)
 
     @property
     def kv_usage(self) -> float:
@@ -198,7 +242,7 @@ class TradeoffPoint:
 class LoraPoolEvent:
     """A change in where a LoRA adapter lives (engine/lora/pool.py)."""
 
-    kind: str  # "added" | "removed" | "load" (into a device slot) | "evict" (out of its slot) | "drop" (host -> disk)
+    kind: LoraEventKind
     name: str
     slot: int | None = None  # the device slot loaded or evicted
     source: str | None = None  # "load": "host" or "disk"

@@ -27,7 +27,7 @@ from engine.core.intake import RequestIntake
 from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
@@ -112,7 +112,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, blocks * config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig.of(config), self.block_manager)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
@@ -315,7 +315,7 @@ class LLMEngine:
             raise
 
     def _apply_knobs(self, old: EngineConfig, cfg: EngineConfig, changes) -> None:
-        self.scheduler.reconfigure(SchedulerConfig.of(cfg), make_policy(cfg.policy) if "policy" in changes else None)
+        self.scheduler.reconfigure(cfg.scheduler, make_policy(cfg.policy) if "policy" in changes else None)
         self.admission.set_limits(cfg.max_queue_len, cfg.max_predicted_wait_s)
         self.spec.set_num_tokens(cfg.num_speculative_tokens)
         if "spec_method" in changes:

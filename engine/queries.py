@@ -14,7 +14,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.counters import EngineCounters
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from engine.events import RequestOutput, StepStats
+from engine.events import ForwardPath, RequestOutput, StepKind, StepStats
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
@@ -91,7 +91,7 @@ def fresh_hidden_states(runner: ModelRunner, block_manager: BlockManager, make_i
         raise RuntimeError("not enough free KV blocks to score this text now")
     try:
         req = Request(request_id, ids, SamplingParams(max_tokens=1))
-        return runner.forward([ScheduledRequest(req, len(ids), "prefill")], block_manager)
+        return runner.forward([ScheduledRequest(req, len(ids), StepKind.PREFILL)], block_manager)
     finally:
         block_manager.free(request_id)
 
@@ -120,7 +120,7 @@ def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: i
 
 def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Scheduler, bm: BlockManager,
                num_finished: int, num_rejected: int, num_failed: int = 0,
-               cost: tuple[int, int] = (0, 0), forward_path: str = "") -> StepStats:
+               cost: tuple[int, int] = (0, 0), forward_path: ForwardPath = ForwardPath.NONE) -> StepStats:
     """The counts of one step, its wall time measured from t0 to now, and its (FLOPs, bytes moved)
     counted from the shapes it ran (engine/perf/step_counter.py)."""
     return StepStats(

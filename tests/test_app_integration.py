@@ -25,8 +25,8 @@ def window(qapp, tiny_llama):
 
 def data(window, name):
     window.feeder.flush_pending()
-    getattr(window.panels[name], "flush", lambda: None)()
-    return window.panels[name].snapshot_data()
+    getattr(window.panels.named(name), "flush", lambda: None)()
+    return window.panels.named(name).snapshot_data()
 
 
 def test_panels_receive_data_under_load(qapp, window):
@@ -76,7 +76,7 @@ def test_panels_receive_data_under_load(qapp, window):
 
 def test_controls_reconfigure_the_engine(qapp, window):
     before = window.controller.config["max_num_seqs"]
-    window.panels["controls"].sigConfigChanged.emit({**window.panels["controls"].config_values(), "max_num_seqs": 3})
+    window.panels.controls.sigConfigChanged.emit({**window.panels.controls.config_values(), "max_num_seqs": 3})
     wait_until(qapp, lambda: window.host.engine.config.max_num_seqs == 3, 10)
     assert f"max batch {before} → 3" in data(window, "timeline")["config_changes"]
     wait_until(qapp, lambda: data(window, "timeline")["last"]["running"] <= 3, 10)
@@ -102,7 +102,7 @@ def test_sweep_runs_in_the_background_and_restores_the_config(qapp, window):
 def test_weight_bits_slider_requantizes_and_measures_quality(qapp, window):
     if "quantization" not in window.host.info.capabilities:
         pytest.skip("this engine has no weight quantization")
-    controls = window.panels["controls"]
+    controls = window.panels.controls
     controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 8})
     # the swap lands in the engine before the per-layer error reaches the heatmap through the GUI's queue
     wait_until(qapp, lambda: (window.host.engine.config.quant_bits == 8 and not window.controller.engine_busy
@@ -119,7 +119,7 @@ def test_weight_bits_slider_requantizes_and_measures_quality(qapp, window):
 def test_draft_length_slider_turns_speculation_on(qapp, window):
     if "speculative" not in window.host.info.capabilities:
         pytest.skip("this engine has no speculative decoding")
-    controls = window.panels["controls"]
+    controls = window.panels.controls
     controls.sigConfigChanged.emit({**controls.config_values(), "num_speculative_tokens": 3})
     window.controller.set_load_running(True)
     # switched between steps (reconfigure) where the engine can, else by rebuilding it
@@ -165,7 +165,7 @@ def test_kv_cache_bits_slider_rebuilds_with_an_int8_cache(qapp, window):
     # after the tests that read the panels: the rebuild clears them
     if "rebuild" not in window.host.info.capabilities:
         pytest.skip("this engine source cannot be rebuilt")
-    controls = window.panels["controls"]
+    controls = window.panels.controls
     blocks16 = window.host.info.num_kv_blocks
     controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_bits": 8})
     wait_until(qapp, lambda: window.controller.engine_ready and window.host.info is not None
@@ -211,7 +211,7 @@ def test_requantizing_in_the_app_grows_the_kv_cache(qapp, tiny_llama):
         if "quantization" not in w.host.info.capabilities:
             pytest.skip("this engine has no weight quantization")
         before = w.host.engine.block_manager.num_blocks
-        controls = w.panels["controls"]
+        controls = w.panels.controls
         controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 4})
         wait_until(qapp, lambda: w.host.engine.config.quant_bits == 4 and not w.controller.engine_busy, 60)
         after = w.host.engine.block_manager.num_blocks

@@ -29,7 +29,7 @@ def test_server_menu_serves_on_the_app_engine(qapp, window):
     assert reply.json()["usage"]["completion_tokens"] == 5
     wait_until(qapp, lambda: finished, 10)
     run_for(qapp, 0.5)  # the panels drain the host's events
-    latency = window.panels["latency"].snapshot_data()
+    latency = window.panels.latency.snapshot_data()
     assert latency and any(v for v in latency.values() if isinstance(v, (int, float)))
     window.actions_by_name["serve"].trigger()
     assert not window.server.running

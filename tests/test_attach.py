@@ -120,22 +120,22 @@ def test_window_attached_to_inferlab_serve(qapp, served):
         assert window.controller.apply_preset("traffic-jam")
         assert wait_for(qapp, lambda: window.controller.engine_ready)
         p = window.panels
-        assert wait_for(qapp, lambda: p["latency"].snapshot_data()["num_finished"] >= 3, timeout=40)
+        assert wait_for(qapp, lambda: p.latency.snapshot_data()["num_finished"] >= 3, timeout=40)
         window.flush_panels()
         where = f"not exposed by inferlab at {served}"
         for name in ("memory", "quant", "roofline", "tradeoff", "comparison"):
-            assert where in p[name].overlay_text(), name
-        assert "block map" in p["memory"].overlay_text()
-        assert p["timeline"].is_available() and where in p["timeline"].steps_note()
-        assert p["timeline"].snapshot_data()["gantt"]["rows"]  # client-timed rows
+            assert where in p.named(name).overlay_text(), name
+        assert "block map" in p.memory.overlay_text()
+        assert p.timeline.is_available() and where in p.timeline.steps_note()
+        assert p.timeline.snapshot_data()["gantt"]["rows"]  # client-timed rows
         # the panels were reset when the preset applied; the next scrape (4 Hz, slower while the server is
         # busy) refills the Server panel
-        assert wait_for(qapp, lambda: p["server"].snapshot_data()["facts"] is not None)
-        assert p["server"].is_available()
-        lat = p["latency"].snapshot_data()
+        assert wait_for(qapp, lambda: p.server.snapshot_data()["facts"] is not None)
+        assert p.server.is_available()
+        lat = p.latency.snapshot_data()
         assert lat["percentiles"]["ttft"] is not None and lat["total_tokens_per_s"]
-        assert p["tokens"].snapshot_data()  # streams opened for the load generator's requests
-        unavailable = p["controls"].snapshot_data()["unavailable"]
+        assert p.tokens.snapshot_data()  # streams opened for the load generator's requests
+        unavailable = p.controls.snapshot_data()["unavailable"]
         assert "max_num_seqs" in unavailable and "arrival_rate" not in unavailable
         assert "Attached" in window.caption.snapshot_data()["caption"]  # the preset works on a server
         window.controller.apply_knobs({"enable_chunked_prefill": True})  # a cue: the server keeps its setting
@@ -160,10 +160,10 @@ def test_flaky_server_gets_a_clear_status_and_the_gui_never_freezes(qapp):
     timer.start()
     window.show()
     source.start()
-    status = lambda: window.panels["server"].snapshot_data()["status"]  # noqa: E731
+    status = lambda: window.panels.server.snapshot_data()["status"]  # noqa: E731
     try:
         assert wait_for(qapp, lambda: status()[0] == "connected")
-        assert source.kind == "vllm" and window.panels["server"].snapshot_data()["facts"]["kv_blocks"] == (27264, 16)
+        assert source.kind == "vllm" and window.panels.server.snapshot_data()["facts"]["kv_blocks"] == (27264, 16)
         server.mode = "garbage"
         assert wait_for(qapp, lambda: status()[0] == "garbage")
         assert "something else than metrics" in window.status_label.text()

@@ -45,7 +45,7 @@ def test_measure_show_store_and_reopen(qapp, tiny_llama, tmp_path):
     path.write_text(PRESET)
     w = open_window(tiny_llama, preset=str(path))
     try:
-        ctl, panel = w.controller, w.panels["comparison"]
+        ctl, panel = w.controller, w.panels.comparison
         assert "comparison" in w._emphasised  # a preset with [compare] shows its comparison
         assert panel.snapshot_data()["labels"] == [] and "press M" in panel.snapshot_data()["provenance"]
         steps_before = w.host.engine.stats().num_steps

@@ -53,7 +53,7 @@ def test_cues_play_on_time_and_on_the_key(qapp, tiny_llama, tmp_path):
         assert w.host.engine.config.enable_chunked_prefill is False
         assert ctl.config["max_num_seqs"] == 2
         assert w.caption.snapshot_data()["cue"] == "▶ max_num_seqs = 2, enable_chunked_prefill = False"
-        marks = [text for _x, text, _lines in w.panels["timeline"]._marks]
+        marks = [text for _x, text, _lines in w.panels.timeline._marks]
         assert "cue: two long prompts arrive" in marks
         wait_until(qapp, lambda: w.host.engine.stats().num_requests >= 2, timeout_s=10)  # the burst arrived
         ctl.next_cue()  # N: the 600 s cue now

@@ -65,15 +65,15 @@ def test_the_gui_says_what_a_source_does_not_expose(qapp):
                                  dtype="?", max_model_len=2048, num_kv_blocks=0, block_size=16, capabilities=caps)
         source.sigLoaded.emit(source.info)  # as a source does once it knows what it runs
         run_for(qapp, 0.05)
-        memory = window.panels["memory"]
+        memory = window.panels.memory
         assert not memory.is_available()
         assert "not exposed by remote-fake" in memory.overlay_text()
         assert "block map" in memory.overlay_text()
-        assert window.panels["timeline"].is_available()  # step events are exposed
-        unavailable = window.panels["controls"].snapshot_data()["unavailable"]
+        assert window.panels.timeline.is_available()  # step events are exposed
+        unavailable = window.panels.controls.snapshot_data()["unavailable"]
         assert unavailable["quant_bits"] == "Weight bits: not offered by remote-fake"
         assert "arrival_rate" in unavailable and "max_num_seqs" not in unavailable
-        values = window.panels["controls"].snapshot_data()["values"]  # the knobs start at EngineConfig's defaults
+        values = window.panels.controls.snapshot_data()["values"]  # the knobs start at EngineConfig's defaults
         assert values["max_num_seqs"] == EngineConfig().max_num_seqs
         assert values["max_num_batched_tokens"] == EngineConfig().max_num_batched_tokens
         assert source.knobs  # the controller pushed its knobs to this source, through the interface

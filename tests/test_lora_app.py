@@ -38,7 +38,7 @@ def test_multi_lora_preset_in_the_app(qapp, tiny_llama, tmp_path, monkeypatch):
     path.write_text(PRESET)
     w = open_window(tiny_llama, preset=str(path))
     try:
-        lora, tokens, timeline = w.panels["lora"], w.panels["tokens"], w.panels["timeline"]
+        lora, tokens, timeline = w.panels.lora, w.panels.tokens, w.panels.timeline
         wait_until(qapp, lambda: w.host.info.config.get("max_loras") == 1, timeout_s=60)  # rebuilt with a pool
         wait_until(qapp, lambda: lora.snapshot_data()["adapters"] == ["alpha", "beta"], timeout_s=30)
         assert w.host.loadgen.config.lora_mix == ("base", "alpha", "beta")  # the missing one left out

@@ -88,3 +88,36 @@ def test_serving_metrics_on_the_engine(tiny_llama):
     assert value['inferlab:num_requests_running{model_name="m"}'] == 0
     assert value['inferlab:spec_decode_num_draft_tokens_total{model_name="m"}'] == 0
     metrics.detach()
+
+
+def test_gauges_come_from_the_last_step_not_the_live_scheduler(tiny_llama):
+    """The HTTP thread renders the gauges from the last StepStats: it never reads the scheduler's queues or
+    the block manager while the engine thread changes them (the counters come from engine.stats())."""
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4,
+                                 max_num_seqs=1))
+    metrics = ServingMetrics(eng, "m").attach()
+    for start in (5, 20):
+        eng.add_request(list(range(start, start + 6)), SamplingParams(max_tokens=4, temperature=0.0))
+    eng.step()  # one runs, one waits (max_num_seqs=1)
+
+    class Untouchable:
+        def __init__(self, part, allowed=()):
+            self._part, self._allowed = part, allowed
+
+        def __getattr__(self, name):
+            if name in self._allowed:
+                return getattr(self._part, name)
+            raise AssertionError(f"the metrics read the live {name}")
+
+    live = eng.scheduler, eng.block_manager
+    eng.scheduler = Untouchable(eng.scheduler, allowed=("num_preemptions",))  # a counter, in engine.stats()
+    eng.block_manager = Untouchable(eng.block_manager, allowed=("num_prefix_hit_tokens",))
+    try:
+        lines = metrics.render().splitlines()
+    finally:
+        eng.scheduler, eng.block_manager = live
+    value = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in lines if not ln.startswith("#")}
+    assert value['inferlab:num_requests_running{model_name="m"}'] == 1
+    assert value['inferlab:num_requests_waiting{model_name="m"}'] == 1
+    assert 0 < value['inferlab:kv_cache_usage_perc{model_name="m"}'] < 1
+    metrics.detach()

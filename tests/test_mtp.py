@@ -164,8 +164,8 @@ def test_multi_token_preset_runs_the_heads_in_the_app(qapp, tiny_llama, heads_fi
 
         def spec():
             window.feeder.flush_pending()
-            window.panels["spec"].flush()
-            return window.panels["spec"].snapshot_data()
+            window.panels.spec.flush()
+            return window.panels.spec.snapshot_data()
 
         wait_until(qapp, lambda: spec()["num_steps"] > 0, 60)
         assert spec()["method"] == "mtp" and window.controller.last_error is None

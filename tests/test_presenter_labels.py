@@ -23,7 +23,7 @@ def test_no_text_cut_in_presenter_mode(qapp, tiny_llama, size):
                 run_for(qapp, 0.3)
                 w.flush_panels()
                 run_for(qapp, 0.05)
-                found_by_panel = {n: clipped_texts(w.panels[n]) for n in w._emphasised if w.docks[n].isVisible()}
+                found_by_panel = {n: clipped_texts(w.panels.named(n)) for n in w._emphasised if w.docks[n].isVisible()}
                 if not any(found_by_panel.values()):
                     break
             assert w.presenter
@@ -32,7 +32,7 @@ def test_no_text_cut_in_presenter_mode(qapp, tiny_llama, size):
             assert need.width() <= size[0], \
                 f"{name}: the panels need {need.width()} px across, the screen has {size[0]}"
             for panel_name, found in found_by_panel.items():
-                panel = w.panels[panel_name]
+                panel = w.panels.named(panel_name)
                 assert not hasattr(panel, "presenter_scale") or panel.presenter_scale() > 1.0
                 if found:
                     cut[f"{name}/{panel_name}"] = found

@@ -27,7 +27,7 @@ def test_settings_survive_a_restart(qapp, tiny_llama, tmp_path):
     preset = available(PRESETS_DIR)[0]
     first = window_on(ini, tiny_llama)
     first.set_theme("light")
-    first.panels["tradeoff"].set_price_per_hour(3.75)
+    first.panels.tradeoff.set_price_per_hour(3.75)
     assert first.controller.apply_preset(preset)
     assert first.docks["latency"].isVisible()
     first.docks["latency"].setVisible(False)  # the layout: a closed panel stays closed
@@ -38,7 +38,7 @@ def test_settings_survive_a_restart(qapp, tiny_llama, tmp_path):
     second = window_on(ini, tiny_llama)
     try:
         assert second.theme == "light"
-        assert second.panels["tradeoff"].price_per_hour() == 3.75
+        assert second.panels.tradeoff.price_per_hour() == 3.75
         assert _last_preset(second.settings) == str(PRESETS_DIR / f"{preset}.toml")
         assert not second.docks["latency"].isVisible() and second.docks["timeline"].isVisible()
     finally:

@@ -2,8 +2,9 @@
 
 Slider drags are debounced (DEBOUNCE_MS after the last move) so a drag across 200 positions becomes
 one reconfigure, not 200. `set_values` loads a preset silently and cancels pending emissions.
-The starting values are data from the app (`defaults`: the engine's EngineConfig defaults and the
-like, app/talk/knob_defaults.py); the panel does not know them itself. `reset()` goes back to them.
+The starting values and the engine knobs' stops are data from the app (`defaults`, `stops`: the engine's
+knob table and the like, app/talk/knob_defaults.py); the panel does not know them itself. `reset()` goes
+back to the defaults.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from widgets.slider_row import SliderRow
 DEBOUNCE_MS = 300
 CONFIG_KEYS = ("max_num_seqs", "quant_bits", "kv_cache_bits", "num_speculative_tokens", "max_num_batched_tokens")
 TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
-_STOPS = {  # key -> (title, slider stops, format); a row starts on its first stop unless given a default
+_STOPS = {  # key -> (title, slider stops unless given, format); a row starts on its first stop unless given a default
     "max_num_seqs": ("max batch size", range(1, 257), str),
     "quant_bits": ("weight bits", (16, 8, 4), lambda v: f"{v}-bit"),
     "kv_cache_bits": ("KV cache bits", (16, 8), lambda v: "16-bit" if v == 16 else "int8 + row scales"),
@@ -29,9 +30,12 @@ _STOPS = {  # key -> (title, slider stops, format); a row starts on its first st
 }
 
 
-def _rows(defaults: Mapping) -> dict[str, SliderRow]:
-    return {key: SliderRow(title, stops, defaults.get(key, stops[0]), fmt)
-            for key, (title, stops, fmt) in _STOPS.items()}
+def _rows(defaults: Mapping, given_stops: Mapping) -> dict[str, SliderRow]:
+    rows = {}
+    for key, (title, stops, fmt) in _STOPS.items():
+        stops = tuple(given_stops.get(key, stops))
+        rows[key] = SliderRow(title, stops, defaults.get(key, stops[0]), fmt)
+    return rows
 
 
 def _debouncer(parent: QWidget, slot) -> QTimer:
@@ -51,12 +55,14 @@ class ControlsPanel(QWidget):
     sigBurst = Signal(int)  # number of long prompts
     sigReset = Signal()
 
-    def __init__(self, parent: QWidget | None = None, defaults: Mapping | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, defaults: Mapping | None = None,
+                 stops: Mapping | None = None) -> None:
         """defaults: the values to start from and reset to (CONFIG_KEYS, "arrival_rate", "burst_size",
-        "ttft_budget_s", "tpot_budget_s"); a missing one starts on its slider's first stop."""
+        "ttft_budget_s", "tpot_budget_s"); a missing one starts on its slider's first stop. stops: a key's
+        slider stops, where the app's knob table gives them (else the panel's own)."""
         super().__init__(parent)
         self._defaults = dict(defaults or {})
-        self._rows = _rows(self._defaults)
+        self._rows = _rows(self._defaults, stops or {})
         self._config_timer = _debouncer(self, self._on_config_timeout)
         self._load_timer = _debouncer(self, self._on_load_timeout)
         self._budget_timer = _debouncer(self, self._on_budget_timeout)

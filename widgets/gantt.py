@@ -13,7 +13,7 @@ from PySide6.QtCore import QPoint, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from engine.events import StepStats
+from engine.events import StepKind, StepStats
 from widgets.hover_tips import HoverTips
 from widgets.theme import FINISH_COLORS, adapter_color, phase_color, request_color
 
@@ -85,13 +85,13 @@ class GanttView(HoverTips, QWidget):
                 row.adapter = adapter
                 self._adapters_seen = True
             last = row.segments[-1] if row.segments else None
-            if kind == "prefill" and last is not None and last[2] in ("decode", "verify"):
+            if kind == StepKind.PREFILL and last is not None and last[2] in (StepKind.DECODE, StepKind.VERIFY):
                 row.preempted_at = last[1] if row.preempted_at is None else row.preempted_at
             if row.preempted_at is not None:
                 row.segments.append([row.preempted_at, t0, "preempted"])
                 row.preempted_at = None
                 last = None
-            if last is not None and kind != "prefill" and last[2] == kind and t0 - last[1] <= MERGE_GAP_S:
+            if last is not None and kind != StepKind.PREFILL and last[2] == kind and t0 - last[1] <= MERGE_GAP_S:
                 last[1] = t1
             else:
                 row.segments.append([t0, t1, kind])

@@ -11,59 +11,38 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 
+from app.gui.availability import grey_out_features
+from app.gui.control_state import ControlState
 from app.gui.cue_player import CuePlayer
-from app.gui.panel_needs import PANEL_NEEDS
+from app.gui.panels import Panels
 from app.gui.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.gui.tradeoff_actions import connect_tradeoff
-from app.source.engine_info import Capabilities
-from app.talk import presets
 from app.talk.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
 from app.tradeoff.sweep import Sweep, SweepSpec
+from engine.events import SpecMethod
 from engine.sampling_params import SamplingParams
-from widgets.theme import phase_color
 
-FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
-    "quant_bits": ("quantization", "Weight bits"),
-    "num_speculative_tokens": ("speculative", "Draft length"),
-    "kv_cache_bits": ("rebuild", "KV cache bits"),
-    "arrival_rate": ("load_generator", "The load generator"),
-    "load": ("load_generator", "The load generator"),
-    "burst": ("load_generator", "The load generator"),
-}
-KNOB_CONTROLS = {"max_num_seqs": "max batch size", "max_num_batched_tokens": "token budget"}
-GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span style='color:{queued}'>■</span> sent → "
-                       "first token (queue and prefill: the server does not tell them apart) &nbsp; "
-                       "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
 USER_MAX_TOKENS = 128
 _LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",
            "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals",
            "compile": "torch.compile"}
 
 
-class AppController(PresetActions, QObject):
-    def __init__(self, window, host, panels: dict, feeder, meter, caption) -> None:
+class AppController(QObject):
+    def __init__(self, window, host, panels: Panels, feeder, meter, caption) -> None:
         super().__init__(window)
         self.window, self.host, self.panels = window, host, panels
         self.feeder, self.meter, self.caption = feeder, meter, caption
-        self.preset: presets.Preset | None = None
-        self.presets_dir = presets.PRESETS_DIR
-        self.capabilities = Capabilities()  # none until the source says what it offers
-        self.source_name = host.name
-        self.start_kv_blocks = host.config.num_kv_blocks  # presets without num_kv_blocks go back to it
-        self.spec_method: str | None = None
-        self.engine_bits = 16  # what the engine's weights are now
-        self._rebuilt_for_knob = False
+        self.state = ControlState(config=engine_knob_defaults(), arrival_rate=knob_defaults()["arrival_rate"],
+                                  source_name=host.name, start_kv_blocks=host.config.num_kv_blocks)
         self.engine_busy = False  # requantizing / measuring in the engine thread
-        self.config: dict = engine_knob_defaults()
-        self.arrival_rate = knob_defaults()["arrival_rate"]
         self.load_running = False
         self.sweeping = False
-        self.measuring = False  # a comparison runs in the engine thread
-        self.engine_ready = False  # on_loaded ran: presets and controls reach the engine
         self.interactive = True  # False: errors go to the status bar only (screenshots, tests)
         self.last_error: str | None = None
         self.cues = CuePlayer(self)  # the preset's scripted moments (bursts, knobs), N plays the next
-        c = panels["controls"]
+        self.presets = PresetActions(window, host, panels, caption, self.cues, self.state, self)
+        c = panels.controls
         c.setEnabled(False)
         c.sigConfigChanged.connect(self._on_config_changed)
         c.sigLoadChanged.connect(lambda d: self.set_arrival_rate(d["arrival_rate"]))
@@ -72,36 +51,36 @@ class AppController(PresetActions, QObject):
         c.sigStopLoad.connect(lambda: self.set_load_running(False))
         c.sigBurst.connect(self.burst)
         c.sigReset.connect(self.reset)
-        panels["tokens"].sigSubmit.connect(self.submit)
-        panels["lora"].sigAskAll.connect(self.ask_every_adapter)
-        panels["tradeoff"].sigSweep.connect(self.run_sweep)
+        panels.tokens.sigSubmit.connect(self.submit)
+        panels.lora.sigAskAll.connect(self.ask_every_adapter)
+        panels.tradeoff.sigSweep.connect(self.run_sweep)
         connect_tradeoff(self)  # click a point: apply it to the live engine; export CSV / PNG
         feeder.sigSweepProgress.connect(self._on_sweep_progress)
         feeder.sigBusy.connect(self._on_busy)
-        feeder.sigComparison.connect(self.on_comparison)
-        panels["comparison"].sigRerunRequested.connect(self.measure_comparison)
+        feeder.sigComparison.connect(self.presets.on_comparison)
+        panels.comparison.sigRerunRequested.connect(self.presets.measure_comparison)
         feeder.sigQuantized.connect(self._on_quantized)
         self._grey_out_features()
 
     # --- engine lifecycle ---------------------------------------------------------------------
     def on_loaded(self, info) -> None:
-        self.capabilities = info.capabilities
-        self.source_name = info.source
-        self.engine_ready = True
-        self.engine_bits = info.config.get("quant_bits", 16)
-        self.panels["controls"].setEnabled(True)
+        self.state.capabilities = info.capabilities
+        self.state.source_name = info.source
+        self.state.engine_ready = True
+        self.state.engine_bits = info.config.get("quant_bits", 16)
+        self.panels.controls.setEnabled(True)
         self._grey_out_features()
-        knob, self._rebuilt_for_knob = self._rebuilt_for_knob, False
+        knob, self.state.rebuilt_for_knob = self.state.rebuilt_for_knob, False
         if knob:  # a slider rebuilt the engine: carry on with the same load
-            self._push_config()
+            self.push_config()
             self.set_load_running(self.load_running)
-        elif self.preset is not None:  # again, now that the engine's features are known
-            self.apply_preset(self.preset.path)
+        elif self.state.preset is not None:  # again, now that the engine's features are known
+            self.presets.apply_preset(self.state.preset.path)
         else:
-            self._push_config()
+            self.push_config()
 
     def _on_quantized(self, bits: int, _num_kv_blocks: int) -> None:
-        self.engine_bits = bits
+        self.state.engine_bits = bits
         self.window.show_message(f"weights are now {bits}-bit")
 
     def on_load_failed(self, message: str) -> None:
@@ -112,118 +91,127 @@ class AppController(PresetActions, QObject):
         self.host.cancel_measurement()
 
     def _grey_out_features(self) -> None:
-        """Controls and panels the source's capabilities do not cover say so (before loading: nothing is
-        known yet, so they wait greyed out)."""
-        caps, source = self.capabilities, self.source_name
-        controls = self.panels["controls"]
-        for name, (cap, what) in FEATURE_CONTROLS.items():
-            on = cap in caps
-            controls.set_feature_available(name, on, "" if on else f"{what}: not offered by {source}")
-        for name, label in KNOB_CONTROLS.items() if self.engine_ready else ():
-            on = name in caps.reconfigurable
-            controls.set_feature_available(name, on, "" if on else f"{label}: set when {source} starts; not "
-                                                                   "changeable from a client")
-        for panel, needs in PANEL_NEEDS.items() if self.engine_ready else ():
-            missing = [what for cap, what in needs if cap not in caps]
-            why = f"{' and '.join(missing)}: not exposed by {source}" if missing else ""
-            why = why[:1].upper() + why[1:]
-            if panel == "timeline" and missing and "client_timings" in caps:  # the Gantt chart stays live
-                self.panels[panel].set_available(True)
-                self.panels[panel].set_steps_note(why, GANTT_CLIENT_LEGEND.format(
-                    queued=phase_color("queued").name(), decode=phase_color("decode").name()))
-                continue
-            if panel == "timeline":
-                self.panels[panel].set_steps_note("")
-            self.panels[panel].set_available(not missing, why)
+        grey_out_features(self.panels, self.state.capabilities, self.state.source_name, self.state.engine_ready)
 
     # --- presets: app/gui/preset_actions.py --------------------------------------------------------
-    def _push_config(self) -> None:
-        knobs = {k: self.config[k] for k in SCHEDULING_KEYS if k in self.capabilities.reconfigurable}
-        if self._spec_live():
-            knobs.update(spec_method=self.spec_method, num_speculative_tokens=self.config["num_speculative_tokens"])
+    # read-only views of the shared state and the presets' verbs, for the menus, launch and tests
+    @property
+    def preset(self):
+        return self.state.preset
+
+    @property
+    def presets_dir(self):
+        return self.state.presets_dir
+
+    @property
+    def engine_ready(self) -> bool:
+        return self.state.engine_ready
+
+    @property
+    def config(self) -> dict:
+        return self.state.config
+
+    @property
+    def measuring(self) -> bool:
+        return self.state.measuring
+
+    def apply_preset(self, name_or_path) -> bool:
+        return self.presets.apply_preset(name_or_path)
+
+    def step_preset(self, delta: int) -> None:
+        self.presets.step_preset(delta)
+
+    def measure_comparison(self, every_preset: bool = False) -> None:
+        self.presets.measure_comparison(every_preset)
+
+    def push_config(self) -> None:
+        knobs = {k: self.state.config[k] for k in SCHEDULING_KEYS if k in self.state.capabilities.reconfigurable}
+        if self.presets.spec_live():
+            knobs.update(spec_method=self.state.spec_method,
+                         num_speculative_tokens=self.state.config["num_speculative_tokens"])
         self.host.reconfigure(**knobs)
-        self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
+        self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
     def set_chunked_prefill(self, on: bool) -> None:
         self._on_config_changed({"enable_chunked_prefill": bool(on)})
 
     def set_compiled(self, on: bool) -> None:
         self._on_config_changed({"compile": bool(on)})
-        if on and self.engine_ready:
+        if on and self.state.engine_ready:
             self.window.show_message("torch.compile on: the next steps compile the dense layers (tens of "
                                      "seconds on a CPU), then run the fused kernels")
 
-    def _sync_actions(self) -> None:
+    def sync_actions(self) -> None:
         for name, key in (("chunked", "enable_chunked_prefill"), ("compile", "compile")):
             action = self.window.actions_by_name.get(name)
             if action is not None:
-                action.setChecked(bool(self.config[key]))
+                action.setChecked(bool(self.state.config[key]))
 
     def _on_config_changed(self, values: dict) -> None:
-        if self.engine_ready:
+        if self.state.engine_ready:
             self._on_feature_knobs(values)
-        changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.config.get(k) != v}
-        fixed = [k for k in changes if self.engine_ready and k not in self.capabilities.reconfigurable]
+        changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.state.config.get(k) != v}
+        fixed = [k for k in changes if self.state.engine_ready and k not in self.state.capabilities.reconfigurable]
         if fixed:  # a preset's cue on an attached server: say so, change nothing there
-            self.window.show_message(f"{', '.join(_LABELS[k] for k in fixed)}: set when {self.source_name} starts; "
-                                     "not changeable from a client")
+            self.window.show_message(f"{', '.join(_LABELS[k] for k in fixed)}: set when {self.state.source_name} "
+                                     "starts; not changeable from a client")
             changes = {k: v for k, v in changes.items() if k not in fixed}
         if not changes:
             return
-        if not self.engine_ready:  # loading: on_loaded sends the whole configuration
-            self.config.update(changes)
-            self._sync_actions()
+        if not self.state.engine_ready:  # loading: on_loaded sends the whole configuration
+            self.state.config.update(changes)
+            self.sync_actions()
             return
         try:
             self.host.reconfigure(**changes)
         except (ValueError, RuntimeError) as exc:
             self.error(str(exc))
             return
-        text = ", ".join(f"{_LABELS[k]} {_show(self.config[k])} → {_show(v)}" for k, v in changes.items())
-        self.config.update(changes)
-        self._sync_actions()
-        self.panels["timeline"].mark_config_change(text)
-        self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
+        text = ", ".join(f"{_LABELS[k]} {_show(self.state.config[k])} → {_show(v)}" for k, v in changes.items())
+        self.state.config.update(changes)
+        self.sync_actions()
+        self.panels.timeline.mark_config_change(text)
+        self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
     def _on_feature_knobs(self, values: dict) -> None:
         """Weight bits requantize in the engine thread; KV cache bits and a new draft length rebuild
         the engine (the KV cache is allocated with its dtype)."""
-        kv_bits = values.get("kv_cache_bits", self.config["kv_cache_bits"])
-        if kv_bits != self.config["kv_cache_bits"] and "rebuild" in self.capabilities:
-            self.panels["timeline"].mark_config_change(f"KV cache {self.config['kv_cache_bits']} → {kv_bits}-bit")
-            self.config["kv_cache_bits"] = kv_bits
-            self._rebuild({"kv_cache_dtype": kv_cache_dtype(kv_bits)}, knob=True)
+        kv_bits = values.get("kv_cache_bits", self.state.config["kv_cache_bits"])
+        if kv_bits != self.state.config["kv_cache_bits"] and self.state.capabilities.rebuild:
+            self.panels.timeline.mark_config_change(f"KV cache {self.state.config['kv_cache_bits']} → {kv_bits}-bit")
+            self.state.config["kv_cache_bits"] = kv_bits
+            self.presets.rebuild({"kv_cache_dtype": kv_cache_dtype(kv_bits)}, knob=True)
             return
-        bits = values.get("quant_bits", self.config["quant_bits"])
-        if bits != self.config["quant_bits"] and "quantization" in self.capabilities:
-            self.panels["timeline"].mark_config_change(f"weights {self.config['quant_bits']} → {bits}-bit")
-            self.config["quant_bits"] = bits
+        bits = values.get("quant_bits", self.state.config["quant_bits"])
+        if bits != self.state.config["quant_bits"] and self.state.capabilities.quantization:
+            self.panels.timeline.mark_config_change(f"weights {self.state.config['quant_bits']} → {bits}-bit")
+            self.state.config["quant_bits"] = bits
             self.host.quantize(bits)
-            self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
-        k = values.get("num_speculative_tokens", self.config["num_speculative_tokens"])
-        before = self.config["num_speculative_tokens"]
-        if k != before and "speculative" in self.capabilities:
-            self.config["num_speculative_tokens"] = k
-            self.spec_method = (self.spec_method or "ngram") if k else None
-            if not self._spec_live():
-                self._rebuild({"spec_method": self.spec_method, "num_speculative_tokens": k}, knob=True)
+            self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
+        k = values.get("num_speculative_tokens", self.state.config["num_speculative_tokens"])
+        before = self.state.config["num_speculative_tokens"]
+        if k != before and self.state.capabilities.speculative:
+            self.state.config["num_speculative_tokens"] = k
+            self.state.spec_method = (self.state.spec_method or SpecMethod.NGRAM) if k else None
+            if not self.presets.spec_live():
+                self.presets.rebuild({"spec_method": self.state.spec_method, "num_speculative_tokens": k}, knob=True)
                 return
-            self.host.reconfigure(spec_method=self.spec_method, num_speculative_tokens=k)
-            self.panels["timeline"].mark_config_change(f"draft length {before} → {k}")
-            self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
+            self.host.reconfigure(spec_method=self.state.spec_method, num_speculative_tokens=k)
+            self.panels.timeline.mark_config_change(f"draft length {before} → {k}")
+            self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
     def _on_budget_changed(self, ttft_s: float, tpot_s: float) -> None:
-        self.panels["latency"].set_budget(ttft_s, tpot_s)
+        self.panels.latency.set_budget(ttft_s, tpot_s)
 
     def set_arrival_rate(self, rate: float) -> None:
-        self.arrival_rate = rate
+        self.state.arrival_rate = rate
         self.host.set_arrival_rate(rate)
-        self.meter.set_config({**self.config, "arrival_rate": rate})
+        self.meter.set_config({**self.state.config, "arrival_rate": rate})
 
     def apply_knobs(self, knobs: dict) -> None:
         """Turn knobs as the sliders would (a preset's cue), and show the sliders where they now are."""
         self._on_config_changed(knobs)
-        self.panels["controls"].set_values({k: v for k, v in self.config.items() if k in knobs})
+        self.panels.controls.set_values({k: v for k, v in self.state.config.items() if k in knobs})
 
     def next_cue(self) -> None:
         self.cues.next_cue()
@@ -231,26 +219,26 @@ class AppController(PresetActions, QObject):
     def set_load_running(self, running: bool) -> None:
         if not running:
             self.cues.stop()
-        elif self.preset is not None and self.preset.cues and not self.cues.running:
-            self.cues.start(self.preset.cues, self.preset.cue_period_s)
+        elif self.state.preset is not None and self.state.preset.cues and not self.cues.running:
+            self.cues.start(self.state.preset.cues, self.state.preset.cue_period_s)
         self.load_running = running
         (self.host.start_load if running else self.host.stop_load)()
-        self.panels["controls"].set_load_running(running)
+        self.panels.controls.set_load_running(running)
         self.window.show_message("load generator running" if running else "load generator stopped")
 
     def toggle_load(self) -> None:
         self.set_load_running(not self.load_running)
 
     def burst(self, n: int | None = None) -> None:
-        n = n if n is not None else self.panels["controls"].snapshot_data()["values"]["burst_size"]
+        n = n if n is not None else self.panels.controls.snapshot_data()["values"]["burst_size"]
         self.host.burst(int(n))
         self.window.show_message(f"burst of {int(n)} long prompts")
 
     def ask_every_adapter(self, prompt: str) -> None:
         """One prompt to the base model and every LoRA adapter at once; the LoRA panel shows the answers."""
-        if self.host.info is None or "lora" not in self.capabilities:
+        if self.host.info is None or not self.state.capabilities.lora:
             self.window.show_message("the model is still loading" if self.host.info is None
-                                     else f"multi-LoRA serving is not offered by {self.source_name}")
+                                     else f"multi-LoRA serving is not offered by {self.state.source_name}")
             return
         self.host.ask_every_adapter(prompt, chat=bool(self.host.info.has_chat_template))
         self.window.docks["lora"].show()
@@ -262,7 +250,7 @@ class AppController(PresetActions, QObject):
         self.host.reset()
         self.cues.stop()
         self.load_running = False
-        self.panels["controls"].set_load_running(False)
+        self.panels.controls.set_load_running(False)
         self.window.show_message("reset: load stopped, requests aborted, panels cleared")
 
     def submit(self, prompt: str, chat: bool) -> None:
@@ -280,8 +268,9 @@ class AppController(PresetActions, QObject):
 
     # --- sweep --------------------------------------------------------------------------------
     def run_sweep(self, spec: SweepSpec | None = None) -> None:
-        if self.engine_ready and "sweep" not in self.capabilities:
-            self.window.show_message(f"the tradeoff sweep runs the embedded engine; not offered by {self.source_name}")
+        if self.state.engine_ready and not self.state.capabilities.sweep:
+            self.window.show_message("the tradeoff sweep runs the embedded engine; not offered by "
+                                     f"{self.state.source_name}")
             return
         if not self.host.loaded:
             self.window.show_message("the model is still loading")
@@ -296,13 +285,13 @@ class AppController(PresetActions, QObject):
     def _on_busy(self, text: str, fraction) -> None:
         self.engine_busy = bool(text)
         if not text:
-            self.measuring = False
-        self.panels["controls"].set_busy(text or None, fraction)
+            self.state.measuring = False
+        self.panels.controls.set_busy(text or None, fraction)
         if text:
             self.window.show_message(text)
 
     def _on_sweep_progress(self, text: str, fraction: float) -> None:
-        controls = self.panels["controls"]
+        controls = self.panels.controls
         if text:
             controls.set_busy(text, fraction)
             self.window.show_message(text)

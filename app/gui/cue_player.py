@@ -75,12 +75,12 @@ class CuePlayer(QObject):
         if cue.ask:
             ctl.ask_every_adapter(cue.ask)
         text = cue.describe()
-        fixed = [k for k in knobs if ctl.engine_ready and k not in ctl.capabilities.reconfigurable]
+        fixed = [k for k in knobs if ctl.engine_ready and k not in ctl.state.capabilities.reconfigurable]
         if fixed:  # an attached server keeps its own settings: the cue must not claim otherwise
-            text += f" — not on {ctl.source_name}: {', '.join(fixed)} is the server's own setting"
-        elif ctl.engine_ready and "client_timings" in ctl.capabilities:
-            text += f" (on {ctl.source_name}: with the server's own scheduling settings)"
+            text += f" — not on {ctl.state.source_name}: {', '.join(fixed)} is the server's own setting"
+        elif ctl.engine_ready and ctl.state.capabilities.client_timings:
+            text += f" (on {ctl.state.source_name}: with the server's own scheduling settings)"
         self.played.append(text)
         ctl.caption.set_cue(text)
-        ctl.panels["timeline"].mark_config_change(f"cue: {text}")
+        ctl.panels.timeline.mark_config_change(f"cue: {text}")
         ctl.window.show_message(f"cue: {text}")

@@ -5,15 +5,16 @@ import csv
 import json
 from pathlib import Path
 
+from app.gui.panels import Panels
 from app.gui.trace_recorder import TraceRecorder
 
 
-def export_pngs(widgets: dict, window, folder: str | Path) -> list[Path]:
+def export_pngs(panels: Panels, window, folder: str | Path) -> list[Path]:
     """window.png and one <panel>.png per panel (its current picture, whatever its size)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, widget in {"window": window, **widgets}.items():
+    for name, widget in (("window", window), *panels.items()):
         if hasattr(widget, "flush"):
             widget.flush()
         path = folder / f"{name}.png"
@@ -36,7 +37,7 @@ def flatten(data, prefix: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-def export_csv(panels: dict, recorder: TraceRecorder, folder: str | Path) -> list[Path]:
+def export_csv(panels: Panels, recorder: TraceRecorder, folder: str | Path) -> list[Path]:
     """steps.csv and requests.csv (the run's history) and panels.csv (every panel's snapshot_data)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

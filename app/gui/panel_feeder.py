@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
+from app.gui.panels import Panels
 from app.gui.trace_recorder import TraceRecorder
 from app.source import channel
 from app.tradeoff.roofline_feed import RooflineFeed
@@ -50,7 +51,7 @@ class PanelFeeder(QObject):
     sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
     sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
 
-    def __init__(self, panels: dict, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
+    def __init__(self, panels: Panels, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
         super().__init__(parent)
         self.panels = panels
         self.meter = meter
@@ -65,7 +66,7 @@ class PanelFeeder(QObject):
         self.num_steps = 0
         self._last_tab = 0.0
         self._points: dict = {}  # tradeoff label -> latest measured point
-        self.roofline = RooflineFeed(panels["roofline"])
+        self.roofline = RooflineFeed(panels.roofline)
         self._handlers = {  # channel item type -> handler
             EngineStepEvent: self._on_step,
             MemorySnapshot: self._on_memory,
@@ -73,22 +74,22 @@ class PanelFeeder(QObject):
             channel.LoadStream: self._add_load_stream,
             channel.Reset: self._on_reset,
             channel.SweepProgress: lambda p: self.sigSweepProgress.emit(p.text, p.fraction),
-            channel.SweepPoint: lambda p: self.panels["tradeoff"].add_sweep_point(p.point),
+            channel.SweepPoint: lambda p: self.panels.tradeoff.add_sweep_point(p.point),
             channel.SweepDone: self._on_sweep_done,
             channel.ComparisonResult: lambda c: self.sigComparison.emit(c.preset, c.result),
-            channel.RooflineAtLoad: lambda r: self.roofline.on_loaded(r.payload, self.panels["tradeoff"]),
+            channel.RooflineAtLoad: lambda r: self.roofline.on_loaded(r.payload, self.panels.tradeoff),
             channel.Message: lambda m: self.sigMessage.emit(m.text),
             channel.Busy: lambda b: self.sigBusy.emit(b.text, b.fraction),
             # kept across resets and rebuilds: the weights keep their bits
-            channel.QuantError: lambda q: self.panels["quant"].set_report(q.bits, dict(q.errors)),
+            channel.QuantError: lambda q: self.panels.quant.set_report(q.bits, dict(q.errors)),
             channel.Quantized: lambda q: self.sigQuantized.emit(q.bits, q.num_kv_blocks),
             channel.Perplexity: self._on_perplexity,
-            channel.LoraAdapters: lambda a: self.panels["lora"].set_adapters([AdapterRow(**r) for r in a.adapters]),
-            channel.SideBySide: lambda s: self.panels["lora"].begin_side_by_side(dict(s.assignments)),
+            channel.LoraAdapters: lambda a: self.panels.lora.set_adapters([AdapterRow(**r) for r in a.adapters]),
+            channel.SideBySide: lambda s: self.panels.lora.begin_side_by_side(dict(s.assignments)),
             # an attached server (app/remote/source.py): its /metrics, and its streams as the client timed them
-            channel.ServerSample: lambda s: self.panels["server"].set_facts(facts_dict(s.facts)),
+            channel.ServerSample: lambda s: self.panels.server.set_facts(facts_dict(s.facts)),
             channel.ServerStatus: self._on_server_status,
-            channel.ClientSent: lambda c: self.panels["timeline"].request_arrived(c.request_id, c.t),
+            channel.ClientSent: lambda c: self.panels.timeline.request_arrived(c.request_id, c.t),
             channel.ClientOutput: self._on_client_output,
             channel.ClientFinished: self._on_client_finished,
         }
@@ -101,7 +102,7 @@ class PanelFeeder(QObject):
         self._user.add(request_id)
         self._streams[request_id] = _Shown()
         self._followed = request_id
-        self.panels["tokens"].add_stream(request_id, title, prompt)
+        self.panels.tokens.add_stream(request_id, title, prompt)
 
     def _add_load_stream(self, item: channel.LoadStream) -> None:
         request_id = item.request_id
@@ -121,13 +122,13 @@ class PanelFeeder(QObject):
         activate = followed is None or (followed.finished and self._followed not in self._user)
         if activate:
             self._followed = request_id
-        self.panels["tokens"].add_stream(request_id, f"{request_id} ({item.kind})", item.prompt_tail,
+        self.panels.tokens.add_stream(request_id, f"{request_id} ({item.kind})", item.prompt_tail,
                                          activate=activate, adapter=item.lora_name)
 
     def _drop(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._user.discard(request_id)
-        self.panels["tokens"].remove_stream(request_id)
+        self.panels.tokens.remove_stream(request_id)
 
     # --- the drain ----------------------------------------------------------------------------
     def feed(self, items: list) -> None:
@@ -155,7 +156,7 @@ class PanelFeeder(QObject):
 
     def _on_sweep_done(self, done: channel.SweepDone) -> None:
         if done.result:
-            self.panels["tradeoff"].set_sweep(done.result)
+            self.panels.tradeoff.set_sweep(done.result)
         self.sigSweepProgress.emit("", 1.0)
 
     def _on_perplexity(self, item: channel.Perplexity) -> None:
@@ -165,12 +166,12 @@ class PanelFeeder(QObject):
 
     def _on_step(self, event: EngineStepEvent) -> None:
         self.num_steps += 1
-        tokens = self.panels["tokens"]
+        tokens = self.panels.tokens
         self.recorder.add(event)
         self.roofline.add(event.stats)
         self._timeline_pending.append(event)
         self._latency_pending.append(event)
-        lora = self.panels["lora"]
+        lora = self.panels.lora
         if event.lora_pool is not None or event.lora_events:
             lora.add_step(event.stats, event.lora_events, event.lora_pool)
         for out in event.outputs:
@@ -184,35 +185,35 @@ class PanelFeeder(QObject):
             shown.finished = shown.finished or out.finished
             shown.dirty = True
         if event.spec is not None:
-            self.panels["spec"].add_spec_stats(event.spec)
+            self.panels.spec.add_spec_stats(event.spec)
         point = self.meter.add(event)
         if point is not None:
-            self.panels["tradeoff"].add_point(point)
-            self.panels["tradeoff"].set_current(point.label)
+            self.panels.tradeoff.add_point(point)
+            self.panels.tradeoff.set_current(point.label)
             self._points[point.label] = point
             self._update_measured_speedup(point)
 
     def _on_server_status(self, status: channel.ServerStatus) -> None:
-        self.panels["server"].set_status(status.state, status.text)
+        self.panels.server.set_status(status.state, status.text)
         self.sigServerStatus.emit(status.state, status.text)
 
     def _on_client_output(self, item: channel.ClientOutput) -> None:
         out = item.output
         shown = self._streams.get(out.request_id)
         if shown is not None:
-            self.panels["tokens"].append_output(out)
+            self.panels.tokens.append_output(out)
             shown.ttft_s, shown.tokens_per_s = out.ttft_s, out.tokens_per_s  # measured on arrival
             shown.finished = shown.finished or out.finished
             shown.dirty = True
         if item.num_tokens:
-            self.panels["latency"].add_tokens(item.t, item.t, item.num_tokens)
-            self.panels["timeline"].request_span(out.request_id, item.t, item.t, "decode")
+            self.panels.latency.add_tokens(item.t, item.t, item.num_tokens)
+            self.panels.timeline.request_span(out.request_id, item.t, item.t, "decode")
 
     def _on_client_finished(self, item: channel.ClientFinished) -> None:
         tl = item.timeline
-        self.panels["timeline"].request_finished(tl.request_id, tl.finished, tl.finish_reason)
-        self.panels["latency"].add_finished(tl)
-        self.panels["server"].add_client_timings(tl.ttft, tl.e2e if tl.first_token is not None else None,
+        self.panels.timeline.request_finished(tl.request_id, tl.finished, tl.finish_reason)
+        self.panels.latency.add_finished(tl)
+        self.panels.server.add_client_timings(tl.ttft, tl.e2e if tl.first_token is not None else None,
                                                  item.inter_token_s)
         if item.error and tl.request_id in self._user:
             self.sigMessage.emit(f"{tl.request_id}: {item.error}")
@@ -227,9 +228,9 @@ class PanelFeeder(QObject):
         if (self._memory or self._blocks) and (force or now - self._memory_fed >= MEMORY_EVERY_S):
             self._memory_fed = now
             if self._memory is not None:
-                self.panels["memory"].set_memory(self._memory)
+                self.panels.memory.set_memory(self._memory)
             if self._blocks is not None:
-                self.panels["memory"].set_block_map(self._blocks)
+                self.panels.memory.set_block_map(self._blocks)
             self._memory = self._blocks = None
 
     def _update_measured_speedup(self, point) -> None:
@@ -241,7 +242,7 @@ class PanelFeeder(QObject):
         plain = {**point.config, "num_speculative_tokens": 0}
         base = next((p for p in self._points.values() if p.config == plain), None)
         if base is not None and base.tokens_per_s_per_user > 0:
-            self.panels["spec"].set_measured_speedup(point.tokens_per_s_per_user / base.tokens_per_s_per_user)
+            self.panels.spec.set_measured_speedup(point.tokens_per_s_per_user / base.tokens_per_s_per_user)
 
     def _feed_plots(self, force: bool = False) -> None:
         """The plot panels get their events in batches (TIMELINE_EVERY_S, LATENCY_EVERY_S): a panel
@@ -249,7 +250,7 @@ class PanelFeeder(QObject):
         now = time.perf_counter()
         if self._timeline_pending and (force or now - self._timeline_fed >= TIMELINE_EVERY_S):
             self._timeline_fed = now
-            timeline = self.panels["timeline"]
+            timeline = self.panels.timeline
             for event in self._timeline_pending:
                 for rid, t_arrival, _n in event.arrived:
                     timeline.request_arrived(rid, t_arrival)
@@ -261,7 +262,7 @@ class PanelFeeder(QObject):
             self._timeline_pending.clear()
         if self._latency_pending and (force or now - self._latency_fed >= LATENCY_EVERY_S):
             self._latency_fed = now
-            latency = self.panels["latency"]
+            latency = self.panels.latency
             for event in self._latency_pending:
                 latency.add_step(event.stats)
                 for tl in event.finished:
@@ -269,7 +270,7 @@ class PanelFeeder(QObject):
             self._latency_pending.clear()
 
     def _push_timings(self) -> None:
-        tokens = self.panels["tokens"]
+        tokens = self.panels.tokens
         for rid, shown in self._streams.items():
             if shown.dirty:
                 shown.dirty = False
@@ -278,8 +279,9 @@ class PanelFeeder(QObject):
     def clear(self) -> None:
         """Empty every data panel (not the controls, not the tradeoff points: they are history; not the
         quantization error: the weights keep their bits through a reset or a rebuild)."""
-        for name in ("tokens", "memory", "timeline", "latency", "spec", "lora", "server"):
-            self.panels[name].reset()
+        p = self.panels
+        for panel in (p.tokens, p.memory, p.timeline, p.latency, p.spec, p.lora, p.server):
+            panel.reset()
         self._streams.clear()
         self._user.clear()
         self._followed = None

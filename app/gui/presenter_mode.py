@@ -34,7 +34,7 @@ class PresenterMode(QObject):
         self._room_timer = QTimer(self)
         self._room_timer.setInterval(REBALANCE_MS)
         self._room_timer.timeout.connect(self.give_comparison_room)
-        window.panels["comparison"].sigShown.connect(lambda: QTimer.singleShot(0, self.give_comparison_room))
+        window.panels.comparison.sigShown.connect(lambda: QTimer.singleShot(0, self.give_comparison_room))
 
     def set(self, on: bool, full_screen: bool = True, screen_height: int | None = None) -> None:
         """Enter or leave; full screen unless `full_screen` is False (headless screenshots at a given
@@ -69,8 +69,8 @@ class PresenterMode(QObject):
         for panel in w.panels.values():  # the charts too, not only the caption: fonts, lines, markers
             if isinstance(panel, Panel):
                 panel.set_presenter_scale(plot_scale)
-        w.panels["comparison"].set_chart_first(on)
-        w.panels["comparison"].setMinimumHeight(int(PRESENTER_COMPARISON_SHARE * screen_h) if on else 0)
+        w.panels.comparison.set_chart_first(on)
+        w.panels.comparison.setMinimumHeight(int(PRESENTER_COMPARISON_SHARE * screen_h) if on else 0)
         self.show_panels(self._shown)
 
     def show_panels(self, names: tuple[str, ...]) -> None:

@@ -19,8 +19,8 @@ GROWN_TO = 4  # ... and at least this many waiting at the end: a queue that grow
 def sample(window) -> dict:
     """What the room sees now: the queue (timeline), latency and goodput (latency panel)."""
     window.flush_panels()
-    timeline = window.panels["timeline"].snapshot_data()
-    latency = window.panels["latency"].snapshot_data()
+    timeline = window.panels.timeline.snapshot_data()
+    latency = window.panels.latency.snapshot_data()
     last = timeline.get("last") or {}
     within, n = latency.get("num_within_budget"), latency.get("num_in_window")
     return {"waiting": last.get("waiting"), "running": last.get("running"), "step_ms": timeline.get("step_ms"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def connect_tradeoff(controller) -> None:
-    panel = controller.panels["tradeoff"]
+    panel = controller.panels.tradeoff
     panel.sigApply.connect(lambda config: apply_config(controller, config))
     panel.sigExport.connect(lambda: export_dialog(controller))
 
@@ -15,7 +15,7 @@ def apply_config(controller, config: dict) -> None:
     if not controller.engine_ready:
         controller.window.show_message("the model is still loading")
         return
-    controller.panels["controls"].set_values(config)  # the sliders show it, without emitting
+    controller.panels.controls.set_values(config)  # the sliders show it, without emitting
     controller._on_config_changed(dict(config))
     controller.window.show_message("applied from the tradeoff plot: " + ", ".join(
         f"{k} {v}" for k, v in config.items()))
@@ -35,5 +35,5 @@ def export_dialog(controller) -> None:
     path, _ = QFileDialog.getSaveFileName(controller.window, "Export the tradeoff plot (CSV and PNG)",
                                           "tradeoff.csv", "CSV (*.csv)")
     if path:
-        csv_path, png_path = export_files(controller.panels["tradeoff"], path)
+        csv_path, png_path = export_files(controller.panels.tradeoff, path)
         controller.window.show_message(f"exported {csv_path} and {png_path}")

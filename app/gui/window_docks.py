@@ -3,47 +3,22 @@ rarer panels tabbed behind the common ones (a preset raises its own; presenter m
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow
 
-from app.talk.knob_defaults import knob_defaults
-from widgets import (
-    ControlsPanel,
-    LatencyPanel,
-    MemoryPanel,
-    QuantErrorPanel,
-    RooflinePanel,
-    SpecPanel,
-    TimelinePanel,
-    TokenStreamPanel,
-    TradeoffPanel,
-)
-from widgets.comparison import ComparisonPanel
-from widgets.lora_panel import LoraPanel
-from widgets.server_panel import ServerPanel
+from app.gui.panels import Panels
+from app.talk.panel_specs import PANEL_BY_NAME
 
-PANEL_TITLES = {
-    "controls": "Controls", "tokens": "Token stream", "memory": "Memory", "timeline": "Batch && queue timeline",
-    "latency": "Latency", "spec": "Speculative decoding", "tradeoff": "Speed · cost · quality",
-    "quant": "Quantization error", "comparison": "Measured comparison", "roofline": "Roofline",
-    "lora": "LoRA adapters",
-    "server": "Server (/metrics)",
-}
+# the panels the arrangement below places by name; any other panel of the table is tabbed behind latency
+ARRANGED = frozenset({"controls", "tokens", "memory", "tradeoff", "timeline", "latency", "spec", "quant", "roofline",
+                      "lora", "server", "comparison"})
 
 
-def make_panels() -> dict[str, QWidget]:
-    return {"controls": ControlsPanel(defaults=knob_defaults()), "tokens": TokenStreamPanel(max_streams=16),
-            "memory": MemoryPanel(),
-            "timeline": TimelinePanel(), "latency": LatencyPanel(), "spec": SpecPanel(),
-            "tradeoff": TradeoffPanel(), "quant": QuantErrorPanel(), "comparison": ComparisonPanel(),
-            "roofline": RooflinePanel(), "lora": LoraPanel(), "server": ServerPanel()}
-
-
-def build_docks(window: QMainWindow, panels: dict[str, QWidget]) -> dict[str, QDockWidget]:
+def build_docks(window: QMainWindow, panels: Panels) -> dict[str, QDockWidget]:
     """Put each panel in a dock of `window`, in the default arrangement; returns the docks by name."""
     window.setDockNestingEnabled(True)
     docks: dict[str, QDockWidget] = {}
     for name, panel in panels.items():
-        dock = QDockWidget(PANEL_TITLES[name], window)
+        dock = QDockWidget(PANEL_BY_NAME[name].title, window)
         dock.setObjectName(f"dock-{name}")
         dock.setWidget(panel)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
@@ -64,6 +39,8 @@ def build_docks(window: QMainWindow, panels: dict[str, QWidget]) -> dict[str, QD
     window.tabifyDockWidget(d["latency"], d["lora"])
     window.tabifyDockWidget(d["memory"], d["server"])  # an attached server's panel, where its memory is not
     window.tabifyDockWidget(d["tradeoff"], d["comparison"])  # raised by every preset with a [compare]
+    for name in [n for n in docks if n not in ARRANGED]:  # a new panel not placed above: behind latency
+        window.tabifyDockWidget(d["latency"], d[name])
     d["latency"].raise_()
     d["tradeoff"].raise_()
     d["memory"].raise_()

@@ -7,6 +7,7 @@ import sys
 
 from app.device_args import device_options
 from engine.core.policies import POLICIES
+from engine.knobs import KNOB
 
 
 def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
@@ -18,10 +19,13 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $INFERLAB_API_KEY, else none)")
     p.add_argument("--metrics-require-key", action="store_true",
                    help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
+    p.add_argument("--max-num-seqs", type=int, default=KNOB["max_num_seqs"].default,
+                   help="requests in the running batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=KNOB["max_num_batched_tokens"].default,
+                   help="token budget of one step")
     p.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one piece")
-    p.add_argument("--policy", default="fcfs", choices=sorted(POLICIES), help="which waiting request goes next")
+    p.add_argument("--policy", default=KNOB["policy"].default, choices=sorted(POLICIES),
+                   help="which waiting request goes next")
     p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
     p.add_argument("--max-predicted-wait", type=float, default=None, metavar="SECONDS",
                    help="refuse (429) when the predicted queue wait exceeds this")

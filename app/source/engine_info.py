@@ -33,6 +33,8 @@ class Capabilities:
         return frozenset(f.name for f in fields(self) if f.type == "bool" and getattr(self, f.name) is True)
 
     def __contains__(self, name: object) -> bool:
+        """By name only where the name is data (a panel's needs, a preset's features); code reads the
+        attribute (`capabilities.lora`), so a misspelt capability fails at once."""
         return name in self.names()
 
 
@@ -84,5 +86,5 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config={k: getattr(cfg, k) for k in cfg.__slots__}, weights_origin=e.weights_origin,
+                      config=cfg.knob_values(), weights_origin=e.weights_origin,
                       compute=e.compute_line(), compute_short=e.compute_line(short=True))

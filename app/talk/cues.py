@@ -25,10 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.knobs import KNOB
+
 # knobs a cue may set, with the check of their values (the controller applies them like the sliders do)
 CUE_KNOBS = {
-    "enable_chunked_prefill": bool, "max_num_seqs": int, "max_num_batched_tokens": int, "policy": str,
-    "num_speculative_tokens": int, "arrival_rate": float, "compile": bool,
+    **{name: KNOB[name].type for name in ("enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens", "policy",
+                                          "num_speculative_tokens")},
+    "arrival_rate": float, "compile": KNOB["compile"].type,
 }
 
 

@@ -31,7 +31,8 @@ from app.load.generator import LoadConfig
 from app.talk.compare.spec import CompareSpec, CompareSpecError, parse_compare
 from app.talk.compare.toml_lines import compare_line
 from app.talk.cues import Cue, parse_cues
-from engine.core.policies import POLICIES
+from app.talk.panel_specs import PANEL_NAMES
+from engine.knobs import KNOB
 
 try:
     import tomllib
@@ -39,8 +40,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
-PANEL_NAMES = ("controls", "tokens", "memory", "timeline", "latency", "spec", "tradeoff", "quant", "comparison",
-               "roofline", "lora")
 
 
 class PresetError(ValueError):
@@ -81,10 +80,13 @@ def _text(v):
     return v.strip()
 
 
-def _choice(*options) -> Callable:
+def _knob(name: str) -> Callable:
+    knob = KNOB[name]
+
     def check(v):
-        if v not in options:
-            raise ValueError(f"expected one of {', '.join(repr(o) for o in options)}")
+        why = knob.problem(v, app=True)
+        if why:
+            raise ValueError(why)
         return v
     return check
 
@@ -110,14 +112,12 @@ def _panels(v):
 
 SCHEMA: dict[str, dict[str, tuple[Callable, object]]] = {  # section -> key -> (check, default)
     "preset": {"title": (_text, None), "caption": (_text, None), "panels": (_panels, ())},
-    "engine": {
-        "max_num_seqs": (_int(1, 256), 64), "max_num_batched_tokens": (_int(16, 8192), 512),
-        "enable_chunked_prefill": (_bool, True), "policy": (_choice(*POLICIES), "fcfs"),
-        "quant_bits": (_choice(16, 8, 4), 16), "quant_group_size": (_choice(32, 64, 128), None),
-        "num_speculative_tokens": (_int(0, 8), 0),
-        "spec_method": (_choice("draft", "ngram", "mtp"), None), "compile": (_bool, False),
-        "max_loras": (_int(0, 64), 0),
-        "num_kv_blocks": (_int(16, 1_000_000), None),  # None: what the app started with; else a reload
+    "engine": {  # checked against the engine's knob table (engine/knobs.py), in the ranges the app offers
+        **{name: (_knob(name), KNOB[name].default) for name in (
+            "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "quant_bits",
+            "num_speculative_tokens", "spec_method", "compile", "max_loras",
+            "num_kv_blocks")},  # num_kv_blocks None: what the app started with; else a reload
+        "quant_group_size": (_knob("quant_group_size"), None),  # None: the engine's own
     },
     "workload": {
         "arrival_rate": (_number(0.0), 2.0), "burst": (_int(0, 256), 0), "burst_size": (_int(1, 256), 16),

@@ -24,6 +24,7 @@ from app.tradeoff.sweep_point import Workload, measure_point, point_figures
 from engine.config import EngineConfig
 from engine.perf.cost_model import calibrate, predicted_points
 from engine.perf.roofline import Roofs, step_verdict
+from engine.quant_formats import QUANT_BITS
 
 DEFAULT_PRICE_PER_HOUR = 2.50
 POINT_KEYS = ("batch", "bits", "draft")
@@ -32,7 +33,7 @@ POINT_KEYS = ("batch", "bits", "draft")
 @dataclass(frozen=True, slots=True)
 class SweepSpec:
     batches: tuple[int, ...] = (1, 8, 32)
-    bits: tuple[int, ...] = (16, 8, 4)
+    bits: tuple[int, ...] = QUANT_BITS
     drafts: tuple[int, ...] = (0, 4)
     # weights per 4-bit scale: 64, not 32. The default model comes from a Q4_1 GGUF (32-weight blocks):
     # requantizing onto that same grid measures almost no loss (ppl -0.0004 %), which is the file's, not 4 bits'

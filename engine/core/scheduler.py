@@ -12,34 +12,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.config import SchedulerConfig  # held by EngineConfig; the scheduler gets it whole
 from engine.core.block_manager import BlockManager
 from engine.core.policies import Policy, make_policy
 from engine.core.request import Request, RequestStatus
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """The scheduler's own knobs: a copy, replaced whole by Scheduler.reconfigure (never shared with
-    the engine's config, so a change lands between two schedule() calls, not in the middle of one)."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # the token budget of one step
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    max_loras: int = 0  # distinct LoRA adapters the running batch may hold (the device slots)
-
-    @classmethod
-    def of(cls, config) -> SchedulerConfig:
-        """The scheduling knobs of an EngineConfig."""
-        return cls(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                   config.policy, config.max_loras)
+from engine.events import StepKind
 
 
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_tokens: int  # tokens to run this step, starting at request.num_computed_tokens
-    kind: str  # "prefill", "decode" or "verify" (the last token + draft tokens)
+    kind: StepKind  # prefill, decode or verify (the last token + draft tokens)
 
 
 @dataclass(slots=True)
@@ -50,15 +34,15 @@ class SchedulerOutput:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "prefill")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.PREFILL)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "decode")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.DECODE)
 
     @property
     def num_verify_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == "verify")
+        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.VERIFY)
 
     @property
     def is_empty(self) -> bool:
@@ -114,10 +98,10 @@ class Scheduler:
                 continue
             if pending == 1 and n > 1:  # the last token plus n - 1 draft tokens, checked in one pass
                 del req.spec_token_ids[n - 1 :]
-                kind = "verify"
+                kind = StepKind.VERIFY
             else:
                 req.spec_token_ids.clear()
-                kind = "decode" if pending == 1 and not req.in_prompt else "prefill"
+                kind = StepKind.DECODE if pending == 1 and not req.in_prompt else StepKind.PREFILL
             out.scheduled.append(ScheduledRequest(req, n, kind))
             scheduled_ids.add(req.request_id)
             budget -= n
@@ -175,7 +159,8 @@ class Scheduler:
                 adapters.add(req.lora_id)
             # a prompt's tokens are a prefill however few are left (its last one after a prefix-cache hit):
             # they run on one path, so the K/V a prompt leaves do not depend on how it was split
-            out.scheduled.append(ScheduledRequest(req, n, "prefill" if remaining > 1 or req.in_prompt else "decode"))
+            out.scheduled.append(ScheduledRequest(req, n, StepKind.PREFILL if remaining > 1 or req.in_prompt
+                                                  else StepKind.DECODE))
             budget -= n
 
     def _reserve(self, req: Request, n: int, out: SchedulerOutput) -> bool:

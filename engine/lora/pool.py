@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from engine.events import LoraAdapterInfo, LoraPoolEvent, LoraPoolSnapshot
+from engine.events import LoraAdapterInfo, LoraEventKind, LoraPoolEvent, LoraPoolSnapshot
 from engine.lora.adapter import LoraAdapter, load_adapter
 from engine.lora.checks import check_name
 from engine.lora.modules import LoraModules
@@ -99,13 +99,13 @@ class LoraPool:
 
     # ---- the engine thread ---------------------------------------------------------------------
     def apply_add(self, adapter: LoraAdapter) -> None:
-        self._events.append(LoraPoolEvent("added", adapter.name))
+        self._events.append(LoraPoolEvent(LoraEventKind.ADDED, adapter.name))
         with self._lock:
             self._host[adapter.lora_id] = adapter
         self._trim_host()
 
     def apply_remove(self, lora_id: int, name: str) -> None:
-        self._events.append(LoraPoolEvent("removed", name))
+        self._events.append(LoraPoolEvent(LoraEventKind.REMOVED, name))
         self._retired.add(lora_id)
 
     def prepare_batch(self, scheduled: Iterable, running: Iterable, unfinished: Iterable) -> dict[int, str]:
@@ -179,7 +179,7 @@ class LoraPool:
             self._slots[slot] = adapter
             self._slot_of[lora_id] = slot
         self.num_loads += 1
-        self._events.append(LoraPoolEvent("load", adapter.name, slot, source, time.perf_counter() - t0))
+        self._events.append(LoraPoolEvent(LoraEventKind.LOAD, adapter.name, slot, source, time.perf_counter() - t0))
 
     def _free_slot(self, in_use: set[int]) -> int:
         free = set(range(self.max_loras)) - set(self._slots)
@@ -199,14 +199,14 @@ class LoraPool:
                 self._host[adapter.lora_id] = adapter
         self.modules.clear(slot)
         self.num_evictions += 1
-        self._events.append(LoraPoolEvent("evict", adapter.name, slot))
+        self._events.append(LoraPoolEvent(LoraEventKind.EVICT, adapter.name, slot))
         self._trim_host()
 
     def _trim_host(self) -> None:
         while len(self._host) > self.max_cpu_loras:
             with self._lock:
                 _, adapter = self._host.popitem(last=False)
-            self._events.append(LoraPoolEvent("drop", adapter.name))
+            self._events.append(LoraPoolEvent(LoraEventKind.DROP, adapter.name))
 
     def _collect_retired(self, live: set[int]) -> None:
         """Free what removed adapters held, once no unfinished request uses them."""

@@ -18,7 +18,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from engine.events import StepKind
 from engine.perf.roofline import Roofs
+from engine.quant_formats import QUANT_BITS, quant_format
 
 CONTEXT_TOKENS = 1024
 MEMORY_SHARE = 0.90
@@ -86,15 +88,15 @@ class Efficiency:
 
 def calibrate(roofs: Roofs, steps: list[tuple[str, int, int, float]]) -> Efficiency | None:
     """steps: (kind, flops, bytes, wall) of measured steps. None without both kinds."""
-    mem = [b / w / roofs.bandwidth_bytes_per_s for k, f, b, w in steps if k == "decode" and w > 0 and b > 0]
-    comp = [f / w / roofs.flops_roof() for k, f, b, w in steps if k == "prefill" and w > 0 and f > 0]
+    mem = [b / w / roofs.bandwidth_bytes_per_s for k, f, b, w in steps if k == StepKind.DECODE and w > 0 and b > 0]
+    comp = [f / w / roofs.flops_roof() for k, f, b, w in steps if k == StepKind.PREFILL and w > 0 and f > 0]
     if not mem or not comp:
         return None
     return Efficiency(min(1.0, statistics.median(mem)), min(1.0, statistics.median(comp)), len(mem), len(comp))
 
 
 def weights_bytes(model: ModelSpec, bits: int) -> int:
-    extra_bits = {16: 0.0, 8: 16 / model.hidden, 4: 1.0}[bits]  # scales (see the module docstring)
+    extra_bits = quant_format(bits).overhead_bits(model.hidden)  # scales (see the module docstring)
     return int(model.linear_params * (bits + extra_bits) / 8) + model.embed_params * 2
 
 
@@ -125,4 +127,4 @@ def predict(model: ModelSpec, device: DeviceSpec, bits: int, batch: int, eff: Ef
 
 def predicted_points(eff: Efficiency, price_per_hour: float, batches: tuple[int, ...] = (1, 32)) -> list[dict]:
     return [predict(m, d, bits, b, eff, price_per_hour)
-            for m in MODELS for d in DEVICES for bits in (16, 8, 4) for b in batches]
+            for m in MODELS for d in DEVICES for bits in QUANT_BITS for b in batches]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from engine.events import StepKind
 from engine.models.model_config import ModelConfig
 from engine.perf.step_cost import ModelShape, RequestWork, step_cost
 
@@ -43,7 +44,7 @@ class StepCounter:
         work = []
         for s in sched.scheduled:
             req = s.request
-            if s.kind == "verify":
+            if s.kind == StepKind.VERIFY:
                 rows = s.num_tokens
             else:
                 rows = 1 if req.num_computed_tokens + s.num_tokens == req.num_tokens else 0

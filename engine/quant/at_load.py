@@ -13,10 +13,11 @@ import torch
 from engine.config import EngineConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.weight_only import QUANTIZABLE, quantize_model
+from engine.quant_formats import quant_format
 
 
 def applies(config: EngineConfig, device: torch.device) -> bool:
-    return device.type != "cpu" and config.quant_bits != 16 and not config.quant_outlier_channels
+    return device.type != "cpu" and quant_format(config.quant_bits).quantized and not config.quant_outlier_channels
 
 
 class QuantizeAtLoad:

@@ -8,11 +8,14 @@ follows the other layers' bits (int4 with groups at 4 bits).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.models.layers.linear import Linear
+from engine.quant_formats import quant_format
 
 EMBED, HEAD = "embed_tokens", "lm_head"
 
@@ -41,20 +44,21 @@ class Int8Embedding(nn.Module):
 
 
 def embedding_modules(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
-                      quantize: bool, reference: bool = False) -> dict[str, nn.Module]:
+                      quantize: bool, quant_linear: Callable[..., nn.Module],
+                      reference: bool = False) -> dict[str, nn.Module]:
     """New embedding and head modules built from the original 16-bit tables: quantized when `quantize`
-    and bits < 16, else the originals restored (tied again where the model ties them)."""
-    from engine.quant.weight_only import QuantLinear  # quant imports this module's int8_rows
-
+    and `bits` name a quantized format, else the originals restored (tied again where the model ties them).
+    `quant_linear`: the quantized head's class (weight_only.QuantLinear, handed in by the caller, so this
+    module never imports weight_only, which imports it)."""
     tied = model.config.tie_word_embeddings
     emb_w = originals[EMBED]
-    if not quantize or bits == 16:
+    if not quantize or quant_format(bits).dense:
         emb = nn.Embedding.from_pretrained(emb_w, freeze=True)
         head = Linear(emb_w.shape[1], emb_w.shape[0])
         head.weight = emb.weight if tied else nn.Parameter(originals[HEAD], requires_grad=False)
         return {EMBED: emb, HEAD: head}
     if tied:
-        head = QuantLinear(emb_w, None, 8, group_size, reference=reference)
+        head = quant_linear(emb_w, None, 8, group_size, reference=reference)
         return {EMBED: Int8Embedding(head.qweight, head.scales), HEAD: head}
     return {EMBED: Int8Embedding(*int8_rows(emb_w, emb_w.dtype)),
-            HEAD: QuantLinear(originals[HEAD], None, bits, group_size, reference=reference)}
+            HEAD: quant_linear(originals[HEAD], None, bits, group_size, reference=reference)}

@@ -20,6 +20,7 @@ from engine.models.layers.linear import pack_linears, set_matmul_dtype, set_stre
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
+from engine.quant_formats import quant_format
 from engine.runner.memory import weights_bytes
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_blocks_after_requant, num_kv_blocks
@@ -55,7 +56,8 @@ class WeightsManager:
         self.originals = dict(done) | {n: w.to("cpu") if device.type != "cpu" else w
                                        for n, w in original_weights(model, skip=set(done)).items()}
         weights16 = weights_bytes(model) + (at_load.bytes_16bit - _module_bytes(model, done) if at_load else 0)
-        if config.quant_embeddings or (config.quant_bits != 16 and not at_load):  # layer by layer, each swapped in
+        # layer by layer, each swapped in
+        if config.quant_embeddings or (quant_format(config.quant_bits).quantized and not at_load):
             self.build_quantized(config, config.quant_bits, install=True)
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
@@ -83,7 +85,7 @@ class WeightsManager:
         group_size = group_size or config.quant_group_size
         n_out = config.quant_outlier_channels if outlier_channels is None else outlier_channels
         outliers = None
-        if n_out and bits != 16:
+        if n_out and quant_format(bits).quantized:
             if self._act_absmax is None:
                 self._act_absmax = {n: a.to("cpu") for n, a in self._calibrate().items()}
             outliers = outlier_channels_for(self._act_absmax, self.originals, n_out)
@@ -95,8 +97,7 @@ class WeightsManager:
                      outlier_channels: int | None = None, progress: Progress | None = None,
                      embeddings: bool | None = None) -> tuple[SwapWeights, dict[str, float]]:
         """The SwapWeights command for a requantization, and the per-layer relative weight error."""
-        if bits not in (16, 8, 4):
-            raise ValueError(f"bits must be 16, 8 or 4, got {bits}")
+        quant_format(bits)  # ValueError naming the formats there are
         modules = self.build_quantized(config, bits, group_size, outlier_channels, progress, embeddings)
         settings = dict(quant_bits=bits, quant_group_size=group_size or config.quant_group_size,
                         quant_embeddings=config.quant_embeddings if embeddings is None else embeddings,

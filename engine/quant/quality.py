@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.events import StepKind
 from engine.quant.weight_only import QUANTIZABLE
 
 HELDOUT = Path(__file__).resolve().parents[2] / "assets" / "heldout.txt"
@@ -93,4 +94,4 @@ def _forward_fresh(engine, ids: list[int]) -> None:
     bm = BlockManager(blocks, bs, enable_prefix_caching=False)
     bm.allocate("calibration", ids, len(ids))
     runner.forward([ScheduledRequest(Request("calibration", ids, SamplingParams(max_tokens=1)), len(ids),
-                                     "prefill")], bm)
+                                     StepKind.PREFILL)], bm)

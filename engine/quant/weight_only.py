@@ -27,6 +27,7 @@ from torch import nn
 from engine.models.layers.linear import Linear, LinearWrapper, few_rows
 from engine.quant import int4_torch
 from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
+from engine.quant_formats import quant_format
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -98,12 +99,11 @@ class QuantLinear(nn.Module):
         else:
             self.outlier_idx = None
         self.bias = bias
-        if bits == 8:
-            self._quantize_int8(w)
-        elif bits == 4:
-            self._quantize_int4(w)
-        else:
-            raise ValueError(f"QuantLinear takes 8 or 4 bits, got {bits}")
+        self.format = quant_format(bits)
+        quantize = {"int8": self._quantize_int8, "int4": self._quantize_int4}.get(self.format.name)
+        if quantize is None:
+            raise ValueError(f"QuantLinear takes a quantized format, got {self.format.name}")
+        quantize(w)
 
     def _quantize_int8(self, w: torch.Tensor) -> None:
         q, scale = int8_rows(w, self.dtype)  # one scale per output row
@@ -222,6 +222,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
     the next is made (start-up; a requantization at run time builds aside while the old layers serve).
     `names`: only these layers (engine/quant/at_load.py: one decoder layer as it is loaded)."""
     names = names or [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
+    fmt = quant_format(bits)
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
@@ -229,7 +230,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             mod = mod.base
         weight = originals[name] if device is None else originals[name].to(device)
         bias = mod.bias
-        if bits == 16:
+        if fmt.dense:
             lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             lin.weight = nn.Parameter(weight, requires_grad=False)
             lin.bias = bias
@@ -246,7 +247,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             progress(f"quantizing to {bits} bits", (i + 1) / len(names))
     if EMBED in originals:
         tables = {k: originals[k] if device is None else originals[k].to(device) for k in (EMBED, HEAD)}
-        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, reference)
+        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, QuantLinear, reference)
         if install:
             swap_modules(model, table_modules)
         new.update(table_modules)

@@ -24,12 +24,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.events import ForwardPath, StepKind
 from engine.models.layers.linear import Linear, LinearWrapper
 from engine.models.layers.sampler import SampleResult
 
 FUSED_MAX_ROWS = 8  # the C++ step's scratch is sized for this many rows
 FUSED_MAX_CALLS = 2  # a step of more rows takes this many native calls at most (each reads every weight once)
-PATH_FUSED, PATH_LAYERS = "fused", "layers"  # what StepStats.forward_path says
+PATH_FUSED, PATH_LAYERS = ForwardPath.FUSED, ForwardPath.LAYERS  # what StepStats.forward_path says
 
 
 def _unwrap(mod: nn.Module) -> nn.Module:
@@ -157,9 +158,9 @@ class FusedDecode:
         if not order or any(s.request.lora_id != 0 for s in order):
             return False
         for s in order:
-            if s.kind == "decode" and s.num_tokens == 1:
+            if s.kind == StepKind.DECODE and s.num_tokens == 1:
                 continue
-            if s.kind != "verify" or s.num_tokens > FUSED_MAX_ROWS or not _chain(s.request.spec_tree,
+            if s.kind != StepKind.VERIFY or s.num_tokens > FUSED_MAX_ROWS or not _chain(s.request.spec_tree,
                                                                                   s.num_tokens - 1):
                 return False
         return len(_calls(order)) <= FUSED_MAX_CALLS
@@ -184,7 +185,7 @@ class FusedDecode:
             p = req.num_computed_tokens
             end = p + s.num_tokens
             table = bm.block_table(req.request_id)
-            if s.kind == "verify":  # the last known token, then the drafts being checked
+            if s.kind == StepKind.VERIFY:  # the last known token, then the drafts being checked
                 ids += req.token_slice(p, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
             else:
                 ids.append(req.token_slice(p, p + 1)[0])

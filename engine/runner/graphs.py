@@ -30,6 +30,7 @@ import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest
+from engine.events import StepKind
 from engine.models.layers.attention import AttentionMetadata, DecodeGroup
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -76,7 +77,8 @@ class DecodeGraphs:
 
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
         backend = r.backend
-        return (bool(order) and all(s.kind == "decode" for s in order) and batch_bucket(len(order)) is not None
+        return (bool(order) and all(s.kind == StepKind.DECODE for s in order)
+                and batch_bucket(len(order)) is not None
                 and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
                 and not backend.reference and backend.native_decode is None
                 and backend.compiled_decode is None and not r.model.compiled)

@@ -14,6 +14,7 @@ import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.events import ForwardPath, StepKind
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import PROMPT_ROWS
@@ -103,7 +104,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
-        self.last_path = ""  # which path the last step ran: PATH_FUSED or PATH_LAYERS (StepStats.forward_path)
+        self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
         self.kv_int8 = kv_cache_dtype == "int8"
         # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
@@ -199,8 +200,8 @@ class ModelRunner:
         if sched.block_copies:
             self.copy_blocks(sched.block_copies)
         # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
-        decodes = sorted((s for s in sched.scheduled if s.kind == "decode"), key=lambda s: s.request.num_tokens)
-        order = decodes + [s for s in sched.scheduled if s.kind != "decode"]
+        decodes = sorted((s for s in sched.scheduled if s.kind == StepKind.DECODE), key=lambda s: s.request.num_tokens)
+        order = decodes + [s for s in sched.scheduled if s.kind != StepKind.DECODE]
         plan = self._fused_plan(order)
         all_logits = greedy = None
         if plan is not None:  # the whole step in one native call: hidden states, every row's logits and argmax
@@ -215,7 +216,7 @@ class ModelRunner:
         offset = 0
         for s in order:
             offset += s.num_tokens
-            if s.kind == "verify":
+            if s.kind == StepKind.VERIFY:
                 verify_spans.append((s, len(rows), s.num_tokens))
                 rows.extend(range(offset - s.num_tokens, offset))
             elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
@@ -311,7 +312,7 @@ class ModelRunner:
             table = bm.block_table(req.request_id)
             q_start = len(ids)
             tree = None
-            if s.kind == "verify":  # the last known token, then the drafts being checked
+            if s.kind == StepKind.VERIFY:  # the last known token, then the drafts being checked
                 tokens = req.token_slice(start, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
                 if req.spec_tree:
                     tree = tree_layout(req.spec_tree[: s.num_tokens - 1], self.device)
@@ -322,7 +323,7 @@ class ModelRunner:
             pos.extend(range(start, end) if tree is None else (start + d for d in tree[0]))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             seqs.append((q_start, s.num_tokens, end, table))
-            if s.kind == "decode":
+            if s.kind == StepKind.DECODE:
                 dec_tables.append(table)
                 dec_lens.append(end)
             else:

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
+from engine.events import StepKind
 from engine.models.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -74,7 +75,7 @@ def warmup_step(model: LlamaForCausalLM, model_config: ModelConfig, shape: Warmu
     ids = [i % model_config.vocab_size for i in range(n)]
     req = Request("__warmup", ids, SamplingParams(max_tokens=1))
     bm.allocate(req.request_id, ids, n)
-    hidden = runner.forward([ScheduledRequest(req, n, "prefill")], bm)
+    hidden = runner.forward([ScheduledRequest(req, n, StepKind.PREFILL)], bm)
     rows = torch.arange(shape.num_sample_rows, device=device) % n
     logits = model.compute_logits(hidden[rows])
     # sampled with top-k and top-p: the sort over the vocabulary is the sampler's largest allocation

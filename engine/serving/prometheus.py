@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from engine.core.metrics import request_timings
-from engine.events import EngineStepEvent
+from engine.events import EngineStepEvent, StepStats
 from engine.serving.loop import Subscriber
 
 # Bucket bounds (seconds) as vLLM uses them, so dashboards built for vLLM read these unchanged.
@@ -92,6 +92,10 @@ class ServingMetrics(Subscriber):
         self._request_hists = {name: Histogram(b) for name, (_f, b, _h) in _REQUEST_HISTOGRAMS.items()}
         self._finished: Counter[str] = Counter()
         self._last_token_time: dict[str, float] = {}
+        # the gauges' numbers: the last step's StepStats (the engine thread hands them over), so the HTTP
+        # thread never reads the scheduler or the block manager while a step changes them
+        self._last_stats: StepStats | None = None
+        self._num_blocks = engine.block_manager.num_blocks  # until a step says (the cache's size is fixed)
         self._registry = CollectorRegistry(auto_describe=False)  # this server's own, never the global one
         self._registry.register(self)
 
@@ -108,12 +112,15 @@ class ServingMetrics(Subscriber):
         with self._lock:
             self.engine = engine
             self._last_token_time.clear()
+            self._last_stats = None
+            self._num_blocks = engine.block_manager.num_blocks
 
     def on_step(self, event: EngineStepEvent) -> None:
         """Engine thread: one inter-token latency per request per step that gave it tokens (as vLLM
         does, so a speculative step that emits several tokens counts once), stamped at the step's end."""
         now = event.stats.t_start + event.stats.wall_time_s
         with self._lock:
+            self._last_stats = event.stats
             for out in event.outputs:
                 if out.new_token_ids:
                     last = self._last_token_time.get(out.request_id)
@@ -141,10 +148,10 @@ class ServingMetrics(Subscriber):
             fam = kinds[kind](f"{p}:{name.removesuffix('_total')}", help_, labels=["model_name"])
             fam.add_metric(model, value)
             yield fam
-        bm = self.engine.block_manager  # the cache's configuration, as vLLM's cache_config_info publishes it
+        # the cache's configuration, as vLLM's cache_config_info publishes it
         info = GaugeMetricFamily(f"{p}:cache_config_info", "The KV cache's configuration (labels; value 1).",
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
-        info.add_metric([self.model_name, str(self.engine.config.block_size), str(bm.num_blocks)], 1)
+        info.add_metric([self.model_name, str(self.engine.config.block_size), str(self._num_blocks)], 1)
         yield info
         with self._lock:
             fam = CounterMetricFamily(f"{p}:request_success", "Finished requests by finish reason.",
@@ -162,16 +169,18 @@ class ServingMetrics(Subscriber):
     def _scalars(self) -> list[tuple[str, str, str, float]]:
         eng = self.engine
         st = eng.stats()
-        sched, bm = eng.scheduler, eng.block_manager
+        with self._lock:
+            last = self._last_stats
+        running, waiting = (last.num_running, last.num_waiting) if last else (0, 0)
         spec = lambda name: getattr(st, name, 0) or 0  # speculative counters: 0 while speculation is off
         adm = getattr(eng, "admission", None)
         queue = adm.queue() if adm is not None else None
         wait = adm.predicted_wait_s(queue.num_waiting, queue.queued_tokens) if queue is not None else None
         return [
-            ("num_requests_running", "gauge", "Requests in the running batch.", len(sched.running)),
-            ("num_requests_waiting", "gauge", "Requests waiting (queued or preempted).", len(sched.waiting)),
-            ("kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (0..1).",
-             bm.num_used_blocks / bm.num_blocks if bm.num_blocks else 0.0),
+            ("num_requests_running", "gauge", "Requests in the running batch (last step).", running),
+            ("num_requests_waiting", "gauge", "Requests waiting, queued or preempted (last step).", waiting),
+            ("kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use, 0..1 (last step).",
+             last.kv_usage if last else 0.0),
             ("predicted_queue_wait_seconds", "gauge",
              "PREDICTED wait of a new request (engine/core/admission.py model); NaN before a prefill is measured.",
              math.nan if wait is None else wait),

@@ -17,7 +17,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.output_processor import append_token
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
-from engine.events import SpecDecodeStats
+from engine.events import SpecDecodeStats, SpecMethod
 from engine.loading.loader import LoadedModel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -65,11 +65,11 @@ class SpeculativeDecoder:
         method = config.spec_method
         if method in (None, "none"):
             return
-        if method == "ngram":
+        if method == SpecMethod.NGRAM:
             self.proposer = NgramProposer()
-        elif method == "draft":
+        elif method == SpecMethod.DRAFT:
             self.proposer = self._make_draft(config, draft, loaded, model_config)
-        elif method == "mtp":
+        elif method == SpecMethod.MTP:
             self.proposer = self._make_mtp(config, loaded, target, model_config)
             self.runner.keep_hidden = True
         else:
@@ -79,7 +79,7 @@ class SpeculativeDecoder:
         """At run time the proposer can switch between none and n-gram lookup, or stay as it is; a
         draft model is loaded only at start-up (its weights take a while to load)."""
         current = self.proposer.name if self.proposer else None
-        if method not in (None, "none", "ngram", current):
+        if method not in (None, "none", SpecMethod.NGRAM, current):
             raise ValueError(f"cannot switch speculation to {method!r} at run time; start the engine with it")
 
     def set_num_tokens(self, k: int) -> None:
@@ -90,7 +90,7 @@ class SpeculativeDecoder:
         if method in (None, "none"):
             self._free_all_drafts()
             self.proposer = None
-        elif method == "ngram" and not isinstance(self.proposer, NgramProposer):
+        elif method == SpecMethod.NGRAM and not isinstance(self.proposer, NgramProposer):
             self._free_all_drafts()
             self.proposer = NgramProposer()
         self.runner.keep_hidden = isinstance(self.proposer, MtpProposer)

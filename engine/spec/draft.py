@@ -14,6 +14,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.events import StepKind
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
@@ -23,6 +24,7 @@ from engine.models.model_config import ModelConfig
 from engine.quant import int4_torch
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
+from engine.quant_formats import quant_format
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_block_bytes, stream_kernel_for
 from engine.sampling_params import SamplingParams
@@ -51,9 +53,10 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     bits = cfg.draft_quant_bits or (16 if cfg.draft_model
                                     else self_draft_bits(device, dtype, mc, cfg.quant_group_size))
     # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
-    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if bits != 16 and device.type != "cpu" else None
+    quantized = quant_format(bits).quantized
+    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if quantized and device.type != "cpu" else None
     model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
-    if bits != 16 and at_load is None:
+    if quantized and at_load is None:
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
     set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
@@ -106,7 +109,7 @@ class DraftModelProposer:
                 break
             sched = SchedulerOutput(scheduled=[
                 ScheduledRequest(s, s.num_tokens - s.num_computed_tokens,
-                                 "decode" if s.num_tokens - s.num_computed_tokens == 1 else "prefill")
+                                 StepKind.DECODE if s.num_tokens - s.num_computed_tokens == 1 else StepKind.PREFILL)
                 for s in shadows])
             result = self.runner.execute(sched, bm)
             for s, token in zip(result.order, result.sampled):

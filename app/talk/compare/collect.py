@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.events import EngineStepEvent, RequestTimeline, StepStats
+from engine.events import EngineStepEvent, RequestTimeline, StepKind, StepStats
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class RunRecord:
         self.steps.append(s)
         if s.num_decode_tokens and not s.num_prefill_tokens and not s.num_verify_tokens:
             self.decode_kv_tokens.append(sum(self.context.get(rid, 0) for rid, _, kind in s.scheduled
-                                             if kind == "decode"))
+                                             if kind == StepKind.DECODE))
         for out in ev.outputs:
             if out.request_id in self.context:
                 self.context[out.request_id] += len(out.new_token_ids)

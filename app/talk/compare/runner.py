@@ -14,7 +14,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,7 +56,7 @@ class _Engines:
 
     @staticmethod
     def _build_key(cfg: EngineConfig) -> tuple:
-        fixed = [(f.name, getattr(cfg, f.name)) for f in fields(cfg) if f.name not in LLMEngine.RECONFIGURABLE]
+        fixed = [(k, v) for k, v in cfg.knob_values().items() if k not in LLMEngine.RECONFIGURABLE]
         if cfg.spec_method not in (None, "ngram"):  # a draft model or MTP heads load only at start-up
             fixed.append(("spec_method", cfg.spec_method))
         return tuple(fixed)

@@ -26,16 +26,15 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from app.talk.compare.metrics_catalog import METRICS
+from engine.knobs import KNOB
 
 MODES = ("continuous", "static", "recompute", "contiguous")
 ARRIVALS = ("all", "poisson", "burst")
 # EngineConfig fields a configuration may set, with the check of each value
-ENGINE_KNOBS = {
-    "max_num_seqs": int, "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "policy": str,
-    "enable_prefix_caching": bool, "quant_bits": int, "quant_group_size": int, "compile": bool,
-    "spec_method": str, "num_speculative_tokens": int, "num_kv_blocks": int, "memory_budget_bytes": int,
-    "attention_backend": str, "pack_weights": bool, "max_loras": int, "max_lora_rank": int, "max_cpu_loras": int,
-}
+ENGINE_KNOBS = {name: KNOB[name].type for name in (
+    "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "enable_prefix_caching", "quant_bits",
+    "quant_group_size", "compile", "spec_method", "num_speculative_tokens", "num_kv_blocks", "memory_budget_bytes",
+    "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras")}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
 # LoRA adapters named by the requests, round-robin; 0: the base model)
 WORKLOAD_KNOBS = {"rate": float, "adapters": int}

@@ -1,0 +1,48 @@
+"""What the engine source cannot do, said on the controls and panels: each greyed out with why (before
+loading nothing is known yet, so they wait greyed out). Read from the source's declared capabilities
+(app/source/engine_info.py) and each panel's needs (app/talk/panel_specs.py)."""
+from __future__ import annotations
+
+from app.gui.panels import Panels
+from app.source.engine_info import Capabilities
+from app.talk.panel_specs import PANEL_SPECS
+from widgets.theme import phase_color
+
+FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
+    "quant_bits": ("quantization", "Weight bits"),
+    "num_speculative_tokens": ("speculative", "Draft length"),
+    "kv_cache_bits": ("rebuild", "KV cache bits"),
+    "arrival_rate": ("load_generator", "The load generator"),
+    "load": ("load_generator", "The load generator"),
+    "burst": ("load_generator", "The load generator"),
+}
+KNOB_CONTROLS = {"max_num_seqs": "max batch size", "max_num_batched_tokens": "token budget"}
+GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span style='color:{queued}'>■</span> sent → "
+                       "first token (queue and prefill: the server does not tell them apart) &nbsp; "
+                       "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
+
+
+def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_ready: bool) -> None:
+    controls = panels.controls
+    for name, (cap, what) in FEATURE_CONTROLS.items():
+        on = cap in caps
+        controls.set_feature_available(name, on, "" if on else f"{what}: not offered by {source}")
+    for name, label in KNOB_CONTROLS.items() if engine_ready else ():
+        on = name in caps.reconfigurable
+        controls.set_feature_available(name, on, "" if on else f"{label}: set when {source} starts; not "
+                                                               "changeable from a client")
+    for spec in PANEL_SPECS if engine_ready else ():
+        if not spec.needs:
+            continue
+        missing = [what for cap, what in spec.needs if cap not in caps]
+        why = f"{' and '.join(missing)}: not exposed by {source}" if missing else ""
+        why = why[:1].upper() + why[1:]
+        panel = panels.named(spec.name)
+        if panel is panels.timeline and missing and caps.client_timings:  # the Gantt chart stays live
+            panels.timeline.set_available(True)
+            panels.timeline.set_steps_note(why, GANTT_CLIENT_LEGEND.format(
+                queued=phase_color("queued").name(), decode=phase_color("decode").name()))
+            continue
+        if panel is panels.timeline:
+            panels.timeline.set_steps_note("")
+        panel.set_available(not missing, why)

@@ -1,0 +1,71 @@
+"""The window's panels come from one table (app/talk/panel_specs.py): the typed Panels, the docks' titles,
+what presets may name and what each panel needs from the source all read it."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from app.gui.panels import Panels, make_panels
+from app.talk import presets
+from app.talk.panel_specs import PANEL_NAMES, PANEL_SPECS
+
+
+def test_panels_fields_are_the_table_rows_in_order():
+    assert [f.name for f in dataclasses.fields(Panels)] == [spec.name for spec in PANEL_SPECS]
+    assert set(PANEL_NAMES) == {s.name for s in PANEL_SPECS} - {"server"}  # the server panel is the app's own
+
+
+def test_panels_are_typed_frozen_and_named_by_the_table(qapp):
+    panels = make_panels()
+    assert [name for name, _ in panels.items()] == [spec.name for spec in PANEL_SPECS]
+    assert panels.named("timeline") is panels.timeline
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        panels.tokens = panels.memory
+    with pytest.raises(KeyError):
+        panels.named("timelines")  # a misspelt name from data fails at once, naming it
+
+
+def test_a_preset_naming_an_unknown_panel_is_refused(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[preset]\ntitle = "T"\ncaption = "C"\npanels = ["tokens", "server"]\n')
+    with pytest.raises(presets.PresetError, match="panel names"):
+        presets.load_preset(str(path))
+
+
+def test_every_need_names_a_declared_capability():
+    from app.source.engine_info import Capabilities
+
+    declared = {f.name for f in dataclasses.fields(Capabilities)}
+    for spec in PANEL_SPECS:
+        for capability, what in spec.needs:
+            assert what and capability in declared, (spec.name, capability)  # a typo would grey it out for good
+
+
+def test_preset_actions_is_a_part_with_its_dependencies_given(tmp_path):
+    """PresetActions needs no controller: its state and the controller's verbs are handed in."""
+    from app.gui.control_state import ControlState
+    from app.gui.preset_actions import PresetActions
+    from app.talk.knob_defaults import engine_knob_defaults
+
+    class Verbs:
+        def __init__(self):
+            self.errors: list[str] = []
+
+        def push_config(self): ...
+        def sync_actions(self): ...
+        def set_load_running(self, running): ...
+
+        def error(self, message, title="inferlab"):
+            self.errors.append(message)
+
+    state = ControlState(config=engine_knob_defaults(), arrival_rate=1.0, source_name="test", start_kv_blocks=None,
+                         presets_dir=tmp_path)
+    verbs = Verbs()
+    host = types.SimpleNamespace(info=None)  # a source that has not loaded yet
+    actions = PresetActions(window=None, host=host, panels=None, caption=None, cues=None, state=state, verbs=verbs)
+    (tmp_path / "broken.toml").write_text('[preset]\ntitle = "T"\n')
+    assert not actions.apply_preset("broken") and "caption: missing" in verbs.errors[0]
+    assert state.preset is None  # a broken preset changes nothing
+    assert not actions.spec_live()  # no engine info yet: speculation would need a rebuild
