@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from engine.core.request import Request
+from engine.knobs import KNOB
 from engine.knobs import RECONFIGURABLE as RECONFIGURABLE  # what reconfigure() may change: knobs run_time
-from engine.knobs import check_knobs
 
 if TYPE_CHECKING:
     from engine.lora.adapter import LoraAdapter
@@ -44,8 +44,8 @@ def reconfigure_command(changes: Mapping[str, Any]) -> Reconfigure:
     unknown = set(changes) - set(RECONFIGURABLE)
     if unknown:
         raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
-    check_knobs(changes)  # each value against its knob's range or list
-    return Reconfigure(MappingProxyType(dict(changes)))
+    # each value against its knob's type and range or list, stored as a plain value
+    return Reconfigure(MappingProxyType({name: KNOB[name].check(value) for name, value in changes.items()}))
 
 
 @dataclass(frozen=True, slots=True)

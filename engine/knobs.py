@@ -72,10 +72,13 @@ class Knob:
         return f"expected {kind} {rng}".rstrip() + (" or none" if self.optional and not app else "")
 
     def check(self, value: Any, *, app: bool = False) -> Any:
-        """`value` when it is fine; else ValueError naming the knob."""
+        """`value` as the engine stores it when it is fine (a number as a plain int or float: a numpy
+        integer or a Fraction is stored as one); else ValueError naming the knob."""
         why = self.problem(value, app=app)
         if why:
             raise ValueError(f"{self.name}: {why}, got {value!r}")
+        if value is not None and self.type in (int, float) and not self.choices:
+            return self.type(value)
         return value
 
 
