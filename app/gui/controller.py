@@ -198,7 +198,7 @@ class AppController(PresetActions, QObject):
         if bits != self.config["quant_bits"] and "quantization" in self.capabilities:
             self.panels["timeline"].mark_config_change(f"weights {self.config['quant_bits']} → {bits}-bit")
             self.config["quant_bits"] = bits
-            self.host.quantize(bits)
+            self.host.quantize(bits, values.get("quant_group_size"))  # a tradeoff point's own group size
             self.meter.set_config({**self.config, "arrival_rate": self.arrival_rate})
         k = values.get("num_speculative_tokens", self.config["num_speculative_tokens"])
         before = self.config["num_speculative_tokens"]
