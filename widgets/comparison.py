@@ -25,12 +25,15 @@ from PySide6.QtWidgets import (
 
 from widgets.comparison_bars import SERIES_COLORS, BarChart
 from widgets.comparison_format import (
+    check_flag,
     format_value,
     is_predicted,
     measured_line,
     metric_label,
+    mixed_units,
     numeric_knob_values,
     ratio_text,
+    value_with_unit,
 )
 from widgets.comparison_split import SplitChart
 from widgets.overlay import Overlay
@@ -63,6 +66,8 @@ class ComparisonPanel(QWidget):
         self.title = _label(POINT_SIZE + 2, bold=True)
         self.provenance = _label(POINT_SIZE - 1)
         self.notes = _label(POINT_SIZE - 1)
+        self.flag = _label(POINT_SIZE - 1, bold=True)  # a result that contradicts its chapter says so first
+        self.flag.setStyleSheet("color: #e15759")
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
@@ -86,6 +91,7 @@ class ComparisonPanel(QWidget):
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.addLayout(head)
+        layout.addWidget(self.flag)
         for w in (self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
@@ -106,7 +112,7 @@ class ComparisonPanel(QWidget):
         layout = self._content_layout
         for w in (self.provenance, self.table):
             layout.removeWidget(w)
-        at = layout.indexOf(self.split) + 1 if first else 1  # 0: the title row
+        at = layout.indexOf(self.split) + 1 if first else layout.indexOf(self.flag) + 1  # after title + flag
         layout.insertWidget(at, self.provenance)
         layout.insertWidget(at + 1, self.table)
         self._curve_least = 120 if first else 180  # what a 720-line projector has room for
@@ -139,6 +145,8 @@ class ComparisonPanel(QWidget):
             self._show_empty(result["not_built"], keep_title=True)
             return
         rows = result.get("comparison", [])
+        self.flag.setText(check_flag(result))
+        self.flag.setVisible(bool(self.flag.text()))
         self.provenance.setText(measured_line(result))
         self.provenance.show()
         self._fill_table(result, rows)
@@ -149,6 +157,8 @@ class ComparisonPanel(QWidget):
             self.split.set_requests(f"each request's time at {split['label']}: queue / prefill / decode",
                                     split["requests"])
         notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
+        if mixed_units([m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]):
+            notes.append("chart: each metric on its own scale (a bar's length compares configurations)")
         if any(is_predicted(m) for m in result.get("metrics", [])):
             notes.append("predicted: from a model (bytes to read / memory bandwidth measured by a probe), not run")
         self.notes.setText("\n".join(notes))
@@ -186,7 +196,8 @@ class ComparisonPanel(QWidget):
         return {"title": self.title.text(), "provenance": self.provenance.text(),
                 "labels": [row.get("label") for row in r.get("comparison", [])],
                 "metrics": list(r.get("metrics", [])), "measured_at": r.get("measured_at"),
-                "machine": r.get("machine"), "not_built": r.get("not_built")}
+                "machine": r.get("machine"), "not_built": r.get("not_built"),
+                "flag": self.flag.text() if self.flag.isVisible() else ""}
 
     def reset(self) -> None:
         self.set_result(None)
@@ -203,7 +214,7 @@ class ComparisonPanel(QWidget):
             self.title.setText("Comparison")
         self.provenance.setText(text)
         self.provenance.show()
-        for w in (self.table, self.bars, self.curve, self.split, self.notes):
+        for w in (self.table, self.bars, self.curve, self.split, self.notes, self.flag):
             w.hide()
         self.table.setRowCount(0)
         self.table.setColumnCount(0)
@@ -242,15 +253,17 @@ class ComparisonPanel(QWidget):
 
     def _fill_chart(self, result: dict, rows: list[dict]) -> None:
         chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]
-        xs = numeric_knob_values(result)
+        mixed = mixed_units(chart)  # one axis cannot carry bytes and tokens/s: bars, each metric its own scale
+        xs = None if mixed else numeric_knob_values(result)
         self.bars.setVisible(bool(chart) and xs is None)
         self.curve.setVisible(bool(chart) and xs is not None)
         names = [metric_label(m) for m in chart]
         if xs is None:
+            text = value_with_unit if mixed else format_value
             data = [(r["label"] + (" (computed, not run)" if r.get("computed") else ""),
                      [r["metrics"].get(m) for m in chart],
-                     [format_value(m, r["metrics"].get(m)) for m in chart], bool(r.get("computed"))) for r in rows]
-            self.bars.set_data(names, data)
+                     [text(m, r["metrics"].get(m)) for m in chart], bool(r.get("computed"))) for r in rows]
+            self.bars.set_data(names, data, own_scale=mixed)
             return
         self.curve.clear()
         tick_font = QFont(self.font())

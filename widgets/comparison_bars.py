@@ -1,7 +1,9 @@
 """A painted horizontal bar chart: one row per configuration, its full label on the left (wrapped,
-never elided), one bar per charted metric, the value written at the bar's end. All bars share one
-scale (the presets chart metrics of one unit side by side: measured vs predicted tokens/s, TTFT vs
-end-to-end ms), so their lengths compare; a legend sits above the rows, outside the data."""
+never elided), one bar per charted metric, the value written at the bar's end. Metrics of one unit share
+one scale (measured vs predicted tokens/s, TTFT vs end-to-end ms), so their lengths compare; metrics of
+different units (bytes beside tokens/s beside perplexity) each get their own (`own_scale`): a bar's length
+then compares configurations within its metric, and its number carries the unit. A legend sits above
+the rows, outside the data."""
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, Qt
@@ -17,15 +19,27 @@ class BarChart(QWidget):
         super().__init__(parent)
         self._rows: list[tuple[str, list[float | None], list[str], bool]] = []
         self._series: list[str] = []
+        self._own_scale = False
         self._font = QFont(self.font())
         self._font.setPointSize(point_size)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]]) -> None:
-        """series: legend names; rows: (label, one value per series, its text, computed)."""
-        self._series, self._rows = list(series), list(rows)
+    def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]],
+                 own_scale: bool = False) -> None:
+        """series: legend names; rows: (label, one value per series, its text, computed); own_scale: each
+        series scaled to its own largest value (metrics of different units)."""
+        self._series, self._rows, self._own_scale = list(series), list(rows), own_scale
         self.setFixedHeight(self._needed_height())
         self.update()
+
+    def _tops(self) -> list[float]:
+        """The value a full-length bar stands for, per series: one for all, or each its own."""
+        def largest(series: range) -> float:
+            return max((abs(r[1][s]) for r in self._rows for s in series if r[1][s] is not None), default=0.0)
+        n = len(self._series)
+        if self._own_scale:
+            return [largest(range(s, s + 1)) for s in range(n)]
+        return [largest(range(n))] * n
 
     def _line(self) -> int:
         return QFontMetrics(self._font).height()
@@ -85,7 +99,7 @@ class BarChart(QWidget):
             p.setPen(text_color)
             p.drawText(QRectF(x + line, 0, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
             x += line + fm.horizontalAdvance(name) + 24
-        top = max((abs(v) for r in self._rows for v in r[1] if v is not None), default=0.0)
+        tops = self._tops()
         value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
         bar_w = max(10, w - label_w - value_w)
         y = line * 1.6
@@ -101,7 +115,7 @@ class BarChart(QWidget):
                            | self._wrap_flag(fm, label, int(label_w - 8)), label)
             for s, (v, t) in enumerate(zip(values, texts)):
                 by = y + label_h + s * line + 2
-                length = bar_w * abs(v) / top if v is not None and top else 0
+                length = bar_w * abs(v) / tops[s] if v is not None and tops[s] else 0
                 color = QColor(SERIES_COLORS[s % len(SERIES_COLORS)])
                 if computed:
                     color.setAlpha(COMPUTED_ALPHA)
