@@ -29,7 +29,8 @@ CONTINUOUS = CheckSpec("continuous beats static", "tokens_per_s", "higher", conf
 def test_higher_and_lower_hold_and_break():
     assert evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 10.0},
                                               "continuous": {"tokens_per_s": 12.0}}))["holds"] is True
-    broken = evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 12.5}, "continuous": {"tokens_per_s": 11.6}}))
+    broken = evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 12.5},
+                                                "continuous": {"tokens_per_s": 11.6}}))
     assert broken["holds"] is False and broken["figures"] == "tokens_per_s: continuous 11.6 vs static 12.5"
     slack = CheckSpec("c", "tokens_per_s", "higher", config="continuous", than="static", tolerance_pct=10)
     assert evaluate_check(slack, result({"static": {"tokens_per_s": 12.5},
@@ -50,6 +51,9 @@ def test_rises_falls_over_measured_rows_and_at_least():
     assert flat["holds"] is False and flat["figures"] == "goodput_rps: 0 → 0"  # 0 at every rate is no fall
     some = CheckSpec("some meet it", "goodput_rps", "at_least", config="rate = 1.0", value=0.01)
     assert evaluate_check(some, r)["holds"] is False
+    first = CheckSpec("the lowest rate meets it", "goodput_rps", "at_least", config="first", value=0.01)
+    assert evaluate_check(first, result({"rate = 0.25": {"goodput_rps": 0.3}, "rate = 1.0": {"goodput_rps": 0.0}}))[
+        "holds"] is True  # "first": whatever a fallback's values label it
     exact = CheckSpec("same tokens", "same_output_as_first_pct", "at_least", value=100)
     assert evaluate_check(exact, result({"a": {"same_output_as_first_pct": 100.0},
                                          "b": {"same_output_as_first_pct": 25.0}}))["holds"] is False

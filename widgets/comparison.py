@@ -13,12 +13,10 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QPushButton,
     QScrollArea,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -32,10 +30,10 @@ from widgets.comparison_format import (
     metric_label,
     mixed_units,
     numeric_knob_values,
-    ratio_text,
     value_with_unit,
 )
 from widgets.comparison_split import SplitChart
+from widgets.comparison_table import fill_table
 from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
@@ -97,7 +95,7 @@ class ComparisonPanel(QWidget):
         layout.addStretch(1)
         self._content_layout = layout
         # a short dock scrolls instead of squeezing the table and the chart on top of each other
-        scroll = QScrollArea()
+        scroll = self._scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(content)
@@ -220,36 +218,27 @@ class ComparisonPanel(QWidget):
         self.table.setColumnCount(0)
 
     def _fill_table(self, result: dict, rows: list[dict]) -> None:
-        metrics = result.get("metrics", [])
         t = self.table
-        t.setRowCount(len(metrics))
-        t.setColumnCount(len(rows))
-        t.setHorizontalHeaderLabels([r["label"] + ("\n(computed, not run)" if r.get("computed") else "")
-                                     for r in rows])
-        t.setVerticalHeaderLabels([metric_label(m) for m in metrics])
-        for i, m in enumerate(metrics):
-            first = rows[0]["metrics"].get(m) if rows else None
-            for j, r in enumerate(rows):
-                v = r["metrics"].get(m)
-                ratio = ratio_text(v, first) if j else ""
-                item = QTableWidgetItem(format_value(m, v) + (f"  ({ratio})" if ratio else ""))
-                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                item.setToolTip(result.get("metric_info", {}).get(m, m))
-                if r.get("computed") or is_predicted(m):
-                    f = item.font()
-                    f.setItalic(True)
-                    item.setFont(f)
-                t.setItem(i, j, item)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        t.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        t.resizeColumnsToContents()
-        t.resizeRowsToContents()
+        fill_table(t, result, rows, self._table_width(), POINT_SIZE)  # every column whole at its width
         t.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        t.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         header = max(t.horizontalHeader().height(), t.horizontalHeader().sizeHint().height())
         height = header + t.verticalHeader().length() + 2 * t.frameWidth() + 4
         t.setMinimumHeight(height)
         t.setMaximumHeight(height)
         t.show()
+        self._table_fitted_to = self._table_width()
+
+    def _table_width(self) -> int:
+        """The width the table has: the scroll area's view less the content's margins."""
+        margins = self._content_layout.contentsMargins()
+        return max(100, self._scroll.viewport().width() - margins.left() - margins.right())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        r = self._result
+        if r and not r.get("not_built") and getattr(self, "_table_fitted_to", None) != self._table_width():
+            self._fill_table(r, r.get("comparison", []))  # a narrower dock: compact the table again
 
     def _fill_chart(self, result: dict, rows: list[dict]) -> None:
         chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]

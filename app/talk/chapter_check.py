@@ -13,6 +13,8 @@ A preset declares its claims under [compare] as a list of tables:
 
     expect = "rises" | "falls"              # over the measured configurations in order: last vs first
     expect = "at_least" | "at_most"         # `value`, for `config` (or every measured configuration)
+    config = "first" | "last"               # the first / last measured configuration, whatever its label
+                                            # (a fallback's values relabel them)
 
 `evaluate_checks(checks, result)` gives one verdict per claim: holds True, False, or None when a figure
 is missing. `likely_reasons(result, conditions)` names what on this machine may have broken a claim.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 EXPECTS = ("higher", "lower", "rises", "falls", "at_least", "at_most")
+POSITIONS = ("first", "last")  # configuration names that stand for the first / last measured one
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ def parse_check(raw: dict, metrics: tuple[str, ...], labels: tuple[str, ...]) ->
     if expect not in EXPECTS:
         raise ValueError(f"expect: expected one of {', '.join(EXPECTS)}, got {expect!r}")
     for key in ("config", "than"):
-        if key in raw and raw[key] not in labels:
+        if key in raw and raw[key] not in (*labels, *POSITIONS):
             raise ValueError(f"{key}: expected a configuration label ({'; '.join(labels)}), got {raw[key]!r}")
     if expect in ("higher", "lower") and not ("config" in raw and "than" in raw):
         raise ValueError(f"than: expect = {expect!r} needs config and than")
@@ -70,8 +73,15 @@ def _measured(result: dict) -> list[dict]:
     return [r for r in result.get("comparison", []) if not r.get("computed")]
 
 
+def _row(result: dict, label: str) -> dict | None:
+    if label in POSITIONS:
+        measured = _measured(result)
+        return (measured[0] if label == "first" else measured[-1]) if measured else None
+    return next((r for r in result.get("comparison", []) if r["label"] == label), None)
+
+
 def _figure(result: dict, label: str, metric: str) -> float | None:
-    row = next((r for r in result.get("comparison", []) if r["label"] == label), None)
+    row = _row(result, label)
     return None if row is None else row["metrics"].get(metric)
 
 
@@ -96,8 +106,8 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
             holds = last > first * (1 + slack) if check.expect == "rises" else last < first * (1 - slack)
             figures = f"{m}: " + " → ".join(_fmt(v) for _label, v in rows)
     else:
-        labels = [check.config] if check.config else [r["label"] for r in _measured(result)]
-        values = [(label, _figure(result, label, m)) for label in labels]
+        rows = [_row(result, check.config)] if check.config else _measured(result)
+        values = [(r["label"], r["metrics"].get(m)) if r else (check.config, None) for r in rows]
         if values and all(v is not None for _label, v in values):
             ok = (lambda v: v >= check.value) if check.expect == "at_least" else (lambda v: v <= check.value)
             holds = all(ok(v) for _label, v in values)
@@ -128,7 +138,7 @@ def likely_reasons(result: dict, conditions: dict) -> list[str]:
         others = max(before[0], after[0] - threads)
         if others > max(cpus - threads, 0) + 0.5:
             reasons.append(f"a busy machine: load average {before[0]:.1f} before and {after[0]:.1f} after, on "
-                           f"{cpus} CPUs with {threads} threads of ours")
+                           f"{cpus} CPUs with {threads} thread{'' if threads == 1 else 's'} of ours")
     if conditions.get("dtype") == "bfloat16" and conditions.get("native_bf16") is False:
         reasons.append("bf16 emulated: this CPU has no AVX512-BF16/AMX, every bf16 matmul converts to float32 "
                        "(slower, and near ties can flip a greedy token)")

@@ -159,17 +159,17 @@ def verdict_summary(roofs: Roofs, steps: list) -> dict:
 class Sweep:
     """The GUI's sweep, run in the engine thread as Sweep(spec)(host). The live engine waits meanwhile:
     its load generator is stopped and the requests it holds are let finish first (at most LIVE_WAIT_S;
-    any left pause, never aborted, and the progress line says so); the sweep's own engines publish nothing to the live panels. Progress and results go out on
-    the host's channel (app/source/channel.py): SweepProgress(text, fraction), SweepPoint(dict), SweepDone(result)."""
+    any left pause, never aborted, and the progress line says so); the sweep's own engines publish
+    nothing to the live panels. Progress and results go out on the host's channel (app/source/channel.py):
+    SweepProgress(text, fraction), SweepPoint(dict), SweepDone(result)."""
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
 
     def __call__(self, host) -> None:
+        from app.tradeoff.live_wait import finish_live_requests
         from engine.loading.loader import load_model
         from engine.perf.probe import probe_roofs
-
-        from app.tradeoff.live_wait import finish_live_requests
 
         was_running = host.loadgen.running
         host.loadgen.stop()

@@ -24,9 +24,9 @@ def load_average() -> list[float] | None:
 def dtype_conditions(dtype: str, device: str) -> dict:
     """The dtype the comparison engines compute in ("auto" is bf16, engine/runner/setup.py) and, on a
     CPU, whether it has bf16 instructions (else every bf16 matmul is emulated through float32)."""
-    from engine.perf.probe import cpu_flags
-
     import torch
+
+    from engine.perf.probe import cpu_flags
 
     name = "bfloat16" if dtype == "auto" else dtype
     native = None
