@@ -56,6 +56,9 @@ def test_every_table_fits_and_the_promised_panels_show(qapp, window, name):
     for _ in range(6):  # the layout settles (the comparison's dock is re-balanced on a timer)
         run_for(qapp, 0.25)
         window.flush_panels()
+    need = window.minimumSizeHint()
+    assert need.height() <= SIZE[1] and window.height() <= SIZE[1], \
+        f"{name}: the window needs {need.height()} lines and has {window.height()}: the room would scroll"
     table = comparison.table
     if table.isVisible():
         columns = table.horizontalHeader().length() + table.verticalHeader().width() + 2 * table.frameWidth()

@@ -64,7 +64,7 @@ class ComparisonPanel(QWidget):
         self.title = _label(POINT_SIZE + 2, bold=True)
         self.provenance = _label(POINT_SIZE - 1)
         self.notes = _label(POINT_SIZE - 1)
-        self.flag = _label(POINT_SIZE - 1, bold=True)  # a result that contradicts its chapter says so first
+        self.flag = _label(POINT_SIZE - 2)  # a result that contradicts its chapter says so first
         self.flag.setStyleSheet("color: #e15759")
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -143,7 +143,9 @@ class ComparisonPanel(QWidget):
             self._show_empty(result["not_built"], keep_title=True)
             return
         rows = result.get("comparison", [])
-        self.flag.setText(check_flag(result))
+        flag, flag_details = check_flag(result)
+        self.flag.setText(flag)
+        self.flag.setToolTip(flag_details)
         self.flag.setVisible(bool(self.flag.text()))
         self.provenance.setText(measured_line(result))
         self.provenance.show()

@@ -112,17 +112,21 @@ def numeric_knob_values(result: dict) -> list[float] | None:
     return [float(v) for v in values]
 
 
-def check_flag(result: dict) -> str:
-    """The chapter check's word on the panel (app/talk/compare/prepare_chapter.py writes "checks"):
-    each claim the figures contradict, the likely reasons, and a fallback that was measured instead;
-    "" when every claim holds or none was checked."""
-    lines = [f"⚠ contradicts its chapter: {v['claim']} ({v['figures']})"
-             for v in result.get("checks", []) if v.get("holds") is False]
-    if lines:
-        lines.append("likely: " + "; ".join(result.get("check_reasons") or ["no reason found on this machine"]))
+def check_flag(result: dict) -> tuple[str, str]:
+    """The chapter check's word on the panel (app/talk/compare/prepare_chapter.py writes "checks"), short
+    enough for a projector, and its full text for the tooltip: each claim the figures contradict, the
+    likely reasons (their names on screen, the figures in the tooltip), a fallback measured instead.
+    ("", "") when every claim holds or none was checked."""
+    broken = [v for v in result.get("checks", []) if v.get("holds") is False]
+    short = [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    full = list(short)
+    reasons = result.get("check_reasons") or ["no reason found on this machine"]
+    if broken:
+        short.append("likely: " + "; ".join(r.split(":", 1)[0] for r in reasons))
+        full += [f"likely: {r}" for r in reasons]
     fallback = result.get("fallback")
     if fallback:
+        short.append(f"measured at the preset's fallback: {fallback.get('reason')}")
         first = [v["claim"] for v in fallback.get("first_try", []) if v.get("holds") is False]
-        lines.append(f"measured with the preset's fallback: {fallback.get('reason')}"
-                     + (f" (the first try contradicted: {'; '.join(first)})" if first else ""))
-    return "\n".join(lines)
+        full.append(short[-1] + (f" (the first try contradicted: {'; '.join(first)})" if first else ""))
+    return "\n".join(short), "\n".join(full)
