@@ -76,8 +76,25 @@ class BarChart(QWidget):
         label_w = max(20, self._label_width(fm, w) - 8)
         return [max(bars, self._label_height(fm, r[0], label_w) + 8) for r in self._rows]
 
+    def _legend(self, fm: QFontMetrics, w: int) -> list[tuple[int, int]]:
+        """(x, line) of each legend entry: on one line, wrapping to the next where the width ends."""
+        out, x, row = [], 0, 0
+        for name in self._series:
+            width = self._line() + fm.horizontalAdvance(name) + 24
+            if x and x + width - 24 > w:
+                x, row = 0, row + 1
+            out.append((x, row))
+            x += width
+        return out
+
+    def _legend_height(self, fm: QFontMetrics, w: int) -> float:
+        lines = max((row for _x, row in self._legend(fm, w)), default=0) + 1
+        return self._line() * (lines + 0.6)
+
     def _needed_height(self) -> int:
-        return self._line() * 2 + sum(self._row_heights(max(self.width(), 100))) + 8
+        w = max(self.width(), 100)
+        return int(self._legend_height(QFontMetrics(self._font), w) + self._line() * 0.4
+                   + sum(self._row_heights(w)) + 8)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
@@ -93,16 +110,15 @@ class BarChart(QWidget):
         line, w = self._line(), self.width()
         above = self._labels_above(fm, w)
         label_w = 0 if above else self._label_width(fm, w)
-        x = 0
-        for i, name in enumerate(self._series):  # legend, above the data
-            p.fillRect(QRectF(x, line * 0.2, line * 0.8, line * 0.8), QColor(SERIES_COLORS[i % len(SERIES_COLORS)]))
+        for i, (name, (x, row)) in enumerate(zip(self._series, self._legend(fm, w))):  # legend, above the data
+            top, color = row * line, QColor(SERIES_COLORS[i % len(SERIES_COLORS)])
+            p.fillRect(QRectF(x, top + line * 0.2, line * 0.8, line * 0.8), color)
             p.setPen(text_color)
-            p.drawText(QRectF(x + line, 0, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
-            x += line + fm.horizontalAdvance(name) + 24
+            p.drawText(QRectF(x + line, top, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
         tops = self._tops()
         value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
         bar_w = max(10, w - label_w - value_w)
-        y = line * 1.6
+        y = self._legend_height(fm, w)
         for (label, values, texts, computed), per_row in zip(self._rows, self._row_heights(w), strict=True):
             p.setPen(text_color)
             if above:

@@ -9,21 +9,10 @@ from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem
 
 from widgets.comparison_format import format_value, is_predicted, metric_label, ratio_text
+from widgets.line_labels import wrap_words  # the same greedy breaks between words
 
 MAX_SHRINK_PT = 4
 CELL_PAD_PX = 24  # a cell's margins and the header's sort/section padding, as Qt draws them
-
-
-def wrap_to_px(text: str, fm: QFontMetrics, px: int) -> str:
-    """Greedy line breaks between words so that each line is at most `px` wide (a longer word stays
-    whole on its own line: it sets the column's width instead)."""
-    lines: list[str] = []
-    for word in text.split():
-        if lines and fm.horizontalAdvance(f"{lines[-1]} {word}") <= px:
-            lines[-1] = f"{lines[-1]} {word}"
-        else:
-            lines.append(word)
-    return "\n".join(lines)
 
 
 def needed_width(t: QTableWidget) -> int:
@@ -55,11 +44,11 @@ def _fill(t: QTableWidget, result: dict, rows: list[dict], point_size: int, comp
     for j, r in enumerate(rows):
         label = r["label"] + (" (computed, not run)" if r.get("computed") else "")
         widest = max((fm.horizontalAdvance(line) for row in cells for line in row[j].split("\n")), default=0)
-        headers.append(wrap_to_px(label, fm, max(widest, fm.horizontalAdvance("computed,"))) if compact
+        headers.append(wrap_words(label, fm, max(widest, fm.horizontalAdvance("computed,"))) if compact
                        else label.replace(" (computed, not run)", "\n(computed, not run)"))
     t.setHorizontalHeaderLabels(headers)
     names = [metric_label(m) for m in metrics]
-    t.setVerticalHeaderLabels([wrap_to_px(n, fm, fm.horizontalAdvance("x" * 14)) if compact else n for n in names])
+    t.setVerticalHeaderLabels([wrap_words(n, fm, fm.horizontalAdvance("x" * 14)) if compact else n for n in names])
     for i, m in enumerate(metrics):
         for j, r in enumerate(rows):
             item = QTableWidgetItem(cells[i][j])
