@@ -156,3 +156,27 @@ def test_applying_a_point_hands_the_sweeps_perplexity_over_before_requantizing()
     assert verbs.index("host.adopt_perplexity") < verbs.index("controller._on_config_changed")
     assert ("host.adopt_perplexity", {16: 10.0, 4: 11.0}) in calls
     assert ("controller._on_config_changed", point) in calls
+
+
+def test_run_sweep_in_the_app_never_aborts_the_load_generators_requests(qapp, tiny_llama):
+    """Requests in flight when "Run sweep" is pressed finish with their own reason, not "abort" (the old
+    sweep aborted the load generator's live requests, though its caption says the live panels are
+    untouched)."""
+    from app_helpers import close_window, open_window, wait_until
+
+    from app.tradeoff.sweep import SweepSpec
+    from app.tradeoff.sweep_point import Workload
+
+    w = open_window(tiny_llama, preset="continuous-batching")
+    try:
+        latency = w.panels["latency"]
+        w.host.burst(4)  # in the engine's hands when the sweep's command arrives (one queue, in order)
+        w.controller.run_sweep(SweepSpec(batches=(1,), bits=(16,), drafts=(0,), warmup_s=0.05, measure_s=0.2,
+                                         memory_budget_bytes=32 * 2**20,
+                                         workload=Workload(prompt_tokens=(8, 16), output_tokens=(4, 8))))
+        wait_until(qapp, lambda: not w.controller.sweeping, 120)
+        w.flush_panels()
+        reasons = [t.finish_reason for t in latency._finished]
+        assert reasons and "abort" not in reasons, reasons
+    finally:
+        close_window(w)
