@@ -180,3 +180,20 @@ def test_run_sweep_in_the_app_never_aborts_the_load_generators_requests(qapp, ti
         assert reasons and "abort" not in reasons, reasons
     finally:
         close_window(w)
+
+
+def test_copy_as_command_puts_the_points_serve_line_on_the_clipboard(qapp):
+    from types import SimpleNamespace
+
+    from PySide6.QtGui import QGuiApplication
+
+    from app.gui.tradeoff_actions import copy_command
+
+    calls: list = []
+    controller = Recorder(calls, "controller", window=Recorder(calls, "window"),
+                          host=Recorder(calls, "host", info=SimpleNamespace(model="smollm2-135m")))
+    line = copy_command(controller, {"max_num_seqs": 8, "quant_bits": 4, "quant_group_size": 64,
+                                     "num_speculative_tokens": 4})
+    assert line == ("inferlab serve --model smollm2-135m --max-num-seqs 8 --quant-bits 4 --quant-group-size 64 "
+                    "--spec-method ngram --num-draft-tokens 4")
+    assert QGuiApplication.clipboard().text() == line and ("window.show_message", "copied: " + line) in calls
