@@ -232,9 +232,12 @@ class ComparisonPanel(QWidget):
         self._table_fitted_to = self._table_width()
 
     def _table_width(self) -> int:
-        """The width the table has: the scroll area's view less the content's margins."""
+        """The width the table has: the scroll area less the content's margins and a vertical scroll
+        bar's width (kept free: a bar that appears later must not cut the last column)."""
         margins = self._content_layout.contentsMargins()
-        return max(100, self._scroll.viewport().width() - margins.left() - margins.right())
+        bar = self._scroll.verticalScrollBar().sizeHint().width()
+        inner = self._scroll.width() - 2 * self._scroll.frameWidth() - bar
+        return max(100, inner - margins.left() - margins.right())
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)

@@ -15,6 +15,11 @@ MAX_SHRINK_PT = 4
 CELL_PAD_PX = 24  # a cell's margins and the header's sort/section padding, as Qt draws them
 
 
+def _wrap_label(label: str, fm: QFontMetrics, px: int) -> str:
+    """Between words, and after the underscores of a knob's name ("max_num_" / "seqs = 8")."""
+    return wrap_words(label.replace("_", "_ "), fm, px).replace("_ ", "_")
+
+
 def needed_width(t: QTableWidget) -> int:
     return t.horizontalHeader().length() + t.verticalHeader().sizeHint().width() + 2 * t.frameWidth() + 2
 
@@ -44,7 +49,7 @@ def _fill(t: QTableWidget, result: dict, rows: list[dict], point_size: int, comp
     for j, r in enumerate(rows):
         label = r["label"] + (" (computed, not run)" if r.get("computed") else "")
         widest = max((fm.horizontalAdvance(line) for row in cells for line in row[j].split("\n")), default=0)
-        headers.append(wrap_words(label, fm, max(widest, fm.horizontalAdvance("computed,"))) if compact
+        headers.append(_wrap_label(label, fm, max(widest, fm.horizontalAdvance("computed,"))) if compact
                        else label.replace(" (computed, not run)", "\n(computed, not run)"))
     t.setHorizontalHeaderLabels(headers)
     names = [metric_label(m) for m in metrics]
