@@ -142,8 +142,9 @@ class LatencyPanel(Panel):
         return [v for v in (getattr(t, key) for t in self._finished) if v is not None]
 
     def total_tokens_per_s(self) -> float | None:
-        """The attached server's generated tokens/s when it reports one; else: tokens of the steps that started in the last rate_window_s seconds, over the time they span
-        (the last step alone when it is longer than the window)."""
+        """The attached server's generated tokens/s when it reports one; else: tokens of the steps that
+        started in the last rate_window_s seconds, over the time they span (the last step alone when it
+        is longer than the window)."""
         if self._server_rate is not None:
             return self._server_rate[0]
         recent = [s for s in self._steps if s[0] >= self._now - self._rate_window_s] or list(self._steps)[-1:]
