@@ -132,8 +132,13 @@ def test_window_attached_to_inferlab_serve(qapp, served):
         # busy) refills the Server panel
         assert wait_for(qapp, lambda: p.server.snapshot_data()["facts"] is not None)
         assert p.server.is_available()
+        assert wait_for(qapp, lambda: p.latency.snapshot_data()["total_tokens_per_s"])
         lat = p.latency.snapshot_data()
-        assert lat["percentiles"]["ttft"] is not None and lat["total_tokens_per_s"]
+        assert lat["percentiles"]["ttft"] is not None
+        # issue 27: the tokens/s shown is the server's generated tokens/s (/metrics), not a client-side sum
+        assert lat["tokens_per_s_from"] == "server" and "/metrics" in lat["summary"]
+        facts = p.server.snapshot_data()["facts"]
+        assert lat["total_tokens_per_s"] == pytest.approx(facts["generation_tokens_per_s"])
         assert p.tokens.snapshot_data()  # streams opened for the load generator's requests
         unavailable = p.controls.snapshot_data()["unavailable"]
         assert "max_num_seqs" in unavailable and "arrival_rate" not in unavailable

@@ -13,26 +13,27 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QPushButton,
     QScrollArea,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from widgets.comparison_bars import SERIES_COLORS, BarChart
 from widgets.comparison_format import (
+    check_flag,
     format_value,
     is_predicted,
     measured_line,
     metric_label,
+    mixed_units,
     numeric_knob_values,
-    ratio_text,
+    value_with_unit,
 )
 from widgets.comparison_split import SplitChart
+from widgets.comparison_table import fill_table
 from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
@@ -63,6 +64,8 @@ class ComparisonPanel(QWidget):
         self.title = _label(POINT_SIZE + 2, bold=True)
         self.provenance = _label(POINT_SIZE - 1)
         self.notes = _label(POINT_SIZE - 1)
+        self.flag = _label(POINT_SIZE - 2)  # a result that contradicts its chapter says so first
+        self.flag.setStyleSheet("color: #e15759")
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
@@ -86,12 +89,13 @@ class ComparisonPanel(QWidget):
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.addLayout(head)
+        layout.addWidget(self.flag)
         for w in (self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
         self._content_layout = layout
         # a short dock scrolls instead of squeezing the table and the chart on top of each other
-        scroll = QScrollArea()
+        scroll = self._scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(content)
@@ -106,7 +110,7 @@ class ComparisonPanel(QWidget):
         layout = self._content_layout
         for w in (self.provenance, self.table):
             layout.removeWidget(w)
-        at = layout.indexOf(self.split) + 1 if first else 1  # 0: the title row
+        at = layout.indexOf(self.split) + 1 if first else layout.indexOf(self.flag) + 1  # after title + flag
         layout.insertWidget(at, self.provenance)
         layout.insertWidget(at + 1, self.table)
         self._curve_least = 120 if first else 180  # what a 720-line projector has room for
@@ -139,6 +143,10 @@ class ComparisonPanel(QWidget):
             self._show_empty(result["not_built"], keep_title=True)
             return
         rows = result.get("comparison", [])
+        flag, flag_details = check_flag(result)
+        self.flag.setText(flag)
+        self.flag.setToolTip(flag_details)
+        self.flag.setVisible(bool(self.flag.text()))
         self.provenance.setText(measured_line(result))
         self.provenance.show()
         self._fill_table(result, rows)
@@ -149,6 +157,8 @@ class ComparisonPanel(QWidget):
             self.split.set_requests(f"each request's time at {split['label']}: queue / prefill / decode",
                                     split["requests"])
         notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
+        if mixed_units([m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]):
+            notes.append("chart: each metric on its own scale (a bar's length compares configurations)")
         if any(is_predicted(m) for m in result.get("metrics", [])):
             notes.append("predicted: from a model (bytes to read / memory bandwidth measured by a probe), not run")
         self.notes.setText("\n".join(notes))
@@ -186,7 +196,8 @@ class ComparisonPanel(QWidget):
         return {"title": self.title.text(), "provenance": self.provenance.text(),
                 "labels": [row.get("label") for row in r.get("comparison", [])],
                 "metrics": list(r.get("metrics", [])), "measured_at": r.get("measured_at"),
-                "machine": r.get("machine"), "not_built": r.get("not_built")}
+                "machine": r.get("machine"), "not_built": r.get("not_built"),
+                "flag": self.flag.text() if self.flag.isVisible() else ""}
 
     def reset(self) -> None:
         self.set_result(None)
@@ -203,54 +214,50 @@ class ComparisonPanel(QWidget):
             self.title.setText("Comparison")
         self.provenance.setText(text)
         self.provenance.show()
-        for w in (self.table, self.bars, self.curve, self.split, self.notes):
+        for w in (self.table, self.bars, self.curve, self.split, self.notes, self.flag):
             w.hide()
         self.table.setRowCount(0)
         self.table.setColumnCount(0)
 
     def _fill_table(self, result: dict, rows: list[dict]) -> None:
-        metrics = result.get("metrics", [])
         t = self.table
-        t.setRowCount(len(metrics))
-        t.setColumnCount(len(rows))
-        t.setHorizontalHeaderLabels([r["label"] + ("\n(computed, not run)" if r.get("computed") else "")
-                                     for r in rows])
-        t.setVerticalHeaderLabels([metric_label(m) for m in metrics])
-        for i, m in enumerate(metrics):
-            first = rows[0]["metrics"].get(m) if rows else None
-            for j, r in enumerate(rows):
-                v = r["metrics"].get(m)
-                ratio = ratio_text(v, first) if j else ""
-                item = QTableWidgetItem(format_value(m, v) + (f"  ({ratio})" if ratio else ""))
-                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                item.setToolTip(result.get("metric_info", {}).get(m, m))
-                if r.get("computed") or is_predicted(m):
-                    f = item.font()
-                    f.setItalic(True)
-                    item.setFont(f)
-                t.setItem(i, j, item)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        t.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        t.resizeColumnsToContents()
-        t.resizeRowsToContents()
+        fill_table(t, result, rows, self._table_width(), POINT_SIZE)  # every column whole at its width
         t.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        t.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         header = max(t.horizontalHeader().height(), t.horizontalHeader().sizeHint().height())
         height = header + t.verticalHeader().length() + 2 * t.frameWidth() + 4
         t.setMinimumHeight(height)
         t.setMaximumHeight(height)
         t.show()
+        self._table_fitted_to = self._table_width()
+
+    def _table_width(self) -> int:
+        """The width the table has: the scroll area less the content's margins and a vertical scroll
+        bar's width (kept free: a bar that appears later must not cut the last column)."""
+        margins = self._content_layout.contentsMargins()
+        bar = self._scroll.verticalScrollBar().sizeHint().width()
+        inner = self._scroll.width() - 2 * self._scroll.frameWidth() - bar
+        return max(100, inner - margins.left() - margins.right())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        r = self._result
+        if r and not r.get("not_built") and getattr(self, "_table_fitted_to", None) != self._table_width():
+            self._fill_table(r, r.get("comparison", []))  # a narrower dock: compact the table again
 
     def _fill_chart(self, result: dict, rows: list[dict]) -> None:
         chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]
-        xs = numeric_knob_values(result)
+        mixed = mixed_units(chart)  # one axis cannot carry bytes and tokens/s: bars, each metric its own scale
+        xs = None if mixed else numeric_knob_values(result)
         self.bars.setVisible(bool(chart) and xs is None)
         self.curve.setVisible(bool(chart) and xs is not None)
         names = [metric_label(m) for m in chart]
         if xs is None:
+            text = value_with_unit if mixed else format_value
             data = [(r["label"] + (" (computed, not run)" if r.get("computed") else ""),
                      [r["metrics"].get(m) for m in chart],
-                     [format_value(m, r["metrics"].get(m)) for m in chart], bool(r.get("computed"))) for r in rows]
-            self.bars.set_data(names, data)
+                     [text(m, r["metrics"].get(m)) for m in chart], bool(r.get("computed"))) for r in rows]
+            self.bars.set_data(names, data, own_scale=mixed)
             return
         self.curve.clear()
         tick_font = QFont(self.font())

@@ -1,7 +1,9 @@
 """A painted horizontal bar chart: one row per configuration, its full label on the left (wrapped,
-never elided), one bar per charted metric, the value written at the bar's end. All bars share one
-scale (the presets chart metrics of one unit side by side: measured vs predicted tokens/s, TTFT vs
-end-to-end ms), so their lengths compare; a legend sits above the rows, outside the data."""
+never elided), one bar per charted metric, the value written at the bar's end. Metrics of one unit share
+one scale (measured vs predicted tokens/s, TTFT vs end-to-end ms), so their lengths compare; metrics of
+different units (bytes beside tokens/s beside perplexity) each get their own (`own_scale`): a bar's length
+then compares configurations within its metric, and its number carries the unit. A legend sits above
+the rows, outside the data."""
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, Qt
@@ -17,15 +19,27 @@ class BarChart(QWidget):
         super().__init__(parent)
         self._rows: list[tuple[str, list[float | None], list[str], bool]] = []
         self._series: list[str] = []
+        self._own_scale = False
         self._font = QFont(self.font())
         self._font.setPointSize(point_size)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]]) -> None:
-        """series: legend names; rows: (label, one value per series, its text, computed)."""
-        self._series, self._rows = list(series), list(rows)
+    def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]],
+                 own_scale: bool = False) -> None:
+        """series: legend names; rows: (label, one value per series, its text, computed); own_scale: each
+        series scaled to its own largest value (metrics of different units)."""
+        self._series, self._rows, self._own_scale = list(series), list(rows), own_scale
         self.setFixedHeight(self._needed_height())
         self.update()
+
+    def _tops(self) -> list[float]:
+        """The value a full-length bar stands for, per series: one for all, or each its own."""
+        def largest(series: range) -> float:
+            return max((abs(r[1][s]) for r in self._rows for s in series if r[1][s] is not None), default=0.0)
+        n = len(self._series)
+        if self._own_scale:
+            return [largest(range(s, s + 1)) for s in range(n)]
+        return [largest(range(n))] * n
 
     def _line(self) -> int:
         return QFontMetrics(self._font).height()
@@ -62,8 +76,25 @@ class BarChart(QWidget):
         label_w = max(20, self._label_width(fm, w) - 8)
         return [max(bars, self._label_height(fm, r[0], label_w) + 8) for r in self._rows]
 
+    def _legend(self, fm: QFontMetrics, w: int) -> list[tuple[int, int]]:
+        """(x, line) of each legend entry: on one line, wrapping to the next where the width ends."""
+        out, x, row = [], 0, 0
+        for name in self._series:
+            width = self._line() + fm.horizontalAdvance(name) + 24
+            if x and x + width - 24 > w:
+                x, row = 0, row + 1
+            out.append((x, row))
+            x += width
+        return out
+
+    def _legend_height(self, fm: QFontMetrics, w: int) -> float:
+        lines = max((row for _x, row in self._legend(fm, w)), default=0) + 1
+        return self._line() * (lines + 0.6)
+
     def _needed_height(self) -> int:
-        return self._line() * 2 + sum(self._row_heights(max(self.width(), 100))) + 8
+        w = max(self.width(), 100)
+        return int(self._legend_height(QFontMetrics(self._font), w) + self._line() * 0.4
+                   + sum(self._row_heights(w)) + 8)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
@@ -79,16 +110,15 @@ class BarChart(QWidget):
         line, w = self._line(), self.width()
         above = self._labels_above(fm, w)
         label_w = 0 if above else self._label_width(fm, w)
-        x = 0
-        for i, name in enumerate(self._series):  # legend, above the data
-            p.fillRect(QRectF(x, line * 0.2, line * 0.8, line * 0.8), QColor(SERIES_COLORS[i % len(SERIES_COLORS)]))
+        for i, (name, (x, row)) in enumerate(zip(self._series, self._legend(fm, w))):  # legend, above the data
+            top, color = row * line, QColor(SERIES_COLORS[i % len(SERIES_COLORS)])
+            p.fillRect(QRectF(x, top + line * 0.2, line * 0.8, line * 0.8), color)
             p.setPen(text_color)
-            p.drawText(QRectF(x + line, 0, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
-            x += line + fm.horizontalAdvance(name) + 24
-        top = max((abs(v) for r in self._rows for v in r[1] if v is not None), default=0.0)
+            p.drawText(QRectF(x + line, top, w - x, line), Qt.AlignmentFlag.AlignLeft, name)
+        tops = self._tops()
         value_w = max((fm.horizontalAdvance(t) for r in self._rows for t in r[2]), default=0) + 12
         bar_w = max(10, w - label_w - value_w)
-        y = line * 1.6
+        y = self._legend_height(fm, w)
         for (label, values, texts, computed), per_row in zip(self._rows, self._row_heights(w), strict=True):
             p.setPen(text_color)
             if above:
@@ -101,7 +131,7 @@ class BarChart(QWidget):
                            | self._wrap_flag(fm, label, int(label_w - 8)), label)
             for s, (v, t) in enumerate(zip(values, texts)):
                 by = y + label_h + s * line + 2
-                length = bar_w * abs(v) / top if v is not None and top else 0
+                length = bar_w * abs(v) / tops[s] if v is not None and tops[s] else 0
                 color = QColor(SERIES_COLORS[s % len(SERIES_COLORS)])
                 if computed:
                     color.setAlpha(COMPUTED_ALPHA)

@@ -60,6 +60,30 @@ def format_value(name: str, value: float | None) -> str:
     return f"{value:.2g}"
 
 
+def metric_unit(name: str) -> str:
+    """The unit a metric is counted in ("bytes", "tokens/s", "ms", "%", ...; "" for a plain number)."""
+    words = name.split("_")
+    if "bytes" in words:
+        return "bytes"
+    label = metric_label(name)
+    if label.endswith("tokens/s"):
+        return "tokens/s"
+    return label[label.rfind("(") + 1 : -1] if label.endswith(")") else ""
+
+
+def mixed_units(names: list[str]) -> bool:
+    return len({metric_unit(m) for m in names}) > 1
+
+
+def value_with_unit(name: str, value: float | None) -> str:
+    """A bar's number with its unit, for charts that put metrics of different units side by side."""
+    text = format_value(name, value)
+    unit = metric_unit(name)
+    if value is None or unit in ("bytes", "%", ""):  # bytes and % carry theirs already
+        return text if unit or value is None else f"{text} {metric_label(name)}"
+    return f"{text} {unit}"
+
+
 def ratio_text(value: float | None, first: float | None) -> str:
     """'3.1x' vs the first configuration ('' when either is missing or zero)."""
     if value is None or not first:
@@ -86,3 +110,23 @@ def numeric_knob_values(result: dict) -> list[float] | None:
     if not knob or len(values) <= 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
         return None
     return [float(v) for v in values]
+
+
+def check_flag(result: dict) -> tuple[str, str]:
+    """The chapter check's word on the panel (app/talk/compare/prepare_chapter.py writes "checks"), short
+    enough for a projector, and its full text for the tooltip: each claim the figures contradict, the
+    likely reasons (their names on screen, the figures in the tooltip), a fallback measured instead.
+    ("", "") when every claim holds or none was checked."""
+    broken = [v for v in result.get("checks", []) if v.get("holds") is False]
+    short = [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    full = list(short)
+    reasons = result.get("check_reasons") or ["no reason found on this machine"]
+    if broken:
+        short.append("likely: " + "; ".join(r.split(":", 1)[0] for r in reasons))
+        full += [f"likely: {r}" for r in reasons]
+    fallback = result.get("fallback")
+    if fallback:
+        short.append(f"measured at the preset's fallback: {fallback.get('reason')}")
+        first = [v["claim"] for v in fallback.get("first_try", []) if v.get("holds") is False]
+        full.append(short[-1] + (f" (the first try contradicted: {'; '.join(first)})" if first else ""))
+    return "\n".join(short), "\n".join(full)

@@ -50,6 +50,9 @@ class LatencyPanel(Panel):
         self._budget: tuple[float, float] | None = None
         self._t_first: float | None = None
         self._now = 0.0
+        # an attached server's own generated tokens/s (its /metrics counter); when set, it is the
+        # throughput shown, not the tokens this client saw arrive
+        self._server_rate: tuple[float | None, str] | None = None
 
         self._summary = QLabel()
         self._summary.setTextFormat(Qt.TextFormat.RichText)
@@ -112,6 +115,11 @@ class LatencyPanel(Panel):
         self._seen(t_start, t_end)
         self._mark_dirty()
 
+    def set_server_tokens_per_s(self, tokens_per_s: float | None, server: str) -> None:
+        """The server's generated tokens/s from its /metrics (None until two scrapes give a rate)."""
+        self._server_rate = (tokens_per_s, server)
+        self._mark_dirty()
+
     def set_budget(self, ttft_s: float, tpot_s: float) -> None:
         self._budget = (ttft_s, tpot_s)
         self._mark_dirty()
@@ -120,6 +128,7 @@ class LatencyPanel(Panel):
         self._finished.clear()
         self._steps.clear()
         self._t_first, self._now = None, 0.0
+        self._server_rate = None
         self._mark_dirty()
         self.flush()
 
@@ -133,8 +142,11 @@ class LatencyPanel(Panel):
         return [v for v in (getattr(t, key) for t in self._finished) if v is not None]
 
     def total_tokens_per_s(self) -> float | None:
-        """Tokens of the steps that started in the last rate_window_s seconds, over the time they span
-        (the last step alone when it is longer than the window)."""
+        """The attached server's generated tokens/s when it reports one; else: tokens of the steps that
+        started in the last rate_window_s seconds, over the time they span (the last step alone when it
+        is longer than the window)."""
+        if self._server_rate is not None:
+            return self._server_rate[0]
         recent = [s for s in self._steps if s[0] >= self._now - self._rate_window_s] or list(self._steps)[-1:]
         if not recent:
             return None
@@ -160,6 +172,7 @@ class LatencyPanel(Panel):
             "num_finished": len(self._finished),
             "percentiles": {key: latency_percentiles(self.values(key)) for key, *_ in _METRICS},
             "total_tokens_per_s": self.total_tokens_per_s(),
+            "tokens_per_s_from": "client" if self._server_rate is None else "server",
             "goodput_rps": gp, "num_within_budget": ok, "num_in_window": n, "budget": self._budget,
             "summary": self._summary.text(),
         }
@@ -169,7 +182,10 @@ class LatencyPanel(Panel):
         for key, _title, scale, unit in _METRICS:
             self._repaint_histogram(key, scale, unit)
         gp, ok, n = self.goodput()
-        text = f"total <b>{rate(self.total_tokens_per_s(), 'tok/s')}</b> (last {self._rate_window_s:.0f} s)"
+        if self._server_rate is not None:
+            text = f"generated <b>{rate(self.total_tokens_per_s(), 'tok/s')}</b> ({self._server_rate[1]}'s /metrics)"
+        else:
+            text = f"total <b>{rate(self.total_tokens_per_s(), 'tok/s')}</b> (last {self._rate_window_s:.0f} s)"
         if self._budget is None:
             text += " · goodput: <i>no latency budget set</i>"
         else:

@@ -3,7 +3,8 @@
 x: tokens/s per user (log), y: $ per million tokens at the editable GPU-hour price (log), colour:
 top-1 agreement with the 16-bit model (measured; grey when not measured). Measured points are filled;
 predicted points (a cost model's, for other models and devices) are hollow and say "predicted".
-Hovering shows a point's configuration; clicking a measured point emits sigApply(config). Only
+Hovering shows a point's configuration; clicking a measured point emits sigApply(config), right-clicking
+it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Only
 frontier points and one point per predicted group get a label, placed so that no two overlap.
 """
 from __future__ import annotations
@@ -48,6 +49,14 @@ def sweep_label(p: dict) -> str:
     return f"batch {p['batch']} · {p['bits']}-bit · k={p['draft']}"
 
 
+def sweep_config(p: dict) -> dict:
+    """The engine settings a sweep point was measured with (its weights' group size when it has one)."""
+    config = {"max_num_seqs": p["batch"], "quant_bits": p["bits"], "num_speculative_tokens": p["draft"]}
+    if p.get("group_size") and p["bits"] != 16:
+        config["quant_group_size"] = p["group_size"]
+    return config
+
+
 def predicted_label(p: dict) -> str:
     return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
 
@@ -59,6 +68,7 @@ class TradeoffPanel(Panel):
     sigPriceChanged = Signal(float)  # $ per GPU-hour
     sigApply = Signal(dict)  # a measured point's engine configuration, to apply to the live engine
     sigExport = Signal()
+    sigCopyCommand = Signal(dict)  # a measured point's engine configuration, as a `inferlab serve` line
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -77,7 +87,8 @@ class TradeoffPanel(Panel):
         self._price.valueChanged.connect(self._on_price_changed)
         self._sweep = QPushButton("Run sweep")
         self._sweep.setToolTip("batch 1/8/32 x 16/8/4 bits x draft 0/4 on separate engines (a few minutes); "
-                               "the live panels are not touched")
+                               "the live requests finish first (new load pauses, nothing is aborted) and the "
+                               "live panels are not touched")
         self._sweep.clicked.connect(self.sigSweep)
         self._export = QPushButton("Export…")
         self._export.clicked.connect(self.sigExport)
@@ -125,8 +136,7 @@ class TradeoffPanel(Panel):
         """One measured sweep point (app/tradeoff/sweep.py's dict) as it arrives."""
         label = sweep_label(p)
         self._points[label] = {**p, "label": label, "source": "sweep",
-                               "config": {"max_num_seqs": p["batch"], "quant_bits": p["bits"],
-                                          "num_speculative_tokens": p["draft"]}}
+                               "config": sweep_config(p)}
         self._mark_dirty()
 
     def set_sweep(self, result: dict) -> None:
@@ -139,6 +149,10 @@ class TradeoffPanel(Panel):
         self._predicted = {predicted_label(p): {**p, "label": predicted_label(p)}
                            for p in result.get("predicted", []) if p.get("predicted") and p.get("tokens_per_s_total")}
         self._mark_dirty()
+
+    def sweep_points(self) -> list[dict]:
+        """The measured sweep points shown (app/tradeoff/sweep.py's dicts, with label and config)."""
+        return [dict(p) for p in self._points.values() if p["source"] == "sweep"]
 
     def set_current(self, label: str | None) -> None:
         self._current = label
@@ -306,15 +320,17 @@ class TradeoffPanel(Panel):
             return ((at.x() - x) / w, (at.y() - y) / h), rect
         return None
 
-    def _tip(self, _x: float, _y: float, data: object) -> str:
+    def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
+        """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:
+        the point's own figures are shown, not the log10 coordinates it is drawn at)."""
         label = str(data)
         p = self._predicted.get(label) or self._points.get(label)
         if p is None:
             return ""
-        x, y = p["tokens_per_s_user"], cost_per_million_tokens(self.price_per_hour(), p["tokens_per_s_total"]) or 0.0
+        cost = cost_per_million_tokens(self.price_per_hour(), p["tokens_per_s_total"]) or 0.0
         if label in self._predicted:
             return (f"{label}\n{p['tokens_per_s_user']:.0f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s "
-                    f"total\n${y:.4f} per 1M tokens\nweights {p['weights_bytes'] / 1e9:.1f} GB · KV "
+                    f"total\n${cost:.4f} per 1M tokens\nweights {p['weights_bytes'] / 1e9:.1f} GB · KV "
                     f"{p['kv_capacity_tokens']:,} tokens\ncost model calibrated on this machine: not measured")
         quality = NOT_MEASURED if p.get("agreement") is None else (
             f"top-1 agreement {100 * p['agreement']:.1f} % · KL {p['kl']:.4f} · perplexity "
@@ -324,14 +340,17 @@ class TradeoffPanel(Panel):
             lat = f"\nTPOT p50 {p['p50_tpot_ms']:.0f} ms · p99 {p['p99_tpot_ms']:.0f} ms"
         if p.get("p50_ttft_ms") is not None:
             lat += f" · TTFT p50 {p['p50_ttft_ms']:.0f} ms"
-        return (f"{label}\n{x:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"
-                f"${y:.3f} per 1M tokens\n{quality}{lat}\nclick: apply to the live engine")
+        return (f"{label}\n{p['tokens_per_s_user']:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"
+                f"${cost:.3f} per 1M tokens\n{quality}{lat}\nclick: apply to the live engine · right-click: "
+                "copy as an `inferlab serve` command")
 
-    def _on_clicked(self, _item, spots, _ev=None) -> None:
+    def _on_clicked(self, _item, spots, ev=None) -> None:
+        """Left click: apply the point to the live engine; right click: copy it as a serve command."""
+        copy = ev is not None and ev.button() == Qt.MouseButton.RightButton
         for spot in spots:
             p = self._points.get(str(spot.data()))
             if p is not None and p.get("config"):
-                self.sigApply.emit(dict(p["config"]))
+                (self.sigCopyCommand if copy else self.sigApply).emit(dict(p["config"]))
                 return
 
     def _update_legend(self) -> None:

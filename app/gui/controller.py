@@ -186,7 +186,7 @@ class AppController(QObject):
         if bits != self.state.config["quant_bits"] and self.state.capabilities.quantization:
             self.panels.timeline.mark_config_change(f"weights {self.state.config['quant_bits']} → {bits}-bit")
             self.state.config["quant_bits"] = bits
-            self.host.quantize(bits)
+            self.host.quantize(bits, values.get("quant_group_size"))  # a tradeoff point's own group size
             self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
         k = values.get("num_speculative_tokens", self.state.config["num_speculative_tokens"])
         before = self.state.config["num_speculative_tokens"]

@@ -87,7 +87,7 @@ class PanelFeeder(QObject):
             channel.LoraAdapters: lambda a: self.panels.lora.set_adapters([AdapterRow(**r) for r in a.adapters]),
             channel.SideBySide: lambda s: self.panels.lora.begin_side_by_side(dict(s.assignments)),
             # an attached server (app/remote/source.py): its /metrics, and its streams as the client timed them
-            channel.ServerSample: lambda s: self.panels.server.set_facts(facts_dict(s.facts)),
+            channel.ServerSample: self._on_server_sample,
             channel.ServerStatus: self._on_server_status,
             channel.ClientSent: lambda c: self.panels.timeline.request_arrived(c.request_id, c.t),
             channel.ClientOutput: self._on_client_output,
@@ -192,6 +192,12 @@ class PanelFeeder(QObject):
             self.panels.tradeoff.set_current(point.label)
             self._points[point.label] = point
             self._update_measured_speedup(point)
+
+    def _on_server_sample(self, sample: channel.ServerSample) -> None:
+        facts = sample.facts
+        self.panels.server.set_facts(facts_dict(facts))
+        if "generated tokens/s" not in facts.not_exposed:  # the server's count, not this client's
+            self.panels.latency.set_server_tokens_per_s(facts.generation_tokens_per_s, facts.server_name)
 
     def _on_server_status(self, status: channel.ServerStatus) -> None:
         self.panels.server.set_status(status.state, status.text)

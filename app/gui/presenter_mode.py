@@ -27,6 +27,7 @@ class PresenterMode(QObject):
         self._state_version = state_version
         self.on = False
         self._full_screen = False  # full screen (not a headless screenshot at a given size)
+        self._screen_h = 0  # the projector's lines
         self._normal_font: QFont | None = None
         self._layout_before = None
         self._shown: tuple[str, ...] = ()  # the preset's panels
@@ -46,6 +47,7 @@ class PresenterMode(QObject):
         # the projector's lines: the screen's when full screen, else the size asked for (a headless
         # screenshot; the window itself may not have shrunk to it yet)
         screen_h = w.screen().size().height() if full_screen else (screen_height or w.height())
+        self._screen_h = screen_h
         if on:
             self._layout_before = w.saveState(self._state_version)
             self._normal_font = app.font()
@@ -93,12 +95,22 @@ class PresenterMode(QObject):
         else:
             QTimer.singleShot(0, self.give_comparison_room)
 
+    def _keep_to_screen(self) -> None:
+        """A layout that needed more lines for a moment (fonts enlarged, a table before it was fitted)
+        grew the window past the projector; once it fits again, the window goes back to the screen's
+        lines, so nothing the room should see is below the bottom edge."""
+        w = self._window
+        if self.on and not self._full_screen and self._screen_h and w.height() > self._screen_h \
+                and w.minimumSizeHint().height() <= self._screen_h:
+            w.resize(w.width(), self._screen_h)
+
     def _fit_screen(self) -> None:
         if self.on and self._full_screen:
             self._window.setGeometry(self._window.screen().geometry())
             QTimer.singleShot(0, self.give_comparison_room)  # once the docks have the screen's height
 
     def give_comparison_room(self) -> None:
+        self._keep_to_screen()
         if self.on and self._shown:
             give_comparison_room(self._window, self.columns, self._window.docks["comparison"])
         elif self._room_timer.isActive():

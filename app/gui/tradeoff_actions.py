@@ -1,24 +1,48 @@
-"""The tradeoff panel's two requests: apply a clicked point to the live engine (through the
-controller's own configuration verb, as if the sliders had moved) and export the plot (CSV + PNG)."""
+"""The tradeoff panel's requests: apply a clicked point to the live engine (through the controller's
+own configuration verb, as if the sliders had moved, reusing the sweep's measured perplexities so that
+nothing is scored again), copy a point as its `inferlab serve` command, export the plot (CSV + PNG)."""
 from __future__ import annotations
 
 from pathlib import Path
+
+from app.server.serve_knobs import serve_command
+from app.tradeoff.point_quality import reusable_perplexity
 
 
 def connect_tradeoff(controller) -> None:
     panel = controller.panels.tradeoff
     panel.sigApply.connect(lambda config: apply_config(controller, config))
     panel.sigExport.connect(lambda: export_dialog(controller))
+    panel.sigCopyCommand.connect(lambda config: copy_command(controller, config))
 
 
 def apply_config(controller, config: dict) -> None:
     if not controller.engine_ready:
         controller.window.show_message("the model is still loading")
         return
+    if controller.state.capabilities.quantization:  # (an attached server cannot requantize)
+        known = reusable_perplexity(controller.panels.tradeoff.sweep_points(), config,
+                                    controller.state.config["quant_bits"])
+        if known:  # posted before the requantization: the engine thread takes them first
+            controller.host.adopt_perplexity(known)
     controller.panels.controls.set_values(config)  # the sliders show it, without emitting
     controller._on_config_changed(dict(config))
     controller.window.show_message("applied from the tradeoff plot: " + ", ".join(
         f"{k} {v}" for k, v in config.items()))
+
+
+def copy_command(controller, config: dict) -> str:
+    """Put the point's `inferlab serve` line on the clipboard (and say it in the status bar)."""
+    from PySide6.QtGui import QGuiApplication
+
+    info = controller.host.info
+    if info is None:
+        controller.window.show_message("the model is still loading")
+        return ""
+    line = serve_command(config, info.model)
+    QGuiApplication.clipboard().setText(line)
+    controller.window.show_message("copied: " + line)
+    return line
 
 
 def export_files(panel, base: str | Path) -> tuple[Path, Path]:

@@ -89,6 +89,7 @@ class EngineHost(QObject):
             cmd.SetArrivalRate: lambda c: self.loadgen.set_rate(c.rate, now()),
             cmd.SubmitArrivals: lambda c: [self.submit(a) for a in c.arrivals],
             cmd.Quantize: lambda c: engine_work.quantize(self, c.bits, c.group_size),
+            cmd.AdoptPerplexity: lambda c: engine_work.adopt_perplexity(self, dict(c.by_bits)),
             cmd.Reset: lambda c: self._reset(),
             cmd.RunMeasurement: lambda c: c.job(self),
             cmd.UseLoras: lambda c: lora_host.use_loras(self, c),
@@ -185,6 +186,10 @@ class EngineHost(QObject):
         """Requantize the weights from the originals (engine thread, with channel.Busy progress), then
         measure perplexity on the held-out text for this and for 16 bits if not known yet."""
         self.loop.post(cmd.Quantize(int(bits), group_size))
+
+    def adopt_perplexity(self, by_bits: dict[int, float]) -> None:
+        """Take these perplexities (a sweep's, same held-out text and weights settings) as measured."""
+        self.loop.post(cmd.AdoptPerplexity(tuple(sorted(by_bits.items()))))
 
     def reset(self) -> None:
         """Stop the load, abort every request; a channel.Reset follows their last events."""

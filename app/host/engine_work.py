@@ -38,3 +38,10 @@ def measure_perplexity(host, busy) -> None:
     busy(f"measuring perplexity at {bits} bits on the held-out text…", None)
     host.perplexity[bits] = host.engine.perplexity()
     host.publish(channel.Perplexity(dict(host.perplexity)))
+
+
+def adopt_perplexity(host, by_bits: dict[int, float]) -> None:
+    """Perplexities measured elsewhere on the same held-out text with the same weights settings (a
+    tradeoff sweep's): taken as known, so a requantization does not measure them again."""
+    host.perplexity.update(by_bits)
+    host.publish(channel.Perplexity(dict(host.perplexity)))

@@ -69,6 +69,13 @@ class Quantize:
 
 
 @dataclass(frozen=True, slots=True)
+class AdoptPerplexity:
+    """Perplexities a sweep measured (weight bits -> perplexity), known from now on (no new measurement)."""
+
+    by_bits: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Reset:
     """Stop the load, abort every request; a channel Reset follows their last events."""
 

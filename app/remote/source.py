@@ -173,6 +173,9 @@ class RemoteSource(QObject):
     def quantize(self, bits: int, group_size: int | None = None) -> None:
         raise RuntimeError(f"requantizing is not offered by {self.name}")
 
+    def adopt_perplexity(self, by_bits: dict[int, float]) -> None:
+        raise RuntimeError(f"requantizing is not offered by {self.name}")
+
     def start_load(self) -> None:
         self._post(lambda: self.loadgen.start(time.perf_counter()))
 

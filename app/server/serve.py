@@ -6,6 +6,7 @@ import os
 import sys
 
 from app.device_args import device_options
+from app.server.serve_knobs import add_knob_args, knob_settings
 from engine.core.policies import POLICIES
 from engine.knobs import KNOB
 
@@ -30,6 +31,7 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--max-predicted-wait", type=float, default=None, metavar="SECONDS",
                    help="refuse (429) when the predicted queue wait exceeds this")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB")
+    add_knob_args(p)  # the knobs a tradeoff point varies: weight bits, KV dtype, speculation
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a PEFT LoRA adapter as model NAME (repeatable)")
@@ -47,7 +49,8 @@ def engine_config(args):
     kw = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy,
-              max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait)
+              max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait,
+              **knob_settings(args))
     if args.kv_cache_mib:
         kw["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
     if args.lora or args.lora_dir:

@@ -28,6 +28,7 @@ from engine.quant_formats import QUANT_BITS
 
 DEFAULT_PRICE_PER_HOUR = 2.50
 POINT_KEYS = ("batch", "bits", "draft")
+LIVE_WAIT_S = 60.0  # the longest the sweep waits for the live requests to finish before it starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
                                       cancelled)
                 steps.extend(meter.steps)
                 point = {"batch": batch, "bits": bits, "draft": draft, "predicted": False,
-                         "group_size": spec.group_size if bits == 4 else None,
+                         "group_size": spec.group_size if bits != 16 else None,
                          **point_figures(meter, spec.price_per_hour), **quality,
                          "weights_bytes": mem.weights_bytes, "kv_blocks": mem.kv_blocks_total}
                 points.append(point)
@@ -157,23 +158,27 @@ def verdict_summary(roofs: Roofs, steps: list) -> dict:
 
 
 class Sweep:
-    """The GUI's sweep, run in the engine thread as Sweep(spec)(host). The live engine waits meanwhile
-    (its load generator is stopped and its requests aborted, so no live request's latency counts the
-    sweep); the sweep's own engines publish nothing to the live panels. Progress and results go out on
-    the host's channel (app/source/channel.py): SweepProgress(text, fraction), SweepPoint(dict), SweepDone(result)."""
+    """The GUI's sweep, run in the engine thread as Sweep(spec)(host). The live engine waits meanwhile:
+    its load generator is stopped and the requests it holds are let finish first (at most LIVE_WAIT_S;
+    any left pause, never aborted, and the progress line says so); the sweep's own engines publish
+    nothing to the live panels. Progress and results go out on the host's channel (app/source/channel.py):
+    SweepProgress(text, fraction), SweepPoint(dict), SweepDone(result)."""
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
 
     def __call__(self, host) -> None:
+        from app.tradeoff.live_wait import finish_live_requests
         from engine.loading.loader import load_model
         from engine.perf.probe import probe_roofs
 
         was_running = host.loadgen.running
         host.loadgen.stop()
-        host.abort_all(only_ours=True)
         result = None
         try:
+            left = finish_live_requests(host, LIVE_WAIT_S, lambda text: host.publish(SweepProgress(text, 0.0)))
+            if left:
+                host.publish(SweepProgress(f"sweep: {left} live requests pause until the sweep is done", 0.0))
             loaded = load_model(host.engine.config.model)
             roofs = probe_roofs(host.engine.device)
             result = run_sweep(loaded, host.engine.config, self.spec, roofs,

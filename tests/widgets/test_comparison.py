@@ -125,7 +125,9 @@ def test_chart_first_for_the_projector(show):
     assert layout.indexOf(panel.split) < layout.indexOf(panel.provenance) < layout.indexOf(panel.table) \
         < layout.indexOf(panel.notes)
     panel.set_chart_first(False)
-    assert layout.indexOf(panel.provenance) == 1 and layout.indexOf(panel.table) == 2
+    # 0: the title row, 1: the chapter check's flag (issue 27), then when/where and the table
+    assert layout.indexOf(panel.flag) == 1
+    assert layout.indexOf(panel.provenance) == 2 and layout.indexOf(panel.table) == 3
     assert layout.indexOf(panel.table) < layout.indexOf(panel.bars)
 
 

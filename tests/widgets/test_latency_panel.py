@@ -95,3 +95,19 @@ def test_line_labels_apart_and_inside_when_percentiles_crowd(panel, qtbot):
         assert box.adjusted(-1, -1, 1, 1).contains(rect)
         for other in rects[i + 1:]:
             assert not rect.intersects(other), (labels[i].toPlainText(), rect, other)
+
+
+def test_attached_servers_tokens_per_s_is_the_servers(panel):
+    """Issue 27: attached, the tokens/s shown is the server's /metrics counter rate, not this client's
+    count of the chunks it received (which read 3,488 tok/s while the server said 8.7)."""
+    for i in range(50):  # chunks arriving at one instant, as a client sees a burst of streams
+        panel.add_tokens(10.0, 10.0 + 0.001 * i, 70)
+    panel.flush()
+    assert panel.snapshot_data()["tokens_per_s_from"] == "client"
+    panel.set_server_tokens_per_s(8.7, "inferlab")
+    panel.flush()
+    data = panel.snapshot_data()
+    assert data["total_tokens_per_s"] == pytest.approx(8.7) and data["tokens_per_s_from"] == "server"
+    assert "8.7" in data["summary"] and "inferlab's /metrics" in data["summary"]
+    panel.reset()
+    assert panel.snapshot_data()["tokens_per_s_from"] == "client"

@@ -67,13 +67,57 @@ def test_labels_never_overlap(panel):
 def test_hover_and_click_apply(panel, qtbot):
     panel.set_sweep(_sweep())
     panel.flush()
-    tip = panel._tip(0, 0, "batch 8 · 8-bit · k=4")
+    tip = panel._tip(x=0, y=0, data="batch 8 · 8-bit · k=4")  # as pyqtgraph 0.14 calls it: by keyword
     assert "top-1 agreement 97.0 %" in tip and "TPOT p50 30 ms" in tip
-    assert "not measured" in panel._tip(0, 0, panel.snapshot_data()["predicted"][0]["label"])
+    assert "not measured" in panel._tip(x=0, y=0, data=panel.snapshot_data()["predicted"][0]["label"])
     spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · 8-bit · k=4")
     with qtbot.waitSignal(panel.sigApply, timeout=1000) as blocker:
         panel._on_clicked(panel._scatter, [spot])
     assert blocker.args == [{"max_num_seqs": 8, "quant_bits": 8, "num_speculative_tokens": 4}]
+
+
+def test_hovering_a_point_shows_its_tooltip(panel, qtbot):
+    """A real mouse move over a point: pyqtgraph's own hover path calls the tip (keyword arguments in
+    0.14) and sets the view's tooltip to the point's text."""
+    from PySide6.QtCore import QEvent, QPointF
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+
+    def move_to(local: QPointF) -> None:
+        view = panel._plot.viewport()
+        QApplication.sendEvent(view, QMouseEvent(QEvent.Type.MouseMove, local, view.mapToGlobal(local),
+                                                 Qt.MouseButton.NoButton, Qt.MouseButton.NoButton,
+                                                 Qt.KeyboardModifier.NoModifier))
+
+    panel.set_sweep(_sweep())
+    panel.flush()
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · 8-bit · k=4")
+    vb = panel._plot.getPlotItem().vb
+    at = QPointF(panel._plot.mapFromScene(vb.mapViewToScene(QPointF(spot.pos()))))
+
+    def hovered() -> bool:  # pyqtgraph drops mouse moves closer together than its rate limit: move again
+        move_to(at)
+        return "batch 8 · 8-bit · k=4" in vb.toolTip()
+
+    qtbot.waitUntil(hovered, timeout=5000)
+    assert "top-1 agreement 97.0 %" in vb.toolTip() and "copy as an `inferlab serve` command" in vb.toolTip()
+
+
+def test_right_click_copies_a_point_as_a_command(panel, qtbot):
+    from PySide6.QtCore import Qt as QtNS
+
+    class RightClick:
+        def button(self):
+            return QtNS.MouseButton.RightButton
+
+    panel.set_sweep(_sweep())
+    panel.flush()
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 32 · 4-bit · k=0")
+    applied = []
+    panel.sigApply.connect(applied.append)
+    with qtbot.waitSignal(panel.sigCopyCommand, timeout=1000) as blocker:
+        panel._on_clicked(panel._scatter, [spot], RightClick())
+    assert blocker.args == [{"max_num_seqs": 32, "quant_bits": 4, "num_speculative_tokens": 0}] and not applied
 
 
 def test_live_points_price_and_current(panel, qtbot):

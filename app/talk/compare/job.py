@@ -39,7 +39,14 @@ class ComparisonJob:
 
     def __call__(self, loaded, base: EngineConfig, progress: Callable[[str, float], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> dict:
-        result = run_comparison(self.preset.compare, loaded, base, slo=SLO(self.preset.ttft_s, self.preset.tpot_s),
-                                progress=progress, cancelled=cancelled)
+        from app.talk.compare.prepare_chapter import dtype_conditions, run_with_checks
+
+        def run(spec) -> dict:
+            return run_comparison(spec, loaded, base, slo=SLO(self.preset.ttft_s, self.preset.tpot_s),
+                                  progress=progress, cancelled=cancelled)
+
+        # the chapter's claims are checked here too (no fallback: the speaker chose to measure this one)
+        result = run_with_checks(self.preset.compare, run, {**dtype_conditions(base.dtype, str(base.device)),
+                                                            "threads": base.num_threads})
         save_result(self.preset.name, self.model, result)
         return result

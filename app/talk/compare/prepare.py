@@ -1,6 +1,8 @@
 """`inferlab prepare [--json OUT] [--preset NAME ...]`: run every preset's comparison ahead of a talk,
 with progress on stderr, and store the results per machine, model and configuration (app/talk/compare/store.py).
-A preset whose comparison fails is reported and skipped; the others still run and are stored."""
+Each result is checked against its chapter's claims (app/talk/compare/prepare_chapter.py): a contradiction
+is flagged with its likely reason, and a preset's fallback is tried once. A preset whose comparison fails
+is reported and skipped; the others still run and are stored."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from pathlib import Path
 from app.talk.compare.headline import headline_text
 from app.talk.compare.job import comparison_base
 from app.talk.compare.machine import machine_info
+from app.talk.compare.prepare_chapter import check_lines, dtype_conditions, run_checked
 from app.talk.compare.runner import run_comparison
 from app.talk.compare.store import prepared_json, save_result
 
@@ -56,6 +59,7 @@ def run_prepare(args) -> int:
     loaded = load_model(args.model, progress=load_progress)
     base = comparison_base(args.model, args.dtype, args.device, args.threads)
     results, failed = {}, []
+    conditions = {**dtype_conditions(args.dtype, args.device), "threads": args.threads}
     for i, preset in enumerate(presets):
         if preset.compare is None:
             _say(f"[{i + 1}/{len(presets)}] {preset.name}: no [compare] section, skipped")
@@ -65,9 +69,11 @@ def run_prepare(args) -> int:
         def progress(text: str, fraction: float, i=i) -> None:
             _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
 
+        def run(spec, preset=preset, progress=progress) -> dict:
+            return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress)
+
         try:
-            result = run_comparison(preset.compare, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s),
-                                    progress=progress)
+            result = run_checked(preset, run, conditions, _say)
         except Exception as exc:  # one broken comparison must not cost the others
             failed.append(preset.name)
             _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
@@ -76,8 +82,12 @@ def run_prepare(args) -> int:
         results[preset.name] = result
         _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
              f"({time.perf_counter() - t0:.1f} s; stored in {path})")
+        for line in check_lines(result):
+            _say(line)
+    flagged = [n for n, r in results.items() if any(v["holds"] is False for v in r.get("checks", []))]
     _say(f"prepared {len(results)} of {len(presets)} presets in {time.perf_counter() - t_start:.0f} s"
-         + (f"; failed: {', '.join(failed)}" if failed else ""))
+         + (f"; failed: {', '.join(failed)}" if failed else "")
+         + (f"; CONTRADICT THEIR CHAPTER: {', '.join(flagged)} (see above)" if flagged else ""))
     if args.json:
         doc = prepared_json(args.model, machine_info(args.device), results)
         Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")

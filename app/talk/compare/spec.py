@@ -78,6 +78,9 @@ class CompareSpec:
     engine: dict = field(default_factory=dict)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     not_built: str | None = None
+    checks: tuple = ()  # the chapter's claims on its own figures (app/talk/chapter_check.CheckSpec)
+    fallback: CompareSpec | None = None  # the same comparison with a gentler knob, tried once if a claim breaks
+    fallback_reason: str | None = None  # what the fallback changes, in words
 
     @property
     def headline(self) -> str:
@@ -86,7 +89,7 @@ class CompareSpec:
     def fingerprint(self) -> str:
         """A short hash of everything that shapes the result (not the title): stored results are kept per
         configuration."""
-        shape = {k: v for k, v in asdict(self).items() if k != "title"}
+        shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -188,7 +191,8 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
         raise CompareSpecError("compare", "values", f"{knob}: {exc.message}") from None
 
 
-TOP_KEYS = ("title", "knob", "values", "configs", "metrics", "chart", "engine", "workload", "not_built")
+TOP_KEYS = ("title", "knob", "values", "configs", "metrics", "chart", "engine", "workload", "not_built", "checks",
+            "fallback")
 
 
 def parse_compare(d: dict) -> CompareSpec:
@@ -211,5 +215,57 @@ def parse_compare(d: dict) -> CompareSpec:
     engine = {k: _knob_value("compare.engine", k, v) for k, v in engine.items()}
     metrics = _names("compare", "metrics", d.get("metrics", ["tokens_per_s"]))
     chart = _names("compare", "chart", d["chart"]) if "chart" in d else metrics[:1]
-    return CompareSpec(title=title.strip(), configs=_configs(d), metrics=metrics, chart=chart, knob=d.get("knob"),
-                       engine=engine, workload=_workload(d.get("workload", {})))
+    configs = _configs(d)
+    fallback, reason = _fallback(d)
+    return CompareSpec(title=title.strip(), configs=configs, metrics=metrics, chart=chart, knob=d.get("knob"),
+                       engine=engine, workload=_workload(d.get("workload", {})),
+                       checks=_checks(d.get("checks", []), metrics, tuple(c.label for c in configs)),
+                       fallback=fallback, fallback_reason=reason)
+
+
+def _checks(raw, metrics: tuple[str, ...], labels: tuple[str, ...]) -> tuple:
+    from app.talk.chapter_check import parse_check
+
+    if not isinstance(raw, list):
+        raise _err("compare", "checks", "expected one or more [[compare.checks]] tables", raw)
+    out = []
+    for i, c in enumerate(raw):
+        try:
+            out.append(parse_check(c, metrics, labels))
+        except ValueError as exc:
+            key, _, message = str(exc).partition(": ")
+            raise CompareSpecError(f"compare.checks #{i + 1}", key, message) from None
+    return tuple(out)
+
+
+FALLBACK_KEYS = ("reason", "values", "engine", "workload")
+
+
+def _fallback(d: dict) -> tuple[CompareSpec | None, str | None]:
+    """[compare.fallback]: reason (words) and what it changes: `values` (the knob's), `engine` and
+    `workload` keys (merged over [compare]'s). The same comparison, gentler, without checks of its own."""
+    raw = d.get("fallback")
+    if raw is None:
+        return None, None
+    t = "compare.fallback"
+    if not isinstance(raw, dict):
+        raise CompareSpecError(t, None, "expected a table")
+    for key in raw:
+        if key not in FALLBACK_KEYS:
+            raise _err(t, key, "unknown key; expected one of " + ", ".join(FALLBACK_KEYS), key)
+    if not isinstance(raw.get("reason"), str) or not raw["reason"].strip():
+        raise CompareSpecError(t, "reason", "missing (what the fallback changes, and why)")
+    gentler = {k: v for k, v in d.items() if k not in ("fallback", "checks")}
+    if "values" in raw:
+        if d.get("values") is None:
+            raise CompareSpecError(t, "values", "only for a comparison with knob + values")
+        gentler["values"] = raw["values"]
+    for table in ("engine", "workload"):
+        if table in raw:
+            if not isinstance(raw[table], dict):
+                raise CompareSpecError(f"{t}.{table}", None, "expected a table")
+            gentler[table] = {**d.get(table, {}), **raw[table]}
+    try:
+        return parse_compare(gentler), raw["reason"].strip()
+    except CompareSpecError as exc:
+        raise CompareSpecError(f"{t} ({exc.table})", exc.key, exc.message) from None

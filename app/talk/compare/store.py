@@ -5,7 +5,9 @@
 Each file holds one preset's result as run_comparison returns it:
     {"title", "knob", "metrics": [names], "chart": [names], "metric_info": {name: text}, "workload",
      "fingerprint", "machine": {...}, "measured_at": ISO time, "model", "comparison": [{"label", "config":
-     {knob: value}, "metrics": {name: number}, "computed"?: true, "note"?}], "not_built"?: text}
+     {knob: value}, "metrics": {name: number}, "computed"?: true, "note"?}], "not_built"?: text,
+     and from `prepare`: "checks": [{"claim", "metric", "expect", "holds", "figures"}], "conditions",
+     "check_reasons"?, "fallback"? / "fallback_tried"? (app/talk/compare/prepare_chapter.py)}
 The fingerprint hashes the preset's [compare] section: a result of an older version of the section is
 not shown as the current one. `prepare --json` gathers them as
     {"machine", "model", "presets": {NAME: {"measured_at", "comparison": [...]}, ...}}.
@@ -67,7 +69,7 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
 def prepared_json(model: str, machine: dict, results: dict[str, dict]) -> dict:
     """The `inferlab prepare --json` document."""
     keep = ("title", "measured_at", "comparison", "metrics", "chart", "knob", "metric_info", "fingerprint",
-            "not_built")
+            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload")
     presets = {name: {k: r[k] for k in keep if k in r}
                for name, r in results.items()}
     return {"machine": machine, "model": model, "presets": presets}

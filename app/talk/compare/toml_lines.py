@@ -1,14 +1,14 @@
 """The line of a [compare] key in a preset's text, for file:line errors (tomllib gives no value lines).
-Tables: "compare", "compare.engine", "compare.workload", or "compare.configs #N" (the N-th
-[[compare.configs]])."""
+Tables: "compare", "compare.engine", "compare.workload", "compare.fallback (...)", or "compare.configs #N"
+/ "compare.checks #N" (the N-th [[compare.configs]] / [[compare.checks]])."""
 from __future__ import annotations
 
 import re
 
 
 def compare_line(text: str, table: str, key: str | None) -> int | None:
-    want, nth = table, 1
-    m = re.fullmatch(r"(compare\.configs) #(\d+)", table)
+    want, nth = table.split(" (", 1)[0], 1
+    m = re.fullmatch(r"(compare\.(?:configs|checks)) #(\d+)", table)
     if m:
         want, nth = m.group(1), int(m.group(2))
     seen, inside, header = 0, False, None

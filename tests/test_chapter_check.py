@@ -1,0 +1,192 @@
+"""Issue 27, point 1: each chapter's claim is a check on its own measured figures. The check logic on
+synthetic results (pass, fail, missing figures), the likely reasons, prepare's fallback (tried once,
+kept only when it breaks fewer claims), the [compare.checks] / [compare.fallback] parsing with
+file:line errors, and the flag on the comparison panel."""
+from __future__ import annotations
+
+import pytest
+
+from app.talk.chapter_check import (
+    CheckSpec,
+    evaluate_check,
+    likely_reasons,
+    parse_check,
+    too_slow_for_arrivals,
+)
+from app.talk.compare.prepare_chapter import check_lines, run_checked
+from app.talk.compare.spec import parse_compare
+from app.talk.presets import PRESETS_DIR, PresetError, available, load_preset
+
+
+def result(rows: dict[str, dict], **extra) -> dict:
+    return {"comparison": [{"label": k, "config": {}, "metrics": v} for k, v in rows.items()],
+            "fingerprint": "f0", **extra}
+
+
+CONTINUOUS = CheckSpec("continuous beats static", "tokens_per_s", "higher", config="continuous", than="static")
+
+
+def test_higher_and_lower_hold_and_break():
+    assert evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 10.0},
+                                              "continuous": {"tokens_per_s": 12.0}}))["holds"] is True
+    broken = evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 12.5},
+                                                "continuous": {"tokens_per_s": 11.6}}))
+    assert broken["holds"] is False and broken["figures"] == "tokens_per_s: continuous 11.6 vs static 12.5"
+    slack = CheckSpec("c", "tokens_per_s", "higher", config="continuous", than="static", tolerance_pct=10)
+    assert evaluate_check(slack, result({"static": {"tokens_per_s": 12.5},
+                                         "continuous": {"tokens_per_s": 11.6}}))["holds"] is True
+    lower = CheckSpec("spf cuts p99", "p99_ttft_ms", "lower", config="spf", than="fcfs")
+    assert evaluate_check(lower, result({"fcfs": {"p99_ttft_ms": 900.0}, "spf": {"p99_ttft_ms": 1200.0}}))[
+        "holds"] is False
+
+
+def test_rises_falls_over_measured_rows_and_at_least():
+    rows = {"rate = 1.0": {"goodput_rps": 0.0, "tokens_per_s": 5.0},
+            "rate = 4.0": {"goodput_rps": 0.0, "tokens_per_s": 9.0},
+            "contiguous": {"goodput_rps": 9.0}}
+    r = result(rows)
+    r["comparison"][2]["computed"] = True  # a computed row is not part of the curve
+    assert evaluate_check(CheckSpec("c", "tokens_per_s", "rises"), r)["holds"] is True
+    flat = evaluate_check(CheckSpec("goodput falls", "goodput_rps", "falls"), r)
+    assert flat["holds"] is False and flat["figures"] == "goodput_rps: 0 → 0"  # 0 at every rate is no fall
+    some = CheckSpec("some meet it", "goodput_rps", "at_least", config="rate = 1.0", value=0.01)
+    assert evaluate_check(some, r)["holds"] is False
+    first = CheckSpec("the lowest rate meets it", "goodput_rps", "at_least", config="first", value=0.01)
+    assert evaluate_check(first, result({"rate = 0.25": {"goodput_rps": 0.3}, "rate = 1.0": {"goodput_rps": 0.0}}))[
+        "holds"] is True  # "first": whatever a fallback's values label it
+    exact = CheckSpec("same tokens", "same_output_as_first_pct", "at_least", value=100)
+    assert evaluate_check(exact, result({"a": {"same_output_as_first_pct": 100.0},
+                                         "b": {"same_output_as_first_pct": 25.0}}))["holds"] is False
+
+
+def test_a_missing_figure_is_not_checked_rather_than_passed():
+    verdict = evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 10.0}, "continuous": {}}))
+    assert verdict["holds"] is None and verdict["figures"] == "figures missing"
+    lines = check_lines({"checks": [verdict]})
+    assert lines[0].startswith("  not checked: continuous beats static") and "0 of 1 claims hold" in lines[-1]
+
+
+def test_likely_reasons_busy_machine_emulated_bf16_and_a_slow_cpu():
+    slow = result({"rate = 16.0": {"tokens_per_s": 8.7}}, workload={"arrival": "poisson", "output_tokens": [16, 32]})
+    slow["comparison"][0]["config"] = {"rate": 16.0}
+    reasons = likely_reasons(slow, {"load_before": [3.5, 3, 3], "load_after": [4.2, 3, 3], "cpus": 2, "threads": 1,
+                                    "dtype": "bfloat16", "native_bf16": False})
+    assert any(r.startswith("a busy machine: load average 3.5 before and 4.2 after, on 2 CPUs") for r in reasons)
+    assert any(r.startswith("bf16 emulated") for r in reasons)
+    assert "requests ask for 384 tok/s and it served 8.7 tok/s" in too_slow_for_arrivals(slow)
+    quiet = likely_reasons(result({"a": {"tokens_per_s": 1.0}}), {"load_before": [0.2, 0, 0], "load_after": [1.1, 0, 0],
+                                                                  "cpus": 2, "threads": 1, "dtype": "bfloat16",
+                                                                  "native_bf16": True})
+    assert quiet == []  # our own thread's load, native bf16, no arrival rate: nothing to blame
+
+
+class Preset:
+    def __init__(self, compare) -> None:
+        self.name, self.compare = "latency-budget", compare
+
+
+def _spec():
+    return load_preset("latency-budget").compare
+
+
+def _fake_run(goodput_by_rate: dict[float, float]):
+    ran = []
+
+    def run(spec) -> dict:
+        ran.append(spec)
+        rows = {c.label: {"goodput_rps": goodput_by_rate[c.knobs["rate"]], "tokens_per_s": 10.0 * c.knobs["rate"]}
+                for c in spec.configs}
+        return result(rows, fingerprint=spec.fingerprint())
+    return run, ran
+
+
+def test_prepare_passes_without_a_fallback():
+    run, ran = _fake_run({1.0: 0.9, 4.0: 0.5, 16.0: 0.1})
+    said = []
+    out = run_checked(Preset(_spec()), run, {"threads": 1}, said.append)
+    assert len(ran) == 1 and said == [] and all(v["holds"] for v in out["checks"])
+    assert "load_before" in out["conditions"] and "check_reasons" not in out
+
+
+def test_prepare_fails_then_its_fallback_holds_and_says_so():
+    run, ran = _fake_run({1.0: 0.0, 4.0: 0.0, 16.0: 0.0, 0.25: 0.2})  # too slow for 1/s and up
+    said = []
+    spec = _spec()
+    out = run_checked(Preset(spec), run, {"threads": 1}, said.append)
+    assert [s.configs[0].label for s in ran] == ["rate = 1.0", "rate = 0.25"]  # the fallback, tried once
+    assert "trying the fallback once: arrival rates 4x lower" in said[0] and "stored" in said[1]
+    assert out["fallback"]["reason"].startswith("arrival rates 4x lower")
+    assert [v["holds"] for v in out["fallback"]["first_try"]] == [False, True, False]
+    assert out["fingerprint"] == spec.fingerprint()  # stored where the app looks for the chapter
+
+
+def test_prepare_keeps_the_first_result_when_the_fallback_breaks_as_much():
+    run, ran = _fake_run({1.0: 0.0, 4.0: 0.0, 16.0: 0.0, 0.25: 0.0})
+    said = []
+    out = run_checked(Preset(_spec()), run, {"threads": 1}, said.append)
+    assert len(ran) == 2 and "fallback" not in out and out["fallback_tried"]["checks"]
+    assert "breaks as many claims" in said[-1]
+    assert any(line.startswith("  CONTRADICTS ITS CHAPTER: goodput falls") for line in check_lines(out))
+
+
+def test_every_preset_with_a_comparison_states_its_claims():
+    for name in available():
+        spec = load_preset(name).compare
+        if spec is not None and not spec.not_built and name != "streaming":
+            assert spec.checks, name
+
+
+@pytest.mark.parametrize("check, says", [
+    ({"claim": "x", "metric": "nope", "expect": "rises"}, "metric: expected one of this comparison's metrics"),
+    ({"claim": "x", "metric": "tokens_per_s", "expect": "bigger"}, "expect: expected one of higher"),
+    ({"claim": "x", "metric": "tokens_per_s", "expect": "higher", "config": "a"}, "than: expect = 'higher' needs"),
+    ({"claim": "x", "metric": "tokens_per_s", "expect": "higher", "config": "zz", "than": "a"}, "config: expected"),
+    ({"claim": "x", "metric": "tokens_per_s", "expect": "at_least"}, "value: expect = 'at_least' needs a number"),
+    ({"metric": "tokens_per_s", "expect": "rises"}, "claim: missing"),
+])
+def test_bad_checks_are_refused(check, says):
+    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+        parse_check(check, ("tokens_per_s",), ("a", "b"))
+
+
+def test_a_bad_check_in_a_preset_file_names_its_line(tmp_path):
+    text = (PRESETS_DIR / "continuous-batching.toml").read_text()
+    bad = text.replace('expect = "higher"', 'expect = "bigger"')
+    path = tmp_path / "bad.toml"
+    path.write_text(bad)
+    with pytest.raises(PresetError) as info:
+        load_preset(str(path))
+    line = next(i for i, s in enumerate(bad.splitlines(), 1) if s.startswith('expect = "bigger"'))
+    assert f":{line}" in str(info.value) and "expected one of higher" in str(info.value)
+
+
+def test_fallback_parses_and_keeps_the_fingerprint_of_its_chapter():
+    base = {"title": "t", "knob": "rate", "values": [1.0, 4.0], "metrics": ["goodput_rps"],
+            "workload": {"arrival": "poisson"}}
+    spec = parse_compare({**base, "fallback": {"reason": "slower", "values": [0.5], "workload": {"requests": 4}}})
+    assert spec.fallback.configs[0].label == "rate = 0.5" and spec.fallback.workload.requests == 4
+    assert spec.fallback.workload.arrival == "poisson"  # merged over [compare.workload]
+    assert spec.fingerprint() == parse_compare(base).fingerprint()  # checks and fallbacks shape no result
+    with pytest.raises(ValueError, match="reason"):
+        parse_compare({**base, "fallback": {"values": [0.5]}})
+
+
+def test_the_comparison_panel_flags_a_contradiction(qtbot):
+    from widgets.comparison import ComparisonPanel
+
+    panel = ComparisonPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 600)
+    panel.show()
+    r = result({"static": {"tokens_per_s": 12.5}, "continuous": {"tokens_per_s": 11.6}}, title="t",
+               metrics=["tokens_per_s"], chart=["tokens_per_s"])
+    r["checks"] = [evaluate_check(CONTINUOUS, r)]
+    r["check_reasons"] = ["a busy machine: load average 3.5 before and 4.2 after"]
+    panel.set_result(r)
+    flag = panel.snapshot_data()["flag"]
+    assert flag.startswith("⚠ not so here: continuous beats static (tokens_per_s: continuous 11.6")
+    assert "likely: a busy machine" in flag and "load average" in panel.flag.toolTip()
+    r["checks"] = [evaluate_check(CONTINUOUS, result({"static": {"tokens_per_s": 1.0},
+                                                       "continuous": {"tokens_per_s": 2.0}}))]
+    panel.set_result(r)
+    assert panel.snapshot_data()["flag"] == ""
