@@ -93,7 +93,10 @@ def _peer(args, engine, bits: int):
     binary = llama_cpp.find_binary(BATCHED)
     if binary is None:
         return None, {"skipped": f"no {BATCHED} under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
-    gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    try:
+        gguf = llama_cpp.gguf_for(engine.model_path, bits)
+    except ValueError as exc:  # the conversion failed (its script's own needs missing): said, not fatal
+        return None, {"skipped": str(exc)}
     if gguf is None:
         return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
     threads = torch.get_num_threads()
