@@ -66,8 +66,13 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch doe
 // from memory, not from cache, and the hardware prefetcher alone leaves the core waiting on them
 // (measured in the fused step, one thread, SmolLM2 at 4 bits, AVX-512: 12.6 ms per step without; 1, 2, 4,
 // 8 KiB ahead: 8.8, 7.0-8.1, 5.0-7.5, 6.9-7.2 ms on a shared 2-core machine, where runs vary by a third).
-static constexpr int64_t kPrefetch = 4096;
-inline void prefetch(const void* p) { __builtin_prefetch(static_cast<const char*>(p) + kPrefetch, 0, 3); }
+#ifndef INFERLAB_PREFETCH_BYTES
+#define INFERLAB_PREFETCH_BYTES 4096
+#endif
+static constexpr int64_t kPrefetch = INFERLAB_PREFETCH_BYTES;
+inline void prefetch(const void* p) {
+  if (kPrefetch > 0) __builtin_prefetch(static_cast<const char*>(p) + kPrefetch, 0, 3);
+}
 
 inline int log2_exact(int64_t v) {
   int s = 0;

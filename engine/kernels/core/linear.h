@@ -38,10 +38,40 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 #ifdef INFERLAB_AVX512_BF16
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+// One row of x (decode): one weight row at a time, four accumulators along K. Measured on a Zen 4 (1
+// thread, a 49152 x 576 bf16 matrix from memory): 13.5 GB/s, against 9.4 for two rows side by side with one
+// accumulator each, and 7.5-8.4 for 2 or 4 rows interleaved (the rows' streams get in each other's way).
+static void bf16_row_at_a_time(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                               int64_t n0, int64_t n1) {
+  const int64_t k128 = K / 128 * 128, k32 = K / 32 * 32;
+  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - k32)) - 1);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* r = w + n * K;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < k128; k += 128) {
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(r + k), (__m512bh)_mm512_loadu_si512(x + k));
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(r + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
+      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(r + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
+      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(r + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
+    }
+    for (; k < k32; k += 32)
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(r + k), (__m512bh)_mm512_loadu_si512(x + k));
+    if (tail)
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail, r + k32),
+                            (__m512bh)_mm512_maskz_loadu_epi16(tail, x + k32));
+    y[n] = out(hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))), bias, n);
+  }
+}
+
 // Rows [n0, n1) of W against M rows of x; K a multiple of 32 or not (masked tail).
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
+  if constexpr (M == 1) {
+    (void)N;
+    return bf16_row_at_a_time(x, w, y, bias, K, n0, n1);
+  }
   const int64_t kfull = K / 32 * 32;
   const __mmask32 tail = static_cast<__mmask32>((1ull << (K - kfull)) - 1);
   int64_t n = n0;
@@ -126,11 +156,38 @@ static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, c
     }
 }
 
+// One row of x (decode): one weight row at a time, four accumulators along K (interleaving rows slows the
+// weights' stream from memory; see the AVX-512 body's bf16_row_at_a_time).
+static void bf16_row_at_a_time(const float* xf, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                               int64_t n0, int64_t n1) {
+  using namespace s8;
+  const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* r = w + n * K;
+    vf a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+    int64_t k = 0;
+    for (; k < k32; k += 32) {
+      a0 = fma(load_bf16(r + k), load(xf + k), a0);
+      a1 = fma(load_bf16(r + k + 8), load(xf + k + 8), a1);
+      a2 = fma(load_bf16(r + k + 16), load(xf + k + 16), a2);
+      a3 = fma(load_bf16(r + k + 24), load(xf + k + 24), a3);
+    }
+    for (; k < k8; k += 8) a0 = fma(load_bf16(r + k), load(xf + k), a0);
+    float sum = hsum(add(add(a0, a1), add(a2, a3)));
+    for (; k < K; ++k) sum += bf16_to_float(r[k]) * xf[k];
+    y[n] = out(sum, bias, n);
+  }
+}
+
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  constexpr int R = M == 1 ? 4 : (M <= 3 ? 2 : 1);  // weight rows at a time: chains enough to hide latency
+  constexpr int R = M <= 3 ? 2 : 1;  // weight rows at a time for several rows of x: chains enough to hide latency
   const float* xf = widen_rows(x, M * K);
+  if constexpr (M == 1) {
+    (void)N;
+    return bf16_row_at_a_time(xf, w, y, bias, K, n0, n1);
+  }
   int64_t n = n0;
   for (; n + R <= n1; n += R) bf16_block<M, R>(xf, w, y, bias, K, N, n);
   for (; n < n1; ++n) bf16_block<M, 1>(xf, w, y, bias, K, N, n);
