@@ -142,14 +142,17 @@ class Recorder:
 
 
 def test_applying_a_point_hands_the_sweeps_perplexity_over_before_requantizing():
+    from types import SimpleNamespace
+
     from app.gui.tradeoff_actions import apply_config
+    from app.source.engine_info import Capabilities
 
     calls: list = []
     tradeoff = Recorder(calls, "tradeoff", sweep_points=lambda: SWEEP)
-    controller = Recorder(calls, "controller", engine_ready=True, capabilities={"quantization"},
-                          config={"quant_bits": 16}, host=Recorder(calls, "host"),
+    state = SimpleNamespace(capabilities=Capabilities(quantization=True), config={"quant_bits": 16})
+    controller = Recorder(calls, "controller", engine_ready=True, state=state, host=Recorder(calls, "host"),
                           window=Recorder(calls, "window"),
-                          panels={"tradeoff": tradeoff, "controls": Recorder(calls, "controls")})
+                          panels=SimpleNamespace(tradeoff=tradeoff, controls=Recorder(calls, "controls")))
     point = {"max_num_seqs": 8, "quant_bits": 4, "quant_group_size": 64, "num_speculative_tokens": 0}
     apply_config(controller, point)
     verbs = [c[0] for c in calls]
