@@ -74,7 +74,7 @@ class EngineConfig:
     # Model execution
     # "native" (default): decode attention by a C++ kernel that streams each sequence's K/V blocks from
     # the paged cache once, in float32 registers (engine/kernels; bf16 on the CPU, head_dim 64/128;
-    # built once per machine, ~25 s; AVX-512 bf16 dot products where the CPU has them); everything
+    # built once per machine and ISA tier, ~25-60 s: engine/kernels); everything
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
     # the block gather fused into its reductions. "flex": decodes and cached-context prefill chunks

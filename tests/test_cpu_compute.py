@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.kernels import cpu_flags
 from engine.models.layers.linear import Linear
-from engine.runner.cpu_compute import EMULATED_BF16_ENV, cpu_flags, native_bf16_flags, plan_compute
+from engine.runner.cpu_compute import EMULATED_BF16_ENV, native_bf16_flags, plan_compute
 
 CPU = torch.device("cpu")
 ZEN3 = ["fpu", "sse2", "avx", "avx2", "fma", "f16c"]  # AVX2, no AVX-512: bf16 is emulated
@@ -54,7 +55,7 @@ def test_an_explicit_dtype_is_kept_and_its_cost_said():
 
 def test_flags_of_this_machine_are_read():
     flags = cpu_flags()
-    assert isinstance(flags, list)
+    assert isinstance(flags, frozenset) and all(isinstance(f, str) for f in flags)
     if flags:  # Linux: /proc/cpuinfo lists them; the decision follows them
         assert plan_compute("auto", CPU, None, NO_ENV).widened == (not native_bf16_flags(flags))
 

@@ -45,6 +45,7 @@ _WHAT = {"portable": "plain C++", "avx2": "AVX2 + FMA", "avx512": "AVX-512 bf16 
 
 _BUILT: dict[str, object] = {}  # build name -> the loaded module, or None after a failed build
 _PENDING: dict[str, Future] = {}  # build name -> its background build
+_FAILED: dict[str, str] = {}  # build name -> the first line of why it failed
 _LOCK = threading.Lock()  # one build at a time in this process (background thread and callers)
 _PENDING_LOCK = threading.Lock()  # _PENDING only: never held during a build, so asking never waits on one
 
@@ -52,16 +53,26 @@ _PENDING_LOCK = threading.Lock()  # _PENDING only: never held during a build, so
 # ---------------------------------------------------------------------------------------- the CPU's tier
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux names them (/proc/cpuinfo: x86 "flags", Arm "Features"); empty
-    where there is no /proc/cpuinfo (macOS, Windows)."""
+    """This CPU's feature flags as Linux names them (/proc/cpuinfo: x86 "flags", Arm "Features"; macOS on
+    Apple silicon: "bf16" where sysctl reports FEAT_BF16); empty where the platform says nothing. Read once
+    per process: the kernels' tier and the engine's dtype choice (engine/runner/cpu_compute.py) both use it."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        text = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             return frozenset(value.split())
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
+                                 timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return frozenset()
+        return frozenset({"bf16"}) if out == "1" else frozenset()
     return frozenset()
 
 
@@ -195,9 +206,6 @@ def status(tier: str | None = None) -> str:
     if name in _BUILT and _BUILT[name] is None:
         return f"unavailable ({_FAILED.get(name, 'no C++ compiler')}); torch's kernels"
     return describe_tier(tier)
-
-
-_FAILED: dict[str, str] = {}  # build name -> the first line of why it failed
 
 
 # ------------------------------------------------------------------------------------------- the build

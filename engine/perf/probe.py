@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from engine.kernels import cpu_flags
 from engine.perf.roofline import Roofs
-from engine.runner.cpu_compute import cpu_flags
 
 GEMM_SIZE = 2048  # (n x n) @ (n x n): 2 n^3 FLOPs, large enough for the library's peak kernel
 GEMM_MIN_SIZE = 256  # the first size tried; it doubles while a call is shorter than GEMM_MIN_CALL_S

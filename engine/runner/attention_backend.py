@@ -7,7 +7,7 @@ metadata. The runner selects it at start-up and again when compile switches (Mod
 
 - "reference": the readable path, nothing else (the tests hold every other path to it).
 - "native": the C++ paged-decode kernel where it applies (bf16 on the CPU, head_dim 64/128, at most 8
-  query heads per KV head; built once per machine, ~25 s); the "fast" path for everything else.
+  query heads per KV head; built once per machine and ISA tier, engine/kernels); the "fast" path for everything else.
 - "compiled", or compile=True with any backend but reference: decode through the compiled
   gather-fused kernel (where the native kernel does not take the decode first).
 - "flex": decodes and prefill chunks over a cached context through FlexAttention with a paged block

@@ -19,38 +19,18 @@ exercised (and compared) on a machine that has native bf16.
 from __future__ import annotations
 
 import os
-import platform
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from engine.kernels import cpu_flags, cpu_tier
 
 EMULATED_BF16_ENV = "INFERLAB_EMULATED_BF16"
 X86_NATIVE_BF16 = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags with bf16 dot products in hardware
 ARM_NATIVE_BF16 = ("bf16",)  # /proc/cpuinfo "Features" on aarch64 (FEAT_BF16)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's feature flags (/proc/cpuinfo "flags" on x86, "Features" on Arm; macOS on Apple
-    silicon: bf16 where sysctl reports FEAT_BF16; empty where the platform says nothing)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        try:
-            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
-                                 timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return []
-        return ["bf16"] if out == "1" else []
-    return []
 
 
 def native_bf16_flags(flags: Sequence[str]) -> list[str]:
@@ -140,24 +120,11 @@ def _gpu_plan(name: str, device: torch.device) -> ComputePlan:
                        f"GPU compute capability {major}.{minor} computes bf16 natively")
 
 
-def kernel_tier() -> str | None:
-    """The ISA tier the native kernels run ("portable", "avx2", "avx512", "neon"), None where the
-    kernels do not say (engine.kernels.cpu_tier)."""
-    try:
-        from engine.kernels import cpu_tier
-    except ImportError:
-        return None
-    try:
-        return cpu_tier()
-    except Exception:  # noqa: BLE001 (a line of text must never take the engine down)
-        return None
-
-
 def compute_line(plan: ComputePlan, threads=None, short: bool = False, kernels: str | None = None) -> str:
     """The plan, the native kernels' tier where known, and the thread choice (on the CPU), in one line
     with the reasons; `short`: without them (a status bar), e.g. "bf16 weights, fp32 prefill · avx2 · 1 thread".
     `kernels`: the kernels' state in words (engine.kernels.status: building, unavailable and why)."""
-    tier = kernel_tier() if threads is not None else None
+    tier = cpu_tier() if threads is not None else None
     if short:
         parts = [plan.what, *([f"{tier} kernels"] if tier else []),
                  *([f"{threads.count} thread{'s' if threads.count != 1 else ''}"] if threads is not None else [])]

@@ -26,7 +26,7 @@ def dtype_conditions(dtype: str, device: str) -> dict:
     CPU, whether it has bf16 instructions (else every bf16 matmul is emulated through float32)."""
     import torch
 
-    from engine.perf.probe import cpu_flags
+    from engine.kernels import cpu_flags
 
     name = "bfloat16" if dtype == "auto" else dtype
     native = None
