@@ -56,7 +56,7 @@ def cpu_description() -> dict:
     flags = cpu_flags()
     return {"model": machine_name(torch.device("cpu")), "logical_cpus": os.cpu_count(),
             "last_level_cache_bytes": last_level_cache_bytes(),
-            "isa": {f: f in flags for f in ISA_FLAGS}, "flags": flags}
+            "isa": {f: f in flags for f in ISA_FLAGS}, "flags": sorted(flags)}
 
 
 def last_level_cache_bytes() -> int:
