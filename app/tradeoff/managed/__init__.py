@@ -1,0 +1,7 @@
+"""Managed servers: the engine people deploy (llama.cpp's llama-server, vLLM, SGLang, or `inferlab serve`),
+started by inferlab once per configuration point, measured with the explorer's own load and quality
+checks, and stopped (`inferlab tune`, File -> Tune a server...).
+
+- `table.py`: the engine-neutral point (`ServerPoint`) and the shape of one engine's flag table
+  (`ServerEngine`, `FlagRow`); each engine's table lives in its own module beside it.
+"""

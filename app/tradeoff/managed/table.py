@@ -1,0 +1,77 @@
+"""One configuration point in the app's words, and the shape of one engine's flag table.
+
+The explorer's knobs (batch, weight bits, KV cache dtype, draft length, chunked prefill, prefix
+caching) mean the same on every engine; each engine spells them with its own flags. A `ServerEngine`
+turns a `ServerPoint` into the argv of that engine's server, and says, in `rows`, which flag carries
+which knob and where that spelling was read (the engine's source file and version), so the table can
+be shown and checked. A knob value an engine cannot take is a `FlagError` with the reason: the sweep
+records that point as failed and goes on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class FlagError(ValueError):
+    """A knob value this engine (or this model) cannot take; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPoint:
+    """One point of a tuning sweep; None means the engine's own default."""
+    batch: int = 8                       # sequences served at once (slots / max running requests)
+    bits: int = 16                       # weight bits: 16, 8 or 4
+    kv_dtype: str | None = None          # KV cache element type, e.g. "f16", "q8_0", "fp8"
+    draft: int = 0                       # speculative draft tokens per step; 0 = off
+    chunked_prefill: bool | None = None
+    prefix_caching: bool | None = None
+
+    def label(self) -> str:
+        parts = [f"batch {self.batch}", f"{self.bits}-bit"]
+        if self.kv_dtype:
+            parts.append(f"KV {self.kv_dtype}")
+        parts.append(f"draft {self.draft}" if self.draft else "no draft")
+        if self.chunked_prefill is not None:
+            parts.append("chunked prefill" if self.chunked_prefill else "no chunked prefill")
+        if self.prefix_caching is not None:
+            parts.append("prefix cache" if self.prefix_caching else "no prefix cache")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the server loads. `by_bits` maps weight bits to what that engine loads for them (a GGUF per
+    bit width for llama.cpp, a checkpoint or HF id for vLLM/SGLang); `draft` is the draft model, if any."""
+    by_bits: dict[int, str] = field(default_factory=dict)
+    draft: str | None = None
+    name: str = ""                       # the name shown on points and sent as "model"
+
+    def weights(self, bits: int) -> str:
+        try:
+            return self.by_bits[bits]
+        except KeyError:
+            have = ", ".join(str(b) for b in sorted(self.by_bits)) or "none"
+            raise FlagError(f"no {bits}-bit weights for {self.name or 'this model'} (have: {have})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class FlagRow:
+    """knob -> the engine's flag, e.g. FlagRow("batch", "-np", "slots served at once")."""
+    knob: str
+    flag: str
+    meaning: str
+
+
+class ServerEngine(Protocol):
+    """One engine's flag table and launch line."""
+    name: str              # "llama-server", "vllm", "sglang", "inferlab"
+    executable: str        # the program looked up on PATH (or given by --server-bin)
+    source: str            # where the flags' spelling was read: file and version
+    rows: tuple[FlagRow, ...]
+    health_path: str       # answers 200 once the model is loaded
+
+    def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
+             threads: int | None = None) -> list[str]:
+        """The full command line serving `model` at `point` on 127.0.0.1:port; FlagError if impossible."""
+        ...
