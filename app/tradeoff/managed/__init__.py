@@ -4,4 +4,6 @@ checks, and stopped (`inferlab tune`, File -> Tune a server...).
 
 - `table.py`: the engine-neutral point (`ServerPoint`) and the shape of one engine's flag table
   (`ServerEngine`, `FlagRow`); each engine's table lives in its own module beside it.
+- `server.py`: `ManagedServer`, one engine's server process at one point, restartable; `PointFailed`
+  carries the log tail of a point that would not start.
 """
