@@ -4,6 +4,7 @@ checks, and stopped (`inferlab tune`, File -> Tune a server...).
 
 - `table.py`: the engine-neutral point (`ServerPoint`) and the shape of one engine's flag table
   (`ServerEngine`, `FlagRow`); each engine's table lives in its own module beside it.
+- `child.py`: `ChildServer`, any HTTP server as a child process (also the benches' peers).
 - `server.py`: `ManagedServer`, one engine's server process at one point, restartable; `PointFailed`
   carries the log tail of a point that would not start.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.bench.llama_server import ChildServer, PeerError, free_port
+from app.tradeoff.managed.child import ChildServer, PeerError, free_port
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
 
 
