@@ -21,6 +21,7 @@ from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model, swap_modules, weight_error_report
 from engine.quant.weight_only import outlier_channels as outlier_channels_for
 from engine.quant_formats import quant_format
+from engine.runner.huge_pages import move_to_huge_pages
 from engine.runner.memory import weights_bytes
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_blocks_after_requant, num_kv_blocks
@@ -51,6 +52,9 @@ class WeightsManager:
         self.block_bytes = block_bytes
         self._calibrate = calibrate
         self._act_absmax: dict[str, torch.Tensor] | None = None
+        # before the originals are taken: they are the same tensors, so they move once, not twice
+        self.on_huge_pages = False  # some weights were moved onto 2 MiB pages (the engine line says so)
+        self._to_huge_pages()
         # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
         done = at_load.originals if at_load else {}
         self.originals = dict(done) | {n: w.to("cpu") if device.type != "cpu" else w
@@ -63,6 +67,7 @@ class WeightsManager:
         self.packed_bytes = pack_linears(model, config.pack_weights)
         set_stream_kernel(model, stream_kernel)
         set_matmul_dtype(model, matmul_dtype)
+        self._to_huge_pages()  # the quantized layers and packed copies just built
         self.weights_bytes = weights_bytes(model)  # with the packed copies
         self._other_weights = other_weights_bytes
         blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes + other_weights_bytes, weights_saved,
@@ -70,6 +75,12 @@ class WeightsManager:
         # runtime requantization resizes the cache from here
         self._kv_base = (blocks, self.weights_bytes + other_weights_bytes)
         self.kv_target = blocks  # the KV blocks the current weights leave room for
+
+    def _to_huge_pages(self) -> None:
+        """Tensors new since the last move (quantized layers, packed copies) into a huge-page arena too;
+        what is there already stays (engine/runner/huge_pages.py)."""
+        if self.device.type == "cpu" and move_to_huge_pages(self.model):
+            self.on_huge_pages = True
 
     def set_stream_kernel(self, kernel) -> None:
         """The native weight-streaming module for every layer (one built in the background arrives late)."""
@@ -113,6 +124,7 @@ class WeightsManager:
         set_stream_kernel(self.model, self.stream_kernel)
         set_matmul_dtype(self.model, self.matmul_dtype)
         self.model.set_compiled(self.model.compiled)  # new 16-bit layers get the single-row kernel
+        self._to_huge_pages()
         self.weights_bytes = weights_bytes(self.model)
         self.kv_target = kv_blocks_after_requant(config, *self._kv_base, self.weights_bytes + self._other_weights,
                                                  self.block_bytes)

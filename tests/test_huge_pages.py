@@ -1,0 +1,84 @@
+"""The weights moved into huge-page arenas (engine/runner/huge_pages.py): same values, ties kept, views
+and small tensors left alone, nothing moved twice; the engine's greedy tokens are the same with the
+move and without, through a runtime requantization too. The speed is the bench's
+(scripts/huge_pages_bench.py), not a test's."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from torch import nn
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.runner import huge_pages
+
+needs_thp = pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages to ask for here")
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(4096, 256)  # 4 MiB fp32
+        self.head = nn.Linear(256, 4096, bias=False)
+        self.head.weight = self.embed.weight  # tied, as in SmolLM2
+        self.up = nn.Linear(256, 2048)  # 2 MiB weight, small bias
+        self.norm = nn.LayerNorm(256)
+        self.register_buffer("half_view", self.up.weight[:1024])  # a view into another tensor
+
+
+@needs_thp
+def test_move_keeps_values_ties_and_leaves_views_and_small_tensors():
+    m = Tied()
+    before = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    norm_ptr, bias_ptr = m.norm.weight.data_ptr(), m.up.bias.data_ptr()
+    moved = huge_pages.move_to_huge_pages(m, min_bytes=1 << 20)
+    assert moved == 4096 * 256 * 4 + 2048 * 256 * 4  # the tied table once, the up weight once
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert m.head.weight is m.embed.weight and m.head.weight.data_ptr() == m.embed.weight.data_ptr()
+    assert m.embed.weight.data_ptr() % huge_pages.HUGE_PAGE == 0  # the arena starts on a 2 MiB boundary
+    assert m.norm.weight.data_ptr() == norm_ptr and m.up.bias.data_ptr() == bias_ptr  # small: left
+    assert huge_pages.move_to_huge_pages(m, min_bytes=1 << 20) == 0  # arena views are not moved again
+    out = m.head(m.up(torch.ones(1, 256))[:, :256])
+    assert out.shape == (1, 4096) and torch.isfinite(out).all()
+
+
+def test_switched_off_moves_nothing(monkeypatch):
+    monkeypatch.setenv("INFERLAB_HUGE_PAGES", "0")
+    m = Tied()
+    ptr = m.embed.weight.data_ptr()
+    assert not huge_pages.available()
+    assert huge_pages.move_to_huge_pages(m, min_bytes=0) == 0 and m.embed.weight.data_ptr() == ptr
+
+
+def test_thp_mode_reads_the_chosen_word(tmp_path, monkeypatch):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    monkeypatch.setattr(huge_pages, "THP_MODE", f)
+    assert huge_pages.thp_mode() == "madvise"
+    f.write_text("always madvise [never]\n")
+    assert huge_pages.thp_mode() == "never" and not huge_pages.available()
+    monkeypatch.setattr(huge_pages, "THP_MODE", tmp_path / "missing")
+    assert huge_pages.thp_mode() is None
+
+
+@needs_thp
+def test_engine_tokens_are_the_same_with_and_without_huge_pages(tmp_path, monkeypatch):
+    # wide enough that the projections pass the 1 MiB line in bf16 and in fp32
+    folder = build_tiny_model(tmp_path / "wide", "llama", hidden_size=512, intermediate_size=1024)
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = ["The quick brown fox", "Once upon a time"]
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("INFERLAB_HUGE_PAGES", flag)
+        eng = LLMEngine(EngineConfig(model=str(folder), num_kv_blocks=64))
+        w = eng.model.layers[0].mlp.gate_up_proj.weight  # (2 * 1024, 512)
+        moved = w.untyped_storage().nbytes() > w.nbytes  # a view into an arena
+        plain = [o.token_ids for o in eng.generate(prompts, p)]
+        eng.set_quantization(8)  # a runtime requantization: the new layers move too
+        eng.step()  # the swap lands between steps
+        q = eng.model.layers[0].mlp.gate_up_proj.qweight  # (2 * 1024, 512) int8: 1 MiB
+        eight = [o.token_ids for o in eng.generate(prompts, p)]
+        runs[flag] = (plain, eight, moved, q.untyped_storage().nbytes() > q.nbytes)
+    assert runs["0"][:2] == runs["1"][:2]
+    assert runs["1"][2:] == (True, True) and runs["0"][2:] == (False, False)
