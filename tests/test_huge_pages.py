@@ -82,3 +82,14 @@ def test_engine_tokens_are_the_same_with_and_without_huge_pages(tmp_path, monkey
         runs[flag] = (plain, eight, moved, q.untyped_storage().nbytes() > q.nbytes)
     assert runs["0"][:2] == runs["1"][:2]
     assert runs["1"][2:] == (True, True) and runs["0"][2:] == (False, False)
+
+
+@needs_thp
+def test_zeros_are_zero_aligned_and_writable():
+    t = huge_pages.zeros((4, 1 << 16, 8), torch.bfloat16, torch.device("cpu"))  # 4 MiB
+    assert t.shape == (4, 1 << 16, 8) and t.dtype == torch.bfloat16 and not t.any()
+    assert t.data_ptr() % huge_pages.HUGE_PAGE == 0
+    t[1, 5] = 3.0
+    assert t.sum().item() == 24.0
+    small = huge_pages.zeros((3, 4), torch.float32, torch.device("cpu"))
+    assert small.untyped_storage().nbytes() == small.nbytes  # small: torch's own allocation

@@ -63,6 +63,26 @@ def _candidates(module: nn.Module, min_bytes: int) -> list[tuple[nn.Module, str,
     return found
 
 
+def _arena(nbytes: int) -> torch.Tensor:
+    """`nbytes` of zeroed memory starting on a 2 MiB boundary, advised MADV_HUGEPAGE, as a uint8 tensor
+    (the kernel zero-fills its pages when first touched: nothing is written here)."""
+    # private: a shared anonymous mapping is shmem, which follows shmem's THP setting (usually "never")
+    arena = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps `arena` alive while any view of it lives
+    start = (-raw.data_ptr()) % HUGE_PAGE
+    return raw[start:start + nbytes]
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.zeros(shape), on huge pages where the CPU tensor is large and they can be asked for (the
+    KV cache: a decode step reads every running sequence's blocks)."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < MIN_BYTES or not available():
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return _arena(nbytes).view(dtype).view(shape)
+
+
 def move_to_huge_pages(module: nn.Module, min_bytes: int = MIN_BYTES) -> int:
     """Move `module`'s large CPU tensors into one huge-page arena (see the module docstring); the bytes
     moved (0 where huge pages are not available or nothing qualifies)."""

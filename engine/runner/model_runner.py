@@ -21,6 +21,7 @@ from engine.models.layers.linear import PROMPT_ROWS
 from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
+from engine.runner import huge_pages
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
@@ -161,7 +162,7 @@ class ModelRunner:
         keep = min(num_blocks * self.block_size, self.kv_caches[0][0].shape[1])
         for i, (k, v) in enumerate(self.kv_caches):  # layer by layer: the peak is one layer's extra copy
             shape = (k.shape[0], num_blocks * self.block_size, k.shape[2])
-            k2, v2 = k.new_zeros(shape), v.new_zeros(shape)
+            k2, v2 = huge_pages.zeros(shape, k.dtype, k.device), huge_pages.zeros(shape, v.dtype, v.device)
             k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
             self.kv_caches[i] = (k2, v2)
             del k, v
@@ -180,8 +181,8 @@ class ModelRunner:
                  self.cfg.head_dim + (SCALE_BYTES if self.kv_int8 else 0))
         kv_dtype = torch.int8 if self.kv_int8 else self.dtype
         self.invalidate_graphs()
-        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype, device=self.device),
-                           torch.zeros(shape, dtype=kv_dtype, device=self.device))
+        self.kv_caches = [(huge_pages.zeros(shape, kv_dtype, self.device),
+                           huge_pages.zeros(shape, kv_dtype, self.device))
                           for _ in range(self.cfg.num_hidden_layers)]
 
     @property
