@@ -52,15 +52,26 @@ def _owned(t: torch.Tensor, min_bytes: int) -> bool:
             and t.untyped_storage().nbytes() == t.nbytes and t.nbytes >= min_bytes)
 
 
-def _candidates(module: nn.Module, min_bytes: int) -> list[tuple[nn.Module, str, int, torch.Tensor]]:
-    """(module, attribute, storage pointer, tensor) of every tensor to move; a tied weight appears once
-    per module that holds it, with the same pointer."""
-    found = []
+def _holders(module: nn.Module, min_bytes: int) -> dict[int, list[tuple[nn.Module, str]]]:
+    """Storage pointer -> every (module, attribute) holding that tensor, for the tensors to move (a tied
+    weight has two holders). Pointers, not tensors: each old tensor can be freed as soon as it moved."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for mod in module.modules():
         for name, t in list(mod._parameters.items()) + list(mod._buffers.items()):
             if t is not None and _owned(t, min_bytes):
-                found.append((mod, name, t.data_ptr(), t))
-    return found
+                holders.setdefault(t.data_ptr(), []).append((mod, name))
+    return holders
+
+
+def _get(mod: nn.Module, name: str) -> torch.Tensor:
+    return mod._parameters[name] if name in mod._parameters else mod._buffers[name]
+
+
+def _set(mod: nn.Module, name: str, new: torch.Tensor) -> None:
+    if name in mod._parameters:
+        mod._parameters[name].data = new  # the same Parameter object: optimisers, ties, hooks keep it
+    else:
+        mod._buffers[name] = new
 
 
 def _arena(nbytes: int) -> torch.Tensor:
@@ -85,37 +96,30 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
 def move_to_huge_pages(module: nn.Module, min_bytes: int = MIN_BYTES) -> int:
     """Move `module`'s large CPU tensors into one huge-page arena (see the module docstring); the bytes
-    moved (0 where huge pages are not available or nothing qualifies)."""
+    moved (0 where huge pages are not available or nothing qualifies). One tensor at a time: each old
+    one is dropped as soon as its copy is in, so the peak is the model plus one tensor, not two models
+    (the arena's pages are taken as they are written)."""
     if not available():
         return 0
-    found = _candidates(module, min_bytes)
-    unique: dict[int, torch.Tensor] = {}  # storage pointer -> tensor (tied weights appear twice)
-    for _, _, ptr, t in found:
-        unique.setdefault(ptr, t)
-    if not unique:
+    holders = _holders(module, min_bytes)
+    if not holders:
         return 0
-    sizes = {ptr: -(-t.nbytes // 64) * 64 for ptr, t in unique.items()}  # each start on a cache line
-    total = sum(sizes.values())
-    # private: a shared anonymous mapping is shmem, which follows shmem's THP setting (usually "never")
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
-    arena.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps `arena` alive while any view of it lives
-    start = (-raw.data_ptr()) % HUGE_PAGE
-    moved: dict[int, torch.Tensor] = {}
-    offset = start
-    for ptr, t in unique.items():
-        view = raw[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        moved[ptr] = view
-        offset += sizes[ptr]
+    first = {ptr: _get(*hs[0]) for ptr, hs in holders.items()}
+    sizes = {ptr: -(-t.nbytes // 64) * 64 for ptr, t in first.items()}  # each start on a cache line
+    del first
+    raw = _arena(sum(sizes.values()))
+    offset = moved = 0
     with torch.no_grad():
-        for mod, name, ptr, _ in found:
-            new = moved[ptr]
-            if name in mod._parameters:
-                mod._parameters[name].data = new
-            else:
-                mod._buffers[name] = new
-    return sum(t.nbytes for t in unique.values())
+        for ptr, hs in holders.items():
+            old = _get(*hs[0])
+            new = raw[offset:offset + old.nbytes].view(old.dtype).view(old.shape)
+            new.copy_(old)
+            for mod, name in hs:
+                _set(mod, name, new)
+            moved += old.nbytes
+            offset += sizes[ptr]
+            del old
+    return moved
 
 
 def huge_page_bytes_in_use() -> int | None:
