@@ -25,6 +25,7 @@ from engine.quant import int4_torch
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
 from engine.quant_formats import quant_format
+from engine.runner.huge_pages import move_to_huge_pages
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_block_bytes, stream_kernel_for
 from engine.sampling_params import SamplingParams
@@ -59,6 +60,8 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     if quantized and at_load is None:
         quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
+    if device.type == "cpu":  # its weights are streamed every draft step, as the target's
+        move_to_huge_pages(model)
     set_stream_kernel(model, stream_kernel_for(cfg, device, dtype))
     set_matmul_dtype(model, matmul_dtype)  # as the target's (engine/runner/cpu_compute.py)
     return DraftModel(model, mc)
