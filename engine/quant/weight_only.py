@@ -24,54 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.layers.linear import Linear, LinearWrapper, few_rows
-from engine.quant import int4_torch
-from engine.quant.embeddings import EMBED, HEAD, embedding_modules, int8_rows
+from engine.models.layers.linear import Linear, LinearWrapper
+from engine.quant.embeddings import EMBED, HEAD, embedding_modules
+from engine.quant.schemes import SCHEMES, pack_int4_chunks, unpack_int4_chunks  # noqa: F401 (re-exported)
 from engine.quant_formats import quant_format
 
 QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
-
-@torch.library.custom_op("inferlab::stream_linear_int4", mutates_args=())
-def stream_linear_int4(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor,
-                       group_size: int) -> torch.Tensor:
-    """The native int4 kernel as an op a compiled region calls without a graph break."""
-    from engine.kernels import stream_linear_kernel
-
-    return stream_linear_kernel().stream_linear_int4(x, codes, scale_zero, group_size, None)
-
-
-@stream_linear_int4.register_fake
-def _(x: torch.Tensor, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], codes.shape[0])
-
-
-@torch.library.custom_op("inferlab::stream_linear_int8", mutates_args=())
-def stream_linear_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The native int8 row kernel as an op a compiled region calls without a graph break."""
-    from engine.kernels import stream_linear_kernel
-
-    return stream_linear_kernel().stream_linear_int8(x, qweight, scales, None)
-
-
-@stream_linear_int8.register_fake
-def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], qweight.shape[0])
-
-
-def pack_int4_chunks(q: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (out, in), values 0..15 -> (out, in / 2) uint8 in the kernel's layout: per chunk of
-    32 columns, byte j holds column j (low nibble) and column j + 16 (high nibble)."""
-    n, k = q.shape
-    chunks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-
-
-def unpack_int4_chunks(codes: torch.Tensor) -> torch.Tensor:
-    """The inverse of pack_int4_chunks: (out, in / 2) uint8 -> (out, in) int64 codes."""
-    n, half = codes.shape
-    c = codes.reshape(n, half // 16, 1, 16).long()
-    return torch.cat([c & 0xF, c >> 4], dim=2).reshape(n, 2 * half)
 
 
 class QuantLinear(nn.Module):
@@ -100,112 +58,42 @@ class QuantLinear(nn.Module):
             self.outlier_idx = None
         self.bias = bias
         self.format = quant_format(bits)
-        quantize = {"int8": self._quantize_int8, "int4": self._quantize_int4}.get(self.format.name)
-        if quantize is None:
+        self.scheme = SCHEMES.get(self.format.name)  # engine/quant/schemes.py: storage and products
+        if self.scheme is None:
             raise ValueError(f"QuantLinear takes a quantized format, got {self.format.name}")
-        quantize(w)
-
-    def _quantize_int8(self, w: torch.Tensor) -> None:
-        q, scale = int8_rows(w, self.dtype)  # one scale per output row
-        self.register_buffer("qweight", q)
-        self.register_buffer("scales", scale)
-        # torch's fused int8 kernel where this torch build has it for the device (older CUDA builds lack it)
-        self.int8_fused = w.device.type == "cuda" and _int8_mm_runs(w.device, self.dtype)
-
-    def _quantize_int4(self, w: torch.Tensor) -> None:
-        g = self.group_size
-        if self.in_features % g:
-            raise ValueError(f"in_features {self.in_features} is not a multiple of the group size {g}")
-        wg = w.reshape(self.out_features, -1, g)
-        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-        scale = (hi - lo).clamp(min=1e-8) / 15.0
-        zero = lo + 8 * scale  # so that w = (q - 8) * scale + zero
-        q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
-        # (out, groups, 2) scale-and-zero per group: what the native kernel reads next to each row
-        scale_zero = torch.cat([scale, zero], dim=-1).to(self.dtype).contiguous()
-        if self._torch_int4(w.device):  # the kernel's (groups, out, 2) pairs and its packing, made once
-            packed = int4_torch.checked_pack(q, scale_zero, self.group_size)
-            if packed is not None:
-                self.register_buffer("szt", packed[1])
-                self.register_buffer("packed", packed[0])
-                return
-        self.register_buffer("scale_zero", scale_zero)
-        # two 4-bit codes per byte, the one copy both the kernel and the dequantize path read
-        self.register_buffer("codes", pack_int4_chunks(q))
-
-    def _torch_int4(self, device: torch.device) -> bool:
-        wanted = self.int4_layout == "torch" or (self.int4_layout == "auto" and device.type == "cuda")
-        return (wanted and not self.reference
-                and int4_torch.applies(device, self.dtype, self.out_features, self.in_features, self.group_size))
+        self.scheme.quantize(self, w)
 
     def dequantize(self) -> torch.Tensor:
         """The weight this module effectively multiplies by, (out, in), float32 (outliers included)."""
-        if self.bits == 8:
-            w = self.qweight.float() * self.scales.float()[:, None]
-        elif self.packed is not None:
-            w = int4_torch.dequantize(self.packed, self.group_size, self.szt, self.in_features)
-        else:
-            q = unpack_int4_chunks(self.codes)
-            sz = self.scale_zero.float()  # (out, groups, 2)
-            q = q.float().reshape(self.out_features, -1, self.group_size)
-            w = ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(self.out_features, self.in_features)
+        w = self.scheme.dequantize(self)
         if self.outlier_idx is not None:
             w[:, self.outlier_idx] = self.outlier_w.float()
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.reference or not self._fast_ok(x):
+        if self.reference or not self.scheme.fast_ok(self, x):
             return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        few = few_rows(x2)  # a few decode rows (prompt rows take the many-row kernel: linear.PROMPT_ROWS)
-        if self.packed is not None:
-            y = int4_torch.matmul(x2, self.packed, self.group_size, self.szt)
-        elif self.bits == 8 and self.int8_fused and few and self.scales.dtype == x2.dtype:
-            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)  # fused: the int8 weight read once
-        elif self.bits == 8 and x.device.type == "cuda":  # many rows: one 16-bit cast per call, then a GEMM
-            y = F.linear(x2, self.qweight.to(x2.dtype)) * self.scales.to(x2.dtype)
-        elif self.bits == 8 and self.stream is not None and few and self.scales.dtype == x2.dtype:
-            if torch.compiler.is_compiling():
-                y = stream_linear_int8(x2, self.qweight, self.scales)
-            else:
-                y = self.stream.stream_linear_int8(x2, self.qweight, self.scales, None)
-        elif self.bits == 8:  # more rows: torch's kernel (it reuses each weight row across them)
-            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
-        elif torch.compiler.is_compiling():
-            y = stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size)
-        else:
-            y = self.stream.stream_linear_int4(x2, self.codes, self.scale_zero, self.group_size, None)
+        y = self.scheme.matmul(self, x2)
         if self.outlier_idx is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.outlier_w.t()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
-    def _fast_ok(self, x: torch.Tensor) -> bool:
-        if self.packed is not None:  # torch's int4 matmul takes bf16 activations
-            return x.dtype == torch.bfloat16
-        if x.device.type == "cuda":  # int8 in any 16-bit dtype; int4 not packed for torch (fp16, old GPUs)
-            return x.dtype in (torch.bfloat16, torch.float16) and self.bits == 8
-        if x.device.type != "cpu" or x.dtype != torch.bfloat16:
-            return False
-        return self.bits == 8 or (self.stream is not None and self.in_features % 64 == 0)
+    def kernel_operands(self) -> tuple | str:
+        """(kind, a, b, group) for the fused step's Proj (engine/runner/fused.py), or why not."""
+        if self.reference:
+            return "quantized layers in reference mode"
+        if self.outlier_idx is not None:
+            return "16-bit outlier columns"
+        return self.scheme.kernel_operands(self)
 
     def nbytes(self) -> int:
         """Bytes held: quantized weights, scales, outlier columns, bias."""
         tensors = list(self.buffers()) + ([self.bias] if self.bias is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _int8_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `_weight_int8pack_mm` runs on `device` for `dtype` activations (one tiny product)."""
-    try:
-        x = torch.zeros(1, 32, dtype=dtype, device=device)
-        torch._weight_int8pack_mm(x, torch.zeros(8, 32, dtype=torch.int8, device=device),
-                                  torch.ones(8, dtype=dtype, device=device))
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
 
 
 def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,

@@ -42,27 +42,19 @@ def _unwrap(mod: nn.Module) -> nn.Module:
 
 def _proj_args(mod: nn.Module) -> tuple | str:
     """(kind, a, b, group, bias) for the kernel's Proj, or why this layer cannot be fused. Quantized layers
-    (engine/quant/weight_only.py QuantLinear: `bits`, `qweight`/`scales` or `codes`/`scale_zero`) are
-    read by what they hold: the runner lies below engine.quant and does not import it."""
+    (engine/quant/weight_only.py QuantLinear) say it themselves (`kernel_operands`, from their format's
+    scheme in engine/quant/schemes.py): the runner lies below engine.quant and does not import it."""
     mod = _unwrap(mod)
     empty = torch.empty(0)
     if isinstance(mod, Linear):
         if mod.weight.dtype != torch.bfloat16:
             return f"a {mod.weight.dtype} Linear"
         return (0, mod.weight.detach(), empty, 0, None if mod.bias is None else mod.bias.detach())
-    if getattr(mod, "bits", None) in (8, 4):
-        if mod.reference:
-            return "quantized layers in reference mode"
-        if mod.outlier_idx is not None:
-            return "16-bit outlier columns"
-        bias = None if mod.bias is None else mod.bias.detach()
-        if mod.bits == 8:
-            if mod.scales.dtype != torch.bfloat16:
-                return "int8 scales not in bf16"
-            return (1, mod.qweight, mod.scales, 0, bias)
-        if mod.in_features % 64:
-            return "an int4 layer whose in_features is not a multiple of 64"
-        return (2, mod.codes, mod.scale_zero, mod.group_size, bias)
+    if hasattr(mod, "kernel_operands"):  # a quantized layer: its scheme says what the kernel reads
+        operands = mod.kernel_operands()
+        if isinstance(operands, str):
+            return operands
+        return (*operands, None if mod.bias is None else mod.bias.detach())
     return f"a {type(mod).__name__} projection"
 
 
