@@ -22,6 +22,7 @@ import torch
 
 from engine.kernels import cpu_flags
 from engine.perf.roofline import Roofs
+from engine.runner import huge_pages
 
 GEMM_SIZE = 2048  # (n x n) @ (n x n): 2 n^3 FLOPs, large enough for the library's peak kernel
 GEMM_MIN_SIZE = 256  # the first size tried; it doubles while a call is shorter than GEMM_MIN_CALL_S
@@ -115,8 +116,10 @@ def measure_gemm(dtype: torch.dtype, device: torch.device, n: int = GEMM_SIZE, r
 
 def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = STREAM_REPEATS,
                       deadline: float = math.inf) -> float:
-    """Read bandwidth: a sum over a float32 buffer (one add per 4 bytes read: the memory is the limit)."""
-    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    """Read bandwidth: a sum over a float32 buffer (one add per 4 bytes read: the memory is the limit). On
+    the CPU the buffer lies on 2 MiB pages where the engine's weights do (engine/runner/huge_pages.py):
+    the roof is that of the memory the steps read."""
+    buf = huge_pages.zeros((nbytes // 4,), torch.float32, device).fill_(1.0)
     times = _timed(lambda: buf.sum(), repeats, _sync(device), deadline)
     return nbytes / statistics.median(times)
 
@@ -142,18 +145,23 @@ def measure_roofs(device: torch.device | None = None, gemm_size: int = GEMM_SIZE
     cut = f"; cut short by its {time_limit_s:.0f} s limit (fewer repeats)" if took > time_limit_s else ""
     how = (f"GEMM bf16 {sizes['bfloat16']}^3, fp32 {sizes['float32']}^3 (torch.mm; the size doubles up to "
            f"{gemm_size} until a call takes {GEMM_MIN_CALL_S * 1e3:.0f} ms), median of up to {GEMM_REPEATS} after "
-           f"1 warm-up; read bandwidth: sum over a {stream_bytes / 2**30:.2f} GiB float32 buffer, median of up "
-           f"to {STREAM_REPEATS} after 1 warm-up; {torch.get_num_threads()} threads; {took:.1f} s{cut}")
+           f"1 warm-up; read bandwidth: sum over a {stream_bytes / 2**30:.2f} GiB float32 buffer{_pages(device)}, "
+           f"median of up to {STREAM_REPEATS} after 1 warm-up; {torch.get_num_threads()} threads; {took:.1f} s{cut}")
     return Roofs(machine=machine_name(device), threads=torch.get_num_threads(), torch_version=torch.__version__,
                  peak_flops=flops, bandwidth_bytes_per_s=bw, how=how,
                  measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _pages(device: torch.device) -> str:
+    return " on 2 MiB pages" if device.type == "cpu" and huge_pages.available() else ""
 
 
 def cache_path(device: torch.device, cache_dir: Path | None = None) -> Path:
     from engine.loading.user_dirs import user_dir
 
     base = cache_dir or user_dir("cache") / "roofline"
-    key = f"{machine_name(device)}-{torch.get_num_threads()}t-torch{torch.__version__}"
+    pages = "-2MiB" if _pages(device) else ""  # the bandwidth differs with the page size
+    key = f"{machine_name(device)}-{torch.get_num_threads()}t-torch{torch.__version__}{pages}"
     return base / ("".join(c if c.isalnum() or c in "-._" else "_" for c in key) + ".json")
 
 
