@@ -93,3 +93,12 @@ def test_zeros_are_zero_aligned_and_writable():
     assert t.sum().item() == 24.0
     small = huge_pages.zeros((3, 4), torch.float32, torch.device("cpu"))
     assert small.untyped_storage().nbytes() == small.nbytes  # small: torch's own allocation
+
+
+def test_describe_says_why_not(tmp_path, monkeypatch):
+    f = tmp_path / "enabled"
+    f.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "THP_MODE", f)
+    assert huge_pages.describe() == "off: transparent huge pages are never here"
+    monkeypatch.setenv("INFERLAB_HUGE_PAGES", "0")
+    assert huge_pages.describe().startswith("off (INFERLAB_HUGE_PAGES=0)")

@@ -14,6 +14,7 @@ from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
 from app.load.workload import corpus_tokens
 from engine.perf.probe import cpu_description
+from engine.runner import huge_pages
 from engine.runner.threads import choose_threads
 
 
@@ -139,7 +140,7 @@ def _run_bench(args) -> int:
               "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
               "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
               "cpu_tier": kernels.describe_tier(), "torch": torch.__version__,
-              "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "huge_pages": huge_pages.describe(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         from app.bench.throughput import run_throughput
 

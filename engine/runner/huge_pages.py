@@ -46,6 +46,18 @@ def available() -> bool:
     return hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
 
+def describe() -> str:
+    """For a bench's JSON: whether the weights go onto 2 MiB pages here, and why not."""
+    if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":
+        return "off (INFERLAB_HUGE_PAGES=0)"
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return "not on this platform (no MADV_HUGEPAGE)"
+    mode = thp_mode()
+    if mode not in ("always", "madvise"):
+        return f"off: transparent huge pages are {mode or 'unknown'} here"
+    return f"weights and KV cache advised MADV_HUGEPAGE (THP mode {mode})"
+
+
 def _owned(t: torch.Tensor, min_bytes: int) -> bool:
     """A CPU tensor that is its storage, whole (not a view into another tensor or an arena)."""
     return (t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0
