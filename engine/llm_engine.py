@@ -248,7 +248,7 @@ class LLMEngine:
         why they are not there ("torch's kernels" on a GPU, where they do not apply)."""
         if self.device.type != "cpu":
             return "none on this device (torch's kernels)"
-        return kernels.status() + (", weights on 2 MiB pages" if self.weights.on_huge_pages else "")
+        return kernels.status() + (", weights on huge pages" if self.weights.on_huge_pages else "")
 
     def _attach_built_kernels(self) -> None:
         """kernel_build "background": once the native kernels' build is done, the weight-streaming products,

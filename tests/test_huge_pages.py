@@ -36,7 +36,7 @@ def test_move_keeps_values_ties_and_leaves_views_and_small_tensors():
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert m.head.weight is m.embed.weight and m.head.weight.data_ptr() == m.embed.weight.data_ptr()
-    assert m.embed.weight.data_ptr() % huge_pages.HUGE_PAGE == 0  # the arena starts on a 2 MiB boundary
+    assert m.embed.weight.data_ptr() % huge_pages.huge_page_bytes() == 0  # the arena starts on a huge page
     assert m.norm.weight.data_ptr() == norm_ptr and m.up.bias.data_ptr() == bias_ptr  # small: left
     assert huge_pages.move_to_huge_pages(m, min_bytes=1 << 20) == 0  # arena views are not moved again
     out = m.head(m.up(torch.ones(1, 256))[:, :256])
@@ -88,7 +88,7 @@ def test_engine_tokens_are_the_same_with_and_without_huge_pages(tmp_path, monkey
 def test_zeros_are_zero_aligned_and_writable():
     t = huge_pages.zeros((4, 1 << 16, 8), torch.bfloat16, torch.device("cpu"))  # 4 MiB
     assert t.shape == (4, 1 << 16, 8) and t.dtype == torch.bfloat16 and not t.any()
-    assert t.data_ptr() % huge_pages.HUGE_PAGE == 0
+    assert t.data_ptr() % huge_pages.huge_page_bytes() == 0
     t[1, 5] = 3.0
     assert t.sum().item() == 24.0
     small = huge_pages.zeros((3, 4), torch.float32, torch.device("cpu"))

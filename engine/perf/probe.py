@@ -117,7 +117,7 @@ def measure_gemm(dtype: torch.dtype, device: torch.device, n: int = GEMM_SIZE, r
 def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = STREAM_REPEATS,
                       deadline: float = math.inf) -> float:
     """Read bandwidth: a sum over a float32 buffer (one add per 4 bytes read: the memory is the limit). On
-    the CPU the buffer lies on 2 MiB pages where the engine's weights do (engine/runner/huge_pages.py):
+    the CPU the buffer lies on huge pages where the engine's weights do (engine/runner/huge_pages.py):
     the roof is that of the memory the steps read."""
     buf = huge_pages.zeros((nbytes // 4,), torch.float32, device).fill_(1.0)
     times = _timed(lambda: buf.sum(), repeats, _sync(device), deadline)
@@ -153,14 +153,14 @@ def measure_roofs(device: torch.device | None = None, gemm_size: int = GEMM_SIZE
 
 
 def _pages(device: torch.device) -> str:
-    return " on 2 MiB pages" if device.type == "cpu" and huge_pages.available() else ""
+    return " on huge pages" if device.type == "cpu" and huge_pages.available() else ""
 
 
 def cache_path(device: torch.device, cache_dir: Path | None = None) -> Path:
     from engine.loading.user_dirs import user_dir
 
     base = cache_dir or user_dir("cache") / "roofline"
-    pages = "-2MiB" if _pages(device) else ""  # the bandwidth differs with the page size
+    pages = "-hugepages" if _pages(device) else ""  # the bandwidth differs with the page size
     key = f"{machine_name(device)}-{torch.get_num_threads()}t-torch{torch.__version__}{pages}"
     return base / ("".join(c if c.isalnum() or c in "-._" else "_" for c in key) + ".json")
 

@@ -53,7 +53,7 @@ class WeightsManager:
         self._calibrate = calibrate
         self._act_absmax: dict[str, torch.Tensor] | None = None
         # before the originals are taken: they are the same tensors, so they move once, not twice
-        self.on_huge_pages = False  # some weights were moved onto 2 MiB pages (the engine line says so)
+        self.on_huge_pages = False  # some weights were moved onto huge pages (the engine line says so)
         self._to_huge_pages()
         # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
         done = at_load.originals if at_load else {}

@@ -1,19 +1,20 @@
 """The weights a CPU step streams, moved into memory backed by transparent huge pages.
 
 A decode step reads every weight once from memory, front to back. With 4 KiB pages that stream
-crosses a page (and misses the TLB) every 4 KiB, and the hardware prefetcher stops at each page
-boundary; with 2 MiB pages it runs 512 times longer between them. Measured on an AMD EPYC Zen 4, one
-thread, a 49152 x 576 bf16 matrix x one row (the native kernel): ~17 GB/s from torch's ordinary
-allocation, ~25 GB/s from memory advised MADV_HUGEPAGE (scripts/huge_pages_bench.py prints both, side by
-side, on the machine it runs on). Linux's default THP mode is "madvise", and torch asks for huge pages
-only when THP_MEM_ALLOC_ENABLE=1 is set before its first allocation, so the engine asks itself.
+crosses a page (and a TLB entry) every 4 KiB, and the hardware prefetchers stop at every page
+boundary; with 2 MiB pages it runs 512 times longer between them. On an AMD EPYC Zen 4 (one thread, the
+native bf16 kernel on a 49152 x 576 matrix, 2026-12-02, a busy machine) that read ~17 GB/s from torch's
+ordinary allocation and ~25 GB/s from memory advised MADV_HUGEPAGE; `scripts/huge_pages_bench.py` measures
+whole decode steps both ways, side by side, on the machine it runs on. Linux's default THP mode is
+"madvise", and torch asks for huge pages only when THP_MEM_ALLOC_ENABLE=1 is set before its first
+allocation, so the engine asks itself.
 
-How: one anonymous mapping per call (an "arena"), aligned to 2 MiB and advised MADV_HUGEPAGE, holding
-every large tensor of the module that owns its whole storage, in module order (the order the step reads
-them); each parameter or buffer then points into the arena. Tied weights stay tied (one copy, both
-names). Tensors that are views of something else, already in an arena, small, or not on the CPU are left
-where they are. An arena lives while any tensor in it does. Where the platform has no MADV_HUGEPAGE
-(macOS, Windows) or THP is off ("never"), nothing moves.
+How: one anonymous mapping per call (an "arena"), aligned to a huge page (2 MiB on x86-64) and advised
+MADV_HUGEPAGE, holding every large tensor of the module that owns its whole storage, in module order
+(the order the step reads them); each parameter or buffer then points into the arena. Tied weights
+stay tied (one copy, both names). Tensors that are views of something else, already in an arena,
+small, or not on the CPU are left where they are. An arena lives while any tensor in it does. Where
+the platform has no MADV_HUGEPAGE (macOS, Windows) or THP is off ("never"), nothing moves.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-HUGE_PAGE = 2 << 20
+HUGE_PAGE = 2 << 20  # x86-64's and 4 KiB-page Arm's; Arm kernels with 16/64 KiB pages have larger ones
+PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
 MIN_BYTES = 1 << 20  # tensors below this gain little: their pages are few
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -39,6 +41,14 @@ def thp_mode() -> str | None:
     return chosen[0].strip("[]") if chosen else None
 
 
+def huge_page_bytes() -> int:
+    """The size of one transparent huge page here (what an arena is aligned to)."""
+    try:
+        return int(PMD_SIZE.read_text())
+    except (OSError, ValueError):
+        return HUGE_PAGE
+
+
 def available() -> bool:
     """Huge pages can be asked for here (INFERLAB_HUGE_PAGES=0 turns the move off, to measure without)."""
     if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":
@@ -47,7 +57,7 @@ def available() -> bool:
 
 
 def describe() -> str:
-    """For a bench's JSON: whether the weights go onto 2 MiB pages here, and why not."""
+    """For a bench's JSON: whether the weights go onto huge pages here, and why not."""
     if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":
         return "off (INFERLAB_HUGE_PAGES=0)"
     if not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -55,7 +65,7 @@ def describe() -> str:
     mode = thp_mode()
     if mode not in ("always", "madvise"):
         return f"off: transparent huge pages are {mode or 'unknown'} here"
-    return f"weights and KV cache advised MADV_HUGEPAGE (THP mode {mode})"
+    return f"weights and KV cache advised MADV_HUGEPAGE ({huge_page_bytes() >> 20} MiB pages, THP mode {mode})"
 
 
 def _owned(t: torch.Tensor, min_bytes: int) -> bool:
@@ -87,13 +97,14 @@ def _set(mod: nn.Module, name: str, new: torch.Tensor) -> None:
 
 
 def _arena(nbytes: int) -> torch.Tensor:
-    """`nbytes` of zeroed memory starting on a 2 MiB boundary, advised MADV_HUGEPAGE, as a uint8 tensor
+    """`nbytes` of zeroed memory starting on a huge-page boundary, advised MADV_HUGEPAGE, as a uint8 tensor
     (the kernel zero-fills its pages when first touched: nothing is written here)."""
     # private: a shared anonymous mapping is shmem, which follows shmem's THP setting (usually "never")
-    arena = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    page = huge_page_bytes()
+    arena = mmap.mmap(-1, nbytes + page, flags=mmap.MAP_PRIVATE)  # address space only, until written
     arena.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps `arena` alive while any view of it lives
-    start = (-raw.data_ptr()) % HUGE_PAGE
+    start = (-raw.data_ptr()) % page
     return raw[start:start + nbytes]
 
 
