@@ -6,6 +6,7 @@ import time
 
 from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.drive import drive
 from engine.loading.loader import ModelLoadError
 
 
@@ -65,8 +66,10 @@ def run_generate(args) -> int:
         return 2
     first = None
     final = None
-    while engine.has_unfinished():
-        for out in engine.step():
+
+    def show(outputs) -> None:
+        nonlocal first, final
+        for out in outputs:
             if out.request_id != rid:
                 continue
             if out.new_token_ids and first is None:
@@ -74,6 +77,8 @@ def run_generate(args) -> int:
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
             final = out
+
+    drive(engine, on_outputs=show)
     sys.stdout.write("\n")
     if args.stats and final is not None:
         dt = time.perf_counter() - t0

@@ -19,7 +19,6 @@ import torch
 
 import engine.commands as cmd
 import engine.kernels as kernels
-from engine.knobs import RECONFIGURABLE
 from engine.config import EngineConfig
 from engine.core.admission import AdmissionController
 from engine.core.block_manager import BlockManager
@@ -30,6 +29,7 @@ from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
+from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
 from engine.lora.build import build_pool, require_pool, reserved_bytes
