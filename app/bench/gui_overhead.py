@@ -2,7 +2,7 @@
 
 One engine, one fixed workload (the same seeded requests each time, all submitted at once), measured
 three ways in one run, interleaved so that drift in the machine's speed hits all of them alike:
-  bare      engine.drive(): the engine stepped in the main thread (how benchmarks run it)
+  bare      drive(engine): the engine stepped in the main thread (how benchmarks run it)
   host      the app's engine thread (EngineHost) with its event listener, nobody watching
   gui       the same, with the main window open and every panel fed and repainting
 tokens/s = generated tokens / (last step end - first step start). The GUI run also records the event
