@@ -89,24 +89,27 @@ def test_a_loop_owns_the_one_queue_and_the_engine_submits_into_it(tiny_llama):
     def watch(engine) -> None:  # runs in the loop's thread, between steps
         shared.append(engine.commands is loop.commands)
 
+    done, attached = threading.Event(), threading.Event()
+
+    class Collect:
+        def on_engine(self, engine):
+            attached.set()
+
+        def on_error(self, failure): ...
+
+        def on_step(self, event):
+            outputs.update({o.request_id: o for o in event.outputs if o.finished})
+            if {early, "late"} <= set(outputs):
+                done.set()
+
+    loop.subscribe(Collect())
     try:
         loop.start()
+        assert attached.wait(30) and eng.commands is loop.commands  # the early request moved over with it
         loop.post(RunInLoop(watch))
-        late = loop.add_request([8, 9, 10], GREEDY)
-        assert eng.commands is loop.commands
-        done = threading.Event()
-
-        class Collect:
-            def on_engine(self, engine): ...
-            def on_error(self, failure): ...
-            def on_step(self, event):
-                outputs.update({o.request_id: o for o in event.outputs if o.finished})
-                if {early, late} <= set(outputs):
-                    done.set()
-
-        loop.subscribe(Collect())
+        loop.add_request([8, 9, 10], GREEDY, request_id="late")
         assert done.wait(30) and shared == [True]
-        assert outputs[early].finish_reason == outputs[late].finish_reason == "length"
+        assert outputs[early].finish_reason == outputs["late"].finish_reason == "length"
     finally:
         assert loop.stop(10)
 

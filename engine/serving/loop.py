@@ -272,7 +272,7 @@ class EngineLoop:
         waiting), never left open."""
         try:
             if self._engine.has_unfinished():
-                self._engine.step()  # drains the inbox: requests queued just before are live, so abortable
+                self._engine.step()  # takes the queued requests: those added just before are live, so abortable
             self.abort_all()
         except Exception as exc:  # noqa: BLE001 (a failing step: report it, the loop ends anyway)
             self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
