@@ -59,7 +59,8 @@ def run_generate(args) -> int:
         progress.close()
         prompt = chat_prompt(engine.tokenizer, args.prompt, args.raw, args.chat)
         t0 = time.perf_counter()
-        rid = engine.add_request(prompt, params)
+        # token ids (this thread also steps the engine): a prompt too long is refused here, before any step
+        rid = engine.add_request(engine.tokenizer.encode(prompt) if prompt else prompt, params)
     except (ValueError, ModelLoadError) as exc:
         progress.close()
         print(f"inferlab: error: {exc}", file=sys.stderr)
