@@ -6,6 +6,7 @@ import time
 
 from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.drive import drive
 from engine.loading.loader import ModelLoadError
 
 
@@ -58,15 +59,18 @@ def run_generate(args) -> int:
         progress.close()
         prompt = chat_prompt(engine.tokenizer, args.prompt, args.raw, args.chat)
         t0 = time.perf_counter()
-        rid = engine.add_request(prompt, params)
+        # token ids (this thread also steps the engine): a prompt too long is refused here, before any step
+        rid = engine.add_request(engine.tokenizer.encode(prompt) if prompt else prompt, params)
     except (ValueError, ModelLoadError) as exc:
         progress.close()
         print(f"inferlab: error: {exc}", file=sys.stderr)
         return 2
     first = None
     final = None
-    while engine.has_unfinished():
-        for out in engine.step():
+
+    def show(outputs) -> None:
+        nonlocal first, final
+        for out in outputs:
             if out.request_id != rid:
                 continue
             if out.new_token_ids and first is None:
@@ -74,6 +78,8 @@ def run_generate(args) -> int:
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
             final = out
+
+    drive(engine, on_outputs=show)
     sys.stdout.write("\n")
     if args.stats and final is not None:
         dt = time.perf_counter() - t0

@@ -29,6 +29,7 @@ from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
+from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
 from engine.lora.build import build_pool, require_pool, reserved_bytes
@@ -48,6 +49,7 @@ from engine.runner.threads import choose_threads
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
+from engine.validation import check_reconfigure, check_request
 
 StepListener = Callable[[EngineStepEvent], None]
 Progress = Callable[[str, float], None]
@@ -62,7 +64,7 @@ def _calibrator(engine_ref: weakref.ref) -> Callable[[], dict]:
 
 
 class LLMEngine:
-    RECONFIGURABLE = cmd.RECONFIGURABLE
+    RECONFIGURABLE = RECONFIGURABLE
 
     def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None,
                  progress: Progress | None = None) -> None:
@@ -127,7 +129,7 @@ class LLMEngine:
                                        self.eos_token_ids, self.max_model_len, draft)
         del draft
         self.admission = AdmissionController(config)
-        self._inbox = cmd.CommandInbox()
+        self.commands = cmd.CommandQueue()  # the one queue: replaced by a loop's (attach_queue)
         self._requests: dict[str, Request] = {}  # drained and not finished, by id
         self._listeners: tuple[StepListener, ...] = ()  # copy-on-write: a step reads it while others subscribe
         self._listeners_lock = threading.Lock()
@@ -140,39 +142,55 @@ class LLMEngine:
         if progress is not None:
             progress("engine ready", 1.0)
 
-    # ---- commands (any thread) -----------------------------------------------------------------
+    # ---- commands (any thread): each is checked here, then queued; the engine thread applies it ----------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, priority: int = 0, lora_name: str | None = None) -> str:
-        """Validate and queue a request (thread-safe). Raises ValueError for a bad request (an unknown
-        LoRA adapter included) and RequestRejected (engine.core.admission) when admission control refuses
-        it (config.max_queue_len, config.max_predicted_wait_s). `lora_name`: an adapter added with
-        add_lora (None: the base model)."""
-        lora_id = require_pool(self.lora).resolve(lora_name) if lora_name is not None else 0
-        req = self.intake.new_request(prompt, params, request_id, priority)
-        req.lora_name, req.lora_id = lora_name, lora_id
-        rid = req.request_id
-        with self._inbox.lock:
-            if lora_id and self.lora.resolve_or_none(lora_name) != lora_id:
-                # removed (or replaced) while the prompt was tokenized: its RemoveLora may already be
-                # queued, so this request would name an adapter the pool forgets; it fails alone, here
-                raise ValueError(f"LoRA adapter {lora_name!r} was removed while the request was being prepared")
-            pending = self._inbox.pending_requests()
-            if rid in self._requests or any(r.request_id == rid for r in pending):
+                    request_id: str | None = None, priority: int = 0, lora_name: str | None = None,
+                    chat: bool = False) -> str:
+        """Check and queue a request (thread-safe, cheap: the prompt is tokenized in the engine thread).
+        Raises ValueError for a bad request (engine.validation.validate_request; an unknown LoRA adapter)
+        and RequestRejected (engine.core.admission) when admission control refuses it (config.max_queue_len,
+        config.max_predicted_wait_s). A text prompt too long once tokenized finishes with finish_reason
+        "error" and the reason. `lora_name`: an adapter added with add_lora (None: the base model). `chat`:
+        a text prompt is a user message, rendered through the model's chat template when it has one."""
+        params = params or SamplingParams()
+        check_request(prompt, params, self.intake.limits)
+        if not isinstance(prompt, str):
+            prompt = tuple(int(t) for t in prompt)
+        with self.commands.lock:
+            # resolved under the queue's lock: a remove_lora queues its RemoveLora after this request, never
+            # between the name's resolution and the put, so a queued request always finds its adapter
+            lora_id = require_pool(self.lora).resolve(lora_name) if lora_name is not None else 0
+            rid = request_id if request_id is not None else self.intake.next_id()
+            pending = self.commands.pending(cmd.AddRequest)
+            if rid in self._requests or any(c.request_id == rid for c in pending):
                 raise ValueError(f"request id {rid!r} is already in use")
             # the queue after the last step (len() of the live deque is safe from any thread) + not drained
-            self.admission.check(self.admission.queue(len(self.scheduler.waiting), pending))
-            self._inbox.put_locked(cmd.AddRequest(req))
+            self.admission.check(self.admission.queue(len(self.scheduler.waiting),
+                                                      [c.num_prompt_tokens or 0 for c in pending]))
+            self.commands.put_locked(cmd.AddRequest(rid, prompt, params, priority, lora_name, lora_id, chat))
         return rid
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(cmd.AbortRequest(request_id))
+        self.commands.put(cmd.AbortRequest(request_id))
 
     def reconfigure(self, **changes) -> None:
         """Change scheduling knobs between steps (thread-safe; applied at the top of the next step).
-        Raises ValueError for a knob that cannot change at run time or a bad value."""
-        command = cmd.reconfigure_command(changes)
-        self.spec.check_switch(command.changes.get("spec_method", self.config.spec_method))
-        self._inbox.put(command)
+        Raises ValueError for a knob that cannot change at run time or a bad value
+        (engine.validation.check_reconfigure)."""
+        self.commands.put(cmd.Reconfigure(check_reconfigure(self.config, changes)))
+
+    def attach_queue(self, commands: cmd.CommandQueue) -> None:
+        """Take commands from `commands` (an EngineLoop's, which runs this engine) from now on; what was
+        queued here moves over, in its order. Call before other threads use the engine."""
+        if commands is self.commands:
+            return
+        moved, self.commands = self.commands.take(cmd.ENGINE_COMMANDS), commands
+        for command in moved:
+            commands.put(command)
+
+    def detach_queue(self) -> None:
+        """A queue of its own again (the loop that ran it moved on to a rebuilt engine)."""
+        self.commands = cmd.CommandQueue()
 
     def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
                          progress: Progress | None = None, embeddings: bool | None = None) -> dict[str, float]:
@@ -181,7 +199,7 @@ class LLMEngine:
         relative weight error."""
         command, report = self.weights.prepare_swap(self.config, bits, group_size, outlier_channels, progress,
                                                     embeddings)
-        self._inbox.put(command)
+        self.commands.put(command)
         return report
 
     # ---- LoRA adapters (any thread) --------------------------------------------------------------
@@ -190,18 +208,18 @@ class LLMEngine:
         Raises ValueError when the engine has no LoRA pool, the name is taken, or the adapter does not
         fit this base model (engine.lora.adapter.LoraLoadError, one message with every reason)."""
         adapter = require_pool(self.lora).register(name, str(path))
-        self._inbox.put(cmd.AddLora(adapter))
+        self.commands.put(cmd.AddLora(adapter))
         return next(i for i in self.lora.infos() if i.lora_id == adapter.lora_id)
 
     def remove_lora(self, name: str) -> None:
         """New requests can no longer name it; requests already queued or running finish with it."""
-        self._inbox.put(cmd.RemoveLora(require_pool(self.lora).unregister(name), name))
+        self.commands.put(cmd.RemoveLora(require_pool(self.lora).unregister(name), name))
 
     def list_loras(self) -> tuple[LoraAdapterInfo, ...]:
         return self.lora.infos() if self.lora is not None else ()
 
     def has_unfinished(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_unfinished()
+        return self.commands.has(cmd.ENGINE_COMMANDS) or self.scheduler.has_unfinished()
 
     def add_listener(self, listener: StepListener) -> None:
         with self._listeners_lock:
@@ -263,30 +281,21 @@ class LLMEngine:
                                   int8_activations=cfg.int8_activations, wait_kernels=False)
 
     def _drain_commands(self, outputs: Outputs, finished: list[Request]) -> list:
-        """Apply every queued command; one that fails is reported (a warning; a request that cannot
+        """Apply every queued engine command; one that fails is reported (a warning; a request that cannot
         be added finishes with an error) and the others still apply."""
         arrived: list = []
-        for command in self._inbox.take_all():
+        for command in self.commands.take(cmd.ENGINE_COMMANDS):
             try:
                 self._apply(command, outputs, finished, arrived)
             except Exception as exc:  # noqa: BLE001 (any failure: report it, keep the rest of the batch)
-                reason = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"engine command {type(command).__name__} failed: {reason}", RuntimeWarning,
-                              stacklevel=2)
-                if isinstance(command, cmd.AddRequest) and not command.request.is_finished:
-                    self._fail(command.request, reason, outputs, finished)
+                warnings.warn(f"engine command {type(command).__name__} failed: {type(exc).__name__}: {exc}",
+                              RuntimeWarning, stacklevel=2)
         return arrived
 
     def _apply(self, command: cmd.EngineCommand, outputs: Outputs, finished: list[Request], arrived: list) -> None:
         match command:
-            case cmd.AddRequest(request=req):
-                if req.lora_id and not self.lora.is_known(req.lora_id):  # its adapter is gone: never in a batch
-                    raise ValueError(f"LoRA adapter {req.lora_name!r} was removed before the request started")
-                req.generator = torch.Generator(device=self.device).manual_seed(req.seed)
-                self._requests[req.request_id] = req
-                self.scheduler.add(req)
-                self.counters.requests += 1
-                arrived.append((req.request_id, req.arrival_time, req.num_prompt_tokens))
+            case cmd.AddRequest():
+                self._take_request(command, outputs, finished, arrived)
             case cmd.AbortRequest(request_id=rid):
                 req = self._requests.get(rid)
                 if req is not None and not req.is_finished:
@@ -301,6 +310,23 @@ class LLMEngine:
                 self.weights.apply_swap(command, self.config)
                 self.runner.invalidate_graphs()  # they captured the old layers
                 self.config = dataclasses.replace(self.config, **settings)
+
+    def _take_request(self, command: cmd.AddRequest, outputs: Outputs, finished: list[Request], arrived: list) -> None:
+        """Build the request (its prompt tokenized here, in the engine thread) and hand it to the scheduler.
+        One that cannot be built (too long once tokenized) or whose adapter is gone finishes alone, with an
+        error output that says why."""
+        try:
+            req = self.intake.build(command)
+            if req.lora_id and not self.lora.is_known(req.lora_id):  # its adapter is gone: never in a batch
+                raise ValueError(f"LoRA adapter {req.lora_name!r} was removed before the request started")
+        except Exception as exc:  # noqa: BLE001 (this request's own failure: the others go on)
+            self._fail(self.intake.failed_request(command), f"{type(exc).__name__}: {exc}", outputs, finished)
+            return
+        req.generator = torch.Generator(device=self.device).manual_seed(req.seed)
+        self._requests[req.request_id] = req
+        self.scheduler.add(req)
+        self.counters.requests += 1
+        arrived.append((req.request_id, req.arrival_time, req.num_prompt_tokens))
 
     def _reconfigure_now(self, changes) -> None:
         """A new config object (readers of engine.config see the old or the new one, never a mix); each

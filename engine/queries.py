@@ -14,6 +14,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.counters import EngineCounters
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.drive import drive
 from engine.events import ForwardPath, RequestOutput, StepKind, StepStats
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -71,8 +72,8 @@ def generate(engine, prompts: str | Sequence[str] | Sequence[Sequence[int]],
     try:
         ids = [engine.add_request(p, sp, lora_name=lo) if lo is not None else engine.add_request(p, sp)
                for p, sp, lo in zip(prompts, plist, loras)]
-        while not all(i in finished for i in ids):
-            engine.step()  # serialised by the engine: one step at a time, whichever thread calls it
+        # steps are serialised by the engine: one at a time, whichever thread calls it
+        drive(engine, until=lambda: all(i in finished for i in ids))
     finally:
         engine.remove_listener(collect)
     return [finished[i] for i in ids]

@@ -18,7 +18,7 @@ def make(folder, **kw) -> LLMEngine:
 def test_a_failing_command_is_reported_and_loses_none_of_the_others(tiny_llama):
     eng = make(tiny_llama)
     first = eng.add_request([5, 6, 7], GREEDY)
-    eng._inbox.put(SwapWeights({"layers.99.mlp": None}, {"quant_bits": 8}))  # no such module
+    eng.commands.put(SwapWeights({"layers.99.mlp": None}, {"quant_bits": 8}))  # no such module
     eng.reconfigure(max_num_seqs=3)
     second = eng.add_request([8, 9, 10, 11], GREEDY)
     with pytest.warns(RuntimeWarning, match="SwapWeights failed"):

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from engine import EngineConfig
-from engine.commands import reconfigure_command
 from engine.config import SchedulerConfig
 from engine.core.policies import POLICIES
 from engine.knobs import KNOB, KNOBS, RECONFIGURABLE
 from engine.quant_formats import QUANT_BITS, quant_format
+from engine.validation import check_reconfigure
 
 
 def test_engine_config_defaults_are_the_tables():
@@ -45,11 +45,12 @@ def test_a_bad_value_names_its_knob(kwargs, name):
 
 def test_reconfigure_validates_against_the_same_table():
     assert set(RECONFIGURABLE) == {k.name for k in KNOBS if k.run_time}
-    assert reconfigure_command({"max_num_seqs": 4, "spec_method": "none"}).changes["max_num_seqs"] == 4
+    config = EngineConfig()
+    assert check_reconfigure(config, {"max_num_seqs": 4, "spec_method": "none"})["max_num_seqs"] == 4
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        reconfigure_command({"max_num_batched_tokens": 0})
+        check_reconfigure(config, {"max_num_batched_tokens": 0})
     with pytest.raises(ValueError, match="at run time"):
-        reconfigure_command({"quant_bits": 8})  # a build-time knob
+        check_reconfigure(config, {"quant_bits": 8})  # a build-time knob
 
 
 def test_policy_choices_are_the_policies_there_are():

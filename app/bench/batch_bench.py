@@ -19,6 +19,7 @@ from app.bench import llama_cpp
 from app.bench.rounds import bench_engine, median_run
 from app.load.workload import corpus_tokens
 from engine import LLMEngine, SamplingParams
+from engine.drive import drive
 
 BATCHED = "llama-batched-bench"
 
@@ -30,10 +31,13 @@ def engine_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -
     t0 = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     first: dict[str, float] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
+
+    def stamp_first(outputs) -> None:
+        for out in outputs:
             if out.new_token_ids and out.request_id not in first:
                 first[out.request_id] = time.perf_counter()
+
+    drive(engine, on_outputs=stamp_first)
     end = time.perf_counter()
     decode_start = max(first[i] for i in ids)
     # tokens after each stream's first one, counted from the moment the last stream got its first

@@ -2,7 +2,7 @@
 
 One engine, one fixed workload (the same seeded requests each time, all submitted at once), measured
 three ways in one run, interleaved so that drift in the machine's speed hits all of them alike:
-  bare      engine.step() in a plain loop in the main thread (how benchmarks run it)
+  bare      drive(engine): the engine stepped in the main thread (how benchmarks run it)
   host      the app's engine thread (EngineHost) with its event listener, nobody watching
   gui       the same, with the main window open and every panel fed and repainting
 tokens/s = generated tokens / (last step end - first step start). The GUI run also records the event
@@ -87,6 +87,7 @@ def _in_thread(fn, *args):
 def _run_bare(engine, arrivals) -> dict:
     import torch
 
+    from engine.drive import drive
     from engine.sampling_params import SamplingParams
 
     if engine.config.num_threads:
@@ -96,8 +97,7 @@ def _run_bare(engine, arrivals) -> dict:
     try:
         for a in arrivals:
             engine.add_request(a.prompt_token_ids, SamplingParams(**a.sampling))
-        while engine.has_unfinished():
-            engine.step()
+        drive(engine)
     finally:
         engine.remove_listener(counter)
     return counter.result("bare")

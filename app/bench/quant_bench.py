@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import time
 
-from app.bench.runs import engine_one_stream
+from app.bench.runs import count_output_tokens, engine_one_stream
 from app.device_args import device_options
 from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.drive import drive
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 
 
@@ -16,11 +17,12 @@ def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: 
     for i in range(streams):
         engine.add_request(prompt[i % 7 :], params)
     sched = engine.scheduler
-    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
-        engine.step()  # finish every prefill first
-    t0, produced = time.perf_counter(), 0
-    while engine.has_unfinished():
-        produced += sum(len(o.new_token_ids) for o in engine.step())
+    drive(engine, max_steps=1)  # the requests arrive (they are queued until a step takes them)
+    # finish every prefill first
+    drive(engine, until=lambda: not (sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                                            for r in sched.running)))
+    t0 = time.perf_counter()
+    produced = count_output_tokens(engine)
     return produced / (time.perf_counter() - t0)
 
 

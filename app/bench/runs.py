@@ -5,6 +5,19 @@ import time
 
 from app.load.workload import BenchRequest
 from engine import LLMEngine, SamplingParams
+from engine.drive import drive
+
+
+def count_output_tokens(engine: LLMEngine) -> int:
+    """Step until nothing is left; the output tokens produced meanwhile."""
+    produced = 0
+
+    def count(outputs) -> None:
+        nonlocal produced
+        produced += sum(len(o.new_token_ids) for o in outputs)
+
+    drive(engine, on_outputs=count)
+    return produced
 
 
 def engine_throughput(engine: LLMEngine, requests: list[BenchRequest]) -> dict:
@@ -16,9 +29,7 @@ def engine_throughput(engine: LLMEngine, requests: list[BenchRequest]) -> dict:
         engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0,
                                                               ignore_eos=True))
     steps0 = engine.stats().num_steps
-    produced = 0
-    while engine.has_unfinished():
-        produced += sum(len(o.new_token_ids) for o in engine.step())
+    produced = count_output_tokens(engine)
     dt = time.perf_counter() - t0
     return {"seconds": dt, "output_tokens": produced, "output_tokens_per_s": produced / dt,
             "steps": engine.stats().num_steps - steps0, "preemptions": engine.stats().num_preemptions}
@@ -30,12 +41,16 @@ def engine_one_stream(engine: LLMEngine, prompt_ids: list[int], max_tokens: int)
     engine.add_request(prompt_ids, params)
     first = None
     tokens: list[int] = []
-    while engine.has_unfinished():
-        for out in engine.step():
+
+    def watch(outputs) -> None:
+        nonlocal first, tokens
+        for out in outputs:
             if out.new_token_ids and first is None:
                 first = time.perf_counter()
             if out.finished:
                 tokens = list(out.token_ids)
+
+    drive(engine, on_outputs=watch)
     dt = time.perf_counter() - t0
     ttft = first - t0
     return {"seconds": dt, "ttft_s": ttft, "tokens": tokens,

@@ -24,6 +24,7 @@ from app.device_args import device_options
 from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
+from engine.drive import drive
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +93,18 @@ def run_once(engine: LLMEngine, schedule: list[TimedRequest], slo: SLO) -> dict:
     due: dict[str, float] = {}
     pending = list(enumerate(schedule))
     t0 = time.perf_counter()
+
+    def submit_due() -> None:
+        now = time.perf_counter()
+        while pending and t0 + pending[0][1].due_s <= now:
+            i, r = pending.pop(0)
+            rid = engine.add_request(r.prompt_token_ids, SamplingParams(
+                max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True), request_id=f"serve-{i}")
+            due[rid] = t0 + r.due_s
+
     try:
-        while pending or engine.has_unfinished():
-            now = time.perf_counter()
-            while pending and t0 + pending[0][1].due_s <= now:
-                i, r = pending.pop(0)
-                rid = engine.add_request(r.prompt_token_ids, SamplingParams(
-                    max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True), request_id=f"serve-{i}")
-                due[rid] = t0 + r.due_s
-            if engine.has_unfinished():
-                engine.step()
-            elif pending:
-                time.sleep(max(0.0, t0 + pending[0][1].due_s - time.perf_counter()))
+        drive(engine, until=lambda: not pending and not engine.has_unfinished(), before_step=submit_due,
+              idle_wait=lambda: t0 + pending[0][1].due_s - time.perf_counter() if pending else 0.0)
     finally:
         engine.remove_listener(listener)
     timings = [request_timings(dataclasses.replace(tl, arrival=due[rid])) for rid, tl in finished.items()]

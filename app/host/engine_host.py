@@ -12,8 +12,9 @@ This host is one subscriber of the loop: its on_step only appends the immutable 
 deque (appends are atomic), so a step never waits for the GUI. Every ~100 ms the engine thread also
 appends `engine.memory()` and `engine.block_map()` snapshots to the same deque; the snapshot interval
 stretches when a snapshot is expensive (thousands of blocks) so snapshots stay under ~5% of the engine's
-time. The channel's items are typed (app/source/channel.py); the tokenizer never leaves the engine thread,
-except that `submit_prompt` runs it (and the chat template) in the caller's thread, as add_request does.
+time. The channel's items are typed (app/source/channel.py); the tokenizer never leaves the engine thread:
+`submit_prompt` and `add_request` only check the request (engine/validation.py) and queue it, and the engine
+thread renders the chat template and tokenizes.
 """
 from __future__ import annotations
 
@@ -129,14 +130,11 @@ class EngineHost(QObject):
         return self.loop.add_request(prompt, params, **kw)
 
     def submit_prompt(self, text: str, params, chat: bool) -> tuple[str, bool]:
-        """A user's prompt, through the model's chat template when `chat` and it has one; returns
-        (request id, whether the template was applied)."""
+        """A user's prompt, through the model's chat template when `chat` and it has one (rendered and
+        tokenized in the engine thread, never here); returns (request id, whether the template applies)."""
         self._require_loaded()
-        tokenizer = self.engine.tokenizer
-        templated = chat and tokenizer.has_chat_template
-        if templated:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        return self.loop.add_request(text, params), templated
+        templated = chat and self.info.has_chat_template
+        return self.loop.add_request(text, params, chat=templated), templated
 
     def abort(self, request_id: str) -> None:
         self._require_loaded()

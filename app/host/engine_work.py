@@ -3,6 +3,7 @@ perplexity. The window stays live (only the engine pauses); progress goes out as
 from __future__ import annotations
 
 from app.source import channel
+from engine.drive import drive
 
 
 def quantize(host, bits: int, group_size: int | None = None) -> None:
@@ -21,7 +22,7 @@ def quantize(host, bits: int, group_size: int | None = None) -> None:
         busy(f"quantizing weights to {bits} bits…", 0.0)
         report = engine.set_quantization(bits, group_size,
                                          progress=lambda message, f: busy(f"{bits}-bit: {message}", f))
-        engine.step()  # the new layers are swapped in at the top of a step
+        drive(engine, max_steps=1)  # the new layers are swapped in at the top of a step
         host.publish(channel.QuantError(bits, report))  # {module: ||W - Ŵ|| / ||W||}
         # the KV cache took the bytes the weights freed (or gave them back)
         host.publish(channel.Quantized(engine.config.quant_bits, engine.memory().kv_blocks_total))

@@ -62,15 +62,12 @@ def use_loras(host, c: cmd.UseLoras) -> None:
 
 def ask_every_adapter(host, c: cmd.AskEveryAdapter) -> None:
     engine = host.engine
-    tok = engine.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": c.prompt}]) if c.chat and tok.has_chat_template \
-        else c.prompt
     names = [None, *(i.name for i in engine.list_loras())]
     params = SamplingParams(max_tokens=c.max_tokens, temperature=0.0)
     assignments = {}
     for name in names:
         try:
-            rid = engine.add_request(text, params, lora_name=name)
+            rid = engine.add_request(c.prompt, params, lora_name=name, chat=c.chat)
         except ValueError as exc:
             host.publish(channel.Message(f"side-by-side request for {name or 'base'} refused: {exc}"))
             continue

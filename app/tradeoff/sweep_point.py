@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from engine.drive import drive
 from engine.events import EngineStepEvent
 from engine.sampling_params import SamplingParams
 
@@ -90,21 +91,26 @@ def measure_point(engine, batch: int, corpus: list[int], wl: Workload, warmup_s:
     live: set[str] = set()
     track = _Tracker(live)
     engine.add_listener(track)
+    t0 = time.perf_counter()
+    t_measure = None
+
+    def window_over() -> bool:
+        """Warm-up, then the measuring window (opened once the queue is empty), or the time cap."""
+        nonlocal t_measure
+        now = time.perf_counter()
+        if now - t0 >= MAX_POINT_FACTOR * (warmup_s + measure_s):
+            return True
+        if t_measure is None and now - t0 >= warmup_s and meter.num_waiting == 0:
+            t_measure, meter.measuring = now, True
+        return t_measure is not None and now - t_measure >= measure_s and len(meter.steps) >= MIN_STEPS
+
+    def top_up() -> None:  # the closed loop: `batch` requests live or queued at every step
+        for _ in range(batch - len(live) - track.pending):
+            _make_request(engine, rng, corpus, wl)
+            track.pending += 1
+
     try:
-        t0 = time.perf_counter()
-        t_measure = None
-        while not cancelled():
-            now = time.perf_counter()
-            if now - t0 >= MAX_POINT_FACTOR * (warmup_s + measure_s):
-                break
-            if t_measure is None and now - t0 >= warmup_s and meter.num_waiting == 0:
-                t_measure, meter.measuring = now, True
-            if t_measure is not None and now - t_measure >= measure_s and len(meter.steps) >= MIN_STEPS:
-                break
-            for _ in range(batch - len(live) - track.pending):
-                _make_request(engine, rng, corpus, wl)
-                track.pending += 1
-            engine.step()
+        drive(engine, until=lambda: cancelled() or window_over(), before_step=top_up)
     finally:
         meter.measuring = False
         _drain(engine, live, track)
@@ -130,11 +136,10 @@ class _Tracker:
 def _drain(engine, live: set[str], track: _Tracker) -> None:
     """Abort what is left so the next point starts from an empty engine."""
     if track.pending:
-        engine.step()  # requests still in the inbox arrive first
+        drive(engine, max_steps=1)  # requests still in the queue arrive first
     for rid in list(live):
         engine.abort(rid)
-    while engine.has_unfinished():
-        engine.step()
+    drive(engine)
 
 
 def point_figures(meter: PointMeter, price_per_hour: float) -> dict:

@@ -87,14 +87,16 @@ class AdmissionController:
             return None
         return queued_tokens / tps + num_waiting * step
 
-    def queue(self, num_waiting_now: int | None = None, pending: Sequence[Request] = ()) -> QueueState:
+    def queue(self, num_waiting_now: int | None = None, pending_tokens: Sequence[int] = ()) -> QueueState:
         """The queue a new request would join: the waiting requests (counted now when the caller can,
-        else as of the last step) plus `pending` ones added but not yet drained by the engine. Queued
-        tokens are as of the last step plus the pending prompts (the wait is a prediction anyway)."""
+        else as of the last step) plus the requests added but not yet drained by the engine, one prompt
+        length each in `pending_tokens` (0 for a text prompt: its tokens count once the engine thread has
+        tokenized it). Queued tokens are as of the last step plus the pending prompts (the wait is a
+        prediction anyway)."""
         with self._lock:
             q = self._queue
         waiting = q.num_waiting if num_waiting_now is None else num_waiting_now
-        return QueueState(waiting + len(pending), q.queued_tokens + sum(r.num_tokens for r in pending))
+        return QueueState(waiting + len(pending_tokens), q.queued_tokens + sum(pending_tokens))
 
     def check(self, queue: QueueState) -> None:
         """Raise RequestRejected (and count it) when one more request would break a limit."""

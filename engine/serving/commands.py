@@ -1,9 +1,10 @@
 """Typed commands for the engine loop (engine/serving/loop.py): frozen dataclasses, dispatched by type.
 
-Requests, aborts and scheduling knobs do NOT travel as commands: `LLMEngine.add_request`, `abort` and
-`reconfigure` are thread-safe (they queue into the engine's own inbox) and must raise their refusals
-(ValueError, RequestRejected) in the caller's thread, where an HTTP handler turns them into a 400/429.
-Commands are for work that must run in the engine thread, between two steps.
+They travel in the loop's one CommandQueue (engine/commands.py), beside the engine's own commands: requests,
+aborts and scheduling knobs go in through `LLMEngine.add_request`, `abort` and `reconfigure`, which check them
+first with the pure validators (engine/validation.py) and raise their refusals (ValueError, RequestRejected)
+in the caller's thread, where an HTTP handler turns them into a 400/429. The commands here are for work
+that must run in the engine thread, between two steps.
 """
 from __future__ import annotations
 

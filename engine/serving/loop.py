@@ -7,10 +7,13 @@
     loop.post(Rebuild({"num_kv_blocks": 512}))                        # typed commands, one queue
     loop.stop()
 
-The thread loads the model (when given a config), then loops: run the queued commands (dispatched by
-their type, see `handle`), run the tickers (periodic work such as a load generator's due arrivals or
-snapshots; each returns when it next wants to run), `engine.step()` while there is work, else wait on an
-Event that every command, request and abort sets (never a busy loop).
+One command queue (engine/commands.py CommandQueue), owned by the loop: the engine it runs submits its own
+verbs (add_request, abort, reconfigure, LoRA, weight swaps) into it too (`attach_queue`), and takes them at
+the top of each step; the loop takes the others (Rebuild, AbortAll, RunInLoop, the app's host commands,
+dispatched by their type, see `handle`) between steps. The thread loads the model (when given a config),
+then loops: run the loop's commands, run the tickers (periodic work such as a load generator's due arrivals
+or snapshots; each returns when it next wants to run), `engine.step()` while there is work, else wait until
+a command is put (never a busy loop).
 
 Subscribers: the loop puts ONE listener on the engine and hands each step event to every subscriber
 (the GUI channel, the HTTP server's streams and metrics, benches). When a Rebuild swaps the engine, the
@@ -22,14 +25,15 @@ reported the same way and the loop keeps serving.
 """
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from engine.commands import ENGINE_COMMANDS, CommandQueue
 from engine.config import EngineConfig
+from engine.drive import drive
 from engine.events import EngineStepEvent
 from engine.serving.commands import AbortAll, Rebuild, RunInLoop
 
@@ -92,8 +96,7 @@ class EngineLoop:
         self._handlers: dict[type, Callable] = {Rebuild: lambda c: self.rebuild(c.changes),
                                                 AbortAll: lambda _c: self.abort_all(),
                                                 RunInLoop: lambda c: c.work(self._engine)}
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self.commands = CommandQueue()  # the one queue: the engine's verbs and the loop's commands
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: set[str] = set()  # request ids in the engine (engine thread only)
@@ -110,7 +113,7 @@ class EngineLoop:
         add_request raises EngineUnavailable; requests still in the engine end with "abort"."""
         with self._engine_lock:
             self._stop.set()  # under the lock: an add_request either got in before, or is refused
-        self._wake.set()
+        self.commands.wake()
         if self._thread is None or self._thread is threading.current_thread():
             return True
         self._thread.join(timeout)
@@ -156,9 +159,8 @@ class EngineLoop:
         self._handlers[command_type] = handler
 
     def post(self, command) -> None:
-        """Queue a typed command for the engine thread and wake it."""
-        self._commands.put(command)
-        self._wake.set()
+        """Queue a typed command for the engine thread (which it wakes)."""
+        self.commands.put(command)
 
     # --- requests (any thread; thread-safe in the engine) ---------------------------------------
     def add_request(self, prompt, params, **kw) -> str:
@@ -169,22 +171,18 @@ class EngineLoop:
             if not self._accepting:
                 raise EngineUnavailable("the model is still loading" if self._engine is None
                                         else "the engine is being rebuilt; try again in a moment")
-            rid = self._engine.add_request(prompt, params, **kw)
-        self._wake.set()
-        return rid
+            return self._engine.add_request(prompt, params, **kw)  # into self.commands
 
     def abort(self, request_id: str) -> None:
         engine = self._engine
         if engine is not None:
-            engine.abort(request_id)
-        self._wake.set()
+            engine.abort(request_id)  # into self.commands
 
     def reconfigure(self, **knobs) -> None:
         """Scheduling knobs (LLMEngine.RECONFIGURABLE), applied at the next step; ValueError for a bad one."""
         if self._engine is None:
             raise EngineUnavailable("the model is still loading")
-        self._engine.reconfigure(**knobs)
-        self._wake.set()
+        self._engine.reconfigure(**knobs)  # into self.commands
 
     # --- engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -219,12 +217,12 @@ class EngineLoop:
             next_due = now + self._idle_wait_s
             for tick in self._tickers:
                 next_due = min(next_due, tick(now))
-            self._wake.clear()  # before the check, so a wake-up between check and wait is not lost
+            self.commands.clear_wake()  # before the check, so a put between check and wait is not lost
             engine = self._engine  # a command may have replaced it
             if engine.has_unfinished():
                 self._step(engine)
-            elif self._commands.empty():
-                self._wake.wait(max(0.0, next_due - time.perf_counter()))
+            elif not self.commands:
+                self.commands.wait(max(0.0, next_due - time.perf_counter()))
 
     def _step(self, engine) -> None:
         try:
@@ -234,19 +232,20 @@ class EngineLoop:
             self._stop.wait(STEP_ERROR_PAUSE_S)
 
     def _run_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            handler = self._handlers.get(type(command))
-            try:
-                if handler is None:
-                    raise TypeError(f"no handler for {command!r}")
-                handler(command)
-            except Exception as exc:  # one bad command is reported, the loop goes on
-                self._notify_error(LoopFailure(FailureKind.COMMAND,
-                                               f"{type(command).__name__}: {type(exc).__name__}: {exc}"))
+        """The loop's commands (every kind but the engine's, which its step takes), oldest first."""
+        while commands := self.commands.take(ENGINE_COMMANDS, others=True):
+            for command in commands:
+                self._run_command(command)
+
+    def _run_command(self, command) -> None:
+        handler = self._handlers.get(type(command))
+        try:
+            if handler is None:
+                raise TypeError(f"no handler for {command!r}")
+            handler(command)
+        except Exception as exc:  # one bad command is reported, the loop goes on
+            self._notify_error(LoopFailure(FailureKind.COMMAND,
+                                           f"{type(command).__name__}: {type(exc).__name__}: {exc}"))
 
     def _fan_out(self, event: EngineStepEvent) -> None:
         # the loop's one listener, inside engine.step()
@@ -258,6 +257,7 @@ class EngineLoop:
             sub.on_step(event)
 
     def _attach(self, engine) -> None:
+        engine.attach_queue(self.commands)
         engine.add_listener(self._fan_out)
         with self._subs_lock:  # held through the notices: a subscribe() now sees the new engine once
             with self._engine_lock:
@@ -272,7 +272,7 @@ class EngineLoop:
         waiting), never left open."""
         try:
             if self._engine.has_unfinished():
-                self._engine.step()  # drains the inbox: requests queued just before are live, so abortable
+                self._engine.step()  # takes the queued requests: those added just before are live, so abortable
             self.abort_all()
         except Exception as exc:  # noqa: BLE001 (a failing step: report it, the loop ends anyway)
             self._notify_error(LoopFailure(FailureKind.STEP, f"{type(exc).__name__}: {exc}"))
@@ -288,8 +288,7 @@ class EngineLoop:
         for rid in ids:
             engine.abort(rid)
         deadline = time.perf_counter() + ABORT_DEADLINE_S
-        while ids & self._live and time.perf_counter() < deadline:
-            engine.step()
+        drive(engine, until=lambda: not ids & self._live or time.perf_counter() >= deadline)
 
     def rebuild(self, changes) -> None:
         """A new engine with changed EngineConfig fields (engine thread); on failure the old one keeps
@@ -299,6 +298,7 @@ class EngineLoop:
         old = self._engine
         self._abort_leftovers()  # the streams of the old engine's requests end with "abort"
         old.remove_listener(self._fan_out)
+        old.detach_queue()  # commands put from now on are the next engine's
         released = not old.has_unfinished()  # (an abort that did not finish in time: keep it whole)
         if released:  # its KV cache makes room for the new engine's (a GPU holds one)
             old.release_memory()

@@ -75,18 +75,12 @@ class SpeculativeDecoder:
         else:
             raise ValueError(f"spec_method must be None, 'draft', 'ngram' or 'mtp', got {method!r}")
 
-    def check_switch(self, method: str | None) -> None:
-        """At run time the proposer can switch between none and n-gram lookup, or stay as it is; a
-        draft model is loaded only at start-up (its weights take a while to load)."""
-        current = self.proposer.name if self.proposer else None
-        if method not in (None, "none", SpecMethod.NGRAM, current):
-            raise ValueError(f"cannot switch speculation to {method!r} at run time; start the engine with it")
-
     def set_num_tokens(self, k: int) -> None:
         self.num_tokens = k
 
     def switch(self, method: str | None, running: list[Request]) -> None:
-        """Switch the proposer (checked by check_switch); drafts already made are dropped."""
+        """Switch the proposer (checked by engine.validation.check_reconfigure: none and n-gram switch at run
+        time); drafts already made are dropped."""
         if method in (None, "none"):
             self._free_all_drafts()
             self.proposer = None

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.workload import PlannedRequest
+from engine.drive import drive
 from engine.events import RequestTimeline
 from engine.sampling_params import SamplingParams
 
@@ -67,8 +68,7 @@ class Driver:
         if self.cancelled():
             for rid in self.due:
                 self.engine.abort(rid)
-            while self.engine.has_unfinished():
-                self.engine.step()
+            drive(self.engine)
             raise Cancelled()
 
     def _scheduled(self, planned: list[PlannedRequest], rate: float, static: bool) -> None:
@@ -76,7 +76,8 @@ class Driver:
         requests that are due goes in only when the engine has nothing left of the previous one."""
         pending = deque(planned)
         batch = self.engine.config.max_num_seqs
-        while pending or self.engine.has_unfinished():
+
+        def submit_due() -> None:
             self._check_cancel()
             now = time.perf_counter() - self.t0
             if static:
@@ -88,10 +89,12 @@ class Driver:
             else:
                 while pending and pending[0].at_s(rate) <= now:
                     self._submit(pending.popleft(), rate)
-            if self.engine.has_unfinished():
-                self.engine.step()
-            elif pending:
-                time.sleep(max(0.0, min(0.05, pending[0].at_s(rate) - now)))
+
+        def until_next_due() -> float:
+            return min(0.05, pending[0].at_s(rate) - (time.perf_counter() - self.t0)) if pending else 0.0
+
+        drive(self.engine, until=lambda: not pending and not self.engine.has_unfinished(), before_step=submit_due,
+              idle_wait=until_next_due)
 
     def _recompute(self, planned: list[PlannedRequest], rate: float) -> None:
         """No KV cache kept between tokens: each next token comes from a fresh one-token request over the
@@ -117,10 +120,11 @@ class Driver:
                 self.rec.extra_computed_tokens += len(gen)
             rounds += 1
             done: dict[str, int] = {}
-            while len(done) < len(sub):
-                for out in self.engine.step():
-                    if out.finished and out.request_id in sub:
-                        done[sub[out.request_id]] = out.token_ids[0]
+
+            def collect(outputs, sub=sub, done=done) -> None:
+                done.update((sub[o.request_id], o.token_ids[0]) for o in outputs if o.finished and o.request_id in sub)
+
+            drive(self.engine, until=lambda sub=sub, done=done: len(done) >= len(sub), on_outputs=collect)
             self._after_round(active, done)
 
     def _after_round(self, active: dict, done: dict[str, int]) -> None:
