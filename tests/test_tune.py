@@ -165,6 +165,21 @@ def test_the_time_limit_leaves_the_remaining_points_not_run(tmp_path):
     assert result["stopped_early"].startswith("time limit of 0 s reached")
 
 
+def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monkeypatch):
+    from app.tradeoff.managed import gguf
+
+    monkeypatch.setenv("INFERLAB_LLAMA_CPP_DIR", str(tmp_path))
+    bf16 = tmp_path / "m-abc.bf16.gguf"
+    bf16.write_bytes(b"GGUF")
+    monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
+    said = []
+    assert gguf.gguf_variants("folder", (16, 8, 4), say=said.append) == {16: bf16}
+    assert said == [f"skipping 8-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q8_0 GGUF",
+                    f"skipping 4-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q4_1 GGUF"]
+    (tmp_path / "m-abc.q8_0.gguf").write_bytes(b"GGUF")  # made once: found by name, nothing is run
+    assert gguf.quantized_gguf(bf16, 8) == tmp_path / "m-abc.q8_0.gguf"
+
+
 def test_draft_acceptance_comes_from_the_servers_own_counters():
     from app.tradeoff.managed.tune_measure import draft_acceptance
 

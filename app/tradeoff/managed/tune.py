@@ -21,7 +21,7 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
       "points": [                            # measured points, in sweep order
         {"engine", "model", "label",          # label: "batch 4, 8-bit, draft 4" (ServerPoint.label)
          "batch", "bits", "kv_dtype", "draft", "chunked_prefill", "prefix_caching",
-         "flags": "-np 4 -c 2048 ...",        # the point's own flags (no host/port/threads)
+         "flags": "-m ... -np 4 ...",         # the command line after the executable
          "command": "llama-server -m ...",    # shlex.join of the exact command line that ran
          "tokens_per_s_user",                 # 1 / p50 TPOT at the highest rate
          "tokens_per_s_total",                # output tokens / run wall time at the highest rate
