@@ -148,10 +148,9 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
         reason = f"{type(exc).__name__}: {exc}"[:300]
         if not server.alive():  # the request's error is the symptom; the server's exit is the cause
             reason = f"{spec.engine.name} exited ({server.exit_code()}) during the measurement ({reason})"
-        tail = server.log_tail()
+        return _failed(spec, point, argv, "measure", reason, server.log_tail(), time.perf_counter() - t0)
+    finally:  # whatever happens (an interrupt too), no server is left running
         server.stop()
-        return _failed(spec, point, argv, "measure", reason, tail, time.perf_counter() - t0)
-    server.stop()
     errors = sum(run["row"]["errors"] for run in measured["runs"])
     quality = (agreement(reference, measured["greedy"]) if reference is not None
                else {"agreement": None, "agreement_positions": 0, "agreement_unit": None})
