@@ -11,13 +11,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--log", required=True)
-    p.add_argument("--short", action="store_true")
-    p.add_argument("--name", default="fake")
-    args = p.parse_args()
+def make_handler(log_path: str, short: bool = False, name: str = "fake") -> type[BaseHTTPRequestHandler]:
+    """The request handler class; stand-ins for other servers (tests/standin_server.py) subclass it."""
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -30,16 +25,16 @@ def main() -> None:
             if self.path == "/health":
                 return self._send(200, {"status": "ok"})
             if self.path == "/v1/models":
-                return self._send(200, {"object": "list", "data": [{"id": args.name}]})
+                return self._send(200, {"object": "list", "data": [{"id": name}]})
             self._send(404, {})
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock, open(args.log, "a") as f:
+            with lock, open(log_path, "a") as f:
                 f.write(json.dumps(body) + "\n")
             prompt = body["prompt"]
             n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-            n_out = body["max_tokens"] - (1 if args.short else 0)
+            n_out = body["max_tokens"] - (1 if short else 0)
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out}
             if not body.get("stream"):
                 return self._send(200, {"choices": [{"text": "tok" * n_out, "finish_reason": "length"}],
@@ -67,9 +62,23 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    return Handler
+
+
+def serve(port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     server.serve_forever()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--short", action="store_true")
+    p.add_argument("--name", default="fake")
+    args = p.parse_args()
+    serve(args.port, make_handler(args.log, args.short, args.name))
 
 
 if __name__ == "__main__":
