@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.tradeoff.managed.hf_flags import (
-    draft_model_of, kv_dtype_flags, positive, served_name_flags, weights_and_quantization)
+    draft_model_of,
+    kv_dtype_flags,
+    positive,
+    served_name_flags,
+    weights_and_quantization,
+)
 from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
 
 SGLANG_SOURCE = ("SGLang 0.5.23 (PyPI wheel): python/sglang/srt/server_args.py, "

@@ -10,7 +10,12 @@ import json
 from dataclasses import dataclass, field
 
 from app.tradeoff.managed.hf_flags import (
-    draft_model_of, kv_dtype_flags, positive, served_name_flags, weights_and_quantization)
+    draft_model_of,
+    kv_dtype_flags,
+    positive,
+    served_name_flags,
+    weights_and_quantization,
+)
 from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
 
 VLLM_SOURCE = ("vLLM 0.33.0 (PyPI wheel, commit g4ba787ec9): vllm/engine/arg_utils.py, "
