@@ -32,15 +32,17 @@ def assert_runs(argv: list[str], present: list[str], absent: list[str]) -> None:
 
 def test_vllm_plain_point_is_vllm_serve_with_host_port_name_and_batch():
     argv = VllmEngine().argv("vllm", MODEL, ServerPoint(batch=8), PORT)
-    assert argv == ["vllm", "serve", "org/m-16", "--host", "127.0.0.1", "--port", "8123",
-                    "--served-model-name", "m", "--max-num-seqs", "8"]
+    assert argv == ["vllm", "serve", "org/m-16", "--served-model-name", "m", "--max-num-seqs", "8",
+                    "--host", "127.0.0.1", "--port", "8123"]
+    assert argv[2:-4] == VllmEngine().point_flags(MODEL, ServerPoint(batch=8))
 
 
 def test_sglang_plain_point_is_launch_server_with_host_port_name_and_batch():
     argv = SglangEngine().argv("/venv/bin/python", MODEL, ServerPoint(batch=8), PORT)
     assert argv == ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "org/m-16",
-                    "--host", "127.0.0.1", "--port", "8123", "--served-model-name", "m",
-                    "--max-running-requests", "8"]
+                    "--served-model-name", "m", "--max-running-requests", "8", "--host", "127.0.0.1",
+                    "--port", "8123"]
+    assert argv[3:-4] == SglangEngine().point_flags(MODEL, ServerPoint(batch=8))
 
 
 @pytest.mark.parametrize("point, present, absent", [
@@ -157,3 +159,8 @@ def test_describe_table_names_the_version_read_and_each_knobs_flag(engine, versi
     assert {row.knob for row in engine.rows} >= {"batch", "bits", "kv_dtype", "draft", "chunked_prefill",
                                                 "prefix_caching", "health"}
     assert "--port 8000" in text.splitlines()[-1]  # the launch line the table itself builds
+
+
+def test_both_engines_are_registered_for_inferlab_tune():
+    from app.tradeoff.managed.engines import ENGINES
+    assert isinstance(ENGINES["vllm"], VllmEngine) and isinstance(ENGINES["sglang"], SglangEngine)

@@ -79,22 +79,26 @@ class SglangEngine:
     rows: tuple[FlagRow, ...] = SGLANG_ROWS
     health_path: str = "/health"
 
+    def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
+        """The checkpoint and the flags that carry the point's knobs (no host or port)."""
+        checkpoint, quant = weights_and_quantization(self.name, model, point.bits, self.online_quantization,
+                                                     SGLANG_QUANTIZATION_METHODS)
+        flags = ["--model-path", checkpoint, *served_name_flags(model),
+                 "--max-running-requests", str(positive(self.name, "batch", point.batch)), *quant,
+                 *kv_dtype_flags(self.name, point, SGLANG_KV_ALIASES, SGLANG_KV_CACHE_DTYPES)]
+        draft = draft_model_of(self.name, model, point.draft)
+        if draft is not None:
+            flags += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft,
+                      "--speculative-num-steps", str(point.draft), "--speculative-eagle-topk", "1",
+                      "--speculative-num-draft-tokens", str(point.draft + 1)]
+        if point.chunked_prefill is False:
+            flags += ["--chunked-prefill-size", "-1"]
+        if point.prefix_caching is False:
+            flags += ["--disable-radix-cache"]
+        return flags
+
     def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
              threads: int | None = None) -> list[str]:
         """`threads` is ignored: SGLang runs on a GPU and sizes its own CPU threads."""
-        checkpoint, quant = weights_and_quantization(self.name, model, point.bits, self.online_quantization,
-                                                     SGLANG_QUANTIZATION_METHODS)
-        argv = [exe, "-m", "sglang.launch_server", "--model-path", checkpoint, "--host", "127.0.0.1",
-                "--port", str(port), *served_name_flags(model),
-                "--max-running-requests", str(positive(self.name, "batch", point.batch)), *quant,
-                *kv_dtype_flags(self.name, point, SGLANG_KV_ALIASES, SGLANG_KV_CACHE_DTYPES)]
-        draft = draft_model_of(self.name, model, point.draft)
-        if draft is not None:
-            argv += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft,
-                     "--speculative-num-steps", str(point.draft), "--speculative-eagle-topk", "1",
-                     "--speculative-num-draft-tokens", str(point.draft + 1)]
-        if point.chunked_prefill is False:
-            argv += ["--chunked-prefill-size", "-1"]
-        if point.prefix_caching is False:
-            argv += ["--disable-radix-cache"]
-        return argv
+        return [exe, "-m", "sglang.launch_server", *self.point_flags(model, point),
+                "--host", "127.0.0.1", "--port", str(port)]

@@ -82,21 +82,24 @@ class VllmEngine:
     rows: tuple[FlagRow, ...] = VLLM_ROWS
     health_path: str = "/health"
 
-    def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
-             threads: int | None = None) -> list[str]:
-        """`threads` is ignored: vLLM runs on a GPU and sizes its own CPU threads."""
+    def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
+        """The checkpoint and the flags that carry the point's knobs (no host or port)."""
         checkpoint, quant = weights_and_quantization(self.name, model, point.bits, self.online_quantization,
                                                      VLLM_QUANTIZATION_METHODS)
-        argv = [exe, "serve", checkpoint, "--host", "127.0.0.1", "--port", str(port), *served_name_flags(model),
-                "--max-num-seqs", str(positive(self.name, "batch", point.batch)), *quant,
-                *kv_dtype_flags(self.name, point, VLLM_KV_ALIASES, VLLM_KV_CACHE_DTYPES)]
+        flags = [checkpoint, *served_name_flags(model),
+                 "--max-num-seqs", str(positive(self.name, "batch", point.batch)), *quant,
+                 *kv_dtype_flags(self.name, point, VLLM_KV_ALIASES, VLLM_KV_CACHE_DTYPES)]
         draft = draft_model_of(self.name, model, point.draft)
         if draft is not None:
             config = {"method": "draft_model", "model": draft, "num_speculative_tokens": point.draft}
-            argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-        argv += _on_off("--enable-chunked-prefill", point.chunked_prefill)
-        argv += _on_off("--enable-prefix-caching", point.prefix_caching)
-        return argv
+            flags += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        return flags + _on_off("--enable-chunked-prefill", point.chunked_prefill) + _on_off(
+            "--enable-prefix-caching", point.prefix_caching)
+
+    def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
+             threads: int | None = None) -> list[str]:
+        """`threads` is ignored: vLLM runs on a GPU and sizes its own CPU threads."""
+        return [exe, "serve", *self.point_flags(model, point), "--host", "127.0.0.1", "--port", str(port)]
 
 
 def _on_off(flag: str, value: bool | None) -> list[str]:
