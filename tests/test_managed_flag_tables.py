@@ -5,11 +5,13 @@ takes every argv the tables build."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import standin_server
 
 from app.tradeoff.managed.describe import describe_table
+from app.tradeoff.managed.engines import ENGINES
 from app.tradeoff.managed.sglang import SglangEngine
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
 from app.tradeoff.managed.vllm import VllmEngine
@@ -162,5 +164,10 @@ def test_describe_table_names_the_version_read_and_each_knobs_flag(engine, versi
 
 
 def test_both_engines_are_registered_for_inferlab_tune():
-    from app.tradeoff.managed.engines import ENGINES
     assert isinstance(ENGINES["vllm"], VllmEngine) and isinstance(ENGINES["sglang"], SglangEngine)
+
+
+@pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
+def test_the_readme_shows_each_tables_current_description(engine):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert describe_table(engine) in readme  # regenerate the README's tables when a table changes
