@@ -17,6 +17,7 @@ from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
 from app.tradeoff.managed.vllm import VllmEngine
 
 MODEL = ServedModel({16: "org/m-16", 4: "org/m-awq"}, draft="org/m-draft", name="m")
+NO_DRAFT = ServedModel({16: "org/m-16"}, name="m")
 PORT = 8123
 
 
@@ -65,10 +66,18 @@ def test_vllm_knobs_map_to_its_flags(point, present, absent):
     assert_runs(argv, present, absent)
 
 
-def test_vllm_draft_is_one_speculative_config_json_with_the_draft_model():
+def test_vllm_draft_is_one_speculative_config_json_with_the_draft_model_or_ngram_without_one():
     argv = VllmEngine().argv("vllm", MODEL, ServerPoint(draft=3), PORT)
     assert json.loads(flags_after(argv, "--speculative-config")) == {
         "method": "draft_model", "model": "org/m-draft", "num_speculative_tokens": 3}
+    argv = VllmEngine().argv("vllm", NO_DRAFT, ServerPoint(draft=3), PORT)
+    assert json.loads(flags_after(argv, "--speculative-config")) == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_sglang_draft_without_a_draft_model_is_ngram_lookup():
+    argv = SglangEngine().argv("python", NO_DRAFT, ServerPoint(draft=3), PORT)
+    assert_runs(argv, ["--speculative-algorithm NGRAM --speculative-num-draft-tokens 4"],
+                ["--speculative-draft-model-path", "--speculative-num-steps", "STANDALONE"])
 
 
 @pytest.mark.parametrize("point, present, absent", [
@@ -97,7 +106,6 @@ def test_sglang_knobs_map_to_its_flags(point, present, absent):
     (ServerPoint(kv_dtype="q8_0"), MODEL, "fp8_e5m2"),            # llama.cpp's type: the accepted list named
     (ServerPoint(bits=4), ServedModel({16: "org/m-16"}, draft="d", name="m"), "no 4-bit checkpoint"),
     (ServerPoint(bits=8), ServedModel({4: "org/m-awq"}, name="m"), "no 8-bit checkpoint"),
-    (ServerPoint(draft=2), ServedModel({16: "org/m-16"}, name="m"), "needs a draft model"),
     (ServerPoint(draft=-1), MODEL, "at least 1"),
     (ServerPoint(batch=0), MODEL, "at least 1"),
 ])
@@ -126,17 +134,19 @@ EVERY_KNOB = [ServerPoint(batch=4, bits=8, kv_dtype="fp8", draft=2, chunked_pref
 @pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
 def test_every_flag_an_argv_carries_is_on_the_engines_documented_rows(engine):
     documented = " ".join(row.flag for row in engine.rows)
-    for point in EVERY_KNOB:
-        flags = [t for t in engine.argv(engine.executable, MODEL, point, PORT) if t.startswith("--")]
-        assert flags and all(f in documented for f in flags), (flags, documented)
+    for model in (MODEL, NO_DRAFT):
+        for point in EVERY_KNOB:
+            flags = [t for t in engine.argv(engine.executable, model, point, PORT) if t.startswith("--")]
+            assert flags and all(f in documented for f in flags), (flags, documented)
 
 
 @pytest.mark.parametrize("engine, parse", [(VllmEngine(), standin_server.vllm_args),
                                            (SglangEngine(), standin_server.sglang_args)], ids=["vllm", "sglang"])
 def test_the_standin_parser_takes_every_argv_the_table_builds(engine, parse):
-    for point in [ServerPoint(), ServerPoint(bits=4), *EVERY_KNOB]:
-        args = parse(engine.argv(engine.executable, MODEL, point, PORT)[1:], set())
-        assert args.port == PORT
+    for model in (MODEL, NO_DRAFT):
+        for point in [ServerPoint(), *EVERY_KNOB]:
+            args = parse(engine.argv(engine.executable, model, point, PORT)[1:], set())
+            assert args.port == PORT
 
 
 def test_the_standin_refuses_what_the_engine_refuses(capsys):

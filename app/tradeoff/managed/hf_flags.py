@@ -49,15 +49,10 @@ def kv_dtype_flags(engine: str, point: ServerPoint, aliases: Mapping[str, str], 
     return ["--kv-cache-dtype", checked_choice(engine, "--kv-cache-dtype", value, accepted)]
 
 
-def draft_model_of(engine: str, model: ServedModel, draft: int) -> str | None:
-    """The draft model's path when `draft` tokens are asked for, None when drafting is off."""
-    if draft == 0:
-        return None
-    positive(engine, "draft length", draft)
-    if model.draft is None:
-        raise FlagError(f"{engine}: draft length {draft} needs a draft model (none given for "
-                        f"{model.name or 'this model'})")
-    return model.draft
+def draft_length(engine: str, draft: int) -> int:
+    """Draft tokens per step; 0 is off. Without a draft model both engines draft by n-gram prompt lookup
+    (no extra weights), so every draft length can run."""
+    return 0 if draft == 0 else positive(engine, "draft length", draft)
 
 
 def served_name_flags(model: ServedModel) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.tradeoff.managed.hf_flags import (
-    draft_model_of,
+    draft_length,
     kv_dtype_flags,
     positive,
     served_name_flags,
@@ -51,9 +51,11 @@ SGLANG_ROWS = (
     # fields/spec.py speculative_algorithm (STANDALONE: a separate small draft model),
     # speculative_draft_model_path, speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens;
     # speculative_hook.py: with topk 1, num_draft_tokens is forced to num_steps + 1
+    # speculative_hook.py _handle_ngram: NGRAM needs no draft model; topk = --speculative-ngram-max-bfs-breadth
     FlagRow("draft", "--speculative-algorithm STANDALONE --speculative-draft-model-path DRAFT "
             "--speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1",
-            "a draft model proposing N tokens per step (one chain: top-k 1)"),
+            "a draft model proposing N tokens per step (one chain: top-k 1); without one, "
+            "--speculative-algorithm NGRAM --speculative-num-draft-tokens N+1 (prompt lookup)"),
     # fields/schedule.py `chunked_prefill_size`: "-1 means disabling chunked prefill"; unset, memory_hook.py
     # picks a size by GPU memory (2048-8192), so "on" leaves it to SGLang
     FlagRow("chunked_prefill", "--chunked-prefill-size -1 (off)", "split long prompts (SGLang's default: on)"),
@@ -86,11 +88,12 @@ class SglangEngine:
         flags = ["--model-path", checkpoint, *served_name_flags(model),
                  "--max-running-requests", str(positive(self.name, "batch", point.batch)), *quant,
                  *kv_dtype_flags(self.name, point, SGLANG_KV_ALIASES, SGLANG_KV_CACHE_DTYPES)]
-        draft = draft_model_of(self.name, model, point.draft)
-        if draft is not None:
-            flags += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft,
+        if draft_length(self.name, point.draft) and model.draft:
+            flags += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", model.draft,
                       "--speculative-num-steps", str(point.draft), "--speculative-eagle-topk", "1",
                       "--speculative-num-draft-tokens", str(point.draft + 1)]
+        elif point.draft:  # n-gram lookup; its draft tokens count the root too, as STANDALONE's do
+            flags += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(point.draft + 1)]
         if point.chunked_prefill is False:
             flags += ["--chunked-prefill-size", "-1"]
         if point.prefix_caching is False:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from app.tradeoff.managed.hf_flags import (
-    draft_model_of,
+    draft_length,
     kv_dtype_flags,
     positive,
     served_name_flags,
@@ -52,10 +52,12 @@ VLLM_ROWS = (
             "a quantized checkpoint from by_bits; 8-bit without one: the 16-bit one quantized at load"),
     # arg_utils.py cache group; CacheConfig.cache_dtype
     FlagRow("kv_dtype", "--kv-cache-dtype DTYPE", "KV cache element type: " + ", ".join(VLLM_KV_CACHE_DTYPES)),
-    # arg_utils.py vllm group "--speculative-config", "-sc" (JSON); SpeculativeConfig.method "draft_model",
-    # .model, .num_speculative_tokens (Field gt=0)
+    # arg_utils.py vllm group "--speculative-config", "-sc" (JSON); config/speculative.py SpeculativeConfig
+    # .method ("draft_model", "ngram"), .model, .num_speculative_tokens (Field gt=0); ngram's
+    # prompt_lookup_min/max default to 5 when neither is given
     FlagRow("draft", '--speculative-config {"method":"draft_model","model":DRAFT,"num_speculative_tokens":N}',
-            "a draft model proposing N tokens per step"),
+            "a draft model proposing N tokens per step; without one, "
+            '{"method":"ngram","num_speculative_tokens":N} (prompt lookup)'),
     # arg_utils.py scheduler group; bool field -> argparse.BooleanOptionalAction (--no- form)
     FlagRow("chunked_prefill", "--enable-chunked-prefill / --no-enable-chunked-prefill",
             "split long prompts across steps (vLLM's default: on)"),
@@ -89,9 +91,10 @@ class VllmEngine:
         flags = [checkpoint, *served_name_flags(model),
                  "--max-num-seqs", str(positive(self.name, "batch", point.batch)), *quant,
                  *kv_dtype_flags(self.name, point, VLLM_KV_ALIASES, VLLM_KV_CACHE_DTYPES)]
-        draft = draft_model_of(self.name, model, point.draft)
-        if draft is not None:
-            config = {"method": "draft_model", "model": draft, "num_speculative_tokens": point.draft}
+        if draft_length(self.name, point.draft):
+            # A draft model when given; else n-gram prompt lookup (prompt_lookup_min/max default to 5).
+            config = ({"method": "draft_model", "model": model.draft} if model.draft else {"method": "ngram"})
+            config["num_speculative_tokens"] = point.draft
             flags += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
         return flags + _on_off("--enable-chunked-prefill", point.chunked_prefill) + _on_off(
             "--enable-prefix-caching", point.prefix_caching)
