@@ -1,10 +1,12 @@
 """ManagedServer (app/tradeoff/managed/server.py) running vLLM's and SGLang's flag tables against the
 stand-in engine (tests/standin_server.py): start waits for /health and runs exactly the table's argv,
-restart(point) replaces the process with one at the new flags, and a refused flag, a crash at start or a
+restart(point) replaces the process with one at the new flags, a sweep (app/tradeoff/managed/tune.py)
+records a point the engine refuses and goes on, and a refused flag, a crash at start or a
 server that never gets healthy each end as PointFailed with the server's last log line and nothing left
 running."""
 from __future__ import annotations
 
+import shlex
 import time
 
 import httpx
@@ -14,6 +16,8 @@ from standin_helpers import pid_alive, standin
 from app.tradeoff.managed.server import ManagedServer, PointFailed
 from app.tradeoff.managed.sglang import SglangEngine
 from app.tradeoff.managed.table import ServedModel, ServerPoint
+from app.tradeoff.managed.tune import TuneSpec, run_tune
+from app.tradeoff.managed.tune_measure import TuneLoad
 from app.tradeoff.managed.vllm import VllmEngine
 
 MODEL = ServedModel({16: "org/m-16"}, draft="org/m-draft", name="m")
@@ -101,3 +105,23 @@ def test_a_server_that_dies_mid_run_is_seen_dead_with_its_last_line(tmp_path):
             time.sleep(0.05)
         assert not server.alive()
         assert server.log_tail().splitlines()[-1] == "standin: dying after 2 requests (STANDIN_MODE=crash-after:2)"
+
+
+def test_a_sweep_records_the_point_the_engine_refuses_and_measures_the_others(tmp_path):
+    # An older vLLM without --enable-prefix-caching / --no-enable-prefix-caching: only the point that turns
+    # prefix caching off uses it, so that point fails at start and the sweep goes on to the next.
+    fake = standin(tmp_path, "vllm", drop=("--enable-prefix-caching",))
+    points = (ServerPoint(batch=1), ServerPoint(batch=2, prefix_caching=False), ServerPoint(batch=4, bits=8))
+    spec = TuneSpec(engine=VllmEngine(), exe=fake.exe, model=ServedModel({16: "org/m-16"}, name="m"),
+                    points=points, start_timeout_s=30,
+                    load=TuneLoad(num_requests=3, rates=(20.0,), chat_max_tokens=(2, 4), long_max_tokens=(2, 4),
+                                  quality_prompts=2, quality_tokens=4))
+    result = run_tune(spec)
+    assert [p["label"] for p in result["points"]] == [points[0].label(), points[2].label()]
+    [failed] = result["failed"]
+    assert failed["label"] == points[1].label() and failed["stage"] == "start"
+    assert "error: unrecognized arguments: --no-enable-prefix-caching" in failed["log_tail"]
+    ran = [start["argv"] for start in fake.starts()]  # the refused point never got as far as recording
+    assert [shlex.split(p["command"]) for p in result["points"]] == ran
+    assert "--quantization" in ran[1] and all(p["errors"] == 0 for p in result["points"])
+    assert result["engine_source"] == VllmEngine().source
