@@ -1,7 +1,7 @@
 """vLLM's and SGLang's flag tables (app/tradeoff/managed/vllm.py, sglang.py): the argv each builds across
 the tuning knobs, the values each refuses before launching (FlagError naming what it takes), that every
 flag it emits is on its documented rows, and that the stand-in engine's parser (tests/standin_server.py)
-takes every argv the tables build."""
+takes every argv the tables build; `inferlab tune --show-flags` prints a table."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import standin_server
 
+from app.cli import main as cli_main
 from app.tradeoff.managed.describe import describe_table
 from app.tradeoff.managed.engines import ENGINES
 from app.tradeoff.managed.sglang import SglangEngine
@@ -181,3 +182,10 @@ def test_both_engines_are_registered_for_inferlab_tune():
 def test_the_readme_shows_each_tables_current_description(engine):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert describe_table(engine) in readme  # regenerate the README's tables when a table changes
+
+
+def test_inferlab_tune_show_flags_prints_the_engines_table(capsys):
+    assert cli_main(["tune", "--engine", "sglang", "--show-flags"]) == 0
+    assert capsys.readouterr().out.strip() == describe_table(SglangEngine())
+    assert cli_main(["tune", "--engine", "tgi", "--show-flags"]) == 2
+    assert "unknown engine 'tgi' (have: llama-server, inferlab, vllm, sglang)" in capsys.readouterr().err
