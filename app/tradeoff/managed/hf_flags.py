@@ -8,6 +8,7 @@ flags, only after parsing).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
 
@@ -58,3 +59,21 @@ def draft_length(engine: str, draft: int) -> int:
 def served_name_flags(model: ServedModel) -> list[str]:
     """The name requests carry as "model"; without it the server answers only to the checkpoint's path."""
     return ["--served-model-name", model.name] if model.name else []
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChoices:
+    """What one engine calls the batch knob and the values it takes, as read from its source."""
+    batch_flag: str
+    quantization_methods: tuple[str, ...]
+    kv_cache_dtypes: tuple[str, ...]
+    kv_aliases: Mapping[str, str]
+
+
+def checkpoint_and_flags(engine: str, choices: EngineChoices, online: Mapping[int, str], model: ServedModel,
+                         point: ServerPoint) -> tuple[str, list[str]]:
+    """The checkpoint to serve and the flags both engines spell alike: served name, batch, quantization,
+    KV cache dtype."""
+    checkpoint, quant = weights_and_quantization(engine, model, point.bits, online, choices.quantization_methods)
+    return checkpoint, [*served_name_flags(model), choices.batch_flag, str(positive(engine, "batch", point.batch)),
+                        *quant, *kv_dtype_flags(engine, point, choices.kv_aliases, choices.kv_cache_dtypes)]

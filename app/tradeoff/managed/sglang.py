@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.hf_flags import (
-    draft_length,
-    kv_dtype_flags,
-    positive,
-    served_name_flags,
-    weights_and_quantization,
-)
+from app.tradeoff.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
 from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
 
 SGLANG_SOURCE = ("SGLang 0.5.23 (PyPI wheel): python/sglang/srt/server_args.py, "
@@ -36,6 +30,9 @@ SGLANG_QUANTIZATION_METHODS = (
 # The app's neutral KV names where SGLang spells them otherwise: SGLang has no bare "fp8"; vLLM's "fp8"
 # means e4m3, so the same knob value gets the same format on both.
 SGLANG_KV_ALIASES = {"fp8": "fp8_e4m3"}
+
+SGLANG_CHOICES = EngineChoices("--max-running-requests", SGLANG_QUANTIZATION_METHODS, SGLANG_KV_CACHE_DTYPES,
+                               SGLANG_KV_ALIASES)
 
 SGLANG_ROWS = (
     # launch_server.py (module entry); fields/model.py `model_path` (alias --model)
@@ -83,11 +80,8 @@ class SglangEngine:
 
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         """The checkpoint and the flags that carry the point's knobs (no host or port)."""
-        checkpoint, quant = weights_and_quantization(self.name, model, point.bits, self.online_quantization,
-                                                     SGLANG_QUANTIZATION_METHODS)
-        flags = ["--model-path", checkpoint, *served_name_flags(model),
-                 "--max-running-requests", str(positive(self.name, "batch", point.batch)), *quant,
-                 *kv_dtype_flags(self.name, point, SGLANG_KV_ALIASES, SGLANG_KV_CACHE_DTYPES)]
+        checkpoint, flags = checkpoint_and_flags(self.name, SGLANG_CHOICES, self.online_quantization, model, point)
+        flags = ["--model-path", checkpoint, *flags]
         if draft_length(self.name, point.draft) and model.draft:
             flags += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", model.draft,
                       "--speculative-num-steps", str(point.draft), "--speculative-eagle-topk", "1",

@@ -9,13 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.hf_flags import (
-    draft_length,
-    kv_dtype_flags,
-    positive,
-    served_name_flags,
-    weights_and_quantization,
-)
+from app.tradeoff.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
 from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
 
 VLLM_SOURCE = ("vLLM 0.33.0 (PyPI wheel, commit g4ba787ec9): vllm/engine/arg_utils.py, "
@@ -41,6 +35,8 @@ VLLM_QUANTIZATION_METHODS = (
 )
 # The app's neutral KV names where vLLM spells them otherwise ("fp8" is vLLM's own: = fp8_e4m3).
 VLLM_KV_ALIASES = {"f16": "float16", "bf16": "bfloat16"}
+
+VLLM_CHOICES = EngineChoices("--max-num-seqs", VLLM_QUANTIZATION_METHODS, VLLM_KV_CACHE_DTYPES, VLLM_KV_ALIASES)
 
 VLLM_ROWS = (
     # vllm/entrypoints/cli/serve.py: usage "vllm serve [model_tag] [options]" (positional model_tag)
@@ -86,11 +82,8 @@ class VllmEngine:
 
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         """The checkpoint and the flags that carry the point's knobs (no host or port)."""
-        checkpoint, quant = weights_and_quantization(self.name, model, point.bits, self.online_quantization,
-                                                     VLLM_QUANTIZATION_METHODS)
-        flags = [checkpoint, *served_name_flags(model),
-                 "--max-num-seqs", str(positive(self.name, "batch", point.batch)), *quant,
-                 *kv_dtype_flags(self.name, point, VLLM_KV_ALIASES, VLLM_KV_CACHE_DTYPES)]
+        checkpoint, flags = checkpoint_and_flags(self.name, VLLM_CHOICES, self.online_quantization, model, point)
+        flags = [checkpoint, *flags]
         if draft_length(self.name, point.draft):
             # A draft model when given; else n-gram prompt lookup (prompt_lookup_min/max default to 5).
             config = ({"method": "draft_model", "model": model.draft} if model.draft else {"method": "ngram"})
