@@ -47,6 +47,13 @@ class Parser(argparse.ArgumentParser):
         if not self.dropped.intersection(names):
             self.add_argument(*names, **kwargs)
 
+    def enable_disable(self, name: str) -> None:
+        """vLLM 0.33's EnableDisableAction (utils/argparse_utils.py): --enable-x, --no-enable-x, --disable-x."""
+        if name not in self.dropped:
+            self.add_argument(name, action=argparse.BooleanOptionalAction)
+            self.add_argument(name.replace("--enable-", "--disable-"), action="store_false",
+                              dest=name.removeprefix("--").replace("-", "_"))
+
 
 def vllm_args(argv: list[str], dropped: set[str]) -> argparse.Namespace:
     """`vllm serve [model_tag] [options]` (vllm/entrypoints/cli/serve.py, engine/arg_utils.py)."""
@@ -61,8 +68,8 @@ def vllm_args(argv: list[str], dropped: set[str]) -> argparse.Namespace:
     p.flag("--quantization", "-q")
     p.flag("--kv-cache-dtype", default="auto")
     p.flag("--speculative-config", "-sc", type=json.loads)
-    p.flag("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
-    p.flag("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    for switch in ("--enable-chunked-prefill", "--enable-prefix-caching"):
+        p.enable_disable(switch)
     args = p.parse_args(argv[1:])
     kv = getattr(args, "kv_cache_dtype", "auto")
     if kv not in VLLM_KV_CACHE_DTYPES:  # vllm/config/cache.py CacheConfig._validate_cache_dtype
@@ -83,7 +90,7 @@ def sglang_args(argv: list[str], dropped: set[str]) -> argparse.Namespace:
     """`python -m sglang.launch_server` (sglang/srt/arg_groups/fields/*.py via server_args.py)."""
     if argv[:2] != ["-m", "sglang.launch_server"]:
         fail(f"No module named {argv[1:2]} (expected -m sglang.launch_server)")
-    p = Parser("launch_server.py", dropped)
+    p = Parser("sglang serve", dropped)  # server_args.py prepare_server_args
     p.flag("--model-path", "--model", required=True)
     p.flag("--host", default="127.0.0.1")
     p.flag("--port", type=int, default=30000)

@@ -163,6 +163,12 @@ def test_the_standin_refuses_what_the_engine_refuses(capsys):
     assert exit_.value.code == 2 and "unrecognized arguments: --max-num-seqs 4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, on", [(["--enable-prefix-caching"], True), (["--no-enable-prefix-caching"], False),
+                                      (["--disable-prefix-caching"], False), ([], None)])
+def test_the_vllm_standin_takes_each_spelling_of_an_enable_disable_switch(argv, on):
+    assert standin_server.vllm_args(["serve", "m", *argv], set()).enable_prefix_caching is on
+
+
 @pytest.mark.parametrize("engine, version, flag", [(VllmEngine(), "vLLM 0.33.0", "--max-num-seqs N"),
                                                    (SglangEngine(), "SGLang 0.5.23", "--max-running-requests N")])
 def test_describe_table_names_the_version_read_and_each_knobs_flag(engine, version, flag):

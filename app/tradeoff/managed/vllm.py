@@ -54,12 +54,16 @@ VLLM_ROWS = (
     FlagRow("draft", '--speculative-config {"method":"draft_model","model":DRAFT,"num_speculative_tokens":N}',
             "a draft model proposing N tokens per step; without one, "
             '{"method":"ngram","num_speculative_tokens":N} (prompt lookup)'),
-    # arg_utils.py scheduler group; bool field -> argparse.BooleanOptionalAction (--no- form)
+    # arg_utils.py scheduler group; a bool field gets argparse.BooleanOptionalAction, which 0.33's
+    # FlexibleArgumentParser registers as utils/argparse_utils.py EnableDisableAction: --disable-x is the
+    # spelling its help shows, --no-enable-x "still accepted for backwards compatibility". The table uses
+    # --no-enable-x, which releases before EnableDisableAction take too.
     FlagRow("chunked_prefill", "--enable-chunked-prefill / --no-enable-chunked-prefill",
-            "split long prompts across steps (vLLM's default: on)"),
-    # arg_utils.py cache group; bool field -> argparse.BooleanOptionalAction
+            "split long prompts across steps (vLLM's default: on; 0.33 also spells off --disable-chunked-prefill)"),
+    # arg_utils.py cache group; the same EnableDisableAction
     FlagRow("prefix_caching", "--enable-prefix-caching / --no-enable-prefix-caching",
-            "reuse KV blocks of a shared prompt prefix (vLLM's default: on)"),
+            "reuse KV blocks of a shared prompt prefix (vLLM's default: on; 0.33 also spells off "
+            "--disable-prefix-caching)"),
     # entrypoints/common/cli_args.py FrontendArgs.host, .port (default 8000)
     FlagRow("host/port", "--host 127.0.0.1 --port PORT", "where the OpenAI API listens"),
     # arg_utils.py model group; ModelConfig.served_model_name
@@ -99,7 +103,7 @@ class VllmEngine:
 
 
 def _on_off(flag: str, value: bool | None) -> list[str]:
-    """argparse.BooleanOptionalAction's two spellings; None leaves vLLM's default."""
+    """BooleanOptionalAction's two spellings (EnableDisableAction takes both); None leaves vLLM's default."""
     if value is None:
         return []
     return [flag] if value else ["--no-" + flag.removeprefix("--")]
