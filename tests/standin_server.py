@@ -12,8 +12,9 @@ the engine's message). Then it serves tests/fake_openai_server.py's handler on t
 Environment (tests write a wrapper executable that sets these and execs this script):
 - STANDIN_RECORD: a file; each start appends {"pid": ..., "argv": [...]} as one JSON line, argv[0] being
   STANDIN_EXE (the wrapper's path, which stands where `vllm` or `python` would).
-- STANDIN_MODE: "" serves; "crash-at-start" exits 1 after recording; "crash-after:N" dies on the request
-  after the N-th completion; "hang" listens but /health answers 503 for ever (a model that never loads).
+- STANDIN_MODE: "" serves; "crash-at-start" exits 1 after recording; "crash-after:N" dies on the completion
+  request after the N-th (the fake server's own crash); "hang" listens but /health answers 503 for ever
+  (a model that never loads).
 - STANDIN_DROP: comma-separated flags this engine does not know (an older release than the table's).
 - STANDIN_REQUEST_LOG: where completion bodies are appended (default: nowhere).
 """
@@ -117,24 +118,16 @@ def fail(message: str) -> None:
 
 
 def standin_handler(mode: str, model: str):
-    """The fake server's handler, with the failure the mode asks for."""
-    base = fake_openai_server.make_handler(os.environ.get("STANDIN_REQUEST_LOG", os.devnull), name=model)
-    crash_after = int(mode.split(":")[1]) if mode.startswith("crash-after:") else None
+    """The fake server's handler, with the failure the mode asks for (it counts and crashes itself)."""
+    crash_after = int(mode.split(":")[1]) if mode.startswith("crash-after:") else 0
+    base = fake_openai_server.make_handler(os.environ.get("STANDIN_REQUEST_LOG", os.devnull), name=model,
+                                           crash_after=crash_after)
 
     class StandinHandler(base):
-        served = 0
-
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if mode == "hang" and self.path == "/health":
                 return self._send(503, {"status": "loading"})
             super().do_GET()
-
-        def do_POST(self) -> None:  # noqa: N802
-            if crash_after is not None and StandinHandler.served >= crash_after:
-                print(f"standin: dying after {crash_after} requests (STANDIN_MODE={mode})", flush=True)
-                os._exit(1)
-            StandinHandler.served += 1
-            super().do_POST()
 
     return StandinHandler
 

@@ -104,7 +104,7 @@ def test_a_server_that_dies_mid_run_is_seen_dead_with_its_last_line(tmp_path):
         while server.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not server.alive()
-        assert server.log_tail().splitlines()[-1] == "standin: dying after 2 requests (STANDIN_MODE=crash-after:2)"
+        assert server.log_tail().splitlines()[-1] == "crashing after 2 requests"
 
 
 def test_a_sweep_records_the_point_the_engine_refuses_and_measures_the_others(tmp_path):

@@ -141,12 +141,14 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
         measured = measure_server(server.url, spec.load, spec.slo, point.label())
         memory = {**process_memory(server.pid), "server_metrics": server_metrics(server.url)}
         if not server.alive():
-            raise RuntimeError(f"{spec.engine.name} exited ({server.exit_code()}) during the measurement")
+            raise RuntimeError("the server is gone")
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        if not server.alive():  # the request's error is the symptom; the server's exit is the cause
+            reason = f"{spec.engine.name} exited ({server.exit_code()}) during the measurement ({reason})"
         tail = server.log_tail()
         server.stop()
-        return _failed(spec, point, argv, "measure", f"{type(exc).__name__}: {exc}"[:400], tail,
-                       time.perf_counter() - t0)
+        return _failed(spec, point, argv, "measure", reason, tail, time.perf_counter() - t0)
     server.stop()
     errors = sum(run["row"]["errors"] for run in measured["runs"])
     quality = (agreement(reference, measured["greedy"]) if reference is not None

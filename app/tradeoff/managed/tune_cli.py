@@ -39,7 +39,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
     p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
-    p.add_argument("--kv-dtype", nargs="+", default=[None], help="KV cache element types (the engine's names)")
+    p.add_argument("--kv-dtype", nargs="+", default=["default"],
+                   help="KV cache element types in the engine's names; 'default' adds no flag")
     p.add_argument("--rates", type=float, nargs="+", default=[4.0], help="requests/s, one run each per point")
     p.add_argument("--num-requests", type=int, default=8, help="requests per rate")
     p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"))
@@ -143,7 +144,8 @@ def make_spec(args, say):
                     quality_tokens=args.quality_tokens)
     engine = sized_engine(base, load)
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
-                   for q in args.bits for d in args.draft for b in args.batch for kv in args.kv_dtype)
+                   for q in args.bits for d in args.draft for b in args.batch
+                   for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
                     time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note)

@@ -134,14 +134,14 @@ def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality:
 
 
 def headline(runs: list[dict], price_per_hour: float) -> dict:
-    """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT."""
-    row = runs[-1]["row"]
-    tpot = row["p50_tpot_s"]
+    """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT (the
+    report's unrounded latencies; the rows printed per rate are rounded to the millisecond)."""
+    row, report = runs[-1]["row"], runs[-1]["report"]
+    tpot = report["tpot"]["p50"]
     total = row["output_tokens_per_s"]
-    ms = lambda s: None if s is None else round(1e3 * s, 2)  # noqa: E731
+    ms = lambda s: None if s is None else round(1e3 * s, 3)  # noqa: E731
     return {"tokens_per_s_user": 1.0 / tpot if tpot else None, "tokens_per_s_total": total,
             "usd_per_mtok": price_per_hour / (total * 3600.0) * 1e6 if total else None,
-            "p50_ttft_ms": ms(row["p50_ttft_s"]), "p99_ttft_ms": ms(row["p99_ttft_s"]),
-            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(row["p99_tpot_s"]),
-            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"],
-            "errors": row["errors"]}
+            "p50_ttft_ms": ms(report["ttft"]["p50"]), "p99_ttft_ms": ms(report["ttft"]["p99"]),
+            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(report["tpot"]["p99"]),
+            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"]}
