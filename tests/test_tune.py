@@ -176,5 +176,5 @@ def test_a_real_two_point_sweep_on_llama_server(tmp_path):
     for p in result["points"]:
         assert p["tokens_per_s_total"] > 0 and p["errors"] == 0 and p["memory"]["rss_bytes"] > 0
         assert p["agreement_unit"] == "tokens" and p["agreement_positions"] == 16
-        assert "llamacpp:tokens_predicted_total" in p["memory"]["server_metrics"]
+        assert p["memory"]["server_metrics"]["llamacpp:tokens_predicted"] == 2 * 8 + 16  # load + greedy
     assert result["points"][0]["agreement"] == 1.0 and 0.0 <= result["points"][1]["agreement"] <= 1.0
