@@ -15,6 +15,8 @@ from app.tradeoff.managed.describe import describe_table
 from app.tradeoff.managed.engines import ENGINES
 from app.tradeoff.managed.sglang import SglangEngine
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
+from app.tradeoff.managed.tune_cli import sized_engine
+from app.tradeoff.managed.tune_measure import TuneLoad
 from app.tradeoff.managed.vllm import VllmEngine
 
 MODEL = ServedModel({16: "org/m-16", 4: "org/m-awq"}, draft="org/m-draft", name="m")
@@ -195,3 +197,10 @@ def test_inferlab_tune_show_flags_prints_the_engines_table(capsys):
     assert capsys.readouterr().out.strip() == describe_table(SglangEngine())
     assert cli_main(["tune", "--engine", "tgi", "--show-flags"]) == 2
     assert "unknown engine 'tgi' (have: llama-server, inferlab, vllm, sglang)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_server_args_are_appended_to_every_command_line(name):
+    engine = sized_engine(ENGINES[name], TuneLoad(), ("--tensor-parallel-size", "2"))
+    for point in (ServerPoint(), ServerPoint(batch=2, draft=2)):
+        assert engine.argv(engine.executable, MODEL, point, PORT)[-2:] == ["--tensor-parallel-size", "2"]

@@ -72,6 +72,7 @@ class SglangEngine:
     """SGLang's server, run as a module of `exe` (the Python that has sglang installed). `online_quantization`
     maps weight bits to the `--quantization` method used when no checkpoint for those bits is given."""
     online_quantization: dict[int, str] = field(default_factory=lambda: {8: "fp8"})
+    extra: tuple[str, ...] = ()  # appended to every command line (`inferlab tune --server-args`)
     name: str = "sglang"
     executable: str = "python"
     source: str = SGLANG_SOURCE
@@ -98,4 +99,4 @@ class SglangEngine:
              threads: int | None = None) -> list[str]:
         """`threads` is ignored: SGLang runs on a GPU and sizes its own CPU threads."""
         return [exe, "-m", "sglang.launch_server", *self.point_flags(model, point),
-                "--host", "127.0.0.1", "--port", str(port)]
+                "--host", "127.0.0.1", "--port", str(port), *self.extra]

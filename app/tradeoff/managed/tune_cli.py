@@ -162,7 +162,11 @@ def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -
     from dataclasses import replace
 
     from app.tradeoff.managed.llama_server import LlamaServer
+    from app.tradeoff.managed.sglang import SglangEngine
+    from app.tradeoff.managed.vllm import VllmEngine
 
+    if isinstance(engine, (VllmEngine, SglangEngine)):  # e.g. --tensor-parallel-size 2
+        return replace(engine, extra=extra)
     if not isinstance(engine, LlamaServer):
         if extra:
             raise TuneSetupError(f"--server-args: the {engine.name} table takes no extra flags")

@@ -78,6 +78,7 @@ class VllmEngine:
     """vLLM's server. `online_quantization` maps weight bits to the `--quantization` method used when no
     checkpoint for those bits is given (checked against `VLLM_QUANTIZATION_METHODS`)."""
     online_quantization: dict[int, str] = field(default_factory=lambda: {8: "fp8"})
+    extra: tuple[str, ...] = ()  # appended to every command line (`inferlab tune --server-args`)
     name: str = "vllm"
     executable: str = "vllm"
     source: str = VLLM_SOURCE
@@ -99,7 +100,8 @@ class VllmEngine:
     def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
              threads: int | None = None) -> list[str]:
         """`threads` is ignored: vLLM runs on a GPU and sizes its own CPU threads."""
-        return [exe, "serve", *self.point_flags(model, point), "--host", "127.0.0.1", "--port", str(port)]
+        return [exe, "serve", *self.point_flags(model, point), "--host", "127.0.0.1", "--port", str(port),
+                *self.extra]
 
 
 def _on_off(flag: str, value: bool | None) -> list[str]:
