@@ -154,6 +154,27 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert not os.path.exists(out)
 
 
+def test_the_time_limit_leaves_the_remaining_points_not_run(tmp_path):
+    out = tmp_path / "tune.json"
+    assert main(["tune", "--engine", "llama-server", "--server-bin", str(stand_in(tmp_path)), "--gguf-dir",
+                 str(gguf_dir(tmp_path)), "--batch", "1", "2", "--bits", "16", "--draft", "0", "--time-limit", "0",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["points"] == [] and result["failed"] == []
+    assert result["not_run"] == ["batch 1, 16-bit, no draft", "batch 2, 16-bit, no draft"]
+    assert result["stopped_early"].startswith("time limit of 0 s reached")
+
+
+def test_draft_acceptance_comes_from_the_servers_own_counters():
+    from app.tradeoff.managed.tune_measure import draft_acceptance
+
+    assert draft_acceptance({"llamacpp:spec_decode_num_accepted_tokens": 30.0,
+                             "llamacpp:spec_decode_num_draft_tokens": 40.0}) == 0.75
+    assert draft_acceptance({"llamacpp:spec_decode_num_draft_tokens": 0.0,
+                             "llamacpp:spec_decode_num_accepted_tokens": 0.0}) is None
+    assert draft_acceptance({"unavailable": "HTTP 404"}) is None
+
+
 @pytest.mark.llama_cpp
 def test_a_real_two_point_sweep_on_llama_server(tmp_path):
     from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir

@@ -33,6 +33,7 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
          "memory": {"rss_bytes": int | None,  # VmRSS of the server process (/proc/PID/status), measured
                     "rss_peak_bytes": int | None,   # VmHWM
                     "server_metrics": {family: value}},  # what the server's own /metrics says
+         "draft_acceptance": float | None,    # accepted / proposed draft tokens, from the server's counters
          "agreement": float | None,           # greedy agreement with the 16-bit point (see "quality")
          "agreement_positions": int, "agreement_unit": "tokens" | "text characters" | None,
          "greedy": [[tokens, unit] per held-out prompt], "served_model": str, "errors": int,
@@ -69,6 +70,7 @@ from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, Ser
 from app.tradeoff.managed.tune_measure import (
     TuneLoad,
     agreement,
+    draft_acceptance,
     headline,
     measure_server,
     process_memory,
@@ -156,7 +158,7 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
     return {**identity(spec, point), "flags": shlex.join(argv[1:]), "command": shlex.join(argv),
             **headline(measured["runs"], spec.price_per_hour), "errors": errors,
             "runs": [run["row"] for run in measured["runs"]], "memory": memory, "rss_bytes": memory["rss_bytes"],
-            **quality,
+            "draft_acceptance": draft_acceptance(memory["server_metrics"]), **quality,
             "greedy": measured["greedy"], "kl": None, "ppl_delta_pct": None, "served_model": measured["served_model"],
             "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2)}
 

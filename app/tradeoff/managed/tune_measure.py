@@ -82,6 +82,14 @@ def server_metrics(url: str) -> dict:
     return {name: facts[name] for name in sorted(facts)[:MAX_METRIC_FAMILIES]}
 
 
+def draft_acceptance(metrics: dict) -> float | None:
+    """Accepted / proposed draft tokens from the server's own counters (llama.cpp's and vLLM's families
+    both end in spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens); None where not exported."""
+    accepted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_accepted_tokens")), None)
+    drafted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_draft_tokens")), None)
+    return accepted / drafted if accepted is not None and drafted else None
+
+
 def _reply_tokens(reply: dict) -> tuple[list[str], str]:
     """(the generated tokens, "tokens"), or the text's characters and "text" where none are listed."""
     choice = (reply.get("choices") or [{}])[0]
