@@ -106,7 +106,8 @@ class LLMEngine:
                                       at_load=at_load,
                                       stream_kernel=stream_kernel, matmul_dtype=wide,
                                       profile_graphs=(lambda: profile_graph_bytes(self.model, mc, config, self.device,
-                                                                                  self.dtype)) if config.cuda_graphs else None)
+                                                                                  self.dtype))
+                                      if config.cuda_graphs else None)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)

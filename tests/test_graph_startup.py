@@ -4,7 +4,6 @@ built (nothing is captured, so the graphs measure 0 bytes); the GPU's arithmetic
 memory queries stood in for."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -76,30 +75,3 @@ def test_the_eager_gather_builds_wider_context_buckets_lazily(tiny_llama):
     assert graphs.startup_buckets == [(1, 1), (2, 1)]
     eng.generate(PROMPTS[:2], GREEDY)
     assert set(graphs.startup_buckets) < set(graphs.built_buckets())
-
-
-def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
-    """An engine with an adapter pool: steps without adapter rows run through the graphs' buffers, a step
-    with an adapter row takes the ordinary path, and the graphs are not dropped by it."""
-    pytest.importorskip("peft")
-    from tests.lora_helpers import make_adapter
-
-    kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="flex", num_kv_blocks=96, block_size=4,
-              max_loras=1, max_lora_rank=8, max_num_seqs=4, max_model_len=64)
-    eng = LLMEngine(EngineConfig(**kw, cuda_graphs=True))
-    plain = LLMEngine(EngineConfig(**kw))
-    adapter = make_adapter(tiny_llama, tmp_path / "all", rank=4, alpha=8, seed=1)
-    for e in (eng, plain):
-        e.add_lora("all", adapter)
-    graphs = eng.runner.graphs
-    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == \
-        [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
-    idle_runs = graphs.num_runs
-    assert idle_runs > 5  # no adapter rows: the graphs ran
-    names = [None, "all"]
-    assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY, lora_names=names)] == \
-        [o.token_ids for o in plain.generate(PROMPTS[:2], GREEDY, lora_names=names)]
-    assert graphs.num_runs == idle_runs  # a batch with an adapter row: the ordinary path
-    assert eng.runner.graphs is graphs and graphs.built_buckets() == graphs.startup_buckets  # kept
-    eng.generate(PROMPTS[:1], GREEDY)
-    assert graphs.num_runs > idle_runs  # idle again: back on the graphs

@@ -158,7 +158,6 @@ class DecodeGraphs:
                 and backend.compiled_decode is None and not r.model.compiled)
 
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
-        backend = r.backend
         return (bool(order) and all(s.kind == StepKind.DECODE for s in order)
                 and batch_bucket(len(order)) is not None
                 and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
