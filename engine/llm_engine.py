@@ -388,7 +388,7 @@ class LLMEngine:
         req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
         token, lp = result.sampled[i], result.logprobs[i]
         if i in result.verify_logits:
-            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i), result.verify_argmax.get(i))
+            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i), result.verify_host.get(i))
             self.counters.generated += len(v.token_ids)
             outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
             return
