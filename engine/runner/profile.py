@@ -6,6 +6,9 @@ peak (engine/runner/setup.py: gpu_kv_budget), so a step never runs out of memory
 Worst case of one step: the token budget (max_num_batched_tokens) as one prefill (attention's
 scores grow with the square of a sequence's length, so one long sequence peaks above many short
 ones), then logits and sampling (top-k / top-p sort included) for max_num_seqs rows.
+
+With CUDA graphs on, the start-up graphs are then captured once on a throwaway runner and their bytes
+measured (profile_graph_bytes), before the KV cache is sized (vLLM's order: profile, graphs, KV).
 """
 from __future__ import annotations
 
