@@ -66,8 +66,13 @@ def reads_pages_in_place(backend) -> bool:
     return backend.flex is not None and backend.flex.fn is not None
 
 
-def startup_context_bucket(backend, max_model_len: int, block_size: int) -> int:
-    return context_bucket(-(-max_model_len // block_size)) if reads_pages_in_place(backend) else 1
+def startup_context_bucket(backend, max_model_len: int, block_size: int, num_pages: int | None = None) -> int:
+    """Reading pages in place: the bucket of max_model_len, at most the cache's page count (FlexAttention's
+    block mask has one column per page: a table wider than the cache does not fit it). Gathering: 1."""
+    if not reads_pages_in_place(backend):
+        return 1
+    c = context_bucket(-(-max_model_len // block_size))
+    return c if num_pages is None else min(c, num_pages)
 
 
 class ReservedMeter:
@@ -127,7 +132,7 @@ class DecodeGraphs:
             return 0
         meter = ReservedMeter(runner.device)
         before = meter.reserved()
-        c = startup_context_bucket(runner.backend, max_model_len, runner.block_size)
+        c = startup_context_bucket(runner.backend, max_model_len, runner.block_size, _num_pages(runner))
         buckets = startup_batch_buckets(max_num_seqs)
         verb = "capturing" if self.capture else "building (the CPU: no capture)"
         for i, b in enumerate(buckets):
@@ -205,8 +210,7 @@ class DecodeGraphs:
         built one that holds c (a start-up graph, no new capture); gathering, c itself."""
         if reads_pages_in_place(runner.backend):
             built = [cc for bb, cc in self._steps if bb == b and cc >= c]
-            if built:
-                return min(built)
+            return min(built) if built else min(c, _num_pages(runner))  # a bucket wider than the cache: its width
         return c
 
     def _capture_measured(self, runner, st: StaticStep) -> bool:
@@ -253,6 +257,10 @@ class DecodeGraphs:
         st.graph = graph
         self.num_captures += 1
         return True
+
+
+def _num_pages(runner) -> int:
+    return runner.kv_caches[0][0].shape[1] // runner.block_size
 
 
 def _forward(runner, st: StaticStep) -> torch.Tensor:
