@@ -400,7 +400,8 @@ def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "sequential"])
 def test_acceptance_emits_the_targets_distribution(batched):
     """With a one-hot proposal x, the first emitted token is distributed as the target's p, whichever
-    way acceptance runs (the batched one draws every position's residual sample up front)."""
+    way acceptance runs (the batched one, which the model runner's step read-back uses, draws every
+    position's decision on the device up front: engine/spec/verify.py decide_on_device)."""
     from engine.spec.verify import verify
 
     p = torch.tensor([0.1, 0.2, 0.3, 0.4])

@@ -71,18 +71,3 @@ def test_sampling_and_every_verify_of_a_step_share_one_read_back(tiny_llama, mon
     assert mixed and all(c == 1 for c in mixed), list(zip(copies, kinds))
     assert set(through_to_host) == {1}  # every step's one copy goes through to_host
 
-
-def test_a_sampling_verify_read_back_with_the_step_keeps_the_targets_distribution():
-    """The decisions the runner reads back (decide_on_device, then walk_decisions) emit the target's p."""
-    from engine.spec.verify import chain_parents, decide_on_device, walk_decisions
-
-    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    logits = p.log().expand(3, 4).clone()
-    params = SamplingParams(temperature=1.0)
-    gen = torch.Generator().manual_seed(0)
-    counts = torch.zeros(4)
-    trials = 4000
-    for _ in range(trials):
-        host = decide_on_device([2, 3], chain_parents(2), logits, params, gen).tolist()
-        counts[walk_decisions([2, 3], chain_parents(2), host, greedy=False).tokens[0]] += 1
-    assert torch.allclose(counts / trials, p, atol=0.025), counts / trials
