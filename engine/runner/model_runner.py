@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -18,71 +17,16 @@ from engine.events import ForwardPath, StepKind
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import PROMPT_ROWS
-from engine.models.layers.read_back import to_host
-from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
+from engine.runner.step_result import NONFINITE, StepResult, read_back_step, take_verifies
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
 DECODE_GROUP_RATIO = 2.0
-NONFINITE = "the model produced non-finite logits (NaN or inf) for this request"
-
-
-@dataclass(slots=True)
-class StepResult:
-    # The scheduled requests in the order they ran (decodes first) and, for those that reached the end
-    # of their known tokens, the sampled token (None for a prefill chunk that stops short).
-    order: list[ScheduledRequest]
-    sampled: list[int | None]
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
-    activation_bytes: int
-    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # order index -> (n, vocab)
-    # With keep_hidden: order index -> final hidden states of the rows that produce tokens ((1, hidden)
-    # for a sampled token, (n, hidden) for a verify run), which multi-token prediction heads read.
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-    # order index -> why that request failed this step (non-finite logits); it produced nothing
-    failed: dict[int, str] = field(default_factory=dict)
-    # order index -> a verify's decisions (greedy: each row's argmax; sampling: its acceptances and residual
-    # samples; engine/spec/verify.py decide_on_device), read back with the sampled tokens
-    verify_host: dict[int, list[int]] = field(default_factory=dict)
-
-
-def _read_back(logits: torch.Tensor, producers: list, verify_spans: list, greedy,
-               decide) -> tuple[SampleResult | None, list[int], list[int]]:
-    """Sample the producers' rows and read, in the same one copy back to the host (to_host), every verify
-    row's finiteness then each verify's decisions (`decide`, the speculative decoder's hook: greedy, the
-    argmax of each row; sampling, its acceptances and residual samples, drawn on the device): a step waits
-    for the device once, however many requests it samples and verifies. Returns (the sampling result or
-    None, [bad per verify row..., then every verify's decisions], the decisions' length per verify). Without
-    `decide` a greedy verify reads its rows' argmax and a sampling one nothing (it decides on its own).
-    (The CPU's fused step samples greedily on its own: there the verify rows are a second read, which
-    costs nothing on the CPU.)"""
-    extra, sizes = None, []
-    if verify_spans:
-        verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
-        finite = torch.isfinite(verify_rows).all(dim=-1)
-        clean = torch.where(finite.unsqueeze(1), verify_rows, 0.0)  # a failed row's draws stay defined
-        parts, at = [(~finite).long()], 0
-        for s, _, n in verify_spans:
-            rows = clean[at : at + n]
-            at += n
-            part = decide(s, rows) if decide is not None else \
-                rows.argmax(dim=-1) if s.request.sampling_params.greedy else rows.new_zeros(0, dtype=torch.long)
-            parts.append(part.long())
-            sizes.append(part.shape[0])
-        extra = torch.cat(parts)
-    result = None
-    if producers:
-        result = FusedDecode.greedy_result(greedy, producers)
-        if result is None:
-            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
-                            [s.request.generator for s, _ in producers], extra=extra)
-            return result, result.extra, sizes
-    return result, to_host(extra) if extra is not None else [], sizes
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -250,13 +194,14 @@ class ModelRunner:
             else:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
-            result, verify_host, sizes = _read_back(logits, producers, verify_spans, greedy, self.verify_decisions)
+            result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
+                                                        self.verify_decisions)
             if result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
                 step.failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
-            self._take_verifies(step, where, logits, verify_spans, verify_host, sizes)
+            take_verifies(step, where, logits, verify_spans, verify_host, sizes)
             for i in step.failed:  # stale NaN K/V must not reach another request through a padded gather
                 self.clear_written_slots(order[i], bm)
             if self.keep_hidden:
@@ -265,23 +210,6 @@ class ModelRunner:
         step.activation_bytes = hidden.numel() * hidden.element_size() * (
             4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
         return step
-
-    @staticmethod
-    def _take_verifies(step: StepResult, where: dict, logits: torch.Tensor, verify_spans: list,
-                       verify_host: list[int], sizes: list[int]) -> None:
-        """Each verify's logits and read-back decisions into the step's result, or its failure when one of
-        its rows was not finite (verify_host: a flag per verify row, then the decisions, sizes long each)."""
-        num_verify_rows = sum(n for _, _, n in verify_spans)
-        rows_at, at = 0, num_verify_rows
-        for (s, first, n), size in zip(verify_spans, sizes):
-            i = where[id(s)]
-            if any(verify_host[rows_at : rows_at + n]):
-                step.failed[i] = NONFINITE
-            else:
-                step.verify_logits[i] = logits[first : first + n]
-                if size:
-                    step.verify_host[i] = verify_host[at : at + size]
-            rows_at, at = rows_at + n, at + size
 
     def _fused_plan(self, order: list[ScheduledRequest]):
         """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""
