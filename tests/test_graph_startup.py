@@ -41,15 +41,27 @@ def test_a_gpu_budget_takes_the_profiled_step_then_the_graphs_off_before_sizing_
     assert num_kv_blocks(kv_only, CUDA0, 2**20, profile_graphs=graphs) == 1024
 
 
-def test_the_cpu_builds_every_start_up_bucket_before_any_step_and_measures_0_bytes(tiny_llama):
-    """flex reads each row's pages in place: the start-up buckets sit at max_model_len's context
-    bucket and every later decode step runs in one of them (nothing built lazily); the tokens are the
-    ordinary path's."""
+def test_the_cpu_builds_every_start_up_bucket_before_any_step_and_measures_0_bytes(tiny_llama, monkeypatch):
+    """The order: the graphs measured on a throwaway runner, the KV cache sized, the graphs built on the
+    engine's runner. flex reads each row's pages in place: the start-up buckets sit at max_model_len's
+    context bucket and every later decode step runs in one of them (nothing built lazily); the tokens are
+    the ordinary path's."""
+    import engine.quant.manager as manager
+    from engine.runner.graphs import DecodeGraphs
+
+    calls: list[str] = []
+    build_all, size_kv = DecodeGraphs.build_all, manager.num_kv_blocks
+    monkeypatch.setattr(DecodeGraphs, "build_all", lambda self, runner, *a: calls.append(
+        f"build on {runner.kv_caches[0][0].shape[1] // 4} blocks") or build_all(self, runner, *a))
+    monkeypatch.setattr(manager, "num_kv_blocks", lambda *a: calls.append("kv sized") or size_kv(*a))
     kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="flex", memory_budget_bytes=64 * 2**20,
               block_size=4, max_num_seqs=8, max_model_len=64)  # a whole-memory budget: the graphs come off it
     lines: list[str] = []
     eng = LLMEngine(EngineConfig(**kw, cuda_graphs=True), progress=lambda msg, frac: lines.append(msg))
     graphs = eng.runner.graphs
+    blocks = eng.block_manager.num_blocks
+    # the throwaway runner's build (1 block) runs inside the sizing, before its "kv" step; the real one after
+    assert calls == ["kv sized", "build on 1 blocks", f"build on {blocks} blocks"]
     assert eng.weights.kv_sizing.steps == ["graphs", "kv"] and eng.weights.kv_sizing.graphs_bytes == 0
     built = [b for b, _ in graphs.startup_buckets]
     assert built == startup_batch_buckets(8) == [1, 2, 4, 8]
