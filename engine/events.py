@@ -150,6 +150,9 @@ class MemorySnapshot:
     packed_weights_bytes: int = 0  # part of weights_bytes: the oneDNN-packed copies (EngineConfig.pack_weights)
     lora_device_bytes: int = 0  # the LoRA pool's device slots (preallocated; not part of weights_bytes)
     lora_host_bytes: int = 0  # LoRA adapters kept in host memory (those in a slot and the host LRU)
+    # the captured CUDA graphs' memory pool, measured (torch's reserved bytes across each capture); 0 on the
+    # CPU, where the static buffers run uncaptured; None with EngineConfig.cuda_graphs off
+    graphs_bytes: int | None = None
 
     @property
     def kv_bytes_total(self) -> int:

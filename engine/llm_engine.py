@@ -43,7 +43,7 @@ from engine.runner.cpu_compute import compute_line, plan_compute
 from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
-from engine.runner.profile import profile_peak_bytes
+from engine.runner.profile import profile_graph_bytes, profile_peak_bytes
 from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
 from engine.runner.threads import choose_threads
 from engine.sampling_params import SamplingParams
@@ -106,7 +106,10 @@ class LLMEngine:
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
                                       at_load=at_load,
-                                      stream_kernel=stream_kernel, matmul_dtype=wide)
+                                      stream_kernel=stream_kernel, matmul_dtype=wide,
+                                      profile_graphs=(lambda: profile_graph_bytes(self.model, mc, config, self.device,
+                                                                                  self.dtype))
+                                      if config.cuda_graphs else None)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -122,7 +125,7 @@ class LLMEngine:
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
-        self._use_graphs(config.cuda_graphs)
+        self._use_graphs(config.cuda_graphs, startup=True, progress=progress)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -352,11 +355,15 @@ class LLMEngine:
                                       int8_activations=cfg.int8_activations)
         self._use_graphs(bool(cfg.cuda_graphs))
 
-    def _use_graphs(self, enabled: bool) -> None:
-        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA."""
+    def _use_graphs(self, enabled: bool, startup: bool = False, progress: Progress | None = None) -> None:
+        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA;
+        at start-up every batch bucket is captured at once (engine/runner/graphs.py), switched on at run
+        time they are captured as steps need them."""
         if enabled != (self.runner.graphs is not None):
             self.runner.invalidate_graphs()
             self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda") if enabled else None
+            if enabled and startup:
+                self.runner.graphs.build_all(self.runner, self.config.max_num_seqs, self.max_model_len, progress)
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -407,7 +414,7 @@ class LLMEngine:
         req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
         token, lp = result.sampled[i], result.logprobs[i]
         if i in result.verify_logits:
-            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i), result.verify_argmax.get(i))
+            v = self.spec.apply_verify(s, result.verify_logits[i], result.hidden.get(i), result.verify_host.get(i))
             self.counters.generated += len(v.token_ids)
             outputs[req.request_id] = make_output(req, v.token_ids, v.text, None, piece, v.sources)
             return
@@ -547,7 +554,8 @@ class LLMEngine:
             self._device_memory = DeviceMemory(self.device)
         return snapshot(self._device_memory, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
                         bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
-                        lora.device_bytes if lora else 0, lora.host_bytes if lora else 0)
+                        lora.device_bytes if lora else 0, lora.host_bytes if lora else 0,
+                        self.runner.graphs.pool_bytes if self.runner.graphs is not None else None)
 
     def block_map(self) -> BlockMapSnapshot:
         return self.block_manager.snapshot()

@@ -9,6 +9,8 @@ recorded and the next one runs; what the deadline leaves no time for is recorded
   cuda_tests    pytest -m cuda (tests/test_cuda.py) on the GPU -> cuda_tests.xml
   bench_decode  `inferlab bench decode --device cuda`: one stream, inferlab (eager, compile, CUDA graphs)
                 vs HF on the same GPU, achieved weight bandwidth vs a measured copy -> bench_decode.json
+  graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
+                KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
   screenshot    the app on the GPU, headless -> app.png; skipped, saying so, where PySide6 is missing
                 (the lent image has none, and its wheels are too large to carry)
@@ -19,7 +21,7 @@ FastAPI, no platformdirs, no gguf); scripts/gpu_wheels.sh fetches a few pure-Pyt
 gpu_check.sh installs first, when they were carried, so that more of the CPU suite runs there.
 results.json lists each step: its command, exit status, seconds, the tail of its log, and its files;
 the whole logs, the built model and scratch data go to --work (a temporary folder by default), so the
-result folder holds 7 files (the device tool brings back 8 at most).
+result folder holds 8 files (the device tool brings back 8 at most).
 
 Model: --model auto takes the built-in SmolLM2-135M when its weights are on this machine (no network on
 the GPU machines); else a model of SmolLM2-135M's shapes with random weights is built (speed and memory
@@ -168,6 +170,10 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     batch = (["--num-chats", "4", "--num-docs", "1", "--max-num-seqs", "4", "--rounds", "1", "--kv-cache-mib", "16",
               "--max-output-tokens", "24"]
              if dry else ["--max-num-seqs", "64", "--rounds", "1"])
+    # the dry run: FlexAttention so that graphs apply (the native kernel takes the CPU's decodes); eager on the
+    # CPU, it masks every slot of the cache: a small one
+    startup = (["--attention-backend", "flex", "--max-num-seqs", "4", "--max-model-len", "256", "--max-tokens", "6",
+                "--memory-budget-mib", "4"] if dry else [])
     hidden_cuda = {"CUDA_VISIBLE_DEVICES": "", "INFERLAB_DEVICE": "cpu"}
     if not dry and importlib.util.find_spec("xdist") is not None:  # the GPU machine's many cores
         suite = ["-n", "8", "--dist", "loadfile"]
@@ -176,6 +182,8 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                         f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 90),
         ("bench_decode", cli + ["bench", "decode", "--device", dev, "--model", model,
                                 "--json", str(out / "bench_decode.json"), *modes, *decode], {}, 150),
+        ("graphs_startup", [py, "scripts/graphs_startup.py", "--device", dev, "--model", model,
+                            "--json", str(out / "graphs_startup.json"), *startup], {}, 60 if dry else 120),
         ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
                             "--json", str(out / "bench_64.json"), *modes, *batch], {}, 150),
         ("screenshot", cli + ["--device", dev, "--model", model, "--screenshot", str(out / "app.png"),
@@ -246,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     produced = {p.name for p in out.iterdir() if p.suffix in (".json", ".png", ".xml")}
     for r in results:
         stem = {"cuda_tests": "cuda_tests.xml", "bench_decode": "bench_decode.json", "bench_64": "bench_64.json",
+                "graphs_startup": "graphs_startup.json",
                 "screenshot": "app.png", "cpu_suite": "cpu_suite.xml"}.get(r.name)
         if stem in produced:
             r.files = [stem]

@@ -136,3 +136,31 @@ def test_cuda_graphs_replay_decode_steps_exactly(tiny_llama):
         [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
     g = graphs.runner.graphs
     assert g.num_captures > 0 and g.num_replays > 0
+
+
+def test_graphs_are_captured_at_start_up_inside_the_profiled_budget(tiny_llama):
+    """profile -> graphs measured -> KV sized; every start-up bucket captured before the first step, on
+    FlexAttention at max_model_len's context bucket, so decode steps replay them without a new capture."""
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+                                 cuda_graphs=True, max_num_seqs=8, max_model_len=256))
+    sizing, g = eng.weights.kv_sizing, eng.runner.graphs
+    assert sizing.steps == ["profile", "graphs", "kv"] and sizing.peak_step_bytes > 0 and sizing.graphs_bytes > 0
+    assert [b for b, _ in g.startup_buckets] == [1, 2, 4, 8] and g.num_captures == 4 and g.capture_error is None
+    assert g.pool_bytes > 0 and eng.memory().graphs_bytes == g.pool_bytes
+    eager = _engine(tiny_llama, dtype="float32")
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == \
+        [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
+    assert g.num_replays > 0 and g.num_captures == 4  # nothing captured after start-up
+
+
+def test_one_read_back_per_step_with_sampling_verifies(tiny_llama):
+    import engine.models.layers.read_back as read_back
+
+    eng = _engine(tiny_llama, spec_method="ngram", num_speculative_tokens=3)
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=2, ignore_eos=True)
+    eng.add_request("a b c a b c a b c a b", params)
+    eng.add_request("one two one two one two", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        before = read_back.count
+        eng.step()
+        assert read_back.count - before <= 1

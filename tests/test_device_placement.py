@@ -361,7 +361,7 @@ def test_sampling_reads_back_once_per_step(monkeypatch):
     want = sample(logits.clone(), params, [torch.Generator().manual_seed(i) for i in range(6)])
     calls = _count_readbacks(monkeypatch)
     got = sample(logits.clone(), params, gens)
-    assert len(calls) == 2  # the tokens (+ failed rows, top ids), the logprob values
+    assert len(calls) == 1  # the tokens, failed rows, top ids and the logprob values (their float32 bits)
     assert got.token_ids == want.token_ids and got.failed == [4] and got.token_ids[4] is None
     assert got.token_ids[0] == int(logits[0].argmax().tolist()) and got.token_ids[3] == int(logits[3].argmax().tolist())
     lp, alts = got.logprobs[2]
@@ -400,7 +400,8 @@ def test_acceptance_reads_back_once_and_stays_exact(monkeypatch):
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "sequential"])
 def test_acceptance_emits_the_targets_distribution(batched):
     """With a one-hot proposal x, the first emitted token is distributed as the target's p, whichever
-    way acceptance runs (the batched one draws every position's residual sample up front)."""
+    way acceptance runs (the batched one, which the model runner's step read-back uses, draws every
+    position's decision on the device up front: engine/spec/verify.py decide_on_device)."""
     from engine.spec.verify import verify
 
     p = torch.tensor([0.1, 0.2, 0.3, 0.4])

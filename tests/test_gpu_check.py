@@ -18,11 +18,12 @@ def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
                            "--work", str(tmp_path / "work"), "--budget-s", "280"],
                           capture_output=True, text=True, timeout=300)
     assert sorted(p.name for p in out.iterdir()) == sorted(  # no more than the device tool brings back
-        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_64.json", "app.png",
-         "cpu_suite.xml"])
+        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "graphs_startup.json",
+         "bench_64.json", "app.png", "cpu_suite.xml"])
     results = json.loads((out / "results.json").read_text())
     steps = {s["name"]: s for s in results["steps"]}
-    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "bench_64", "screenshot", "cpu_suite"]
+    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "graphs_startup", "bench_64", "screenshot",
+                           "cpu_suite"]
     failed = {n: s["log_tail"][-600:] for n, s in steps.items() if s["rc"] != 0}
     assert not failed and proc.returncode == 0, failed
     assert results["dry_run"] and results["device"] == "cpu" and "random" in results["model_is"]

@@ -38,7 +38,8 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     assert not [n for n, text in logs.items() if "ModuleNotFoundError" in text], logs
     assert steps["screenshot"]["missing_packages"] == ["PySide6", "pyqtgraph", "qasync"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_64.json", "cpu_suite.xml"])
+        ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "graphs_startup.json",
+         "bench_64.json", "cpu_suite.xml"])
     missing = json.loads((out / "environment.json").read_text())["missing_packages"]
     assert {"PySide6", "platformdirs", "gguf", "fastapi"} <= set(missing) and "torch" not in missing
     decode = json.loads((out / "bench_decode.json").read_text())
@@ -49,6 +50,10 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     achieved = decode["memory_bandwidth"]["achieved_bytes_per_s"]
     assert set(achieved) == {"eager", "graphs", "hf_transformers"} and min(achieved.values()) > 0
     assert decode["roofline"]["probed_bandwidth_bytes_per_s"] > 0
+    startup = json.loads((out / "graphs_startup.json").read_text())  # built at engine build, before the KV sizing
+    assert startup["kv_sizing"]["order"] == ["graphs", "kv"] and startup["kv_sizing"]["kv_blocks"] > 0
+    assert startup["startup"]["buckets"] and startup["startup"]["pool_bytes"] == 0  # the CPU: nothing captured
+    assert startup["decode"]["steps_in_graph_buffers"] > 0 and startup["decode"]["tokens_match_graphs_off"]
     batch = json.loads((out / "bench_64.json").read_text())
     assert set(batch["inferlab"]) == {"eager", "graphs"} and batch["hf_transformers"]["output_tokens_per_s"] > 0
     assert "passed" in steps["cpu_suite"]["log_tail"] and "skipped" in steps["cuda_tests"]["log_tail"]
@@ -108,7 +113,8 @@ def test_graphs_switch_on_and_off_at_run_time_with_the_same_tokens(tiny_llama):
 
 def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
     """An engine with an adapter pool runs its base-only decode steps through the graphs' buffers (the
-    unbound LoRA layers add nothing); a step with an adapter row takes the ordinary path."""
+    unbound LoRA layers add nothing); a step with an adapter row takes the ordinary path, and the graphs
+    built so far are kept: the next base-only steps run through them again."""
     from lora_helpers import make_adapter
 
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -124,7 +130,13 @@ def test_graphs_stay_with_an_idle_lora_pool(tiny_llama, tmp_path):
     assert base_runs >= 9
     with_adapter = graphs.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
     assert with_adapter == plain.generate(["Hello there"], params, lora_names=["a"])[0].token_ids
-    assert graphs.runner.graphs.num_runs == base_runs  # adapter rows never go through the graphs
+    kept = graphs.runner.graphs
+    assert kept.num_runs == base_runs  # adapter rows never go through the graphs
+    built = kept.built_buckets()
+    assert set(kept.startup_buckets) <= set(built)
+    assert graphs.generate(["Hello there"], params)[0].token_ids == plain.generate(["Hello there"], params)[0].token_ids
+    assert graphs.runner.graphs is kept and kept.built_buckets()[: len(built)] == built  # nothing dropped
+    assert kept.num_runs > base_runs
 
 
 def test_a_peer_whose_gguf_cannot_be_made_is_skipped_not_fatal(monkeypatch, tmp_path):

@@ -19,7 +19,8 @@ def scaled_to_budget(snap: MemorySnapshot) -> bool:
 
 def memory_breakdown(snap: MemorySnapshot) -> dict[str, int]:
     """Bytes per category, in bar order. KV free = blocks neither used nor holding a cached prefix.
-    Scaled to the budget (the CPU), the process's other memory and the host's free RAM are not in it."""
+    Scaled to the budget (the CPU), the process's other memory and the host's free RAM are not in it. The
+    captured CUDA graphs' pool has a share only where it is above 0 (a GPU with EngineConfig.cuda_graphs)."""
     kv_free_blocks = max(0, snap.kv_blocks_total - snap.kv_blocks_used - snap.kv_blocks_cached)
     parts = {
         "weights": snap.weights_bytes,
@@ -28,6 +29,8 @@ def memory_breakdown(snap: MemorySnapshot) -> dict[str, int]:
         "kv_free": kv_free_blocks * snap.kv_block_bytes,
         "activations": snap.activation_bytes,
     }
+    if snap.graphs_bytes:
+        parts["graphs"] = snap.graphs_bytes
     if not scaled_to_budget(snap):
         parts.update(other=snap.other_bytes, free=snap.free_bytes)
     return parts

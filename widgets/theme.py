@@ -56,15 +56,16 @@ TOKEN_SOURCE_LABELS = MappingProxyType({
 TOKEN_ALT_BACKGROUND = MappingProxyType({"dark": "#34373c", "light": "#e3e8ef"})
 
 # Device memory categories, in bar order.
-MEMORY_CATEGORIES = ("weights", "kv_used", "kv_cached", "kv_free", "activations", "other", "free")
+MEMORY_CATEGORIES = ("weights", "kv_used", "kv_cached", "kv_free", "activations", "graphs", "other", "free")
 MEMORY_LABELS = MappingProxyType({
     "weights": "Weights", "kv_used": "KV in use", "kv_cached": "KV cached (reusable prefix)",
-    "kv_free": "KV free", "activations": "Activations / workspace", "other": "Other",
+    "kv_free": "KV free", "activations": "Activations / workspace",
+    "graphs": "CUDA graphs (measured)", "other": "Other",
     "free": "Free device memory",
 })
 _MEMORY_COLORS = MappingProxyType({
     "weights": "#4e79a7", "kv_used": "#f28e2b", "kv_cached": "#edc948", "kv_free": "#9c755f",
-    "activations": "#b07aa1", "other": "#76b7b2",
+    "activations": "#b07aa1", "graphs": "#ff9da7", "other": "#76b7b2",
 })
 _FREE_COLOR = MappingProxyType({"dark": "#3c4043", "light": "#d5d8dc"})
 

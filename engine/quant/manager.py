@@ -24,7 +24,7 @@ from engine.quant_formats import quant_format
 from engine.runner.huge_pages import move_to_huge_pages
 from engine.runner.memory import weights_bytes
 from engine.runner.model_runner import ModelRunner
-from engine.runner.setup import kv_blocks_after_requant, num_kv_blocks
+from engine.runner.setup import KvSizing, kv_blocks_after_requant, num_kv_blocks
 
 Progress = Callable[[str, float], None]
 
@@ -38,10 +38,12 @@ class WeightsManager:
                  calibrate: Callable[[], dict[str, torch.Tensor]], reserved_bytes: int = 0,
                  profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
                  at_load: QuantizeAtLoad | None = None, stream_kernel=None,
-                 matmul_dtype: torch.dtype | None = None) -> None:
+                 matmul_dtype: torch.dtype | None = None,
+                 profile_graphs: Callable[[], int] | None = None) -> None:
         """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
         too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
         `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
+        `profile_graphs`: with cuda_graphs, what measures the start-up decode graphs' bytes (the same file);
         `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
         originals already on the host; `matmul_dtype`: what every (swapped-in) Linear's library products
         compute in, when wider than its weights (engine/runner/cpu_compute.py)."""
@@ -70,8 +72,9 @@ class WeightsManager:
         self._to_huge_pages()  # the quantized layers and packed copies just built
         self.weights_bytes = weights_bytes(model)  # with the packed copies
         self._other_weights = other_weights_bytes
+        self.kv_sizing = KvSizing()  # what sized the cache, in order (profile, graphs, kv)
         blocks = num_kv_blocks(config, device, block_bytes, self.weights_bytes + other_weights_bytes, weights_saved,
-                               reserved_bytes, profile_peak)
+                               reserved_bytes, profile_peak, profile_graphs, self.kv_sizing)
         # runtime requantization resizes the cache from here
         self._kv_base = (blocks, self.weights_bytes + other_weights_bytes)
         self.kv_target = blocks  # the KV blocks the current weights leave room for

@@ -17,9 +17,18 @@ inputs from static buffers that every step fills in place.
   not on the native kernel or the compiled decode
   attention, uncompiled. Anything else runs the ordinary path.
 
+At engine build (`build_all`, vLLM style) every batch bucket up to max_num_seqs is captured at one
+context bucket: with FlexAttention the bucket of max_model_len (each row reads only its own pages, so a
+wide table costs little and a step takes the smallest built bucket that holds it: nothing is captured
+later), on the eager gather the smallest (its gather grows with the bucket: wider ones are captured
+lazily, the first time a step needs one). Before the KV cache is sized, the same set is captured once on
+a throwaway runner and its memory measured (engine/runner/profile.py: profile_graph_bytes), so the KV
+budget leaves room for it. Buckets captured lazily later are not in that reserve.
+
 Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
-(requantization), the execution mode. On the CPU the flag runs the very same static buffers without
-capturing (what the tests check against the ordinary path); capture happens only on CUDA.
+(requantization), the execution mode; the next steps capture again, lazily. On the CPU the flag runs the
+very same static buffers without capturing (what the tests check against the ordinary path): capture,
+and a graph memory above 0 bytes, happen only on CUDA.
 """
 from __future__ import annotations
 
@@ -43,6 +52,41 @@ def batch_bucket(n: int) -> int | None:
 def context_bucket(num_blocks: int) -> int:
     """Blocks attended per row: the next power of two (few graphs, at most 2x the gather)."""
     return 1 << max(0, num_blocks - 1).bit_length()
+
+
+def startup_batch_buckets(max_num_seqs: int) -> list[int]:
+    """The batch buckets built at start-up: every one up to the bucket that holds max_num_seqs rows."""
+    top = batch_bucket(max_num_seqs) or BATCH_BUCKETS[-1]
+    return [b for b in BATCH_BUCKETS if b <= top]
+
+
+def reads_pages_in_place(backend) -> bool:
+    """FlexAttention reads each row's own pages (a wider block table costs little); the eager decode
+    attention gathers the whole bucket's width per row."""
+    return backend.flex is not None and backend.flex.fn is not None
+
+
+def startup_context_bucket(backend, max_model_len: int, block_size: int, num_pages: int | None = None) -> int:
+    """Reading pages in place: the bucket of max_model_len, at most the cache's page count (FlexAttention's
+    block mask has one column per page: a table wider than the cache does not fit it). Gathering: 1."""
+    if not reads_pages_in_place(backend):
+        return 1
+    c = context_bucket(-(-max_model_len // block_size))
+    return c if num_pages is None else min(c, num_pages)
+
+
+class ReservedMeter:
+    """Bytes torch's caching allocator holds on a GPU (a graph's private pool included); 0 on the CPU,
+    where nothing is captured."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reserved(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.memory_reserved(self.device))
 
 
 @dataclass(slots=True)
@@ -70,18 +114,59 @@ class DecodeGraphs:
         self.num_replays = 0
         self.num_captures = 0
         self.capture_error: str | None = None  # why capture was turned off, if it was
+        # what the captured graphs hold on the device (torch's reserved bytes across each capture): 0 on the CPU
+        self.pool_bytes = 0
+        self.startup_buckets: list[tuple[int, int]] = []  # (batch, context) built by build_all
 
     def invalidate(self) -> None:
         self._steps.clear()
         self._pool = None
+        self.pool_bytes = 0
+
+    def build_all(self, runner, max_num_seqs: int, max_model_len: int, progress=None) -> int:
+        """Build (on CUDA: capture) every start-up bucket (see the module docstring) before any step;
+        returns the bytes the captures took (0 on the CPU). Does nothing on a backend graphs never run
+        (native kernel, compiled decode, reference, compiled model). The capture's warm-up writes K/V
+        at slot 0: the caches are zeroed again after it."""
+        if not self.backend_eligible(runner):
+            return 0
+        meter = ReservedMeter(runner.device)
+        before = meter.reserved()
+        c = startup_context_bucket(runner.backend, max_model_len, runner.block_size, _num_pages(runner))
+        buckets = startup_batch_buckets(max_num_seqs)
+        verb = "capturing" if self.capture else "building (the CPU: no capture)"
+        for i, b in enumerate(buckets):
+            if progress is not None:
+                progress(f"{verb} decode graphs {i + 1}/{len(buckets)}", (i + 1) / len(buckets))
+            st = self._steps.get((b, c)) or self._new_step(runner, b, c)
+            st.ctx_lens.fill_(1)  # one valid slot per row: the capture's attention stays finite
+            st.mask.fill_(float("-inf"))
+            st.mask[..., 0] = 0.0
+            if self.capture and st.graph is None:
+                self._capture(runner, st)
+        if self.capture:
+            for k, v in runner.kv_caches:
+                k.zero_()
+                v.zero_()
+        self.startup_buckets = [(b, c) for b in buckets]
+        taken = max(0, meter.reserved() - before)
+        self.pool_bytes += taken
+        return taken
+
+    def built_buckets(self) -> list[tuple[int, int]]:
+        """(batch, context) of every bucket whose static step exists, in the order they were built."""
+        return list(self._steps)
+
+    def backend_eligible(self, r) -> bool:
+        backend = r.backend
+        return (not backend.reference and backend.native_decode is None
+                and backend.compiled_decode is None and not r.model.compiled)
 
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
-        backend = r.backend
         return (bool(order) and all(s.kind == StepKind.DECODE for s in order)
                 and batch_bucket(len(order)) is not None
                 and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
-                and not backend.reference and backend.native_decode is None
-                and backend.compiled_decode is None and not r.model.compiled)
+                and self.backend_eligible(r))
 
     def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
@@ -89,7 +174,8 @@ class DecodeGraphs:
         n = len(order)
         tables = [bm.block_table(s.request.request_id) for s in order]
         lens = [s.request.num_computed_tokens + 1 for s in order]
-        b, c = batch_bucket(n), context_bucket(-(-max(lens) // bs))
+        b = batch_bucket(n)
+        c = self._context_for(runner, b, context_bucket(-(-max(lens) // bs)))
         pad = [0] * (b - n)  # padding rows repeat row 0
         ids = [s.request.token_slice(ln - 1, ln)[0] for s, ln in zip(order, lens)]
         slots = [t[(ln - 1) // bs] * bs + (ln - 1) % bs for t, ln in zip(tables, lens)]
@@ -112,12 +198,27 @@ class DecodeGraphs:
         if st.graph is not None:
             st.graph.replay()
             self.num_replays += 1
-        elif self.capture and self._capture(runner, st):
+        elif self.capture and self._capture_measured(runner, st):
             st.graph.replay()  # capturing records the kernels without running them
         else:
             st.md.decode_groups[0].flex_mask = None  # uncaptured: the block mask is built anew each step
             st.out = _forward(runner, st)
         return st.out[:n].clone()  # graphs share a memory pool: the next replay may reuse this buffer
+
+    def _context_for(self, runner, b: int, c: int) -> int:
+        """The context bucket a step of batch bucket b runs in: reading pages in place, the smallest
+        built one that holds c (a start-up graph, no new capture); gathering, c itself."""
+        if reads_pages_in_place(runner.backend):
+            built = [cc for bb, cc in self._steps if bb == b and cc >= c]
+            return min(built) if built else min(c, _num_pages(runner))  # a bucket wider than the cache: its width
+        return c
+
+    def _capture_measured(self, runner, st: StaticStep) -> bool:
+        meter = ReservedMeter(st.ids.device)
+        before = meter.reserved()
+        captured = self._capture(runner, st)
+        self.pool_bytes += max(0, meter.reserved() - before)
+        return captured
 
     def _new_step(self, r, b: int, c: int) -> StaticStep:
         dev, bs = r.device, r.block_size
@@ -156,6 +257,10 @@ class DecodeGraphs:
         st.graph = graph
         self.num_captures += 1
         return True
+
+
+def _num_pages(runner) -> int:
+    return runner.kv_caches[0][0].shape[1] // runner.block_size
 
 
 def _forward(runner, st: StaticStep) -> torch.Tensor:

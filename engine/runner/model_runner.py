@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -18,58 +17,17 @@ from engine.events import ForwardPath, StepKind
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import PROMPT_ROWS
-from engine.models.layers.sampler import SampleResult, sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner import huge_pages
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
+from engine.runner.step_result import NONFINITE, StepResult, read_back_step, take_verifies
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
 DECODE_GROUP_RATIO = 2.0
-NONFINITE = "the model produced non-finite logits (NaN or inf) for this request"
-
-
-@dataclass(slots=True)
-class StepResult:
-    # The scheduled requests in the order they ran (decodes first) and, for those that reached the end
-    # of their known tokens, the sampled token (None for a prefill chunk that stops short).
-    order: list[ScheduledRequest]
-    sampled: list[int | None]
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
-    activation_bytes: int
-    verify_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # order index -> (n, vocab)
-    # With keep_hidden: order index -> final hidden states of the rows that produce tokens ((1, hidden)
-    # for a sampled token, (n, hidden) for a verify run), which multi-token prediction heads read.
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-    # order index -> why that request failed this step (non-finite logits); it produced nothing
-    failed: dict[int, str] = field(default_factory=dict)
-    # order index -> the argmax of each verify row (what a greedy verification compares the drafts with),
-    # read back with the sampled tokens
-    verify_argmax: dict[int, list[int]] = field(default_factory=dict)
-
-
-def _read_back(logits: torch.Tensor, producers: list, verify_spans: list,
-               greedy) -> tuple[SampleResult | None, list[int]]:
-    """Sample the producers' rows and read, in the same one copy back to the host, every verify row's
-    finiteness then its argmax: a step waits for the device once, however many requests it verifies.
-    Returns (the sampling result or None, [bad per verify row..., argmax per verify row...]), the verify
-    rows in the order of verify_spans. (The CPU's fused step samples greedily on its own: there the verify
-    rows are a second read, which costs nothing on the CPU.)"""
-    extra = None
-    if verify_spans:
-        verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
-        extra = torch.cat([(~torch.isfinite(verify_rows).all(dim=-1)).long(), verify_rows.argmax(dim=-1)])
-    result = None
-    if producers:
-        result = FusedDecode.greedy_result(greedy, producers)
-        if result is None:
-            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
-                            [s.request.generator for s, _ in producers], extra=extra)
-            return result, result.extra
-    return result, extra.tolist() if extra is not None else []
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -99,6 +57,9 @@ class ModelRunner:
         self.block_size = block_size
         self.keep_hidden = False  # set while MTP heads need the final hidden states
         self.lora = None  # the engine's LoraPool when it has one: binds each row of a batch to its adapter
+        # the speculative decoder's (ScheduledRequest, logits (n, vocab)) -> (m,) integer tensor of a verify's
+        # decisions on the device, read back with the step's sampled tokens (engine/spec/decoder.py)
+        self.verify_decisions = None
         # fp32 on a CPU without native bf16 (engine/runner/cpu_compute.py): the eager attention's products
         self.matmul_dtype = matmul_dtype
         self.backend = dataclasses.replace(backend, matmul_dtype=matmul_dtype) if matmul_dtype else backend
@@ -225,10 +186,7 @@ class ModelRunner:
                 rows.append(offset - 1)
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
-        verify_logits: dict[int, torch.Tensor] = {}
-        verify_argmax: dict[int, list[int]] = {}
-        kept: dict[int, torch.Tensor] = {}
-        failed: dict[int, str] = {}
+        step = StepResult(order, sampled, logprobs, 0)
         if rows:
             every_row = rows == list(range(hidden.shape[0]))  # every row produces (decodes, verifies): no copy
             row_hidden = hidden if every_row else hidden[rows]
@@ -237,28 +195,22 @@ class ModelRunner:
             else:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
-            result, verify_host = _read_back(logits, producers, verify_spans, greedy)
+            result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
+                                                        self.verify_decisions)
             if result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
-                failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
-            num_verify_rows, rows_at = len(verify_host) // 2, 0
-            for s, first, n in verify_spans:
-                if any(verify_host[rows_at : rows_at + n]):
-                    failed[where[id(s)]] = NONFINITE
-                else:
-                    verify_logits[where[id(s)]] = logits[first : first + n]
-                    top = num_verify_rows + rows_at
-                    verify_argmax[where[id(s)]] = verify_host[top : top + n]
-                rows_at += n
-            for i in failed:  # stale NaN K/V must not reach another request through a padded gather
+                step.failed.update({where[id(producers[j][0])]: NONFINITE for j in result.failed})
+            take_verifies(step, where, logits, verify_spans, verify_host, sizes)
+            for i in step.failed:  # stale NaN K/V must not reach another request through a padded gather
                 self.clear_written_slots(order[i], bm)
             if self.keep_hidden:
-                kept = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
-                kept.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
-        act = hidden.numel() * hidden.element_size() * (4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
-        return StepResult(order, sampled, logprobs, act, verify_logits, kept, failed, verify_argmax)
+                step.hidden = {where[id(s)]: row_hidden[r : r + 1] for s, r in producers}
+                step.hidden.update({where[id(s)]: row_hidden[first : first + n] for s, first, n in verify_spans})
+        step.activation_bytes = hidden.numel() * hidden.element_size() * (
+            4 + 2 * self.cfg.intermediate_size // self.cfg.hidden_size)
+        return step
 
     def _fused_plan(self, order: list[ScheduledRequest]):
         """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""

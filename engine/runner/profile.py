@@ -6,6 +6,9 @@ peak (engine/runner/setup.py: gpu_kv_budget), so a step never runs out of memory
 Worst case of one step: the token budget (max_num_batched_tokens) as one prefill (attention's
 scores grow with the square of a sequence's length, so one long sequence peaks above many short
 ones), then logits and sampling (top-k / top-p sort included) for max_num_seqs rows.
+
+With CUDA graphs on, the start-up graphs are then captured once on a throwaway runner and their bytes
+measured (profile_graph_bytes), before the KV cache is sized (vLLM's order: profile, graphs, KV).
 """
 from __future__ import annotations
 
@@ -94,3 +97,28 @@ def profile_peak_bytes(model: LlamaForCausalLM, model_config: ModelConfig, confi
     before = meter.allocated()
     warmup_step(model, model_config, worst_case_shape(config, model_config), config.block_size, device, dtype)
     return max(0, meter.peak() - before)
+
+
+@torch.inference_mode()
+def profile_graph_bytes(model: LlamaForCausalLM, model_config: ModelConfig, config: EngineConfig,
+                        device: torch.device, dtype: torch.dtype) -> int:
+    """Bytes the start-up decode graphs take (EngineConfig.cuda_graphs; engine/runner/graphs.py), measured
+    before the KV cache is sized: the same buckets captured once on a throwaway runner whose cache holds
+    one max_model_len context (all rows point at the same blocks), torch's reserved bytes before and
+    after. 0 on the CPU (the static buffers are built, nothing is captured) and where graphs never run
+    (the native kernel, compiled decode, the reference backend)."""
+    from engine.runner.graphs import DecodeGraphs, startup_context_bucket
+    from engine.runner.model_runner import ModelRunner  # the runner imports nothing from here
+
+    capture = device.type == "cuda"
+    max_len = min(config.max_model_len or model_config.max_position_embeddings,
+                  model_config.max_position_embeddings)
+    runner = ModelRunner(model, model_config, 1, config.block_size, device, dtype,
+                         kv_cache_dtype=config.kv_cache_dtype)
+    runner.set_execution(config.attention_backend, bool(config.compile), wait_kernels=config.kernel_build == "wait")
+    if capture:  # one context of the widest start-up bucket: what a capture's warm-up may touch
+        runner.resize_kv(startup_context_bucket(runner.backend, max_len, config.block_size))
+    graphs = runner.graphs = DecodeGraphs(capture=capture)
+    taken = graphs.build_all(runner, config.max_num_seqs, max_len)
+    del runner, graphs
+    return taken

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,15 +44,32 @@ def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype, kv_cach
     return block_size * 2 * mc.num_hidden_layers * mc.num_key_value_heads * row
 
 
+@dataclass(slots=True)
+class KvSizing:
+    """How the KV cache was sized, each measurement in the order it ran: "profile" (a worst-case step's
+    peak, GPU only), "graphs" (the start-up decode graphs' bytes, EngineConfig.cuda_graphs; 0 on the CPU,
+    where nothing is captured), "kv" (the blocks bought with what was left)."""
+
+    steps: list[str] = field(default_factory=list)
+    peak_step_bytes: int = 0
+    graphs_bytes: int = 0
+
+
 def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, weights_bytes: int = 0,
                   weights_saved: int = 0, reserved_bytes: int = 0,
-                  profile_peak: Callable[[], int] | None = None) -> int:
+                  profile_peak: Callable[[], int] | None = None,
+                  profile_graphs: Callable[[], int] | None = None, sizing: KvSizing | None = None) -> int:
     """Blocks the budget buys (kv_budget_bytes); `block_bytes` is what one block costs across every
     cache that holds it (the target's, plus a draft model's of the same block count). `reserved_bytes`
-    (the LoRA pool's slots, allocated after this) comes off every budget."""
+    (the LoRA pool's slots, allocated after this) comes off every budget; `profile_graphs` (graphs on)
+    measures the start-up graphs, whose bytes come off every budget but an explicit KV one. `sizing`
+    records what was measured, in order."""
+    sizing = sizing if sizing is not None else KvSizing()
     if config.num_kv_blocks is not None:
+        sizing.steps.append("kv")
         return check_fits(config.num_kv_blocks, block_bytes, device)
-    budget = kv_budget_bytes(config, device, weights_bytes, weights_saved, profile_peak)
+    budget = kv_budget_bytes(config, device, weights_bytes, weights_saved, profile_peak, profile_graphs, sizing)
+    sizing.steps.append("kv")
     blocks = (budget - reserved_bytes) // block_bytes
     if blocks < 1:
         pool = f" after the LoRA pool's {reserved_bytes} bytes (fewer max_loras or a lower max_lora_rank)" \
@@ -61,21 +79,31 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, block_bytes: int, 
 
 
 def kv_budget_bytes(config: EngineConfig, device: torch.device, weights_bytes: int, weights_saved: int,
-                    profile_peak: Callable[[], int] | None = None) -> int:
+                    profile_peak: Callable[[], int] | None = None,
+                    profile_graphs: Callable[[], int] | None = None, sizing: KvSizing | None = None) -> int:
     """Bytes the KV cache may take. Explicit budgets rule on every device: a whole-memory budget
-    (memory_budget_bytes) less the weights, else a KV budget (kv_cache_memory_bytes, sized for 16-bit
-    weights) plus what quantization took off them (`weights_saved`). With neither: on a GPU what a
-    profiled step leaves (gpu_kv_budget), on the CPU 512 MiB (+ weights_saved)."""
-    if config.memory_budget_bytes is not None:
-        return config.memory_budget_bytes - weights_bytes
-    if config.kv_cache_memory_bytes is not None:
+    (memory_budget_bytes) less the weights (and the graphs), else a KV budget (kv_cache_memory_bytes,
+    sized for 16-bit weights) plus what quantization took off them (`weights_saved`). With neither: on a
+    GPU what a profiled step and the start-up graphs leave (gpu_kv_budget), on the CPU 512 MiB
+    (+ weights_saved; graphs measure 0 bytes there). The order is vLLM's: profile, graphs, then KV."""
+    sizing = sizing if sizing is not None else KvSizing()
+    if config.kv_cache_memory_bytes is not None and config.memory_budget_bytes is None:
         return config.kv_cache_memory_bytes + weights_saved
-    if device.type == "cuda":
+    if device.type == "cuda" and config.memory_budget_bytes is None:
         torch.cuda.empty_cache()  # the 16-bit weights that quantization replaced
-        peak = profile_peak() if profile_peak is not None else 0
+        if profile_peak is not None:
+            sizing.peak_step_bytes = profile_peak()
+            sizing.steps.append("profile")
+    if profile_graphs is not None:
+        sizing.graphs_bytes = profile_graphs()
+        sizing.steps.append("graphs")
+    if config.memory_budget_bytes is not None:
+        return config.memory_budget_bytes - weights_bytes - sizing.graphs_bytes
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the throwaway cache and graphs the measurements freed
         free, total = torch.cuda.mem_get_info(device)
-        return gpu_kv_budget(total, free, config.gpu_memory_utilization, peak)
-    return CPU_KV_CACHE_BYTES + weights_saved
+        return gpu_kv_budget(total, free, config.gpu_memory_utilization, sizing.peak_step_bytes) - sizing.graphs_bytes
+    return CPU_KV_CACHE_BYTES + weights_saved - sizing.graphs_bytes
 
 
 def gpu_kv_budget(total: int, free: int, utilization: float, peak_step_bytes: int) -> int:

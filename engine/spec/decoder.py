@@ -25,9 +25,19 @@ from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
 from engine.spec.draft import DraftModel, DraftModelProposer, build_draft_model
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
-from engine.spec.verify import NgramProposer, verify, verify_tree
+from engine.spec.verify import NgramProposer, chain_parents, decide_on_device, verify, verify_tree
 
 MAX_DRAFT = 8
+
+
+def verify_decisions(s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:
+    """The model runner's hook (ModelRunner.verify_decisions): a verify run's decisions, on the device,
+    for the runner to read back with the step's sampled tokens (engine/spec/verify.py, decide_on_device).
+    `logits`: (s.num_tokens, vocab), non-finite rows already replaced (the request fails; nothing is walked)."""
+    req = s.request
+    draft = req.spec_token_ids[: s.num_tokens - 1]
+    parents = req.spec_tree[: len(draft)] if req.spec_tree else chain_parents(len(draft))
+    return decide_on_device(draft, parents, logits, req.sampling_params, req.generator)
 
 
 
@@ -53,6 +63,7 @@ class SpeculativeDecoder:
         """`draft`: the draft model, built (build_draft_model) before the KV cache was sized, so that its
         weights and its KV blocks came out of the same budget as the target's."""
         self.runner, self.block_manager = runner, block_manager
+        runner.verify_decisions = verify_decisions  # a plain function: no reference back to this decoder
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.block_size = config.block_size
         self.num_tokens = config.num_speculative_tokens  # k, drafted per request and step (reconfigurable)
@@ -156,22 +167,23 @@ class SpeculativeDecoder:
                 r.spec_token_ids = tokens[:kr]
 
     def apply_verify(self, s: ScheduledRequest, logits: torch.Tensor, hidden: torch.Tensor | None = None,
-                     argmax: list[int] | None = None) -> VerifyOutcome:
+                     read_back: list[int] | None = None) -> VerifyOutcome:
         """Accept what the verify run confirms, append it to the request (which may finish) and give
-        back the KV of rejected drafts. The caller publishes the outcome and finishes the request."""
+        back the KV of rejected drafts. The caller publishes the outcome and finishes the request.
+        `read_back`: the run's decisions, read back with the step's tokens (verify_decisions)."""
         req = s.request
         draft = list(req.spec_token_ids)
         req.spec_token_ids.clear()
         if req.spec_tree:
             parents = req.spec_tree[: len(draft)]
             req.spec_tree = []
-            res = verify_tree(draft, parents, logits, req.sampling_params, req.generator)
+            res = verify_tree(draft, parents, logits, req.sampling_params, req.generator, read_back)
             self._keep_tree_path(req, res.path)
             if hidden is not None:  # the row that produced the corrected or bonus token
                 req.mtp_hidden = hidden[res.path[-1] if res.path else 0]
             drafted = max(tree_depths(parents))
         else:
-            res = verify(draft, logits, req.sampling_params, req.generator, argmax=argmax)
+            res = verify(draft, logits, req.sampling_params, req.generator, read_back=read_back)
             drafted = len(draft)
         req.num_computed_tokens += 1 + res.num_accepted  # the last token and the accepted drafts
         out = VerifyOutcome([], "", [])

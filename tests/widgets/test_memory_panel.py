@@ -55,6 +55,21 @@ def test_legend_says_how_much_of_the_weights_is_a_packed_copy(panel):
     assert "packed" not in panel._legend_labels["weights"].text()
 
 
+def test_captured_graphs_get_a_share_only_where_they_hold_memory(panel):
+    import dataclasses
+
+    snap = dataclasses.replace(memory_snapshot(), graphs_bytes=50 * MiB, other_bytes=850 * MiB)
+    panel.set_memory(snap)
+    panel.flush()
+    assert panel.snapshot_data()["bytes"]["graphs"] == 50 * MiB
+    assert list(panel.bar.segment_rects())[4:6] == ["activations", "graphs"]
+    assert "CUDA graphs (measured): <b>50.0 MiB</b>" in panel._legend_labels["graphs"].text()
+    for graphs in (0, None):  # the CPU (nothing captured) and graphs off: no share
+        panel.set_memory(dataclasses.replace(snap, graphs_bytes=graphs))
+        panel.flush()
+        assert "graphs" not in panel.snapshot_data()["bytes"] and "graphs" not in panel.bar.segment_rects()
+
+
 def test_cpu_budget_source_named(panel):
     panel.set_memory(memory_snapshot(source="budget", device="cpu"))
     panel.flush()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.models.layers.read_back import float_bits, floats_from_bits, to_host
 from engine.sampling_params import SamplingParams
 
 
@@ -54,8 +55,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     integers on the same device that the caller wants on the host too (SampleResult.extra), in the same
     copy (the runner's verify rows).
 
-    Everything runs where the logits are; the host reads the results back once (twice with logprobs):
-    no per-row .item(), which on a GPU would wait for the device once per request."""
+    Everything runs where the logits are; the host reads the results back once, logprobs included (as
+    float32 bit patterns in the same integer copy): no per-row .item(), which on a GPU would wait for the
+    device once per request."""
     n = logits.shape[0]
     bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
     chosen = logits.argmax(dim=-1)
@@ -80,10 +82,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         top_vals, top_ids = lp.topk(top_n, dim=-1)
         chosen_lp = lp.gather(1, chosen[want].unsqueeze(1)).squeeze(1)
         ints.append(top_ids.flatten())
-        floats = torch.cat([chosen_lp, top_vals.flatten()]).tolist()
+        ints.append(float_bits(torch.cat([chosen_lp, top_vals.flatten()])))
     if extra is not None:
         ints.append(extra.long())
-    host = torch.cat(ints).tolist()  # the one copy back of the tokens
+    host = to_host(torch.cat(ints))  # the one copy back
+    floats: list[float] = []
+    if want:  # after the tokens, the failed flags and the top ids
+        start = 2 * n + len(want) * top_n
+        floats = floats_from_bits(host[start : start + len(want) * (top_n + 1)])
     token_ids: list[int | None] = host[:n]
     failed = [i for i in range(n) if host[n + i]]
     for i in failed:
