@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model
 from torch import nn
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.runner import huge_pages
+from tests.conftest import build_tiny_model
 
 needs_thp = pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages to ask for here")
 
