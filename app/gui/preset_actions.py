@@ -48,6 +48,7 @@ class PresetActions:
         self.state.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
         self.state.config["quant_bits"] = preset.engine["quant_bits"] if caps.quantization else 16
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
+        self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, "arrival_rate": self.state.arrival_rate,
