@@ -1,0 +1,171 @@
+"""File -> Tune a server…: what the dialog's buttons mean. The typed lists are parsed here (a bad one is
+said in the dialog, nothing starts); the sweep (app/tradeoff/managed/tune.py `run_tune`) runs in a
+TuneWorker thread; its points go onto the tradeoff panel as they come, labelled with engine, model and
+flags, and the finished sweep's frontier is drawn there with its chosen point's command line."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.gui.tune_dialog import TuneDialog
+from app.gui.tune_worker import TuneRun, TuneWorker
+from widgets.tradeoff_points import server_label
+
+STOP_WAIT_S = 5.0  # closing the window: how long to wait for a cancelled sweep to stop its server
+
+
+@dataclass(frozen=True, slots=True)
+class TuneChoice:
+    """What the dialog asked for, parsed."""
+    engine: str
+    model: str
+    batches: tuple[int, ...]
+    bits: tuple[int, ...]
+    drafts: tuple[int, ...]
+    rates: tuple[float, ...]
+
+    @property
+    def num_points(self) -> int:
+        return len(self.batches) * len(self.bits) * len(self.drafts)
+
+
+def parse_list(text: str, what: str, kind=int, minimum: float = 0) -> tuple:
+    """"1, 4, 8" -> (1, 4, 8); ValueError naming the field for anything else."""
+    items = [t for t in text.replace(",", " ").split() if t]
+    if not items:
+        raise ValueError(f"{what}: give at least one value")
+    try:
+        values = tuple(kind(t) for t in items)
+    except ValueError:
+        numbers = "whole numbers" if kind is int else "numbers"
+        raise ValueError(f"{what}: {text.strip()!r} is not a list of {numbers}") from None
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise ValueError(f"{what}: {bad[0]} is below {minimum}")
+    return tuple(dict.fromkeys(values))
+
+
+def parse_choice(values: dict) -> TuneChoice:
+    if not values.get("engine"):
+        raise ValueError("choose an engine")
+    if not values.get("model"):
+        raise ValueError("give a model (a .gguf file for llama-server, an HF folder or Hub id)")
+    return TuneChoice(values["engine"], values["model"], parse_list(values["batches"], "batch sizes", int, 1),
+                      parse_list(values["bits"], "weight bits", int, 1), parse_list(values["drafts"], "draft lengths"),
+                      parse_list(values["rates"], "arrival rates", float, 0.01))
+
+
+def tune_runner(choice: TuneChoice) -> TuneRun:
+    """The sweep the dialog runs: `run_tune` of app/tradeoff/managed/tune.py with the chosen lists."""
+    try:
+        from app.tradeoff.managed.tune import TuneSpec, run_tune
+    except ImportError as exc:
+        raise RuntimeError(f"the tuning sweep is not in this build ({exc})") from None
+    spec = TuneSpec(engine=choice.engine, model=choice.model, batches=choice.batches, bits=choice.bits,
+                    drafts=choice.drafts, rates=choice.rates)
+    return lambda progress, on_point, cancelled: run_tune(spec, progress=progress, on_point=on_point,
+                                                          cancelled=cancelled)
+
+
+def engine_names() -> list[str]:
+    try:
+        from app.tradeoff.managed.engines import ENGINES
+    except ImportError:
+        return []
+    return list(ENGINES)
+
+
+def model_name(result: dict) -> str:
+    model = result.get("model")
+    return str(model.get("name") or "") if isinstance(model, dict) else str(model or "")
+
+
+class TuneActions:
+    def __init__(self, window, engines: list[str] | None = None,
+                 runner: Callable[[TuneChoice], TuneRun] = tune_runner) -> None:
+        self.window, self.runner = window, runner
+        self.engines = engines
+        self.dialog: TuneDialog | None = None
+        self.worker: TuneWorker | None = None
+        self.result: dict | None = None
+        panel = window.panels.tradeoff
+        panel.sigCopyText.connect(self.copy_command)
+
+    def open(self) -> TuneDialog:
+        if self.dialog is None:
+            self.dialog = TuneDialog(self.engines if self.engines is not None else engine_names(), self.window)
+            self.dialog.sigStart.connect(self.start)
+            self.dialog.sigCancel.connect(self.cancel)
+        self.dialog.show()
+        self.dialog.raise_()
+        return self.dialog
+
+    def start(self, values: dict) -> None:
+        if self.worker is not None and self.worker.running():
+            self.dialog.set_status("a sweep is already running")
+            return
+        try:
+            choice = parse_choice(values)
+            run = self.runner(choice)
+        except (ValueError, RuntimeError) as exc:
+            self.dialog.set_status(f"not started: {exc}")
+            return
+        self.result = None
+        self.worker = TuneWorker(run, self.window)
+        self.worker.sigProgress.connect(self._on_progress)
+        self.worker.sigPoint.connect(self._on_point)
+        self.worker.sigDone.connect(self._on_done)
+        self.worker.sigFailed.connect(self._on_failed)
+        self.dialog.set_running(True)
+        self.dialog.set_progress(f"{choice.num_points} points of {choice.engine} serving {choice.model}…", 0.0)
+        self.window.docks["tradeoff"].show()
+        self.window.docks["tradeoff"].raise_()
+        self.worker.start()
+
+    def cancel(self) -> None:
+        if self.worker is not None and self.worker.running():
+            self.worker.cancel()
+            self.dialog.set_status("cancelling: the sweep stops after the point it is measuring…")
+
+    def shutdown(self) -> None:
+        if self.worker is not None and self.worker.running():
+            self.worker.cancel()
+            self.worker.join(STOP_WAIT_S)
+
+    def copy_command(self, line: str) -> None:
+        from PySide6.QtGui import QGuiApplication
+
+        QGuiApplication.clipboard().setText(line)
+        self.window.show_message("copied: " + line)
+
+    # --- the worker's signals (GUI thread) -------------------------------------------------------
+    def _on_progress(self, text: str, fraction: float) -> None:
+        self.dialog.set_progress(text, fraction)
+        self.window.show_message(f"tuning: {text}")
+
+    def _on_point(self, p: dict) -> None:
+        if not p.get("failed"):
+            self.window.panels.tradeoff.add_server_point(p)
+
+    def _on_done(self, result: dict) -> None:
+        self.result = result
+        self.dialog.set_running(False)
+        panel = self.window.panels.tradeoff
+        engine, model = result["engine"], model_name(result)
+        panel.set_server_sweep(engine, model, result.get("points", []),
+                               [f["label"] for f in result.get("frontier", [])])
+        chosen = result.get("chosen") or {}
+        if chosen.get("label"):
+            panel.select_point(server_label(engine, model, chosen["label"]))
+        failed = result.get("failed", [])
+        why = "".join(f"\n✗ {f['label']}: {f['reason'][:300]}" for f in failed)
+        stopped = f" (stopped early: {result['stopped_early']})" if result.get("stopped_early") else ""
+        text = (f"done{stopped}: {len(result.get('points', []))} points measured, {len(failed)} failed; "
+                f"they are on the tradeoff plot — click one for its command line{why}")
+        self.dialog.set_status(text)
+        self.window.show_message(text.splitlines()[0])
+
+    def _on_failed(self, message: str) -> None:
+        self.dialog.set_running(False)
+        self.dialog.set_status(f"the sweep stopped: {message}")
+        self.window.show_message(f"the tuning sweep stopped: {message}")

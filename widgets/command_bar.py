@@ -1,0 +1,39 @@
+"""CommandBar: the chosen point's command line, selectable, with a "Copy command" button (a view: the
+app puts the text on the clipboard when sigCopy fires)."""
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QWidget
+
+
+class CommandBar(QWidget):
+    sigCopy = Signal(str)  # the command line shown
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._title = QLabel()
+        self._line = QLineEdit()
+        self._line.setReadOnly(True)
+        self._copy = QPushButton("Copy command")
+        self._copy.setObjectName("copy-command")
+        self._copy.clicked.connect(lambda: self.sigCopy.emit(self._line.text()))
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self._title)
+        layout.addWidget(self._line, 1)
+        layout.addWidget(self._copy)
+        self.set_command("", "")
+
+    def set_command(self, title: str, command: str) -> None:
+        """Show `command` under `title` (the point's engine, model and flags); "" hides the bar."""
+        self._title.setText(title)
+        self._title.setToolTip(title)
+        self._line.setText(command)
+        self._line.setCursorPosition(0)
+        self.setVisible(bool(command))
+
+    def command(self) -> str:
+        return self._line.text()
+
+    def title(self) -> str:
+        return self._title.text()
