@@ -1,4 +1,4 @@
-"""The `inferlab` command: the desktop app by default, plus generate / serve / bench subcommands."""
+"""The `inferlab` command: the desktop app by default, plus generate / serve / tune / bench subcommands."""
 from __future__ import annotations
 
 import argparse
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_lora_args(train_lora, _engine_args)
 
+    tune = sub.add_parser("tune", help="start a real server (llama-server, vLLM, SGLang, inferlab) per configuration "
+                                       "point, measure speed, cost, memory and quality; frontier as JSON/CSV/PNG")
+    from app.tradeoff.managed.tune_cli import add_tune_args
+
+    add_tune_args(tune)
+
     bench = sub.add_parser("bench", help="benchmarks; results as JSON")
     from app.bench.cli import add_bench_args
 
@@ -154,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.train_lora import run_train_lora
 
         return run_train_lora(args)
+    if args.command == "tune":
+        from app.tradeoff.managed.tune_cli import run_tune_cli
+
+        return run_tune_cli(args)
     if args.command == "bench":
         from app.bench.cli import run_bench
 

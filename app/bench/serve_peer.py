@@ -22,7 +22,8 @@ import sys
 
 from app.bench import llama_cpp
 from app.bench.llama_server import ChildServer, free_port, llama_server
-from app.bench.serve_url import client_for, make_text_schedule, run_rate, url_workload, warm_up
+from app.bench.serve_url import url_workload
+from app.remote.http_load import client_for, make_text_schedule, run_rate, warm_up
 from engine.core.metrics import SLO
 
 SIDES = ("inferlab", "llama.cpp")

@@ -1,38 +1,16 @@
 """`inferlab bench serve --url URL`: the serving bench against any OpenAI-compatible server over HTTP.
 
-Driver: an asyncio client sends streaming /v1/completions at seeded Poisson due times (short "chat"
-prompts mixed with long ones, words of the held-out text: this side has no tokenizer of the server's)
-with `ignore_eos`, so every server does the same work per request; each request is timed on arrival
-(app/remote/client.py): TTFT from the due time to the first content chunk, TPOT from the first to the
-last over the output tokens the server's `usage` reports. Goodput is the requests/s that met both SLO
-targets. The prompt tokens the server counted are in the JSON (usage), per kind.
+Driver: app/remote/http_load.py (seeded Poisson arrivals, streaming /v1/completions, ignore_eos, latencies
+from each request's due time, goodput under the SLO). The prompt tokens the server counted are in the
+JSON (usage), per kind.
 Run it against two servers one after the other with the same --seed for a side-by-side comparison.
 """
 from __future__ import annotations
 
 import asyncio
-import os
-import random
-import sys
-import time
-from dataclasses import dataclass
 
-import httpx
-
-from app.load.generator import corpus_text
-from app.remote.client import StreamResult, request_body, stream_request
-from engine.core.metrics import SLO, latency_report, percentile, request_timings
-from engine.events import RequestTimeline
-
-LONG_WORDS = (300, 480)  # default long prompts, in words (~400-640 tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class TimedText:
-    due_s: float
-    prompt: str
-    max_tokens: int
-    kind: str  # chat | long
+from app.remote.http_load import LONG_WORDS, TimedText, client_for, make_text_schedule, run_rate, warm_up
+from engine.core.metrics import SLO
 
 
 def add_url_args(p) -> None:
@@ -43,72 +21,6 @@ def add_url_args(p) -> None:
     p.add_argument("--served-model", default=None, help="with --url: the model id to ask for (default: /v1/models')")
     p.add_argument("--long-words", type=int, nargs=2, default=list(LONG_WORDS), help="with --url: long prompts, words")
     p.add_argument("--label", default=None, help="with --url: a name for this server in the JSON")
-
-
-def make_text_schedule(args, rate: float, seed: int) -> list[TimedText]:
-    rng = random.Random(seed)
-    words = corpus_text().split()
-    out, t = [], 0.0
-    for _ in range(args.num_requests):
-        t += rng.expovariate(rate)
-        long = rng.random() < args.long_share
-        n = rng.randint(*args.long_words) if long else rng.randint(12, 48)
-        start = rng.randrange(0, max(1, len(words) - n))
-        max_tokens = rng.randint(*(args.long_max_tokens if long else args.chat_max_tokens))
-        out.append(TimedText(t, " ".join(words[start:start + n]), max_tokens, "long" if long else "chat"))
-    return out
-
-
-async def _model_id(client: httpx.AsyncClient, url: str) -> str:
-    resp = await client.get(url + "/v1/models")
-    resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
-
-
-async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> tuple[list[StreamResult], float]:
-    t0 = time.perf_counter()
-
-    async def one(i: int, r: TimedText) -> StreamResult:
-        await asyncio.sleep(max(0.0, t0 + r.due_s - time.perf_counter()))
-        path, body = request_body(model, r.prompt, max_tokens=r.max_tokens, temperature=0.0, chat=False,
-                                  seed=i, ignore_eos=True)
-        res = StreamResult(f"serve-{i}")
-        await stream_request(client, url, path, body, res)
-        res.sent = t0 + r.due_s  # latency from the due time, as the in-process bench measures it
-        return res
-
-    results = await asyncio.gather(*(one(i, r) for i, r in enumerate(schedule)))
-    return list(results), t0
-
-
-def client_for(num_requests: int, headers: dict | None = None) -> httpx.AsyncClient:
-    """One client for a whole run: a connection per request in flight."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=600.0), headers=headers or {},
-                             limits=httpx.Limits(max_connections=num_requests + 4))
-
-
-async def warm_up(client: httpx.AsyncClient, url: str, model: str | None) -> str:
-    """The served model id (`model` when given); one short request first, as the first request pays for
-    lazy setup on some servers."""
-    model = model or await _model_id(client, url)
-    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False),
-                         StreamResult("warmup"))
-    return model
-
-
-async def run_rate(client: httpx.AsyncClient, url: str, model: str, rate: float, schedule: list[TimedText],
-                   slo: SLO, label: str | None = None) -> dict:
-    """One run of `schedule` against the server at `url`: its report, its row printed on stderr."""
-    results, t0 = await _run_rate(client, url, model, schedule)
-    run = _report(rate, results, t0, slo, schedule)
-    _print_row(run, label)
-    return run
-
-
-def _timeline(res: StreamResult) -> RequestTimeline:
-    return RequestTimeline(res.request_id, res.sent, res.prompt_tokens or 0, first_token=res.first_token,
-                           finished=res.finished, num_output_tokens=res.num_tokens,
-                           finish_reason=res.finish_reason if res.error is None else "error")
 
 
 def run_url_bench(args) -> dict:
@@ -145,34 +57,3 @@ def url_workload(args, schedule: list[TimedText]) -> dict:
             "long_requests": sum(r.kind == "long" for r in schedule)}
 
 
-def _report(rate: float, results: list[StreamResult], t0: float, slo: SLO, schedule: list[TimedText]) -> dict:
-    timings = [request_timings(_timeline(r)) for r in results]
-    end = max((r.finished or t0) for r in results)
-    report = latency_report(timings, end - t0, slo).as_dict()
-    out_tokens = sum(r.num_tokens for r in results if r.error is None)
-    kinds = {f"serve-{i}": r.kind for i, r in enumerate(schedule)}
-    prompt_tokens = {k: [r.prompt_tokens for r in results if kinds[r.request_id] == k and r.prompt_tokens]
-                     for k in ("chat", "long")}
-    errors = [r.error for r in results if r.error]
-    row = {"rate_rps": rate, "goodput_rps": round(report["goodput_rps"], 3),
-           "slo_attainment": round(report["slo_attainment"], 3),
-           "p50_ttft_s": _r(report["ttft"]["p50"]), "p99_ttft_s": _r(report["ttft"]["p99"]),
-           "p50_tpot_s": _r(report["tpot"]["p50"]), "p99_tpot_s": _r(report["tpot"]["p99"]),
-           "output_tokens_per_s": round(out_tokens / (end - t0), 2) if end > t0 else None,
-           "duration_s": round(end - t0, 1), "errors": len(errors), "load_1m": round(os.getloadavg()[0], 2)}
-    return {"rate_rps": rate, "report": report, "row": row, "errors": errors[:5],
-            "mean_prompt_tokens": {k: (sum(v) / len(v) if v else None) for k, v in prompt_tokens.items()},
-            "p50_inter_token_s": percentile([x for r in results for x in r.inter_token_s()], 50)}
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
-def _print_row(run: dict, label: str | None = None) -> None:
-    r = run["row"]
-    print(f"{label + '  ' if label else ''}rate {r['rate_rps']:>4} rps  "
-          f"goodput {r['goodput_rps']:.2f} rps ({r['slo_attainment']:.0%})  "
-          f"TTFT p50 {r['p50_ttft_s']} p99 {r['p99_ttft_s']} s  TPOT p50 {r['p50_tpot_s']} p99 {r['p99_tpot_s']} s  "
-          f"{r['output_tokens_per_s']} tok/s  [{r['duration_s']} s, {r['errors']} errors, load {r['load_1m']}]",
-          file=sys.stderr, flush=True)

@@ -45,10 +45,13 @@ def load(machine: str, model: str, base: Path | None = None) -> dict | None:
     return result if isinstance(result, dict) and isinstance(result.get("points"), list) else None
 
 
-def export_csv(result: dict, path: str | Path) -> None:
-    """Measured points first, then the predicted ones (their "predicted" column says so)."""
+def export_csv(result: dict, path: str | Path, fields: tuple[str, ...] = CSV_FIELDS,
+               lists: tuple[str, ...] = ("points", "predicted")) -> None:
+    """One row per point of `lists` in that order: the explorer's measured points first, then the
+    predicted ones (their "predicted" column says so); a tuning sweep's measured then failed points."""
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
-        for p in list(result.get("points", [])) + list(result.get("predicted", [])):
-            writer.writerow({k: p.get(k) for k in CSV_FIELDS})
+        for name in lists:
+            for p in result.get(name, []):
+                writer.writerow({k: p.get(k) for k in fields})

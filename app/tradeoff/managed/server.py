@@ -45,6 +45,16 @@ class ManagedServer:
     def command(self) -> list[str]:
         return list(self._child.command) if self._child is not None else []
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (its memory is read from /proc/PID)."""
+        return self._child.proc.pid if self.alive() else None
+
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has died on its own (None while it runs or when stopped)."""
+        proc = self._child.proc if self._child is not None else None
+        return None if proc is None else proc.poll()
+
     def alive(self) -> bool:
         return self._child is not None and self._child.proc is not None and self._child.proc.poll() is None
 

@@ -1,0 +1,184 @@
+"""`inferlab tune --engine E --model M ...`: the tuning sweep on a real server, from the command line.
+
+The parser's options and what they become (TuneSpec); app/cli.py only adds the subcommand. What the
+server loads per bit width: llama-server gets a GGUF per bit width (--gguf-dir's files, else the bf16
+GGUF of --model's weights and its Q8_0 / Q4_1 variants made once with llama-quantize), the draft model
+being the 4-bit GGUF of the same model (the same vocabulary); other engines get --model (their table
+decides how to quantize it) unless --weights BITS=PATH says otherwise. A bad engine, a missing
+executable or a model that cannot be found is one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from app.tradeoff.managed.engines import ENGINES
+from app.tradeoff.managed.table import ServedModel, ServerEngine, ServerPoint
+from app.tradeoff.managed.tune_measure import TuneLoad
+from engine.config import DEFAULT_MODEL
+from engine.core.metrics import SLO
+
+GGUF_NAMES = {16: ("bf16", "f16"), 8: ("q8_0",), 4: ("q4_1", "q4_0")}  # in --gguf-dir: bits -> name parts
+
+
+class TuneSetupError(ValueError):
+    """What stops the sweep before any server starts (one line)."""
+
+
+def add_tune_args(p) -> None:
+    p.add_argument("--engine", required=True, help="the server to tune: " + ", ".join(ENGINES))
+    p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder or .gguf file")
+    p.add_argument("--gguf-dir", default=None, help="llama-server: a folder with the GGUFs per bit width "
+                   "(*bf16*/*f16* 16-bit, *q8_0* 8-bit, *q4_1*/*q4_0* 4-bit; the 4-bit one is the draft)")
+    p.add_argument("--weights", action="append", default=[], metavar="BITS=PATH",
+                   help="what the server loads at BITS weight bits (repeatable; overrides the defaults)")
+    p.add_argument("--server-bin", default=None, help="the server's executable (default: looked up)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
+    p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
+    p.add_argument("--kv-dtype", nargs="+", default=[None], help="KV cache element types (the engine's names)")
+    p.add_argument("--rates", type=float, nargs="+", default=[4.0], help="requests/s, one run each per point")
+    p.add_argument("--num-requests", type=int, default=8, help="requests per rate")
+    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"))
+    p.add_argument("--quality-prompts", type=int, default=4, help="held-out prompts for greedy agreement")
+    p.add_argument("--quality-tokens", type=int, default=16, help="greedy tokens per held-out prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
+    p.add_argument("--slo-tpot", type=float, default=0.2, help="seconds")
+    p.add_argument("--threads", type=int, default=None, help="the server's threads (default: its own)")
+    p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no point after S seconds")
+    p.add_argument("--start-timeout", type=float, default=300.0, metavar="S", help="per server start")
+    p.add_argument("--json", metavar="OUT", required=True)
+    p.add_argument("--csv", metavar="OUT")
+    p.add_argument("--png", metavar="OUT")
+
+
+def find_executable(engine: ServerEngine, given: str | None) -> str:
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise TuneSetupError(f"--server-bin {given}: not an executable file")
+        return given
+    if engine.name == "llama-server":
+        from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
+
+        built = find_binary("llama-server")
+        if built is not None:
+            return str(built)
+        found = shutil.which(engine.executable)
+        if found is None:
+            raise TuneSetupError(f"no llama-server under {llama_cpp_dir()} or on PATH: run "
+                                 "scripts/build_llama_cpp.sh, or give --server-bin")
+        return found
+    if os.path.isabs(engine.executable):
+        return engine.executable
+    found = shutil.which(engine.executable)
+    if found is None:
+        raise TuneSetupError(f"{engine.executable} is not on PATH: install {engine.name} or give --server-bin")
+    return found
+
+
+def gguf_dir_files(folder: str) -> dict[int, str]:
+    files = sorted(Path(folder).glob("*.gguf"))
+    if not files:
+        raise TuneSetupError(f"--gguf-dir {folder}: no .gguf files")
+    out: dict[int, str] = {}
+    for bits, parts in GGUF_NAMES.items():
+        match = next((f for part in parts for f in files if part in f.name.lower()), None)
+        if match is not None:
+            out[bits] = str(match)
+    return out
+
+
+def served_model(args, engine: ServerEngine, say) -> tuple[ServedModel, str]:
+    """(what the server loads per bit width and as draft, a note on the draft model)."""
+    from engine.loading.errors import ModelLoadError
+
+    if engine.name == "llama-server":
+        if args.gguf_dir:
+            by_bits = gguf_dir_files(args.gguf_dir)
+        else:
+            from app.tradeoff.managed.gguf import gguf_variants
+            from engine.loading.loader import resolve_model_folder
+
+            try:
+                folder = resolve_model_folder(args.model, lambda message, fraction: None)
+                by_bits = {b: str(p) for b, p in gguf_variants(str(folder), tuple(args.bits), say=say).items()}
+            except (ModelLoadError, OSError, ValueError) as exc:
+                raise TuneSetupError(f"model {args.model}: {exc}") from None
+    else:
+        by_bits = {16: args.model}
+    by_bits.update(parse_weights(args.weights))
+    draft = by_bits.get(4) if engine.name == "llama-server" and any(args.draft) else None
+    note = (f"the 4-bit GGUF of the same model (same vocabulary): {Path(draft).name}" if draft else
+            "no draft model" if engine.name == "llama-server" else "the engine's own draft method (its table)")
+    return ServedModel(by_bits=by_bits, draft=draft, name=Path(args.model).name or args.model), note
+
+
+def parse_weights(items: list[str]) -> dict[int, str]:
+    out = {}
+    for item in items:
+        bits, sep, path = item.partition("=")
+        if not sep or not bits.isdigit() or not path:
+            raise TuneSetupError(f"--weights {item!r}: expected BITS=PATH, e.g. 8=/models/m-q8_0.gguf")
+        out[int(bits)] = path
+    return out
+
+
+def make_spec(args, say):
+    from app.tradeoff.managed.tune import TuneSpec
+
+    base = ENGINES.get(args.engine)
+    if base is None:
+        raise TuneSetupError(f"unknown engine {args.engine!r} (have: {', '.join(ENGINES)})")
+    exe = find_executable(base, args.server_bin)
+    model, note = served_model(args, base, say)
+    load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
+                    long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
+                    quality_tokens=args.quality_tokens)
+    engine = sized_engine(base, load)
+    points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
+                   for q in args.bits for d in args.draft for b in args.batch for kv in args.kv_dtype)
+    return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
+                    slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
+                    time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note)
+
+
+def sized_engine(engine: ServerEngine, load: TuneLoad) -> ServerEngine:
+    """llama-server's context per slot fitted to the longest request (2 tokens per word is generous)."""
+    from dataclasses import replace
+
+    from app.tradeoff.managed.llama_server import LlamaServer
+
+    if not isinstance(engine, LlamaServer):
+        return engine
+    words = load.long_words[1] if load.long_share > 0 else 48  # chat prompts: 12-48 words; held-out: 40
+    longest = 2 * words + max(*load.chat_max_tokens, *load.long_max_tokens, load.quality_tokens) + 64
+    return replace(engine, ctx_per_slot=-(-longest // 256) * 256)
+
+
+def run_tune_cli(args) -> int:
+    from app.tradeoff.managed.tune import run_tune
+    from app.tradeoff.managed.tune_export import write_csv, write_png
+
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        spec = make_spec(args, say)
+    except TuneSetupError as exc:
+        print(f"inferlab tune: {exc}", file=sys.stderr)
+        return 2
+    say(f"tune: {spec.engine.name} ({spec.exe}), {len(spec.points)} points, model {spec.model.name}")
+    result = run_tune(spec, progress=lambda text, fraction: say(f"[{100 * fraction:3.0f}%] {text}"))
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    say(f"wrote {args.json}: {len(result['points'])} measured, {len(result['failed'])} failed, "
+        f"{len(result['not_run'])} not run, {result['wall_seconds']} s")
+    if args.csv:
+        write_csv(result, args.csv)
+    if args.png and result["points"]:
+        write_png(result, args.png)
+    if result["chosen"]:
+        say(f"chosen: {result['chosen']['label']} ({result['chosen']['why']}):\n  {result['chosen']['command']}")
+    return 0

@@ -1,0 +1,147 @@
+"""What the tuning sweep measures on one running server, through its HTTP API and its process.
+
+- load: the seeded HTTP load at each rate (app/remote/http_load.py), one warm-up request first.
+- memory: the server process's resident memory (VmRSS, and its peak VmHWM, from /proc/PID/status:
+  measured by the kernel) and the server's own /metrics families (gauges and counters, as it names them).
+- greedy outputs: the held-out prompts at temperature 0 with `ignore_eos`, a fixed number of tokens each,
+  not streamed, asking for one logprob per token so that the reply lists the generated tokens
+  (OpenAI's `logprobs.tokens`, or llama.cpp's `logprobs.content[].token`); a server that does not
+  list them is compared on its text, character by character (the result says which).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+
+from app.load.generator import corpus_text
+from app.remote.http_load import client_for, make_text_schedule, run_rate, warm_up
+from app.remote.metrics import MetricsError, parse_metrics
+from engine.core.metrics import SLO
+
+PROMPT_WORDS = 40  # each held-out prompt: the first words of one paragraph
+MAX_METRIC_FAMILIES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class TuneLoad:
+    """The load and the quality check of every point (the attribute names are http_load's)."""
+    num_requests: int = 8
+    rates: tuple[float, ...] = (2.0,)
+    long_share: float = 0.0
+    long_words: tuple[int, int] = (300, 480)
+    chat_max_tokens: tuple[int, int] = (16, 32)
+    long_max_tokens: tuple[int, int] = (16, 32)
+    seed: int = 0
+    quality_prompts: int = 4
+    quality_tokens: int = 16
+
+    def as_dict(self) -> dict:
+        return {"requests_per_rate": self.num_requests, "rates_rps": list(self.rates),
+                "long_share": self.long_share, "long_prompt_words": list(self.long_words),
+                "chat_prompt_words": [12, 48], "chat_max_tokens": list(self.chat_max_tokens),
+                "long_max_tokens": list(self.long_max_tokens), "seed": self.seed,
+                "quality_prompts": self.quality_prompts, "quality_tokens": self.quality_tokens}
+
+
+def heldout_prompts(count: int) -> list[str]:
+    paragraphs = [p.split() for p in corpus_text().split("\n\n") if len(p.split()) >= 8]
+    return [" ".join(words[:PROMPT_WORDS]) for words in paragraphs[:count]]
+
+
+def process_memory(pid: int | None) -> dict:
+    """{"rss_bytes", "rss_peak_bytes"} of a live process from /proc/PID/status (None where unreadable)."""
+    out: dict = {"rss_bytes": None, "rss_peak_bytes": None}
+    if pid is None:
+        return out
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM") and value.strip().endswith("kB"):
+            out["rss_bytes" if key == "VmRSS" else "rss_peak_bytes"] = int(value.split()[0]) * 1024
+    return out
+
+
+def server_metrics(url: str) -> dict:
+    """The server's own /metrics gauges and counters by family name, or {"unavailable": why}."""
+    try:
+        resp = httpx.get(url + "/metrics", timeout=5.0)
+    except httpx.HTTPError as exc:
+        return {"unavailable": f"{type(exc).__name__}: {exc}"[:200]}
+    if resp.status_code != 200:
+        return {"unavailable": f"HTTP {resp.status_code}"}
+    try:
+        scrape = parse_metrics(resp.text)
+    except MetricsError as exc:
+        return {"unavailable": str(exc)[:200]}
+    facts = {**scrape.gauges, **scrape.counters}
+    return {name: facts[name] for name in sorted(facts)[:MAX_METRIC_FAMILIES]}
+
+
+def _reply_tokens(reply: dict) -> tuple[list[str], str]:
+    """(the generated tokens, "tokens"), or the text's characters and "text" where none are listed."""
+    choice = (reply.get("choices") or [{}])[0]
+    logprobs = choice.get("logprobs") or {}
+    if isinstance(logprobs.get("tokens"), list):
+        return [str(t) for t in logprobs["tokens"]], "tokens"
+    if isinstance(logprobs.get("content"), list):
+        return [str(c.get("token", "")) for c in logprobs["content"] if isinstance(c, dict)], "tokens"
+    return list(str(choice.get("text") or "")), "text"
+
+
+async def _greedy(client: httpx.AsyncClient, url: str, model: str, prompts: list[str],
+                  max_tokens: int) -> list[tuple[list[str], str]]:
+    async def one(prompt: str) -> tuple[list[str], str]:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "logprobs": 1, "stream": False}
+        resp = await client.post(url + "/v1/completions", json=body)
+        resp.raise_for_status()
+        return _reply_tokens(resp.json())
+
+    return [await one(p) for p in prompts]  # one at a time: each reply is the batch-of-one greedy output
+
+
+def agreement(reference: list[tuple[list[str], str]], outputs: list[tuple[list[str], str]]) -> dict:
+    """Position by position: the share of the reference's positions where this point produced the same
+    token (or character); a position this point did not reach counts as a disagreement."""
+    same = positions = 0
+    units = {unit for _tokens, unit in reference + outputs}
+    for (ref, _u), (cur, _v) in zip(reference, outputs):
+        positions += len(ref)
+        same += sum(a == b for a, b in zip(ref, cur))
+    return {"agreement": same / positions if positions else None, "agreement_positions": positions,
+            "agreement_unit": "tokens" if units == {"tokens"} else "text characters"}
+
+
+async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool) -> dict:
+    schedules = {rate: make_text_schedule(load, rate, load.seed) for rate in load.rates}
+    async with client_for(load.num_requests) as client:
+        model = await warm_up(client, url, None)
+        runs = [await run_rate(client, url, model, rate, schedules[rate], slo, label) for rate in load.rates]
+        greedy = (await _greedy(client, url, model, heldout_prompts(load.quality_prompts), load.quality_tokens)
+                  if quality else [])
+    return {"served_model": model, "runs": runs, "greedy": greedy}
+
+
+def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True) -> dict:
+    """{"served_model", "runs" (one per rate), "greedy" (tokens per held-out prompt)}; httpx errors and
+    ValueError propagate (the sweep records the point as failed)."""
+    return asyncio.run(_measure(url, load, slo, label, quality))
+
+
+def headline(runs: list[dict], price_per_hour: float) -> dict:
+    """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT."""
+    row = runs[-1]["row"]
+    tpot = row["p50_tpot_s"]
+    total = row["output_tokens_per_s"]
+    ms = lambda s: None if s is None else round(1e3 * s, 2)  # noqa: E731
+    return {"tokens_per_s_user": 1.0 / tpot if tpot else None, "tokens_per_s_total": total,
+            "usd_per_mtok": price_per_hour / (total * 3600.0) * 1e6 if total else None,
+            "p50_ttft_ms": ms(row["p50_ttft_s"]), "p99_ttft_ms": ms(row["p99_ttft_s"]),
+            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(row["p99_tpot_s"]),
+            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"],
+            "errors": row["errors"]}
