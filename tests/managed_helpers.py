@@ -54,51 +54,16 @@ def request_count(server: ManagedServer) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def standin_tune(tmp_path: Path, batches, bits, drafts, rates, requests_per_rate: int = 2) -> dict:
-    """Until the tuning sweep (app/tradeoff/managed/tune.py) is merged: a small sweep of the stand-in in
-    the same result shape (one ManagedServer per point, a few timed requests per rate), for the app's
-    dialog and frontier tests. Arguments: the TuneRun's (progress, on_point, cancelled) come later."""
-    import itertools
-    import shlex
-    import time
 
-    import httpx
+def standin_tune(tmp_path: Path, batches, bits, drafts, rates):
+    """The app's tuning run (a TuneRun) of the real sweep (app/tradeoff/managed/tune.py run_tune) on the
+    stand-in: one server per point, a small seeded load and one greedy prompt each."""
+    from app.tradeoff.managed.tune import TuneSpec, run_tune
+    from app.tradeoff.managed.tune_measure import TuneLoad
 
-    from app.tradeoff.frontier import pareto
-
-    def run(progress, on_point, cancelled) -> dict:
-        grid = list(itertools.product(batches, bits, drafts))
-        points, failed, stopped = [], [], None
-        for i, (batch, b, draft) in enumerate(grid, 1):
-            if cancelled():
-                stopped = "cancelled"
-                break
-            point = ServerPoint(batch=batch, bits=b, draft=draft)
-            progress(f"point {i}/{len(grid)}: starting stand-in with {point.label()}", (i - 1) / len(grid))
-            server = standin_server(tmp_path, point)
-            row = {"engine": "stand-in", "model": "tiny", "label": point.label(), "batch": batch, "bits": b,
-                   "draft": draft}
-            try:
-                server.start()
-            except Exception as exc:  # noqa: BLE001 (PointFailed: a failed point, the sweep goes on)
-                failed.append({**row, "failed": True, "reason": str(exc), "log_tail": getattr(exc, "log_tail", "")})
-                on_point(failed[-1])
-                continue
-            row["command"] = shlex.join(server.command)
-            row["flags"] = " ".join(server.command[server.command.index("-np"):])
-            progress(f"point {i}/{len(grid)}: measuring at {rates[-1]} req/s", (i - 0.5) / len(grid))
-            t0, tokens = time.perf_counter(), 0
-            for _ in range(requests_per_rate):
-                body = {"model": "tiny", "prompt": "a b c", "max_tokens": 4 * batch}
-                tokens += httpx.post(server.url + "/v1/completions", json=body).json()["usage"]["completion_tokens"]
-            wall = time.perf_counter() - t0
-            server.stop()
-            row.update(tokens_per_s_total=tokens / wall, tokens_per_s_user=tokens / wall / batch, agreement=None,
-                       usd_per_mtok=2.5 / (tokens / wall * 3600) * 1e6)
-            points.append(row)
-            on_point(row)
-        front = pareto(points, (lambda p: p["tokens_per_s_user"], lambda p: -p["usd_per_mtok"]))
-        return {"engine": "stand-in", "model": {"name": "tiny"}, "points": points, "failed": failed,
-                "frontier": [{"label": points[i]["label"]} for i in front],
-                "chosen": {"label": points[front[0]]["label"]} if front else None, "stopped_early": stopped}
-    return run
+    server = standin_server(tmp_path)
+    points = tuple(ServerPoint(batch=n, bits=b, draft=d) for b in bits for d in drafts for n in batches)
+    spec = TuneSpec(engine=server.engine, exe=server.exe, model=server.model, points=points,
+                    load=TuneLoad(num_requests=2, rates=tuple(rates), chat_max_tokens=(4, 8), long_max_tokens=(4, 8),
+                                  quality_prompts=1, quality_tokens=4), start_timeout_s=60.0)
+    return lambda progress, on_point, cancelled: run_tune(spec, progress, on_point, cancelled)

@@ -67,8 +67,8 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     assert dialog.is_running()
     assert wait_for(qapp, lambda: window.tuning.result is not None)
     assert not dialog.is_running()
-    assert any(t.startswith("point 1/2: starting stand-in") for t in shown)
-    assert any(t.startswith("point 2/2:") for t in shown)
+    assert "point 1/2 (batch 1, 16-bit, no draft): starting the server" in shown  # point i/N, what it does
+    assert any(t.startswith("point 2/2 (batch 2, 16-bit, no draft): measuring") for t in shown)
     assert "2 points measured, 0 failed" in dialog.status_text()
     panel = window.panels.tradeoff
     window.flush_panels()
@@ -80,7 +80,8 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     panel.select_point("stand-in · tiny · batch 2, 16-bit, no draft")
     command = panel.snapshot_data()["command"]
     assert "-np 2" in command["line"] and "managed_standin.py" in command["line"]
-    assert command["title"].startswith("stand-in · tiny · batch 2") and "flags: -np 2" in command["title"]
+    assert command["title"].startswith("stand-in · tiny · batch 2, 16-bit, no draft · flags:")
+    assert "-np 2" in command["title"]
     panel.findChild(QPushButton, "copy-command").click()
     assert QGuiApplication.clipboard().text() == command["line"]
     assert window.status_label.text() == "copied: " + command["line"]

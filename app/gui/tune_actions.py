@@ -4,6 +4,7 @@ TuneWorker thread; its points go onto the tradeoff panel as they come, labelled 
 flags, and the finished sweep's frontier is drawn there with its chosen point's command line."""
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ from app.gui.tune_dialog import TuneDialog
 from app.gui.tune_worker import TuneRun, TuneWorker
 from widgets.tradeoff_points import server_label
 
+WEIGHT_BITS = (16, 8, 4)  # what `inferlab tune --bits` takes
 STOP_WAIT_S = 5.0  # closing the window: how long to wait for a cancelled sweep to stop its server
 
 
@@ -50,28 +52,52 @@ def parse_choice(values: dict) -> TuneChoice:
         raise ValueError("choose an engine")
     if not values.get("model"):
         raise ValueError("give a model (a .gguf file for llama-server, an HF folder or Hub id)")
+    bits = parse_list(values["bits"], "weight bits", int, 1)
+    if set(bits) - set(WEIGHT_BITS):
+        raise ValueError(f"weight bits: {', '.join(map(str, sorted(set(bits) - set(WEIGHT_BITS))))}: the sweep "
+                         f"takes {', '.join(map(str, WEIGHT_BITS))}")
     return TuneChoice(values["engine"], values["model"], parse_list(values["batches"], "batch sizes", int, 1),
-                      parse_list(values["bits"], "weight bits", int, 1), parse_list(values["drafts"], "draft lengths"),
+                      bits, parse_list(values["drafts"], "draft lengths"),
                       parse_list(values["rates"], "arrival rates", float, 0.01))
 
 
+class _Refusal(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ValueError(message)
+
+
+def tune_args(choice: TuneChoice) -> argparse.Namespace:
+    """`inferlab tune`'s own options for the choice (its defaults for everything the dialog does not ask)."""
+    from app.tradeoff.managed.tune_cli import add_tune_args
+
+    parser = _Refusal(prog="inferlab tune")
+    add_tune_args(parser)
+    fmt = lambda values: [str(v) for v in values]  # noqa: E731
+    return parser.parse_args(["--engine", choice.engine, "--model", choice.model, "--batch", *fmt(choice.batches),
+                              "--bits", *fmt(choice.bits), "--draft", *fmt(choice.drafts),
+                              "--rates", *fmt(choice.rates), "--json", "(the app)"])
+
+
 def tune_runner(choice: TuneChoice) -> TuneRun:
-    """The sweep the dialog runs: `run_tune` of app/tradeoff/managed/tune.py with the chosen lists."""
-    try:
-        from app.tradeoff.managed.tune import TuneSpec, run_tune
-    except ImportError as exc:
-        raise RuntimeError(f"the tuning sweep is not in this build ({exc})") from None
-    spec = TuneSpec(engine=choice.engine, model=choice.model, batches=choice.batches, bits=choice.bits,
-                    drafts=choice.drafts, rates=choice.rates)
-    return lambda progress, on_point, cancelled: run_tune(spec, progress=progress, on_point=on_point,
-                                                          cancelled=cancelled)
+    """The sweep the dialog runs: `inferlab tune`'s, with the chosen lists. Setting it up (finding the
+    server, converting the model to GGUFs) and running it both happen in the worker thread."""
+    from app.tradeoff.managed.tune import run_tune
+    from app.tradeoff.managed.tune_cli import TuneSetupError, make_spec
+
+    args = tune_args(choice)
+
+    def run(progress, on_point, cancelled) -> dict:
+        try:
+            spec = make_spec(args, lambda line: progress(line, 0.0))
+        except TuneSetupError as exc:
+            raise RuntimeError(str(exc)) from None
+        return run_tune(spec, progress=progress, on_point=on_point, cancelled=cancelled)
+    return run
 
 
 def engine_names() -> list[str]:
-    try:
-        from app.tradeoff.managed.engines import ENGINES
-    except ImportError:
-        return []
+    from app.tradeoff.managed.engines import ENGINES
+
     return list(ENGINES)
 
 
