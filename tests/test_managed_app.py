@@ -132,3 +132,20 @@ def test_a_failed_restart_says_why_and_keeps_the_last_good_point(qapp, tmp_path,
         assert w.max_gap_ms() < 1000
     finally:
         w.close(qapp)
+
+
+def test_manage_option_builds_a_managed_source_and_refuses_a_missing_server():
+    from app.cli import build_parser
+    from app.host.managed_args import managed_source
+
+    source = managed_source(build_parser().parse_args(["--manage", "inferlab", "--model", "smollm2-135m",
+                                                       "--threads", "1"]))
+    try:
+        assert source.engine_name == "inferlab" and source.setup is not None and source.server.threads == 1
+        assert source.url == f"http://127.0.0.1:{source.server.port}"  # fixed: restarts keep the URL
+    finally:
+        source.deleteLater()
+    with pytest.raises(ValueError, match="not an executable file"):
+        managed_source(build_parser().parse_args(["--manage", "llama-server", "--server-bin", "/no/such/server"]))
+    with pytest.raises(SystemExit):  # argparse names the engines it knows
+        build_parser().parse_args(["--manage", "no-such-engine"])

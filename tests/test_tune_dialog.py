@@ -7,7 +7,7 @@ import time
 
 import pytest
 from app_helpers import run_for
-from managed_helpers import standin_tune
+from managed_helpers import argv_lines, standin_server, standin_tune
 from PySide6.QtGui import QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QPushButton
 
@@ -42,7 +42,7 @@ def open_dialog(qapp, window, tmp_path, monkeypatch, **lists) -> tuple[TuneDialo
     shown: list[str] = []
     original = TuneDialog.set_progress
     monkeypatch.setattr(TuneDialog, "set_progress", lambda d, text, f: (shown.append(text), original(d, text, f)))
-    window.tuning.engines = ["stand-in"]
+    window.tuning.engines = {"stand-in": standin_server(tmp_path).engine}
     window.tuning.runner = lambda c: standin_tune(tmp_path, c.batches, c.bits, c.drafts, c.rates)
     action = window.actions_by_name["tune"]
     assert action.shortcut() == QKeySequence("Ctrl+T") and action.text() == "Tune a server…"
@@ -85,6 +85,13 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     panel.findChild(QPushButton, "copy-command").click()
     assert QGuiApplication.clipboard().text() == command["line"]
     assert window.status_label.text() == "copied: " + command["line"]
+    panel.findChild(QPushButton, "run-point").click()  # the chosen point, in a window whose sliders restart it
+    managed = window.attached_windows[-1]
+    assert wait_for(qapp, lambda: managed.controller.engine_ready)
+    assert argv_lines(managed.host.server)[-1][-4:] == ["-np", "2", "-m", "/models/tiny-F16.gguf"]
+    assert managed.panels.controls.row("max_num_seqs").value() == 2
+    managed.close()
+    assert not managed.host.server.alive()
 
 
 def test_a_sweep_can_be_cancelled_and_a_bad_list_starts_nothing(qapp, window, tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ class TradeoffPanel(Panel):
     sigExport = Signal()
     sigCopyCommand = Signal(dict)  # a measured point's engine configuration, as a `inferlab serve` line
     sigCopyText = Signal(str)  # a managed server's point: its command line, as it ran
+    sigRunPoint = Signal(str)  # a managed server's point (its label): run it in a window of its own
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -90,6 +91,7 @@ class TradeoffPanel(Panel):
         self._empty = Overlay(self._plot)
         self._command = CommandBar()  # the chosen server point's command line
         self._command.sigCopy.connect(self.sigCopyText)
+        self._command.sigRun.connect(lambda: self._current and self.sigRunPoint.emit(self._current))
         row = QHBoxLayout()
         row.addWidget(QLabel("price"))
         row.addWidget(self._price)

@@ -249,6 +249,11 @@ class MainWindow(QMainWindow):
         except ValueError as exc:
             self.show_message(f"not attached: {exc}")
             return None
+        self.show_message(f"attaching to {source.url} in a new window")
+        return self.open_source_window(source)
+
+    def open_source_window(self, source: EngineSource):
+        """A second window fed by `source` (an attached or a managed server), with this window's preset."""
         window = MainWindow(source, self.settings, persist=False)
         window.controller.interactive = self.controller.interactive
         self.attached_windows.append(window)
@@ -256,7 +261,6 @@ class MainWindow(QMainWindow):
         source.start()
         if self.controller.preset is not None:
             window.controller.apply_preset(self.controller.preset.path)
-        self.show_message(f"attaching to {source.url} in a new window")
         return window
 
     def toggle_server(self, on: bool) -> None:

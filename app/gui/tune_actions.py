@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from app.gui.tune_dialog import TuneDialog
 from app.gui.tune_worker import TuneRun, TuneWorker
+from app.tradeoff.managed.server import ManagedServer
+from app.tradeoff.managed.table import ServedModel, ServerPoint
 from widgets.tradeoff_points import server_label
 
 WEIGHT_BITS = (16, 8, 4)  # what `inferlab tune --bits` takes
@@ -95,10 +97,21 @@ def tune_runner(choice: TuneChoice) -> TuneRun:
     return run
 
 
-def engine_names() -> list[str]:
+def engine_tables() -> dict:
     from app.tradeoff.managed.engines import ENGINES
 
-    return list(ENGINES)
+    return dict(ENGINES)
+
+
+def managed_at(result: dict, point: dict, table) -> ManagedServer:
+    """The server of a tuning result's `point`, ready to start: the same executable, weights and point
+    (the flag table `table` is the engine's own, as `--manage` uses it)."""
+    model = result["model"]
+    served = ServedModel({int(b): w for b, w in model["by_bits"].items()}, draft=model.get("draft"),
+                         name=model["name"])
+    knobs = ("batch", "bits", "kv_dtype", "draft", "chunked_prefill", "prefix_caching")
+    return ManagedServer(table, result["executable"], served, ServerPoint(**{k: point[k] for k in knobs if k in point}),
+                         threads=result.get("threads"))
 
 
 def model_name(result: dict) -> str:
@@ -107,8 +120,9 @@ def model_name(result: dict) -> str:
 
 
 class TuneActions:
-    def __init__(self, window, engines: list[str] | None = None,
+    def __init__(self, window, engines: dict | None = None,
                  runner: Callable[[TuneChoice], TuneRun] = tune_runner) -> None:
+        """engines: name -> flag table (app/tradeoff/managed/engines.py's ENGINES when None)."""
         self.window, self.runner = window, runner
         self.engines = engines
         self.dialog: TuneDialog | None = None
@@ -116,10 +130,13 @@ class TuneActions:
         self.result: dict | None = None
         panel = window.panels.tradeoff
         panel.sigCopyText.connect(self.copy_command)
+        panel.sigRunPoint.connect(self.run_point)
 
     def open(self) -> TuneDialog:
         if self.dialog is None:
-            self.dialog = TuneDialog(self.engines if self.engines is not None else engine_names(), self.window)
+            if self.engines is None:
+                self.engines = engine_tables()
+            self.dialog = TuneDialog(list(self.engines), self.window)
             self.dialog.sigStart.connect(self.start)
             self.dialog.sigCancel.connect(self.cancel)
         self.dialog.show()
@@ -163,6 +180,21 @@ class TuneActions:
 
         QGuiApplication.clipboard().setText(line)
         self.window.show_message("copied: " + line)
+
+    def run_point(self, label: str):
+        """A window on the chosen point's server, started as it ran in the sweep; its sliders restart it."""
+        from app.host.managed_source import ManagedSource
+
+        result = self.result or {}
+        engine, model = result.get("engine"), model_name(result)
+        point = next((p for p in result.get("points", []) if server_label(engine, model, p["label"]) == label), None)
+        table = (self.engines or {}).get(engine)
+        if point is None or table is None:
+            self.window.show_message(f"{label}: not a point of the last sweep" if point is None
+                                     else f"{engine}: no flag table to start it with")
+            return None
+        self.window.show_message(f"starting {engine} at {point['label']} in a new window")
+        return self.window.open_source_window(ManagedSource(managed_at(result, point, table)))
 
     # --- the worker's signals (GUI thread) -------------------------------------------------------
     def _on_progress(self, text: str, fraction: float) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
+from collections.abc import Callable
 
 from app.remote.source import RemoteSource
 from app.source import channel
@@ -24,18 +25,21 @@ from app.source.engine_info import Capabilities
 from app.tradeoff.managed.child import free_port
 from app.tradeoff.managed.knobs import RESTARTABLE, changed_flags, knob_values, point_with
 from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagError, ServerPoint
+from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
 
 DEBOUNCE_S = 0.8  # slider moves closer together than this are one restart
 
 
 class ManagedSource(RemoteSource):
-    def __init__(self, server: ManagedServer, *, debounce_s: float = DEBOUNCE_S, **kw) -> None:
+    def __init__(self, server: ManagedServer, *, debounce_s: float = DEBOUNCE_S,
+                 setup: Callable[[Callable[[str], None]], ServedModel] | None = None, **kw) -> None:
+        """setup(say): what the server loads, found (or converted) in the worker before the first start."""
         if server.port is None:
             server.port = free_port()
         super().__init__(f"http://127.0.0.1:{server.port}", **kw)
         self.server = server
         self.debounce_s = debounce_s
+        self.setup = setup
         self.restarts = 0  # restarts run (asked points and returns to the last good one count once)
         self._wanted: ServerPoint = server.point  # worker thread only
         self._wished_at = 0.0
@@ -57,10 +61,14 @@ class ManagedSource(RemoteSource):
 
     # --- worker thread ------------------------------------------------------------------------
     async def _main(self) -> None:
-        self.sigLoadProgress.emit(f"starting {self.engine_name} ({self.server.point.label()})", 0.0)
         try:
+            if self.setup is not None:
+                self.sigLoadProgress.emit(f"finding {self.engine_name}'s weights", 0.0)
+                say = lambda line: self.sigLoadProgress.emit(line, 0.0)  # noqa: E731
+                self.server.model = await asyncio.to_thread(self.setup, say)
+            self.sigLoadProgress.emit(f"starting {self.engine_name} ({self.server.point.label()})", 0.0)
             await asyncio.to_thread(self.server.start)
-        except PointFailed as exc:
+        except (PointFailed, ValueError, OSError) as exc:  # ValueError: no weights for it (tune_cli's setup)
             self.load_error = f"{self.engine_name} did not start: {exc}"
             self.sigLoadFailed.emit(self.load_error)
             return
