@@ -331,6 +331,8 @@ class TradeoffPanel(Panel):
             lat = f"\nTPOT p50 {p['p50_tpot_ms']:.0f} ms · p99 {p['p99_tpot_ms']:.0f} ms"
         if p.get("p50_ttft_ms") is not None:
             lat += f" · TTFT p50 {p['p50_ttft_ms']:.0f} ms"
+        if p.get("flags"):  # a managed server's point: the flags it ran with
+            lat += f"\nflags: {p['flags']}"
         action = ("click: show its command line" if p.get("command") else
                   "click: apply to the live engine · right-click: copy as an `inferlab serve` command")
         return (f"{label}\n{p['tokens_per_s_user']:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"

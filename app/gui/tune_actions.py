@@ -157,7 +157,7 @@ class TuneActions:
         self.worker = TuneWorker(run, self.window)
         self.worker.sigProgress.connect(self._on_progress)
         self.worker.sigPoint.connect(self._on_point)
-        self.worker.sigDone.connect(self._on_done)
+        self.worker.sigDone.connect(self.show_result)
         self.worker.sigFailed.connect(self._on_failed)
         self.dialog.set_running(True)
         self.dialog.set_progress(f"{choice.num_points} points of {choice.engine} serving {choice.model}…", 0.0)
@@ -205,9 +205,10 @@ class TuneActions:
         if not p.get("failed"):
             self.window.panels.tradeoff.add_server_point(p)
 
-    def _on_done(self, result: dict) -> None:
+    def show_result(self, result: dict) -> None:
+        """A finished sweep (or a stored one: `inferlab tune --json`'s file) on the tradeoff panel."""
         self.result = result
-        self.dialog.set_running(False)
+        self.open().set_running(False)
         panel = self.window.panels.tradeoff
         engine, model = result["engine"], model_name(result)
         panel.set_server_sweep(engine, model, result.get("points", []),
@@ -218,7 +219,8 @@ class TuneActions:
         failed = result.get("failed", [])
         why = "".join(f"\n✗ {f['label']}: {f['reason'][:300]}" for f in failed)
         stopped = f" (stopped early: {result['stopped_early']})" if result.get("stopped_early") else ""
-        text = (f"done{stopped}: {len(result.get('points', []))} points measured, {len(failed)} failed; "
+        when = f" (measured {result['measured_at']})" if result.get("measured_at") else ""
+        text = (f"done{stopped}: {len(result.get('points', []))} points measured, {len(failed)} failed{when}; "
                 f"they are on the tradeoff plot — click one for its command line{why}")
         self.dialog.set_status(text)
         self.window.show_message(text.splitlines()[0])
