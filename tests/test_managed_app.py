@@ -149,3 +149,16 @@ def test_manage_option_builds_a_managed_source_and_refuses_a_missing_server():
         managed_source(build_parser().parse_args(["--manage", "llama-server", "--server-bin", "/no/such/server"]))
     with pytest.raises(SystemExit):  # argparse names the engines it knows
         build_parser().parse_args(["--manage", "no-such-engine"])
+
+
+def test_closing_the_window_during_a_restart_leaves_no_server_running(qapp, tmp_path, monkeypatch):
+    import httpx
+
+    w = Watched(qapp, tmp_path, monkeypatch)
+    url = w.source.url
+    w.move_slider(qapp, "max_num_seqs", (8,))
+    assert wait_for(qapp, lambda: len(w.load_at_restart) == 1)  # the restart is under way
+    w.close(qapp)
+    assert len(argv_lines(w.server)) == 2 and not w.server.alive()
+    with pytest.raises(httpx.ConnectError):  # nothing answers on the managed port any more
+        httpx.get(url + "/health", timeout=2.0)

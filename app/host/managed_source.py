@@ -75,6 +75,8 @@ class ManagedSource(RemoteSource):
         try:
             await super()._main()
         finally:
+            if self._restarter is not None:  # a restart under way ends first: nothing it starts is left behind
+                await asyncio.gather(self._restarter, return_exceptions=True)
             await asyncio.to_thread(self.server.stop)
 
     def _capabilities(self, has_metrics: bool) -> Capabilities:
@@ -92,7 +94,7 @@ class ManagedSource(RemoteSource):
 
     async def _restart_when_quiet(self) -> None:
         """Wait until the sliders have been still for debounce_s, restart once; again if they moved meanwhile."""
-        while True:
+        while not self._stopping.is_set():
             quiet_in = self._wished_at + self.debounce_s - time.perf_counter()
             if quiet_in > 0:
                 await asyncio.sleep(quiet_in)
