@@ -2,23 +2,39 @@
 llama-server or `inferlab serve`): GET /health, /v1/models; POST /v1/completions streamed or not, one
 "tok" per output token, usage counting the prompt's token ids (or words). Every request body is
 appended to --log as one JSON line. --short answers one token fewer than asked (a server that does
-other work than asked)."""
+other work than asked).
+
+As a managed server's stand-in (--accept-any, started behind a real engine's argv, e.g. llama-server's):
+flags it does not know are ignored, except --refuse-flag=X (exit 1 at start with an argparse-like
+error when X is in the argv: a flag the engine refuses) and --crash-flag=X --crash-after N (when X is in
+the argv, the process dies after N completion requests: a crash mid-measurement)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log", required=True)
     p.add_argument("--short", action="store_true")
     p.add_argument("--name", default="fake")
-    args = p.parse_args()
+    p.add_argument("--accept-any", action="store_true")
+    p.add_argument("--refuse-flag", default=None)
+    p.add_argument("--crash-flag", default=None)
+    p.add_argument("--crash-after", type=int, default=0)
+    args, unknown = p.parse_known_args() if "--accept-any" in sys.argv else (p.parse_args(), [])
+    if args.refuse_flag and args.refuse_flag in unknown:
+        print(f"error: invalid argument: {args.refuse_flag}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    crash_after = args.crash_after if args.crash_flag and args.crash_flag in unknown else 0
     lock = threading.Lock()
+    served = [0]
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -37,6 +53,10 @@ def main() -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with lock, open(args.log, "a") as f:
                 f.write(json.dumps(body) + "\n")
+                served[0] += 1
+                if crash_after and served[0] > crash_after:
+                    print(f"crashing after {crash_after} requests", file=sys.stderr, flush=True)
+                    os._exit(3)
             prompt = body["prompt"]
             n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
             n_out = body["max_tokens"] - (1 if args.short else 0)

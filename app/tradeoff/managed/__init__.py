@@ -7,4 +7,8 @@ checks, and stopped (`inferlab tune`, File -> Tune a server...).
 - `child.py`: `ChildServer`, any HTTP server as a child process (also the benches' peers).
 - `server.py`: `ManagedServer`, one engine's server process at one point, restartable; `PointFailed`
   carries the log tail of a point that would not start.
+- `llama_server.py`, `inferlab_serve.py`: those engines' flag tables; `engines.py`: `ENGINES`, name -> table.
+- `gguf.py`: llama.cpp's binaries, the bf16 GGUF of the engine's weights and its Q8_0 / Q4_1 variants.
+- `tune.py`: the sweep (`run_tune`, the result's JSON shape at its top); `tune_measure.py`: what it measures
+  on one server; `tune_export.py`: CSV and PNG; `tune_cli.py`: `inferlab tune`.
 """

@@ -111,7 +111,7 @@ def gguf_variants(model_path: str, bits: tuple[int, ...], directory: Path | None
     a variant that cannot be made is left out with a line said (the sweep then fails those points)."""
     bf16 = bf16_gguf(model_path, directory)
     out = {16: bf16}
-    for b in sorted(set(bits) - {16}):
+    for b in sorted(set(bits) - {16}, reverse=True):
         try:
             out[b] = quantized_gguf(bf16, b, directory)
         except ValueError as exc:

@@ -21,7 +21,7 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
       "points": [                            # measured points, in sweep order
         {"engine", "model", "label",          # label: "batch 4, 8-bit, draft 4" (ServerPoint.label)
          "batch", "bits", "kv_dtype", "draft", "chunked_prefill", "prefix_caching",
-         "flags": "-np 4 -c 2048 ...",        # the point's own flags (no host/port/threads)
+         "flags": "-m ... -np 4 ...",         # the command line after the executable
          "command": "llama-server -m ...",    # shlex.join of the exact command line that ran
          "tokens_per_s_user",                 # 1 / p50 TPOT at the highest rate
          "tokens_per_s_total",                # output tokens / run wall time at the highest rate
@@ -33,6 +33,7 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
          "memory": {"rss_bytes": int | None,  # VmRSS of the server process (/proc/PID/status), measured
                     "rss_peak_bytes": int | None,   # VmHWM
                     "server_metrics": {family: value}},  # what the server's own /metrics says
+         "draft_acceptance": float | None,    # accepted / proposed draft tokens, from the server's counters
          "agreement": float | None,           # greedy agreement with the 16-bit point (see "quality")
          "agreement_positions": int, "agreement_unit": "tokens" | "text characters" | None,
          "greedy": [[tokens, unit] per held-out prompt], "served_model": str, "errors": int,
@@ -69,6 +70,7 @@ from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, Ser
 from app.tradeoff.managed.tune_measure import (
     TuneLoad,
     agreement,
+    draft_acceptance,
     headline,
     measure_server,
     process_memory,
@@ -141,20 +143,21 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
         measured = measure_server(server.url, spec.load, spec.slo, point.label())
         memory = {**process_memory(server.pid), "server_metrics": server_metrics(server.url)}
         if not server.alive():
-            raise RuntimeError(f"{spec.engine.name} exited ({server.exit_code()}) during the measurement")
+            raise RuntimeError("the server is gone")
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:
-        tail = server.log_tail()
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        if not server.alive():  # the request's error is the symptom; the server's exit is the cause
+            reason = f"{spec.engine.name} exited ({server.exit_code()}) during the measurement ({reason})"
+        return _failed(spec, point, argv, "measure", reason, server.log_tail(), time.perf_counter() - t0)
+    finally:  # whatever happens (an interrupt too), no server is left running
         server.stop()
-        return _failed(spec, point, argv, "measure", f"{type(exc).__name__}: {exc}"[:400], tail,
-                       time.perf_counter() - t0)
-    server.stop()
     errors = sum(run["row"]["errors"] for run in measured["runs"])
     quality = (agreement(reference, measured["greedy"]) if reference is not None
                else {"agreement": None, "agreement_positions": 0, "agreement_unit": None})
     return {**identity(spec, point), "flags": shlex.join(argv[1:]), "command": shlex.join(argv),
             **headline(measured["runs"], spec.price_per_hour), "errors": errors,
             "runs": [run["row"] for run in measured["runs"]], "memory": memory, "rss_bytes": memory["rss_bytes"],
-            **quality,
+            "draft_acceptance": draft_acceptance(memory["server_metrics"]), **quality,
             "greedy": measured["greedy"], "kl": None, "ppl_delta_pct": None, "served_model": measured["served_model"],
             "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2)}
 

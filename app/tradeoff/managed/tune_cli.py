@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -39,8 +40,11 @@ def add_tune_args(p) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
     p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
-    p.add_argument("--kv-dtype", nargs="+", default=[None], help="KV cache element types (the engine's names)")
-    p.add_argument("--rates", type=float, nargs="+", default=[4.0], help="requests/s, one run each per point")
+    p.add_argument("--kv-dtype", nargs="+", default=["default"],
+                   help="KV cache element types in the engine's names; 'default' adds no flag")
+    p.add_argument("--rates", type=float, nargs="+", default=[100.0],
+                   help="requests/s, one run each per point; the highest gives the point's figures (default 100: "
+                        "every request at once, the server saturated, as the explorer keeps its batch full)")
     p.add_argument("--num-requests", type=int, default=8, help="requests per rate")
     p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"))
     p.add_argument("--quality-prompts", type=int, default=4, help="held-out prompts for greedy agreement")
@@ -49,6 +53,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
     p.add_argument("--slo-tpot", type=float, default=0.2, help="seconds")
     p.add_argument("--threads", type=int, default=None, help="the server's threads (default: its own)")
+    p.add_argument("--server-args", default="", metavar="ARGS",
+                   help="more flags for every point's command line, one string (llama-server: e.g. --no-repack)")
     p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no point after S seconds")
     p.add_argument("--start-timeout", type=float, default=300.0, metavar="S", help="per server start")
@@ -139,25 +145,29 @@ def make_spec(args, say):
     load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
                     long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
                     quality_tokens=args.quality_tokens)
-    engine = sized_engine(base, load)
+    engine = sized_engine(base, load, tuple(shlex.split(args.server_args)))
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
-                   for q in args.bits for d in args.draft for b in args.batch for kv in args.kv_dtype)
+                   for q in args.bits for d in args.draft for b in args.batch
+                   for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
                     time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note)
 
 
-def sized_engine(engine: ServerEngine, load: TuneLoad) -> ServerEngine:
-    """llama-server's context per slot fitted to the longest request (2 tokens per word is generous)."""
+def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -> ServerEngine:
+    """llama-server's context per slot fitted to the longest request (2 tokens per word is generous), and
+    the extra flags; other engines' tables as they are (extra flags need a table that takes them)."""
     from dataclasses import replace
 
     from app.tradeoff.managed.llama_server import LlamaServer
 
     if not isinstance(engine, LlamaServer):
+        if extra:
+            raise TuneSetupError(f"--server-args: the {engine.name} table takes no extra flags")
         return engine
     words = load.long_words[1] if load.long_share > 0 else 48  # chat prompts: 12-48 words; held-out: 40
     longest = 2 * words + max(*load.chat_max_tokens, *load.long_max_tokens, load.quality_tokens) + 64
-    return replace(engine, ctx_per_slot=-(-longest // 256) * 256)
+    return replace(engine, ctx_per_slot=-(-longest // 256) * 256, extra=extra)
 
 
 def run_tune_cli(args) -> int:

@@ -82,6 +82,14 @@ def server_metrics(url: str) -> dict:
     return {name: facts[name] for name in sorted(facts)[:MAX_METRIC_FAMILIES]}
 
 
+def draft_acceptance(metrics: dict) -> float | None:
+    """Accepted / proposed draft tokens from the server's own counters (llama.cpp's and vLLM's families
+    both end in spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens); None where not exported."""
+    accepted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_accepted_tokens")), None)
+    drafted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_draft_tokens")), None)
+    return accepted / drafted if accepted is not None and drafted else None
+
+
 def _reply_tokens(reply: dict) -> tuple[list[str], str]:
     """(the generated tokens, "tokens"), or the text's characters and "text" where none are listed."""
     choice = (reply.get("choices") or [{}])[0]
@@ -134,14 +142,14 @@ def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality:
 
 
 def headline(runs: list[dict], price_per_hour: float) -> dict:
-    """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT."""
-    row = runs[-1]["row"]
-    tpot = row["p50_tpot_s"]
+    """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT (the
+    report's unrounded latencies; the rows printed per rate are rounded to the millisecond)."""
+    row, report = runs[-1]["row"], runs[-1]["report"]
+    tpot = report["tpot"]["p50"]
     total = row["output_tokens_per_s"]
-    ms = lambda s: None if s is None else round(1e3 * s, 2)  # noqa: E731
+    ms = lambda s: None if s is None else round(1e3 * s, 3)  # noqa: E731
     return {"tokens_per_s_user": 1.0 / tpot if tpot else None, "tokens_per_s_total": total,
             "usd_per_mtok": price_per_hour / (total * 3600.0) * 1e6 if total else None,
-            "p50_ttft_ms": ms(row["p50_ttft_s"]), "p99_ttft_ms": ms(row["p99_ttft_s"]),
-            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(row["p99_tpot_s"]),
-            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"],
-            "errors": row["errors"]}
+            "p50_ttft_ms": ms(report["ttft"]["p50"]), "p99_ttft_ms": ms(report["ttft"]["p99"]),
+            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(report["tpot"]["p99"]),
+            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"]}
