@@ -63,6 +63,7 @@ def test_parse_choice_says_which_field_is_wrong():
 
 def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qapp, window, tmp_path, monkeypatch):
     dialog, shown = open_dialog(qapp, window, tmp_path, monkeypatch, batches="1, 2")
+    window.panels.tradeoff.set_available(False, "not exposed by the attached server")  # as attached windows do
     dialog.findChild(QPushButton, "tune-start").click()
     assert dialog.is_running()
     assert wait_for(qapp, lambda: window.tuning.result is not None)
@@ -74,6 +75,7 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     window.flush_panels()
     snap = panel.snapshot_data()
     labels = {p["label"] for p in snap["points"] if p["source"] == "server"}
+    assert panel.is_available()  # the sweep's points are shown, whatever the window's source offers
     assert labels == {"stand-in · tiny · batch 1, 16-bit, no draft", "stand-in · tiny · batch 2, 16-bit, no draft"}
     assert snap["frontier"] and set(snap["frontier"]) <= labels
     assert snap["current"] in labels and snap["command"]["shown"]  # the chosen point, with its command line

@@ -161,8 +161,7 @@ class TuneActions:
         self.worker.sigFailed.connect(self._on_failed)
         self.dialog.set_running(True)
         self.dialog.set_progress(f"{choice.num_points} points of {choice.engine} serving {choice.model}…", 0.0)
-        self.window.docks["tradeoff"].show()
-        self.window.docks["tradeoff"].raise_()
+        self._show_panel()
         self.worker.start()
 
     def cancel(self) -> None:
@@ -209,7 +208,7 @@ class TuneActions:
         """A finished sweep (or a stored one: `inferlab tune --json`'s file) on the tradeoff panel."""
         self.result = result
         self.open().set_running(False)
-        panel = self.window.panels.tradeoff
+        panel = self._show_panel()
         engine, model = result["engine"], model_name(result)
         panel.set_server_sweep(engine, model, result.get("points", []),
                                [f["label"] for f in result.get("frontier", [])])
@@ -224,6 +223,15 @@ class TuneActions:
                 f"they are on the tradeoff plot — click one for its command line{why}")
         self.dialog.set_status(text)
         self.window.show_message(text.splitlines()[0])
+
+    def _show_panel(self):
+        """The tradeoff panel, shown: a tuning sweep's points are its own data, whatever this window's source
+        offers (an attached or managed window greys it out for the embedded sweep)."""
+        panel = self.window.panels.tradeoff
+        panel.set_available(True)
+        self.window.docks["tradeoff"].show()
+        self.window.docks["tradeoff"].raise_()
+        return panel
 
     def _on_failed(self, message: str) -> None:
         self.dialog.set_running(False)
