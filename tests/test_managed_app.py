@@ -2,10 +2,8 @@
 with the new flags, off the GUI thread (the stand-in of tests/managed_standin.py is the server)."""
 from __future__ import annotations
 
-import time
-
 import pytest
-from app_helpers import run_for
+from app_helpers import run_for, wait_until
 from managed_helpers import argv_lines, request_count, standin_server
 from PySide6.QtCore import QElapsedTimer, QTimer
 
@@ -18,13 +16,8 @@ from app.tradeoff.managed.table import ServerPoint
 pytestmark = pytest.mark.timeout(180)
 
 
-def wait_for(qapp, predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        run_for(qapp, 0.05)
-    return predicate()
+def wait(qapp, predicate) -> None:
+    wait_until(qapp, predicate, timeout_s=30.0)  # servers start in child processes: slower than a widget
 
 
 class Watched:
@@ -47,7 +40,7 @@ class Watched:
         monkeypatch.setattr(ManagedServer, "restart", restart)
         self.window.show()
         self.source.start()
-        assert wait_for(qapp, lambda: self.window.controller.engine_ready)
+        wait(qapp, lambda: self.window.controller.engine_ready)
         run_for(qapp, 0.5)  # the first paint of every dock is done
         self.ticks: list[int] = []  # from here on (the restarts), the event loop must keep turning
         clock = QElapsedTimer()
@@ -92,9 +85,9 @@ def test_a_burst_of_slider_moves_is_one_restart_with_the_new_flags(qapp, tmp_pat
         assert controls.row("max_num_seqs").value() == 4  # the sliders show the server's own point
         w.window.controller.set_arrival_rate(8.0)
         w.window.controller.set_load_running(True)
-        assert wait_for(qapp, lambda: request_count(w.server) >= 2)
+        wait(qapp, lambda: request_count(w.server) >= 2)
         w.move_slider(qapp, "max_num_seqs", (5, 6, 7, 8))  # one drag: four positions
-        assert wait_for(qapp, lambda: w.source.restarts == 1 and w.window.controller.state.server_point
+        wait(qapp, lambda: w.source.restarts == 1 and w.window.controller.state.server_point
                         .get("max_num_seqs") == 8)
         run_for(qapp, 1.0)  # no second restart follows
         assert w.source.restarts == 1
@@ -105,7 +98,7 @@ def test_a_burst_of_slider_moves_is_one_restart_with_the_new_flags(qapp, tmp_pat
         assert w.load_at_restart == [False]  # the live load was paused while it restarted...
         assert w.source.loadgen.running  # ...and resumed after /health answered
         before = request_count(w.server)
-        assert wait_for(qapp, lambda: request_count(w.server) > before)  # the new server takes the load
+        wait(qapp, lambda: request_count(w.server) > before)  # the new server takes the load
         assert "stand-in restarted:" in w.window.status_label.text() and "-np 8" in w.window.status_label.text()
         assert w.max_gap_ms() < 1000  # the GUI thread never waited for the server
     finally:
@@ -118,7 +111,7 @@ def test_a_failed_restart_says_why_and_keeps_the_last_good_point(qapp, tmp_path,
     try:
         w.window.controller.set_load_running(True)
         w.move_slider(qapp, "max_num_seqs", (32,))  # over the stand-in's memory: it dies at start
-        assert wait_for(qapp, lambda: w.source.restarts == 1 and w.window.controller.last_error is not None)
+        wait(qapp, lambda: w.source.restarts == 1 and w.window.controller.last_error is not None)
         error = w.window.controller.last_error
         assert "stand-in did not restart at the asked point" in error
         assert "cannot allocate the KV cache for 32 slots (out of memory)" in error  # the server's log tail
@@ -128,7 +121,7 @@ def test_a_failed_restart_says_why_and_keeps_the_last_good_point(qapp, tmp_path,
         assert w.window.panels.controls.row("max_num_seqs").value() == 4  # the slider went back too
         assert w.window.controller.state.config["max_num_seqs"] == 4
         assert w.server.alive() and w.window.isVisible()
-        assert wait_for(qapp, lambda: w.source.loadgen.running)
+        wait(qapp, lambda: w.source.loadgen.running)
         assert w.max_gap_ms() < 1000
     finally:
         w.close(qapp)
@@ -157,7 +150,7 @@ def test_closing_the_window_during_a_restart_leaves_no_server_running(qapp, tmp_
     w = Watched(qapp, tmp_path, monkeypatch)
     url = w.source.url
     w.move_slider(qapp, "max_num_seqs", (8,))
-    assert wait_for(qapp, lambda: len(w.load_at_restart) == 1)  # the restart is under way
+    wait(qapp, lambda: len(w.load_at_restart) == 1)  # the restart is under way
     w.close(qapp)
     assert len(argv_lines(w.server)) == 2 and not w.server.alive()
     with pytest.raises(httpx.ConnectError):  # nothing answers on the managed port any more
