@@ -31,6 +31,8 @@ class Watched:
         self.window.controller.interactive = False
         self.busy: list[str] = []
         self.window.feeder.sigBusy.connect(lambda text, _f: self.busy.append(text))
+        self.server_states: list[tuple[str, str]] = []
+        self.window.feeder.sigServerStatus.connect(lambda state, text: self.server_states.append((state, text)))
         self.load_at_restart: list[bool] = []
         original = ManagedServer.restart
 
@@ -95,6 +97,8 @@ def test_a_burst_of_slider_moves_is_one_restart_with_the_new_flags(qapp, tmp_pat
         assert len(starts) == 2  # the first start and one restart
         assert starts[0][starts[0].index("-np") + 1] == "4" and starts[1][starts[1].index("-np") + 1] == "8"
         assert "restarting stand-in with -np 8…" in w.busy  # the engine's own flag in the status
+        assert ("restarting", "restarting stand-in with -np 8…") in w.server_states  # the Server panel's too
+        assert w.window.panels.server.snapshot_data()["status"][0] == "no-metrics"  # then what came back
         assert w.load_at_restart == [False]  # the live load was paused while it restarted...
         assert w.source.loadgen.running  # ...and resumed after /health answered
         before = request_count(w.server)

@@ -116,10 +116,12 @@ class ManagedSource(RemoteSource):
 
     async def _restart(self, target: ServerPoint) -> None:
         name, good = self.engine_name, self.server.point
-        self.publish(channel.Busy(f"restarting {name} with {self._flags_text(target)}…", None))
+        text = f"restarting {name} with {self._flags_text(target)}…"
+        self.publish(channel.Busy(text, None))
         resume = self.loadgen.running
         self.loadgen.stop()  # the live load pauses: nothing new is sent to a server that is going away
         self.watch.paused = True
+        self.publish(channel.ServerStatus("restarting", text))  # the Server panel says it too
         await self._abort_in_flight()
         failed = log_tail = ""
         try:
@@ -136,6 +138,7 @@ class ManagedSource(RemoteSource):
         finally:
             self.watch.paused = False
         self.restarts += 1
+        self.publish(channel.ServerStatus(*self.watch.status))  # the connection as the scraper knows it
         self.publish(channel.ServerRestarted(knob_values(self.server.point), shlex.join(self.server.command),
                                              failed, log_tail))
         self.publish(channel.Busy("", None))
