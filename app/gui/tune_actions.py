@@ -5,6 +5,7 @@ flags, and the finished sweep's frontier is drawn there with its chosen point's 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -170,9 +171,12 @@ class TuneActions:
             self.dialog.set_status("cancelling: the sweep stops after the point it is measuring…")
 
     def shutdown(self) -> None:
+        """The window closes: the sweep stops after its current point (the process waits for it at exit)."""
         if self.worker is not None and self.worker.running():
             self.worker.cancel()
-            self.worker.join(STOP_WAIT_S)
+            if not self.worker.join(STOP_WAIT_S):
+                print("inferlab: the tuning sweep stops after the point it is measuring (its server is stopped "
+                      "then)", file=sys.stderr)
 
     def copy_command(self, line: str) -> None:
         from PySide6.QtGui import QGuiApplication
