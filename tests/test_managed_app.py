@@ -159,3 +159,39 @@ def test_closing_the_window_during_a_restart_leaves_no_server_running(qapp, tmp_
     assert len(argv_lines(w.server)) == 2 and not w.server.alive()
     with pytest.raises(httpx.ConnectError):  # nothing answers on the managed port any more
         httpx.get(url + "/health", timeout=2.0)
+
+
+@pytest.mark.llama_cpp
+def test_a_real_llama_server_restarts_with_its_own_flags(qapp, tmp_path):
+    """`inferlab --manage llama-server`: the batch slider restarts the real server with -np/-c."""
+    from app.cli import build_parser
+    from app.host.managed_args import managed_source
+    from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
+
+    ggufs = sorted((llama_cpp_dir() / "models").glob("*.bf16.gguf"))
+    if find_binary("llama-server") is None or not ggufs:
+        pytest.skip("llama-server or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
+    (tmp_path / ggufs[0].name).symlink_to(ggufs[0])
+    source = managed_source(build_parser().parse_args(["--manage", "llama-server", "--gguf-dir", str(tmp_path),
+                                                       "--threads", "1"]))
+    window = MainWindow(source, None, persist=False)
+    window.controller.interactive = False
+    busy: list[str] = []
+    window.feeder.sigBusy.connect(lambda text, _f: busy.append(text))
+    window.show()
+    source.start()
+    try:
+        wait_until(qapp, lambda: window.controller.engine_ready, 240.0)
+        assert source.server.command[source.server.command.index("-np") + 1] == "8"  # ServerPoint's default
+        row = window.panels.controls.row("max_num_seqs")
+        row.slider.setValue(row.values().index(2))
+        wait_until(qapp, lambda: source.restarts == 1 and not window.controller.engine_busy, 240.0)
+        assert "restarting llama-server with -np 2 -c 4096…" in busy
+        assert window.controller.last_error is None and source.server.alive()
+        assert "llama-server restarted:" in window.status_label.text() and " -np 2 " in window.status_label.text()
+        window.controller.burst(2)  # the restarted server answers the app's requests
+        wait_until(qapp, lambda: window.panels.latency.snapshot_data()["num_finished"] >= 2, 240.0)
+    finally:
+        window.close()
+        run_for(qapp, 0.05)
+    assert not source.server.alive()
