@@ -323,7 +323,8 @@ class TradeoffPanel(Panel):
             return (f"{label}\n{p['tokens_per_s_user']:.0f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s "
                     f"total\n${cost:.4f} per 1M tokens\nweights {p['weights_bytes'] / 1e9:.1f} GB · KV "
                     f"{p['kv_capacity_tokens']:,} tokens\ncost model calibrated on this machine: not measured")
-        parts = [f"top-1 agreement {100 * p['agreement']:.1f} %" if p.get("agreement") is not None else None,
+        kind = "greedy agreement" if p.get("command") else "top-1 agreement"  # a server's: its own generated tokens
+        parts = [f"{kind} {100 * p['agreement']:.1f} %" if p.get("agreement") is not None else None,
                  f"KL {p['kl']:.4f}" if p.get("kl") is not None else None,  # a server's point: none without
                  f"perplexity {p['ppl_delta_pct']:+.2f} %" if p.get("ppl_delta_pct") is not None else None]  # logprobs
         quality = " · ".join(q for q in parts if q) or NOT_MEASURED
@@ -355,8 +356,10 @@ class TradeoffPanel(Panel):
         chips = " ".join(f"<span style='color:{quality_color(a).name()}'>●</span> {100 * a:.0f}%"
                          for a in (1.0, (1 + AGREEMENT_BAD) / 2, AGREEMENT_BAD))
         current = f" · <span style='color:#fdd663'>◯</span> current: <b>{self._current}</b>" if self._current else ""
+        servers = any(p.get("command") for p in self._points.values())  # a managed server's sweep
+        kind = "greedy agreement with the 16-bit point" if servers else "top-1 agreement with 16-bit"
         self._legend.setText(
-            f"colour = top-1 agreement with 16-bit (measured): {chips} · "
+            f"colour = {kind} (measured): {chips} · "
             f"<span style='color:{_NONE.name()}'>●</span> {NOT_MEASURED} · ▢ hollow = {PREDICTED} "
             f"(not measured) · dashed = frontier{current}")
 

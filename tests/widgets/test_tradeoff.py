@@ -199,6 +199,9 @@ def test_managed_server_points_show_their_command_line_when_chosen(panel, qtbot)
     assert not snap["command"]["shown"]
     label = "llama-server · tiny · batch 4, 8-bit, no draft"
     assert "flags: -m m-q8_0.gguf -np 4" in panel._tip(data=label)
+    # a server's quality is its own greedy tokens against the 16-bit point's, not teacher-forced top-1
+    assert "greedy agreement 90.0 %" in panel._tip(data=label)
+    assert "greedy agreement with the 16-bit point" in panel._legend.text()
     spot = next(s for s in panel._scatter.points() if s.data() == label)
     panel._on_clicked(panel._scatter, [spot])  # a click chooses it (it does not apply it to the live engine)
     snap = panel.snapshot_data()
