@@ -4,11 +4,14 @@ page at a time, with no gather into a padded copy.
 
 The caches are one batch of slots, (1, kv_heads, num_blocks * block_size, head_dim); each query row
 (batch b) is told which pages are its own by the block mask: one KV block of the mask is one page of
-the cache (KV_BLOCK_SIZE = block_size), and row b visits exactly the pages of its block table. Inside
-a page, the mask function keeps what row b may see: the page's logical index in b's table, from a
-(batch, page) -> logical-block map built once a call, times block_size plus the offset, at or before
-the query's position. The same function holds on every page, so an implementation that applies it to
-every (query, slot) pair (the eager one, on the CPU) gives the same result as the block-sparse kernel.
+the cache (KV_BLOCK_SIZE = block_size), and row b visits exactly the pages of its block table, those it
+sees whole listed as full blocks (no mask function) and the rest as partial ones. The mask function keeps
+what row b may see: a page of b's table, at its logical index times block_size plus the offset, at or
+before the query's position; it finds the page's logical index by a binary search in b's sorted table.
+It is exact on every (query, slot) pair, so an implementation that applies it everywhere (the eager one,
+on the CPU) gives the same result as the block-sparse kernel. Every tensor the mask holds is as wide as
+the step's block table (in a CUDA graph: the context bucket), never as the cache: its size, and a
+graph's, does not change with the number of KV blocks.
 
 On CUDA the function is compiled (torch.compile: Triton's flex decoding and flex attention kernels);
 on the CPU the tests run it eagerly against the reference attention. Not yet run on a GPU.
@@ -21,11 +24,15 @@ Q_BLOCK = 128  # the mask's query block: one block for a decode row, a few for a
 
 
 def available() -> bool:
+    """FlexAttention with a block mask built from KV blocks alone (compute_q_blocks, torch 2.9+): the
+    transposed (query-block) lists it would otherwise build need a column per page of the whole cache."""
+    import inspect
+
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError:
         return False
-    return True
+    return "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
 
 
 class FlexPaged:
@@ -79,29 +86,65 @@ class FlexPaged:
 
 
 def paged_block_mask(tables: torch.Tensor, ctx_lens: torch.Tensor, q_len: int, num_slots: int, block_size: int):
-    """The BlockMask of rows whose contexts lie in the pages of `tables` (B, max_blocks); every row's
-    queries are the last q_len positions of its context of ctx_lens[b] tokens."""
+    """The BlockMask of rows whose contexts lie in the pages of `tables` (B, width); every row's queries
+    are the last q_len positions of its context of ctx_lens[b] tokens. Every tensor it holds is
+    (B, width) or (B, 1, query blocks, width): sized by the step's table, never by the cache's page count
+    (num_slots only sets the mask's logical length, a number)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     dev = tables.device
-    batch, max_blocks = tables.shape
-    num_pages = num_slots // block_size
-    n_blocks = (ctx_lens.to(dev) + block_size - 1) // block_size  # (B,)
-    logical = torch.arange(max_blocks, device=dev, dtype=torch.int32).expand(batch, -1)
-    owned = torch.where(logical < n_blocks.unsqueeze(1), tables.long(), num_pages)  # padding -> a spare column
-    page_to_logical = torch.full((batch, num_pages + 1), -1, dtype=torch.int32, device=dev)
-    page_to_logical.scatter_(1, owned, logical)
-    q_base = (ctx_lens.to(dev) - q_len).to(torch.int32)  # (B,) position of each row's first query
+    batch, width = tables.shape
+    lens = ctx_lens.to(dev)
+    n_blocks = (lens + block_size - 1) // block_size  # (B,)
+    q_base = (lens - q_len).to(torch.int32)  # (B,) position of each row's first query
+    logical = torch.arange(width, device=dev, dtype=torch.int32).expand(batch, -1)
+    pages = torch.where(logical < n_blocks.unsqueeze(1), tables.to(torch.int32), _NO_PAGE)  # padding: never a page
+    sorted_pages, order = pages.sort(dim=1)  # the mask function finds a page by binary search in its row
+    visible = _visible_fn(sorted_pages, order.to(torch.int32), q_base, block_size)
+    num_q_blocks = -(-q_len // Q_BLOCK)
+    full_num, full_idx, part_num, part_idx = _kv_blocks(pages, n_blocks, q_base, q_len, num_q_blocks, block_size)
+    return BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, BLOCK_SIZE=(Q_BLOCK, block_size),
+                                    mask_mod=visible, seq_lengths=(q_len, num_slots), compute_q_blocks=False)
+
+
+_NO_PAGE = 2**30  # sorts after every page index; matches no slot's page
+
+
+def _visible_fn(sorted_pages: torch.Tensor, sorted_logical: torch.Tensor, q_base: torch.Tensor, block_size: int):
+    """mask_mod: slot kv_idx is visible to row b's query q_idx when its page is one of b's (found by a
+    branchless binary search over b's sorted pages: a fixed number of steps, log2 of the table's width) and
+    its logical position (the page's index in b's table, times block_size, plus the offset) is at or before
+    the query's. Exact on every (query, slot) pair, so the eager implementation (which applies it to the
+    whole cache) and the block-sparse kernel (which applies it to the pages the block mask lists) agree."""
+    width = sorted_pages.shape[1]
+    strides = [1 << i for i in reversed(range(max(1, (width - 1).bit_length())))]
 
     def visible(b, h, q_idx, kv_idx):
-        page_logical = page_to_logical[b, kv_idx // block_size]
-        return (page_logical >= 0) & (page_logical * block_size + kv_idx % block_size <= q_base[b] + q_idx)
+        page = kv_idx // block_size
+        pos = page * 0  # the last index whose page is <= this one (0 if none)
+        for stride in strides:
+            ahead = (pos + stride).clamp(max=width - 1)
+            pos = torch.where(sorted_pages[b, ahead] <= page, ahead, pos)
+        owned = sorted_pages[b, pos] == page
+        return owned & (sorted_logical[b, pos] * block_size + kv_idx % block_size <= q_base[b] + q_idx)
 
-    num_q_blocks = -(-q_len // Q_BLOCK)
-    kv_num_blocks = n_blocks.to(torch.int32).view(batch, 1, 1).expand(batch, 1, num_q_blocks).contiguous()
-    # the mask wants one column per KV block of the whole cache (it builds its transpose from them)
-    columns = torch.zeros(batch, num_pages, dtype=torch.int32, device=dev)
-    columns[:, :max_blocks] = tables.to(torch.int32)
-    kv_indices = columns.view(batch, 1, 1, num_pages).expand(batch, 1, num_q_blocks, num_pages)
-    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices.contiguous(), BLOCK_SIZE=(Q_BLOCK, block_size),
-                                    mask_mod=visible, seq_lengths=(q_len, num_slots))
+    return visible
+
+
+def _kv_blocks(pages: torch.Tensor, n_blocks: torch.Tensor, q_base: torch.Tensor, q_len: int, num_q_blocks: int,
+               block_size: int):
+    """Per query block m of each row: the pages every query of the block sees whole ("full": the kernel
+    skips the mask function on them), then the pages it sees in part, each list in table order (B, 1, M,
+    width) with its count (B, 1, M). A decode row's full pages are all but its last."""
+    dev = pages.device
+    batch, width = pages.shape
+    m = torch.arange(num_q_blocks, device=dev, dtype=torch.int32)
+    first = q_base.unsqueeze(1) + m * Q_BLOCK  # (B, M) each query block's first and last positions
+    last = q_base.unsqueeze(1) + torch.clamp((m + 1) * Q_BLOCK, max=q_len) - 1
+    n_full = torch.minimum((first + 1) // block_size, n_blocks.unsqueeze(1)).to(torch.int32)
+    n_seen = torch.minimum(last // block_size + 1, n_blocks.unsqueeze(1)).to(torch.int32)
+    table = pages.masked_fill(pages == _NO_PAGE, 0)  # padding: page 0, past each list's count (never visited)
+    full_idx = table.view(batch, 1, 1, width).expand(batch, 1, num_q_blocks, width).contiguous()
+    shift = (n_full.unsqueeze(2) + torch.arange(width, device=dev, dtype=torch.int32)).clamp(max=width - 1)
+    part_idx = torch.gather(full_idx, 3, shift.unsqueeze(1).long())
+    return n_full.unsqueeze(1), full_idx, (n_seen - n_full).unsqueeze(1), part_idx
