@@ -4,8 +4,8 @@ page at a time, with no gather into a padded copy.
 
 The caches are one batch of slots, (1, kv_heads, num_blocks * block_size, head_dim); each query row
 (batch b) is told which pages are its own by the block mask: one KV block of the mask is one page of
-the cache (KV_BLOCK_SIZE = block_size), and row b visits exactly the pages of its block table, those it
-sees whole listed as full blocks (no mask function) and the rest as partial ones. The mask function keeps
+the cache (KV_BLOCK_SIZE = block_size), and row b visits exactly the pages of its block table (up to
+its queries' last position). The mask function keeps
 what row b may see: a page of b's table, at its logical index times block_size plus the offset, at or
 before the query's position; it finds the page's logical index by a binary search in b's sorted table.
 It is exact on every (query, slot) pair, so an implementation that applies it everywhere (the eager one,
@@ -87,9 +87,10 @@ class FlexPaged:
 
 def paged_block_mask(tables: torch.Tensor, ctx_lens: torch.Tensor, q_len: int, num_slots: int, block_size: int):
     """The BlockMask of rows whose contexts lie in the pages of `tables` (B, width); every row's queries
-    are the last q_len positions of its context of ctx_lens[b] tokens. Every tensor it holds is
-    (B, width) or (B, 1, query blocks, width): sized by the step's table, never by the cache's page count
-    (num_slots only sets the mask's logical length, a number)."""
+    are the last q_len positions of its context of ctx_lens[b] tokens. Every tensor it holds is (B,),
+    (B, 1, query blocks), (B, 1, query blocks, width) or (B, search width), the search width being
+    max(MIN_SEARCH_WIDTH, width to a power of two): sized by the step's table, never by the cache's page
+    count (num_slots only sets the mask's logical length, a number)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     dev = tables.device
@@ -99,31 +100,35 @@ def paged_block_mask(tables: torch.Tensor, ctx_lens: torch.Tensor, q_len: int, n
     q_base = (lens - q_len).to(torch.int32)  # (B,) position of each row's first query
     logical = torch.arange(width, device=dev, dtype=torch.int32).expand(batch, -1)
     pages = torch.where(logical < n_blocks.unsqueeze(1), tables.to(torch.int32), _NO_PAGE)  # padding: never a page
-    sorted_pages, order = pages.sort(dim=1)  # the mask function finds a page by binary search in its row
+    search = max(MIN_SEARCH_WIDTH, 1 << (width - 1).bit_length())
+    padded = torch.nn.functional.pad(pages, (0, search - width), value=_NO_PAGE)
+    sorted_pages, order = padded.sort(dim=1)  # the mask function finds a page by binary search in its row
     visible = _visible_fn(sorted_pages, order.to(torch.int32), q_base, block_size)
     num_q_blocks = -(-q_len // Q_BLOCK)
-    full_num, full_idx, part_num, part_idx = _kv_blocks(pages, n_blocks, q_base, q_len, num_q_blocks, block_size)
-    return BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, BLOCK_SIZE=(Q_BLOCK, block_size),
+    kv_num_blocks, kv_indices = _kv_blocks(pages, n_blocks, q_base, q_len, num_q_blocks, block_size)
+    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(Q_BLOCK, block_size),
                                     mask_mod=visible, seq_lengths=(q_len, num_slots), compute_q_blocks=False)
 
 
 _NO_PAGE = 2**30  # sorts after every page index; matches no slot's page
+# The binary search runs over a power of two of entries, at least this many: its step count is part of the
+# compiled kernel, so every table up to 256 pages shares one (a recompile only per doubling beyond)
+MIN_SEARCH_WIDTH = 256
 
 
 def _visible_fn(sorted_pages: torch.Tensor, sorted_logical: torch.Tensor, q_base: torch.Tensor, block_size: int):
     """mask_mod: slot kv_idx is visible to row b's query q_idx when its page is one of b's (found by a
-    branchless binary search over b's sorted pages: a fixed number of steps, log2 of the table's width) and
+    branchless binary search over b's sorted pages, padded to a power of two: log2 of it steps) and
     its logical position (the page's index in b's table, times block_size, plus the offset) is at or before
     the query's. Exact on every (query, slot) pair, so the eager implementation (which applies it to the
     whole cache) and the block-sparse kernel (which applies it to the pages the block mask lists) agree."""
-    width = sorted_pages.shape[1]
-    strides = [1 << i for i in reversed(range(max(1, (width - 1).bit_length())))]
+    strides = [1 << i for i in reversed(range((sorted_pages.shape[1] - 1).bit_length()))]  # sum: the width - 1
 
     def visible(b, h, q_idx, kv_idx):
         page = kv_idx // block_size
         pos = page * 0  # the last index whose page is <= this one (0 if none)
         for stride in strides:
-            ahead = (pos + stride).clamp(max=width - 1)
+            ahead = pos + stride
             pos = torch.where(sorted_pages[b, ahead] <= page, ahead, pos)
         owned = sorted_pages[b, pos] == page
         return owned & (sorted_logical[b, pos] * block_size + kv_idx % block_size <= q_base[b] + q_idx)
@@ -133,18 +138,15 @@ def _visible_fn(sorted_pages: torch.Tensor, sorted_logical: torch.Tensor, q_base
 
 def _kv_blocks(pages: torch.Tensor, n_blocks: torch.Tensor, q_base: torch.Tensor, q_len: int, num_q_blocks: int,
                block_size: int):
-    """Per query block m of each row: the pages every query of the block sees whole ("full": the kernel
-    skips the mask function on them), then the pages it sees in part, each list in table order (B, 1, M,
-    width) with its count (B, 1, M). A decode row's full pages are all but its last."""
+    """Per query block m of each row: the pages it may see, in table order (B, 1, M, width), and their
+    count (B, 1, M): the row's table up to the page of the block's last query. All are listed as partial
+    blocks (the mask function runs on each): torch's flex decoding kernel splits full blocks by the whole
+    KV length (the cache's), partial ones by each row's own count."""
     dev = pages.device
     batch, width = pages.shape
     m = torch.arange(num_q_blocks, device=dev, dtype=torch.int32)
-    first = q_base.unsqueeze(1) + m * Q_BLOCK  # (B, M) each query block's first and last positions
-    last = q_base.unsqueeze(1) + torch.clamp((m + 1) * Q_BLOCK, max=q_len) - 1
-    n_full = torch.minimum((first + 1) // block_size, n_blocks.unsqueeze(1)).to(torch.int32)
+    last = q_base.unsqueeze(1) + torch.clamp((m + 1) * Q_BLOCK, max=q_len) - 1  # (B, M) each block's last query
     n_seen = torch.minimum(last // block_size + 1, n_blocks.unsqueeze(1)).to(torch.int32)
-    table = pages.masked_fill(pages == _NO_PAGE, 0)  # padding: page 0, past each list's count (never visited)
-    full_idx = table.view(batch, 1, 1, width).expand(batch, 1, num_q_blocks, width).contiguous()
-    shift = (n_full.unsqueeze(2) + torch.arange(width, device=dev, dtype=torch.int32)).clamp(max=width - 1)
-    part_idx = torch.gather(full_idx, 3, shift.unsqueeze(1).long())
-    return n_full.unsqueeze(1), full_idx, (n_seen - n_full).unsqueeze(1), part_idx
+    table = pages.masked_fill(pages == _NO_PAGE, 0)  # padding: page 0, past each row's count (never visited)
+    indices = table.view(batch, 1, 1, width).expand(batch, 1, num_q_blocks, width).contiguous()
+    return n_seen.unsqueeze(1), indices
