@@ -11,9 +11,8 @@ inputs from static buffers that every step fills in place.
   width. With FlexAttention (CUDA's default) each row reads only its own pages, in place, its block
   mask rebuilt inside the graph from the static tables and lengths (every tensor of it as wide as the
   bucket, none as wide as the cache: a graph's memory does not depend on the KV cache's size); on the
-  eager decode attention
-  every row gathers that many slots (whole-block gather + matmuls) under an additive mask built from
-  the context lengths on the device, before the replay.
+  eager decode attention every row gathers that many slots (whole-block gather + matmuls) under an
+  additive mask built from the context lengths on the device, before the replay.
 - Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
   for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
   not on the native kernel or the compiled decode

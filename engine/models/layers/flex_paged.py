@@ -5,9 +5,9 @@ page at a time, with no gather into a padded copy.
 The caches are one batch of slots, (1, kv_heads, num_blocks * block_size, head_dim); each query row
 (batch b) is told which pages are its own by the block mask: one KV block of the mask is one page of
 the cache (KV_BLOCK_SIZE = block_size), and row b visits exactly the pages of its block table (up to
-its queries' last position). The mask function keeps
-what row b may see: a page of b's table, at its logical index times block_size plus the offset, at or
-before the query's position; it finds the page's logical index by a binary search in b's sorted table.
+its queries' last position). The mask function keeps what row b may see: a page of b's table, at its
+logical index times block_size plus the offset, at or before the query's position; it finds the page's
+logical index by a binary search in b's sorted table.
 It is exact on every (query, slot) pair, so an implementation that applies it everywhere (the eager one,
 on the CPU) gives the same result as the block-sparse kernel. Every tensor the mask holds is as wide as
 the step's block table (in a CUDA graph: the context bucket), never as the cache: its size, and a
@@ -21,6 +21,10 @@ from __future__ import annotations
 import torch
 
 Q_BLOCK = 128  # the mask's query block: one block for a decode row, a few for a prefill chunk
+_NO_PAGE = 2**30  # sorts after every page index; matches no slot's page
+# The binary search runs over a power of two of entries, at least this many: its step count is part of the
+# compiled kernel, so every table up to 256 pages shares one (a recompile only per doubling beyond)
+MIN_SEARCH_WIDTH = 256
 
 
 def available() -> bool:
@@ -108,12 +112,6 @@ def paged_block_mask(tables: torch.Tensor, ctx_lens: torch.Tensor, q_len: int, n
     kv_num_blocks, kv_indices = _kv_blocks(pages, n_blocks, q_base, q_len, num_q_blocks, block_size)
     return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(Q_BLOCK, block_size),
                                     mask_mod=visible, seq_lengths=(q_len, num_slots), compute_q_blocks=False)
-
-
-_NO_PAGE = 2**30  # sorts after every page index; matches no slot's page
-# The binary search runs over a power of two of entries, at least this many: its step count is part of the
-# compiled kernel, so every table up to 256 pages shares one (a recompile only per doubling beyond)
-MIN_SEARCH_WIDTH = 256
 
 
 def _visible_fn(sorted_pages: torch.Tensor, sorted_logical: torch.Tensor, q_base: torch.Tensor, block_size: int):
