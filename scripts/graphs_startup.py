@@ -4,7 +4,8 @@
 
 Builds one engine with cuda_graphs on and writes what its start-up did, all measured: the order of the KV
 sizing (profile, graphs, kv), the bytes the graphs were measured to take before the KV cache was sized
-and those the real capture took, the buckets built, how long the engine took to build, then whether a
+and those the real capture took (expected equal: what a graph holds does not depend on the cache's size;
+their difference is written too), the buckets built, how long the engine took to build, then whether a
 few greedy decode steps replay the graphs and give the tokens of the same engine with graphs off. On the
 CPU nothing is captured: the static buffers are built and run, and every graph figure is 0 bytes (said
 so in the JSON's "note").
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "kv_sizing": {"order": sizing.steps, "peak_step_bytes": sizing.peak_step_bytes,
                       "graphs_bytes_measured_before_kv": sizing.graphs_bytes,
                       "kv_blocks": eng.block_manager.num_blocks},
+        # both measured; by construction they agree (the graphs' buffers and block masks are sized by the
+        # buckets, not the KV cache), up to the allocator's rounding: the difference says by how much
+        "graphs_bytes_at_capture_minus_before_kv": startup["pool_bytes"] - sizing.graphs_bytes,
         "startup": {**startup, "buckets": graphs.startup_buckets,
                     "progress": [m for m in lines if "decode graphs" in m]},
         "decode": {"steps_in_graph_buffers": runs, "replays": replays, "captures_after_startup": captures

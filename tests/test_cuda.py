@@ -153,6 +153,23 @@ def test_graphs_are_captured_at_start_up_inside_the_profiled_budget(tiny_llama):
     assert g.num_replays > 0 and g.num_captures == 4  # nothing captured after start-up
 
 
+
+def test_the_graphs_take_no_more_bytes_over_a_far_larger_cache(tiny_llama):
+    """FlexAttention's block mask inside the graphs is as wide as the context bucket, not the cache: the
+    start-up capture over 400,000 blocks (3.2 GB of KV) takes no more than over 64 (the first engine also
+    pays the kernels' first build; 16 MiB of slack for the allocator's segments). A mask with a column
+    per page would hold about 100 MB more there (predicted, from its tensors' shapes)."""
+    taken = []
+    for blocks in (64, 400_000):
+        eng = _engine(tiny_llama, dtype="float32", num_kv_blocks=blocks, cuda_graphs=True, max_num_seqs=8,
+                      max_model_len=256)
+        g = eng.runner.graphs
+        assert g.capture_error is None and g.num_captures == 4 and eng.block_manager.num_blocks == blocks
+        taken.append(g.pool_bytes)
+        del eng, g
+        torch.cuda.empty_cache()
+    assert taken[1] <= taken[0] + 16 * 2**20, taken
+
 def test_one_read_back_per_step_with_sampling_verifies(tiny_llama):
     import engine.models.layers.read_back as read_back
 

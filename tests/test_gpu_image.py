@@ -53,6 +53,7 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     startup = json.loads((out / "graphs_startup.json").read_text())  # built at engine build, before the KV sizing
     assert startup["kv_sizing"]["order"] == ["graphs", "kv"] and startup["kv_sizing"]["kv_blocks"] > 0
     assert startup["startup"]["buckets"] and startup["startup"]["pool_bytes"] == 0  # the CPU: nothing captured
+    assert startup["graphs_bytes_at_capture_minus_before_kv"] == 0
     assert startup["decode"]["steps_in_graph_buffers"] > 0 and startup["decode"]["tokens_match_graphs_off"]
     batch = json.loads((out / "bench_64.json").read_text())
     assert set(batch["inferlab"]) == {"eager", "graphs"} and batch["hf_transformers"]["output_tokens_per_s"] > 0

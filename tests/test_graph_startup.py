@@ -90,17 +90,18 @@ def test_the_eager_gather_builds_wider_context_buckets_lazily(tiny_llama):
 
 
 def test_a_cache_narrower_than_the_context_bucket_still_decodes_through_flex(tiny_llama):
-    """24 pages: max_model_len's bucket (32 blocks) is wider than FlexAttention's block mask (a column per
-    page); the start-up bucket is cut to the cache's width, and so is a bucket built after a new cache."""
+    """24 pages: max_model_len's bucket (32 blocks) is wider than the cache. FlexAttention's block mask is
+    as wide as the table, not the cache, so the start-up bucket stays max_model_len's, and so does a
+    bucket built after a new cache."""
     kw = dict(model=str(tiny_llama), dtype="float32", attention_backend="flex", num_kv_blocks=24, block_size=4,
               max_num_seqs=2)
     eng = LLMEngine(EngineConfig(**kw, cuda_graphs=True))
-    assert eng.runner.graphs.startup_buckets == [(1, 24), (2, 24)]
+    assert eng.runner.graphs.startup_buckets == [(1, 32), (2, 32)]
     want = [o.token_ids for o in LLMEngine(EngineConfig(**kw)).generate(PROMPTS[:2], GREEDY)]
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == want
     eng.runner.invalidate_graphs()  # a new cache or new weights: buckets are built again as steps need them
     long = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)  # to 17+ blocks: a 32-block bucket
     assert eng.generate(PROMPTS[:1], long)[0].token_ids == LLMEngine(EngineConfig(**kw)).generate(PROMPTS[:1],
                                                                                                   long)[0].token_ids
-    assert max(c for _, c in eng.runner.graphs.built_buckets()) == 24
-    assert eng.runner.backend.flex.error is None  # a too-wide table would have turned FlexAttention off
+    assert max(c for _, c in eng.runner.graphs.built_buckets()) == 32
+    assert eng.runner.backend.flex.error is None  # a failing mask would have turned FlexAttention off

@@ -9,9 +9,10 @@ inputs from static buffers that every step fills in place.
   (the same token, position and slot: it writes the same K/V to the same slot, and its output is cut).
 - Context bucket: the longest context padded to a power of two of blocks: the static block tables'
   width. With FlexAttention (CUDA's default) each row reads only its own pages, in place, its block
-  mask rebuilt inside the graph from the static tables and lengths; on the eager decode attention
-  every row gathers that many slots (whole-block gather + matmuls) under an additive mask built from
-  the context lengths on the device, before the replay.
+  mask rebuilt inside the graph from the static tables and lengths (every tensor of it as wide as the
+  bucket, none as wide as the cache: a graph's memory does not depend on the KV cache's size); on the
+  eager decode attention every row gathers that many slots (whole-block gather + matmuls) under an
+  additive mask built from the context lengths on the device, before the replay.
 - Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
   for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
   not on the native kernel or the compiled decode
@@ -22,8 +23,10 @@ context bucket: with FlexAttention the bucket of max_model_len (each row reads o
 wide table costs little and a step takes the smallest built bucket that holds it: nothing is captured
 later), on the eager gather the smallest (its gather grows with the bucket: wider ones are captured
 lazily, the first time a step needs one). Before the KV cache is sized, the same set is captured once on
-a throwaway runner and its memory measured (engine/runner/profile.py: profile_graph_bytes), so the KV
-budget leaves room for it. Buckets captured lazily later are not in that reserve.
+a throwaway runner with a small cache and its memory measured (engine/runner/profile.py:
+profile_graph_bytes), so the KV budget leaves room for it: the static buffers and the block mask are
+sized by the buckets alone, so the real cache's capture takes what the throwaway's did. Buckets captured
+lazily later are not in that reserve.
 
 Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
 (requantization), the execution mode; the next steps capture again, lazily. On the CPU the flag runs the
@@ -66,13 +69,12 @@ def reads_pages_in_place(backend) -> bool:
     return backend.flex is not None and backend.flex.fn is not None
 
 
-def startup_context_bucket(backend, max_model_len: int, block_size: int, num_pages: int | None = None) -> int:
-    """Reading pages in place: the bucket of max_model_len, at most the cache's page count (FlexAttention's
-    block mask has one column per page: a table wider than the cache does not fit it). Gathering: 1."""
+def startup_context_bucket(backend, max_model_len: int, block_size: int) -> int:
+    """Reading pages in place: the bucket of max_model_len (FlexAttention's block mask is as wide as the
+    table, whatever the cache's size). Gathering: 1."""
     if not reads_pages_in_place(backend):
         return 1
-    c = context_bucket(-(-max_model_len // block_size))
-    return c if num_pages is None else min(c, num_pages)
+    return context_bucket(-(-max_model_len // block_size))
 
 
 class ReservedMeter:
@@ -132,7 +134,7 @@ class DecodeGraphs:
             return 0
         meter = ReservedMeter(runner.device)
         before = meter.reserved()
-        c = startup_context_bucket(runner.backend, max_model_len, runner.block_size, _num_pages(runner))
+        c = startup_context_bucket(runner.backend, max_model_len, runner.block_size)
         buckets = startup_batch_buckets(max_num_seqs)
         verb = "capturing" if self.capture else "building (the CPU: no capture)"
         for i, b in enumerate(buckets):
@@ -210,7 +212,7 @@ class DecodeGraphs:
         built one that holds c (a start-up graph, no new capture); gathering, c itself."""
         if reads_pages_in_place(runner.backend):
             built = [cc for bb, cc in self._steps if bb == b and cc >= c]
-            return min(built) if built else min(c, _num_pages(runner))  # a bucket wider than the cache: its width
+            return min(built) if built else c
         return c
 
     def _capture_measured(self, runner, st: StaticStep) -> bool:
@@ -257,10 +259,6 @@ class DecodeGraphs:
         st.graph = graph
         self.num_captures += 1
         return True
-
-
-def _num_pages(runner) -> int:
-    return runner.kv_caches[0][0].shape[1] // runner.block_size
 
 
 def _forward(runner, st: StaticStep) -> torch.Tensor:

@@ -8,7 +8,8 @@ scores grow with the square of a sequence's length, so one long sequence peaks a
 ones), then logits and sampling (top-k / top-p sort included) for max_num_seqs rows.
 
 With CUDA graphs on, the start-up graphs are then captured once on a throwaway runner and their bytes
-measured (profile_graph_bytes), before the KV cache is sized (vLLM's order: profile, graphs, KV).
+measured (profile_graph_bytes), before the KV cache is sized (vLLM's order: profile, graphs, KV); what
+they hold does not grow with the cache, so the throwaway's small cache measures the real one's graphs.
 """
 from __future__ import annotations
 
@@ -105,8 +106,10 @@ def profile_graph_bytes(model: LlamaForCausalLM, model_config: ModelConfig, conf
     """Bytes the start-up decode graphs take (EngineConfig.cuda_graphs; engine/runner/graphs.py), measured
     before the KV cache is sized: the same buckets captured once on a throwaway runner whose cache holds
     one max_model_len context (all rows point at the same blocks), torch's reserved bytes before and
-    after. 0 on the CPU (the static buffers are built, nothing is captured) and where graphs never run
-    (the native kernel, compiled decode, the reference backend)."""
+    after. The figure holds for the real cache: a graph's static buffers and FlexAttention's block mask
+    are sized by the batch and context buckets, none by the cache's page count. 0 on the CPU (the static
+    buffers are built, nothing is captured) and where graphs never run (the native kernel, compiled
+    decode, the reference backend)."""
     from engine.runner.graphs import DecodeGraphs, startup_context_bucket
     from engine.runner.model_runner import ModelRunner  # the runner imports nothing from here
 
