@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from app.remote.bounded import ReadLimit, head, lines
+from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS
 
 MAX_ERROR_CHARS = 300
 MAX_COUNT = 2**31  # a token count beyond this is not a count
@@ -65,15 +66,18 @@ class StreamResult:
 
 
 def request_body(model: str, prompt: str, *, max_tokens: int, temperature: float, chat: bool,
-                 seed: int | None = None, ignore_eos: bool = False) -> tuple[str, dict]:
-    """(path, JSON body) of a streaming request; `ignore_eos` is the extension vLLM, SGLang, llama.cpp
-    and inferlab share (a fixed amount of work per request, for benchmarks)."""
+                 **sampling) -> tuple[str, dict]:
+    """(path, JSON body) of a streaming request. `sampling`: more SamplingParams fields by name (seed,
+    ignore_eos, top_p, ...: engine.sampling_params.REQUEST_FIELDS), each sent only when it is not the
+    engine's default, so a server is never told a field it may not know without need; `ignore_eos` is the
+    extension vLLM, SGLang, llama.cpp and inferlab share (a fixed amount of work per request, for
+    benchmarks). The temperature is always sent: servers' own defaults differ (llama.cpp's is 0.8)."""
+    unknown = sorted(set(sampling) - set(REQUEST_FIELDS))
+    if unknown:
+        raise TypeError(f"request_body: not a request field: {', '.join(unknown)}")
     body: dict = {"model": model, "max_tokens": int(max_tokens), "temperature": float(temperature), "stream": True,
                   "stream_options": {"include_usage": True}}
-    if seed is not None:
-        body["seed"] = int(seed)
-    if ignore_eos:
-        body["ignore_eos"] = True
+    body.update({name: value for name, value in sampling.items() if value != REQUEST_DEFAULTS[name]})
     if chat:
         return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
     return "/v1/completions", {**body, "prompt": prompt}

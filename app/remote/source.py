@@ -32,6 +32,7 @@ from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
+from engine.sampling_params import REQUEST_FIELDS
 
 SCRAPE_HZ = 4.0
 SCRAPE_TIMEOUT_S = 2.0  # /metrics slower than this: the server is "not answering"
@@ -154,8 +155,7 @@ class RemoteSource(QObject):
         if len(self._tasks) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} requests are already in flight to {self.name}")
         rid = request_id or f"req-{next(self._ids)}"
-        sampling = {"max_tokens": params.max_tokens, "temperature": params.temperature, "seed": params.seed,
-                    "ignore_eos": params.ignore_eos}
+        sampling = {"max_tokens": params.max_tokens, **{name: getattr(params, name) for name in REQUEST_FIELDS}}
         self._post(lambda: self._launch(rid, prompt, sampling, chat))
         return rid
 
@@ -299,9 +299,9 @@ class RemoteSource(QObject):
     def _launch(self, rid: str, prompt: str, sampling: dict, chat: bool) -> None:
         if self.info is None:
             return
+        fields = {name: sampling[name] for name in REQUEST_FIELDS if name in sampling and name != "temperature"}
         path, body = request_body(self.watch.model_id or "default", prompt, max_tokens=sampling.get("max_tokens") or 16,
-                                  temperature=sampling.get("temperature", 0.8), chat=chat,
-                                  seed=sampling.get("seed"), ignore_eos=bool(sampling.get("ignore_eos")))
+                                  temperature=sampling.get("temperature", 0.8), chat=chat, **fields)
         res = StreamResult(rid, time.perf_counter())
         self.publish(channel.ClientSent(rid, res.sent))
         self._tasks[rid] = asyncio.get_running_loop().create_task(self._stream(res, path, body))
