@@ -83,6 +83,20 @@ def request_body(model: str, prompt: str, *, max_tokens: int, temperature: float
     return "/v1/completions", {**body, "prompt": prompt}
 
 
+def sampling_of(params) -> dict:
+    """A SamplingParams as the keyword arguments a request is sent with: max_tokens and every request field
+    (engine.sampling_params.REQUEST_FIELDS), the shape of a load generator arrival's `sampling` too."""
+    return {"max_tokens": params.max_tokens, **{name: getattr(params, name) for name in REQUEST_FIELDS}}
+
+
+def sampled_request_body(model: str, prompt: str, sampling: dict, chat: bool) -> tuple[str, dict]:
+    """request_body from SamplingParams keyword arguments (sampling_of, or an arrival's `sampling`): every
+    request field among them travels; without one, max_tokens 16 and temperature 0.8."""
+    fields = {name: sampling[name] for name in REQUEST_FIELDS if name in sampling and name != "temperature"}
+    return request_body(model, prompt, max_tokens=sampling.get("max_tokens") or 16,
+                        temperature=sampling.get("temperature", 0.8), chat=chat, **fields)
+
+
 def _chunk_text(chunk: dict) -> tuple[str, str | None]:
     """(new text, finish_reason) of one stream chunk, completions or chat; BadChunk for a wrong type."""
     choices = chunk.get("choices")

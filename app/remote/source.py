@@ -26,13 +26,12 @@ import httpx
 from PySide6.QtCore import QObject, Signal
 
 from app.load.generator import LoadConfig, LoadGenerator
-from app.remote.client import StreamResult, request_body, stream_request
+from app.remote.client import StreamResult, sampled_request_body, sampling_of, stream_request
 from app.remote.watch import ServerWatch
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
-from engine.sampling_params import REQUEST_FIELDS
 
 SCRAPE_HZ = 4.0
 SCRAPE_TIMEOUT_S = 2.0  # /metrics slower than this: the server is "not answering"
@@ -155,7 +154,7 @@ class RemoteSource(QObject):
         if len(self._tasks) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} requests are already in flight to {self.name}")
         rid = request_id or f"req-{next(self._ids)}"
-        sampling = {"max_tokens": params.max_tokens, **{name: getattr(params, name) for name in REQUEST_FIELDS}}
+        sampling = sampling_of(params)
         self._post(lambda: self._launch(rid, prompt, sampling, chat))
         return rid
 
@@ -299,9 +298,7 @@ class RemoteSource(QObject):
     def _launch(self, rid: str, prompt: str, sampling: dict, chat: bool) -> None:
         if self.info is None:
             return
-        fields = {name: sampling[name] for name in REQUEST_FIELDS if name in sampling and name != "temperature"}
-        path, body = request_body(self.watch.model_id or "default", prompt, max_tokens=sampling.get("max_tokens") or 16,
-                                  temperature=sampling.get("temperature", 0.8), chat=chat, **fields)
+        path, body = sampled_request_body(self.watch.model_id or "default", prompt, sampling, chat)
         res = StreamResult(rid, time.perf_counter())
         self.publish(channel.ClientSent(rid, res.sent))
         self._tasks[rid] = asyncio.get_running_loop().create_task(self._stream(res, path, body))

@@ -1,0 +1,87 @@
+"""A sampling field travels by SamplingParams' own table (engine.sampling_params.REQUEST_FIELDS): the remote
+client sends it, the HTTP API reads it back, and a new field added to SamplingParams alone does both."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.remote.client import request_body, sampled_request_body, sampling_of
+from app.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS, SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_DEFAULT = {"temperature": 0.5, "top_p": 0.25, "top_k": 7, "seed": 3, "ignore_eos": True}
+
+
+def test_the_table_is_the_scalar_fields_of_sampling_params():
+    assert set(REQUEST_FIELDS) == set(NOT_DEFAULT)
+    assert all(NOT_DEFAULT[n] != REQUEST_DEFAULTS[n] for n in REQUEST_FIELDS)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_request_field_goes_from_the_remote_client_to_the_server(chat):
+    params = SamplingParams(max_tokens=9, **NOT_DEFAULT)
+    path, body = sampled_request_body("m", "Hi", sampling_of(params), chat=chat)
+    assert path == ("/v1/chat/completions" if chat else "/v1/completions")
+    assert {n: body[n] for n in REQUEST_FIELDS} == NOT_DEFAULT
+    request = ChatCompletionRequest if chat else CompletionRequest
+    got = (request.model_validate(body).sampling_params(5, 2048) if chat
+           else request.model_validate(body).sampling_params())
+    assert {n: getattr(got, n) for n in REQUEST_FIELDS} == NOT_DEFAULT and got.max_tokens == 9
+
+
+def test_defaults_stay_off_the_wire_but_the_temperature_is_always_sent():
+    # a foreign server is told only what differs from the engine's defaults (llama.cpp's temperature is 0.8)
+    _, body = sampled_request_body("m", "Hi", sampling_of(SamplingParams(max_tokens=4)), chat=False)
+    assert body["temperature"] == 1.0 and not set(REQUEST_FIELDS) - {"temperature"} & set(body)
+    _, arrival = sampled_request_body("m", "Hi", {"max_tokens": 4, "seed": 0, "ignore_eos": False}, chat=False)
+    assert arrival["temperature"] == 0.8 and arrival["seed"] == 0 and "ignore_eos" not in arrival
+
+
+def test_request_body_refuses_a_field_sampling_params_does_not_have():
+    with pytest.raises(TypeError, match="min_p"):
+        request_body("m", "Hi", max_tokens=4, temperature=0.0, chat=False, min_p=0.1)
+
+
+def test_the_server_reads_request_fields_strictly_and_null_as_the_default():
+    assert CompletionRequest.model_validate({"prompt": "x", "top_k": None}).sampling_params().top_k == 0
+    for bad in ({"top_k": "7"}, {"top_p": True}, {"ignore_eos": None}):
+        with pytest.raises(ValueError):
+            CompletionRequest.model_validate({"prompt": "x", **bad})
+
+
+_WALK = textwrap.dedent("""
+    from pydantic import ValidationError
+    from app.remote.client import sampled_request_body, sampling_of
+    from app.server.protocol import CompletionRequest
+    from engine.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=4, min_p=0.25)
+    _, body = sampled_request_body("m", "Hi", sampling_of(params), chat=False)
+    assert body["min_p"] == 0.25, body  # the remote source sends it
+    assert CompletionRequest.model_validate(body).sampling_params().min_p == 0.25  # the HTTP API takes it
+    try:
+        CompletionRequest.model_validate({"prompt": "x", "min_p": "a lot"})
+    except ValidationError:
+        print("walked")
+""")
+
+
+def test_a_new_sampling_field_written_only_in_sampling_params_travels_over_http(tmp_path):
+    """The newcomer's list, walked: a throwaway field added to engine/sampling_params.py alone (a copy of
+    the code) is sent by the remote client and taken, type-checked, by the HTTP API."""
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "build")
+    for package in ("engine", "app", "widgets"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=skip)
+    target = tmp_path / "engine" / "sampling_params.py"
+    text = target.read_text()
+    anchor = "    top_k: int = 0  # 0 means off\n"
+    assert anchor in text
+    target.write_text(text.replace(anchor, anchor + "    min_p: float = 0.0  # throwaway\n"))
+    run = subprocess.run([sys.executable, "-c", _WALK], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and "walked" in run.stdout, run.stderr[-2000:]
