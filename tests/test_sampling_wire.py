@@ -2,19 +2,15 @@
 client sends it, the HTTP API reads it back, and a new field added to SamplingParams alone does both."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from app.remote.client import request_body, sampled_request_body, sampling_of
 from app.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS, SamplingParams
+from tests.code_copy import copy_code, edit, run_script
 
-REPO = Path(__file__).resolve().parents[1]
 NOT_DEFAULT = {"temperature": 0.5, "top_p": 0.25, "top_k": 7, "seed": 3, "ignore_eos": True}
 
 
@@ -74,14 +70,7 @@ _WALK = textwrap.dedent("""
 def test_a_new_sampling_field_written_only_in_sampling_params_travels_over_http(tmp_path):
     """The newcomer's list, walked: a throwaway field added to engine/sampling_params.py alone (a copy of
     the code) is sent by the remote client and taken, type-checked, by the HTTP API."""
-    skip = shutil.ignore_patterns("__pycache__", "*.so", "build")
-    for package in ("engine", "app", "widgets"):
-        shutil.copytree(REPO / package, tmp_path / package, ignore=skip)
-    target = tmp_path / "engine" / "sampling_params.py"
-    text = target.read_text()
-    anchor = "    top_k: int = 0  # 0 means off\n"
-    assert anchor in text
-    target.write_text(text.replace(anchor, anchor + "    min_p: float = 0.0  # throwaway\n"))
-    run = subprocess.run([sys.executable, "-c", _WALK], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert run.returncode == 0 and "walked" in run.stdout, run.stderr[-2000:]
+    root = copy_code(tmp_path)
+    edit(root / "engine" / "sampling_params.py", "    top_k: int = 0  # 0 means off\n",
+         "    min_p: float = 0.0  # throwaway\n")
+    assert "walked" in run_script(root, _WALK)
