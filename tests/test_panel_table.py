@@ -94,7 +94,7 @@ docks = build_docks(window, panels)
 assert docks["echo"].windowTitle() == "Echo" and docks["echo"].widget() is panels.echo  # docked, titled
 assert presets.load_preset("p.toml").panels == ("tokens", "echo")  # a preset may raise it
 grey_out_features(panels, Capabilities(step_events=True), "a test server", engine_ready=True)
-assert not panels.echo.is_available() and "Echoes of the drafts" in panels.echo.overlay_text(), panels.echo.overlay_text()
+assert not panels.echo.is_available() and "Echoes of the drafts" in panels.echo.overlay_text()
 grey_out_features(panels, Capabilities(step_events=True, speculative=True), "a test server", engine_ready=True)
 assert panels.echo.is_available()
 print("walked")
