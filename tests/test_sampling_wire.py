@@ -124,7 +124,7 @@ _GUI_WALK = textwrap.dedent("""
 """)
 
 
-def test_a_new_sampling_field_with_its_slider_touches_four_files(tmp_path):
+def test_a_new_sampling_field_with_its_slider_walks_the_list(tmp_path):
     """The newcomer's list for a sampling field with its GUI control, walked in a copy: SamplingParams'
     field, LoadConfig's, the preset key and the slider's row. A preset sets it, every generated request
     carries it (embedded or attached), the Load generator slider shows it and reaches the source's
