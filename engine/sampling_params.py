@@ -7,7 +7,10 @@ float32): a positive temperature or top_p must stay a normal float32 number (sma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
 
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 FLOAT32_MAX = 3.4028234663852886e38
@@ -69,3 +72,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# The fields a request carries by their own name and value: the HTTP API accepts them (app/server/protocol.py)
+# and the remote source sends them on (app/remote/), both reading this table, so a new scalar field above
+# travels with them. The rest have their own spelling on the wire (max_tokens defaults differ per endpoint;
+# stop may be one string; logprobs is a bool plus top_logprobs in chat).
+_OWN_WIRE_SPELLING = ("max_tokens", "stop", "stop_token_ids", "logprobs")
+REQUEST_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in fields(SamplingParams) if f.name not in _OWN_WIRE_SPELLING})
+REQUEST_FIELDS: tuple[str, ...] = tuple(REQUEST_DEFAULTS)
+if MISSING in REQUEST_DEFAULTS.values():
+    raise TypeError("a SamplingParams field with a default_factory needs its own wire spelling")

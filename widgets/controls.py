@@ -17,6 +17,10 @@ from widgets.slider_row import SliderRow
 
 DEBOUNCE_MS = 300
 CONFIG_KEYS = ("max_num_seqs", "quant_bits", "kv_cache_bits", "num_speculative_tokens", "max_num_batched_tokens")
+# the Load generator box's sliders, each a LoadConfig field by name (app/load/generator.py): the app puts every
+# value sigLoadChanged carries into the load generator's config, so a slider for what each generated request
+# samples with (a SamplingParams field LoadConfig has) is a row in _STOPS and its name here
+LOAD_KEYS = ("arrival_rate",)
 TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
 _STOPS = {  # key -> (title, slider stops unless given, format); a row starts on its first stop unless given a default
     "max_num_seqs": ("max batch size", range(1, 257), str),
@@ -48,7 +52,7 @@ def _debouncer(parent: QWidget, slot) -> QTimer:
 
 class ControlsPanel(QWidget):
     sigConfigChanged = Signal(dict)  # the CONFIG_KEYS
-    sigLoadChanged = Signal(dict)  # {"arrival_rate": req/s}
+    sigLoadChanged = Signal(dict)  # the LOAD_KEYS: {"arrival_rate": req/s, ...}
     sigBudgetChanged = Signal(float, float)  # (ttft_s, tpot_s)
     sigStartLoad = Signal()
     sigStopLoad = Signal()
@@ -57,7 +61,7 @@ class ControlsPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None, defaults: Mapping | None = None,
                  stops: Mapping | None = None) -> None:
-        """defaults: the values to start from and reset to (CONFIG_KEYS, "arrival_rate", "burst_size",
+        """defaults: the values to start from and reset to (CONFIG_KEYS, LOAD_KEYS, "burst_size",
         "ttft_budget_s", "tpot_budget_s"); a missing one starts on its slider's first stop. stops: a key's
         slider stops, where the app's knob table gives them (else the panel's own)."""
         super().__init__(parent)
@@ -66,7 +70,7 @@ class ControlsPanel(QWidget):
         self._config_timer = _debouncer(self, self._on_config_timeout)
         self._load_timer = _debouncer(self, self._on_load_timeout)
         self._budget_timer = _debouncer(self, self._on_budget_timeout)
-        timers = {**dict.fromkeys(CONFIG_KEYS, self._config_timer), "arrival_rate": self._load_timer,
+        timers = {**dict.fromkeys(CONFIG_KEYS, self._config_timer), **dict.fromkeys(LOAD_KEYS, self._load_timer),
                   "ttft_budget_s": self._budget_timer, "tpot_budget_s": self._budget_timer}
         for key, timer in timers.items():
             # (re)start: the signal fires once, DEBOUNCE_MS after the last move
@@ -96,7 +100,8 @@ class ControlsPanel(QWidget):
             el.addWidget(self._rows[key])
         load = QGroupBox("Load generator")
         ll = QVBoxLayout(load)
-        ll.addWidget(self._rows["arrival_rate"])
+        for key in LOAD_KEYS:
+            ll.addWidget(self._rows[key])
         buttons = QHBoxLayout()
         for w in (self._load_button, self._burst_button, self._burst_size):
             buttons.addWidget(w)
@@ -148,7 +153,7 @@ class ControlsPanel(QWidget):
             self._busy_bar.setValue(round(1000 * min(1.0, max(0.0, fraction))))
 
     def set_feature_available(self, name: str, available: bool, why: str = "") -> None:
-        """Grey out one control with the reason as its tooltip: a CONFIG_KEYS name, "arrival_rate",
+        """Grey out one control with the reason as its tooltip: a CONFIG_KEYS or LOAD_KEYS name,
         "ttft_budget_s", "tpot_budget_s", "load", "burst" or "reset"."""
         buttons = {"load": (self._load_button,), "burst": (self._burst_button, self._burst_size),
                    "reset": (self._reset_button,)}
@@ -189,7 +194,7 @@ class ControlsPanel(QWidget):
         self.sigConfigChanged.emit(self.config_values())
 
     def _on_load_timeout(self) -> None:
-        self.sigLoadChanged.emit({"arrival_rate": self._rows["arrival_rate"].value()})
+        self.sigLoadChanged.emit({key: self._rows[key].value() for key in LOAD_KEYS})
 
     def _on_budget_timeout(self) -> None:
         self.sigBudgetChanged.emit(self._rows["ttft_budget_s"].value(), self._rows["tpot_budget_s"].value())

@@ -17,6 +17,8 @@ class ControlState:
     arrival_rate: float
     source_name: str
     start_kv_blocks: int | None  # presets without num_kv_blocks go back to it
+    # the other Load generator sliders (LoadConfig fields by name) as the user set them since the preset
+    load_values: dict = field(default_factory=dict)
     capabilities: Capabilities = field(default_factory=Capabilities)  # none until the source says
     preset: presets.Preset | None = None
     presets_dir: Path = presets.PRESETS_DIR

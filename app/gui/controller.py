@@ -47,7 +47,7 @@ class AppController(QObject):
         c = panels.controls
         c.setEnabled(False)
         c.sigConfigChanged.connect(self._on_config_changed)
-        c.sigLoadChanged.connect(lambda d: self.set_arrival_rate(d["arrival_rate"]))
+        c.sigLoadChanged.connect(self.set_load)
         c.sigBudgetChanged.connect(self._on_budget_changed)
         c.sigStartLoad.connect(lambda: self.set_load_running(True))
         c.sigStopLoad.connect(lambda: self.set_load_running(False))
@@ -207,6 +207,15 @@ class AppController(QObject):
 
     def _on_budget_changed(self, ttft_s: float, tpot_s: float) -> None:
         self.panels.latency.set_budget(ttft_s, tpot_s)
+
+    def set_load(self, values: dict) -> None:
+        """The Load generator's sliders (LoadConfig fields by name): the arrival rate by its own verb (the
+        Poisson clock keeps its phase), any other field in a new LoadConfig for the source."""
+        self.set_arrival_rate(values["arrival_rate"])
+        others = {k: v for k, v in values.items() if k != "arrival_rate"}
+        if others:
+            self.state.load_values.update(others)
+            self.host.set_load_config(self.presets.load_config())
 
     def set_arrival_rate(self, rate: float) -> None:
         self.state.arrival_rate = rate

@@ -3,11 +3,12 @@ steps, or the engine rebuilt when a construction-time field such as the KV cache
 quantization, the workload and the latency budget. A part of AppController, given what it uses."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
+from app.load.generator import LoadConfig
 from app.talk import presets
 from app.talk.compare.headline import speculation_speedup
 from app.talk.compare_run import ComparisonRun, stored_result
@@ -50,10 +51,11 @@ class PresetActions:
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
+        self.state.load_values = {}  # the preset's workload, until a slider moves
         self.verbs.sync_actions()
-        self.panels.controls.set_values({**self.state.config, "arrival_rate": self.state.arrival_rate,
-                                            "burst_size": preset.burst_size, "ttft_budget_s": preset.ttft_s,
-                                            "tpot_budget_s": preset.tpot_s, "load_running": preset.autostart})
+        self.panels.controls.set_values({**self.state.config, **asdict(preset.load),  # the Load generator's rows
+                                         "burst_size": preset.burst_size, "ttft_budget_s": preset.ttft_s,
+                                         "tpot_budget_s": preset.tpot_s, "load_running": preset.autostart})
         self.panels.latency.set_budget(preset.ttft_s, preset.tpot_s)
         if self.state.engine_ready:
             self._push_preset(preset)
@@ -159,13 +161,19 @@ class PresetActions:
         self.verbs.push_config()
         if self.state.config["quant_bits"] != self.state.engine_bits:
             self.host.quantize(self.state.config["quant_bits"], preset.engine["quant_group_size"])
-        self.host.set_load_config(replace(preset.load, arrival_rate=self.state.arrival_rate))
+        self.host.set_load_config(self.load_config())
         if self.state.capabilities.lora and preset.load.lora_mix:
             self.host.use_loras(preset.load.lora_mix)
         if preset.burst:
             self.host.burst(preset.burst)
         self.cues.stop()  # the new preset's cue timeline starts from 0 with its load
         self.verbs.set_load_running(preset.autostart)
+
+    def load_config(self) -> LoadConfig:
+        """The load generator's config: the preset's workload (LoadConfig() before one), the sliders' values
+        over it (the arrival rate, and the other Load generator rows: state.load_values)."""
+        base = self.state.preset.load if self.state.preset is not None else LoadConfig()
+        return replace(base, arrival_rate=self.state.arrival_rate, **self.state.load_values)
 
     def _unless_failed_before(self, preset: presets.Preset, wants: dict) -> dict:
         """`wants`, or (when a rebuild for exactly these changes just failed) the engine's own values,

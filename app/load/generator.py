@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Protocol
 
 from app.load.closed_loop import ClosedLoopUsers
+from engine.sampling_params import REQUEST_FIELDS, SamplingParams
 
 _ASSET = Path(__file__).resolve().parents[2] / "assets" / "heldout.txt"
 _FALLBACK = (
@@ -76,6 +77,7 @@ class LoadConfig:
             raise ValueError(f"shared_prefix_tokens must be an integer >= 0, got {self.shared_prefix_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        SamplingParams(**self.sampling())  # the engine's own range check of every field sent (ValueError)
         if not isinstance(self.num_users, int) or self.num_users < 0:
             raise ValueError(f"num_users must be an integer >= 0, got {self.num_users!r}")
         if not (math.isfinite(self.think_time_s) and self.think_time_s >= 0):
@@ -83,6 +85,15 @@ class LoadConfig:
         if any(not isinstance(n, str) or not n for n in self.lora_mix):
             raise ValueError(f"lora_mix must be adapter names (or 'base'), got {list(self.lora_mix)!r}")
         self.lora_mix = tuple(self.lora_mix)
+
+
+    def sampling(self) -> dict:
+        """What every generated request samples with: the fields above that SamplingParams has too
+        (SAMPLED_FIELDS: temperature, ignore_eos; a field added here by a SamplingParams name travels)."""
+        return {name: getattr(self, name) for name in SAMPLED_FIELDS}
+
+
+SAMPLED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LoadConfig) if f.name in REQUEST_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +271,7 @@ class LoadGenerator:
         else:
             body = self._text(self._rng.randrange(len(self._corpus)), n_prompt)
         self._num_generated += 1
-        sampling = {"max_tokens": n_out, "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
-                    "seed": self._rng.getrandbits(31)}
+        sampling = {"max_tokens": n_out, **cfg.sampling(), "seed": self._rng.getrandbits(31)}
         lora = self._rng.choice(cfg.lora_mix) if cfg.lora_mix else "base"  # no draw without a mix
         return Arrival(prefix + body, sampling, kind, t, None if lora == "base" else lora)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from app.remote.bounded import ReadLimit, head, lines
+from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS
 
 MAX_ERROR_CHARS = 300
 MAX_COUNT = 2**31  # a token count beyond this is not a count
@@ -65,18 +66,35 @@ class StreamResult:
 
 
 def request_body(model: str, prompt: str, *, max_tokens: int, temperature: float, chat: bool,
-                 seed: int | None = None, ignore_eos: bool = False) -> tuple[str, dict]:
-    """(path, JSON body) of a streaming request; `ignore_eos` is the extension vLLM, SGLang, llama.cpp
-    and inferlab share (a fixed amount of work per request, for benchmarks)."""
+                 **sampling) -> tuple[str, dict]:
+    """(path, JSON body) of a streaming request. `sampling`: more SamplingParams fields by name (seed,
+    ignore_eos, top_p, ...: engine.sampling_params.REQUEST_FIELDS), each sent only when it is not the
+    engine's default, so a server is never told a field it may not know without need; `ignore_eos` is the
+    extension vLLM, SGLang, llama.cpp and inferlab share (a fixed amount of work per request, for
+    benchmarks). The temperature is always sent: servers' own defaults differ (llama.cpp's is 0.8)."""
+    unknown = sorted(set(sampling) - set(REQUEST_FIELDS))
+    if unknown:
+        raise TypeError(f"request_body: not a request field: {', '.join(unknown)}")
     body: dict = {"model": model, "max_tokens": int(max_tokens), "temperature": float(temperature), "stream": True,
                   "stream_options": {"include_usage": True}}
-    if seed is not None:
-        body["seed"] = int(seed)
-    if ignore_eos:
-        body["ignore_eos"] = True
+    body.update({name: value for name, value in sampling.items() if value != REQUEST_DEFAULTS[name]})
     if chat:
         return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
     return "/v1/completions", {**body, "prompt": prompt}
+
+
+def sampling_of(params) -> dict:
+    """A SamplingParams as the keyword arguments a request is sent with: max_tokens and every request field
+    (engine.sampling_params.REQUEST_FIELDS), the shape of a load generator arrival's `sampling` too."""
+    return {"max_tokens": params.max_tokens, **{name: getattr(params, name) for name in REQUEST_FIELDS}}
+
+
+def sampled_request_body(model: str, prompt: str, sampling: dict, chat: bool) -> tuple[str, dict]:
+    """request_body from SamplingParams keyword arguments (sampling_of, or an arrival's `sampling`): every
+    request field among them travels; without one, max_tokens 16 and temperature 0.8."""
+    fields = {name: sampling[name] for name in REQUEST_FIELDS if name in sampling and name != "temperature"}
+    return request_body(model, prompt, max_tokens=sampling.get("max_tokens") or 16,
+                        temperature=sampling.get("temperature", 0.8), chat=chat, **fields)
 
 
 def _chunk_text(chunk: dict) -> tuple[str, str | None]:

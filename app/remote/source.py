@@ -26,7 +26,7 @@ import httpx
 from PySide6.QtCore import QObject, Signal
 
 from app.load.generator import LoadConfig, LoadGenerator
-from app.remote.client import StreamResult, request_body, stream_request
+from app.remote.client import StreamResult, sampled_request_body, sampling_of, stream_request
 from app.remote.watch import ServerWatch
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
@@ -154,8 +154,7 @@ class RemoteSource(QObject):
         if len(self._tasks) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} requests are already in flight to {self.name}")
         rid = request_id or f"req-{next(self._ids)}"
-        sampling = {"max_tokens": params.max_tokens, "temperature": params.temperature, "seed": params.seed,
-                    "ignore_eos": params.ignore_eos}
+        sampling = sampling_of(params)
         self._post(lambda: self._launch(rid, prompt, sampling, chat))
         return rid
 
@@ -305,9 +304,7 @@ class RemoteSource(QObject):
     def _launch(self, rid: str, prompt: str, sampling: dict, chat: bool) -> None:
         if self.info is None:
             return
-        path, body = request_body(self.watch.model_id or "default", prompt, max_tokens=sampling.get("max_tokens") or 16,
-                                  temperature=sampling.get("temperature", 0.8), chat=chat,
-                                  seed=sampling.get("seed"), ignore_eos=bool(sampling.get("ignore_eos")))
+        path, body = sampled_request_body(self.watch.model_id or "default", prompt, sampling, chat)
         res = StreamResult(rid, time.perf_counter())
         self.publish(channel.ClientSent(rid, res.sent))
         self._tasks[rid] = asyncio.get_running_loop().create_task(self._stream(res, path, body))

@@ -12,13 +12,13 @@ sizes are capped (MAX_*), each with a 400 that names the field.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, field_validator, model_validator
 
 from app.server.errors import APIError, bad_request
 from app.server.limits import lone_surrogate_at
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 MAX_PROMPTS = 256  # prompts (choices) in one completions request
@@ -34,7 +34,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     @model_validator(mode="before")
@@ -45,14 +45,23 @@ class _Common(BaseModel):
             raise ValueError(f"text at {where} is not valid Unicode (a lone UTF-16 surrogate)")
         return data
 
+
+def _request_field(name: str) -> tuple[Any, Any]:
+    """(type, default) of a SamplingParams field in a request body: a flag is present or not (its default
+    when absent, never null); any other field may be null or absent, meaning SamplingParams' default."""
+    hint = get_type_hints(SamplingParams)[name]
+    return (hint, REQUEST_DEFAULTS[name]) if hint is bool else (hint | None, None)
+
+
+# temperature, top_p, top_k, seed, ignore_eos, ...: read from SamplingParams' own table, not spelled here
+_SamplingFields = create_model("_SamplingFields", __base__=_Strict,
+                               **{name: _request_field(name) for name in REQUEST_FIELDS})
+
+
+class _Common(_SamplingFields):
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -83,11 +92,9 @@ class _Common(BaseModel):
 
     def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        kwargs: dict[str, Any] = dict(max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, seed=self.seed,
-                                      stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs)
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
+        kwargs: dict[str, Any] = dict(max_tokens=max_tokens, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+                                      logprobs=logprobs)
+        kwargs.update({name: getattr(self, name) for name in REQUEST_FIELDS if getattr(self, name) is not None})
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:

@@ -6,17 +6,27 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from engine.knobs import KNOB
+from engine.quant_formats import QUANT_FORMATS, quant_format
+
 SPEC_METHODS = ("ngram", "draft", "mtp")
 DEFAULT_DRAFT_TOKENS = 4  # --spec-method without --num-draft-tokens
 MAX_DRAFT_TOKENS = 8  # engine/spec/decoder.py's MAX_DRAFT (not imported: it pulls in torch)
 
 
+def _quantized_bits() -> str:
+    """"8 or 4": the quantized formats' bits (engine/quant_formats.py), for help and errors."""
+    return " or ".join(str(f.bits) for f in QUANT_FORMATS if f.quantized)
+
+
 def add_knob_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quant-bits", type=int, default=16, choices=(16, 8, 4),
-                   help="weight bits: 8 or 4 quantize the weights (weight-only) as the app's slider does")
-    p.add_argument("--quant-group-size", type=int, default=None, choices=(32, 64, 128),
-                   help="weights per scale for --quant-bits 8/4 (default: the engine's, 32)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"),
+    quantized = _quantized_bits()
+    p.add_argument("--quant-bits", type=int, default=16, choices=KNOB["quant_bits"].choices,
+                   help=f"weight bits: {quantized} quantize the weights (weight-only) as the app's slider does")
+    p.add_argument("--quant-group-size", type=int, default=None, choices=KNOB["quant_group_size"].choices,
+                   help=f"weights per scale for --quant-bits {quantized} (default: the engine's, "
+                        f"{KNOB['quant_group_size'].default})")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KNOB["kv_cache_dtype"].choices,
                    help="int8 stores the KV cache in 8 bits (twice the tokens in the same memory)")
     p.add_argument("--spec-method", default=None, choices=SPEC_METHODS,
                    help="speculative decoding: n-gram lookup, a draft model (--draft-model) or MTP heads")
@@ -30,8 +40,9 @@ def knob_settings(args: argparse.Namespace) -> dict:
     """EngineConfig fields from the knob flags; ValueError names the flag that does not fit."""
     out = {"quant_bits": args.quant_bits, "kv_cache_dtype": args.kv_cache_dtype}
     if args.quant_group_size is not None:
-        if args.quant_bits == 16:
-            raise ValueError("--quant-group-size needs --quant-bits 8 or 4 (16-bit weights have no scales)")
+        if quant_format(args.quant_bits).dense:
+            raise ValueError(f"--quant-group-size needs --quant-bits {_quantized_bits()} (16-bit weights have no "
+                             "scales)")
         out["quant_group_size"] = args.quant_group_size
     k = args.num_draft_tokens
     if args.spec_method is None:

@@ -43,5 +43,6 @@ def kv_cache_dtype(bits: int) -> str:
 def knob_defaults() -> dict:
     """Every value the controls panel shows, as it starts and after a reset."""
     preset = {f.name: f.default for f in fields(Preset)}
-    return {**engine_knob_defaults(), "arrival_rate": LoadConfig().arrival_rate, "burst_size": preset["burst_size"],
-            "ttft_budget_s": preset["ttft_s"], "tpot_budget_s": preset["tpot_s"]}
+    load = LoadConfig()  # the Load generator's rows: the arrival rate and what each request samples with
+    return {**engine_knob_defaults(), "arrival_rate": load.arrival_rate, **load.sampling(),
+            "burst_size": preset["burst_size"], "ttft_budget_s": preset["ttft_s"], "tpot_budget_s": preset["tpot_s"]}

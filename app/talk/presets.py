@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.load.generator import LoadConfig
@@ -110,6 +110,7 @@ def _panels(v):
     return tuple(v)
 
 
+LOAD_FIELDS = frozenset(f.name for f in fields(LoadConfig))  # the [workload] keys that go to the load generator
 SCHEMA: dict[str, dict[str, tuple[Callable, object]]] = {  # section -> key -> (check, default)
     "preset": {"title": (_text, None), "caption": (_text, None), "panels": (_panels, ())},
     "engine": {  # checked against the engine's knob table (engine/knobs.py), in the ranges the app offers
@@ -224,9 +225,7 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
         raise PresetError(path, int(m.group(1)) if m else None, "", f"not valid TOML: {exc}") from exc
     values = _validate(path, text, data)
     p, e, w, b = values["preset"], values["engine"], values["workload"], values["budget"]
-    load = LoadConfig(**{k: w[k] for k in ("arrival_rate", "prompt_tokens", "output_tokens", "burst_prompt_tokens",
-                                            "burst_output_tokens", "shared_prefix_tokens", "temperature",
-                                            "ignore_eos", "lora_mix", "instructions")})
+    load = LoadConfig(**{k: v for k, v in w.items() if k in LOAD_FIELDS})  # a [workload] row named as LoadConfig's
     return Preset(name=path.stem, path=str(path), title=p["title"], caption=p["caption"], panels=p["panels"],
                   engine=e, load=load, burst=w["burst"], burst_size=w["burst_size"], autostart=w["autostart"],
                   ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, compare=_compare(path, text, data),

@@ -18,7 +18,7 @@ import torch
 
 from engine.events import TokenSource
 from engine.models.layers.read_back import to_host
-from engine.models.layers.sampler import apply_top_k_top_p, scale_by_temperature
+from engine.models.layers.sampler import shape_logits
 from engine.sampling_params import SamplingParams
 
 
@@ -38,12 +38,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(n, vocab) float32 logits -> the distribution the target samples from at each position."""
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = scale_by_temperature(logits, torch.full((logits.shape[0],), params.temperature, device=logits.device))
-    if params.top_k or params.top_p < 1.0:
-        n = logits.shape[0]
-        logits = apply_top_k_top_p(logits, torch.full((n,), params.top_k, device=logits.device),
-                                   torch.full((n,), params.top_p, device=logits.device))
-    return logits.softmax(-1)
+    return shape_logits(logits, [params] * logits.shape[0]).softmax(-1)  # the sampler's own distribution
 
 
 def verify(draft: list[int], logits: torch.Tensor, params: SamplingParams,

@@ -49,6 +49,19 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
 
 
+def shape_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits (n, vocab), one row per params[i] (none greedy) -> the logits each row samples from: scaled
+    by temperature, then cut by top-k and top-p. The sampler and speculative verification (engine/spec/
+    verify.py) both read it, so a sampling knob that reshapes the distribution is written here once."""
+    dev = logits.device
+    logits = scale_by_temperature(logits, torch.tensor([p.temperature for p in params], device=dev))
+    if any(p.top_k or p.top_p < 1.0 for p in params):
+        top_k = torch.tensor([p.top_k for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev)
+        logits = apply_top_k_top_p(logits, top_k, top_p)
+    return logits
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], extra: torch.Tensor | None = None) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
@@ -63,15 +76,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     chosen = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
-        dev = logits.device
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
         sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
-        sub = scale_by_temperature(sub, torch.tensor([params[i].temperature for i in rows], device=dev))
-        if any(params[i].top_k or params[i].top_p < 1.0 for i in rows):
-            top_k = torch.tensor([params[i].top_k for i in rows], device=dev)
-            top_p = torch.tensor([params[i].top_p for i in rows], device=dev)
-            sub = apply_top_k_top_p(sub, top_k, top_p)
-        probs = sub.softmax(dim=-1)
+        probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
         for j, i in enumerate(rows):  # each request's own generator (its seed); stays on the device
             chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
