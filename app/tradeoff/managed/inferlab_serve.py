@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from engine.quant_formats import QUANT_BITS
 
 # app/server/serve_knobs.py's --kv-cache-dtype choices (not imported: app.server sits above app.tradeoff);
 # a draft length out of its range is refused by `inferlab serve` itself (a failed point with its message)
@@ -47,8 +48,8 @@ class InferlabServe:
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         if point.batch < 1:
             raise FlagError(f"--max-num-seqs must be at least 1, got {point.batch}")
-        if point.bits not in (16, 8, 4):
-            raise FlagError(f"--quant-bits takes 16, 8 or 4, not {point.bits}")
+        if point.bits not in QUANT_BITS:  # the engine's registry (engine/quant_formats.py)
+            raise FlagError(f"--quant-bits takes {', '.join(map(str, QUANT_BITS))}, not {point.bits}")
         weights = model.by_bits.get(point.bits) or model.weights(16)
         flags = ["--model", weights, "--max-num-seqs", str(point.batch)]
         if point.bits != 16 and weights == model.by_bits.get(16):
