@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
+    from app.host.managed_args import add_manage_args
+
+    add_manage_args(parser)
     add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
     _compute_args(parser)
     sub = parser.add_subparsers(dest="command")

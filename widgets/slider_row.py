@@ -54,7 +54,7 @@ class SliderRow(QWidget):
 
     def set_available(self, available: bool, why: str = "") -> None:
         self.setEnabled(available)
-        self.setToolTip("" if available else why)
+        self.setToolTip(why)  # available: how it works (e.g. "by restart"); not: why not
         self._value.setText(self._fmt(self.value()) if available else "n/a")
 
     def _on_slider(self, index: int) -> None:

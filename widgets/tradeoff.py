@@ -14,51 +14,29 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
+from widgets.command_bar import CommandBar
 from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
-from widgets.theme import blend, style_plot
+from widgets.theme import style_plot
+from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PREDICTED: this module's API too)
+    _NONE,
+    AGREEMENT_BAD,
+    NOT_MEASURED,
+    PREDICTED,
+    cost_per_million_tokens,
+    free_spot,
+    predicted_label,
+    quality_color,
+    server_label,
+    sweep_config,
+    sweep_label,
+)
 
 DEFAULT_PRICE_PER_HOUR = 2.50
-AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
-NOT_MEASURED = "quality not measured"
-PREDICTED = "predicted"
-_GOOD, _MID, _BAD, _NONE = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759"), QColor("#9aa0a6")
-
-
-def cost_per_million_tokens(price_per_hour: float, total_tokens_per_s: float | None) -> float | None:
-    """$ per 1M tokens = price per hour / tokens per hour * 1e6 (None without throughput)."""
-    if not total_tokens_per_s or total_tokens_per_s <= 0:
-        return None
-    return price_per_hour / (total_tokens_per_s * 3600.0) * 1e6
-
-
-def quality_color(agreement: float | None) -> QColor:
-    """Green at 100 % top-1 agreement, yellow half-way, red at AGREEMENT_BAD or below; grey unmeasured."""
-    if agreement is None:
-        return _NONE
-    t = min(1.0, max(0.0, (1.0 - agreement) / (1.0 - AGREEMENT_BAD)))
-    return blend(_GOOD, _MID, 2 * t) if t < 0.5 else blend(_MID, _BAD, 2 * t - 1)
-
-
-def sweep_label(p: dict) -> str:
-    return f"batch {p['batch']} · {p['bits']}-bit · k={p['draft']}"
-
-
-def sweep_config(p: dict) -> dict:
-    """The engine settings a sweep point was measured with (its weights' group size when it has one)."""
-    config = {"max_num_seqs": p["batch"], "quant_bits": p["bits"], "num_speculative_tokens": p["draft"]}
-    if p.get("group_size") and p["bits"] != 16:
-        config["quant_group_size"] = p["group_size"]
-    return config
-
-
-def predicted_label(p: dict) -> str:
-    return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
 
 
 class TradeoffPanel(Panel):
@@ -69,6 +47,8 @@ class TradeoffPanel(Panel):
     sigApply = Signal(dict)  # a measured point's engine configuration, to apply to the live engine
     sigExport = Signal()
     sigCopyCommand = Signal(dict)  # a measured point's engine configuration, as a `inferlab serve` line
+    sigCopyText = Signal(str)  # a managed server's point: its command line, as it ran
+    sigRunPoint = Signal(str)  # a managed server's point (its label): run it in a window of its own
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -109,6 +89,9 @@ class TradeoffPanel(Panel):
         p.addItem(self._scatter)
         p.addItem(self._ring)
         self._empty = Overlay(self._plot)
+        self._command = CommandBar()  # the chosen server point's command line
+        self._command.sigCopy.connect(self.sigCopyText)
+        self._command.sigRun.connect(lambda: self._current and self.sigRunPoint.emit(self._current))
         row = QHBoxLayout()
         row.addWidget(QLabel("price"))
         row.addWidget(self._price)
@@ -119,6 +102,7 @@ class TradeoffPanel(Panel):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(row)
         layout.addWidget(self._plot, 1)
+        layout.addWidget(self._command)
         layout.addWidget(self._legend)
         self._on_palette_changed()
         self.reset()
@@ -150,6 +134,31 @@ class TradeoffPanel(Panel):
                            for p in result.get("predicted", []) if p.get("predicted") and p.get("tokens_per_s_total")}
         self._mark_dirty()
 
+    def add_server_point(self, p: dict) -> None:
+        """One measured point of a managed server's tuning sweep (app/tradeoff/managed/tune.py's dict:
+        engine, model, label, flags, command and the explorer's figures) as it arrives."""
+        label = server_label(p["engine"], p["model"], p["label"])
+        self._points[label] = {**p, "label": label, "source": "server", "config": None}
+        self._mark_dirty()
+
+    def set_server_sweep(self, engine: str, model: str, points: list[dict], frontier: list[str]) -> None:
+        """A whole tuning sweep of `engine` serving `model`: its measured points replace that engine and
+        model's earlier ones; its frontier (the points' labels) is the one drawn."""
+        self._points = {k: v for k, v in self._points.items()
+                        if not (v["source"] == "server" and v["engine"] == engine and v["model"] == model)}
+        for p in points:
+            self.add_server_point(p)
+        self._frontier = [server_label(engine, model, label) for label in frontier]
+        self._mark_dirty()
+
+    def select_point(self, label: str | None) -> None:
+        """Ring a point; a server point's command line shows under the plot, with "Copy command"."""
+        p = self._points.get(label or "")
+        self._current = label if p is not None else None
+        command = p.get("command") if p is not None else None
+        self._command.set_command(f"{label} · flags: {p.get('flags', '')}" if command else "", command or "")
+        self._mark_dirty()
+
     def sweep_points(self) -> list[dict]:
         """The measured sweep points shown (app/tradeoff/sweep.py's dicts, with label and config)."""
         return [dict(p) for p in self._points.values() if p["source"] == "sweep"]
@@ -169,6 +178,7 @@ class TradeoffPanel(Panel):
         self._predicted.clear()
         self._frontier = []
         self._current = None
+        self._command.set_command("", "")
         self._mark_dirty()
         self.flush()
 
@@ -201,7 +211,9 @@ class TradeoffPanel(Panel):
         return {"price_per_hour": price, "points": points, "num_points": len(points),
                 "predicted": [row(p, True) for p in self._predicted.values()], "frontier": list(self._frontier),
                 "labels": sorted(label for label, item in self._labels.items() if item.isVisible()),
-                "current": self._current, "empty_text": self._empty.text()}
+                "current": self._current, "empty_text": self._empty.text(),
+                "command": {"title": self._command.title(), "line": self._command.command(),
+                            "shown": self._command.isVisibleTo(self)}}
 
     # --- painting -----------------------------------------------------------------------------
     def _positions(self) -> dict[str, tuple[float, float]]:
@@ -285,7 +297,7 @@ class TradeoffPanel(Panel):
             item.setText(text)
             size = item.textItem.boundingRect()  # as drawn: the label's own font (presenter sizes)
             w, h = size.width(), size.height()
-            spot = self._free_spot(on_screen(lx, ly), w, h, r, lx > mid_x, box, placed + markers)
+            spot = free_spot(on_screen(lx, ly), w, h, r, lx > mid_x, box, placed + markers)
             if spot is None:
                 item.setVisible(False)
                 continue
@@ -298,27 +310,6 @@ class TradeoffPanel(Panel):
             shown.add(key)
         for key in set(self._labels) - shown:
             self._plot.removeItem(self._labels.pop(key))
-
-    @staticmethod
-    def _free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: QRectF,
-                   taken: list[QRectF]) -> tuple[tuple[float, float], QRectF] | None:
-        """The first spot around the point `at` for a w x h label that stays inside `box` and meets
-        nothing `taken`: (the TextItem's anchor, the label's rect on screen), or None."""
-        # (dx, dy) of the label's top-left corner from the point, with the matching TextItem anchor:
-        # anchors place the text's box relative to the point; the offsets keep it clear of the marker
-        toward_middle = [("left", "above"), ("left", "below"), ("left", "beside")] if right_half else \
-            [("right", "above"), ("right", "below"), ("right", "beside")]
-        away = [(("right" if side == "left" else "left"), where) for side, where in toward_middle]
-        for side, where in toward_middle + away:
-            x = at.x() - w - (r if where == "beside" else 0) if side == "left" else \
-                at.x() + (r if where == "beside" else 0)
-            y = {"above": at.y() - r - h, "below": at.y() + r, "beside": at.y() - h / 2}[where]
-            rect = QRectF(x, y, w, h)
-            if not box.contains(rect) or any(rect.intersects(t) for t in taken):
-                continue
-            # the TextItem's anchor for this rect: the point's position inside the rect, as fractions
-            return ((at.x() - x) / w, (at.y() - y) / h), rect
-        return None
 
     def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
         """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:
@@ -340,15 +331,19 @@ class TradeoffPanel(Panel):
             lat = f"\nTPOT p50 {p['p50_tpot_ms']:.0f} ms · p99 {p['p99_tpot_ms']:.0f} ms"
         if p.get("p50_ttft_ms") is not None:
             lat += f" · TTFT p50 {p['p50_ttft_ms']:.0f} ms"
+        action = ("click: show its command line" if p.get("command") else
+                  "click: apply to the live engine · right-click: copy as an `inferlab serve` command")
         return (f"{label}\n{p['tokens_per_s_user']:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"
-                f"${cost:.3f} per 1M tokens\n{quality}{lat}\nclick: apply to the live engine · right-click: "
-                "copy as an `inferlab serve` command")
+                f"${cost:.3f} per 1M tokens\n{quality}{lat}\n{action}")
 
     def _on_clicked(self, _item, spots, ev=None) -> None:
         """Left click: apply the point to the live engine; right click: copy it as a serve command."""
         copy = ev is not None and ev.button() == Qt.MouseButton.RightButton
         for spot in spots:
             p = self._points.get(str(spot.data()))
+            if p is not None and p.get("command"):  # a managed server's point: choose it
+                self.select_point(p["label"])
+                return
             if p is not None and p.get("config"):
                 (self.sigCopyCommand if copy else self.sigApply).emit(dict(p["config"]))
                 return

@@ -25,12 +25,13 @@ GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span styl
 def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_ready: bool) -> None:
     controls = panels.controls
     for name, (cap, what) in FEATURE_CONTROLS.items():
-        on = cap in caps
-        controls.set_feature_available(name, on, "" if on else f"{what}: not offered by {source}")
+        on = cap in caps or name in caps.restartable  # a managed server: by restarting it
+        controls.set_feature_available(name, on, _by_restart(what, name, caps, source) if on
+                                       else f"{what}: not offered by {source}")
     for name, label in KNOB_CONTROLS.items() if engine_ready else ():
-        on = name in caps.reconfigurable
-        controls.set_feature_available(name, on, "" if on else f"{label}: set when {source} starts; not "
-                                                               "changeable from a client")
+        on = name in caps.reconfigurable or name in caps.restartable
+        controls.set_feature_available(name, on, _by_restart(label, name, caps, source) if on else
+                                       f"{label}: set when {source} starts; not changeable from a client")
     for spec in PANEL_SPECS if engine_ready else ():
         if not spec.needs:
             continue
@@ -46,3 +47,10 @@ def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_re
         if panel is panels.timeline:
             panels.timeline.set_steps_note("")
         panel.set_available(not missing, why)
+
+
+def _by_restart(what: str, name: str, caps: Capabilities, source: str) -> str:
+    """The tooltip of a control that works: how, when it restarts a managed server."""
+    if name in caps.restartable and name not in caps.reconfigurable:
+        return f"{what}: by restart (moving it restarts {source} with the new flags)"
+    return ""

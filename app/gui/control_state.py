@@ -25,6 +25,7 @@ class ControlState:
     engine_ready: bool = False  # on_loaded ran: presets and controls reach the engine
     measuring: bool = False  # a comparison runs in the engine thread
     rebuilt_for_knob: bool = False  # the rebuild under way was asked by a slider (not a preset)
+    server_point: dict = field(default_factory=dict)  # a managed server's restartable knobs, as it runs now
 
 
 class ControllerVerbs(Protocol):

@@ -16,6 +16,7 @@ from app.gui.control_state import ControlState
 from app.gui.cue_player import CuePlayer
 from app.gui.panels import Panels
 from app.gui.preset_actions import SCHEDULING_KEYS, PresetActions
+from app.gui.server_restarts import ServerRestarts
 from app.gui.tradeoff_actions import connect_tradeoff
 from app.talk.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
 from app.tradeoff.sweep import Sweep, SweepSpec
@@ -42,6 +43,7 @@ class AppController(QObject):
         self.last_error: str | None = None
         self.cues = CuePlayer(self)  # the preset's scripted moments (bursts, knobs), N plays the next
         self.presets = PresetActions(window, host, panels, caption, self.cues, self.state, self)
+        self.restarts = ServerRestarts(window, host, panels, self.state, self)  # a managed server's sliders
         c = panels.controls
         c.setEnabled(False)
         c.sigConfigChanged.connect(self._on_config_changed)
@@ -60,6 +62,7 @@ class AppController(QObject):
         feeder.sigComparison.connect(self.presets.on_comparison)
         panels.comparison.sigRerunRequested.connect(self.presets.measure_comparison)
         feeder.sigQuantized.connect(self._on_quantized)
+        feeder.sigServerRestarted.connect(self.restarts.on_restarted)
         self._grey_out_features()
 
     # --- engine lifecycle ---------------------------------------------------------------------
@@ -70,6 +73,7 @@ class AppController(QObject):
         self.state.engine_bits = info.config.get("quant_bits", 16)
         self.panels.controls.setEnabled(True)
         self._grey_out_features()
+        self.restarts.on_loaded(info)
         knob, self.state.rebuilt_for_knob = self.state.rebuilt_for_knob, False
         if knob:  # a slider rebuilt the engine: carry on with the same load
             self.push_config()
@@ -148,6 +152,7 @@ class AppController(QObject):
                 action.setChecked(bool(self.state.config[key]))
 
     def _on_config_changed(self, values: dict) -> None:
+        values = self.restarts.take(values)  # a managed server's batch / bits / draft: a restart
         if self.state.engine_ready:
             self._on_feature_knobs(values)
         changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.state.config.get(k) != v}

@@ -12,6 +12,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("PgDown / PgUp", "next / previous preset"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
     ("Ctrl+Enter", "send the prompt typed in the token stream"),
+    ("Ctrl+T", "tune a server: sweep a managed server's flags onto the tradeoff plot"),
     ("Ctrl+Q", "quit"),
 )
 

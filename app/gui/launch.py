@@ -52,7 +52,15 @@ def run_gui(args) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    if getattr(args, "attach", None):  # an OpenAI-compatible server instead of the embedded engine
+    if getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
+        from app.host.managed_args import managed_source
+
+        try:
+            host = managed_source(args)
+        except ValueError as exc:
+            print(f"inferlab: error: --manage {args.manage}: {exc}", file=sys.stderr)
+            return 2
+    elif getattr(args, "attach", None):  # an OpenAI-compatible server instead of the embedded engine
         from app.remote.source import RemoteSource
 
         try:

@@ -25,6 +25,7 @@ from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
 from app.gui.server_control import ServerControl
 from app.gui.trace_recorder import TraceRecorder
+from app.gui.tune_actions import TuneActions
 from app.gui.window_docks import build_docks
 from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
@@ -57,6 +58,7 @@ class MainWindow(QMainWindow):
         self.feeder = PanelFeeder(self.panels, self.meter, self.recorder, self)
         self.controller = AppController(self, host, self.panels, self.feeder, self.meter, self.caption)
         self.server = ServerControl(host)
+        self.tuning = TuneActions(self)  # File → Tune a server…: sweeps of managed servers
         self._emphasised: tuple[str, ...] = ()
         self.docks = build_docks(self, self.panels)
         self._build_caption_bar()
@@ -247,6 +249,11 @@ class MainWindow(QMainWindow):
         except ValueError as exc:
             self.show_message(f"not attached: {exc}")
             return None
+        self.show_message(f"attaching to {source.url} in a new window")
+        return self.open_source_window(source)
+
+    def open_source_window(self, source: EngineSource):
+        """A second window fed by `source` (an attached or a managed server), with this window's preset."""
         window = MainWindow(source, self.settings, persist=False)
         window.controller.interactive = self.controller.interactive
         self.attached_windows.append(window)
@@ -254,7 +261,6 @@ class MainWindow(QMainWindow):
         source.start()
         if self.controller.preset is not None:
             window.controller.apply_preset(self.controller.preset.path)
-        self.show_message(f"attaching to {source.url} in a new window")
         return window
 
     def toggle_server(self, on: bool) -> None:
@@ -278,6 +284,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self.server.stop()
+        self.tuning.shutdown()
         if self.presenter:
             self.set_presenter(False)
         self.save_settings()

@@ -50,6 +50,7 @@ class PanelFeeder(QObject):
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
     sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
     sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
+    sigServerRestarted = Signal(object)  # a managed server's restart ended (channel.ServerRestarted)
 
     def __init__(self, panels: Panels, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
         super().__init__(parent)
@@ -92,6 +93,7 @@ class PanelFeeder(QObject):
             channel.ClientSent: lambda c: self.panels.timeline.request_arrived(c.request_id, c.t),
             channel.ClientOutput: self._on_client_output,
             channel.ClientFinished: self._on_client_finished,
+            channel.ServerRestarted: self.sigServerRestarted.emit,
         }
 
     # --- streams ------------------------------------------------------------------------------

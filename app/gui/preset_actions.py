@@ -48,6 +48,7 @@ class PresetActions:
         self.state.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
         self.state.config["quant_bits"] = preset.engine["quant_bits"] if caps.quantization else 16
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
+        self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, "arrival_rate": self.state.arrival_rate,
@@ -197,6 +198,9 @@ def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
     engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")
     tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
+    if capabilities.restartable:  # a server inferlab started (app/host/managed_source.py)
+        tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weight-bits and draft "
+                "sliders restart it with its own flags; its other engine settings are the server's own.")
     if lacking:
         return f"⚠ This preset needs the embedded engine: {'; '.join(dict.fromkeys(lacking))}: not exposed. {tail}"
     return f"Attached: this preset works on a server (per-step plots aside). {tail}"

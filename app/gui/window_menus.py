@@ -27,6 +27,7 @@ def build_menus(window) -> dict[str, QAction]:
 
     file = bar.addMenu("&File")
     add(file, "attach", "Attach to server…", lambda: attach_dialog(window))
+    add(file, "tune", "Tune a server…", lambda: window.tuning.open(), "Ctrl+T")
     file.addSeparator()
     add(file, "export-trace", "Export Chrome trace JSON…", lambda: export_trace(window))
     add(file, "export-png", "Export plots PNG…", lambda: export_png(window))

@@ -277,9 +277,15 @@ class RemoteSource(QObject):
             source=w.name, model=w.model_id or "(unnamed)", model_path=self.url, device="remote",
             dtype="(the server's)", max_model_len=w.max_model_len or 0, num_kv_blocks=0, block_size=0,
             has_chat_template=True,
-            capabilities=Capabilities(load_generator=True, server_metrics=has_metrics, client_timings=True),
-            config={"server_kind": w.kind})
+            capabilities=self._capabilities(has_metrics), config={"server_kind": w.kind, **self._info_config()})
         self.sigLoaded.emit(self.info)
+
+    def _capabilities(self, has_metrics: bool) -> Capabilities:
+        """What a server we only watch offers (a managed one adds its restartable knobs)."""
+        return Capabilities(load_generator=True, server_metrics=has_metrics, client_timings=True)
+
+    def _info_config(self) -> dict:
+        return {}
 
     # requests
     def _launch_arrival(self, arrival) -> None:

@@ -45,6 +45,7 @@ class ServerWatch:
         self.max_model_len: int | None = None
         self.facts = None  # the latest ServerFacts (worker thread writes, anyone reads)
         self.answered = False
+        self.paused = False  # a managed server restarting: its absence is expected, not a status
         self._owned_by = ""
         self._tracker: FactsTracker | None = None
         self._client: httpx.AsyncClient | None = None
@@ -53,6 +54,9 @@ class ServerWatch:
         self._client = client
         while True:
             t0 = time.perf_counter()
+            if self.paused:
+                await asyncio.sleep(interval_s)
+                continue
             try:
                 ok = await self.scrape_once()
             except Exception as exc:  # noqa: BLE001 (a monitor survives what it monitors: say it, look again)

@@ -161,3 +161,15 @@ class ClientFinished:
     timeline: object  # engine.events.RequestTimeline
     inter_token_s: tuple[float, ...] = ()
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRestarted:
+    """A managed server's restart ended: `knobs` are the point it runs now (the one asked for, or the last
+    good one when that failed), `command` its command line; `failed` says why the asked point did not
+    start ("" when it did), `log_tail` the server's last log lines then."""
+
+    knobs: Mapping[str, object]
+    command: str
+    failed: str = ""
+    log_tail: str = ""

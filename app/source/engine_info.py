@@ -27,6 +27,7 @@ class Capabilities:
     server_metrics: bool = False  # an attached server's scraped /metrics (the Server panel)
     client_timings: bool = False  # per-request timings measured by the client as streams arrive (attached)
     reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
+    restartable: tuple[str, ...] = ()  # knobs a managed server takes by restarting with new flags
 
     def names(self) -> frozenset[str]:
         """The boolean capabilities that are on, by field name."""

@@ -31,6 +31,7 @@ class ManagedServer:
     point: ServerPoint
     threads: int | None = None
     start_timeout_s: float = 300.0
+    port: int | None = None  # None: a free port at each start; fixed: restarts keep the URL (the app's)
     _child: ChildServer | None = field(default=None, repr=False)
     _last_log: str = ""
 
@@ -60,7 +61,7 @@ class ManagedServer:
     def start(self) -> ManagedServer:
         if self._child is not None:
             raise RuntimeError(f"{self.engine.name} is already running")
-        port = free_port()
+        port = self.port or free_port()
         try:
             argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
         except FlagError as exc:

@@ -1,0 +1,70 @@
+"""The tradeoff plot's points, as plain data: cost per million tokens, the quality colour, each kind of
+point's label (a sweep's, a predicted one's, a managed server's: engine, model and flags) and where a
+label fits on screen."""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtGui import QColor
+
+from widgets.theme import blend
+
+AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
+NOT_MEASURED = "quality not measured"
+PREDICTED = "predicted"
+_GOOD, _MID, _BAD, _NONE = QColor("#59a14f"), QColor("#edc948"), QColor("#e15759"), QColor("#9aa0a6")
+
+
+def cost_per_million_tokens(price_per_hour: float, total_tokens_per_s: float | None) -> float | None:
+    """$ per 1M tokens = price per hour / tokens per hour * 1e6 (None without throughput)."""
+    if not total_tokens_per_s or total_tokens_per_s <= 0:
+        return None
+    return price_per_hour / (total_tokens_per_s * 3600.0) * 1e6
+
+
+def quality_color(agreement: float | None) -> QColor:
+    """Green at 100 % top-1 agreement, yellow half-way, red at AGREEMENT_BAD or below; grey unmeasured."""
+    if agreement is None:
+        return _NONE
+    t = min(1.0, max(0.0, (1.0 - agreement) / (1.0 - AGREEMENT_BAD)))
+    return blend(_GOOD, _MID, 2 * t) if t < 0.5 else blend(_MID, _BAD, 2 * t - 1)
+
+
+def sweep_label(p: dict) -> str:
+    return f"batch {p['batch']} · {p['bits']}-bit · k={p['draft']}"
+
+
+def sweep_config(p: dict) -> dict:
+    """The engine settings a sweep point was measured with (its weights' group size when it has one)."""
+    config = {"max_num_seqs": p["batch"], "quant_bits": p["bits"], "num_speculative_tokens": p["draft"]}
+    if p.get("group_size") and p["bits"] != 16:
+        config["quant_group_size"] = p["group_size"]
+    return config
+
+
+def predicted_label(p: dict) -> str:
+    return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
+
+def free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: QRectF,
+              taken: list[QRectF]) -> tuple[tuple[float, float], QRectF] | None:
+    """The first spot around the point `at` for a w x h label that stays inside `box` and meets
+    nothing `taken`: (the TextItem's anchor, the label's rect on screen), or None."""
+    # (dx, dy) of the label's top-left corner from the point, with the matching TextItem anchor:
+    # anchors place the text's box relative to the point; the offsets keep it clear of the marker
+    toward_middle = [("left", "above"), ("left", "below"), ("left", "beside")] if right_half else \
+        [("right", "above"), ("right", "below"), ("right", "beside")]
+    away = [(("right" if side == "left" else "left"), where) for side, where in toward_middle]
+    for side, where in toward_middle + away:
+        x = at.x() - w - (r if where == "beside" else 0) if side == "left" else \
+            at.x() + (r if where == "beside" else 0)
+        y = {"above": at.y() - r - h, "below": at.y() + r, "beside": at.y() - h / 2}[where]
+        rect = QRectF(x, y, w, h)
+        if not box.contains(rect) or any(rect.intersects(t) for t in taken):
+            continue
+        # the TextItem's anchor for this rect: the point's position inside the rect, as fractions
+        return ((at.x() - x) / w, (at.y() - y) / h), rect
+    return None
+
+
+def server_label(engine: str, model: str, point_label: str) -> str:
+    """A managed server's point (issue 29): its engine, its model and its point in the app's words."""
+    return f"{engine} · {model} · {point_label}"
