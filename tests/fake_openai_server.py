@@ -18,21 +18,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--log", required=True)
-    p.add_argument("--short", action="store_true")
-    p.add_argument("--name", default="fake")
-    p.add_argument("--accept-any", action="store_true")
-    p.add_argument("--refuse-flag", default=None)
-    p.add_argument("--crash-flag", default=None)
-    p.add_argument("--crash-after", type=int, default=0)
-    args, unknown = p.parse_known_args() if "--accept-any" in sys.argv else (p.parse_args(), [])
-    if args.refuse_flag and args.refuse_flag in unknown:
-        print(f"error: invalid argument: {args.refuse_flag}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    crash_after = args.crash_after if args.crash_flag and args.crash_flag in unknown else 0
+def make_handler(log_path: str, short: bool = False, name: str = "fake",
+                 crash_after: int = 0) -> type[BaseHTTPRequestHandler]:
+    """The request handler class (stand-ins for other servers, tests/standin_server.py, subclass it);
+    with `crash_after` > 0 the process dies on the completion request after that many."""
     lock = threading.Lock()
     served = [0]
 
@@ -46,12 +35,12 @@ def main() -> None:
             if self.path == "/health":
                 return self._send(200, {"status": "ok"})
             if self.path == "/v1/models":
-                return self._send(200, {"object": "list", "data": [{"id": args.name}]})
+                return self._send(200, {"object": "list", "data": [{"id": name}]})
             self._send(404, {})
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock, open(args.log, "a") as f:
+            with lock, open(log_path, "a") as f:
                 f.write(json.dumps(body) + "\n")
                 served[0] += 1
                 if crash_after and served[0] > crash_after:
@@ -59,7 +48,7 @@ def main() -> None:
                     os._exit(3)
             prompt = body["prompt"]
             n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-            n_out = body["max_tokens"] - (1 if args.short else 0)
+            n_out = body["max_tokens"] - (1 if short else 0)
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out}
             if not body.get("stream"):
                 return self._send(200, {"choices": [{"text": "tok" * n_out, "finish_reason": "length"}],
@@ -87,9 +76,31 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    return Handler
+
+
+def serve(port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     server.serve_forever()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--short", action="store_true")
+    p.add_argument("--name", default="fake")
+    p.add_argument("--accept-any", action="store_true")
+    p.add_argument("--refuse-flag", default=None)
+    p.add_argument("--crash-flag", default=None)
+    p.add_argument("--crash-after", type=int, default=0)
+    args, unknown = p.parse_known_args() if "--accept-any" in sys.argv else (p.parse_args(), [])
+    if args.refuse_flag and args.refuse_flag in unknown:
+        print(f"error: invalid argument: {args.refuse_flag}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    crash_after = args.crash_after if args.crash_flag and args.crash_flag in unknown else 0
+    serve(args.port, make_handler(args.log, args.short, args.name, crash_after))
 
 
 if __name__ == "__main__":

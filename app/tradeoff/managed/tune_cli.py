@@ -58,7 +58,9 @@ def add_tune_args(p) -> None:
     p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no point after S seconds")
     p.add_argument("--start-timeout", type=float, default=300.0, metavar="S", help="per server start")
-    p.add_argument("--json", metavar="OUT", required=True)
+    p.add_argument("--json", metavar="OUT", help="where the result goes (required unless --show-flags)")
+    p.add_argument("--show-flags", action="store_true",
+                   help="print the engine's flag table (knob -> flag, the version it was read from) and exit")
     p.add_argument("--csv", metavar="OUT")
     p.add_argument("--png", metavar="OUT")
 
@@ -160,7 +162,11 @@ def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -
     from dataclasses import replace
 
     from app.tradeoff.managed.llama_server import LlamaServer
+    from app.tradeoff.managed.sglang import SglangEngine
+    from app.tradeoff.managed.vllm import VllmEngine
 
+    if isinstance(engine, (VllmEngine, SglangEngine)):  # e.g. --tensor-parallel-size 2
+        return replace(engine, extra=extra)
     if not isinstance(engine, LlamaServer):
         if extra:
             raise TuneSetupError(f"--server-args: the {engine.name} table takes no extra flags")
@@ -175,6 +181,8 @@ def run_tune_cli(args) -> int:
     from app.tradeoff.managed.tune_export import write_csv, write_png
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.show_flags or not args.json:
+        return show_flags(args.engine) if args.show_flags else _usage("--json OUT is required")
     try:
         spec = make_spec(args, say)
     except TuneSetupError as exc:
@@ -192,3 +200,18 @@ def run_tune_cli(args) -> int:
     if result["chosen"]:
         say(f"chosen: {result['chosen']['label']} ({result['chosen']['why']}):\n  {result['chosen']['command']}")
     return 0
+
+
+def show_flags(engine_name: str) -> int:
+    from app.tradeoff.managed.describe import describe_table
+
+    engine = ENGINES.get(engine_name)
+    if engine is None:
+        return _usage(f"unknown engine {engine_name!r} (have: {', '.join(ENGINES)})")
+    print(describe_table(engine))
+    return 0
+
+
+def _usage(message: str) -> int:
+    print(f"inferlab tune: {message}", file=sys.stderr)
+    return 2
