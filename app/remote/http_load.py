@@ -11,6 +11,7 @@ tuning sweep on managed servers (app/tradeoff/managed/tune.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from app.load.generator import corpus_text
+from app.remote.bounded import ReadLimit, fetch
 from app.remote.client import StreamResult, request_body, stream_request
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
 from engine.events import RequestTimeline
@@ -49,10 +51,24 @@ def make_text_schedule(args, rate: float, seed: int) -> list[TimedText]:
     return out
 
 
+MAX_MODELS_BYTES = 1 * 2**20  # /v1/models lists a few models
+
+
 async def _model_id(client: httpx.AsyncClient, url: str) -> str:
-    resp = await client.get(url + "/v1/models")
-    resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
+    """The first model /v1/models lists; ValueError (saying what came) for anything else."""
+    try:
+        status, body = await fetch(client, url + "/v1/models", max_bytes=MAX_MODELS_BYTES, total_s=30.0)
+    except ReadLimit as exc:
+        raise ValueError(f"/v1/models: {exc}") from None
+    if status != 200:
+        raise ValueError(f"/v1/models answered HTTP {status}: {body[:120].decode('utf-8', 'replace')!r}")
+    try:
+        model = json.loads(body)["data"][0]["id"]
+    except (ValueError, LookupError, TypeError, RecursionError):
+        raise ValueError(f"/v1/models did not list a model: {body[:120].decode('utf-8', 'replace')!r}") from None
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"/v1/models listed a model id that is not a name: {str(model)[:80]!r}")
+    return model
 
 
 async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> tuple[list[StreamResult], float]:

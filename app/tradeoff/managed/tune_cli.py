@@ -56,7 +56,10 @@ def add_tune_args(p) -> None:
     p.add_argument("--server-args", default="", metavar="ARGS",
                    help="more flags for every point's command line, one string (llama-server: e.g. --no-repack)")
     p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no point after S seconds")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="start no point after S seconds; a point still running then is stopped (recorded failed)")
+    p.add_argument("--point-timeout", type=float, default=1800.0, metavar="S",
+                   help="stop a point (start and measurement) after S seconds, recorded failed")
     p.add_argument("--start-timeout", type=float, default=300.0, metavar="S", help="per server start")
     p.add_argument("--json", metavar="OUT", help="where the result goes (required unless --show-flags)")
     p.add_argument("--show-flags", action="store_true",
@@ -153,7 +156,8 @@ def make_spec(args, say):
                    for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
-                    time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note)
+                    time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note,
+                    point_timeout_s=args.point_timeout)
 
 
 def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -> ServerEngine:

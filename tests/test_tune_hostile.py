@@ -1,0 +1,94 @@
+"""Hostile servers against `inferlab tune`'s sweep (app/tradeoff/managed/tune.py): a /metrics that lies
+(NaN, inf, 12 MiB, never ends), a /v1/models that is not JSON or lists nothing, a completion stream that
+never ends, a 12 MiB greedy reply, a cancel mid-point, an interrupt mid-point. Each point is recorded
+(measured or failed with a clear reason), the sweep goes on, finishes within its limits, its result is
+plain JSON, and no server is left running."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+from test_managed_hostile import MODEL, HostileEngine, gone, pids
+
+from app.tradeoff.managed.table import ServerPoint
+from app.tradeoff.managed.tune import TuneSpec, run_tune
+from app.tradeoff.managed.tune_measure import TuneLoad
+
+LOAD = TuneLoad(num_requests=2, rates=(100.0,), chat_max_tokens=(6, 8), long_max_tokens=(6, 8), quality_prompts=1,
+                quality_tokens=4)
+
+
+def sweep(tmp_path, modes_by_batch: dict, run_kw: dict | None = None, **spec_kw) -> tuple[dict, list[int]]:
+    """run_tune over one point per batch in `modes_by_batch` (that point's server runs those modes)."""
+    record = tmp_path / "pids.txt"
+    engine = HostileEngine(modes_by_batch, record=str(record))
+    spec = TuneSpec(engine=engine, exe=sys.executable, model=MODEL, load=LOAD, start_timeout_s=30.0,
+                    points=tuple(ServerPoint(batch=b) for b in modes_by_batch), **spec_kw)
+    return run_tune(spec, **(run_kw or {})), pids(record)
+
+
+def by_batch(result: dict) -> dict:
+    return {p["batch"]: p for p in result["points"] + result["failed"]}
+
+
+def test_lying_metrics_leave_a_plain_json_result_and_bounded_reads(tmp_path):
+    t0 = time.monotonic()
+    result, started = sweep(tmp_path, {1: ("metrics-nan",), 2: ("metrics-huge",), 3: ("metrics-endless",)})
+    assert time.monotonic() - t0 < 60
+    json.dumps(result, allow_nan=False)  # NaN/inf from the server never reach the JSON
+    points = by_batch(result)
+    assert [points[b]["failed"] for b in (1, 2, 3)] == [False] * 3
+    nan = points[1]["memory"]["server_metrics"]
+    assert nan.get("llamacpp:prompt_tokens") == 1e308 and "llamacpp:kv_cache_usage_ratio" not in nan
+    assert points[1]["draft_acceptance"] is None  # inf accepted of 0 drafted is not a share
+    for b in (2, 3):
+        assert "unavailable" in points[b]["memory"]["server_metrics"], points[b]["memory"]
+    assert all(gone(pid) for pid in started)
+
+
+@pytest.mark.parametrize("mode", ["models-invalid", "models-empty", "greedy-huge"])
+def test_a_malformed_answer_fails_that_point_clearly_and_the_sweep_goes_on(tmp_path, mode):
+    result, started = sweep(tmp_path, {1: (), 2: (mode,), 3: ()})
+    points = by_batch(result)
+    assert [points[b]["failed"] for b in (1, 2, 3)] == [False, True, False]
+    bad = points[2]
+    assert bad["stage"] == "measure"
+    assert ("/v1/models" in bad["reason"]) if mode.startswith("models") else ("KiB" in bad["reason"])
+    json.dumps(result, allow_nan=False)
+    assert all(gone(pid) for pid in started)
+
+
+def test_a_stream_that_never_ends_is_stopped_at_the_time_limit(tmp_path):
+    t0 = time.monotonic()
+    result, started = sweep(tmp_path, {1: ("stream-forever",), 2: ()}, time_limit_s=4.0)
+    assert time.monotonic() - t0 < 4.0 + 15.0  # the limit, then at most a stop's grace
+    assert [f["batch"] for f in result["failed"]] == [1]
+    assert "time" in result["failed"][0]["reason"]
+    assert result["not_run"] == [ServerPoint(batch=2).label()]
+    assert all(gone(pid) for pid in started)
+
+
+def test_a_cancel_mid_point_stops_that_server_and_runs_no_other(tmp_path):
+    measuring = []
+    t0 = time.monotonic()
+    result, started = sweep(tmp_path, {1: ("stream-forever",), 2: ()}, run_kw={
+        "progress": lambda text, _f: measuring.append(time.monotonic()) if "measuring" in text else None,
+        "cancelled": lambda: bool(measuring) and time.monotonic() > measuring[0] + 1.0})
+    assert time.monotonic() - t0 < 30
+    assert result["stopped_early"] == "cancelled"
+    assert [f["batch"] for f in result["failed"]] == [1] and "cancelled" in result["failed"][0]["reason"]
+    assert result["not_run"] == [ServerPoint(batch=2).label()]
+    assert all(gone(pid) for pid in started)
+
+
+def test_an_interrupt_mid_point_leaves_no_server_running(tmp_path):
+    def interrupt(text: str, _fraction: float) -> None:
+        if "measuring" in text:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, {1: ()}, run_kw={"progress": interrupt})
+    started = pids(tmp_path / "pids.txt")
+    assert started and all(gone(pid) for pid in started)
