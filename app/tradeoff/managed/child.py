@@ -54,8 +54,12 @@ class ChildServer:
 
     def start(self, timeout_s: float = 300.0) -> ChildServer:
         self._log = tempfile.TemporaryFile()  # binary: the tail is read by seeking from the end
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:  # no such program, a NUL byte in the argv: nothing runs, the log is closed
+            self.stop()
+            raise
         try:
             if self._stop_asked:
                 raise PeerError(f"{self.name} was stopped while it started")

@@ -90,7 +90,7 @@ class ManagedServer:
             except PeerError as exc:  # start() already stopped it; the message carries the log's tail
                 self._forget(child)
                 raise PointFailed(str(exc), str(exc)) from exc
-            except OSError as exc:  # no such executable, not executable
+            except (OSError, ValueError) as exc:  # no such executable, not executable; a NUL byte in argv
                 self._forget(child)
                 raise PointFailed(f"{self.engine.name} could not be started ({argv[0]}): {exc}") from exc
             except BaseException:
