@@ -1,0 +1,43 @@
+"""Lying files on the way to a managed llama-server's GGUF variants (app/tradeoff/managed/gguf.py): a
+llama-quantize that exits 0 but writes nothing (or garbage), a cached variant that is garbage."""
+from __future__ import annotations
+
+import sys
+
+from app.tradeoff.managed import gguf
+
+
+def fake_quantize(tmp_path, writes: bytes | None) -> None:
+    """<tmp_path>/bin/llama-quantize: exits 0, writing `writes` to its output (nothing when None)."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    exe = tmp_path / "bin" / "llama-quantize"
+    body = "" if writes is None else f"open(sys.argv[2], 'wb').write({writes!r})\n"
+    exe.write_text(f"#!{sys.executable}\nimport sys\n{body}sys.exit(0)\n")
+    exe.chmod(0o755)
+
+
+def bf16_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERLAB_LLAMA_CPP_DIR", str(tmp_path))
+    bf16 = tmp_path / "m-abc.bf16.gguf"
+    bf16.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
+    return bf16
+
+
+def test_a_quantize_that_exits_0_but_writes_nothing_skips_the_variant_with_a_line(tmp_path, monkeypatch):
+    bf16 = bf16_file(tmp_path, monkeypatch)
+    for writes in (None, b"not a gguf at all"):
+        fake_quantize(tmp_path, writes)
+        said = []
+        assert gguf.gguf_variants("folder", (16, 8), say=said.append) == {16: bf16}
+        assert said == ["skipping 8-bit: llama-quantize Q8_0 exited 0 but wrote no GGUF (m-abc.q8_0.partial)"]
+        assert not (tmp_path / "m-abc.q8_0.gguf").exists() and not (tmp_path / "m-abc.q8_0.partial").exists()
+
+
+def test_a_garbage_cached_variant_is_made_again(tmp_path, monkeypatch):
+    bf16 = bf16_file(tmp_path, monkeypatch)
+    cached = tmp_path / "m-abc.q8_0.gguf"
+    cached.write_bytes(b"<html>502 Bad Gateway</html>")  # a download or copy that went wrong
+    fake_quantize(tmp_path, b"GGUF" + bytes(60))
+    assert gguf.quantized_gguf(bf16, 8) == cached
+    assert cached.read_bytes().startswith(b"GGUF")
