@@ -272,7 +272,8 @@ def choose(points: list[dict], frontier: list[int]) -> dict | None:
     good = [i for i in frontier if kept_quality(points[i]) >= CHOSEN_MIN_AGREEMENT]
     pick = min(good or frontier, key=lambda i: points[i]["usd_per_mtok"])
     why = (f"the cheapest $/1M tokens on the speed/cost frontier with greedy agreement >= {CHOSEN_MIN_AGREEMENT}"
-           if good else "the cheapest $/1M tokens on the speed/cost frontier (no point measured that agreement)")
+           if good else f"the cheapest $/1M tokens on the speed/cost frontier (none of its points keeps greedy "
+                         f"agreement >= {CHOSEN_MIN_AGREEMENT})")
     return {"label": points[pick]["label"], "command": points[pick]["command"], "why": why}
 
 
