@@ -3,10 +3,8 @@ progress and cancel; its points land on the tradeoff panel labelled with engine,
 chosen point shows its command line with "Copy command"."""
 from __future__ import annotations
 
-import time
-
 import pytest
-from app_helpers import run_for
+from app_helpers import run_for, wait_until
 from managed_helpers import argv_lines, standin_server, standin_tune
 from PySide6.QtGui import QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QPushButton
@@ -19,13 +17,8 @@ from app.remote.source import RemoteSource
 pytestmark = pytest.mark.timeout(180)
 
 
-def wait_for(qapp, predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        run_for(qapp, 0.05)
-    return predicate()
+def wait(qapp, predicate) -> None:
+    wait_until(qapp, predicate, timeout_s=60.0)  # servers start in child processes: slower than a widget
 
 
 @pytest.fixture
@@ -63,9 +56,10 @@ def test_parse_choice_says_which_field_is_wrong():
 
 def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qapp, window, tmp_path, monkeypatch):
     dialog, shown = open_dialog(qapp, window, tmp_path, monkeypatch, batches="1, 2")
+    window.panels.tradeoff.set_available(False, "not exposed by the attached server")  # as attached windows do
     dialog.findChild(QPushButton, "tune-start").click()
     assert dialog.is_running()
-    assert wait_for(qapp, lambda: window.tuning.result is not None)
+    wait(qapp, lambda: window.tuning.result is not None)
     assert not dialog.is_running()
     assert "point 1/2 (batch 1, 16-bit, no draft): starting the server" in shown  # point i/N, what it does
     assert any(t.startswith("point 2/2 (batch 2, 16-bit, no draft): measuring") for t in shown)
@@ -74,6 +68,7 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     window.flush_panels()
     snap = panel.snapshot_data()
     labels = {p["label"] for p in snap["points"] if p["source"] == "server"}
+    assert panel.is_available()  # the sweep's points are shown, whatever the window's source offers
     assert labels == {"stand-in · tiny · batch 1, 16-bit, no draft", "stand-in · tiny · batch 2, 16-bit, no draft"}
     assert snap["frontier"] and set(snap["frontier"]) <= labels
     assert snap["current"] in labels and snap["command"]["shown"]  # the chosen point, with its command line
@@ -87,7 +82,7 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     assert window.status_label.text() == "copied: " + command["line"]
     panel.findChild(QPushButton, "run-point").click()  # the chosen point, in a window whose sliders restart it
     managed = window.attached_windows[-1]
-    assert wait_for(qapp, lambda: managed.controller.engine_ready)
+    wait(qapp, lambda: managed.controller.engine_ready)
     assert argv_lines(managed.host.server)[-1][-4:] == ["-np", "2", "-m", "/models/tiny-F16.gguf"]
     assert managed.panels.controls.row("max_num_seqs").value() == 2
     managed.close()
@@ -101,8 +96,8 @@ def test_a_sweep_can_be_cancelled_and_a_bad_list_starts_nothing(qapp, window, tm
     assert "not started: arrival rates" in dialog.status_text() and window.tuning.worker is None
     dialog.set_values({"rates": "2"})
     dialog.findChild(QPushButton, "tune-start").click()
-    assert wait_for(qapp, lambda: window.panels.tradeoff.snapshot_data()["num_points"] >= 1)
+    wait(qapp, lambda: window.panels.tradeoff.snapshot_data()["num_points"] >= 1)
     dialog.findChild(QPushButton, "tune-cancel").click()
-    assert wait_for(qapp, lambda: window.tuning.result is not None)
+    wait(qapp, lambda: window.tuning.result is not None)
     assert window.tuning.result["stopped_early"] == "cancelled" and len(window.tuning.result["points"]) < 4
     assert "stopped early: cancelled" in dialog.status_text()

@@ -2,8 +2,8 @@
 (a view: the app copies the text when sigCopy fires, and starts the server when sigRun does)."""
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
 
 class CommandBar(QWidget):
@@ -12,7 +12,9 @@ class CommandBar(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._title = QLabel()
+        self._title = QLabel()  # its own line: the command line below keeps the whole width
+        self._title.setWordWrap(True)
+        self._title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self._line = QLineEdit()
         self._line.setReadOnly(True)
         self._copy = QPushButton("Copy command")
@@ -22,12 +24,15 @@ class CommandBar(QWidget):
         self._run.setObjectName("run-point")
         self._run.setToolTip("start this server at this point, in a window whose sliders restart it")
         self._run.clicked.connect(self.sigRun)
-        layout = QHBoxLayout(self)
+        row = QHBoxLayout()
+        row.addWidget(self._line, 1)
+        row.addWidget(self._copy)
+        row.addWidget(self._run)
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
         layout.addWidget(self._title)
-        layout.addWidget(self._line, 1)
-        layout.addWidget(self._copy)
-        layout.addWidget(self._run)
+        layout.addLayout(row)
         self.set_command("", "")
 
     def set_command(self, title: str, command: str) -> None:

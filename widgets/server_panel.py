@@ -22,7 +22,7 @@ from widgets.theme import phase_color, style_plot
 
 HISTORY_S = 120.0
 _STATE_COLORS = {"connected": "#59a14f", "slow": "#f28e2b", "down": "#e15759", "garbage": "#e15759",
-                 "no-metrics": "#f28e2b", "connecting": "#9e9e9e"}
+                 "no-metrics": "#f28e2b", "connecting": "#9e9e9e", "restarting": "#9e9e9e"}
 _LATENCY_ROWS = (("ttft", "TTFT"), ("itl", "inter-token"), ("e2e", "end-to-end"))
 
 

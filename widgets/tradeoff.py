@@ -323,14 +323,17 @@ class TradeoffPanel(Panel):
             return (f"{label}\n{p['tokens_per_s_user']:.0f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s "
                     f"total\n${cost:.4f} per 1M tokens\nweights {p['weights_bytes'] / 1e9:.1f} GB · KV "
                     f"{p['kv_capacity_tokens']:,} tokens\ncost model calibrated on this machine: not measured")
-        quality = NOT_MEASURED if p.get("agreement") is None else (
-            f"top-1 agreement {100 * p['agreement']:.1f} % · KL {p['kl']:.4f} · perplexity "
-            f"{p['ppl_delta_pct']:+.2f} %")
+        parts = [f"top-1 agreement {100 * p['agreement']:.1f} %" if p.get("agreement") is not None else None,
+                 f"KL {p['kl']:.4f}" if p.get("kl") is not None else None,  # a server's point: none without
+                 f"perplexity {p['ppl_delta_pct']:+.2f} %" if p.get("ppl_delta_pct") is not None else None]  # logprobs
+        quality = " · ".join(q for q in parts if q) or NOT_MEASURED
         lat = ""
         if p.get("p50_tpot_ms") is not None:
             lat = f"\nTPOT p50 {p['p50_tpot_ms']:.0f} ms · p99 {p['p99_tpot_ms']:.0f} ms"
         if p.get("p50_ttft_ms") is not None:
             lat += f" · TTFT p50 {p['p50_ttft_ms']:.0f} ms"
+        if p.get("flags"):  # a managed server's point: the flags it ran with
+            lat += f"\nflags: {p['flags']}"
         action = ("click: show its command line" if p.get("command") else
                   "click: apply to the live engine · right-click: copy as an `inferlab serve` command")
         return (f"{label}\n{p['tokens_per_s_user']:.1f} tok/s per user · {p['tokens_per_s_total']:.0f} tok/s total\n"

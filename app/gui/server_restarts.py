@@ -48,8 +48,10 @@ class ServerRestarts:
             return
         tail = "\n".join(item.log_tail.splitlines()[-LOG_TAIL_LINES:])
         shown_tail = f"\n\nIts last log lines:\n{tail}" if tail and tail not in item.failed else ""
-        self.verbs.error(f"{name} did not restart at the asked point: {item.failed}{shown_tail}\n\n"
-                         f"Kept the last good point: {item.command}", title=f"{name} restart failed")
+        kept = (f"Kept the last good point: {item.command}" if item.command else
+                f"{name} is not running now: move a slider to start it at another point")
+        self.verbs.error(f"{name} did not restart at the asked point: {item.failed}{shown_tail}\n\n{kept}",
+                         title=f"{name} restart failed")
 
     def _show_point(self) -> None:
         self.state.config.update(self.state.server_point)

@@ -5,6 +5,7 @@ flags, and the finished sweep's frontier is drawn there with its chosen point's 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -157,12 +158,11 @@ class TuneActions:
         self.worker = TuneWorker(run, self.window)
         self.worker.sigProgress.connect(self._on_progress)
         self.worker.sigPoint.connect(self._on_point)
-        self.worker.sigDone.connect(self._on_done)
+        self.worker.sigDone.connect(self.show_result)
         self.worker.sigFailed.connect(self._on_failed)
         self.dialog.set_running(True)
         self.dialog.set_progress(f"{choice.num_points} points of {choice.engine} serving {choice.model}…", 0.0)
-        self.window.docks["tradeoff"].show()
-        self.window.docks["tradeoff"].raise_()
+        self._show_panel()
         self.worker.start()
 
     def cancel(self) -> None:
@@ -171,9 +171,12 @@ class TuneActions:
             self.dialog.set_status("cancelling: the sweep stops after the point it is measuring…")
 
     def shutdown(self) -> None:
+        """The window closes: the sweep stops after its current point (the process waits for it at exit)."""
         if self.worker is not None and self.worker.running():
             self.worker.cancel()
-            self.worker.join(STOP_WAIT_S)
+            if not self.worker.join(STOP_WAIT_S):
+                print("inferlab: the tuning sweep stops after the point it is measuring (its server is stopped "
+                      "then)", file=sys.stderr)
 
     def copy_command(self, line: str) -> None:
         from PySide6.QtGui import QGuiApplication
@@ -205,10 +208,11 @@ class TuneActions:
         if not p.get("failed"):
             self.window.panels.tradeoff.add_server_point(p)
 
-    def _on_done(self, result: dict) -> None:
+    def show_result(self, result: dict) -> None:
+        """A finished sweep (or a stored one: `inferlab tune --json`'s file) on the tradeoff panel."""
         self.result = result
-        self.dialog.set_running(False)
-        panel = self.window.panels.tradeoff
+        self.open().set_running(False)
+        panel = self._show_panel()
         engine, model = result["engine"], model_name(result)
         panel.set_server_sweep(engine, model, result.get("points", []),
                                [f["label"] for f in result.get("frontier", [])])
@@ -218,10 +222,20 @@ class TuneActions:
         failed = result.get("failed", [])
         why = "".join(f"\n✗ {f['label']}: {f['reason'][:300]}" for f in failed)
         stopped = f" (stopped early: {result['stopped_early']})" if result.get("stopped_early") else ""
-        text = (f"done{stopped}: {len(result.get('points', []))} points measured, {len(failed)} failed; "
+        when = f" (measured {result['measured_at']})" if result.get("measured_at") else ""
+        text = (f"done{stopped}: {len(result.get('points', []))} points measured, {len(failed)} failed{when}; "
                 f"they are on the tradeoff plot — click one for its command line{why}")
         self.dialog.set_status(text)
         self.window.show_message(text.splitlines()[0])
+
+    def _show_panel(self):
+        """The tradeoff panel, shown: a tuning sweep's points are its own data, whatever this window's source
+        offers (an attached or managed window greys it out for the embedded sweep)."""
+        panel = self.window.panels.tradeoff
+        panel.set_available(True)
+        self.window.docks["tradeoff"].show()
+        self.window.docks["tradeoff"].raise_()
+        return panel
 
     def _on_failed(self, message: str) -> None:
         self.dialog.set_running(False)

@@ -22,7 +22,9 @@ class TuneWorker(QObject):
         super().__init__(parent)
         self._run_sweep = run
         self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="inferlab-tune", daemon=True)
+        # not a daemon: a process that exits mid-sweep waits for the point under way, whose server the sweep
+        # then stops (a daemon thread would die with the interpreter and leave that server running)
+        self._thread = threading.Thread(target=self._run, name="inferlab-tune", daemon=False)
 
     def start(self) -> None:
         self._thread.start()

@@ -75,6 +75,8 @@ class ManagedSource(RemoteSource):
         try:
             await super()._main()
         finally:
+            if self._restarter is not None:  # a restart under way ends first: nothing it starts is left behind
+                await asyncio.gather(self._restarter, return_exceptions=True)
             await asyncio.to_thread(self.server.stop)
 
     def _capabilities(self, has_metrics: bool) -> Capabilities:
@@ -92,7 +94,7 @@ class ManagedSource(RemoteSource):
 
     async def _restart_when_quiet(self) -> None:
         """Wait until the sliders have been still for debounce_s, restart once; again if they moved meanwhile."""
-        while True:
+        while not self._stopping.is_set():
             quiet_in = self._wished_at + self.debounce_s - time.perf_counter()
             if quiet_in > 0:
                 await asyncio.sleep(quiet_in)
@@ -114,10 +116,12 @@ class ManagedSource(RemoteSource):
 
     async def _restart(self, target: ServerPoint) -> None:
         name, good = self.engine_name, self.server.point
-        self.publish(channel.Busy(f"restarting {name} with {self._flags_text(target)}…", None))
+        text = f"restarting {name} with {self._flags_text(target)}…"
+        self.publish(channel.Busy(text, None))
         resume = self.loadgen.running
         self.loadgen.stop()  # the live load pauses: nothing new is sent to a server that is going away
         self.watch.paused = True
+        self.publish(channel.ServerStatus("restarting", text))  # the Server panel says it too
         await self._abort_in_flight()
         failed = log_tail = ""
         try:
@@ -134,6 +138,7 @@ class ManagedSource(RemoteSource):
         finally:
             self.watch.paused = False
         self.restarts += 1
+        self.publish(channel.ServerStatus(*self.watch.status))  # the connection as the scraper knows it
         self.publish(channel.ServerRestarted(knob_values(self.server.point), shlex.join(self.server.command),
                                              failed, log_tail))
         self.publish(channel.Busy("", None))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QPushButton
 from widget_fakes import tradeoff_points
 
 from engine.events import TradeoffPoint
@@ -179,3 +180,35 @@ def test_labels_meet_no_marker_and_stay_inside(panel, qtbot):
         for x0, y0, x1, y1 in markers:
             assert not (rect.left() < x1 and rect.right() > x0 and rect.top() < y1 and rect.bottom() > y0), \
                 (rect, (x0, y0, x1, y1))
+
+
+def test_managed_server_points_show_their_command_line_when_chosen(panel, qtbot):
+    """Issue 29: a tuning sweep's points, labelled engine · model · point; choosing one shows its command
+    line under the plot; Copy command hands that line to the app; the frontier is the sweep's."""
+    cmd = "llama-server -m m-q8_0.gguf -np {} -c 4096 --port 8080"
+    points = [{"engine": "llama-server", "model": "tiny", "label": f"batch {b}, 8-bit, no draft", "batch": b,
+               "bits": 8, "draft": 0, "flags": cmd.format(b)[13:], "command": cmd.format(b),
+               "tokens_per_s_user": 50.0 / b, "tokens_per_s_total": 50.0 * b ** 0.5, "agreement": 0.9}
+              for b in (1, 4)]
+    panel.set_server_sweep("llama-server", "tiny", points, ["batch 1, 8-bit, no draft"])
+    panel.flush()
+    snap = panel.snapshot_data()
+    assert {p["label"] for p in snap["points"]} == {"llama-server · tiny · batch 1, 8-bit, no draft",
+                                                     "llama-server · tiny · batch 4, 8-bit, no draft"}
+    assert snap["frontier"] == ["llama-server · tiny · batch 1, 8-bit, no draft"]
+    assert not snap["command"]["shown"]
+    label = "llama-server · tiny · batch 4, 8-bit, no draft"
+    assert "flags: -m m-q8_0.gguf -np 4" in panel._tip(data=label)
+    spot = next(s for s in panel._scatter.points() if s.data() == label)
+    panel._on_clicked(panel._scatter, [spot])  # a click chooses it (it does not apply it to the live engine)
+    snap = panel.snapshot_data()
+    assert snap["current"] == label and snap["command"]["shown"]
+    assert snap["command"]["line"] == cmd.format(4) and snap["command"]["title"].startswith(label)
+    with qtbot.waitSignal(panel.sigCopyText) as copied, qtbot.assertNotEmitted(panel.sigApply):
+        panel._command.findChild(QPushButton, "copy-command").click()
+    assert copied.args == [cmd.format(4)]
+    with qtbot.waitSignal(panel.sigRunPoint) as run:
+        panel._command.findChild(QPushButton, "run-point").click()
+    assert run.args == [label]
+    panel.set_server_sweep("llama-server", "tiny", points[:1], [])  # a new sweep of the same engine and model
+    assert [p["label"] for p in panel.snapshot_data()["points"]] == ["llama-server · tiny · batch 1, 8-bit, no draft"]

@@ -1,6 +1,6 @@
 """A tuning sweep's CSV and PNG, as the explorer exports its own (issue 13): the CSV through the sweep
-store's writer, the PNG as the tradeoff panel draws it (speed per user against cost, the frontier, the
-chosen point ringed), rendered off screen."""
+store's writer, the PNG as the tradeoff panel draws it in the app (speed per user against cost, the
+frontier, the chosen point ringed with its command line under the plot), rendered off screen."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +22,17 @@ def write_png(result: dict, path: str | Path, size: tuple[int, int] = (900, 620)
     """The frontier plot of `result` as a PNG (a QApplication is made when there is none)."""
     from PySide6.QtWidgets import QApplication
 
-    from widgets.tradeoff import TradeoffPanel, sweep_label
+    from widgets.tradeoff import TradeoffPanel
+    from widgets.tradeoff_points import server_label
 
     app = QApplication.instance() or QApplication([])
     panel = TradeoffPanel()
     panel.resize(*size)
     panel.set_price_per_hour(result["price_per_hour"])
-    panel.set_sweep({"points": result["points"], "frontier": result["frontier"]})
-    chosen = next((p for p in result["points"] if result.get("chosen") and p["label"] == result["chosen"]["label"]),
-                  None)
-    panel.set_current(sweep_label(chosen) if chosen else None)
+    engine, model = result["engine"], result["model"]["name"]  # as the app labels them: engine · model · point
+    panel.set_server_sweep(engine, model, result["points"], [f["label"] for f in result["frontier"]])
+    if result.get("chosen"):  # ringed, its command line under the plot
+        panel.select_point(server_label(engine, model, result["chosen"]["label"]))
     panel.show()
     app.processEvents()  # one layout pass so the plot has its final size before it is drawn and grabbed
     panel.flush()
