@@ -159,3 +159,21 @@ def test_a_stop_from_another_thread_ends_a_server_that_is_still_starting(tmp_pat
     assert all(gone(pid) for pid in pids(tmp_path / "pids.txt"))
     assert not server.alive() and server.pid is None
     assert len(failures) == 1 and "stopped" in str(failures[0])  # it cannot come up after the stop
+
+
+def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
+    """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
+    script = (f"import sys; sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
+              "from app.tradeoff.managed.child import ChildServer, free_port\n"
+              "port = free_port()\n"
+              f"ChildServer('hostile', [sys.executable, {str(HOSTILE)!r}, '--port', str(port), '--mode', 'ignore-term',"
+              f" '--mode', 'fork-child', '--pid-file', {str(tmp_path / 'child.pid')!r}], port).start(60)\n"
+              "print(ChildServer.__name__)\n")  # exits without stop()
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(int((tmp_path / "child.pid").read_text()))

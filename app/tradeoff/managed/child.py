@@ -9,6 +9,7 @@ server that took the port first is not mistaken for ours.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -22,6 +23,17 @@ import psutil
 
 LOG_TAIL_CHARS = 600
 STOP_GRACE_S = 10.0  # SIGTERM, then this long for a clean exit, then SIGKILL to the whole group
+
+
+_RUNNING: set[int] = set()  # process groups of the servers started and not yet stopped
+
+
+@atexit.register
+def _kill_running() -> None:
+    """At interpreter exit (a window closed while a sweep's thread still waited on a server that ignores
+    SIGTERM, say), every server still running is killed with its group: none outlives inferlab."""
+    for pgid in list(_RUNNING):
+        _signal_group(pgid, signal.SIGKILL)
 
 
 class PeerError(RuntimeError):
@@ -60,6 +72,7 @@ class ChildServer:
         except BaseException:  # no such program, a NUL byte in the argv: nothing runs, the log is closed
             self.stop()
             raise
+        _RUNNING.add(self.proc.pid)
         try:
             if self._stop_asked:
                 raise PeerError(f"{self.name} was stopped while it started")
@@ -126,6 +139,7 @@ class ChildServer:
                 except subprocess.TimeoutExpired:
                     pass
             _signal_group(self.proc.pid, signal.SIGKILL)  # children that outlived it (a worker keeping the port)
+            _RUNNING.discard(self.proc.pid)
             if self.proc.poll() is None:
                 self.proc.wait(5)
         log, self._log = self._log, None
