@@ -13,6 +13,8 @@ It serves tests/fake_openai_server.py's handler, changed by each --mode (repeata
 - models-invalid / models-empty: /v1/models answers invalid JSON / {"data": []}.
 - stream-forever: a streamed completion never ends (a token every 10 ms, no finish).
 - greedy-huge: a non-streamed completion answers a 12 MiB body.
+- ready-after:S: /health says 200 at once, but /v1/models and completions answer 503 for S seconds.
+- refuse-completions: every completion answers 503 (/health 200 all along).
 """
 from __future__ import annotations
 
@@ -40,9 +42,12 @@ NAN_METRICS = ("# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_us
 
 def hostile_handler(modes: set[str], log_path: str):
     base = fake_openai_server.make_handler(log_path)
+    ready_at = time.monotonic() + next((float(m[12:]) for m in modes if m.startswith("ready-after:")), 0.0)
 
     class Hostile(base):
         def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/v1/models" and time.monotonic() < ready_at:
+                return self._raw(503, b'{"error": {"message": "Loading model"}}')
             if self.path == "/metrics" and modes & {"metrics-nan", "metrics-huge", "metrics-endless"}:
                 return self._metrics()
             if self.path == "/v1/models" and "models-invalid" in modes:
@@ -53,6 +58,8 @@ def hostile_handler(modes: set[str], log_path: str):
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if "refuse-completions" in modes or time.monotonic() < ready_at:
+                return self._raw(503, b'{"error": {"message": "Loading model"}}')
             if body.get("stream") and "stream-forever" in modes and body.get("max_tokens", 0) > 4:
                 return self._forever()
             if not body.get("stream") and "greedy-huge" in modes:

@@ -24,7 +24,8 @@ def sweep(tmp_path, modes_by_batch: dict, run_kw: dict | None = None, **spec_kw)
     """run_tune over one point per batch in `modes_by_batch` (that point's server runs those modes)."""
     record = tmp_path / "pids.txt"
     engine = HostileEngine(modes_by_batch, record=str(record))
-    spec = TuneSpec(engine=engine, exe=sys.executable, model=MODEL, load=LOAD, start_timeout_s=30.0,
+    spec_kw.setdefault("start_timeout_s", 30.0)
+    spec = TuneSpec(engine=engine, exe=sys.executable, model=MODEL, load=LOAD,
                     points=tuple(ServerPoint(batch=b) for b in modes_by_batch), **spec_kw)
     return run_tune(spec, **(run_kw or {})), pids(record)
 
@@ -92,3 +93,19 @@ def test_an_interrupt_mid_point_leaves_no_server_running(tmp_path):
         sweep(tmp_path, {1: ()}, run_kw={"progress": interrupt})
     started = pids(tmp_path / "pids.txt")
     assert started and all(gone(pid) for pid in started)
+
+
+def test_a_health_that_says_200_before_the_model_is_loaded_is_waited_out(tmp_path):
+    result, started = sweep(tmp_path, {1: ("ready-after:1.5",)})
+    assert [p["batch"] for p in result["points"]] == [1] and result["points"][0]["errors"] == 0
+    assert all(gone(pid) for pid in started)
+
+
+def test_a_server_that_refuses_every_completion_is_a_failed_point_that_says_so(tmp_path):
+    t0 = time.monotonic()
+    result, started = sweep(tmp_path, {1: ("refuse-completions",), 2: ()}, start_timeout_s=2.0)
+    assert time.monotonic() - t0 < 30
+    points = by_batch(result)
+    assert points[1]["failed"] and not points[2]["failed"]
+    assert "no completion succeeded within 2 s" in points[1]["reason"] and "HTTP 503" in points[1]["reason"]
+    assert all(gone(pid) for pid in started)

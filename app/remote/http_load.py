@@ -93,12 +93,14 @@ def client_for(num_requests: int, headers: dict | None = None) -> httpx.AsyncCli
                              limits=httpx.Limits(max_connections=num_requests + 4))
 
 
-async def warm_up(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+async def warm_up(client: httpx.AsyncClient, url: str, model: str | None, *, require_ok: bool = False) -> str:
     """The served model id (`model` when given); one short request first, as the first request pays for
-    lazy setup on some servers."""
+    lazy setup on some servers. `require_ok`: ValueError with the server's answer when that request fails."""
     model = model or await _model_id(client, url)
-    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False),
-                         StreamResult("warmup"))
+    res = StreamResult("warmup")
+    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False), res)
+    if require_ok and res.error is not None:
+        raise ValueError(f"the warm-up request failed: {res.error}")
     return model
 
 

@@ -29,6 +29,7 @@ MAX_METRICS_BYTES = 4 * 2**20  # a /metrics page is tens of KiB; a larger one is
 METRICS_TOTAL_S = 10.0
 MAX_REPLY_BYTES = 1 * 2**20  # a greedy reply of a few dozen tokens with their logprobs
 GREEDY_TOTAL_S = 120.0
+READY_POLL_S = 0.5  # between warm-up tries while a server that said healthy is not ready yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,20 +156,48 @@ def agreement(reference: list[tuple[list[str], str]], outputs: list[tuple[list[s
             "agreement_unit": "tokens" if units == {"tokens"} else "text characters"}
 
 
-async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool) -> dict:
+async def ready(client: httpx.AsyncClient, url: str, ready_s: float) -> str:
+    """The served model id once the server completes a warm-up request. A /health that says 200 before
+    the model is loaded (or that flaps) is waited out for up to `ready_s`; then ValueError with the last
+    answer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ready_s
+    while True:
+        try:
+            return await warm_up(client, url, None, require_ok=True)
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if loop.time() >= deadline:
+            raise ValueError(f"/health said 200 but no completion succeeded within {ready_s:g} s: {why}"[:300])
+        await asyncio.sleep(READY_POLL_S)
+
+
+def all_failed(runs: list[dict], num_requests: int) -> str | None:
+    """Why the point has no figure when every request of its most loaded run failed (else None)."""
+    last = runs[-1]
+    if last["row"]["errors"] < num_requests:
+        return None
+    return f"every request at {last['rate_rps']} req/s failed, e.g. {(last['errors'] or ['?'])[0]}"[:300]
+
+
+async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool, ready_s: float) -> dict:
     schedules = {rate: make_text_schedule(load, rate, load.seed) for rate in load.rates}
     async with client_for(load.num_requests) as client:
-        model = await warm_up(client, url, None)
+        model = await ready(client, url, ready_s)
         runs = [await run_rate(client, url, model, rate, schedules[rate], slo, label) for rate in load.rates]
+        failed = all_failed(runs, load.num_requests)
+        if failed:
+            raise ValueError(failed)
         greedy = (await _greedy(client, url, model, heldout_prompts(load.quality_prompts), load.quality_tokens)
                   if quality else [])
     return {"served_model": model, "runs": runs, "greedy": greedy}
 
 
-def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True) -> dict:
+def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True,
+                   ready_s: float = 60.0) -> dict:
     """{"served_model", "runs" (one per rate), "greedy" (tokens per held-out prompt)}; httpx errors and
-    ValueError propagate (the sweep records the point as failed)."""
-    return asyncio.run(_measure(url, load, slo, label, quality))
+    ValueError propagate (the sweep records the point as failed), as does a run where every request failed."""
+    return asyncio.run(_measure(url, load, slo, label, quality, ready_s))
 
 
 def headline(runs: list[dict], price_per_hour: float) -> dict:
