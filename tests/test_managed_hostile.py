@@ -105,6 +105,27 @@ def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
         impostor.server_close()
 
 
+def test_a_free_port_taken_before_the_server_binds_it_is_retried_once_on_another(tmp_path, monkeypatch):
+    from app.tradeoff.managed import server as server_module
+
+    taken = free_port()
+    impostor = ThreadingHTTPServer(("127.0.0.1", taken), make_handler(str(tmp_path / "impostor.jsonl")))
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    ports = iter([taken, free_port()])
+    monkeypatch.setattr(server_module, "free_port", lambda: next(ports))
+    record = tmp_path / "pids.txt"
+    server = ManagedServer(HostileEngine({}, record=str(record)), sys.executable, MODEL, ServerPoint(batch=2),
+                           start_timeout_s=20.0)
+    try:
+        server.start()
+        assert server.alive() and not server.url.endswith(f":{taken}")
+        assert len(pids(record)) == 2 and gone(pids(record)[0])  # the first one could not bind, and is gone
+    finally:
+        server.stop()
+        impostor.shutdown()
+        impostor.server_close()
+
+
 def pids(record: Path) -> list[int]:
     return [int(x) for x in record.read_text().split()] if record.exists() else []
 

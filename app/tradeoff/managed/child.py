@@ -37,7 +37,12 @@ def _kill_running() -> None:
 
 
 class PeerError(RuntimeError):
-    """A peer server that would not start, or answered other than asked: the bench's one error line."""
+    """A peer server that would not start, or answered other than asked: the bench's one error line.
+    `port_taken`: another process held its port (taken between free_port() and the server's bind)."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def free_port() -> int:
@@ -89,7 +94,8 @@ class ChildServer:
             if self._stop_asked:
                 raise PeerError(f"{self.name} was stopped while it started")
             if self.proc.poll() is not None:
-                raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}")
+                raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}",
+                                port_taken=bool(_listeners(self.port) - {None}))
             try:
                 healthy = httpx.get(self.url + "/health", timeout=2.0).status_code == 200
             except httpx.HTTPError:
@@ -99,7 +105,8 @@ class ChildServer:
             impostor = healthy  # someone else's server answers on our port (ours may yet fail to bind)
             time.sleep(0.25)
         who = " (another process listens on the port)" if impostor else ""
-        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s{who}: {self.log_tail()}")
+        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s{who}: {self.log_tail()}",
+                        port_taken=impostor)
 
     def answer_is_ours(self) -> bool:
         """False when the listening socket on our port is held by a process we can see that is neither
@@ -108,10 +115,9 @@ class ChildServer:
         try:
             root = psutil.Process(self.proc.pid)
             ours = {root.pid, *(child.pid for child in root.children(recursive=True))}
-            owners = {c.pid for c in psutil.net_connections(kind="tcp")
-                      if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port}
         except psutil.Error:
             return True
+        owners = _listeners(self.port)
         return bool(owners & ours) or not (owners - {None})
 
     def log_tail(self) -> str:
@@ -151,6 +157,15 @@ class ChildServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _listeners(port: int) -> set[int | None]:
+    """The pids listening on TCP `port` (None for a process this user cannot see); empty when unknown."""
+    try:
+        return {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    except psutil.Error:
+        return set()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -75,28 +75,38 @@ class ManagedServer:
         return child.proc if child is not None else None
 
     def start(self) -> ManagedServer:
+        """Start at `point`; PointFailed (with the log's tail) when it does not come up. On a free port
+        that someone else took before the server bound it, it tries once more on another."""
         with self._sequence:
-            with self._lock:
-                if self._child is not None:
-                    raise RuntimeError(f"{self.engine.name} is already running")
-                port = self.port or free_port()
-                try:
-                    argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
-                except FlagError as exc:
-                    raise PointFailed(f"{self.engine.name} cannot run {self.point.label()}: {exc}") from exc
-                child = self._child = ChildServer(self.engine.name, argv, port)  # a stop() now ends it
             try:
-                child.start(self.start_timeout_s)
-            except PeerError as exc:  # start() already stopped it; the message carries the log's tail
-                self._forget(child)
-                raise PointFailed(str(exc), str(exc)) from exc
-            except (OSError, ValueError) as exc:  # no such executable, not executable; a NUL byte in argv
-                self._forget(child)
-                raise PointFailed(f"{self.engine.name} could not be started ({argv[0]}): {exc}") from exc
-            except BaseException:
-                self._forget(child)
-                raise
-            return self
+                return self._start_once()
+            except PointFailed as exc:
+                if self.port is not None or not getattr(exc.__cause__, "port_taken", False):
+                    raise
+            return self._start_once()
+
+    def _start_once(self) -> ManagedServer:
+        with self._lock:
+            if self._child is not None:
+                raise RuntimeError(f"{self.engine.name} is already running")
+            port = self.port or free_port()
+            try:
+                argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
+            except FlagError as exc:
+                raise PointFailed(f"{self.engine.name} cannot run {self.point.label()}: {exc}") from exc
+            child = self._child = ChildServer(self.engine.name, argv, port)  # a stop() now ends it
+        try:
+            child.start(self.start_timeout_s)
+        except PeerError as exc:  # start() already stopped it; the message carries the log's tail
+            self._forget(child)
+            raise PointFailed(str(exc), str(exc)) from exc
+        except (OSError, ValueError) as exc:  # no such executable, not executable; a NUL byte in argv
+            self._forget(child)
+            raise PointFailed(f"{self.engine.name} could not be started ({argv[0]}): {exc}") from exc
+        except BaseException:
+            self._forget(child)
+            raise
+        return self
 
     def _forget(self, child: ChildServer) -> None:
         with self._lock:
