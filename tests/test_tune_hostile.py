@@ -109,3 +109,31 @@ def test_a_server_that_refuses_every_completion_is_a_failed_point_that_says_so(t
     assert points[1]["failed"] and not points[2]["failed"]
     assert "no completion succeeded within 2 s" in points[1]["reason"] and "HTTP 503" in points[1]["reason"]
     assert all(gone(pid) for pid in started)
+
+
+def test_inferlab_tune_killed_with_sigterm_mid_point_leaves_no_server_running(tmp_path):
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from test_managed_hostile import HOSTILE
+
+    record = tmp_path / "pids.txt"
+    wrapper = tmp_path / "vllm"  # stands where `vllm` would: the hostile server streaming for ever
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} --mode stream-forever --record {record} \"$@\"\n")
+    wrapper.chmod(0o755)
+    cli = subprocess.Popen([sys.executable, "-m", "app.cli", "tune", "--engine", "vllm", "--server-bin", str(wrapper),
+                            "--model", "m", "--batch", "1", "--bits", "16", "--draft", "0", "--num-requests", "2",
+                            "--json", str(tmp_path / "out.json")], cwd=Path(__file__).parents[1],
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        for line in cli.stderr:
+            if "measuring" in line:
+                break
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    started = pids(record)
+    assert started and all(gone(pid) for pid in started)

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -193,6 +194,7 @@ def run_tune_cli(args) -> int:
         print(f"inferlab tune: {exc}", file=sys.stderr)
         return 2
     say(f"tune: {spec.engine.name} ({spec.exe}), {len(spec.points)} points, model {spec.model.name}")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     result = run_tune(spec, progress=lambda text, fraction: say(f"[{100 * fraction:3.0f}%] {text}"))
     Path(args.json).write_text(json.dumps(result, indent=2))
     say(f"wrote {args.json}: {len(result['points'])} measured, {len(result['failed'])} failed, "
@@ -204,6 +206,11 @@ def run_tune_cli(args) -> int:
     if result["chosen"]:
         say(f"chosen: {result['chosen']['label']} ({result['chosen']['why']}):\n  {result['chosen']['command']}")
     return 0
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    """`kill` (or a CI timeout) ends the sweep as Ctrl-C does: the point under way stops its server."""
+    raise SystemExit(128 + signum)
 
 
 def show_flags(engine_name: str) -> int:
