@@ -15,6 +15,8 @@ It serves tests/fake_openai_server.py's handler, changed by each --mode (repeata
 - greedy-huge: a non-streamed completion answers a 12 MiB body.
 - ready-after:S: /health says 200 at once, but /v1/models and completions answer 503 for S seconds.
 - refuse-completions: every completion answers 503 (/health 200 all along).
+- usage-lies: a streamed completion's usage says 1000 times the tokens it sent.
+- exit:N: exits with status N right after writing its log (log:M first), before serving.
 """
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ def hostile_handler(modes: set[str], log_path: str):
                 return self._forever()
             if not body.get("stream") and "greedy-huge" in modes:
                 return self._raw(200, b'{"choices": [{"text": "' + b"x" * (12 * 2**20) + b'"}]}')
+            if "usage-lies" in modes and body.get("stream"):
+                return self._lying_usage(body["max_tokens"])
             self.rfile = _Replay(json.dumps(body).encode())
             self.headers.replace_header("Content-Length", str(len(json.dumps(body).encode())))
             return super().do_POST()
@@ -80,6 +84,17 @@ def hostile_handler(modes: set[str], log_path: str):
                 self.wfile.write(line)
                 if "metrics-endless" in modes:
                     time.sleep(0.01)
+            self.close_connection = True
+
+        def _lying_usage(self, n_out: int) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(n_out):
+                self._event({"choices": [{"text": "tok", "finish_reason": "length" if i == n_out - 1 else None}]})
+            self._event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1000 * n_out}})
+            self.wfile.write(b"data: [DONE]\n\n")
             self.close_connection = True
 
         def _forever(self) -> None:
@@ -132,6 +147,9 @@ def main() -> None:
             for _ in range(int(mode[4:]) * 1024):
                 sys.stdout.write(chunk)
             print("THE LAST LINE", flush=True)
+    for mode in modes:
+        if mode.startswith("exit:"):
+            sys.exit(int(mode[5:]))
     server = ThreadingHTTPServer(("127.0.0.1", args.port), hostile_handler(modes, args.log))
     server.daemon_threads = True
     if "fork-child" in modes and os.fork() == 0:  # the child keeps the listening socket: the port stays taken

@@ -137,3 +137,19 @@ def test_inferlab_tune_killed_with_sigterm_mid_point_leaves_no_server_running(tm
             cli.kill()
     started = pids(record)
     assert started and all(gone(pid) for pid in started)
+
+
+def test_usage_counts_over_max_tokens_are_request_errors_not_throughput(tmp_path):
+    result, started = sweep(tmp_path, {1: ("usage-lies",)})
+    [bad] = result["failed"]
+    assert "every request" in bad["reason"] and "completion tokens for max_tokens" in bad["reason"]
+    assert result["points"] == []
+    assert all(gone(pid) for pid in started)
+
+
+def test_a_server_with_a_huge_log_that_dies_at_start_gives_a_bounded_tail(tmp_path):
+    result, _ = sweep(tmp_path, {1: ("log:16", "exit:3")})
+    [bad] = result["failed"]
+    assert bad["stage"] == "start" and "exited (3)" in bad["reason"]
+    assert bad["log_tail"].endswith("THE LAST LINE") and len(bad["log_tail"]) < 2000
+    assert len(json.dumps(result)) < 20_000  # the sweep's JSON carries tails, not logs

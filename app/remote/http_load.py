@@ -81,6 +81,9 @@ async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> 
         res = StreamResult(f"serve-{i}")
         await stream_request(client, url, path, body, res)
         res.sent = t0 + r.due_s  # latency from the due time, as the in-process bench measures it
+        if res.error is None and (res.completion_tokens or 0) > r.max_tokens:  # it would inflate tokens/s
+            res.finish_reason = "error"
+            res.error = f"usage says {res.completion_tokens} completion tokens for max_tokens {r.max_tokens}"
         return res
 
     results = await asyncio.gather(*(one(i, r) for i, r in enumerate(schedule)))
