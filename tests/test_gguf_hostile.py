@@ -41,3 +41,16 @@ def test_a_garbage_cached_variant_is_made_again(tmp_path, monkeypatch):
     fake_quantize(tmp_path, b"GGUF" + bytes(60))
     assert gguf.quantized_gguf(bf16, 8) == cached
     assert cached.read_bytes().startswith(b"GGUF")
+
+
+def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp_path):
+    import pytest
+
+    from app.tradeoff.managed.tune_cli import TuneSetupError, gguf_dir_files
+
+    (tmp_path / "m-bf16.gguf").write_bytes(b"GGUF" + bytes(60))
+    (tmp_path / "m-q8_0.gguf").write_bytes(b"")  # a copy cut short at nothing
+    with pytest.raises(TuneSetupError, match=r"not a GGUF file \(no GGUF magic\): m-q8_0.gguf"):
+        gguf_dir_files(str(tmp_path))
+    (tmp_path / "m-q8_0.gguf").write_bytes(b"GGUF" + bytes(60))
+    assert set(gguf_dir_files(str(tmp_path))) == {16, 8}

@@ -102,6 +102,11 @@ def gguf_dir_files(folder: str) -> dict[int, str]:
         match = next((f for part in parts for f in files if part in f.name.lower()), None)
         if match is not None:
             out[bits] = str(match)
+    from app.tradeoff.managed.gguf import is_gguf
+
+    bad = [Path(f).name for f in out.values() if not is_gguf(Path(f))]
+    if bad:  # said now, not as every point's failed load
+        raise TuneSetupError(f"--gguf-dir {folder}: not a GGUF file (no GGUF magic): {', '.join(bad)}")
     return out
 
 
