@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from app.tradeoff.managed import gguf
 
 
@@ -44,8 +46,6 @@ def test_a_garbage_cached_variant_is_made_again(tmp_path, monkeypatch):
 
 
 def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp_path):
-    import pytest
-
     from app.tradeoff.managed.tune_cli import TuneSetupError, gguf_dir_files
 
     (tmp_path / "m-bf16.gguf").write_bytes(b"GGUF" + bytes(60))
@@ -54,3 +54,22 @@ def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp
         gguf_dir_files(str(tmp_path))
     (tmp_path / "m-q8_0.gguf").write_bytes(b"GGUF" + bytes(60))
     assert set(gguf_dir_files(str(tmp_path))) == {16, 8}
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("content", [b"not a gguf", b"GGUF\x03\x00\x00\x00" + bytes(8)], ids=["garbage", "truncated"])
+def test_a_real_llama_server_on_a_lying_gguf_is_a_failed_point_with_its_error(tmp_path, content):
+    from app.tradeoff.managed.llama_server import LlamaServer
+    from app.tradeoff.managed.server import ManagedServer, PointFailed
+    from app.tradeoff.managed.table import ServedModel, ServerPoint
+
+    binary = gguf.find_binary("llama-server")
+    if binary is None:
+        pytest.skip("llama-server is not built (scripts/build_llama_cpp.sh)")
+    lying = tmp_path / "m.bf16.gguf"
+    lying.write_bytes(content)
+    server = ManagedServer(LlamaServer(ctx_per_slot=256), str(binary), ServedModel({16: str(lying)}, name="m"),
+                           ServerPoint(batch=1), threads=1, start_timeout_s=60.0)
+    with pytest.raises(PointFailed, match="exited") as failed:
+        server.start()
+    assert failed.value.log_tail and not server.alive()
