@@ -16,6 +16,7 @@ It serves tests/fake_openai_server.py's handler, changed by each --mode (repeata
 - ready-after:S: /health says 200 at once, but /v1/models and completions answer 503 for S seconds.
 - refuse-completions: every completion answers 503 (/health 200 all along).
 - usage-lies: a streamed completion's usage says 1000 times the tokens it sent.
+- health-endless: /health answers 200 with a body that never ends (a byte every 10 ms).
 - exit:N: exits with status N right after writing its log (log:M first), before serving.
 """
 from __future__ import annotations
@@ -48,6 +49,13 @@ def hostile_handler(modes: set[str], log_path: str):
 
     class Hostile(base):
         def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/health" and "health-endless" in modes:
+                self.send_response(200)
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"o")
+                    self.wfile.flush()
+                    time.sleep(0.01)
             if self.path == "/v1/models" and time.monotonic() < ready_at:
                 return self._raw(503, b'{"error": {"message": "Loading model"}}')
             if self.path == "/metrics" and modes & {"metrics-nan", "metrics-huge", "metrics-endless"}:

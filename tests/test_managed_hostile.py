@@ -198,3 +198,13 @@ def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_
     while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_a_health_answer_that_never_ends_does_not_hold_the_start(tmp_path):
+    server = child(tmp_path, "health-endless")
+    t0 = time.monotonic()
+    try:
+        server.start(20)
+        assert time.monotonic() - t0 < 10.0  # the status is enough: its body is not read
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ server that took the port first is not mistaken for ours.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
@@ -96,10 +97,7 @@ class ChildServer:
             if self.proc.poll() is not None:
                 raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}",
                                 port_taken=bool(_listeners(self.port) - {None}))
-            try:
-                healthy = httpx.get(self.url + "/health", timeout=2.0).status_code == 200
-            except httpx.HTTPError:
-                healthy = False
+            healthy = health_status(self.url + "/health") == 200
             if healthy and self.answer_is_ours():
                 return
             impostor = healthy  # someone else's server answers on our port (ours may yet fail to bind)
@@ -157,6 +155,23 @@ class ChildServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+HEALTH_TOTAL_S = 2.0  # one /health answer's status line and headers, however slowly they come
+
+
+def health_status(url: str) -> int | None:
+    """The status of GET `url` within HEALTH_TOTAL_S, its body never read (a /health that trickles or
+    never ends cannot hold the start past its timeout); None when there is no answer in time."""
+    async def status() -> int:
+        async with asyncio.timeout(HEALTH_TOTAL_S), httpx.AsyncClient(timeout=HEALTH_TOTAL_S) as client:
+            async with client.stream("GET", url) as resp:
+                return resp.status_code
+
+    try:
+        return asyncio.run(status())
+    except (httpx.HTTPError, TimeoutError):
+        return None
 
 
 def _listeners(port: int) -> set[int | None]:
