@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from test_managed_hostile import MODEL, HostileEngine, gone, pids
+from test_managed_hostile import HOSTILE, MODEL, HostileEngine, gone, pids
 
 from app.tradeoff.managed.table import ServerPoint
 from app.tradeoff.managed.tune import TuneSpec, run_tune
@@ -116,8 +116,6 @@ def test_inferlab_tune_killed_with_sigterm_mid_point_leaves_no_server_running(tm
     import subprocess
     from pathlib import Path
 
-    from test_managed_hostile import HOSTILE
-
     record = tmp_path / "pids.txt"
     wrapper = tmp_path / "vllm"  # stands where `vllm` would: the hostile server streaming for ever
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} --mode stream-forever --record {record} \"$@\"\n")
@@ -153,3 +151,32 @@ def test_a_server_with_a_huge_log_that_dies_at_start_gives_a_bounded_tail(tmp_pa
     assert bad["stage"] == "start" and "exited (3)" in bad["reason"]
     assert bad["log_tail"].endswith("THE LAST LINE") and len(bad["log_tail"]) < 2000
     assert len(json.dumps(result)) < 20_000  # the sweep's JSON carries tails, not logs
+
+
+def test_an_output_in_no_folder_is_said_before_any_server_starts(tmp_path, capsys):
+    from app.cli import main
+
+    record = tmp_path / "pids.txt"
+    wrapper = tmp_path / "vllm"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} --record {record} \"$@\"\n")
+    wrapper.chmod(0o755)
+    code = main(["tune", "--engine", "vllm", "--server-bin", str(wrapper), "--model", "m", "--batch", "1",
+                 "--bits", "16", "--draft", "0", "--json", str(tmp_path / "out.json"),
+                 "--png", str(tmp_path / "no" / "such" / "frontier.png")])
+    assert code == 2 and not record.exists()
+    assert f"--png {tmp_path / 'no' / 'such' / 'frontier.png'}: no such folder" in capsys.readouterr().err
+
+
+def test_a_result_that_cannot_be_written_goes_to_stdout(tmp_path, capsys):
+    from app.cli import main
+
+    wrapper = tmp_path / "vllm"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} \"$@\"\n")
+    wrapper.chmod(0o755)
+    (tmp_path / "out.json").mkdir()  # a folder where the file should go: the write fails after the sweep
+    code = main(["tune", "--engine", "vllm", "--server-bin", str(wrapper), "--model", "m", "--batch", "1",
+                 "--bits", "16", "--draft", "0", "--num-requests", "2", "--quality-prompts", "1",
+                 "--json", str(tmp_path / "out.json")])
+    out = capsys.readouterr()
+    assert code == 1 and "the result follows on stdout" in out.err
+    assert json.loads(out.out)["points"][0]["batch"] == 1
