@@ -79,3 +79,12 @@ def test_a_nul_byte_in_the_model_path_is_a_failed_point_not_a_crash(tmp_path):
     with pytest.raises(PointFailed, match="could not be started"):
         server.start()
     assert not server.alive() and server.command == []
+
+
+def test_server_args_with_an_unclosed_quote_are_one_line_and_exit_2(tmp_path, capsys):
+    from app.cli import main
+
+    code = main(["tune", "--engine", "vllm", "--server-bin", echo_argv(tmp_path), "--model", "m",
+                 "--server-args", "--alias 'unclosed", "--json", str(tmp_path / "out.json")])
+    assert code == 2
+    assert "inferlab tune: --server-args \"--alias 'unclosed\": No closing quotation" in capsys.readouterr().err

@@ -156,7 +156,11 @@ def make_spec(args, say):
     load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
                     long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
                     quality_tokens=args.quality_tokens)
-    engine = sized_engine(base, load, tuple(shlex.split(args.server_args)))
+    try:
+        extra = tuple(shlex.split(args.server_args))
+    except ValueError as exc:  # e.g. an unclosed quote
+        raise TuneSetupError(f"--server-args {args.server_args!r}: {exc}") from None
+    engine = sized_engine(base, load, extra)
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
                    for q in args.bits for d in args.draft for b in args.batch
                    for kv in (None if k == "default" else k for k in args.kv_dtype))
