@@ -60,7 +60,6 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
 from __future__ import annotations
 
 import shlex
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +80,7 @@ from app.tradeoff.managed.tune_measure import (
     process_memory,
     server_metrics,
 )
+from app.tradeoff.managed.watchdog import Watchdog
 from engine.core.metrics import SLO
 
 USER_PORT = 8080  # the port in the command line of a point that never ran (a measured one shows its own)
@@ -89,7 +89,6 @@ QUALITY_METHOD = ("greedy agreement: the held-out prompts at temperature 0, igno
                   "each, one request at a time; the tokens each point returned compared position by position "
                   "with the 16-bit point's (text characters where the server lists no tokens)")
 Progress = Callable[[str, float], None]
-WATCH_INTERVAL_S = 0.1  # how often a point's watchdog looks at the clock and the cancel flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,34 +130,6 @@ def _failed(spec: TuneSpec, point: ServerPoint, argv: list[str], stage: str, rea
             seconds: float) -> dict:
     return {**identity(spec, point), "flags": shlex.join(argv[1:]), "command": shlex.join(argv), "failed": True,
             "stage": stage, "reason": reason, "log_tail": log_tail, "seconds": round(seconds, 2)}
-
-
-class Watchdog:
-    """Stops the point's server from a thread of its own once the sweep is cancelled or the point's time is
-    up (`deadline`, a perf_counter time), so a server that streams for ever, trickles bytes or never gets
-    healthy cannot hold the sweep past its limit: its requests then fail at once. `reason` says why."""
-
-    def __init__(self, server: ManagedServer, deadline: float | None, cancelled: Callable[[], bool]) -> None:
-        self.server, self.deadline, self.cancelled = server, deadline, cancelled
-        self.reason: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="inferlab-tune-watchdog", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._done.wait(WATCH_INTERVAL_S):
-            if self.cancelled():
-                self.reason = "cancelled while this point ran"
-            elif self.deadline is not None and time.perf_counter() >= self.deadline:
-                self.reason = "stopped: the point's time (--point-timeout or the sweep's --time-limit) ran out"
-            else:
-                continue
-            self.server.stop()
-            return
-
-    def close(self) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 # What a hostile or broken server can make a measurement raise; the point is recorded failed, the sweep goes on.
