@@ -208,3 +208,20 @@ def test_a_health_answer_that_never_ends_does_not_hold_the_start(tmp_path):
         assert time.monotonic() - t0 < 10.0  # the status is enough: its body is not read
     finally:
         server.stop()
+
+
+def test_a_restart_on_a_fixed_port_is_not_blocked_by_a_child_the_old_server_left_on_it(tmp_path):
+    """The app's managed server keeps its port across restarts: the old server's forked worker that keeps
+    the listening socket must go with it."""
+    record = tmp_path / "pids.txt"
+    engine = HostileEngine({1: ("fork-child", "ignore-term"), 2: ()}, record=str(record))
+    server = ManagedServer(engine, sys.executable, MODEL, ServerPoint(batch=1), start_timeout_s=20.0,
+                           port=free_port())
+    try:
+        server.start()
+        server._child.stop_grace_s = 1.0  # (the default 10 s grace: the test need not wait it out)
+        server.restart(ServerPoint(batch=2))
+        assert server.alive() and "-np 2" in " ".join(server.command)
+    finally:
+        server.stop()
+    assert all(gone(pid) for pid in pids(record))
