@@ -168,15 +168,16 @@ class TuneActions:
     def cancel(self) -> None:
         if self.worker is not None and self.worker.running():
             self.worker.cancel()
-            self.dialog.set_status("cancelling: the sweep stops after the point it is measuring…")
+            self.dialog.set_status("cancelling: the point under way is stopped, no other starts…")
 
     def shutdown(self) -> None:
-        """The window closes: the sweep stops after its current point (the process waits for it at exit)."""
+        """The window closes: the sweep stops its current point's server at once (the sweep's watchdog) and
+        starts no other; the process waits for that at exit."""
         if self.worker is not None and self.worker.running():
             self.worker.cancel()
             if not self.worker.join(STOP_WAIT_S):
-                print("inferlab: the tuning sweep stops after the point it is measuring (its server is stopped "
-                      "then)", file=sys.stderr)
+                print("inferlab: the tuning sweep is stopping the server of the point under way",
+                      file=sys.stderr)
 
     def copy_command(self, line: str) -> None:
         from PySide6.QtGui import QGuiApplication

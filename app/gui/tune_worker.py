@@ -1,6 +1,6 @@
 """TuneWorker: a tuning sweep of a managed server in a thread of its own (it starts and stops server
 processes and waits for their /health: minutes the GUI thread must not spend). Its signals reach the GUI
-queued; cancelling asks the sweep to stop after the point it is measuring (the sweep stops that server)."""
+queued; cancelling stops the point under way (the sweep's watchdog stops its server) and starts no other."""
 from __future__ import annotations
 
 import threading

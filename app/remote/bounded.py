@@ -28,12 +28,13 @@ class ReadLimit(Exception):
         self.too_slow = too_slow
 
 
-async def fetch(client: httpx.AsyncClient, url: str, *, max_bytes: int, total_s: float) -> tuple[int, bytes]:
-    """GET `url`: (status, body); ReadLimit when the body is larger than `max_bytes` or the whole answer
-    takes longer than `total_s`. httpx errors (refused, reset) pass through."""
+async def fetch(client: httpx.AsyncClient, url: str, *, max_bytes: int, total_s: float, method: str = "GET",
+                json: dict | None = None) -> tuple[int, bytes]:
+    """GET `url` (or `method` with a `json` body): (status, body); ReadLimit when the body is larger than
+    `max_bytes` or the whole answer takes longer than `total_s`. httpx errors (refused, reset) pass through."""
     try:
         async with asyncio.timeout(total_s):
-            async with client.stream("GET", url, timeout=total_s) as resp:
+            async with client.stream(method, url, json=json, timeout=total_s) as resp:
                 body = bytearray()
                 async for chunk in resp.aiter_bytes():
                     body += chunk

@@ -11,6 +11,7 @@ tuning sweep on managed servers (app/tradeoff/managed/tune.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from app.load.generator import corpus_text
+from app.remote.bounded import ReadLimit, fetch
 from app.remote.client import StreamResult, request_body, stream_request
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
 from engine.events import RequestTimeline
@@ -49,10 +51,24 @@ def make_text_schedule(args, rate: float, seed: int) -> list[TimedText]:
     return out
 
 
+MAX_MODELS_BYTES = 1 * 2**20  # /v1/models lists a few models
+
+
 async def _model_id(client: httpx.AsyncClient, url: str) -> str:
-    resp = await client.get(url + "/v1/models")
-    resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
+    """The first model /v1/models lists; ValueError (saying what came) for anything else."""
+    try:
+        status, body = await fetch(client, url + "/v1/models", max_bytes=MAX_MODELS_BYTES, total_s=30.0)
+    except ReadLimit as exc:
+        raise ValueError(f"/v1/models: {exc}") from None
+    if status != 200:
+        raise ValueError(f"/v1/models answered HTTP {status}: {body[:120].decode('utf-8', 'replace')!r}")
+    try:
+        model = json.loads(body)["data"][0]["id"]
+    except (ValueError, LookupError, TypeError, RecursionError):
+        raise ValueError(f"/v1/models did not list a model: {body[:120].decode('utf-8', 'replace')!r}") from None
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"/v1/models listed a model id that is not a name: {str(model)[:80]!r}")
+    return model
 
 
 async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> tuple[list[StreamResult], float]:
@@ -65,6 +81,9 @@ async def _run_rate(client, url: str, model: str, schedule: list[TimedText]) -> 
         res = StreamResult(f"serve-{i}")
         await stream_request(client, url, path, body, res)
         res.sent = t0 + r.due_s  # latency from the due time, as the in-process bench measures it
+        if res.error is None and (res.completion_tokens or 0) > r.max_tokens:  # it would inflate tokens/s
+            res.finish_reason = "error"
+            res.error = f"usage says {res.completion_tokens} completion tokens for max_tokens {r.max_tokens}"
         return res
 
     results = await asyncio.gather(*(one(i, r) for i, r in enumerate(schedule)))
@@ -77,12 +96,14 @@ def client_for(num_requests: int, headers: dict | None = None) -> httpx.AsyncCli
                              limits=httpx.Limits(max_connections=num_requests + 4))
 
 
-async def warm_up(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+async def warm_up(client: httpx.AsyncClient, url: str, model: str | None, *, require_ok: bool = False) -> str:
     """The served model id (`model` when given); one short request first, as the first request pays for
-    lazy setup on some servers."""
+    lazy setup on some servers. `require_ok`: ValueError with the server's answer when that request fails."""
     model = model or await _model_id(client, url)
-    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False),
-                         StreamResult("warmup"))
+    res = StreamResult("warmup")
+    await stream_request(client, url, *request_body(model, "Hello", max_tokens=4, temperature=0.0, chat=False), res)
+    if require_ok and res.error is not None:
+        raise ValueError(f"the warm-up request failed: {res.error}")
     return model
 
 

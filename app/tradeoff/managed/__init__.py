@@ -12,5 +12,6 @@ checks, and stopped (`inferlab tune`, File -> Tune a server...).
   sources); `engines.py`: `ENGINES`, name -> table; `describe.py`: a table as Markdown (`--show-flags`).
 - `gguf.py`: llama.cpp's binaries, the bf16 GGUF of the engine's weights and its Q8_0 / Q4_1 variants.
 - `tune.py`: the sweep (`run_tune`, the result's JSON shape at its top); `tune_measure.py`: what it measures
-  on one server; `tune_export.py`: CSV and PNG; `tune_cli.py`: `inferlab tune`.
+  on one server; `watchdog.py`: stops a point's server at a cancel or its time limit; `tune_export.py`: CSV
+  and PNG; `tune_cli.py`: `inferlab tune`.
 """

@@ -1,10 +1,18 @@
 """A server run as a child process on a free loopback port, up once its /health answers 200.
 
 Used by the benches' peers (llama-server, `inferlab serve`) and by the managed servers a tuning sweep
-starts. Its log goes to a temporary file; every error carries the log's tail.
+starts. Its log goes to a temporary file; every error carries the log's tail (read from the file's end:
+a server may log gigabytes). The server runs in a session of its own, so `stop()` ends its whole process
+group (a server that ignores SIGTERM, or forked workers that keep the port) within a bounded time. A
+/health 200 counts only when the listening socket is our process's (or its children's): someone else's
+server that took the port first is not mistaken for ours.
 """
 from __future__ import annotations
 
+import asyncio
+import atexit
+import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -12,12 +20,30 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import psutil
 
 LOG_TAIL_CHARS = 600
+STOP_GRACE_S = 10.0  # SIGTERM, then this long for a clean exit, then SIGKILL to the whole group
+
+
+_RUNNING: set[int] = set()  # process groups of the servers started and not yet stopped
+
+
+@atexit.register
+def _kill_running() -> None:
+    """At interpreter exit (a window closed while a sweep's thread still waited on a server that ignores
+    SIGTERM, say), every server still running is killed with its group: none outlives inferlab."""
+    for pgid in list(_RUNNING):
+        _signal_group(pgid, signal.SIGKILL)
 
 
 class PeerError(RuntimeError):
-    """A peer server that would not start, or answered other than asked: the bench's one error line."""
+    """A peer server that would not start, or answered other than asked: the bench's one error line.
+    `port_taken`: another process held its port (taken between free_port() and the server's bind)."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def free_port() -> int:
@@ -35,16 +61,27 @@ class ChildServer:
     command: list[str]
     port: int
     proc: subprocess.Popen | None = None
+    stop_grace_s: float = STOP_GRACE_S
     _log: object = None
+    _ended: bool = False
+    _stop_asked: bool = False  # stop() from another thread while this one starts it
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 300.0) -> ChildServer:
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self._log = tempfile.TemporaryFile()  # binary: the tail is read by seeking from the end
         try:
+            self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:  # no such program, a NUL byte in the argv: nothing runs, the log is closed
+            self.stop()
+            raise
+        _RUNNING.add(self.proc.pid)
+        try:
+            if self._stop_asked:
+                raise PeerError(f"{self.name} was stopped while it started")
             self._wait_healthy(timeout_s)
         except BaseException:  # not up (or interrupted while starting): nothing is left running
             self.stop()
@@ -53,37 +90,101 @@ class ChildServer:
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        impostor = False
         while time.monotonic() < deadline:
+            if self._stop_asked:
+                raise PeerError(f"{self.name} was stopped while it started")
             if self.proc.poll() is not None:
-                raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+                raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}",
+                                port_taken=bool(_listeners(self.port) - {None}))
+            healthy = health_status(self.url + "/health") == 200
+            if healthy and self.answer_is_ours():
+                return
+            impostor = healthy  # someone else's server answers on our port (ours may yet fail to bind)
             time.sleep(0.25)
-        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s: {self.log_tail()}")
+        who = " (another process listens on the port)" if impostor else ""
+        raise PeerError(f"{self.name} did not answer /health within {timeout_s:.0f} s{who}: {self.log_tail()}",
+                        port_taken=impostor)
+
+    def answer_is_ours(self) -> bool:
+        """False when the listening socket on our port is held by a process we can see that is neither
+        ours nor one of its children (someone who took the port first); True when it is ours, or when its
+        owner cannot be seen (another user's, e.g. a container's proxy: given the benefit of the doubt)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            ours = {root.pid, *(child.pid for child in root.children(recursive=True))}
+        except psutil.Error:
+            return True
+        owners = _listeners(self.port)
+        return bool(owners & ours) or not (owners - {None})
 
     def log_tail(self) -> str:
-        if self._log is None:
+        """The log's last LOG_TAIL_CHARS characters, read from the end of the file (never the whole log)."""
+        log = self._log
+        if log is None:
             return ""
-        self._log.seek(0)
-        return self._log.read()[-LOG_TAIL_CHARS:].strip()
+        try:
+            end = log.seek(0, os.SEEK_END)
+            log.seek(max(0, end - 4 * LOG_TAIL_CHARS))  # up to 4 bytes per UTF-8 character
+            return log.read().decode("utf-8", "replace")[-LOG_TAIL_CHARS:].strip()
+        except (ValueError, OSError):  # closed by a stop() in another thread
+            return ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """SIGTERM to the server's process group, SIGKILL to what is left of it after `stop_grace_s`.
+        Safe from another thread while start() waits (that start then fails: stopped while starting)."""
+        self._stop_asked = True
+        if self.proc is not None and not self._ended:
+            self._ended = True  # the group's id is not signalled again once it may have been reused
+            if self.proc.poll() is None:
+                _signal_group(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(self.stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            _signal_group(self.proc.pid, signal.SIGKILL)  # children that outlived it (a worker keeping the port)
+            _RUNNING.discard(self.proc.pid)
+            if self.proc.poll() is None:
                 self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
 
     def __enter__(self) -> ChildServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+HEALTH_TOTAL_S = 2.0  # one /health answer's status line and headers, however slowly they come
+
+
+def health_status(url: str) -> int | None:
+    """The status of GET `url` within HEALTH_TOTAL_S, its body never read (a /health that trickles or
+    never ends cannot hold the start past its timeout); None when there is no answer in time."""
+    async def status() -> int:
+        async with asyncio.timeout(HEALTH_TOTAL_S), httpx.AsyncClient(timeout=HEALTH_TOTAL_S) as client:
+            async with client.stream("GET", url) as resp:
+                return resp.status_code
+
+    try:
+        return asyncio.run(status())
+    except (httpx.HTTPError, TimeoutError):
+        return None
+
+
+def _listeners(port: int) -> set[int | None]:
+    """The pids listening on TCP `port` (None for a process this user cannot see); empty when unknown."""
+    try:
+        return {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    except psutil.Error:
+        return set()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass

@@ -55,7 +55,7 @@ def bf16_gguf(model_path: str, directory: Path | None = None) -> Path:
     for w in weights:
         digest.update(f"{w.name}:{w.stat().st_size}:{int(w.stat().st_mtime)}".encode())
     out = directory / "models" / f"{Path(model_path).name}-{digest.hexdigest()[:12]}.bf16.gguf"
-    if out.is_file():
+    if is_gguf(out):
         return out
     script = directory / "src" / "convert_hf_to_gguf.py"
     if not script.is_file():
@@ -66,8 +66,7 @@ def bf16_gguf(model_path: str, directory: Path | None = None) -> Path:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise ValueError(f"convert_hf_to_gguf.py failed: {proc.stderr.strip().splitlines()[-1:]}")
-    tmp.rename(out)
-    return out
+    return _keep(tmp, out, "convert_hf_to_gguf.py")
 
 
 def gguf_for(model_path: str, bits: int, directory: Path | None = None) -> Path | None:
@@ -88,7 +87,7 @@ def quantized_gguf(bf16: Path, bits: int, directory: Path | None = None, threads
     if qtype is None:
         raise ValueError(f"no GGUF variant for {bits}-bit weights (have: 16, {', '.join(map(str, QUANT_TYPES))})")
     out = bf16.with_name(bf16.name.replace(".bf16.gguf", "") + f".{qtype.lower()}.gguf")
-    if out.is_file():
+    if is_gguf(out):
         return out
     binary = find_binary("llama-quantize", directory)
     if binary is None:
@@ -101,6 +100,28 @@ def quantized_gguf(bf16: Path, bits: int, directory: Path | None = None, threads
         tmp.unlink(missing_ok=True)
         raise ValueError(f"llama-quantize {qtype} failed ({proc.returncode}): "
                          f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return _keep(tmp, out, f"llama-quantize {qtype}")
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether `path` is a file that begins with GGUF's magic (a cached file may be garbage: it is then
+    made again; one cut short after its magic fails the server's load, a failed point with its log)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _keep(tmp: Path, out: Path, tool: str) -> Path:
+    """`tmp` renamed to `out` when the tool really wrote a GGUF there; ValueError (one line) otherwise
+    (a tool that exits 0 but writes nothing, or garbage)."""
+    if not is_gguf(tmp):
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"{tool} exited 0 but wrote no GGUF ({tmp.name})")
     tmp.rename(out)
     return out
 

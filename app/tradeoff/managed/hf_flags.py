@@ -31,14 +31,14 @@ def weights_and_quantization(engine: str, model: ServedModel, bits: int, online:
     bits wins (a quantized checkpoint names its method in its own config, so no flag); otherwise the 16-bit
     checkpoint is quantized while loading with `online[bits]`."""
     if bits in model.by_bits:
-        return model.by_bits[bits], []
+        return model.weights(bits), []
     method = online.get(bits)
     if method is None or 16 not in model.by_bits:
         have = ", ".join(str(b) for b in sorted(model.by_bits)) or "none"
         can = ", ".join(f"{b}-bit ({m})" for b, m in sorted(online.items())) or "none"
         raise FlagError(f"{engine}: no {bits}-bit checkpoint for {model.name or 'this model'} (have: {have}); "
                         f"online quantization of the 16-bit checkpoint covers: {can}")
-    return model.by_bits[16], ["--quantization", checked_choice(engine, "--quantization", method, methods)]
+    return model.weights(16), ["--quantization", checked_choice(engine, "--quantization", method, methods)]
 
 
 def kv_dtype_flags(engine: str, point: ServerPoint, aliases: Mapping[str, str], accepted: Sequence[str]) -> list[str]:

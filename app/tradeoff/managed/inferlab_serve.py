@@ -50,7 +50,7 @@ class InferlabServe:
             raise FlagError(f"--max-num-seqs must be at least 1, got {point.batch}")
         if point.bits not in QUANT_BITS:  # the engine's registry (engine/quant_formats.py)
             raise FlagError(f"--quant-bits takes {', '.join(map(str, QUANT_BITS))}, not {point.bits}")
-        weights = model.by_bits.get(point.bits) or model.weights(16)
+        weights = model.weights(point.bits if point.bits in model.by_bits else 16)
         flags = ["--model", weights, "--max-num-seqs", str(point.batch)]
         if point.bits != 16 and weights == model.by_bits.get(16):
             flags += ["--quant-bits", str(point.bits)]

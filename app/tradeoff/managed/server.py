@@ -4,9 +4,14 @@ Built on the benches' ChildServer (child process on a free loopback port, log to
 /health polled until it answers 200). A point that cannot start (a flag the engine refuses, out of
 memory, a crash) raises `PointFailed` with the server's last log lines, so a sweep records it and
 goes on; nothing is left running after a failure.
+
+Threads: start/restart run one at a time (a second restart waits for the first, then runs); stop()
+may come from any thread at any time and ends a server that is still starting, so one ManagedServer
+never has two processes and none is left behind.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from app.tradeoff.managed.child import ChildServer, PeerError, free_port
@@ -34,62 +39,97 @@ class ManagedServer:
     port: int | None = None  # None: a free port at each start; fixed: restarts keep the URL (the app's)
     _child: ChildServer | None = field(default=None, repr=False)
     _last_log: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards _child
+    _sequence: threading.RLock = field(default_factory=threading.RLock, repr=False)  # one start/restart
 
+    # (each reads self._child once: a stop() in another thread may set it to None at any moment)
     @property
     def url(self) -> str:
-        if self._child is None:
+        child = self._child
+        if child is None:
             raise RuntimeError(f"{self.engine.name} is not running")
-        return self._child.url
+        return child.url
 
     @property
     def command(self) -> list[str]:
-        return list(self._child.command) if self._child is not None else []
+        child = self._child
+        return list(child.command) if child is not None else []
 
     @property
     def pid(self) -> int | None:
         """The server process's id while it runs (its memory is read from /proc/PID)."""
-        return self._child.proc.pid if self.alive() else None
+        proc = self._process()
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def exit_code(self) -> int | None:
         """The server's exit status once it has died on its own (None while it runs or when stopped)."""
-        proc = self._child.proc if self._child is not None else None
+        proc = self._process()
         return None if proc is None else proc.poll()
 
     def alive(self) -> bool:
-        return self._child is not None and self._child.proc is not None and self._child.proc.poll() is None
+        proc = self._process()
+        return proc is not None and proc.poll() is None
+
+    def _process(self):
+        child = self._child
+        return child.proc if child is not None else None
 
     def start(self) -> ManagedServer:
-        if self._child is not None:
-            raise RuntimeError(f"{self.engine.name} is already running")
-        port = self.port or free_port()
-        try:
-            argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
-        except FlagError as exc:
-            raise PointFailed(f"{self.engine.name} cannot run {self.point.label()}: {exc}") from exc
-        child = ChildServer(self.engine.name, argv, port)
+        """Start at `point`; PointFailed (with the log's tail) when it does not come up. On a free port
+        that someone else took before the server bound it, it tries once more on another."""
+        with self._sequence:
+            try:
+                return self._start_once()
+            except PointFailed as exc:
+                if self.port is not None or not getattr(exc.__cause__, "port_taken", False):
+                    raise
+            return self._start_once()
+
+    def _start_once(self) -> ManagedServer:
+        with self._lock:
+            if self._child is not None:
+                raise RuntimeError(f"{self.engine.name} is already running")
+            port = self.port or free_port()
+            try:
+                argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
+            except FlagError as exc:
+                raise PointFailed(f"{self.engine.name} cannot run {self.point.label()}: {exc}") from exc
+            child = self._child = ChildServer(self.engine.name, argv, port)  # a stop() now ends it
         try:
             child.start(self.start_timeout_s)
         except PeerError as exc:  # start() already stopped it; the message carries the log's tail
+            self._forget(child)
             raise PointFailed(str(exc), str(exc)) from exc
-        except OSError as exc:  # no such executable, not executable
+        except (OSError, ValueError) as exc:  # no such executable, not executable; a NUL byte in argv
+            self._forget(child)
             raise PointFailed(f"{self.engine.name} could not be started ({argv[0]}): {exc}") from exc
-        self._child = child
+        except BaseException:
+            self._forget(child)
+            raise
         return self
 
+    def _forget(self, child: ChildServer) -> None:
+        with self._lock:
+            if self._child is child:
+                self._child = None
+
     def log_tail(self) -> str:
-        return self._child.log_tail() if self._child is not None else self._last_log
+        child = self._child
+        return child.log_tail() if child is not None else self._last_log
 
     def stop(self) -> None:
-        if self._child is not None:
-            self._last_log = self._child.log_tail()
-            self._child.stop()
-            self._child = None
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None:
+            self._last_log = child.log_tail() or self._last_log
+            child.stop()
 
     def restart(self, point: ServerPoint) -> None:
-        """Stop, then start at `point` (the same engine and model)."""
-        self.stop()
-        self.point = point
-        self.start()
+        """Stop, then start at `point` (the same engine and model); concurrent restarts run in turn."""
+        with self._sequence:
+            self.stop()
+            self.point = point
+            self.start()
 
     def __enter__(self) -> ManagedServer:
         return self.start()

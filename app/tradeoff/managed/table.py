@@ -9,6 +9,7 @@ records that point as failed and goes on.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,12 +48,26 @@ class ServedModel:
     draft: str | None = None
     name: str = ""                       # the name shown on points and sent as "model"
 
+    def __post_init__(self) -> None:
+        # A file whose name begins with "-" would be read as a flag: "./-x" is the same file, and no flag.
+        object.__setattr__(self, "by_bits", {b: as_operand(w) for b, w in self.by_bits.items()})
+        if self.draft:
+            object.__setattr__(self, "draft", as_operand(self.draft))
+
     def weights(self, bits: int) -> str:
         try:
-            return self.by_bits[bits]
+            value = self.by_bits[bits]
         except KeyError:
             have = ", ".join(str(b) for b in sorted(self.by_bits)) or "none"
             raise FlagError(f"no {bits}-bit weights for {self.name or 'this model'} (have: {have})") from None
+        if value.startswith("-"):  # not a file here (as_operand left it): the server would read it as a flag
+            raise FlagError(f"{value!r} begins with '-': the server would take it for a flag, not a model")
+        return value
+
+
+def as_operand(value: str) -> str:
+    """`value`, or "./value" when it is an existing relative path that begins with "-"."""
+    return "./" + value if value.startswith("-") and os.path.exists(value) else value
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,10 @@ the server's log tail; the sweep goes on), a warm-up request, then the explorer'
 HTTP: the seeded load generator at each rate (streaming /v1/completions, temperature 0, ignore_eos;
 latencies from each request's due time), the server process's memory, its own /metrics, and greedy
 agreement with the 16-bit point of the same model on held-out prompts. A server that dies mid-measurement
-is a failed point too. Frontier, CSV and PNG as the explorer's (issue 13).
+is a failed point too, and so is one still running when the sweep is cancelled, its --point-timeout or
+the sweep's --time-limit runs out (a watchdog thread stops its server: a server that streams for ever
+cannot hold the sweep). Every read from the server is bounded in size and time (app/remote/bounded.py).
+Frontier, CSV and PNG as the explorer's (issue 13).
 
 Public entry: `run_tune(spec: TuneSpec, progress=None, on_point=None, cancelled=None) -> dict`.
 
@@ -64,6 +67,7 @@ from datetime import datetime, timezone
 
 import httpx
 
+from app.remote.bounded import ReadLimit
 from app.tradeoff.frontier import cheapness, pareto, speed
 from app.tradeoff.managed.server import ManagedServer, PointFailed
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
@@ -76,6 +80,7 @@ from app.tradeoff.managed.tune_measure import (
     process_memory,
     server_metrics,
 )
+from app.tradeoff.managed.watchdog import Watchdog
 from engine.core.metrics import SLO
 
 USER_PORT = 8080  # the port in the command line of a point that never ran (a measured one shows its own)
@@ -99,6 +104,7 @@ class TuneSpec:
     time_limit_s: float | None = None
     start_timeout_s: float = 300.0
     draft_note: str = ""
+    point_timeout_s: float | None = 1800.0  # one point, start to stop (a server that streams for ever)
 
 
 def sweep_order(points: tuple[ServerPoint, ...]) -> list[ServerPoint]:
@@ -126,31 +132,49 @@ def _failed(spec: TuneSpec, point: ServerPoint, argv: list[str], stage: str, rea
             "stage": stage, "reason": reason, "log_tail": log_tail, "seconds": round(seconds, 2)}
 
 
-def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: Callable[[str], None]) -> dict:
-    """One point, start to stop: its measured dict, or a failed one (start or measurement)."""
+# What a hostile or broken server can make a measurement raise; the point is recorded failed, the sweep goes on.
+MEASURE_ERRORS = (httpx.HTTPError, ReadLimit, RuntimeError, ValueError, LookupError, TypeError, OSError)
+
+
+def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: Callable[[str], None],
+              deadline: float | None = None, cancelled: Callable[[], bool] = lambda: False) -> dict:
+    """One point, start to stop: its measured dict, or a failed one (start or measurement); the server is
+    stopped at `deadline` or when `cancelled()` (the point is then failed with that reason)."""
     t0 = time.perf_counter()
     server = ManagedServer(spec.engine, spec.exe, spec.model, point, spec.threads, spec.start_timeout_s)
+    watchdog = Watchdog(server, deadline, cancelled)
+    try:
+        return _start_and_measure(spec, point, reference, say, server, watchdog, t0)
+    finally:  # whatever happens (an interrupt too), no server is left running
+        watchdog.close()
+        server.stop()
+
+
+def _start_and_measure(spec: TuneSpec, point: ServerPoint, reference: list | None, say: Callable[[str], None],
+                       server: ManagedServer, watchdog: Watchdog, t0: float) -> dict:
     say("starting the server")
     try:
         server.start()
     except PointFailed as exc:
-        return _failed(spec, point, planned_command(spec, point), "start", str(exc), exc.log_tail,
-                       time.perf_counter() - t0)
+        return _failed(spec, point, planned_command(spec, point), "start", watchdog.reason or str(exc),
+                       exc.log_tail, time.perf_counter() - t0)
     argv = server.command
     try:
         say(f"measuring: {spec.load.num_requests} requests at {', '.join(map(str, spec.load.rates))} req/s, "
             f"then {spec.load.quality_prompts} greedy prompts")
-        measured = measure_server(server.url, spec.load, spec.slo, point.label())
+        measured = measure_server(server.url, spec.load, spec.slo, point.label(), ready_s=spec.start_timeout_s)
         memory = {**process_memory(server.pid), "server_metrics": server_metrics(server.url)}
         if not server.alive():
             raise RuntimeError("the server is gone")
-    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+    except MEASURE_ERRORS as exc:
         reason = f"{type(exc).__name__}: {exc}"[:300]
-        if not server.alive():  # the request's error is the symptom; the server's exit is the cause
+        if watchdog.reason:
+            reason = f"{watchdog.reason} ({reason})"
+        elif not server.alive():  # the request's error is the symptom; the server's exit is the cause
             reason = f"{spec.engine.name} exited ({server.exit_code()}) during the measurement ({reason})"
         return _failed(spec, point, argv, "measure", reason, server.log_tail(), time.perf_counter() - t0)
-    finally:  # whatever happens (an interrupt too), no server is left running
-        server.stop()
+    if watchdog.reason:  # stopped mid-way: what was measured is not this point's figure
+        return _failed(spec, point, argv, "measure", watchdog.reason, server.log_tail(), time.perf_counter() - t0)
     errors = sum(run["row"]["errors"] for run in measured["runs"])
     quality = (agreement(reference, measured["greedy"]) if reference is not None
                else {"agreement": None, "agreement_positions": 0, "agreement_unit": None})
@@ -160,6 +184,14 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
             "draft_acceptance": draft_acceptance(memory["server_metrics"]), **quality,
             "greedy": measured["greedy"], "kl": None, "ppl_delta_pct": None, "served_model": measured["served_model"],
             "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def point_deadline(spec: TuneSpec, sweep_t0: float) -> float | None:
+    """When the point starting now must be stopped: its --point-timeout, and the sweep's --time-limit."""
+    ends = [sweep_t0 + spec.time_limit_s] if spec.time_limit_s is not None else []
+    if spec.point_timeout_s is not None:
+        ends.append(time.perf_counter() + spec.point_timeout_s)
+    return min(ends, default=None)
 
 
 def run_tune(spec: TuneSpec, progress: Progress | None = None, on_point: Callable[[dict], None] | None = None,
@@ -179,7 +211,8 @@ def run_tune(spec: TuneSpec, progress: Progress | None = None, on_point: Callabl
             not_run.append(point.label())
             continue
         head, done = f"point {i + 1}/{len(order)} ({point.label()})", i / len(order)
-        result = run_point(spec, point, reference, lambda text, head=head, done=done: report(f"{head}: {text}", done))
+        result = run_point(spec, point, reference, lambda text, head=head, done=done: report(f"{head}: {text}", done),
+                           point_deadline(spec, t0), cancelled)
         if result["failed"]:
             failed.append(result)
             report(f"{head}: FAILED at {result['stage']}: {result['reason'][:160]}", (i + 1) / len(order))

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -56,7 +57,10 @@ def add_tune_args(p) -> None:
     p.add_argument("--server-args", default="", metavar="ARGS",
                    help="more flags for every point's command line, one string (llama-server: e.g. --no-repack)")
     p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="start no point after S seconds")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="start no point after S seconds; a point still running then is stopped (recorded failed)")
+    p.add_argument("--point-timeout", type=float, default=1800.0, metavar="S",
+                   help="stop a point (start and measurement) after S seconds, recorded failed")
     p.add_argument("--start-timeout", type=float, default=300.0, metavar="S", help="per server start")
     p.add_argument("--json", metavar="OUT", help="where the result goes (required unless --show-flags)")
     p.add_argument("--show-flags", action="store_true",
@@ -98,6 +102,11 @@ def gguf_dir_files(folder: str) -> dict[int, str]:
         match = next((f for part in parts for f in files if part in f.name.lower()), None)
         if match is not None:
             out[bits] = str(match)
+    from app.tradeoff.managed.gguf import is_gguf
+
+    bad = [Path(f).name for f in out.values() if not is_gguf(Path(f))]
+    if bad:  # said now, not as every point's failed load
+        raise TuneSetupError(f"--gguf-dir {folder}: not a GGUF file (no GGUF magic): {', '.join(bad)}")
     return out
 
 
@@ -147,13 +156,18 @@ def make_spec(args, say):
     load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
                     long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
                     quality_tokens=args.quality_tokens)
-    engine = sized_engine(base, load, tuple(shlex.split(args.server_args)))
+    try:
+        extra = tuple(shlex.split(args.server_args))
+    except ValueError as exc:  # e.g. an unclosed quote
+        raise TuneSetupError(f"--server-args {args.server_args!r}: {exc}") from None
+    engine = sized_engine(base, load, extra)
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
                    for q in args.bits for d in args.draft for b in args.batch
                    for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
-                    time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note)
+                    time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note,
+                    point_timeout_s=args.point_timeout)
 
 
 def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -> ServerEngine:
@@ -183,14 +197,25 @@ def run_tune_cli(args) -> int:
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.show_flags or not args.json:
         return show_flags(args.engine) if args.show_flags else _usage("--json OUT is required")
+    unwritable = [f"--{flag} {out}" for flag, out in (("json", args.json), ("csv", args.csv), ("png", args.png))
+                  if out and not Path(out).resolve().parent.is_dir()]
+    if unwritable:  # said before the sweep, not after its minutes
+        return _usage(f"{', '.join(unwritable)}: no such folder")
     try:
         spec = make_spec(args, say)
     except TuneSetupError as exc:
         print(f"inferlab tune: {exc}", file=sys.stderr)
         return 2
     say(f"tune: {spec.engine.name} ({spec.exe}), {len(spec.points)} points, model {spec.model.name}")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     result = run_tune(spec, progress=lambda text, fraction: say(f"[{100 * fraction:3.0f}%] {text}"))
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    try:
+        Path(args.json).write_text(text)
+    except OSError as exc:  # the sweep's minutes are not lost: the result goes to stdout
+        say(f"inferlab tune: could not write {args.json} ({exc}); the result follows on stdout")
+        print(text)
+        return 1
     say(f"wrote {args.json}: {len(result['points'])} measured, {len(result['failed'])} failed, "
         f"{len(result['not_run'])} not run, {result['wall_seconds']} s")
     if args.csv:
@@ -200,6 +225,11 @@ def run_tune_cli(args) -> int:
     if result["chosen"]:
         say(f"chosen: {result['chosen']['label']} ({result['chosen']['why']}):\n  {result['chosen']['command']}")
     return 0
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    """`kill` (or a CI timeout) ends the sweep as Ctrl-C does: the point under way stops its server."""
+    raise SystemExit(128 + signum)
 
 
 def show_flags(engine_name: str) -> int:

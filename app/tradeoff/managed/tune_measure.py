@@ -11,17 +11,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from dataclasses import dataclass
 
 import httpx
 
 from app.load.generator import corpus_text
+from app.remote.bounded import ReadLimit, fetch
 from app.remote.http_load import client_for, make_text_schedule, run_rate, warm_up
 from app.remote.metrics import MetricsError, parse_metrics
 from engine.core.metrics import SLO
 
 PROMPT_WORDS = 40  # each held-out prompt: the first words of one paragraph
 MAX_METRIC_FAMILIES = 60
+MAX_METRICS_BYTES = 4 * 2**20  # a /metrics page is tens of KiB; a larger one is not read on
+METRICS_TOTAL_S = 10.0
+MAX_REPLY_BYTES = 1 * 2**20  # a greedy reply of a few dozen tokens with their logprobs
+GREEDY_TOTAL_S = 120.0
+READY_POLL_S = 0.5  # between warm-up tries while a server that said healthy is not ready yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,33 +75,47 @@ def process_memory(pid: int | None) -> dict:
 
 
 def server_metrics(url: str) -> dict:
-    """The server's own /metrics gauges and counters by family name, or {"unavailable": why}."""
+    """The server's own /metrics gauges and counters by family name, or {"unavailable": why}. The body is
+    read within MAX_METRICS_BYTES and METRICS_TOTAL_S; a value that is not a finite number (NaN, inf: a
+    server that lies) is left out, so the result stays plain JSON."""
+    async def scrape() -> tuple[int, bytes]:
+        async with httpx.AsyncClient() as client:
+            return await fetch(client, url + "/metrics", max_bytes=MAX_METRICS_BYTES, total_s=METRICS_TOTAL_S)
+
     try:
-        resp = httpx.get(url + "/metrics", timeout=5.0)
-    except httpx.HTTPError as exc:
+        status, body = asyncio.run(scrape())
+    except (httpx.HTTPError, ReadLimit) as exc:
         return {"unavailable": f"{type(exc).__name__}: {exc}"[:200]}
-    if resp.status_code != 200:
-        return {"unavailable": f"HTTP {resp.status_code}"}
+    if status != 200:
+        return {"unavailable": f"HTTP {status}"}
     try:
-        scrape = parse_metrics(resp.text)
+        scrape_ = parse_metrics(body.decode("utf-8", "replace"))
     except MetricsError as exc:
         return {"unavailable": str(exc)[:200]}
-    facts = {**scrape.gauges, **scrape.counters}
+    facts = {name: value for name, value in {**scrape_.gauges, **scrape_.counters}.items()
+             if isinstance(value, (int, float)) and math.isfinite(value)}
     return {name: facts[name] for name in sorted(facts)[:MAX_METRIC_FAMILIES]}
 
 
 def draft_acceptance(metrics: dict) -> float | None:
     """Accepted / proposed draft tokens from the server's own counters (llama.cpp's and vLLM's families
-    both end in spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens); None where not exported."""
+    both end in spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens); None where not exported
+    or where the counters cannot be true (more accepted than proposed)."""
     accepted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_accepted_tokens")), None)
     drafted = next((v for k, v in metrics.items() if k.endswith("spec_decode_num_draft_tokens")), None)
-    return accepted / drafted if accepted is not None and drafted else None
+    if not isinstance(accepted, (int, float)) or not isinstance(drafted, (int, float)) or drafted <= 0:
+        return None
+    share = accepted / drafted
+    return share if 0.0 <= share <= 1.0 else None
 
 
 def _reply_tokens(reply: dict) -> tuple[list[str], str]:
     """(the generated tokens, "tokens"), or the text's characters and "text" where none are listed."""
-    choice = (reply.get("choices") or [{}])[0]
-    logprobs = choice.get("logprobs") or {}
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        raise ValueError(f"a completion without choices: {str(reply)[:120]!r}")
+    logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
     if isinstance(logprobs.get("tokens"), list):
         return [str(t) for t in logprobs["tokens"]], "tokens"
     if isinstance(logprobs.get("content"), list):
@@ -106,9 +128,18 @@ async def _greedy(client: httpx.AsyncClient, url: str, model: str, prompts: list
     async def one(prompt: str) -> tuple[list[str], str]:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "logprobs": 1, "stream": False}
-        resp = await client.post(url + "/v1/completions", json=body)
-        resp.raise_for_status()
-        return _reply_tokens(resp.json())
+        try:
+            status, data = await fetch(client, url + "/v1/completions", method="POST", json=body,
+                                       max_bytes=MAX_REPLY_BYTES, total_s=GREEDY_TOTAL_S)
+        except ReadLimit as exc:
+            raise ValueError(f"a greedy completion: {exc}") from None
+        if status != 200:
+            raise ValueError(f"a greedy completion answered HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
+        try:
+            reply = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ValueError(f"a greedy completion is not JSON: {data[:120].decode('utf-8', 'replace')!r}") from None
+        return _reply_tokens(reply)
 
     return [await one(p) for p in prompts]  # one at a time: each reply is the batch-of-one greedy output
 
@@ -125,20 +156,48 @@ def agreement(reference: list[tuple[list[str], str]], outputs: list[tuple[list[s
             "agreement_unit": "tokens" if units == {"tokens"} else "text characters"}
 
 
-async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool) -> dict:
+async def ready(client: httpx.AsyncClient, url: str, ready_s: float) -> str:
+    """The served model id once the server completes a warm-up request. A /health that says 200 before
+    the model is loaded (or that flaps) is waited out for up to `ready_s`; then ValueError with the last
+    answer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ready_s
+    while True:
+        try:
+            return await warm_up(client, url, None, require_ok=True)
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if loop.time() >= deadline:
+            raise ValueError(f"/health said 200 but no completion succeeded within {ready_s:g} s: {why}"[:300])
+        await asyncio.sleep(READY_POLL_S)
+
+
+def all_failed(runs: list[dict], num_requests: int) -> str | None:
+    """Why the point has no figure when every request of its most loaded run failed (else None)."""
+    last = runs[-1]
+    if last["row"]["errors"] < num_requests:
+        return None
+    return f"every request at {last['rate_rps']} req/s failed, e.g. {(last['errors'] or ['?'])[0]}"[:300]
+
+
+async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool, ready_s: float) -> dict:
     schedules = {rate: make_text_schedule(load, rate, load.seed) for rate in load.rates}
     async with client_for(load.num_requests) as client:
-        model = await warm_up(client, url, None)
+        model = await ready(client, url, ready_s)
         runs = [await run_rate(client, url, model, rate, schedules[rate], slo, label) for rate in load.rates]
+        failed = all_failed(runs, load.num_requests)
+        if failed:
+            raise ValueError(failed)
         greedy = (await _greedy(client, url, model, heldout_prompts(load.quality_prompts), load.quality_tokens)
                   if quality else [])
     return {"served_model": model, "runs": runs, "greedy": greedy}
 
 
-def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True) -> dict:
+def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True,
+                   ready_s: float = 60.0) -> dict:
     """{"served_model", "runs" (one per rate), "greedy" (tokens per held-out prompt)}; httpx errors and
-    ValueError propagate (the sweep records the point as failed)."""
-    return asyncio.run(_measure(url, load, slo, label, quality))
+    ValueError propagate (the sweep records the point as failed), as does a run where every request failed."""
+    return asyncio.run(_measure(url, load, slo, label, quality, ready_s))
 
 
 def headline(runs: list[dict], price_per_hour: float) -> dict:

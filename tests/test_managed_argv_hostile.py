@@ -1,0 +1,90 @@
+"""argv injection against the managed servers' flag tables: model names and paths with spaces, quotes,
+newlines, `;`, `$(...)`, a leading "-", a NUL byte, and --server-args with shell metacharacters. The argv
+is a list (never a shell) and the copyable command line, pasted into a shell, runs exactly that argv."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from app.tradeoff.managed.engines import ENGINES
+from app.tradeoff.managed.llama_server import LlamaServer
+from app.tradeoff.managed.server import ManagedServer, PointFailed
+from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
+from app.tradeoff.managed.tune_cli import sized_engine
+from app.tradeoff.managed.tune_measure import TuneLoad
+
+NASTY = ["my model.gguf", "it's \"quoted\".gguf", "a;touch pwned;.gguf", "new\nline.gguf", "$(touch pwned).gguf",
+         "`touch pwned`.gguf", "x|y&z>w.gguf", "ünï cödé.gguf"]
+POINT = ServerPoint(batch=2, bits=16, draft=4)
+
+
+def echo_argv(tmp_path) -> str:
+    """An executable that prints the argv it got as JSON (what a pasted command line really runs)."""
+    exe = tmp_path / "echo-argv"
+    exe.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def pasted(command: str, cwd) -> list[str]:
+    out = subprocess.run(["sh", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("engine", list(ENGINES.values()), ids=list(ENGINES))
+def test_the_copied_command_line_runs_exactly_the_argv_whatever_the_model_is_called(tmp_path, engine):
+    exe = echo_argv(tmp_path)
+    for name in NASTY:
+        model = ServedModel({16: str(tmp_path / name)}, draft=str(tmp_path / ("draft " + name)), name=name)
+        argv = engine.argv(exe, model, POINT, 8080)
+        assert str(tmp_path / name) in argv  # one argv element, as given
+        copied = shlex.join(argv)
+        assert shlex.split(copied) == argv
+        assert pasted(copied, tmp_path) == argv[1:]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_server_args_with_shell_metacharacters_stay_arguments(tmp_path):
+    extra = tuple(shlex.split("--alias 'a;touch pwned' --api-key \"$(touch pwned)\" --x `y`"))
+    engine = sized_engine(LlamaServer(), TuneLoad(), extra)
+    argv = engine.argv(echo_argv(tmp_path), ServedModel({16: "m.gguf"}, name="m"), ServerPoint(), 8080)
+    assert argv[-len(extra):] == list(extra) and "a;touch pwned" in argv
+    assert pasted(shlex.join(argv), tmp_path) == argv[1:]
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("engine", list(ENGINES.values()), ids=list(ENGINES))
+def test_a_model_file_whose_name_begins_with_a_dash_is_passed_as_a_file(tmp_path, monkeypatch, engine):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "--trust-remote-code").write_text("a file, not a flag")
+    model = ServedModel({16: "--trust-remote-code"}, draft="--trust-remote-code", name="m")
+    argv = engine.argv("server", model, POINT, 8080)
+    assert "./--trust-remote-code" in argv and "--trust-remote-code" not in argv
+
+
+@pytest.mark.parametrize("engine", list(ENGINES.values()), ids=list(ENGINES))
+def test_a_model_name_that_is_a_flag_is_refused_before_launch(tmp_path, monkeypatch, engine):
+    monkeypatch.chdir(tmp_path)  # no such file here
+    with pytest.raises(FlagError, match="begins with '-'"):
+        engine.argv("server", ServedModel({16: "--trust-remote-code"}, name="m"), ServerPoint(), 8080)
+
+
+def test_a_nul_byte_in_the_model_path_is_a_failed_point_not_a_crash(tmp_path):
+    server = ManagedServer(LlamaServer(), echo_argv(tmp_path), ServedModel({16: "m\0.gguf"}, name="m"), ServerPoint(),
+                           start_timeout_s=5.0)
+    with pytest.raises(PointFailed, match="could not be started"):
+        server.start()
+    assert not server.alive() and server.command == []
+
+
+def test_server_args_with_an_unclosed_quote_are_one_line_and_exit_2(tmp_path, capsys):
+    from app.cli import main
+
+    code = main(["tune", "--engine", "vllm", "--server-bin", echo_argv(tmp_path), "--model", "m",
+                 "--server-args", "--alias 'unclosed", "--json", str(tmp_path / "out.json")])
+    assert code == 2
+    assert "inferlab tune: --server-args \"--alias 'unclosed\": No closing quotation" in capsys.readouterr().err
