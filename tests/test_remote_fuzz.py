@@ -12,7 +12,7 @@ import tracemalloc
 import httpx
 import pytest
 from hostile_server import HostileServer, body, endless, trickle
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.remote import bounded, watch
@@ -122,6 +122,7 @@ chunk = st.one_of(
 
 @FUZZ
 @given(chunks=st.lists(chunk, max_size=12), how=delivery, done=st.booleans())
+@example(chunks=[{"error": ""}], how="whole", done=False)  # an empty error: still an error, with words
 def test_any_stream_finishes_with_a_reason_in_bounded_memory(server, small_limits, chunks, how, done):
     events = "".join(f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n" for c in chunks)
     server.routes["/v1/completions"] = served(events + ("data: [DONE]\n\n" if done else ""), how,

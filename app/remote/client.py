@@ -138,7 +138,8 @@ def _apply_chunk(res: StreamResult, data: str, t: float, on_text) -> bool:
     if not isinstance(chunk, dict):
         return True
     if "error" in chunk:
-        res.finish_reason, res.error = "error", str(chunk["error"])[:MAX_ERROR_CHARS]
+        said = str(chunk["error"])[:MAX_ERROR_CHARS]  # an empty error is still an error, with words
+        res.finish_reason, res.error = "error", said or "the server sent an error with no message"
         return False
     try:
         usage = chunk.get("usage")
