@@ -75,13 +75,16 @@ def test_engine_tokens_are_the_same_with_and_without_huge_pages(tmp_path, monkey
         w = eng.model.layers[0].mlp.gate_up_proj.weight  # (2 * 1024, 512)
         moved = w.untyped_storage().nbytes() > w.nbytes  # a view into an arena
         plain = [o.token_ids for o in eng.generate(prompts, p)]
+        sizes = [eng.weights_bytes]
         eng.set_quantization(8)  # a runtime requantization: the new layers move too
         eng.step()  # the swap lands between steps
         q = eng.model.layers[0].mlp.gate_up_proj.qweight  # (2 * 1024, 512) int8: 1 MiB
         eight = [o.token_ids for o in eng.generate(prompts, p)]
-        runs[flag] = (plain, eight, moved, q.untyped_storage().nbytes() > q.nbytes)
-    assert runs["0"][:2] == runs["1"][:2]
-    assert runs["1"][2:] == (True, True) and runs["0"][2:] == (False, False)
+        sizes.append(eng.weights_bytes)  # a tensor's own bytes, not its arena's (which keeps the originals)
+        runs[flag] = (plain, eight, sizes, moved, q.untyped_storage().nbytes() > q.nbytes)
+    assert runs["0"][:3] == runs["1"][:3]  # the same tokens and the same weight bytes either way
+    assert runs["1"][2][1] < runs["1"][2][0]  # 8 bits take fewer bytes than 16
+    assert runs["1"][3:] == (True, True) and runs["0"][3:] == (False, False)
 
 
 @needs_thp

@@ -17,17 +17,19 @@ from engine.events import MemorySnapshot
 
 
 def weights_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and persistent buffers, each storage counted once (tied embeddings), plus the
-    oneDNN-packed copies of Linear weights (engine/models/layers/linear.py)."""
-    seen: set[int] = set()
+    """Bytes of parameters and persistent buffers, each counted once (tied embeddings: one table), plus the
+    oneDNN-packed copies of Linear weights (engine/models/layers/linear.py). A tensor counts its own bytes,
+    not its storage's: on the CPU the weights are views into one huge-page arena (runner/huge_pages.py),
+    which also holds the 16-bit originals a quantized model keeps aside."""
+    seen: set[tuple[int, int]] = set()
     total = 0
     tensors = [t for _, t in model.named_parameters()] + [b for _, b in model.named_buffers(remove_duplicate=True)]
     for t in tensors:
-        key = t.untyped_storage().data_ptr()
+        key = (t.data_ptr(), t.nbytes)
         if key in seen:
             continue
         seen.add(key)
-        total += t.untyped_storage().nbytes()
+        total += t.nbytes
     return total + sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
 
 
