@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.perf.step_counter import storage_bytes
 from engine.runner import huge_pages
 from tests.conftest import build_tiny_model
 
@@ -39,6 +40,9 @@ def test_move_keeps_values_ties_and_leaves_views_and_small_tensors():
     assert m.embed.weight.data_ptr() % huge_pages.huge_page_bytes() == 0  # the arena starts on a huge page
     assert m.norm.weight.data_ptr() == norm_ptr and m.up.bias.data_ptr() == bias_ptr  # small: left
     assert huge_pages.move_to_huge_pages(m, min_bytes=1 << 20) == 0  # arena views are not moved again
+    # the roofline's bytes per step count each tensor, not the arena it lies in
+    assert storage_bytes(m.up) == m.up.weight.nbytes + m.up.bias.nbytes
+    assert storage_bytes(nn.ModuleList([m.embed, m.head])) == m.embed.weight.nbytes  # tied: once
     out = m.head(m.up(torch.ones(1, 256))[:, :256])
     assert out.shape == (1, 4096) and torch.isfinite(out).all()
 

@@ -8,18 +8,13 @@ from torch import nn
 from engine.events import StepKind
 from engine.models.model_config import ModelConfig
 from engine.perf.step_cost import ModelShape, RequestWork, step_cost
+from engine.runner.memory import unique_tensor_bytes
 
 
 def storage_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers, each storage once (packed copies are not tensors
-    of the module: the step reads either the packed copy or the weight, not both)."""
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    """Bytes of a module's parameters and buffers, each once (packed copies are not tensors of the
+    module: the step reads either the packed copy or the weight, not both)."""
+    return unique_tensor_bytes(list(module.parameters()) + list(module.buffers()))
 
 
 def model_shape(model: nn.Module, mc: ModelConfig, act_bytes: int) -> ModelShape:

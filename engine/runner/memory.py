@@ -16,21 +16,25 @@ from torch import nn
 from engine.events import MemorySnapshot
 
 
-def weights_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and persistent buffers, each counted once (tied embeddings: one table), plus the
-    oneDNN-packed copies of Linear weights (engine/models/layers/linear.py). A tensor counts its own bytes,
+def unique_tensor_bytes(tensors) -> int:
+    """Bytes of `tensors`, each counted once (tied embeddings: one table). A tensor counts its own bytes,
     not its storage's: on the CPU the weights are views into one huge-page arena (runner/huge_pages.py),
     which also holds the 16-bit originals a quantized model keeps aside."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    tensors = [t for _, t in model.named_parameters()] + [b for _, b in model.named_buffers(remove_duplicate=True)]
     for t in tensors:
         key = (t.data_ptr(), t.nbytes)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.nbytes
-    return total + sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
+        if key not in seen:
+            seen.add(key)
+            total += t.nbytes
+    return total
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of parameters and persistent buffers, each counted once, plus the oneDNN-packed copies of
+    Linear weights (engine/models/layers/linear.py)."""
+    tensors = [t for _, t in model.named_parameters()] + [b for _, b in model.named_buffers(remove_duplicate=True)]
+    return unique_tensor_bytes(tensors) + sum(m.packed_bytes() for m in model.modules() if hasattr(m, "packed_bytes"))
 
 
 class DeviceMemory:
