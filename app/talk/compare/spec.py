@@ -10,7 +10,8 @@
 
     [compare.engine]      base engine knobs for every configuration (EngineConfig fields)
     [compare.workload]    requests, prompt_tokens, output_tokens, arrival = "all" | "poisson" | "burst",
-                          rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup
+                          rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup,
+                          rate_unit ("capacity": rates as multiples of a measured capacity)
     [[compare.configs]]   named configurations instead of knob/values: label, mode, and knob = value pairs
 
 A configuration's `mode` says how it runs: "continuous" (the engine's own scheduling), "static" (the next
@@ -59,6 +60,8 @@ class WorkloadSpec:
     seed: int = 0
     stop: tuple[str, ...] = ()
     warmup: str = "short"  # "short": one small request per engine; "workload": the whole workload once
+    # "per_s": rates in requests/s; "capacity": multiples of the capacity measured first (app/talk/compare/capacity.py)
+    rate_unit: str = "per_s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class CompareSpec:
         """A short hash of everything that shapes the result (not the title): stored results are kept per
         configuration."""
         shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
+        if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
+            del shape["workload"]["rate_unit"]
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -137,8 +142,8 @@ def _workload(d: dict) -> WorkloadSpec:
             out[key] = v
         elif key == "rate":
             out[key] = _knob_value(t, key, v)
-        elif key in ("arrival", "warmup"):
-            options = ARRIVALS if key == "arrival" else ("short", "workload")
+        elif key in ("arrival", "warmup", "rate_unit"):
+            options = {"arrival": ARRIVALS, "warmup": ("short", "workload"), "rate_unit": ("per_s", "capacity")}[key]
             if v not in options:
                 raise _err(t, key, f"expected one of {', '.join(options)}", v)
             out[key] = v
