@@ -121,7 +121,8 @@ class DecoderLayer(nn.Module):
         return self._next.pre_attention(x, residual, positions, rotary)
 
     def set_compiled(self, on: bool) -> None:
-        self._compiled = (compile_like_eager(self.pre_attention), compile_like_eager(self.post_then_pre)) if on else None
+        self._compiled = ((compile_like_eager(self.pre_attention), compile_like_eager(self.post_then_pre))
+                          if on else None)
 
 
 class LlamaForCausalLM(nn.Module):
