@@ -64,7 +64,9 @@ def compile_like_eager(fn):
     """torch.compile with dynamic shapes, keeping eager's bf16 roundings between the ops it fuses
     (inductor's emulate_precision_casts): without them a fused region kept fp32 intermediates, and on
     SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests (1 of 4 with
-    them: the fused reductions still sum in another order)."""
+    them). Decode-sized rows (1 and 3, a layer of SmolLM2) match eager bit for bit; prompt rows do not:
+    inductor fuses the GEMM and the residual add into one addmm, rounded once (its pattern_matcher off
+    removes that, yet 1 of 4 answers still parted, so it stays on)."""
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 
