@@ -86,7 +86,16 @@ class Preset:
 
 
 def _spec():
-    return load_preset("latency-budget").compare
+    """latency-budget's shape with fixed rates in requests/s and a fallback of 4x lower ones (the preset
+    itself now scales its rates to a measured capacity instead)."""
+    return parse_compare({
+        "title": "goodput vs arrival rate", "knob": "rate", "values": [1.0, 4.0, 16.0],
+        "metrics": ["goodput_rps", "tokens_per_s"], "workload": {"arrival": "poisson"},
+        "checks": [{"claim": "goodput falls as the arrival rate rises", "metric": "goodput_rps", "expect": "falls"},
+                   {"claim": "while tokens/s still rises", "metric": "tokens_per_s", "expect": "rises"},
+                   {"claim": "at the lowest rate, requests meet the budget", "metric": "goodput_rps",
+                    "expect": "at_least", "config": "first", "value": 0.01}],
+        "fallback": {"reason": "arrival rates 4x lower (0.25, 1 and 4 per s)", "values": [0.25, 1.0, 4.0]}})
 
 
 def _fake_run(goodput_by_rate: dict[float, float]):

@@ -173,3 +173,25 @@ def test_adapter_mix_registers_adapters_and_counts_pool_traffic(loaded, tiny_lla
     assert mixed["adapter_loads"] >= 2 and mixed["adapter_evictions"] >= 1  # one slot, three adapters
     assert mixed["steps"] > base["steps"]  # a step admits one adapter's requests only
     assert "3 of the 3 adapters are random" in rows[1]["note"]
+
+
+def test_rates_as_multiples_of_a_measured_capacity(loaded, tiny_llama):
+    """rate_unit = "capacity": the capacity is measured first (all at once), the rates are multiples of
+    it in the labels and in requests/s, and the request count follows from it (3x the requests started
+    within the TTFT budget, at least the preset's)."""
+    import math
+
+    over = dict(knob="rate", values=[0.5, 8.0], metrics=["goodput_rps", "p50_queue_ms"], engine={"max_num_seqs": 2},
+                workload={"requests": 3, "arrival": "poisson", "rate_unit": "capacity", "output_tokens": [2, 4]})
+    spec = parse_compare(_spec(**over))
+    per_s = {**over, "workload": {**over["workload"], "rate_unit": "per_s"}}
+    assert spec.fingerprint() != parse_compare(_spec(**per_s)).fingerprint()
+    result = run_comparison(spec, loaded, _base(tiny_llama), slo=SLO(0.05, 10.0))
+    cap = result["capacity"]
+    assert cap["capacity_rps"] > 0 and cap["served_within_ttft_budget"] == pytest.approx(2 + cap["capacity_rps"] * 0.05)
+    assert cap["requests"] == max(3, math.ceil(3 * cap["served_within_ttft_budget"]))
+    rows = result["comparison"]
+    rps = cap["capacity_rps"]
+    assert [r["config"]["rate_per_s"] for r in rows] == pytest.approx([0.5 * rps, 8 * rps])
+    assert rows[0]["label"].startswith("0.5x capacity (") and rows[1]["label"].startswith("8x capacity (")
+    assert len(rows[1]["requests"]) == cap["requests"]  # every planned request ran, at the scaled rate

@@ -69,3 +69,16 @@ def test_compiled_bf16_decode_stays_close_to_eager(tiny_llama, pack):
     assert lp[:agree] == pytest.approx(eager_lp[:agree], abs=0.05)
     eng.reconfigure(compile=False)
     assert run()[0] == eager_ids and all(m.gemv is None for m in eng.model.modules() if isinstance(m, Linear))
+
+
+def test_compiled_regions_keep_eagers_bf16_roundings():
+    """The model's compiled regions round to bf16 between fused ops as eager does (a fused region that kept
+    fp32 intermediates gave greedy answers other than eager's): bit-for-bit the eager result."""
+    from engine.models.llama import compile_like_eager
+
+    def chain(x, w):  # each op rounds to bf16 in eager: silu, the product, the residual add
+        return x + torch.nn.functional.silu(x) * w
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 257, dtype=torch.bfloat16), torch.randn(257, dtype=torch.bfloat16)
+    assert torch.equal(compile_like_eager(chain)(x, w), chain(x, w))

@@ -371,3 +371,29 @@ def test_on_the_cpu_mtp_proposes_chains_and_verifies_them_in_the_fused_step(tiny
     verifies = [(t, p) for t, p in seen if t]
     assert verifies and all(p == PATH_FUSED for _, p in verifies)
     assert all(tree == list(range(len(tree))) for trees, _ in verifies for tree in trees)
+
+
+def test_proposals_run_the_lm_head_on_few_2d_rows_as_decode_does():
+    """The heads' outputs reach the lm_head as 2-D rows, at most STREAM_MAX_ROWS a call (the weight-streaming
+    kernel's input; a 3-D one widened the whole lm_head to fp32 on every proposal where bf16 is emulated),
+    and propose the same drafts as the lm_head over all rows at once."""
+    from engine.models.layers.linear import STREAM_MAX_ROWS, Linear
+
+    torch.manual_seed(5)
+    hidden, vocab, n = 16, 50, 4
+    heads = MtpHeads(hidden, 3)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.weight, std=0.5)
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(vocab, hidden)
+    model.lm_head = Linear(hidden, vocab)
+    torch.nn.init.normal_(model.lm_head.weight)
+    shapes = []
+    model.lm_head.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
+    h, last = torch.randn(n, hidden), [1, 2, 3, 4]
+    got = MtpProposer(heads, model).propose_batch(h, [3] * n, last_tokens=last, chain=True)
+    assert shapes and all(len(s) == 2 and s[0] <= STREAM_MAX_ROWS for s in shapes)
+    assert sum(s[0] for s in shapes) == n * 3
+    with torch.inference_mode():
+        ref = torch.nn.functional.linear(heads(h, model.embed_tokens(torch.tensor(last)), 3), model.lm_head.weight)
+    assert [tokens for tokens, _ in got] == ref.argmax(-1).tolist()

@@ -174,3 +174,34 @@ def test_int8_with_int8_activations_is_the_product_of_the_rounded_row(kernel, ro
     y, want = kernel.stream_linear_int8_q8(x, q, scales), quantized_rows(x) @ w.t()
     close_to(y, want)
     assert (y.float() - want).norm() / want.norm() < 0.005
+
+
+def test_where_bf16_is_emulated_a_decode_batch_streams_in_chunks_instead_of_widening(kernel, monkeypatch):
+    """matmul_dtype fp32 (a CPU without native bf16): up to 32 decode rows go through the kernel in chunks of 8,
+    each row as the kernel computes it alone in its chunk, instead of widening the whole weight to fp32;
+    prompt rows and larger batches still take the widened GEMM."""
+    from engine.models.layers import linear as linear_mod
+
+    lin = bf16_linear(48, 96)
+    lin.matmul_dtype = torch.float32
+    calls, widened = [], []
+
+    class Spy:
+        def stream_linear_bf16(self, x, w, b):
+            calls.append(x.shape[0])
+            return kernel.stream_linear_bf16(x, w, b)
+
+    real_widened = linear_mod.widened_linear
+    monkeypatch.setattr(linear_mod, "widened_linear", lambda x, *a: widened.append(x.shape[0]) or real_widened(x, *a))
+    lin.stream = Spy()
+    x = torch.randn(20, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    y = lin(x)
+    assert calls == [8, 8, 4] and widened == []
+    assert torch.equal(y, torch.cat([kernel.stream_linear_bf16(p, lin.weight, lin.bias) for p in x.split(8)]))
+    lin(torch.randn(33, 96).bfloat16())  # more rows than a handful of chunks
+    token = linear_mod.PROMPT_ROWS.set(True)
+    try:
+        lin(x)  # a prompt's rows: the GEMM, whatever their count
+    finally:
+        linear_mod.PROMPT_ROWS.reset(token)
+    assert widened == [33, 20] and calls == [8, 8, 4]

@@ -156,7 +156,8 @@ def too_slow_for_arrivals(result: dict) -> str | None:
         return None
     out_lo, out_hi = wl.get("output_tokens") or (0, 0)
     for row in _measured(result):
-        rate = row.get("config", {}).get("rate", wl.get("rate"))
+        config = row.get("config", {})
+        rate = config.get("rate_per_s", config.get("rate", wl.get("rate")))
         served = row["metrics"].get("tokens_per_s")
         if rate and served is not None:
             asked = rate * (out_lo + out_hi) / 2

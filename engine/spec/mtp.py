@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.layers.linear import STREAM_MAX_ROWS
+
 DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
 
 
@@ -125,6 +127,14 @@ def tree_nodes(widths: tuple[int, ...], depth: int) -> list[tuple[int, ...]]:
     return nodes
 
 
+def head_logits(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """lm_head over 2-D rows (n * depth, hidden), at most STREAM_MAX_ROWS per call: the path a decode
+    step's rows take (the weight-streaming kernel reads the vocabulary-sized weight once per call). A 3-D
+    input missed that kernel; on a CPU without native bf16 it widened the whole lm_head to fp32 on every
+    proposal (2/3 of an MTP step's time as AVX2, 2 streams x 3 heads)."""
+    return torch.cat([lm_head(part) for part in rows.split(STREAM_MAX_ROWS)])
+
+
 class MtpProposer:
     """Proposes a tree of drafts per request from its last hidden state."""
 
@@ -157,8 +167,8 @@ class MtpProposer:
         emb = None
         if self.heads.use_token:
             emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(hidden.dtype)
-        out = self.heads(hidden, emb, depth)  # (n, depth, hidden)
-        logits = self.model.lm_head(out.to(hidden.dtype))  # (n, depth, vocab)
+        out = self.heads(hidden, emb, depth).to(hidden.dtype)  # (n, depth, hidden)
+        logits = head_logits(self.model.lm_head, out.flatten(0, 1)).unflatten(0, out.shape[:2])  # (n, depth, vocab)
         width = max(self.widths[:depth]) if depth else 1
         top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
         result = []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from app.load.generator import corpus_text
 from app.talk.compare.adapters import ensure_adapters
+from app.talk.compare.capacity import Capacity, capacity_label, measure_capacity
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.computed import contiguous_reservation
 from app.talk.compare.drive import Cancelled, Driver
@@ -104,12 +105,12 @@ def _warm_up(engine: LLMEngine, spec: CompareSpec, planned, corpus, cancelled, l
 
 
 def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: str, slo, cancelled,
-             loras: tuple[str, ...] = ()) -> tuple:
+             loras: tuple[str, ...] = (), rate_per_unit: float = 1.0) -> tuple:
     mem = engine.memory()
     rec = RunRecord(kv_bytes_per_token=mem.kv_block_bytes / engine.config.block_size)
     hits0, steps0 = engine.stats().num_prefix_cache_hit_tokens, engine.stats().num_steps
     pool0 = engine.lora.snapshot() if engine.lora is not None else None
-    rate = float(c.knobs.get("rate", spec.workload.rate))
+    rate = float(c.knobs.get("rate", spec.workload.rate)) * rate_per_unit
     Driver(engine, rec, cancelled, tag, spec.workload.stop, loras).run(c.mode, planned, rate)
     outputs = sum(len(t) for t in rec.token_ids.values())
     m = run_metrics(rec, slo, outputs)
@@ -149,12 +150,18 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
         result["not_built"] = spec.not_built
         return result
     corpus = loaded.tokenizer.encode(corpus_text(), add_special_tokens=False)
-    planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
     probe = None  # measured once, on the device of the first engine
     engines, quality = _Engines(loaded, base), QualityMeter()
     first_tokens, first_tag, last = None, "", None
     n = len(spec.configs)
     try:
+        capacity = None
+        if spec.workload.rate_unit == "capacity":
+            progress(f"{spec.title}: measuring this machine's capacity", 0.0)
+            capacity = _capacity(spec, engines, corpus, slo, cancelled)
+            result["capacity"] = capacity.as_dict()
+            spec = replace(spec, workload=replace(spec.workload, requests=capacity.requests))
+        planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
         for i, c in enumerate(spec.configs):
             if cancelled():
                 raise Cancelled()
@@ -162,7 +169,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
             if c.mode == "contiguous":
                 result["comparison"].append(contiguous_reservation(c, last, spec.metrics))
                 continue
-            entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled)
+            entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled, capacity)
             if first_tokens is None:
                 first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
             entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
@@ -184,7 +191,14 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     return result
 
 
-def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, slo, cancelled):
+def _capacity(spec: CompareSpec, engines: _Engines, corpus, slo, cancelled) -> Capacity:
+    """The first configuration's engine, warmed up and timed on an all-at-once workload (capacity.py)."""
+    engine, _ = engines.get(_engine_config(engines.base, spec, spec.configs[0]))
+    return measure_capacity(engine, spec.workload, corpus, slo.ttft_s if slo else 0.0, cancelled)
+
+
+def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, slo, cancelled,
+             capacity: Capacity | None = None):
     cfg = _engine_config(engines.base, spec, c)
     label, note = c.label, None
     try:
@@ -199,12 +213,16 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     if c.knobs.get("adapters"):
         loras, random_ones = ensure_adapters(engine, int(c.knobs["adapters"]), engines.scratch())
     warm = _warm_up(engine, spec, planned, corpus, cancelled, loras)
-    metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras)
+    per_unit = capacity.requests_per_s if capacity is not None else 1.0
+    metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras, per_unit)
     if random_ones:
         note = (f"{random_ones} of the {len(loras)} adapters are random ones of the same rank and targets as the "
                 "trained ones: the cost of mixing is measured, not their answers")
     metrics["warmup_s"] = warm
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
+    if capacity is not None and "rate" in c.knobs:  # the rate knob counts in capacities: say it in requests/s too
+        entry["label"] = capacity_label(c.knobs["rate"], capacity)
+        entry["config"]["rate_per_s"] = c.knobs["rate"] * capacity.requests_per_s
     if "p50_queue_ms" in spec.metrics:  # each request's time split, for the latency-budget chart
         entry["requests"] = request_split(rec)
     if note:

@@ -10,7 +10,8 @@
 
     [compare.engine]      base engine knobs for every configuration (EngineConfig fields)
     [compare.workload]    requests, prompt_tokens, output_tokens, arrival = "all" | "poisson" | "burst",
-                          rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup
+                          rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup,
+                          rate_unit ("capacity": rates as multiples of a measured capacity)
     [[compare.configs]]   named configurations instead of knob/values: label, mode, and knob = value pairs
 
 A configuration's `mode` says how it runs: "continuous" (the engine's own scheduling), "static" (the next
@@ -33,8 +34,8 @@ ARRIVALS = ("all", "poisson", "burst")
 # EngineConfig fields a configuration may set, with the check of each value
 ENGINE_KNOBS = {name: KNOB[name].type for name in (
     "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "enable_prefix_caching", "quant_bits",
-    "quant_group_size", "compile", "spec_method", "num_speculative_tokens", "num_kv_blocks", "memory_budget_bytes",
-    "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras")}
+    "quant_group_size", "compile", "fused_decode", "spec_method", "num_speculative_tokens", "num_kv_blocks",
+    "memory_budget_bytes", "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras")}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
 # LoRA adapters named by the requests, round-robin; 0: the base model)
 WORKLOAD_KNOBS = {"rate": float, "adapters": int}
@@ -59,6 +60,8 @@ class WorkloadSpec:
     seed: int = 0
     stop: tuple[str, ...] = ()
     warmup: str = "short"  # "short": one small request per engine; "workload": the whole workload once
+    # "per_s": rates in requests/s; "capacity": multiples of the capacity measured first (app/talk/compare/capacity.py)
+    rate_unit: str = "per_s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class CompareSpec:
         """A short hash of everything that shapes the result (not the title): stored results are kept per
         configuration."""
         shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
+        if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
+            del shape["workload"]["rate_unit"]
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -137,8 +142,8 @@ def _workload(d: dict) -> WorkloadSpec:
             out[key] = v
         elif key == "rate":
             out[key] = _knob_value(t, key, v)
-        elif key in ("arrival", "warmup"):
-            options = ARRIVALS if key == "arrival" else ("short", "workload")
+        elif key in ("arrival", "warmup", "rate_unit"):
+            options = {"arrival": ARRIVALS, "warmup": ("short", "workload"), "rate_unit": ("per_s", "capacity")}[key]
             if v not in options:
                 raise _err(t, key, f"expected one of {', '.join(options)}", v)
             out[key] = v

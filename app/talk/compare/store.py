@@ -69,7 +69,7 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
 def prepared_json(model: str, machine: dict, results: dict[str, dict]) -> dict:
     """The `inferlab prepare --json` document."""
     keep = ("title", "measured_at", "comparison", "metrics", "chart", "knob", "metric_info", "fingerprint",
-            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload")
+            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload", "capacity")
     presets = {name: {k: r[k] for k in keep if k in r}
                for name, r in results.items()}
     return {"machine": machine, "model": model, "presets": presets}
