@@ -47,6 +47,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("inferlab")
         self.setObjectName("inferlab-main")
         self.host = host
+        self._kv_blocks_shown = 0  # the KV block count the status bar shows (it changes with requantization)
         collector.acquire()
         self._gc_held = True
         self.settings = settings
@@ -74,6 +75,7 @@ class MainWindow(QMainWindow):
         host.sigLoadProgress.connect(self._on_load_progress)
         host.sigLoaded.connect(self._on_loaded)
         self.feeder.sigQuantized.connect(self._on_quantized)
+        self.feeder.sigComputeChanged.connect(self._on_compute_changed)
         host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
@@ -127,6 +129,7 @@ class MainWindow(QMainWindow):
         self.controller.on_loaded(info)
 
     def _show_engine_label(self, num_kv_blocks: int) -> None:
+        self._kv_blocks_shown = num_kv_blocks
         info = self.host.info
         if info.capabilities.server_metrics or info.capabilities.client_timings:
             state = getattr(self.host, "status", ("connected", ""))[0]
@@ -137,6 +140,13 @@ class MainWindow(QMainWindow):
         self.engine_label.setToolTip(info.compute)
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
                                   f"× {info.block_size} · context {info.max_model_len}{compute}")
+
+    def _on_compute_changed(self, compute: str) -> None:
+        """The native kernels built in the background took over (or failed): the status bar says so."""
+        info = self.host.info
+        if info is not None:
+            self._show_engine_label(self._kv_blocks_shown or info.num_kv_blocks)
+        self.show_message(f"compute now: {compute}")
 
     def _on_quantized(self, _bits: int, num_kv_blocks: int) -> None:
         """Requantizing resized the KV cache (the bytes the weights freed or took back)."""

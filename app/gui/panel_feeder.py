@@ -49,6 +49,7 @@ class PanelFeeder(QObject):
     sigComparison = Signal(str, object)  # preset name, its measured comparison (app/talk/compare_run.py)
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
     sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
+    sigComputeChanged = Signal(str)  # the engine's compute line, new (the native kernels took over)
     sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
     sigServerRestarted = Signal(object)  # a managed server's restart ended (channel.ServerRestarted)
 
@@ -84,6 +85,7 @@ class PanelFeeder(QObject):
             # kept across resets and rebuilds: the weights keep their bits
             channel.QuantError: lambda q: self.panels.quant.set_report(q.bits, dict(q.errors)),
             channel.Quantized: lambda q: self.sigQuantized.emit(q.bits, q.num_kv_blocks),
+            channel.ComputeChanged: lambda c: self.sigComputeChanged.emit(c.compute),
             channel.Perplexity: self._on_perplexity,
             channel.LoraAdapters: lambda a: self.panels.lora.set_adapters([AdapterRow(**r) for r in a.adapters]),
             channel.SideBySide: lambda s: self.panels.lora.begin_side_by_side(dict(s.assignments)),

@@ -260,12 +260,25 @@ class EngineHost(QObject):
         return min(self.loadgen.next_due(), self._next_snapshot)
 
     def take_snapshots(self) -> float:
-        """Publish memory and block-map snapshots; returns when the next one is due."""
+        """Publish memory and block-map snapshots (and a compute line that changed); returns when the next
+        one is due."""
         t0 = time.perf_counter()
         self._events.append(self.engine.memory())
         self._events.append(self.engine.block_map())
+        self._publish_compute_change()
         cost = time.perf_counter() - t0
         return t0 + max(self.snapshot_interval_s, cost / SNAPSHOT_MAX_SHARE)
+
+    def _publish_compute_change(self) -> None:
+        """The kernels built in the background attach between two steps: the status bar follows."""
+        info = self.info
+        if info is None or not info.compute_short:
+            return
+        short = self.engine.compute_line(short=True)
+        if short != info.compute_short:
+            compute = self.engine.compute_line()
+            self.info = replace(info, compute=compute, compute_short=short)  # a new frozen object, swapped whole
+            self.publish(channel.ComputeChanged(compute, short))
 
     def submit_due(self, now: float) -> int:
         """Submit the load generator's due arrivals; returns how many were accepted."""

@@ -48,6 +48,14 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputeChanged:
+    """The engine's compute line changed while it runs (the native kernels built in the background took
+    over): EngineInfo.compute and compute_short, new."""
+    compute: str
+    compute_short: str
+
+
+@dataclass(frozen=True, slots=True)
 class Busy:
     """Background work in the engine thread (requantizing, measuring): text "" when done."""
 
