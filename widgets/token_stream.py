@@ -111,6 +111,9 @@ class TokenStreamPanel(Panel):
         status = QLabel()
         status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         view = TokenView(page)
+        # it scrolls: two lines are its least (its default least, ~4 lines, made a 720-line presenter screen
+        # overflow by a line once the stream tabs appeared beside the acceptance panel)
+        view.setMinimumHeight(2 * view.fontMetrics().lineSpacing() + 2 * view.frameWidth())
         view.set_decoder(self._decoder)
         if prompt:
             view.set_prompt(prompt)
