@@ -49,23 +49,27 @@ def huge_page_bytes() -> int:
         return HUGE_PAGE
 
 
-def available() -> bool:
-    """Huge pages can be asked for here (INFERLAB_HUGE_PAGES=0 turns the move off, to measure without)."""
-    if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":
-        return False
-    return hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
-
-
-def describe() -> str:
-    """For a bench's JSON: whether the weights go onto huge pages here, and why not."""
-    if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":
+def _why_not() -> str | None:
+    """Why huge pages cannot be asked for here, or None where they can."""
+    if os.environ.get("INFERLAB_HUGE_PAGES", "1") == "0":  # off, to measure without
         return "off (INFERLAB_HUGE_PAGES=0)"
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return "not on this platform (no MADV_HUGEPAGE)"
     mode = thp_mode()
     if mode not in ("always", "madvise"):
         return f"off: transparent huge pages are {mode or 'unknown'} here"
-    return f"weights and KV cache advised MADV_HUGEPAGE ({huge_page_bytes() >> 20} MiB pages, THP mode {mode})"
+    return None
+
+
+def available() -> bool:
+    """Huge pages can be asked for here."""
+    return _why_not() is None
+
+
+def describe() -> str:
+    """For a bench's JSON: whether the weights go onto huge pages here, and why not."""
+    return _why_not() or (f"weights and KV cache advised MADV_HUGEPAGE ({huge_page_bytes() >> 20} MiB pages, "
+                          f"THP mode {thp_mode()})")
 
 
 def _owned(t: torch.Tensor, min_bytes: int) -> bool:
