@@ -84,6 +84,22 @@ def test_a_cancel_mid_point_stops_that_server_and_runs_no_other(tmp_path):
     assert all(gone(pid) for pid in started)
 
 
+def test_a_cancel_while_the_server_is_not_ready_yet_ends_the_point_at_once(tmp_path):
+    # the cancel stops the server while the sweep still waits for its first completion: that wait (up to
+    # start_timeout_s) ends at once instead of polling a server that is gone
+    measuring = []
+    t0 = time.monotonic()
+    result, started = sweep(tmp_path, {1: ("refuse-completions",), 2: ()}, start_timeout_s=60.0, run_kw={
+        "progress": lambda text, _f: measuring.append(time.monotonic()) if "measuring" in text else None,
+        "cancelled": lambda: bool(measuring) and time.monotonic() > measuring[0] + 0.5})
+    assert time.monotonic() - t0 < 30  # not the 60 s readiness wait
+    assert result["stopped_early"] == "cancelled"
+    assert [f["batch"] for f in result["failed"]] == [1]
+    assert result["failed"][0]["reason"].startswith("cancelled while this point ran")
+    assert "the server was stopped" in result["failed"][0]["reason"]
+    assert all(gone(pid) for pid in started)
+
+
 def test_an_interrupt_mid_point_leaves_no_server_running(tmp_path):
     def interrupt(text: str, _fraction: float) -> None:
         if "measuring" in text:

@@ -162,7 +162,9 @@ def _start_and_measure(spec: TuneSpec, point: ServerPoint, reference: list | Non
     try:
         say(f"measuring: {spec.load.num_requests} requests at {', '.join(map(str, spec.load.rates))} req/s, "
             f"then {spec.load.quality_prompts} greedy prompts")
-        measured = measure_server(server.url, spec.load, spec.slo, point.label(), ready_s=spec.start_timeout_s)
+        measured = measure_server(server.url, spec.load, spec.slo, point.label(), ready_s=spec.start_timeout_s,
+                                  gone=lambda: "the server was stopped" if watchdog.reason else
+                                  None if server.alive() else f"{spec.engine.name} exited ({server.exit_code()})")
         memory = {**process_memory(server.pid), "server_metrics": server_metrics(server.url)}
         if not server.alive():
             raise RuntimeError("the server is gone")

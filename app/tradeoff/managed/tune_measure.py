@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -156,10 +157,12 @@ def agreement(reference: list[tuple[list[str], str]], outputs: list[tuple[list[s
             "agreement_unit": "tokens" if units == {"tokens"} else "text characters"}
 
 
-async def ready(client: httpx.AsyncClient, url: str, ready_s: float) -> str:
+async def ready(client: httpx.AsyncClient, url: str, ready_s: float,
+                gone: Callable[[], str | None] = lambda: None) -> str:
     """The served model id once the server completes a warm-up request. A /health that says 200 before
     the model is loaded (or that flaps) is waited out for up to `ready_s`; then ValueError with the last
-    answer."""
+    answer. `gone()` says why waiting is pointless (the server exited, the sweep was cancelled): ValueError
+    at once, not after `ready_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ready_s
     while True:
@@ -167,6 +170,8 @@ async def ready(client: httpx.AsyncClient, url: str, ready_s: float) -> str:
             return await warm_up(client, url, None, require_ok=True)
         except (httpx.HTTPError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
+        if (reason := gone()) is not None:
+            raise ValueError(f"{reason} ({why})"[:300])
         if loop.time() >= deadline:
             raise ValueError(f"/health said 200 but no completion succeeded within {ready_s:g} s: {why}"[:300])
         await asyncio.sleep(READY_POLL_S)
@@ -180,10 +185,11 @@ def all_failed(runs: list[dict], num_requests: int) -> str | None:
     return f"every request at {last['rate_rps']} req/s failed, e.g. {(last['errors'] or ['?'])[0]}"[:300]
 
 
-async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool, ready_s: float) -> dict:
+async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool, ready_s: float,
+                   gone: Callable[[], str | None]) -> dict:
     schedules = {rate: make_text_schedule(load, rate, load.seed) for rate in load.rates}
     async with client_for(load.num_requests) as client:
-        model = await ready(client, url, ready_s)
+        model = await ready(client, url, ready_s, gone)
         runs = [await run_rate(client, url, model, rate, schedules[rate], slo, label) for rate in load.rates]
         failed = all_failed(runs, load.num_requests)
         if failed:
@@ -194,10 +200,11 @@ async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool
 
 
 def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True,
-                   ready_s: float = 60.0) -> dict:
+                   ready_s: float = 60.0, gone: Callable[[], str | None] = lambda: None) -> dict:
     """{"served_model", "runs" (one per rate), "greedy" (tokens per held-out prompt)}; httpx errors and
-    ValueError propagate (the sweep records the point as failed), as does a run where every request failed."""
-    return asyncio.run(_measure(url, load, slo, label, quality, ready_s))
+    ValueError propagate (the sweep records the point as failed), as does a run where every request failed.
+    `gone()`: why the server cannot answer any more (see `ready`), else None."""
+    return asyncio.run(_measure(url, load, slo, label, quality, ready_s, gone))
 
 
 def headline(runs: list[dict], price_per_hour: float) -> dict:
