@@ -6,6 +6,8 @@ whole run. The HTTP serving bench (serve_url.py: seeded Poisson arrivals, stream
 ignore_eos, temperature 0, latencies from each request's due time) sends the same schedule to each,
 one server at a time: for every rate and round the two take turns, and the one that goes first
 alternates from round to round, so both see the same drift of a shared machine. Medians over rounds.
+Every rate and round has prompts of its own: a repeated text would be served from both servers' prefix
+caches, and every round after the first would measure that instead of serving.
 
 inferlab serve runs with its own defaults (`inferlab serve --threads T`: chunked prefill, FCFS, its
 token budget and batch size) unless --peer-inferlab-args says otherwise; llama-server with `-np`
@@ -23,7 +25,7 @@ import sys
 from app.bench import llama_cpp
 from app.bench.llama_server import ChildServer, free_port, llama_server
 from app.bench.serve_url import url_workload
-from app.remote.http_load import client_for, make_text_schedule, run_rate, warm_up
+from app.remote.http_load import client_for, make_text_schedule, run_rate, run_seed, warm_up
 from engine.core.metrics import SLO
 
 SIDES = ("inferlab", "llama.cpp")
@@ -68,7 +70,8 @@ def run_peer_bench(args) -> dict:
     gguf = peer_gguf(args)
     threads = args.threads or 2
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
-    schedules = {rate: make_text_schedule(args, rate, args.seed) for rate in args.rates}
+    schedules = {(rate, r): make_text_schedule(args, rate, run_seed(args.seed, i, r))
+                 for i, rate in enumerate(args.rates) for r in range(args.rounds)}
     with contextlib.ExitStack() as stack:
         servers = {"inferlab": stack.enter_context(inferlab_server(gguf, threads, args.peer_inferlab_args, args.dtype)),
                    "llama.cpp": stack.enter_context(llama_server(binary, gguf, args.peer_threads or threads,
@@ -77,7 +80,8 @@ def run_peer_bench(args) -> dict:
         commands = {name: " ".join(s.command) for name, s in servers.items()}
         runs = asyncio.run(_alternate(servers, schedules, args, slo))
     return {
-        "driver": "HTTP, both servers up; the same seeded schedule sent to each in turn (who goes first "
+        "driver": "HTTP, both servers up; the same seeded schedule sent to each in turn, fresh prompts every rate "
+                  "and round (who goes first "
                   "alternates by round); streaming /v1/completions, ignore_eos, temperature 0; latency from the due "
                   "time, timed on arrival (client side)",
         "gguf": gguf, "threads": {"inferlab": threads, "llama.cpp": args.peer_threads or threads},
@@ -95,7 +99,7 @@ async def _alternate(servers: dict[str, ChildServer], schedules: dict, args, slo
         for rate in args.rates:
             for i in range(args.rounds):
                 for name in (SIDES if i % 2 == 0 else SIDES[::-1]):
-                    run = await run_rate(client, servers[name].url, models[name], rate, schedules[rate], slo,
+                    run = await run_rate(client, servers[name].url, models[name], rate, schedules[rate, i], slo,
                                          label=f"{name:<9}")
                     runs.append({"server": name, "round": i, "load_average_1m": os.getloadavg()[0], **run})
     return runs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.remote.http_load import LONG_WORDS, TimedText, client_for, make_text_schedule, run_rate, warm_up
+from app.remote.http_load import LONG_WORDS, TimedText, client_for, make_text_schedule, run_rate, run_seed, warm_up
 from engine.core.metrics import SLO
 
 
@@ -29,7 +29,7 @@ def run_url_bench(args) -> dict:
     url = base_url(args.url)
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
-    schedules = {rate: make_text_schedule(args, rate, args.seed) for rate in args.rates}
+    schedules = {rate: make_text_schedule(args, rate, run_seed(args.seed, i)) for i, rate in enumerate(args.rates)}
 
     async def main() -> tuple[str, list[dict]]:
         async with client_for(args.num_requests, headers) as client:
@@ -54,6 +54,8 @@ def url_workload(args, schedule: list[TimedText]) -> dict:
     return {"requests_per_run": args.num_requests, "long_share": args.long_share, "long_prompt_words": args.long_words,
             "chat_prompt_words": [12, 48], "chat_max_tokens": args.chat_max_tokens,
             "long_max_tokens": args.long_max_tokens, "rates_rps": args.rates, "seed": args.seed,
+            "prompts": "fresh per rate and round (seed + 7919 x rate index + 104729 x round): no run hits a prefix "
+                       "cache an earlier run filled",
             "long_requests": sum(r.kind == "long" for r in schedule)}
 
 

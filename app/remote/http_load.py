@@ -37,6 +37,13 @@ class TimedText:
     kind: str  # chat | long
 
 
+def run_seed(seed: int, rate_index: int, round_index: int = 0) -> int:
+    """The schedule seed of one run: each rate and round gets prompts of its own, so no run is served from
+    the prefix cache (inferlab's, llama-server's cache_prompt) that an earlier run of the same texts filled.
+    Within a run every server gets the same schedule (the side-by-side comparison)."""
+    return seed + 7919 * rate_index + 104729 * round_index
+
+
 def make_text_schedule(args, rate: float, seed: int) -> list[TimedText]:
     rng = random.Random(seed)
     words = corpus_text().split()

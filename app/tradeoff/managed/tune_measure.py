@@ -20,7 +20,7 @@ import httpx
 
 from app.load.generator import corpus_text
 from app.remote.bounded import ReadLimit, fetch
-from app.remote.http_load import client_for, make_text_schedule, run_rate, warm_up
+from app.remote.http_load import client_for, make_text_schedule, run_rate, run_seed, warm_up
 from app.remote.metrics import MetricsError, parse_metrics
 from engine.core.metrics import SLO
 
@@ -187,7 +187,7 @@ def all_failed(runs: list[dict], num_requests: int) -> str | None:
 
 async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool, ready_s: float,
                    gone: Callable[[], str | None]) -> dict:
-    schedules = {rate: make_text_schedule(load, rate, load.seed) for rate in load.rates}
+    schedules = {rate: make_text_schedule(load, rate, run_seed(load.seed, i)) for i, rate in enumerate(load.rates)}
     async with client_for(load.num_requests) as client:
         model = await ready(client, url, ready_s, gone)
         runs = [await run_rate(client, url, model, rate, schedules[rate], slo, label) for rate in load.rates]
