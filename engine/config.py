@@ -22,6 +22,10 @@ class SchedulerConfig:
     # distinct LoRA adapters the running batch may hold: the adapter pool's device slots
     # (0: no LoRA support, no wrappers in the model)
     max_loras: int = knob_default("max_loras")
+    # While requests are decoding, a step's length is their time per output token: prompt chunks beside
+    # them are cut so a step is predicted (from the steps run so far) to take at most this long. None:
+    # the token budget alone (engine/core/step_time.py).
+    max_step_ms: float | None = knob_default("max_step_ms")
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:
@@ -29,7 +33,8 @@ class SchedulerConfig:
         return config.scheduler
 
 
-SCHEDULER_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "max_loras")
+SCHEDULER_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "max_loras",
+                    "max_step_ms")
 
 
 @dataclass(slots=True)
@@ -146,6 +151,7 @@ class EngineConfig:
     enable_chunked_prefill: InitVar[bool | None] = None
     policy: InitVar[str | None] = None
     max_loras: InitVar[int | None] = None
+    max_step_ms: InitVar[float | None] = None
 
     def __post_init__(self, *scheduling: Any) -> None:
         given = {k: v for k, v in zip(SCHEDULER_FIELDS, scheduling, strict=True) if v is not None}

@@ -89,6 +89,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_num_batched_tokens", _INT, 512, run_time=True, low=1, app_range=(16, 8192)),
     Knob("enable_chunked_prefill", _BOOL, True, run_time=True),
     Knob("policy", _STR, "fcfs", run_time=True, choices=("fcfs", "spf", "priority")),  # engine/core/policies.py
+    # while requests decode, prompt chunks are cut to keep a step within this many ms (engine/core/step_time.py)
+    Knob("max_step_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(10, 2000)),
     # admission control: None = off
     Knob("max_queue_len", _INT, None, run_time=True, low=0, optional=True),
     Knob("max_predicted_wait_s", _FLOAT, None, run_time=True, low=0, optional=True),

@@ -259,7 +259,10 @@ class LLMEngine:
         if self.lora is not None and not sched.is_empty:
             self._prepare_loras(sched, outputs, finished)
         if not sched.is_empty:
+            t_run = time.perf_counter()
             self._run(sched, outputs, finished)
+            self.scheduler.observe(sched.num_prefill_tokens, sum(s.num_tokens for s in sched.scheduled),
+                                   time.perf_counter() - t_run)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

@@ -241,3 +241,28 @@ def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     assert eng.model.compiled and eng.config.quant_bits == 8
     eng.reconfigure(compile=False)
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]
+
+
+def test_max_step_ms_cuts_chunks_beside_decodes_and_keeps_the_tokens(tiny_llama):
+    from engine.core.step_time import MIN_CHUNK_TOKENS
+
+    doc = [(7 * i) % 300 + 20 for i in range(200)]
+    chat = [250, 12, 33, 44]
+    plain = make(tiny_llama, num_kv_blocks=256)
+    want = [o.token_ids for o in plain.generate([chat, doc], GREEDY)]
+    eng = make(tiny_llama, num_kv_blocks=256, max_step_ms=1.0)  # below any step's time: the smallest chunks
+    for prompt in PROMPTS:  # prompt steps of several sizes teach the step-time line
+        eng.generate([prompt], GREEDY)
+    assert eng.scheduler.step_time.line() is not None
+    events = []
+    eng.add_listener(events.append)
+    ids = [eng.add_request(chat, GREEDY)]
+    while not any(e.stats.num_decode_tokens for e in events):
+        eng.step()
+    ids.append(eng.add_request(doc, GREEDY))
+    outs = {}
+    while eng.has_unfinished():
+        outs.update((o.request_id, o.token_ids) for o in eng.step() if o.finished)
+    beside = [e.stats.num_prefill_tokens for e in events if e.stats.num_prefill_tokens and e.stats.num_decode_tokens]
+    assert beside and max(beside) == MIN_CHUNK_TOKENS  # the doc went in small chunks while the chat decoded
+    assert [outs[i] for i in ids] == want

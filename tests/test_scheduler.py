@@ -84,3 +84,71 @@ def test_max_num_seqs():
         s.add(req(f"r{i}", 2))
     out = s.schedule()
     assert len(out.scheduled) == 2 and len(s.waiting) == 2
+
+
+def taught(s, intercept=0.05, per_row=0.001):
+    """Steps on the line t = intercept + per_row * rows, as the engine reports them after each step."""
+    for rows in (100, 300, 500, 200, 400):
+        s.observe(rows, rows, intercept + per_row * rows)
+
+
+def test_step_time_model_fits_the_line_of_the_steps_it_saw():
+    from engine.core.step_time import MIN_CHUNK_TOKENS, StepTimeModel
+
+    m = StepTimeModel()
+    assert m.prompt_tokens_within(0.15, 8, 512) == 512  # nothing seen: the budget alone
+    m.observe(300, 0.35)
+    m.observe(300, 0.35)
+    assert m.line() is None  # one step size: no slope yet
+    for rows in (100, 500):
+        m.observe(rows, 0.05 + 0.001 * rows)
+    intercept, slope = m.line()
+    assert abs(intercept - 0.05) < 1e-6 and abs(slope - 0.001) < 1e-9
+    assert m.prompt_tokens_within(0.15, 8, 512) == 92  # (0.15 - 0.05) / 0.001 - 8 decode rows
+    assert m.prompt_tokens_within(0.02, 8, 512) == MIN_CHUNK_TOKENS  # a prompt always advances
+    assert m.prompt_tokens_within(5.0, 8, 512) == 512  # never above the token budget
+    assert abs(m.predicted_s(200) - 0.25) < 1e-6
+
+
+def test_step_time_model_follows_a_machine_that_gets_slower():
+    from engine.core.step_time import StepTimeModel
+
+    m = StepTimeModel()
+    for _ in range(10):
+        for rows in (100, 500):
+            m.observe(rows, 0.05 + 0.001 * rows)
+    for _ in range(40):  # another process took a core: every step now costs twice as much
+        for rows in (100, 500):
+            m.observe(rows, 2 * (0.05 + 0.001 * rows))
+    assert abs(m.line()[1] - 0.002) < 1e-4
+
+
+def test_max_step_ms_cuts_prompt_chunks_only_while_requests_decode():
+    s = make(num_blocks=512, max_num_batched_tokens=512, max_step_ms=150)
+    taught(s)  # here a step costs 50 ms + 1 ms per row
+    s.add(req("a", 3))
+    s.add(req("b", 3))
+    advance(s, s.schedule())  # a and b now decode
+    s.add(req("doc", 600))
+    out = s.schedule()
+    got = [(x.request.request_id, x.num_tokens, x.kind) for x in out.scheduled]
+    assert got == [("a", 1, "decode"), ("b", 1, "decode"), ("doc", 98, "prefill")]  # (150 - 50) / 1 - 2 rows
+    advance(s, out)
+    out = s.schedule()  # the running doc's next chunk is cut the same way
+    assert [(x.request.request_id, x.num_tokens) for x in out.scheduled] == [("a", 1), ("b", 1), ("doc", 98)]
+    # nobody decodes: the whole budget goes to the prompt
+    s2 = make(num_blocks=512, max_num_batched_tokens=512, max_step_ms=150)
+    taught(s2)
+    s2.add(req("doc", 600))
+    assert [x.num_tokens for x in s2.schedule().scheduled] == [512]
+
+
+def test_without_max_step_ms_or_chunking_the_token_budget_alone_decides():
+    for kw in ({}, {"max_step_ms": 150, "enable_chunked_prefill": False}):
+        s = make(num_blocks=512, max_num_batched_tokens=512, **kw)
+        taught(s)
+        s.add(req("a", 3))
+        advance(s, s.schedule())
+        s.add(req("doc", 400))
+        got = [(x.request.request_id, x.num_tokens) for x in s.schedule().scheduled]
+        assert got == [("a", 1), ("doc", 400)], kw

@@ -25,6 +25,9 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=KNOB["max_num_batched_tokens"].default,
                    help="token budget of one step")
     p.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one piece")
+    p.add_argument("--max-step-ms", type=float, default=KNOB["max_step_ms"].default, metavar="MS",
+                   help="while requests decode, cut prompt chunks so a step (their time per output token) is "
+                        "predicted to stay within MS (default: the token budget alone)")
     p.add_argument("--policy", default=KNOB["policy"].default, choices=sorted(POLICIES),
                    help="which waiting request goes next")
     p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
@@ -48,7 +51,7 @@ def engine_config(args):
 
     kw = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy,
+              enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, max_step_ms=args.max_step_ms,
               max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait,
               **knob_settings(args))
     if args.kv_cache_mib:

@@ -4,7 +4,9 @@ Every step the scheduler hands out ``{request: num_scheduled_tokens}`` under a t
 requests go first (decodes cost one token each, so a long prompt never stalls them); the rest of the
 budget admits waiting requests, a chunk of a long prompt at a time when chunked prefill is on. When the
 KV cache runs out of blocks, the most recently admitted running request is preempted: its blocks are
-freed and it is requeued at the front, to be recomputed later (nothing it produced is lost).
+freed and it is requeued at the front, to be recomputed later (nothing it produced is lost). With
+`max_step_ms`, a step that carries decodes carries only as many prompt tokens as keep it within that time
+(engine/core/step_time.py: a line fitted on the steps run so far, fed by `observe`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from engine.config import SchedulerConfig  # held by EngineConfig; the scheduler
 from engine.core.block_manager import BlockManager
 from engine.core.policies import Policy, make_policy
 from engine.core.request import Request, RequestStatus
+from engine.core.step_time import StepTimeModel
 from engine.events import StepKind
 
 
@@ -57,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0  # cumulative
+        self.step_time = StepTimeModel()  # what a step carrying prompt tokens costs here (max_step_ms)
 
     def reconfigure(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
         """New knobs for the next schedule(); a new policy object when one is given."""
@@ -79,16 +83,34 @@ class Scheduler:
             self.waiting.remove(request)
         self.block_manager.free(request.request_id)
 
+    def observe(self, prompt_tokens: int, rows: int, seconds: float) -> None:
+        """A step ran `rows` rows in `seconds`; the steps carrying prompt tokens teach the step-time line."""
+        if prompt_tokens > 0:
+            self.step_time.observe(rows, seconds)
+
+    def prompt_budget(self) -> int:
+        """Prompt tokens this step may carry: the token budget, cut by max_step_ms while requests decode."""
+        budget = self.config.max_num_batched_tokens
+        if self.config.max_step_ms is None or not self.config.enable_chunked_prefill:
+            return budget
+        decoding = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1 and not r.in_prompt)
+        if not decoding:
+            return budget
+        return self.step_time.prompt_tokens_within(self.config.max_step_ms / 1000, decoding, budget)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        prompt_budget = self.prompt_budget()
         scheduled_ids: set[str] = set()
         # 1. Running requests: decodes and unfinished prefill chunks, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             pending = req.num_tokens - req.num_computed_tokens
-            n = min(pending + (len(req.spec_token_ids) if pending == 1 else 0), budget)
+            in_prompt = pending > 1 or req.in_prompt
+            n = min(pending + (len(req.spec_token_ids) if pending == 1 else 0), budget,
+                    prompt_budget if in_prompt else budget)
             if n <= 0:
                 i += 1
                 continue
@@ -105,10 +127,12 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n, kind))
             scheduled_ids.add(req.request_id)
             budget -= n
+            if kind == StepKind.PREFILL:
+                prompt_budget -= n
             i += 1
         # 2. Waiting requests, unless this step already had to preempt (memory is tight).
         if not out.preempted:
-            self._admit(budget, out)
+            self._admit(min(budget, prompt_budget), out)
         return out
 
     def _admissible(self, adapters: set[int]) -> list[Request] | deque[Request]:
