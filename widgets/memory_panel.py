@@ -109,6 +109,8 @@ class MemoryPanel(Panel):
             self._header.setText("<b>Device memory</b> — no snapshot yet")
             self._bar.set_breakdown({}, 0)
             for cat, label in self._legend_labels.items():
+                # which device it is (CUDA graphs or not) comes with the first snapshot
+                label.setVisible(cat != "graphs")
                 label.setText(f"{_chip(memory_color(cat, pal).name())} {MEMORY_LABELS[cat]}")
             return
         parts = memory_breakdown(snap)

@@ -176,3 +176,9 @@ def test_cpu_bar_spans_the_engine_budget_not_the_host(panel):
     panel.flush()
     assert panel.snapshot_data()["total_bytes"] == gpu.device_total_bytes
     assert not panel._legend_labels["free"].isHidden()
+
+
+def test_before_the_first_snapshot_the_legend_names_no_cuda_graphs(panel):
+    # the device is unknown until the first snapshot: a CPU engine must not see "CUDA graphs" listed
+    labels = panel._legend_labels
+    assert labels["weights"].isVisibleTo(panel) and not labels["graphs"].isVisibleTo(panel)
