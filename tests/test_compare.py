@@ -129,6 +129,29 @@ def test_stored_results_round_trip(tmp_path):
     assert load_stored("kv-cache", "smollm2-135m", machine, root=tmp_path) is None
     doc = prepared_json("smollm2-135m", machine, {"kv-cache": result})
     assert json.loads(json.dumps(doc))["presets"]["kv-cache"]["comparison"][0]["metrics"] == {"tokens_per_s": 3.5}
+    # the same CPU made to run as AVX2 with emulated bf16 keeps its figures apart from its native ones
+    posing = {**machine, "as": "avx2-emulated-bf16"}
+    path = save_result("kv-cache", "smollm2-135m", {**result, "machine": posing}, root=tmp_path)
+    assert "test-cpu-9000-2t-as-avx2-emulated-bf16" in str(path)
+    assert load_stored("kv-cache", "smollm2-135m", posing, root=tmp_path)["machine"] == posing
+    assert load_stored("kv-cache", "smollm2-135m", machine, root=tmp_path) is None  # the native file is its own
+
+
+def test_machine_info_says_which_tier_the_cpu_was_made_to_run_as(monkeypatch):
+    from app.talk.compare.machine import machine_info, machine_key, machine_text
+    from engine import kernels
+
+    monkeypatch.delenv("INFERLAB_CPU_TIER", raising=False)
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
+    native = machine_info()
+    assert native["as"] is None and "-as-" not in machine_key(native)
+    monkeypatch.setenv("INFERLAB_EMULATED_BF16", "1")
+    posing = machine_info()
+    assert posing["as"].endswith("emulated-bf16") and machine_key(posing).endswith("-as-" + posing["as"])
+    assert f", as {posing['as']}," in machine_text(posing)
+    if "avx2" in kernels.supported_tiers()[:-1]:  # a CPU above AVX2 can be told to run as one
+        monkeypatch.setenv("INFERLAB_CPU_TIER", "avx2")
+        assert machine_info()["as"] == "avx2-emulated-bf16"
 
 
 def test_job_stores_and_the_preset_finds_it_at_once(loaded, tiny_llama, tmp_path, monkeypatch):
