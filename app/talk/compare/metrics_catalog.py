@@ -14,6 +14,7 @@ METRICS = MappingProxyType({
     "p50_ttft_ms": "time to first token, median", "p99_ttft_ms": "time to first token, 99th percentile",
     "p50_e2e_ms": "arrival to last token, median", "p99_e2e_ms": "arrival to last token, 99th percentile",
     "p50_tpot_ms": "time per output token after the first, median",
+    "p99_tpot_ms": "time per output token after the first, 99th percentile (a stream's worst stalls)",
     "p50_queue_ms": "arrival to first scheduled, median", "p50_prefill_ms": "first scheduled to first token, median",
     "p50_decode_ms": "first token to finished, median",
     "goodput_rps": "requests per second that met the preset's latency budget",
