@@ -14,6 +14,7 @@ different step sizes it has no slope, and the scheduler keeps its token budget a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DECAY = 0.95  # weight of an observation per newer one: about the last 20-40 steps count
@@ -32,7 +33,7 @@ class StepTimeModel:
 
     def observe(self, rows: int, seconds: float) -> None:
         """One step that ran `rows` rows (prompt tokens + decode rows) in `seconds`."""
-        if rows <= 0 or not seconds > 0:
+        if rows <= 0 or not (seconds > 0 and math.isfinite(seconds)):  # a clock that lies teaches nothing
             return
         self.sw, self.sx, self.sy = DECAY * self.sw + 1, DECAY * self.sx + rows, DECAY * self.sy + seconds
         self.sxx, self.sxy = DECAY * self.sxx + rows * rows, DECAY * self.sxy + rows * seconds
