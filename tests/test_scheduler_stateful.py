@@ -30,10 +30,15 @@ PREFIXES = ([], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9])  # shared prefixes make 
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(4, 12), budget=st.integers(1, 24), seqs=st.integers(1, 5),
-                chunked=st.booleans(), policy=st.sampled_from(sorted(POLICIES)), caching=st.booleans())
-    def setup(self, num_blocks, budget, seqs, chunked, policy, caching):
+                chunked=st.booleans(), policy=st.sampled_from(sorted(POLICIES)), caching=st.booleans(),
+                step_ms=st.sampled_from([None, 1.0, 1000.0]))
+    def setup(self, num_blocks, budget, seqs, chunked, policy, caching, step_ms):
         self.bm = BlockManager(num_blocks, BLOCK, enable_prefix_caching=caching)
-        self.sched = Scheduler(SchedulerConfig(seqs, budget, chunked, policy), self.bm)
+        self.step_ms = step_ms
+        self.sched = Scheduler(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=step_ms), self.bm)
+        self.sched.step_time.min_chunk = 1  # chunks as small as one token: the budgets here are tiny
+        for rows in (2, 9, 17):  # a step-time line (1 ms + 0.1 ms per row) for max_step_ms to cut chunks by
+            self.sched.observe(rows, rows, 0.001 + 0.0001 * rows)
         self.capacity = num_blocks * BLOCK
         self.requests: dict[str, Request] = {}  # every request ever added
         self.ended: Counter[str] = Counter()
@@ -49,7 +54,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         rid = f"r{self.next_id}"
         self.next_id += 1
-        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), priority=priority)
+        # a logical arrival clock (1 ms apart): shortest-first's aging then orders the same way on every run,
+        # however slowly a loaded machine runs the rules (hypothesis replays must draw the same data)
+        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), priority=priority,
+                      arrival_time=self.next_id * 1e-3)
         self.requests[rid] = req
         self.sched.add(req)
 
@@ -74,7 +82,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(seqs=st.integers(1, 5), budget=st.integers(1, 24), chunked=st.booleans(),
           policy=st.sampled_from(sorted(POLICIES)))
     def reconfigure(self, seqs, budget, chunked, policy):
-        self.sched.reconfigure(SchedulerConfig(seqs, budget, chunked, policy), make_policy(policy))
+        self.sched.reconfigure(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=self.step_ms),
+                               make_policy(policy))
 
     @rule(data=st.data(), n=st.integers(1, 4))
     def step(self, data, n):

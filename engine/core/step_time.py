@@ -30,6 +30,7 @@ class StepTimeModel:
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
+    min_chunk: int = MIN_CHUNK_TOKENS
 
     def observe(self, rows: int, seconds: float) -> None:
         """One step that ran `rows` rows (prompt tokens + decode rows) in `seconds`."""
@@ -50,13 +51,13 @@ class StepTimeModel:
 
     def prompt_tokens_within(self, seconds: float, decode_rows: int, budget: int) -> int:
         """Prompt tokens a step with `decode_rows` decodes may carry to stay within `seconds` (at least
-        MIN_CHUNK_TOKENS, at most `budget`); `budget` itself while the model has no line yet."""
+        `min_chunk`, at most `budget`); `budget` itself while the model has no line yet."""
         fit = self.line()
         if fit is None:
             return budget
         intercept, slope = fit
         fits = int((seconds - intercept) / slope) - decode_rows
-        return max(MIN_CHUNK_TOKENS, min(budget, fits))
+        return min(budget, max(self.min_chunk, fits))
 
     def predicted_s(self, rows: int) -> float | None:
         fit = self.line()
