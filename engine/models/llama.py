@@ -16,7 +16,7 @@ from engine.models.layers.attention import (
     write_kv,
 )
 from engine.models.layers.gemv import CompiledGemv
-from engine.models.layers.linear import Linear, silu_and_mul
+from engine.models.layers.linear import PROMPT_ROWS, Linear, silu_and_mul
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
@@ -63,10 +63,9 @@ class Attention(nn.Module):
 def compile_like_eager(fn):
     """torch.compile with dynamic shapes, keeping eager's bf16 roundings between the ops it fuses
     (inductor's emulate_precision_casts): without them a fused region kept fp32 intermediates, and on
-    SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests (1 of 4 with
-    them). Decode-sized rows (1 and 3, a layer of SmolLM2) match eager bit for bit; prompt rows do not:
-    inductor fuses the GEMM and the residual add into one addmm, rounded once (its pattern_matcher off
-    removes that, yet 1 of 4 answers still parted, so it stays on)."""
+    SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests. With them,
+    RMSNorm's sum in float64 (engine/models/layers/norm.py) and the library GEMM an opaque call
+    (linear.library_linear), a compiled region computes the same bits as the eager layers."""
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 
@@ -95,12 +94,12 @@ class DecoderLayer(nn.Module):
         self._compiled: tuple | None = None  # (pre_attention, post_then_pre) compiled
         object.__setattr__(self, "_next", None)  # not a submodule: names and state_dict stay the same
 
-    def _pre(self, x, residual, positions, rotary):
-        fn = self._compiled[0] if self._compiled is not None else self.pre_attention
+    def _pre(self, x, residual, positions, rotary, compiled: bool):
+        fn = self._compiled[0] if compiled and self._compiled is not None else self.pre_attention
         return fn(x, residual, positions, rotary)
 
-    def _post_pre(self, o, residual, positions, rotary):
-        fn = self._compiled[1] if self._compiled is not None else self.post_then_pre
+    def _post_pre(self, o, residual, positions, rotary, compiled: bool):
+        fn = self._compiled[1] if compiled and self._compiled is not None else self.post_then_pre
         return fn(o, residual, positions, rotary)
 
     def pre_attention(self, x, residual, positions, rotary):
@@ -153,7 +152,12 @@ class LlamaForCausalLM(nn.Module):
         math is traced instead). The paged attention stays eager: its inputs are ragged. The module
         tree and its names stay the same, so a requantization still swaps layers (the next call
         recompiles). Shapes are dynamic (one row is its own graph); the first calls after switching on
-        compile."""
+        compile.
+        Only steps without prompt rows (decodes, verifies) run compiled, as servers capture only their
+        decode steps: prompt rows take the library GEMM (linear.PROMPT_ROWS, a flag a compiled graph cannot
+        read), and in a compiled region inductor folded a GEMM and the residual add into one addmm,
+        rounded once, so a prompt's K/V and then greedy answers parted from eager's. A prefill step is
+        bound by its matrix products, which compiling leaves as they are."""
         for layer in self.layers:
             layer.set_compiled(on)
         self._compiled_finish = compile_like_eager(self.finish) if on else None
@@ -168,13 +172,14 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
         # The same computation as calling each DecoderLayer in turn, cut at the attentions instead of at
         # the layers, so the dense code between two attentions is one (compiled) call.
-        q, k, v, residual = self.layers[0]._pre(self.embed_tokens(input_ids), None, positions, self.rotary)
+        compiled = self.compiled and not PROMPT_ROWS.get()  # steps with prompt rows run eager: see set_compiled
+        q, k, v, residual = self.layers[0]._pre(self.embed_tokens(input_ids), None, positions, self.rotary, compiled)
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             o = layer.self_attn.attend(q, k, v, kv_cache, md)
             if i < last:
-                q, k, v, residual = layer._post_pre(o, residual, positions, self.rotary)
-        finish = self._compiled_finish if self._compiled_finish is not None else self.finish
+                q, k, v, residual = layer._post_pre(o, residual, positions, self.rotary, compiled)
+        finish = self._compiled_finish if compiled and self._compiled_finish is not None else self.finish
         return finish(o, residual)
 
     def finish(self, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
