@@ -177,7 +177,8 @@ class Linear(nn.Module):
             y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
             return y if self.bias is None else y + self.bias
         widened = self.matmul_dtype is not None and x.dtype != self.matmul_dtype  # then the packed copy is unused
-        if self.packed is not None and not widened and x.dim() == 2 and x.dtype == torch.bfloat16 and not x.requires_grad:
+        if (self.packed is not None and not widened and x.dim() == 2 and x.dtype == torch.bfloat16
+                and not x.requires_grad):
             if torch.compiler.is_compiling():  # an opaque call in the compiled graph; the bias add fuses
                 y = packed_linear(x, self.weight)
                 return y if self.bias is None else y + self.bias
