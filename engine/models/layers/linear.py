@@ -49,12 +49,24 @@ STREAM_MAX_ROWS = 8  # up to this many rows the weight-streaming kernel beats th
 STREAM_CHUNKED_MAX_ROWS = 4 * STREAM_MAX_ROWS
 
 
+# The native module the last set_stream_kernel gave the layers: what the ops below call (a compiled step
+# calls them ~120 times; looking the module up costs ~4 us a call). None: looked up on first use.
+_STREAM_MODULE = None
+
+
+def _stream_module():
+    global _STREAM_MODULE
+    if _STREAM_MODULE is None:
+        from engine.kernels import stream_linear_kernel
+
+        _STREAM_MODULE = stream_linear_kernel()
+    return _STREAM_MODULE
+
+
 @torch.library.custom_op("inferlab::stream_linear_bf16", mutates_args=())
 def stream_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The native kernel as an op a compiled region calls without a graph break (x 2-D bf16)."""
-    from engine.kernels import stream_linear_kernel
-
-    return stream_linear_kernel().stream_linear_bf16(x, weight, bias)
+    return _stream_module().stream_linear_bf16(x, weight, bias)
 
 
 @stream_linear_bf16.register_fake
@@ -108,9 +120,7 @@ def library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """eager_library_linear as one opaque call in a compiled region (`chunked`: the Linear has the native
     module). Traced instead, inductor folded the product and the next residual add into one addmm,
     rounded once to bf16 where eager rounds twice: a compiled step's answers parted from eager's."""
-    from engine.kernels import stream_linear_kernel
-
-    return eager_library_linear(x, weight, bias, matmul_dtype, stream_linear_kernel() if chunked else None)
+    return eager_library_linear(x, weight, bias, matmul_dtype, _stream_module() if chunked else None)
 
 
 @library_linear.register_fake
@@ -205,6 +215,9 @@ def pack_linears(model: nn.Module, on: bool = True) -> int:
 def set_stream_kernel(model: nn.Module, kernel) -> None:
     """Give every layer with a `stream` slot (Linear, the quantized layers) the native weight-streaming
     module, or None (the library's kernels)."""
+    global _STREAM_MODULE
+    if kernel is not None:
+        _STREAM_MODULE = kernel
     for m in model.modules():
         if hasattr(type(m), "stream"):
             m.stream = kernel
