@@ -63,15 +63,20 @@ def _stream_module():
     return _STREAM_MODULE
 
 
-@torch.library.custom_op("inferlab::stream_linear_bf16", mutates_args=())
-def stream_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The native kernel as an op a compiled region calls without a graph break (x 2-D bf16)."""
-    return _stream_module().stream_linear_bf16(x, weight, bias)
+# The native kernel as an op a compiled region calls without a graph break (x 2-D bf16). Registered with the
+# plain library API, not torch.library.custom_op: a compiled decode step calls it ~120 times, and the
+# custom_op wrapper cost ~6 us a call more here (22 vs 28-32 us for a 4 x 576 x 576 product).
+_OPS = torch.library.Library("inferlab", "FRAGMENT")
+_OPS.define("stream_linear_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_OPS.impl("stream_linear_bf16", lambda x, weight, bias: _stream_module().stream_linear_bf16(x, weight, bias), "CPU")
 
 
-@stream_linear_bf16.register_fake
+@torch.library.register_fake("inferlab::stream_linear_bf16")
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+stream_linear_bf16 = torch.ops.inferlab.stream_linear_bf16.default
 
 
 # True while a forward pass carries prompt rows (the runner sets it): they take the library GEMM however
