@@ -90,7 +90,8 @@ PROMPT_ROWS: ContextVar[bool] = ContextVar("inferlab_prompt_rows", default=False
 
 def few_rows(x: torch.Tensor) -> bool:
     """Up to STREAM_MAX_ROWS rows that are not prompt rows (PROMPT_ROWS; inside a compiled region the
-    row count alone decides: the ContextVar is not traced)."""
+    row count alone decides: the ContextVar is not traced, and steps with prompt rows run eager,
+    LlamaForCausalLM.forward)."""
     return x.shape[0] <= STREAM_MAX_ROWS and (torch.compiler.is_compiling() or not PROMPT_ROWS.get())
 
 
