@@ -87,10 +87,12 @@ class EngineConfig:
     # means this; eager on the CPU; not yet run on a GPU). "reference": the readable one-sequence-at-a-time
     # path the tests hold the others to. What runs is chosen once, by engine/runner/attention_backend.py.
     attention_backend: str = knob_default("attention_backend")
-    # torch.compile the dense code between two attentions (one call per layer), run single 16-bit rows on
-    # the CPU (decode of one stream) through a compiled matrix-vector reduction at ~2x the library's
-    # memory bandwidth (engine/models/layers/gemv.py), decode attention gather-fused where the native kernel
-    # does not apply; the first steps after switching on pay for compiling. Switchable at run time.
+    # torch.compile each decode step's forward pass as one call (the attention an opaque op in it; steps with
+    # prompt rows run eager; the same numbers as eager, engine/models/llama.py), run single 16-bit rows on
+    # the CPU (decode of one stream, where the native kernel is not built) through a compiled matrix-vector
+    # reduction at ~2x the library's memory bandwidth (engine/models/layers/gemv.py), decode attention
+    # gather-fused where the native kernel does not apply; the first steps after switching on pay for
+    # compiling. Switchable at run time.
     compile: bool = knob_default("compile")
     # bf16 on the CPU: a few rows (decode) of every Linear, and every int4 layer, through the native
     # weight-streaming kernel (engine/kernels/stream_linear.cpp), which reads the layer's one copy

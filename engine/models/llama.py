@@ -9,14 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models.layers.attention import (
-    AttentionMetadata,
-    paged_attention_fast,
-    paged_attention_reference,
-    write_kv,
-)
+from engine.models.layers.attention import AttentionMetadata
+from engine.models.layers.attention_op import STEP_METADATA, attend_paged, paged_attend
 from engine.models.layers.gemv import CompiledGemv
-from engine.models.layers.linear import Linear, silu_and_mul
+from engine.models.layers.linear import PROMPT_ROWS, Linear, silu_and_mul
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
@@ -49,24 +45,20 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
-        """Write k, v into the paged cache and attend over it: (n, heads * head_dim), before o_proj."""
-        k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, md.slot_mapping)
-        if md.backend.reference:  # the path is the runner's one AttentionBackend, not a flag per layer
-            o = paged_attention_reference(q, k_cache, v_cache, md, self.scale)
-        else:
-            o = paged_attention_fast(q, k, v, k_cache, v_cache, md, self.scale)
-        return o.reshape(q.shape[0], self.q_size)
+               kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata | None) -> torch.Tensor:
+        """Write k, v into the paged cache and attend over it: (n, heads * head_dim), before o_proj. In a
+        compiled forward pass (md None) one opaque op that reads the step's metadata when it runs."""
+        if md is None:
+            return paged_attend(q, k, v, kv_cache[0], kv_cache[1], self.scale)
+        return attend_paged(q, k, v, kv_cache[0], kv_cache[1], md, self.scale)
 
 
 def compile_like_eager(fn):
     """torch.compile with dynamic shapes, keeping eager's bf16 roundings between the ops it fuses
     (inductor's emulate_precision_casts): without them a fused region kept fp32 intermediates, and on
-    SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests (1 of 4 with
-    them). Decode-sized rows (1 and 3, a layer of SmolLM2) match eager bit for bit; prompt rows do not:
-    inductor fuses the GEMM and the residual add into one addmm, rounded once (its pattern_matcher off
-    removes that, yet 1 of 4 answers still parted, so it stays on)."""
+    SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests. With them,
+    RMSNorm's sum in float64 (engine/models/layers/norm.py) and the library GEMM an opaque call
+    (linear.library_linear), a compiled region computes the same bits as the eager layers."""
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 
@@ -88,43 +80,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-        # the dense code between two attentions runs as one call (compiled by set_compiled): the
-        # forward pass alternates attend -> post_then_pre; the next layer is set by the model. The
-        # compiled callables exist only while compiling: an eager layer holds no bound method of itself,
-        # so dropping the model frees its memory at once instead of waiting for the garbage collector.
-        self._compiled: tuple | None = None  # (pre_attention, post_then_pre) compiled
-        object.__setattr__(self, "_next", None)  # not a submodule: names and state_dict stay the same
-
-    def _pre(self, x, residual, positions, rotary):
-        fn = self._compiled[0] if self._compiled is not None else self.pre_attention
-        return fn(x, residual, positions, rotary)
-
-    def _post_pre(self, o, residual, positions, rotary):
-        fn = self._compiled[1] if self._compiled is not None else self.post_then_pre
-        return fn(o, residual, positions, rotary)
-
-    def pre_attention(self, x, residual, positions, rotary):
-        """Everything before the paged attention: add & norm, q/k/v projection, RoPE."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                rotary: RotaryEmbedding, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                md: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add & norm, q/k/v and RoPE, the paged attention, o_proj, add & norm, the MLP: (x, residual)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm.forward_add(x, residual)
         q, k, v = self.self_attn.project(x, positions, rotary)
-        return q, k, v, residual
-
-    def post_attention(self, o, residual):
-        """Everything after it: o_proj, add & norm, the MLP."""
+        o = self.self_attn.attend(q, k, v, kv_cache, md)
         x, residual = self.post_attention_layernorm.forward_add(self.self_attn.o_proj(o), residual)
         return self.mlp(x), residual
-
-    def post_then_pre(self, o, residual, positions, rotary):
-        """This layer's post_attention, then the next layer's pre_attention."""
-        x, residual = self.post_attention(o, residual)
-        return self._next.pre_attention(x, residual, positions, rotary)
-
-    def set_compiled(self, on: bool) -> None:
-        self._compiled = ((compile_like_eager(self.pre_attention), compile_like_eager(self.post_then_pre))
-                          if on else None)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -135,9 +102,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        for layer, nxt in zip(self.layers, self.layers[1:]):
-            object.__setattr__(layer, "_next", nxt)
-        self._compiled_finish = None  # set_compiled (eager: no bound method of itself kept)
+        # the compiled forward pass exists only while compiling: an eager model holds no bound method of
+        # itself, so dropping it frees its memory at once instead of waiting for the garbage collector
+        self._compiled_forward = None
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
@@ -145,18 +112,18 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def set_compiled(self, on: bool) -> None:
-        """torch.compile (or stop compiling) the dense code between two paged attentions (o_proj, add &
-        norm, MLP, the next layer's norm, q/k/v and RoPE: one compiled call per layer instead of dozens
-        of small kernels; plus the first layer's prologue and the final norm), and give every 16-bit
-        Linear the single-row kernel (engine/models/layers/gemv.py: decode of one stream is bound by reading
-        the weights, which the library kernel does at half the bandwidth; inside a compiled region its
-        math is traced instead). The paged attention stays eager: its inputs are ragged. The module
-        tree and its names stay the same, so a requantization still swaps layers (the next call
-        recompiles). Shapes are dynamic (one row is its own graph); the first calls after switching on
-        compile."""
-        for layer in self.layers:
-            layer.set_compiled(on)
-        self._compiled_finish = compile_like_eager(self.finish) if on else None
+        """torch.compile (or stop compiling) the forward pass as ONE region: every layer's norms, q/k/v,
+        RoPE, o_proj and MLP fused into a few kernels per layer, the paged attention an opaque op in it
+        (engine/models/layers/attention_op.py: its inputs are ragged). One call per step: each call of a
+        compiled region costs a guard check and a wrapper (measured at ~0.2-0.4 ms on the 2-core test
+        machine), which at one region per layer ate what the fusing saved. Every 16-bit Linear also gets
+        the single-row kernel (engine/models/layers/gemv.py) for where there is no native kernel. The
+        module tree and its names stay the same, so a requantization still swaps layers (the next call
+        recompiles). Shapes are dynamic; the first calls after switching on compile.
+        Only steps without prompt rows (decodes, verifies) run compiled, as servers capture only their
+        decode steps: prompt rows take the library GEMM (linear.PROMPT_ROWS, a flag a compiled graph cannot
+        read), and a prefill step is bound by its matrix products, which compiling leaves as they are."""
+        self._compiled_forward = compile_like_eager(self.layers_forward) if on else None
         kernel = CompiledGemv() if on else None
         for m in self.modules():
             if isinstance(m, Linear):
@@ -166,20 +133,21 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
-        # The same computation as calling each DecoderLayer in turn, cut at the attentions instead of at
-        # the layers, so the dense code between two attentions is one (compiled) call.
-        q, k, v, residual = self.layers[0]._pre(self.embed_tokens(input_ids), None, positions, self.rotary)
-        last = len(self.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            o = layer.self_attn.attend(q, k, v, kv_cache, md)
-            if i < last:
-                q, k, v, residual = layer._post_pre(o, residual, positions, self.rotary)
-        finish = self._compiled_finish if self._compiled_finish is not None else self.finish
-        return finish(o, residual)
+        if self._compiled_forward is None or PROMPT_ROWS.get():  # steps with prompt rows run eager: see set_compiled
+            return self.layers_forward(input_ids, positions, kv_caches, md)
+        token = STEP_METADATA.set(md)  # what the attention op reads (the graph cannot take it)
+        try:
+            return self._compiled_forward(input_ids, positions, kv_caches, None)
+        finally:
+            STEP_METADATA.reset(token)
 
-    def finish(self, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The last layer's post_attention and the final norm."""
-        x, residual = self.layers[-1].post_attention(o, residual)
+    def layers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                       md: AttentionMetadata | None) -> torch.Tensor:
+        """The layers and the final norm (md None: in the compiled region, see Attention.attend)."""
+        x, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, self.rotary, kv_cache, md)
         return self.norm.forward_add(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -49,17 +49,34 @@ STREAM_MAX_ROWS = 8  # up to this many rows the weight-streaming kernel beats th
 STREAM_CHUNKED_MAX_ROWS = 4 * STREAM_MAX_ROWS
 
 
-@torch.library.custom_op("inferlab::stream_linear_bf16", mutates_args=())
-def stream_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The native kernel as an op a compiled region calls without a graph break (x 2-D bf16)."""
-    from engine.kernels import stream_linear_kernel
-
-    return stream_linear_kernel().stream_linear_bf16(x, weight, bias)
+# The native module the last set_stream_kernel gave the layers: what the ops below call (a compiled step
+# calls them ~120 times; looking the module up costs ~4 us a call). None: looked up on first use.
+_STREAM_MODULE = None
 
 
-@stream_linear_bf16.register_fake
+def _stream_module():
+    global _STREAM_MODULE
+    if _STREAM_MODULE is None:
+        from engine.kernels import stream_linear_kernel
+
+        _STREAM_MODULE = stream_linear_kernel()
+    return _STREAM_MODULE
+
+
+# The native kernel as an op a compiled region calls without a graph break (x 2-D bf16). Registered with the
+# plain library API, not torch.library.custom_op: a compiled decode step calls it ~120 times, and the
+# custom_op wrapper cost ~6 us a call more here (22 vs 28-32 us for a 4 x 576 x 576 product).
+_OPS = torch.library.Library("inferlab", "FRAGMENT")
+_OPS.define("stream_linear_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_OPS.impl("stream_linear_bf16", lambda x, weight, bias: _stream_module().stream_linear_bf16(x, weight, bias), "CPU")
+
+
+@torch.library.register_fake("inferlab::stream_linear_bf16")
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+stream_linear_bf16 = torch.ops.inferlab.stream_linear_bf16.default
 
 
 # True while a forward pass carries prompt rows (the runner sets it): they take the library GEMM however
@@ -73,7 +90,8 @@ PROMPT_ROWS: ContextVar[bool] = ContextVar("inferlab_prompt_rows", default=False
 
 def few_rows(x: torch.Tensor) -> bool:
     """Up to STREAM_MAX_ROWS rows that are not prompt rows (PROMPT_ROWS; inside a compiled region the
-    row count alone decides: the ContextVar is not traced)."""
+    row count alone decides: the ContextVar is not traced, and steps with prompt rows run eager,
+    LlamaForCausalLM.forward)."""
     return x.shape[0] <= STREAM_MAX_ROWS and (torch.compiler.is_compiling() or not PROMPT_ROWS.get())
 
 
@@ -85,10 +103,35 @@ def wants_stream(x: torch.Tensor) -> bool:
 
 def wants_stream_chunks(x: torch.Tensor) -> bool:
     """A decode batch of bf16 rows too many for one streaming call but few enough for a handful (not
-    prompt rows, which take the library GEMM; eager only: a compiled region keeps its own products)."""
+    prompt rows, which take the library GEMM)."""
     return (x.dim() == 2 and x.shape[0] <= STREAM_CHUNKED_MAX_ROWS and x.dtype == torch.bfloat16
-            and x.device.type == "cpu" and not x.requires_grad and not PROMPT_ROWS.get()
-            and not torch.compiler.is_compiling())
+            and x.device.type == "cpu" and not x.requires_grad and not PROMPT_ROWS.get())
+
+
+def eager_library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         matmul_dtype: torch.dtype | None, stream) -> torch.Tensor:
+    """What a Linear computes for rows past the streaming and single-row kernels: widened to
+    `matmul_dtype` (in chunks through `stream`, the native module, where that reads the weight fewer
+    times), else the library's product in x's dtype."""
+    if matmul_dtype is not None and x.dtype != matmul_dtype:
+        if stream is not None and weight.dtype == torch.bfloat16 and wants_stream_chunks(x):
+            return torch.cat([stream.stream_linear_bf16(part, weight, bias) for part in x.split(STREAM_MAX_ROWS)])
+        return widened_linear(x, weight, bias, matmul_dtype)
+    return F.linear(x, weight, bias)
+
+
+@torch.library.custom_op("inferlab::library_linear", mutates_args=())
+def library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   matmul_dtype: torch.dtype | None, chunked: bool) -> torch.Tensor:
+    """eager_library_linear as one opaque call in a compiled region (`chunked`: the Linear has the native
+    module). Traced instead, inductor folded the product and the next residual add into one addmm,
+    rounded once to bf16 where eager rounds twice: a compiled step's answers parted from eager's."""
+    return eager_library_linear(x, weight, bias, matmul_dtype, _stream_module() if chunked else None)
+
+
+@library_linear.register_fake
+def _(x, weight, bias, matmul_dtype, chunked):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def _forget(key: int, packed: torch.Tensor) -> None:
@@ -149,17 +192,16 @@ class Linear(nn.Module):
             # Inside a compiled region the math is traced into the region's own graph.
             y = gemv_math(x, self.weight) if torch.compiler.is_compiling() else self.gemv(x, self.weight)
             return y if self.bias is None else y + self.bias
-        if self.matmul_dtype is not None and x.dtype != self.matmul_dtype:
-            if self.stream is not None and self.weight.dtype == torch.bfloat16 and wants_stream_chunks(x):
-                return torch.cat([self.stream.stream_linear_bf16(part, self.weight, self.bias)
-                                  for part in x.split(STREAM_MAX_ROWS)])
-            return widened_linear(x, self.weight, self.bias, self.matmul_dtype)
-        if self.packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and not x.requires_grad:
+        widened = self.matmul_dtype is not None and x.dtype != self.matmul_dtype  # then the packed copy is unused
+        if (self.packed is not None and not widened and x.dim() == 2 and x.dtype == torch.bfloat16
+                and not x.requires_grad):
             if torch.compiler.is_compiling():  # an opaque call in the compiled graph; the bias add fuses
                 y = packed_linear(x, self.weight)
                 return y if self.bias is None else y + self.bias
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():  # rounded as eager rounds it (see library_linear)
+            return library_linear(x, self.weight, self.bias, self.matmul_dtype, self.stream is not None)
+        return eager_library_linear(x, self.weight, self.bias, self.matmul_dtype, self.stream)
 
 
 def pack_linears(model: nn.Module, on: bool = True) -> int:
@@ -179,6 +221,9 @@ def pack_linears(model: nn.Module, on: bool = True) -> int:
 def set_stream_kernel(model: nn.Module, kernel) -> None:
     """Give every layer with a `stream` slot (Linear, the quantized layers) the native weight-streaming
     module, or None (the library's kernels)."""
+    global _STREAM_MODULE
+    if kernel is not None:
+        _STREAM_MODULE = kernel
     for m in model.modules():
         if hasattr(type(m), "stream"):
             m.stream = kernel

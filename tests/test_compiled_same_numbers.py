@@ -1,0 +1,58 @@
+"""compile=True computes the eager layers' numbers: the compilation chapter's "same weights, same answers"."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.models.layers import attention_op
+
+
+@pytest.mark.slow
+def test_compiled_steps_give_the_eager_layers_tokens_and_logprobs_bit_for_bit(tiny_llama_hd64, monkeypatch):
+    """bf16 requests batched together: their prompts (steps with prompt rows run eager) and their decodes (one
+    compiled region per step; ten rows at once take the library GEMM, four the streaming kernel), then a lone
+    prompt of 5 tokens. Greedy tokens AND log-probabilities equal the eager engine's exactly. Before: the
+    prompt GEMM folded with the residual add into one addmm rounded once, and a short prompt took the
+    streaming kernel inside a compiled region (eager gives prompt rows the GEMM), so K/V and answers parted."""
+    attention_calls = []
+    original = attention_op.attend_paged
+    monkeypatch.setattr(attention_op, "attend_paged", lambda *a: attention_calls.append(1) or original(*a))
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=128, block_size=4,
+                                 max_num_seqs=12, fused_decode=False))
+    prompts = [[(7 * i + 3 * j) % 90 + 5 for j in range(4 + 3 * i)] for i in range(10)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=0, ignore_eos=True)
+
+    def run():
+        outs = eng.generate(prompts, params) + eng.generate([[11, 40, 23, 9, 71]], params)
+        return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+
+    eager = run()
+    assert not attention_calls  # the eager layers call the attention directly
+    eng.reconfigure(compile=True)
+    compiled = run()
+    assert eng.model.compiled and attention_calls  # decode steps ran in the compiled region (its attention op)
+    assert compiled == eager
+
+
+@pytest.mark.slow
+def test_a_compiled_rmsnorm_rounds_as_the_eager_one():
+    """RMSNorm sums its squares in float64, exact whatever the order: compiled (a fused reduction) and eager
+    give the same bf16 rows. With a float32 sum 4 of these 4096 rows of 576 differed after rounding."""
+    from engine.models.layers.norm import RMSNorm
+    from engine.models.llama import compile_like_eager
+
+    torch.manual_seed(0)
+    norm = RMSNorm(576, 1e-5)
+    x = (torch.randn(4096, 576) * torch.rand(4096, 1) * 3).bfloat16()
+    x[:, 7] *= 30  # an outlier channel, as real hidden states have
+    with torch.inference_mode():
+        assert torch.equal(compile_like_eager(norm.forward)(x), norm(x))
+
+
+def test_the_compiled_attention_op_refuses_to_run_without_a_step():
+    """The op reads the step's metadata beside the graph; called outside a forward pass it says so."""
+    q = torch.zeros(1, 2, 4)
+    cache = torch.zeros(1, 4, 4)
+    with pytest.raises(RuntimeError, match="outside a forward pass"):
+        attention_op.paged_attend(q, q[:, :1], q[:, :1], cache, cache.clone(), 0.5)
