@@ -249,6 +249,7 @@ class LLMEngine:
             self._attach_built_kernels()
         self.weights.fit_kv(self.block_manager, self.runner)
         self.spec.begin_step()
+        t_propose = time.perf_counter()
         self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         self._cost.begin(sched)  # the shapes, before the step moves num_computed_tokens
@@ -260,6 +261,8 @@ class LLMEngine:
             self._prepare_loras(sched, outputs, finished)
         if not sched.is_empty:
             self._run(sched, outputs, finished)
+            if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
+                self.spec.observe_step(sched.num_decode_tokens + sched.num_verify_tokens, time.perf_counter() - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

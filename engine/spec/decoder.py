@@ -24,6 +24,7 @@ from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
 from engine.spec.draft import DraftModel, DraftModelProposer, build_draft_model
+from engine.spec.draft_length import DraftLength
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, chain_parents, decide_on_device, verify, verify_tree
 
@@ -68,6 +69,8 @@ class SpeculativeDecoder:
         self.block_size = config.block_size
         self.num_tokens = config.num_speculative_tokens  # k, drafted per request and step (reconfigurable)
         self.mtp_max_tree_tokens = config.mtp_max_tree_tokens
+        # the draft length per step from measured step costs and acceptance (None: always num_tokens)
+        self.draft_length = DraftLength(MAX_DRAFT) if config.adaptive_draft_length else None
         self.proposer = None
         self.totals = dict(draft=0, accepted=0, emitted=0, verify=0)
         self.accepted_per_pos = [0] * MAX_DRAFT
@@ -99,6 +102,8 @@ class SpeculativeDecoder:
             self._free_all_drafts()
             self.proposer = NgramProposer()
         self.runner.keep_hidden = isinstance(self.proposer, MtpProposer)
+        if self.draft_length is not None:  # another proposer's drafts are accepted at other rates
+            self.draft_length.forget_acceptance()
         for r in running:
             r.spec_token_ids.clear()
             r.spec_tree.clear()
@@ -155,6 +160,9 @@ class SpeculativeDecoder:
                 room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
                 if room > 0:
                     want[r.request_id] = (r, min(k, room))
+        if self.draft_length is not None and want:
+            k = self.draft_length.choose(len(want), k)
+            want = {rid: (r, min(kr, k)) for rid, (r, kr) in want.items() if k > 0}
         if isinstance(self.proposer, MtpProposer):
             self._propose_mtp(want)
         elif isinstance(self.proposer, NgramProposer):
@@ -214,7 +222,14 @@ class SpeculativeDecoder:
         self.runner.move_slots([(slot(start + row), slot(start + 1 + j))
                                 for j, row in enumerate(path) if row != j + 1])
 
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step of only decodes and verifies took `seconds` from its proposal on (LLMEngine._step)."""
+        if self.draft_length is not None and self.proposer is not None:
+            self.draft_length.observe_step(rows, seconds)
+
     def _count(self, drafted: int, accepted: int, emitted: int) -> None:
+        if self.draft_length is not None:
+            self.draft_length.observe_verify(drafted, accepted)
         t, st = self.totals, self._step_spec
         for c in (t, st):
             c["draft"] += drafted
@@ -246,7 +261,8 @@ class SpeculativeDecoder:
                                num_verify_passes=st["verify"],
                                accepted_per_position=tuple(st["accepted_pos"][:k]),
                                drafted_per_position=tuple(st["drafted_pos"][:k]),
-                               predicted_speedup=predicted)
+                               predicted_speedup=predicted,
+                               draft_length=self.draft_length.last if self.draft_length is not None else k)
 
     def release_kv(self) -> int:
         """Free the draft model's KV tensors (LLMEngine.release_memory); returns its block count."""

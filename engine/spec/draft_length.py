@@ -1,0 +1,91 @@
+"""How many tokens to draft this step: the length with the most expected tokens per second (goodput, as
+SmartSpec picks it for vLLM: Liu et al. 2024, "Optimizing Speculative Decoding for Serving LLMs Using
+Goodput"), from what this engine measured itself: how long its decode and verify steps take by their
+number of rows, and how often each draft position is accepted.
+
+A verify of k drafts for each of n requests is a step of n * (1 + k) rows. Whether that pays depends on
+the machine: where reading the weights dominates (a GPU, a kernel whose extra rows are nearly free) a long
+draft pays at a modest acceptance; on a CPU whose several-row step costs two or three one-row steps, or
+whose rows spill into a second native call that reads every weight again (engine/runner/fused.py), only
+drafts that are accepted often do. A fixed k can make speculation slower than plain decoding; this picks
+
+    k = argmax over 0 <= k <= the configured k of   n * E[tokens per request](k) / cost(n * (1 + k))
+    E[tokens per request](k) = 1 + sum over i < k of P(the first i + 1 drafts are all accepted)
+
+k = 0 decodes plainly. A row count never measured is taken to cost what the largest smaller one measured
+costs, and one with no smaller one measured is tried at once (optimistic either way: a step is never
+cheaper with more rows, so an unmeasured length gets tried, then its own measurement counts); a position
+never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice drafts one token more than the
+best, so the next length's cost and acceptance stay measured while the text changes.
+"""
+from __future__ import annotations
+
+COST_WEIGHT = 0.3  # weight of a new step time in a row count's running average
+ACCEPT_DECAY = 0.98  # per verify: older acceptance counts fade, so the choice follows the text
+EXPLORE_EVERY = 16
+
+
+class DraftLength:
+    """The measured step costs and acceptance, and the draft length they favour. Pure bookkeeping (no
+    torch): the speculative decoder feeds it and asks it (engine/spec/decoder.py)."""
+
+    def __init__(self, max_draft: int, explore_every: int = EXPLORE_EVERY) -> None:
+        self.step_s: dict[int, float] = {}  # rows of a decode/verify step -> its running-average seconds
+        self.accepted = [0.0] * max_draft  # decayed count of verifies whose drafts 0..i were all accepted
+        self.drafted = [0.0] * max_draft  # decayed count of verifies that drafted position i
+        self.explore_every = explore_every
+        self.choices = 0
+        self.last: int | None = None  # the length chosen for the latest step (shown on the spec panel)
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step of only decodes and verifies (no prompt rows), proposal included, took `seconds`."""
+        old = self.step_s.get(rows)
+        self.step_s[rows] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+
+    def observe_verify(self, drafted: int, accepted: int) -> None:
+        self.accepted = [a * ACCEPT_DECAY for a in self.accepted]
+        self.drafted = [d * ACCEPT_DECAY for d in self.drafted]
+        for i in range(min(drafted, len(self.drafted))):
+            self.drafted[i] += 1.0
+            if i < accepted:
+                self.accepted[i] += 1.0
+
+    def forget_acceptance(self) -> None:
+        self.accepted = [0.0] * len(self.accepted)
+        self.drafted = [0.0] * len(self.drafted)
+
+    def acceptance(self) -> list[float]:
+        """P(drafts 0..i all accepted | position i drafted), per position; unmeasured: the one before's."""
+        rates, previous = [], 1.0
+        for a, d in zip(self.accepted, self.drafted):
+            previous = min(previous, a / d) if d > 0 else previous
+            rates.append(previous)
+        return rates
+
+    def cost(self, rows: int) -> float | None:
+        """Seconds of a step of `rows` rows: measured, else the largest smaller measured one's (None: none)."""
+        if rows in self.step_s:
+            return self.step_s[rows]
+        smaller = [r for r in self.step_s if r < rows]
+        return self.step_s[max(smaller)] if smaller else None
+
+    def choose(self, num_requests: int, max_k: int) -> int:
+        """The draft length for a step in which `num_requests` requests decode, at most `max_k`."""
+        max_k = min(max_k, len(self.drafted))
+        if num_requests <= 0 or max_k <= 0:
+            return max(0, max_k)
+        rates = self.acceptance()
+        best, best_rate = max_k, -1.0
+        for k in range(max_k + 1):
+            seconds = self.cost(num_requests * (1 + k))
+            if seconds is None:  # no step this small measured yet: try this length
+                best = k
+                break
+            rate = num_requests * (1 + sum(rates[:k])) / max(seconds, 1e-9)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        self.choices += 1
+        if self.explore_every and self.choices % self.explore_every == 0:
+            best = min(best + 1, max_k)
+        self.last = best
+        return best
