@@ -1,0 +1,108 @@
+"""The draft length per step (engine/spec/draft_length.py): the most expected tokens per second from
+measured step costs and acceptance, and the engine feeding and following it."""
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.spec.draft_length import DraftLength
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 12, 13, 12]]
+
+
+def measured(costs: dict[int, float], accepted_in_a_row: list[int], max_draft: int = 8) -> DraftLength:
+    """A DraftLength that saw steps of these costs (rows -> seconds) and verifies of 4 drafts each
+    accepting this many in a row; no exploration."""
+    dl = DraftLength(max_draft, explore_every=0)
+    for rows, seconds in costs.items():
+        dl.observe_step(rows, seconds)
+    for accepted in accepted_in_a_row:
+        dl.observe_verify(4, accepted)
+    return dl
+
+
+def test_no_drafts_where_a_verify_costs_more_than_its_accepted_tokens_bring():
+    # two requests; every extra row costs as much as a decode row (a compute-bound step); 1 in 4 accepted
+    dl = measured({2: 0.030, 4: 0.060, 6: 0.090, 8: 0.120}, [1, 0, 0, 0] * 5)
+    assert dl.choose(2, 3) == 0
+
+
+def test_long_drafts_where_extra_rows_are_nearly_free():
+    dl = measured({2: 0.030, 4: 0.031, 6: 0.032, 8: 0.033}, [4, 3, 4, 2] * 5)
+    assert dl.choose(2, 3) == 3
+
+
+def test_a_verify_that_spills_into_a_second_native_call_is_cut_to_fit_one():
+    # 10 rows take two calls of the fused step (each reads every weight): k = 4 for 2 requests costs double
+    dl = measured({2: 0.030, 4: 0.034, 6: 0.038, 8: 0.042, 10: 0.085}, [4, 4, 3, 4] * 5)
+    assert dl.choose(2, 4) == 3
+
+
+def test_a_length_never_measured_is_tried():
+    dl = DraftLength(8, explore_every=0)
+    assert dl.choose(2, 3) == 0  # not even a plain step of 2 rows measured: run one
+    dl.observe_step(2, 0.03)
+    assert dl.choose(2, 3) == 3  # longer steps unmeasured: taken to cost no more, so tried
+    dl.observe_step(8, 0.5)
+    assert dl.choose(2, 3) == 2  # 6 rows not measured yet: taken to cost what 2 rows do
+
+
+def test_every_nth_choice_drafts_one_more_to_keep_measuring():
+    dl = DraftLength(8, explore_every=4)
+    for rows, seconds in {2: 0.03, 4: 0.06, 6: 0.09, 8: 0.12}.items():
+        dl.observe_step(rows, seconds)
+    for _ in range(5):
+        dl.observe_verify(3, 0)
+    assert [dl.choose(2, 3) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_acceptance_follows_the_latest_verifies():
+    dl = DraftLength(4, explore_every=0)
+    for _ in range(50):
+        dl.observe_verify(2, 2)
+    for _ in range(200):
+        dl.observe_verify(2, 0)
+    assert dl.acceptance()[0] < 0.05
+    assert dl.acceptance()[3] == dl.acceptance()[1]  # never drafted: as the position before
+
+
+def _engine(folder, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(folder), dtype="float32", num_kv_blocks=256, block_size=4,
+                                  spec_method="ngram", num_speculative_tokens=3, **kw))
+
+
+def test_engine_measures_its_steps_and_drafts_only_what_pays(tiny_llama):
+    """The engine times each decode/verify step by its rows; once verify rows are measured as costly and
+    drafts as rarely accepted, it decodes plainly - with the same output as plain decoding."""
+    plain = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=256,
+                                   block_size=4)).generate(PROMPTS, GREEDY)
+    eng = _engine(tiny_llama)
+    dl = eng.spec.draft_length
+    dl.explore_every = 0
+    ids = [eng.add_request(p, GREEDY) for p in PROMPTS]
+    final = {}
+    while eng.stats().num_steps < 6:
+        for o in eng.step():
+            final[o.request_id] = o
+    assert 3 in dl.step_s  # a plain decode step of the 3 requests was measured (the first choice)
+    for rows in range(4, 33):  # verify rows measured as costing a whole step each
+        dl.step_s[rows] = dl.step_s[3] * rows
+    for _ in range(100):
+        dl.observe_verify(3, 0)
+    drafted = eng.stats().num_draft_tokens
+    while eng.has_unfinished():
+        for o in eng.step():
+            final[o.request_id] = o
+    assert eng.stats().num_draft_tokens == drafted
+    assert [final[i].token_ids for i in ids] == [o.token_ids for o in plain]
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_the_step_event_says_the_length_drafted(tiny_llama, adaptive):
+    eng = _engine(tiny_llama, adaptive_draft_length=adaptive)
+    seen = []
+    eng.add_listener(lambda ev: seen.append(ev.spec.draft_length))
+    eng.generate(PROMPTS, GREEDY)
+    assert all(k is None or 0 <= k <= 3 for k in seen)
+    assert (3 in seen) and (adaptive == (0 in seen))
