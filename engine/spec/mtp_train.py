@@ -137,6 +137,7 @@ def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weight
                 break
     if best_state is not None:
         heads.load_state_dict(best_state)
+    heads.draft_vocab = None if vocab is None else vocab.cpu()  # serving drafts from what the softmax covered
     return heads
 
 
