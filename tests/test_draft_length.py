@@ -106,3 +106,65 @@ def test_the_step_event_says_the_length_drafted(tiny_llama, adaptive):
     eng.generate(PROMPTS, GREEDY)
     assert all(k is None or 0 <= k <= 3 for k in seen)
     assert (3 in seen) and (adaptive == (0 in seen))
+
+
+def test_sure_requests_draft_and_unsure_ones_do_not_in_the_same_step():
+    """Per request, from each draft position's predicted chance (MTP heads' confidence): the rows that pay
+    are taken, most likely first, whichever request they belong to."""
+    dl = measured({2: 0.030, 3: 0.032, 4: 0.034, 5: 0.060, 6: 0.090}, [])
+    # request 0 is sure of two drafts, request 1 unsure of its first
+    assert dl.choose_drafts([[0.9, 0.8, 0.1], [0.1, 0.05, 0.01]]) == [2, 0]
+    assert dl.last == 2
+
+
+def test_predicted_chances_are_calibrated_by_what_was_accepted():
+    costs = {2: 0.030, 3: 0.033}
+    trusting = measured(costs, [])
+    assert trusting.choose_drafts([[0.5], [0.0]]) == [1, 0]  # 2.5 tokens in 33 ms beat 2 in 30
+    overconfident = measured(costs, [])
+    for _ in range(40):  # it said 0.5 and was never right
+        overconfident.observe_confident_verify([0.5], 0)
+    assert overconfident.calibration() < 0.2
+    assert overconfident.choose_drafts([[0.5], [0.0]]) == [0, 0]
+
+
+def test_an_mtp_chain_is_cut_where_its_chances_stop_paying(tiny_llama_hd64, tmp_path):
+    """bf16 on the CPU (the fused step): each request's drafts are the prefix of its heads' chain that
+    DraftLength.choose_drafts picked from the heads' confidence; the output is plain decoding's."""
+    import torch
+
+    from engine.spec.mtp import MtpHeads, save_heads
+
+    def engine(**kw):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=64, **kw))
+
+    plain = engine().generate(PROMPTS, GREEDY)
+    torch.manual_seed(4)
+    heads = MtpHeads(engine().model_config.hidden_size, 3)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.weight, std=0.2)
+    save_heads(heads, tmp_path / "heads.safetensors", {"model": "tiny"})
+    eng = engine(spec_method="mtp", num_speculative_tokens=3, mtp_heads=str(tmp_path / "heads.safetensors"))
+    dl = eng.spec.draft_length
+    chosen, choose = [], dl.choose_drafts
+
+    def spy(chances, num_rows=None):
+        counts = choose(chances, num_rows)
+        chosen.append(counts)
+        return counts
+
+    dl.choose_drafts = spy
+    pairs = []
+    propose = eng.spec.propose
+
+    def paired(running):  # each proposal's chosen counts against the drafts the requests then carry
+        before = len(chosen)
+        propose(running)
+        if len(chosen) > before:
+            pairs.append((chosen[-1], sum(len(r.spec_token_ids) for r in running)))
+
+    eng.spec.propose = paired
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == [o.token_ids for o in plain]
+    assert pairs and all(sum(counts) == drafts for counts, drafts in pairs)
+    assert any(sum(counts) for counts, _ in pairs)  # some drafts paid
+    assert any(sum(counts) < 3 * len(counts) for counts, _ in pairs)  # and some chains were cut

@@ -71,6 +71,7 @@ class SpeculativeDecoder:
         self.mtp_max_tree_tokens = config.mtp_max_tree_tokens
         # the draft length per step from measured step costs and acceptance (None: always num_tokens)
         self.draft_length = DraftLength(MAX_DRAFT) if config.adaptive_draft_length else None
+        self._chances: dict[str, list[float]] = {}  # request -> its drafts' predicted chances (MTP chains)
         self.proposer = None
         self.totals = dict(draft=0, accepted=0, emitted=0, verify=0)
         self.accepted_per_pos = [0] * MAX_DRAFT
@@ -135,7 +136,7 @@ class SpeculativeDecoder:
         heads = heads.to(device=self.runner.device, dtype=dtype).eval()
         return MtpProposer(heads, target, tuple(cfg.mtp_tree_widths), meta)
 
-    def _propose_mtp(self, want: dict) -> None:
+    def _propose_mtp(self, want: dict, num_decoding: int) -> None:
         ready = [(r, kr) for r, kr in want.values() if r.mtp_hidden is not None]
         if not ready:
             return
@@ -148,6 +149,13 @@ class SpeculativeDecoder:
         chain = self.runner.fused is not None
         max_nodes = max(max(depths), self.mtp_max_tree_tokens // len(ready))
         last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
+        if chain and self.draft_length is not None:  # each request drafts as far as its chances pay
+            chains = self.proposer.propose_chains(hidden, depths, last)
+            counts = self.draft_length.choose_drafts([chances for _, chances in chains], num_decoding)
+            for (r, _), (tokens, chances), c in zip(ready, chains, counts):
+                r.spec_token_ids, r.spec_tree = tokens[:c], list(range(c))
+                self._chances[r.request_id] = chances[:c]
+            return
         proposals = self.proposer.propose_batch(hidden, depths, max_nodes, last, chain=chain)
         for (r, _), (tokens, parents) in zip(ready, proposals):
             r.spec_token_ids, r.spec_tree = tokens, list(parents)
@@ -158,16 +166,19 @@ class SpeculativeDecoder:
         if self.proposer is None or k <= 0:
             return
         want = {}
-        for r in running:
-            if r.num_tokens - r.num_computed_tokens == 1:
-                room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
-                if room > 0:
-                    want[r.request_id] = (r, min(k, room))
-        if self.draft_length is not None and want:
-            k = self.draft_length.choose(len(want), k)
+        decoding = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
+        for r in decoding:
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
+            if room > 0:
+                want[r.request_id] = (r, min(k, room))
+        # MTP chains on the fused step choose per request from the heads' confidence (_propose_mtp); the other
+        # proposers say nothing of how sure they are: one length for every request of the step
+        per_request = isinstance(self.proposer, MtpProposer) and self.runner.fused is not None
+        if self.draft_length is not None and want and not per_request:
+            k = self.draft_length.choose(len(decoding), k)
             want = {rid: (r, min(kr, k)) for rid, (r, kr) in want.items() if k > 0}
         if isinstance(self.proposer, MtpProposer):
-            self._propose_mtp(want)
+            self._propose_mtp(want, len(decoding))
         elif isinstance(self.proposer, NgramProposer):
             for r, kr in want.values():
                 r.spec_token_ids = self.proposer.propose(r.all_token_ids, kr)
@@ -196,6 +207,9 @@ class SpeculativeDecoder:
         else:
             res = verify(draft, logits, req.sampling_params, req.generator, read_back=read_back)
             drafted = len(draft)
+        chances = self._chances.pop(req.request_id, None)
+        if chances and self.draft_length is not None:
+            self.draft_length.observe_confident_verify(chances, res.num_accepted)
         req.num_computed_tokens += 1 + res.num_accepted  # the last token and the accepted drafts
         out = VerifyOutcome([], "", [])
         for tok, src in zip(res.tokens, res.sources):
@@ -285,5 +299,6 @@ class SpeculativeDecoder:
 
     def free(self, request_id: str) -> None:
         """A request finished: the draft model's shadow cache for it goes."""
+        self._chances.pop(request_id, None)
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.free(request_id)

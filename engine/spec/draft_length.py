@@ -36,6 +36,9 @@ class DraftLength:
         self.explore_every = explore_every
         self.choices = 0
         self.last: int | None = None  # the length chosen for the latest step (shown on the spec panel)
+        # proposers that say how sure they are (MTP heads): decayed sums of the predicted chance of each
+        # drafted position being accepted, and of the positions accepted, to calibrate the prediction
+        self.predicted, self.confirmed = 0.0, 0.0
 
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step of only decodes and verifies (no prompt rows), proposal included, took `seconds`."""
@@ -89,3 +92,44 @@ class DraftLength:
             best = min(best + 1, max_k)
         self.last = best
         return best
+
+    def observe_confident_verify(self, predicted: list[float], accepted: int) -> None:
+        """A verify of drafts whose predicted chances of acceptance (each position's, the chain's so far)
+        were `predicted`: `accepted` of them were."""
+        self.predicted = self.predicted * ACCEPT_DECAY + sum(predicted)
+        self.confirmed = self.confirmed * ACCEPT_DECAY + accepted
+
+    def calibration(self) -> float:
+        """Measured accepted per predicted acceptance (1 until measured; a prior of a few positions)."""
+        return (self.confirmed + 2.0) / (self.predicted + 2.0)
+
+    def choose_drafts(self, chances: list[list[float]], num_rows: int | None = None) -> list[int]:
+        """Drafts per request, for proposers that give each draft position its chance of being accepted
+        with the ones before it (non-increasing along a request's chain; calibrated here by what was
+        measured). The most likely positions of all requests are taken first, as many as maximise
+        expected tokens / measured step cost: a request whose guess is unsure drafts nothing, a sure
+        one drafts, in the same step. `num_rows`: the step's rows without drafts (requests decoding; default
+        one per request here)."""
+        scale = self.calibration()
+        ranked = sorted(((min(1.0, c * scale), i, r) for r, cs in enumerate(chances) for i, c in enumerate(cs)),
+                        key=lambda x: (-x[0], x[1]))
+        n = len(chances) if num_rows is None else num_rows
+        best, best_rate, expected = 0, -1.0, float(n)
+        for m in range(len(ranked) + 1):
+            if m:
+                expected += ranked[m - 1][0]
+            seconds = self.cost(n + m)
+            if seconds is None:  # no step this small measured yet: try it
+                best = m
+                break
+            rate = expected / max(seconds, 1e-9)
+            if rate > best_rate:
+                best, best_rate = m, rate
+        self.choices += 1
+        if self.explore_every and self.choices % self.explore_every == 0:
+            best = min(best + 1, len(ranked))
+        counts = [0] * len(chances)
+        for _, _, r in ranked[:best]:
+            counts[r] += 1
+        self.last = max(counts, default=0)
+        return counts
