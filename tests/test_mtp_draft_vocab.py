@@ -2,6 +2,7 @@
 covered, ranked without reading the rest of the lm_head; saved with the heads, kept by training."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -85,3 +86,21 @@ def test_training_keeps_the_vocabulary_its_softmax_covered():
     heads = train_heads(h, nxt, labels, weights, 2, epochs=1, batch=32)
     assert heads.draft_vocab.tolist() == torch.cat([nxt, labels.flatten()]).unique().tolist()
     assert train_heads(h, nxt, labels, weights, 2, epochs=1, batch=32, full_vocab=True).draft_vocab is None
+
+
+def test_chains_carry_the_chance_of_each_position_being_accepted():
+    """propose_chains: the top-1 chain of propose_batch, and per position the product of the heads' top-1
+    probabilities so far (over the draft vocabulary, the softmax the heads were trained with)."""
+    model, heads = TinyModel(), random_heads(3)
+    heads.draft_vocab = torch.arange(0, VOCAB, 2)
+    prop = MtpProposer(heads, model, (1, 1, 1))
+    hidden, last = torch.randn(2, HIDDEN), [4, 9]
+    chains = prop.propose_chains(hidden, [3, 2], last_tokens=last)
+    batch = prop.propose_batch(hidden, [3, 2], last_tokens=last, chain=True)
+    assert [tokens for tokens, _ in chains] == [tokens for tokens, _ in batch]
+    with torch.no_grad():
+        probs = (heads(hidden, model.embed_tokens(torch.tensor(last)), 3) @ model.lm_head.weight[heads.draft_vocab].t())
+        top = probs.softmax(-1).max(-1).values.cumprod(-1)  # (2, 3)
+    assert chains[0][1] == pytest.approx(top[0].tolist(), rel=1e-5)
+    assert chains[1][1] == pytest.approx(top[1, :2].tolist(), rel=1e-5)
+    assert all(a >= b for _, c in chains for a, b in zip(c, c[1:]))  # a chain's chances never rise
