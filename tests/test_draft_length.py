@@ -168,3 +168,13 @@ def test_an_mtp_chain_is_cut_where_its_chances_stop_paying(tiny_llama_hd64, tmp_
     assert pairs and all(sum(counts) == drafts for counts, drafts in pairs)
     assert any(sum(counts) for counts, _ in pairs)  # some drafts paid
     assert any(sum(counts) < 3 * len(counts) for counts, _ in pairs)  # and some chains were cut
+
+
+def test_a_lone_stream_does_not_even_run_the_heads_where_no_draft_could_pay():
+    dl = DraftLength(8, explore_every=4)
+    assert dl.worth_proposing(1)  # nothing measured: find out
+    dl.observe_step(1, 0.014)
+    dl.observe_step(2, 0.033)  # a second row costs more than a whole one-row step
+    dl.observe_step(3, 0.036)
+    assert [dl.worth_proposing(1) for _ in range(4)] == [False, False, False, True]  # the 4th explores
+    assert dl.worth_proposing(2)  # two streams: a third row is cheap

@@ -150,6 +150,8 @@ class SpeculativeDecoder:
         max_nodes = max(max(depths), self.mtp_max_tree_tokens // len(ready))
         last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
         if chain and self.draft_length is not None:  # each request drafts as far as its chances pay
+            if not self.draft_length.worth_proposing(num_decoding):
+                return
             chains = self.proposer.propose_chains(hidden, depths, last)
             counts = self.draft_length.choose_drafts([chances for _, chances in chains], num_decoding)
             for (r, _), (tokens, chances), c in zip(ready, chains, counts):

@@ -103,6 +103,22 @@ class DraftLength:
         """Measured accepted per predicted acceptance (1 until measured; a prior of a few positions)."""
         return (self.confirmed + 2.0) / (self.predicted + 2.0)
 
+    def worth_proposing(self, num_rows: int) -> bool:
+        """Whether even one draft certain to be accepted could pay in a step of `num_rows` rows: (rows + 1)
+        tokens for the measured cost of rows + 1 against rows for rows' (True where either is unmeasured, and
+        on every explore_every-th step). Where it cannot, the heads need not run at all (on this CPU a
+        one-row step costs well under half a two-row one, so a lone stream never drafts)."""
+        plain, more = self.step_s.get(num_rows), self.step_s.get(num_rows + 1)
+        if plain is None or more is None:
+            return True
+        if self.explore_every and (self.choices + 1) % self.explore_every == 0:
+            return True
+        if (num_rows + 1) / more > num_rows / plain:
+            return True
+        self.choices += 1
+        self.last = 0
+        return False
+
     def choose_drafts(self, chances: list[list[float]], num_rows: int | None = None) -> list[int]:
         """Drafts per request, for proposers that give each draft position its chance of being accepted
         with the ones before it (non-increasing along a request's chain; calibrated here by what was
