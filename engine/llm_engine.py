@@ -262,7 +262,8 @@ class LLMEngine:
         if not sched.is_empty:
             self._run(sched, outputs, finished)
             if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
-                self.spec.observe_step(sched.num_decode_tokens + sched.num_verify_tokens, time.perf_counter() - t_propose)
+                rows = sched.num_decode_tokens + sched.num_verify_tokens
+                self.spec.observe_step(rows, time.perf_counter() - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

@@ -15,8 +15,9 @@ drafts that are accepted often do. A fixed k can make speculation slower than pl
 k = 0 decodes plainly. A row count never measured is taken to cost what the largest smaller one measured
 costs, and one with no smaller one measured is tried at once (optimistic either way: a step is never
 cheaper with more rows, so an unmeasured length gets tried, then its own measurement counts); a position
-never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice drafts one token more than the
-best, so the next length's cost and acceptance stay measured while the text changes.
+never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice
+drafts one token more than the best, so the next length's cost and acceptance stay measured while the
+text changes.
 """
 from __future__ import annotations
 
