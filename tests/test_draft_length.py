@@ -178,3 +178,12 @@ def test_a_lone_stream_does_not_even_run_the_heads_where_no_draft_could_pay():
     dl.observe_step(3, 0.036)
     assert [dl.worth_proposing(1) for _ in range(4)] == [False, False, False, True]  # the 4th explores
     assert dl.worth_proposing(2)  # two streams: a third row is cheap
+
+
+def test_one_rejection_of_a_rarely_drafted_position_does_not_rule_it_out():
+    dl = DraftLength(4, explore_every=0)
+    for _ in range(20):
+        dl.observe_verify(1, 1)  # position 0 always accepted
+    dl.observe_verify(2, 1)  # position 1 drafted once, rejected
+    rates = dl.acceptance()
+    assert rates[0] > 0.9 and 0.3 < rates[1] < rates[0]

@@ -24,6 +24,7 @@ from __future__ import annotations
 COST_WEIGHT = 0.3  # weight of a new step time in a row count's running average
 ACCEPT_DECAY = 0.98  # per verify: older acceptance counts fade, so the choice follows the text
 EXPLORE_EVERY = 16
+PRIOR_COUNT = 2.0  # pseudo-verifies behind each position's acceptance estimate (see DraftLength.acceptance)
 
 
 class DraftLength:
@@ -59,10 +60,12 @@ class DraftLength:
         self.drafted = [0.0] * len(self.drafted)
 
     def acceptance(self) -> list[float]:
-        """P(drafts 0..i all accepted | position i drafted), per position; unmeasured: the one before's."""
+        """P(drafts 0..i all accepted | position i drafted), per position: the measured rate with PRIOR_COUNT
+        pseudo-verifies at the rate of the position before (so one unlucky rejection of a rarely drafted
+        position does not rule it out for good; unmeasured: the one before's), never above that one's."""
         rates, previous = [], 1.0
         for a, d in zip(self.accepted, self.drafted):
-            previous = min(previous, a / d) if d > 0 else previous
+            previous = min(previous, (a + PRIOR_COUNT * previous) / (d + PRIOR_COUNT))
             rates.append(previous)
         return rates
 
