@@ -263,7 +263,7 @@ class LLMEngine:
             self._run(sched, outputs, finished)
             if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
                 rows = sched.num_decode_tokens + sched.num_verify_tokens
-                self.spec.observe_step(rows, time.perf_counter() - t_propose)
+                self.spec.observe_step(len(sched.scheduled), rows, time.perf_counter() - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

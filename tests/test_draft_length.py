@@ -11,12 +11,13 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 12, 13, 12]]
 
 
-def measured(costs: dict[int, float], accepted_in_a_row: list[int], max_draft: int = 8) -> DraftLength:
-    """A DraftLength that saw steps of these costs (rows -> seconds) and verifies of 4 drafts each
-    accepting this many in a row; no exploration."""
+def measured(costs: dict[int, float], accepted_in_a_row: list[int], max_draft: int = 8,
+             requests: int = 2) -> DraftLength:
+    """A DraftLength that saw steps of `requests` requests at these costs (rows -> seconds) and verifies
+    of 4 drafts each accepting this many in a row; no exploration."""
     dl = DraftLength(max_draft, explore_every=0)
     for rows, seconds in costs.items():
-        dl.observe_step(rows, seconds)
+        dl.observe_step(requests, rows, seconds)
     for accepted in accepted_in_a_row:
         dl.observe_verify(4, accepted)
     return dl
@@ -42,16 +43,16 @@ def test_a_verify_that_spills_into_a_second_native_call_is_cut_to_fit_one():
 def test_a_length_never_measured_is_tried():
     dl = DraftLength(8, explore_every=0)
     assert dl.choose(2, 3) == 0  # not even a plain step of 2 rows measured: run one
-    dl.observe_step(2, 0.03)
+    dl.observe_step(2, 2, 0.03)
     assert dl.choose(2, 3) == 3  # longer steps unmeasured: taken to cost no more, so tried
-    dl.observe_step(8, 0.5)
+    dl.observe_step(2, 8, 0.5)
     assert dl.choose(2, 3) == 2  # 6 rows not measured yet: taken to cost what 2 rows do
 
 
 def test_every_nth_choice_drafts_one_more_to_keep_measuring():
     dl = DraftLength(8, explore_every=4)
     for rows, seconds in {2: 0.03, 4: 0.06, 6: 0.09, 8: 0.12}.items():
-        dl.observe_step(rows, seconds)
+        dl.observe_step(2, rows, seconds)
     for _ in range(5):
         dl.observe_verify(3, 0)
     assert [dl.choose(2, 3) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
@@ -85,9 +86,11 @@ def test_engine_measures_its_steps_and_drafts_only_what_pays(tiny_llama):
     while eng.stats().num_steps < 6:
         for o in eng.step():
             final[o.request_id] = o
-    assert 3 in dl.step_s  # a plain decode step of the 3 requests was measured (the first choice)
-    for rows in range(4, 33):  # verify rows measured as costing a whole step each
-        dl.step_s[rows] = dl.step_s[3] * rows
+    assert (3, 3) in dl.step_s  # a plain decode step of the 3 requests was measured (the first choice)
+    one_row = dl.step_s[(3, 3)] / 3
+    for requests in (1, 2, 3):  # plain steps as measured; each verify row costs a whole one-row step
+        for rows in range(requests, 33):
+            dl.step_s[(requests, rows)] = one_row * rows
     for _ in range(100):
         dl.observe_verify(3, 0)
     drafted = eng.stats().num_draft_tokens
@@ -173,9 +176,9 @@ def test_an_mtp_chain_is_cut_where_its_chances_stop_paying(tiny_llama_hd64, tmp_
 def test_a_lone_stream_does_not_even_run_the_heads_where_no_draft_could_pay():
     dl = DraftLength(8, explore_every=4)
     assert dl.worth_proposing(1)  # nothing measured: find out
-    dl.observe_step(1, 0.014)
-    dl.observe_step(2, 0.033)  # a second row costs more than a whole one-row step
-    dl.observe_step(3, 0.036)
+    dl.observe_step(1, 1, 0.014)
+    dl.observe_step(1, 2, 0.033)  # a second row costs more than a whole one-row step
+    dl.observe_step(1, 3, 0.036)
     assert [dl.worth_proposing(1) for _ in range(4)] == [False, False, False, True]  # the 4th explores
     assert dl.worth_proposing(2)  # two streams: a third row is cheap
 

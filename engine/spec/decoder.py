@@ -241,10 +241,10 @@ class SpeculativeDecoder:
         self.runner.move_slots([(slot(start + row), slot(start + 1 + j))
                                 for j, row in enumerate(path) if row != j + 1])
 
-    def observe_step(self, rows: int, seconds: float) -> None:
+    def observe_step(self, requests: int, rows: int, seconds: float) -> None:
         """A step of only decodes and verifies took `seconds` from its proposal on (LLMEngine._step)."""
         if self.draft_length is not None and self.proposer is not None:
-            self.draft_length.observe_step(rows, seconds)
+            self.draft_length.observe_step(requests, rows, seconds)
 
     def _count(self, drafted: int, accepted: int, emitted: int) -> None:
         if self.draft_length is not None:

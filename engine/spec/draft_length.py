@@ -32,7 +32,9 @@ class DraftLength:
     torch): the speculative decoder feeds it and asks it (engine/spec/decoder.py)."""
 
     def __init__(self, max_draft: int, explore_every: int = EXPLORE_EVERY) -> None:
-        self.step_s: dict[int, float] = {}  # rows of a decode/verify step -> its running-average seconds
+        # (requests, rows) of a decode/verify step -> its running-average seconds. By requests too: a lone
+        # request's 2-row verify (its proposal and verify work included) is not two requests' plain decode
+        self.step_s: dict[tuple[int, int], float] = {}
         self.accepted = [0.0] * max_draft  # decayed count of verifies whose drafts 0..i were all accepted
         self.drafted = [0.0] * max_draft  # decayed count of verifies that drafted position i
         self.explore_every = explore_every
@@ -42,10 +44,10 @@ class DraftLength:
         # drafted position being accepted, and of the positions accepted, to calibrate the prediction
         self.predicted, self.confirmed = 0.0, 0.0
 
-    def observe_step(self, rows: int, seconds: float) -> None:
+    def observe_step(self, requests: int, rows: int, seconds: float) -> None:
         """A step of only decodes and verifies (no prompt rows), proposal included, took `seconds`."""
-        old = self.step_s.get(rows)
-        self.step_s[rows] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+        old = self.step_s.get((requests, rows))
+        self.step_s[(requests, rows)] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
 
     def observe_verify(self, drafted: int, accepted: int) -> None:
         self.accepted = [a * ACCEPT_DECAY for a in self.accepted]
@@ -69,12 +71,13 @@ class DraftLength:
             rates.append(previous)
         return rates
 
-    def cost(self, rows: int) -> float | None:
-        """Seconds of a step of `rows` rows: measured, else the largest smaller measured one's (None: none)."""
-        if rows in self.step_s:
-            return self.step_s[rows]
-        smaller = [r for r in self.step_s if r < rows]
-        return self.step_s[max(smaller)] if smaller else None
+    def cost(self, requests: int, rows: int) -> float | None:
+        """Seconds of a step of `requests` requests in `rows` rows: measured, else the largest smaller measured
+        one's of as many requests (None: none)."""
+        if (requests, rows) in self.step_s:
+            return self.step_s[(requests, rows)]
+        smaller = [r for n, r in self.step_s if n == requests and r < rows]
+        return self.step_s[(requests, max(smaller))] if smaller else None
 
     def choose(self, num_requests: int, max_k: int) -> int:
         """The draft length for a step in which `num_requests` requests decode, at most `max_k`."""
@@ -84,7 +87,7 @@ class DraftLength:
         rates = self.acceptance()
         best, best_rate = max_k, -1.0
         for k in range(max_k + 1):
-            seconds = self.cost(num_requests * (1 + k))
+            seconds = self.cost(num_requests, num_requests * (1 + k))
             if seconds is None:  # no step this small measured yet: try this length
                 best = k
                 break
@@ -112,7 +115,7 @@ class DraftLength:
         tokens for the measured cost of rows + 1 against rows for rows' (True where either is unmeasured, and
         on every explore_every-th step). Where it cannot, the heads need not run at all (on this CPU a
         one-row step costs well under half a two-row one, so a lone stream never drafts)."""
-        plain, more = self.step_s.get(num_rows), self.step_s.get(num_rows + 1)
+        plain, more = self.step_s.get((num_rows, num_rows)), self.step_s.get((num_rows, num_rows + 1))
         if plain is None or more is None:
             return True
         if self.explore_every and (self.choices + 1) % self.explore_every == 0:
@@ -138,7 +141,7 @@ class DraftLength:
         for m in range(len(ranked) + 1):
             if m:
                 expected += ranked[m - 1][0]
-            seconds = self.cost(n + m)
+            seconds = self.cost(n, n + m)
             if seconds is None:  # no step this small measured yet: try it
                 best = m
                 break
