@@ -190,3 +190,18 @@ def test_one_rejection_of_a_rarely_drafted_position_does_not_rule_it_out():
     dl.observe_verify(2, 1)  # position 1 drafted once, rejected
     rates = dl.acceptance()
     assert rates[0] > 0.9 and 0.3 < rates[1] < rates[0]
+
+
+def test_exploration_alternates_above_and_below_the_choice():
+    """The plain step's cost stays measured too: a slow outlier there must not make drafting look cheap."""
+    dl = measured({2: 0.030, 4: 0.031, 6: 0.050, 8: 0.070}, [1, 1, 1, 1] * 5)
+    dl.explore_every = 2
+    assert [dl.choose(2, 3) for _ in range(8)] == [1, 2, 1, 0, 1, 2, 1, 0]
+
+
+def test_a_shape_costs_the_median_of_its_latest_steps():
+    dl = DraftLength(4)
+    for seconds in (0.030, 0.031, 0.300, 0.029):  # one step slowed by something else
+        dl.observe_step(2, 2, seconds)
+    assert dl.cost(2, 2) == pytest.approx(0.0305)
+    assert dl.cost(3, 2) is None and dl.cost(2, 3) == dl.cost(2, 2)

@@ -16,12 +16,16 @@ k = 0 decodes plainly. A row count never measured is taken to cost what the larg
 costs, and one with no smaller one measured is tried at once (optimistic either way: a step is never
 cheaper with more rows, so an unmeasured length gets tried, then its own measurement counts); a position
 never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice
-drafts one token more than the best, so the next length's cost and acceptance stay measured while the
-text changes.
+drafts one token more than the best, every other such one one less, so the lengths beside the choice
+stay measured while the text changes.
 """
 from __future__ import annotations
 
-COST_WEIGHT = 0.3  # weight of a new step time in a row count's running average
+import statistics
+from collections import deque
+
+COST_SAMPLES = 5  # a step shape's cost: the median of its latest this many times (one slow step - a
+# collection, another process - must not price a shape out for good)
 ACCEPT_DECAY = 0.98  # per verify: older acceptance counts fade, so the choice follows the text
 EXPLORE_EVERY = 16
 PRIOR_COUNT = 2.0  # pseudo-verifies behind each position's acceptance estimate (see DraftLength.acceptance)
@@ -32,9 +36,10 @@ class DraftLength:
     torch): the speculative decoder feeds it and asks it (engine/spec/decoder.py)."""
 
     def __init__(self, max_draft: int, explore_every: int = EXPLORE_EVERY) -> None:
-        # (requests, rows) of a decode/verify step -> its running-average seconds. By requests too: a lone
+        # (requests, rows) of a decode/verify step -> the median of its latest times. By requests too: a lone
         # request's 2-row verify (its proposal and verify work included) is not two requests' plain decode
         self.step_s: dict[tuple[int, int], float] = {}
+        self._samples: dict[tuple[int, int], deque[float]] = {}
         self.accepted = [0.0] * max_draft  # decayed count of verifies whose drafts 0..i were all accepted
         self.drafted = [0.0] * max_draft  # decayed count of verifies that drafted position i
         self.explore_every = explore_every
@@ -46,8 +51,9 @@ class DraftLength:
 
     def observe_step(self, requests: int, rows: int, seconds: float) -> None:
         """A step of only decodes and verifies (no prompt rows), proposal included, took `seconds`."""
-        old = self.step_s.get((requests, rows))
-        self.step_s[(requests, rows)] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+        samples = self._samples.setdefault((requests, rows), deque(maxlen=COST_SAMPLES))
+        samples.append(seconds)
+        self.step_s[(requests, rows)] = statistics.median(samples)
 
     def observe_verify(self, drafted: int, accepted: int) -> None:
         self.accepted = [a * ACCEPT_DECAY for a in self.accepted]
@@ -94,11 +100,18 @@ class DraftLength:
             rate = num_requests * (1 + sum(rates[:k])) / max(seconds, 1e-9)
             if rate > best_rate:
                 best, best_rate = k, rate
-        self.choices += 1
-        if self.explore_every and self.choices % self.explore_every == 0:
-            best = min(best + 1, max_k)
+        best = self._explore(best, max_k)
         self.last = best
         return best
+
+    def _explore(self, best: int, most: int) -> int:
+        """Every explore_every-th choice one more than the best, every other such one less, so the costs and
+        acceptance on both sides of the choice stay measured (the plain step's too)."""
+        self.choices += 1
+        if not self.explore_every or self.choices % self.explore_every:
+            return best
+        up = (self.choices // self.explore_every) % 2 == 1
+        return min(best + 1, most) if up or best == 0 else best - 1
 
     def observe_confident_verify(self, predicted: list[float], accepted: int) -> None:
         """A verify of drafts whose predicted chances of acceptance (each position's, the chain's so far)
@@ -148,9 +161,7 @@ class DraftLength:
             rate = expected / max(seconds, 1e-9)
             if rate > best_rate:
                 best, best_rate = m, rate
-        self.choices += 1
-        if self.explore_every and self.choices % self.explore_every == 0:
-            best = min(best + 1, len(ranked))
+        best = self._explore(best, len(ranked))
         counts = [0] * len(chances)
         for _, _, r in ranked[:best]:
             counts[r] += 1
