@@ -51,9 +51,12 @@ class DraftLength:
 
     def observe_step(self, requests: int, rows: int, seconds: float) -> None:
         """A step of only decodes and verifies (no prompt rows), proposal included, took `seconds`."""
-        samples = self._samples.setdefault((requests, rows), deque(maxlen=COST_SAMPLES))
-        samples.append(seconds)
-        self.step_s[(requests, rows)] = statistics.median(samples)
+        key = (requests, rows)
+        if key not in self._samples:  # a shape's first step pays one-time costs (buffers, a plan): not counted
+            self._samples[key] = deque(maxlen=COST_SAMPLES)
+            return
+        self._samples[key].append(seconds)
+        self.step_s[key] = statistics.median(self._samples[key])
 
     def observe_verify(self, drafted: int, accepted: int) -> None:
         self.accepted = [a * ACCEPT_DECAY for a in self.accepted]
