@@ -105,6 +105,7 @@ class SpeculativeDecoder:
         self.runner.keep_hidden = isinstance(self.proposer, MtpProposer)
         if self.draft_length is not None:  # another proposer's drafts are accepted at other rates
             self.draft_length.forget_acceptance()
+        self._chances.clear()
         for r in running:
             r.spec_token_ids.clear()
             r.spec_tree.clear()
