@@ -20,6 +20,9 @@ def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--rank", type=int, default=None, help="low-rank heads (e.g. 128); default: full matrices")
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--no-continuations", dest="continuations", action="store_false",
+                   help="train on the chat answers only (default: also the model's plain-text continuations of the "
+                        "prompts, the kind of text the talk's workloads have it write; twice the writing time)")
     p.add_argument("--out", default=None, help="where to save (default: the user cache, where the engine looks)")
 
 
@@ -47,7 +50,7 @@ def run_train_mtp(args: argparse.Namespace) -> int:
     prompts = default_prompts()[: args.prompts] if args.prompts else None  # None: all of them
     report = train_mtp(engine, num_heads=args.heads, prompts=prompts, max_tokens=args.max_tokens,
                        epochs=args.epochs, lr=args.lr, rank=args.rank, weight_decay=args.weight_decay, out=args.out,
-                       progress=progress)
+                       continuations=args.continuations, progress=progress)
     print(file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0

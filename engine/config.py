@@ -133,6 +133,9 @@ class EngineConfig:
     num_speculative_tokens: int = knob_default("num_speculative_tokens")
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
     draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
+    # pick the draft length each step (at most num_speculative_tokens) for the most tokens per second, from
+    # measured step times and acceptance (engine/spec/draft_length.py); False: always num_speculative_tokens
+    adaptive_draft_length: bool = True
     mtp_heads: str | None = None  # spec_method "mtp": a heads .safetensors (default: where train-mtp saves)
     mtp_tree_widths: tuple[int, ...] = (3, 2, 1, 1, 1, 1, 1, 1)  # candidates per tree level
     mtp_max_tree_tokens: int = 8  # tree rows per step, shared by the requests (at least a chain each);

@@ -223,6 +223,7 @@ class SpecDecodeStats:
     accepted_per_position: tuple[int, ...] = ()  # index i: drafts accepted at position i
     drafted_per_position: tuple[int, ...] = ()
     predicted_speedup: float | None = None  # from the acceptance rate and a cost model; labelled predicted
+    draft_length: int | None = None  # drafts per request chosen for this step (engine/spec/draft_length.py)
 
     @property
     def acceptance_rate(self) -> float:

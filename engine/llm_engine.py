@@ -249,6 +249,7 @@ class LLMEngine:
             self._attach_built_kernels()
         self.weights.fit_kv(self.block_manager, self.runner)
         self.spec.begin_step()
+        t_propose = time.perf_counter()
         self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         self._cost.begin(sched)  # the shapes, before the step moves num_computed_tokens
@@ -263,6 +264,9 @@ class LLMEngine:
             self._run(sched, outputs, finished)
             self.scheduler.observe(sched.num_prefill_tokens, sum(s.num_tokens for s in sched.scheduled),
                                    time.perf_counter() - t_run)
+            if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
+                rows = sched.num_decode_tokens + sched.num_verify_tokens
+                self.spec.observe_step(len(sched.scheduled), rows, time.perf_counter() - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

@@ -89,7 +89,7 @@ def test_sampled_speculation_is_reproducible(tiny_llama):
 
 def test_speculation_switches_at_run_time(tiny_llama):
     plain = make(tiny_llama).generate(PROMPTS, GREEDY)
-    eng = make(tiny_llama)
+    eng = make(tiny_llama, adaptive_draft_length=False)  # k as set, so that the 6 steps below draft
     ids = [eng.add_request(p, GREEDY) for p in PROMPTS]
     eng.step()
     eng.reconfigure(spec_method="ngram", num_speculative_tokens=3)

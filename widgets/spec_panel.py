@@ -118,7 +118,7 @@ class SpecPanel(Panel):
     def _metrics(self) -> dict:
         stats = list(self._stats)
         if not stats:
-            return {"acceptance_rate": None, "per_position": [], "tokens_per_step": None,
+            return {"acceptance_rate": None, "per_position": [], "tokens_per_step": None, "draft_length": None,
                     "predicted_speedup": None, "measured_speedup": self._measured, "measured_source": None}
         recent = stats[-self._window:]
         k = max((len(s.drafted_per_position) for s in recent), default=0)
@@ -131,6 +131,7 @@ class SpecPanel(Panel):
             "acceptance_rate": sum(s.num_accepted_tokens for s in recent) / drafted if drafted else None,
             "per_position": list(np.divide(acc, drf, out=np.zeros(k), where=drf > 0)),
             "tokens_per_step": sum(s.num_emitted_tokens for s in recent) / sum(s.num_verify_passes for s in recent),
+            "draft_length": next((s.draft_length for s in reversed(recent) if s.draft_length is not None), None),
             "predicted_speedup": next((s.predicted_speedup for s in reversed(recent)
                                        if s.predicted_speedup is not None), None),
             "measured_speedup": self._measured if self._measured is not None else (
@@ -174,7 +175,7 @@ class SpecPanel(Panel):
         meas = "n/a" if m["measured_speedup"] is None else f"{m['measured_speedup']:.2f}×"
         if m["measured_speedup"] is not None and m["measured_source"] not in (None, "live"):
             meas += f" ({m['measured_source']})"
-        k = len(m["per_position"])
+        k = len(m["per_position"]) if m["draft_length"] is None else m["draft_length"]  # the engine's latest choice
         return (f"<b>Speculative decoding: {self._method}</b>, k = {k} · acceptance <b>{rate}</b> · "
                 f"<b>{m['tokens_per_step']:.2f}</b> tokens per verify pass · speed-up "
                 f"<i>predicted</i> {pred} · measured <b>{meas}</b>")

@@ -24,6 +24,7 @@ from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
 from engine.spec.draft import DraftModel, DraftModelProposer, build_draft_model
+from engine.spec.draft_length import DraftLength
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, chain_parents, decide_on_device, verify, verify_tree
 
@@ -68,6 +69,9 @@ class SpeculativeDecoder:
         self.block_size = config.block_size
         self.num_tokens = config.num_speculative_tokens  # k, drafted per request and step (reconfigurable)
         self.mtp_max_tree_tokens = config.mtp_max_tree_tokens
+        # the draft length per step from measured step costs and acceptance (None: always num_tokens)
+        self.draft_length = DraftLength(MAX_DRAFT) if config.adaptive_draft_length else None
+        self._chances: dict[str, list[float]] = {}  # request -> its drafts' predicted chances (MTP chains)
         self.proposer = None
         self.totals = dict(draft=0, accepted=0, emitted=0, verify=0)
         self.accepted_per_pos = [0] * MAX_DRAFT
@@ -99,6 +103,9 @@ class SpeculativeDecoder:
             self._free_all_drafts()
             self.proposer = NgramProposer()
         self.runner.keep_hidden = isinstance(self.proposer, MtpProposer)
+        if self.draft_length is not None:  # another proposer's drafts are accepted at other rates
+            self.draft_length.forget_acceptance()
+        self._chances.clear()
         for r in running:
             r.spec_token_ids.clear()
             r.spec_tree.clear()
@@ -124,10 +131,13 @@ class SpeculativeDecoder:
                              f"none at {cfg.mtp_heads or heads_path(loaded.path)}: run `inferlab train-mtp "
                              f"--model {cfg.model}` (a few minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
         heads, meta = load_heads(path, target_config.hidden_size)
-        heads = heads.to(device=self.runner.device, dtype=self.runner.dtype).eval()
+        # float32 on the CPU: the heads are small (2·hidden² each), and a CPU without native bf16 multiplies
+        # bf16 matrices very slowly (the engine's own bf16 products go through the native kernels instead)
+        dtype = torch.float32 if self.runner.device.type == "cpu" else self.runner.dtype
+        heads = heads.to(device=self.runner.device, dtype=dtype).eval()
         return MtpProposer(heads, target, tuple(cfg.mtp_tree_widths), meta)
 
-    def _propose_mtp(self, want: dict) -> None:
+    def _propose_mtp(self, want: dict, num_decoding: int) -> None:
         ready = [(r, kr) for r, kr in want.values() if r.mtp_hidden is not None]
         if not ready:
             return
@@ -140,6 +150,15 @@ class SpeculativeDecoder:
         chain = self.runner.fused is not None
         max_nodes = max(max(depths), self.mtp_max_tree_tokens // len(ready))
         last = [r.token_slice(r.num_tokens - 1, r.num_tokens)[0] for r, _ in ready]
+        if chain and self.draft_length is not None:  # each request drafts as far as its chances pay
+            if not self.draft_length.worth_proposing(num_decoding):
+                return
+            chains = self.proposer.propose_chains(hidden, depths, last)
+            counts = self.draft_length.choose_drafts([chances for _, chances in chains], num_decoding)
+            for (r, _), (tokens, chances), c in zip(ready, chains, counts):
+                r.spec_token_ids, r.spec_tree = tokens[:c], list(range(c))
+                self._chances[r.request_id] = chances[:c]
+            return
         proposals = self.proposer.propose_batch(hidden, depths, max_nodes, last, chain=chain)
         for (r, _), (tokens, parents) in zip(ready, proposals):
             r.spec_token_ids, r.spec_tree = tokens, list(parents)
@@ -150,13 +169,19 @@ class SpeculativeDecoder:
         if self.proposer is None or k <= 0:
             return
         want = {}
-        for r in running:
-            if r.num_tokens - r.num_computed_tokens == 1:
-                room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
-                if room > 0:
-                    want[r.request_id] = (r, min(k, room))
+        decoding = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
+        for r in decoding:
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
+            if room > 0:
+                want[r.request_id] = (r, min(k, room))
+        # MTP chains on the fused step choose per request from the heads' confidence (_propose_mtp); the other
+        # proposers say nothing of how sure they are: one length for every request of the step
+        per_request = isinstance(self.proposer, MtpProposer) and self.runner.fused is not None
+        if self.draft_length is not None and want and not per_request:
+            k = self.draft_length.choose(len(decoding), k)
+            want = {rid: (r, min(kr, k)) for rid, (r, kr) in want.items() if k > 0}
         if isinstance(self.proposer, MtpProposer):
-            self._propose_mtp(want)
+            self._propose_mtp(want, len(decoding))
         elif isinstance(self.proposer, NgramProposer):
             for r, kr in want.values():
                 r.spec_token_ids = self.proposer.propose(r.all_token_ids, kr)
@@ -185,6 +210,9 @@ class SpeculativeDecoder:
         else:
             res = verify(draft, logits, req.sampling_params, req.generator, read_back=read_back)
             drafted = len(draft)
+        chances = self._chances.pop(req.request_id, None)
+        if chances and self.draft_length is not None:
+            self.draft_length.observe_confident_verify(chances, res.num_accepted)
         req.num_computed_tokens += 1 + res.num_accepted  # the last token and the accepted drafts
         out = VerifyOutcome([], "", [])
         for tok, src in zip(res.tokens, res.sources):
@@ -214,7 +242,14 @@ class SpeculativeDecoder:
         self.runner.move_slots([(slot(start + row), slot(start + 1 + j))
                                 for j, row in enumerate(path) if row != j + 1])
 
+    def observe_step(self, requests: int, rows: int, seconds: float) -> None:
+        """A step of only decodes and verifies took `seconds` from its proposal on (LLMEngine._step)."""
+        if self.draft_length is not None and self.proposer is not None:
+            self.draft_length.observe_step(requests, rows, seconds)
+
     def _count(self, drafted: int, accepted: int, emitted: int) -> None:
+        if self.draft_length is not None:
+            self.draft_length.observe_verify(drafted, accepted)
         t, st = self.totals, self._step_spec
         for c in (t, st):
             c["draft"] += drafted
@@ -246,7 +281,8 @@ class SpeculativeDecoder:
                                num_verify_passes=st["verify"],
                                accepted_per_position=tuple(st["accepted_pos"][:k]),
                                drafted_per_position=tuple(st["drafted_pos"][:k]),
-                               predicted_speedup=predicted)
+                               predicted_speedup=predicted,
+                               draft_length=self.draft_length.last if self.draft_length is not None else k)
 
     def release_kv(self) -> int:
         """Free the draft model's KV tensors (LLMEngine.release_memory); returns its block count."""
@@ -266,5 +302,6 @@ class SpeculativeDecoder:
 
     def free(self, request_id: str) -> None:
         """A request finished: the draft model's shadow cache for it goes."""
+        self._chances.pop(request_id, None)
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.free(request_id)

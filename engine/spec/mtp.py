@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from torch import nn
 from engine.models.layers.linear import STREAM_MAX_ROWS
 
 DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
+DRAFT_VOCAB = "draft_vocab"  # the heads file's tensor of draft token ids (MtpHeads.draft_vocab)
 
 
 class MtpHeads(nn.Module):
@@ -50,6 +52,11 @@ class MtpHeads(nn.Module):
             out = b[-1] if rank else b  # the last layer starts at zero (a low-rank head's first one cannot)
             nn.init.zeros_(out.weight)
             nn.init.zeros_(out.bias)
+        # the token ids the heads draft from (sorted; None: the whole vocabulary): those the training answers
+        # use, the softmax they were trained over. Ranking only these reads a few thousand rows of the lm_head
+        # instead of all of them (FR-Spec, Zhao et al. 2025): the whole lm_head cost a proposal as much as a
+        # third of a decode step on the CPU. A token outside is never drafted; the verify decides as always.
+        self.draft_vocab: torch.Tensor | None = None
 
     @property
     def num_heads(self) -> int:
@@ -93,6 +100,8 @@ def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu().contiguous() for k, v in heads.state_dict().items()}
+    if heads.draft_vocab is not None:
+        state[DRAFT_VOCAB] = heads.draft_vocab.detach().long().cpu().contiguous()
     save_file(state, str(path), metadata={"inferlab_mtp": json.dumps(meta)})
 
 
@@ -102,6 +111,7 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
+    vocab = state.pop(DRAFT_VOCAB, None)
     num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
     rank = state["blocks.0.0.weight"].shape[0] if "blocks.0.0.weight" in state else None
     if rank:  # low rank: (rank, width) then (hidden, rank)
@@ -112,6 +122,7 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
         raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
     heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size, rank=rank)
     heads.load_state_dict(state)
+    heads.draft_vocab = None if vocab is None else vocab.long()
     return heads, meta
 
 
@@ -146,6 +157,8 @@ class MtpProposer:
         self.heads, self.model, self.widths = heads, model, widths
         self.meta = meta or {}
         self._trees: dict[tuple[int, int | None], tuple[list[tuple[int, ...]], list[int]]] = {}
+        # (a weak reference to the lm_head they came from, draft ids, their rows): not keeping a swapped one alive
+        self._draft_rows: tuple[weakref.ref, torch.Tensor, torch.Tensor] | None = None
 
     def tree(self, depth: int, max_nodes: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
         """(nodes, parent row of each node) for a tree `depth` levels deep, most likely nodes first: by
@@ -164,15 +177,55 @@ class MtpProposer:
         """hidden (n, hidden) for n requests (and the tokens they produced) -> per request (draft
         tokens, parent rows). `chain`: each request's top-1 chain only, as deep as its depth."""
         depth = max(depths)
-        emb = None
-        if self.heads.use_token:
-            emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(hidden.dtype)
-        out = self.heads(hidden, emb, depth).to(hidden.dtype)  # (n, depth, hidden)
-        logits = head_logits(self.model.lm_head, out.flatten(0, 1)).unflatten(0, out.shape[:2])  # (n, depth, vocab)
         width = max(self.widths[:depth]) if depth else 1
-        top = logits.topk(width, dim=-1).indices.tolist()  # (n, depth, width)
+        logits, ids = self._logits(hidden, depth, last_tokens)
+        top = logits.topk(width, dim=-1).indices
+        top = (top if ids is None else ids[top]).tolist()  # (n, depth, width) token ids
         result = []
         for i, d in enumerate(depths):
             nodes, parents = self.tree(d, d if chain else max_nodes)  # the top-1 chain leads the order
             result.append(([top[i][len(node) - 1][node[-1]] for node in nodes], parents))
         return result
+
+    @torch.inference_mode()
+    def propose_chains(self, hidden: torch.Tensor, depths: list[int],
+                       last_tokens: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
+        """Each request's top-1 chain, as deep as its depth, with each position's predicted chance of
+        being accepted together with the ones before it: the product of the heads' top-1 probabilities
+        along the chain (the draft length is then chosen per request from these, engine/spec/draft_length.py;
+        a head's top-1 probability separates likely drafts from unlikely ones well here: on the
+        multi-token chapter's text head 1 was right 0 % of the time below 0.2 and ~70 % above 0.6)."""
+        logits, ids = self._logits(hidden, max(depths), last_tokens)
+        prob, top = logits.float().softmax(-1).max(-1)  # (n, depth)
+        top = top if ids is None else ids[top]
+        chance = prob.cumprod(-1)
+        return [(top[i, :d].tolist(), chance[i, :d].tolist()) for i, d in enumerate(depths)]
+
+    def _logits(self, hidden: torch.Tensor, depth: int,
+                last_tokens: list[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(each head's logits (n, depth, V), the token ids of those V columns or None for the whole
+        vocabulary)."""
+        dtype = next(self.heads.parameters()).dtype  # float32 on the CPU (see SpeculativeDecoder._make_mtp)
+        emb = None
+        if self.heads.use_token:
+            emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(dtype)
+        out = self.heads(hidden.to(dtype), emb, depth)  # (n, depth, hidden)
+        draft = self._draft_vocab_rows()
+        if draft is not None:  # rank the draft vocabulary only
+            ids, rows = draft
+            return F.linear(out.flatten(0, 1).to(rows.dtype), rows).unflatten(0, out.shape[:2]), ids
+        rows_in = out.to(hidden.dtype).flatten(0, 1)
+        return head_logits(self.model.lm_head, rows_in).unflatten(0, out.shape[:2]), None
+
+    def _draft_vocab_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(draft token ids (V',), their lm_head rows (V', hidden) float32), taken once per lm_head (a
+        requantized model has another); None without a draft vocabulary or with an lm_head that has no
+        plain weight matrix (a quantized one: the whole lm_head then ranks)."""
+        vocab, lm_head = self.heads.draft_vocab, self.model.lm_head
+        weight = getattr(lm_head, "weight", None)
+        if vocab is None or not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            return None
+        if self._draft_rows is None or self._draft_rows[0]() is not lm_head:
+            ids = vocab.to(weight.device)
+            self._draft_rows = (weakref.ref(lm_head), ids, weight.detach()[ids].float().contiguous())
+        return self._draft_rows[1], self._draft_rows[2]

@@ -98,3 +98,16 @@ def test_compared_speedup_stands_in_until_a_live_one_is_measured(panel):
     panel.set_measured_speedup(1.5)  # measured live in this session: that one wins
     panel.flush()
     assert "measured <b>1.50×</b>" in panel._summary.text()
+
+
+def test_summary_names_the_draft_length_the_engine_chose(panel):
+    """With the draft length picked per step (engine/spec/draft_length.py) the summary's k is the latest
+    choice, not the longest draft in the window."""
+    for i, chosen in enumerate((3, 1)):
+        panel.add_spec_stats(SpecDecodeStats(step=i, method="ngram", num_draft_tokens=chosen, num_accepted_tokens=1,
+                                             num_emitted_tokens=2, num_verify_passes=1,
+                                             accepted_per_position=(1,), drafted_per_position=(1,) * chosen,
+                                             draft_length=chosen))
+    panel.flush()
+    assert panel.snapshot_data()["draft_length"] == 1
+    assert "k = 1 ·" in panel._summary.text()
