@@ -36,6 +36,27 @@ def test_bf16_rows_match_the_exact_product(kernel, rows, n, k):
     close_to(kernel.stream_linear_bf16(x, w, b), x.float() @ w.float().t() + b.float())
 
 
+# rows each tier sums exactly as a row alone (core/linear.h kExactRows: the 16-register bodies do more rows
+# the faster way, one accumulator per row)
+EXACT_ROWS = {"avx2": 4, "neon": 4}
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("n, k", [(37, 200), (130, 576), (9, 1544)])
+def test_bf16_rows_together_are_bit_for_bit_the_rows_alone(kernel, rows, n, k, request):
+    # a verify's rows, a batch's rows: the same numbers as one-row decoding, so drafting or batching never
+    # changes a greedy token
+    if rows > EXACT_ROWS.get(request.node.callspec.params["kernel"], 8):
+        pytest.skip("this tier sums more rows the faster way")
+    g = torch.Generator().manual_seed(rows * 7 + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    together = kernel.stream_linear_bf16(x, w, b)
+    alone = torch.cat([kernel.stream_linear_bf16(x[i:i + 1], w, b) for i in range(rows)])
+    assert torch.equal(together, alone)
+
+
 def test_bf16_refuses_more_rows_than_one_pass_takes(kernel):
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         kernel.stream_linear_bf16(torch.zeros(9, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), None)

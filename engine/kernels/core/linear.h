@@ -38,84 +38,57 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 #ifdef INFERLAB_AVX512_BF16
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// One row of x (decode): one weight row at a time, four accumulators along K. Measured on a Zen 4 (1
-// thread, a 49152 x 576 bf16 matrix from memory): 13.5 GB/s, against 9.4 for two rows side by side with one
-// accumulator each, and 7.5-8.4 for 2 or 4 rows interleaved (the rows' streams get in each other's way).
-static void bf16_row_at_a_time(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
-                               int64_t n0, int64_t n1) {
+// One weight row against G rows of x, each row summed exactly as a row alone is: four accumulators along
+// K (32-column blocks k, k+32, k+64, k+96 of every 128), the 32-column rest into the first, the masked
+// tail into the second, then (a0 + a1) + (a2 + a3). So a row's result does not depend on how many rows
+// share the call (a verify's rows, a batch's) and stays bit for bit the one-row result.
+template <int G>
+__attribute__((always_inline)) static inline void bf16_row_dot(const uint16_t* x, int64_t ldx, const uint16_t* r, int64_t K, float* sums) {
   const int64_t k128 = K / 128 * 128, k32 = K / 32 * 32;
   const __mmask32 tail = static_cast<__mmask32>((1ull << (K - k32)) - 1);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* r = w + n * K;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k < k128; k += 128) {
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(r + k), (__m512bh)_mm512_loadu_si512(x + k));
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(r + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(r + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(r + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
+  __m512 a0[G], a1[G], a2[G], a3[G];
+  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k < k128; k += 128) {
+    const __m512bh v0 = (__m512bh)_mm512_loadu_si512(r + k), v1 = (__m512bh)_mm512_loadu_si512(r + k + 32);
+    const __m512bh v2 = (__m512bh)_mm512_loadu_si512(r + k + 64), v3 = (__m512bh)_mm512_loadu_si512(r + k + 96);
+    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
+      const uint16_t* xg = x + g * ldx + k;
+      a0[g] = _mm512_dpbf16_ps(a0[g], v0, (__m512bh)_mm512_loadu_si512(xg));
+      a1[g] = _mm512_dpbf16_ps(a1[g], v1, (__m512bh)_mm512_loadu_si512(xg + 32));
+      a2[g] = _mm512_dpbf16_ps(a2[g], v2, (__m512bh)_mm512_loadu_si512(xg + 64));
+      a3[g] = _mm512_dpbf16_ps(a3[g], v3, (__m512bh)_mm512_loadu_si512(xg + 96));
     }
-    for (; k < k32; k += 32)
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(r + k), (__m512bh)_mm512_loadu_si512(x + k));
-    if (tail)
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail, r + k32),
-                            (__m512bh)_mm512_maskz_loadu_epi16(tail, x + k32));
-    y[n] = out(hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))), bias, n);
   }
+  for (; k < k32; k += 32) {
+    const __m512bh v = (__m512bh)_mm512_loadu_si512(r + k);
+    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = _mm512_dpbf16_ps(a0[g], v, (__m512bh)_mm512_loadu_si512(x + g * ldx + k));
+  }
+  if (tail) {
+    const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(tail, r + k32);
+    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)
+      a1[g] = _mm512_dpbf16_ps(a1[g], v, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + g * ldx + k32));
+  }
+  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) sums[g] = hsum(_mm512_add_ps(_mm512_add_ps(a0[g], a1[g]), _mm512_add_ps(a2[g], a3[g])));
 }
 
-// Rows [n0, n1) of W against M rows of x; K a multiple of 32 or not (masked tail).
+// Rows [n0, n1) of W against M rows of x, one weight row at a time: the weights stream from memory once,
+// in order (measured on a Zen 4, 1 thread, a 49152 x 576 bf16 matrix: one row with four accumulators
+// 13.5 GB/s, against 9.4 for two weight rows side by side and 7.5-8.4 for rows interleaved: the streams
+// get in each other's way). Rows of x go 4 at a time (16 accumulators); a second group re-reads the
+// weight row from L1.
+static constexpr int kExactRows = 8;  // every call: each row bit for bit its result alone
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  if constexpr (M == 1) {
-    (void)N;
-    return bf16_row_at_a_time(x, w, y, bias, K, n0, n1);
-  }
-  const int64_t kfull = K / 32 * 32;
-  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - kfull)) - 1);
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) {  // two weight rows at a time: independent accumulator chains
-    __m512 a0[M], a1[M];
-    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
-    const uint16_t* w0 = w + n * K;
-    const uint16_t* w1 = w0 + K;
-    for (int64_t k = 0; k < kfull; k += 32) {
-      prefetch(w0 + k);
-      prefetch(w1 + k);
-      const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + k);
-      const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + k);
-      for (int m = 0; m < M; ++m) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
-        a0[m] = _mm512_dpbf16_ps(a0[m], v0, xv);
-        a1[m] = _mm512_dpbf16_ps(a1[m], v1, xv);
-      }
-    }
-    if (tail) {
-      const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w0 + kfull);
-      const __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w1 + kfull);
-      for (int m = 0; m < M; ++m) {
-        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + m * K + kfull);
-        a0[m] = _mm512_dpbf16_ps(a0[m], v0, xv);
-        a1[m] = _mm512_dpbf16_ps(a1[m], v1, xv);
-      }
-    }
-    for (int m = 0; m < M; ++m) {
-      y[m * N + n] = out(hsum(a0[m]), bias, n);
-      y[m * N + n + 1] = out(hsum(a1[m]), bias, n + 1);
-    }
-  }
-  for (; n < n1; ++n) {
-    __m512 a[M];
-    for (int m = 0; m < M; ++m) a[m] = _mm512_setzero_ps();
-    const uint16_t* w0 = w + n * K;
-    for (int64_t k = 0; k < K; k += 32) {
-      const __mmask32 mask = k + 32 <= K ? static_cast<__mmask32>(~0u) : tail;
-      const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w0 + k);
-      for (int m = 0; m < M; ++m)
-        a[m] = _mm512_dpbf16_ps(a[m], v0, (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k));
-    }
-    for (int m = 0; m < M; ++m) y[m * N + n] = out(hsum(a[m]), bias, n);
+  constexpr int G1 = M < 4 ? M : 4, G2 = M - G1;
+  float sums[M];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* r = w + n * K;
+    if (n + 1 < n1) prefetch(r + K);
+    bf16_row_dot<G1>(x, K, r, K, sums);
+    if constexpr (G2 > 0) bf16_row_dot<G2>(x + G1 * K, K, r, K, sums + G1);
+    for (int m = 0; m < M; ++m) y[m * N + n] = out(sums[m], bias, n);
   }
 }
 #elif defined(INFERLAB_SIMD8)
@@ -127,8 +100,42 @@ static inline const float* widen_rows(const uint16_t* x, int64_t n) {
   return xf.data();
 }
 
-// R weight rows from n against M rows of x (float32): R * M independent accumulator chains; K's last
-// K % 8 columns in plain C++.
+// One weight row against G rows of x (float32), each row summed exactly as a row alone is: four
+// accumulators along K (8-column blocks k, k+8, k+16, k+24 of every 32), the 8-column rest into the
+// first, (a0 + a1) + (a2 + a3), then the last K % 8 columns in plain C++. So a row's result does not
+// depend on how many rows share the call (see the AVX-512 body).
+template <int G>
+__attribute__((always_inline)) static inline void bf16_row_dot(const float* xf, int64_t ldx, const uint16_t* r,
+                                                               int64_t K, float* sums) {
+  using namespace s8;
+  const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
+  vf a0[G], a1[G], a2[G], a3[G];
+  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = zero();
+  int64_t k = 0;
+  for (; k < k32; k += 32) {
+    const vf v0 = load_bf16(r + k), v1 = load_bf16(r + k + 8), v2 = load_bf16(r + k + 16), v3 = load_bf16(r + k + 24);
+    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
+      const float* xg = xf + g * ldx + k;
+      a0[g] = fma(v0, load(xg), a0[g]);
+      a1[g] = fma(v1, load(xg + 8), a1[g]);
+      a2[g] = fma(v2, load(xg + 16), a2[g]);
+      a3[g] = fma(v3, load(xg + 24), a3[g]);
+    }
+  }
+  for (; k < k8; k += 8) {
+    const vf v = load_bf16(r + k);
+    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = fma(v, load(xf + g * ldx + k), a0[g]);
+  }
+  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
+    float sum = hsum(add(add(a0[g], a1[g]), add(a2[g], a3[g])));
+    for (int64_t j = k8; j < K; ++j) sum += bf16_to_float(r[j]) * xf[g * ldx + j];
+    sums[g] = sum;
+  }
+}
+
+// R weight rows from n against M rows of x (float32): R * M independent accumulator chains, one per
+// (weight row, row of x); K's last K % 8 columns in plain C++. For 5 to 8 rows of x, where summing each
+// row as a row alone does (four chains per row) costs ~1.45x more loads on 16 registers.
 template <int M, int R>
 static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
                               int64_t N, int64_t n) {
@@ -156,43 +163,29 @@ static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, c
     }
 }
 
-// One row of x (decode): one weight row at a time, four accumulators along K (interleaving rows slows the
-// weights' stream from memory; see the AVX-512 body's bf16_row_at_a_time).
-static void bf16_row_at_a_time(const float* xf, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
-                               int64_t n0, int64_t n1) {
-  using namespace s8;
-  const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* r = w + n * K;
-    vf a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
-    int64_t k = 0;
-    for (; k < k32; k += 32) {
-      a0 = fma(load_bf16(r + k), load(xf + k), a0);
-      a1 = fma(load_bf16(r + k + 8), load(xf + k + 8), a1);
-      a2 = fma(load_bf16(r + k + 16), load(xf + k + 16), a2);
-      a3 = fma(load_bf16(r + k + 24), load(xf + k + 24), a3);
-    }
-    for (; k < k8; k += 8) a0 = fma(load_bf16(r + k), load(xf + k), a0);
-    float sum = hsum(add(add(a0, a1), add(a2, a3)));
-    for (; k < K; ++k) sum += bf16_to_float(r[k]) * xf[k];
-    y[n] = out(sum, bias, n);
-  }
-}
-
+// Rows [n0, n1) of W against M rows of x. Up to kExactRows rows: one weight row at a time (interleaving
+// weight rows slows their stream from memory; see the AVX-512 body), rows of x 2 at a time (8
+// accumulators of 16 registers), each row bit for bit its result alone. More rows: bf16_block.
+static constexpr int kExactRows = 4;
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  constexpr int R = M <= 3 ? 2 : 1;  // weight rows at a time for several rows of x: chains enough to hide latency
   const float* xf = widen_rows(x, M * K);
-  if constexpr (M == 1) {
-    (void)N;
-    return bf16_row_at_a_time(xf, w, y, bias, K, n0, n1);
+  if constexpr (M > kExactRows) {
+    for (int64_t n = n0; n < n1; ++n) bf16_block<M, 1>(xf, w, y, bias, K, N, n);
+  } else {
+    float sums[M];
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* r = w + n * K;
+      int m = 0;
+      for (; m + 2 <= M; m += 2) bf16_row_dot<2>(xf + m * K, K, r, K, sums + m);
+      if (m < M) bf16_row_dot<1>(xf + m * K, K, r, K, sums + m);
+      for (int i = 0; i < M; ++i) y[i * N + n] = out(sums[i], bias, n);
+    }
   }
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) bf16_block<M, R>(xf, w, y, bias, K, N, n);
-  for (; n < n1; ++n) bf16_block<M, 1>(xf, w, y, bias, K, N, n);
 }
 #else
+static constexpr int kExactRows = 8;  // each row is its own sum: bit for bit its result alone
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {

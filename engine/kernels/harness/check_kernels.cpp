@@ -195,12 +195,32 @@ void check_silu_mul(int64_t n) {
 
 }  // namespace
 
+// Each row of M rows computed together is bit for bit the row computed alone (a verify's rows, a batch's
+// rows: the same logits as one-row decoding, so speculation and batching never change a greedy token).
+void check_bf16_rows_alone(int64_t M, int64_t K, int64_t N) {
+  const auto x = bf16_vec(M * K), w = bf16_vec(N * K, -0.2f, 0.2f);
+  std::vector<uint16_t> together(M * N), alone(N);
+  bf16_rows_for(M)(x.data(), w.data(), together.data(), nullptr, K, N, 0, N);
+  int64_t differ = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    bf16_rows_for(1)(x.data() + m * K, w.data(), alone.data(), nullptr, K, N, 0, N);
+    for (int64_t n = 0; n < N; ++n) differ += together[m * N + n] != alone[n];
+  }
+  (differ == 0 ? passed : failed)++;
+  std::printf("%s %-46s %lld of %lld differ\n", differ == 0 ? "ok  " : "FAIL",
+              ("bf16 rows alone = together M=" + std::to_string(M) + " K=" + std::to_string(K)).c_str(),
+              static_cast<long long>(differ), static_cast<long long>(M * N));
+}
+
 int main() {
   std::printf("tier: %s\n", tier_name());
   for (int64_t M : {1, 2, 3, 5, 8}) {
     check_bf16(M, 576, 67);
     check_bf16(M, 72, 9);  // K not a multiple of 8 or 32: the tails
   }
+  for (int64_t M : {2, 3, 4, 5, 8})  // the rows each body sums as a row alone (kExactRows: 4 on 16 registers)
+    if (M <= kExactRows)
+      for (int64_t K : {576, 200, 1536, 13}) check_bf16_rows_alone(M, K, 23);
   for (int64_t M : {1, 2, 4, 5}) {
     check_int4(M, 576, 37, 32);
     check_int4(M, 320, 12, 64);  // a half 128-column block at the end; two groups per block
