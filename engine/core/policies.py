@@ -37,9 +37,7 @@ class ShortestPromptFirst:
     key = tokens to prefill - aging_rate * seconds waited (smallest wins; ties go to the earliest).
     Short chats no longer queue behind a long document, and the document's key keeps falling while
     it waits, so a steady stream of short prompts cannot hold it back for ever. Preempted requests
-    go first, as in FCFS: they already held a seat and their recompute is bounded. With chunked prefill
-    the scheduler ranks a running prompt's next chunk by the same key (shortest remaining first), so
-    a document already prefilling yields its chunks to a shorter arrival.
+    go first, as in FCFS: they already held a seat and their recompute is bounded.
     """
 
     name = "spf"
