@@ -155,13 +155,3 @@ def test_without_max_step_ms_or_chunking_the_token_budget_alone_decides():
         s.add(req("doc", 400))
         got = [(x.request.request_id, x.num_tokens) for x in s.schedule().scheduled]
         assert got == [("a", 1), ("doc", 400)], kw
-
-
-def test_shortest_first_lets_a_short_arrival_pass_a_long_prompt_already_prefilling():
-    for policy, want in (("spf", [("chat", 6), ("doc", 4)]), ("fcfs", [("doc", 10)])):
-        s = make(num_blocks=64, max_num_batched_tokens=10, policy=policy)
-        s.add(req("doc", 60))
-        advance(s, s.schedule())  # the doc's first chunk: it is running, 50 tokens to go
-        s.add(req("chat", 6))
-        got = [(x.request.request_id, x.num_tokens) for x in s.schedule().scheduled]
-        assert got == want, policy  # shortest remaining first; FCFS keeps the doc's turn

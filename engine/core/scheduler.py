@@ -103,19 +103,12 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         prompt_budget = self.prompt_budget()
         scheduled_ids: set[str] = set()
-        # under a policy that ranks prompts (shortest-first), running prompts compete with waiting ones below
-        ranked = self.config.enable_chunked_prefill and hasattr(self.policy, "key")
-        deferred: list[Request] = []
         # 1. Running requests: decodes and unfinished prefill chunks, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             pending = req.num_tokens - req.num_computed_tokens
             in_prompt = pending > 1 or req.in_prompt
-            if in_prompt and ranked and pending > 0:
-                deferred.append(req)
-                i += 1
-                continue
             n = min(pending + (len(req.spec_token_ids) if pending == 1 else 0), budget,
                     prompt_budget if in_prompt else budget)
             if n <= 0:
@@ -137,9 +130,9 @@ class Scheduler:
             if kind == StepKind.PREFILL:
                 prompt_budget -= n
             i += 1
-        # 2. Waiting requests, unless this step already had to preempt (memory is tight); under a ranking
-        # policy, with the running prompts' next chunks.
-        self._admit(min(budget, prompt_budget), out, deferred, admit=not out.preempted)
+        # 2. Waiting requests, unless this step already had to preempt (memory is tight).
+        if not out.preempted:
+            self._admit(min(budget, prompt_budget), out)
         return out
 
     def _admissible(self, adapters: set[int]) -> list[Request] | deque[Request]:
@@ -157,72 +150,42 @@ class Scheduler:
         return [r for r in self.waiting
                 if not r.lora_id or (r.lora_id in adapters and r.arrival_time <= first)]
 
-    def _admit(self, budget: int, out: SchedulerOutput, deferred: list[Request], admit: bool) -> None:
-        """Admit waiting requests (`admit`) while the budget lasts. `deferred`: running prompts (only under a
-        ranking policy) whose next chunks compete with the waiting prompts by the policy's key, so a long
-        prompt already prefilling yields its chunks to shorter arrivals (shortest remaining first)."""
-        adapters = {r.lora_id for r in self.running if r.lora_id}
-        while budget > 0:
-            now = time.perf_counter()
-            deferred = [r for r in deferred if r.status is RequestStatus.RUNNING]  # a reserve may preempt
-            admit = admit and not out.preempted  # a chunk's reserve preempted someone: memory is tight
-            candidates = (self._admissible(adapters) if admit and self.waiting
-                          and len(self.running) < self.config.max_num_seqs else ())
-            req = self.policy.pick(candidates, now) if candidates else None
-            first = min(deferred, key=lambda r: (self.policy.key(r, now), r.arrival_time), default=None)
-            if first is not None and (req is None or self.policy.key(first, now) <= self.policy.key(req, now)):
-                deferred.remove(first)
-                budget -= self._next_chunk(first, budget, out)
-            elif req is None:
-                return
-            elif (n := self._admit_one(req, budget, out, adapters)) is None:
-                admit = False  # no room for it (blocks, or an unchunked prompt's step): admit no one else
-            else:
-                budget -= n
-
-    def _next_chunk(self, req: Request, budget: int, out: SchedulerOutput) -> int:
-        """Schedule the next chunk of a running prompt; the tokens it takes (0 when it had to be preempted)."""
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
-        if n <= 0:
-            return 0
-        if not self._reserve(req, n, out):
-            self._preempt(req, out)
-            return 0
-        req.spec_token_ids.clear()
-        out.scheduled.append(ScheduledRequest(req, n, StepKind.PREFILL))
-        return n
-
-    def _admit_one(self, req: Request, budget: int, out: SchedulerOutput, adapters: set[int]) -> int | None:
-        """Admit `req` with its first chunk; the tokens scheduled, or None when it cannot start now."""
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
         bm = self.block_manager
-        tokens = req.all_token_ids
-        cached = len(bm.cached_prefix(tokens, req.lora_id)) * bm.block_size
-        remaining = req.num_tokens - cached
-        if self.config.enable_chunked_prefill:
-            n = min(remaining, budget)
-        elif remaining <= budget or budget == self.config.max_num_batched_tokens:
-            n = remaining  # unchunked: the whole prompt at once, alone if it exceeds the budget
-        else:
-            return None  # the prompt waits for a step with room: the traffic jam chunking avoids
+        adapters = {r.lora_id for r in self.running if r.lora_id}
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            candidates = self._admissible(adapters)
+            if not candidates:
+                break
+            req = self.policy.pick(candidates, time.perf_counter())
+            tokens = req.all_token_ids
+            cached = len(bm.cached_prefix(tokens, req.lora_id)) * bm.block_size
+            remaining = req.num_tokens - cached
+            if self.config.enable_chunked_prefill:
+                n = min(remaining, budget)
+            elif remaining <= budget or budget == self.config.max_num_batched_tokens:
+                n = remaining  # unchunked: the whole prompt at once, alone if it exceeds the budget
+            else:
+                break  # the prompt waits for a step with room: the traffic jam chunking avoids
 
-        num_cached = bm.allocate(req.request_id, tokens, cached + n, lora_id=req.lora_id)
-        if num_cached is None:
-            return None  # out of blocks: wait for running requests to finish
-        self.waiting.remove(req)
-        req.num_computed_tokens = num_cached
-        if req.num_preemptions == 0:
-            req.num_cached_tokens = num_cached
-        req.status = RequestStatus.RUNNING
-        if req.first_scheduled_time is None:
-            req.first_scheduled_time = time.perf_counter()
-        self.running.append(req)
-        if req.lora_id:
-            adapters.add(req.lora_id)
-        # a prompt's tokens are a prefill however few are left (its last one after a prefix-cache hit):
-        # they run on one path, so the K/V a prompt leaves do not depend on how it was split
-        out.scheduled.append(ScheduledRequest(req, n, StepKind.PREFILL if remaining > 1 or req.in_prompt
-                                              else StepKind.DECODE))
-        return n
+            num_cached = bm.allocate(req.request_id, tokens, cached + n, lora_id=req.lora_id)
+            if num_cached is None:
+                break  # out of blocks: wait for running requests to finish
+            self.waiting.remove(req)
+            req.num_computed_tokens = num_cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.perf_counter()
+            self.running.append(req)
+            if req.lora_id:
+                adapters.add(req.lora_id)
+            # a prompt's tokens are a prefill however few are left (its last one after a prefix-cache hit):
+            # they run on one path, so the K/V a prompt leaves do not depend on how it was split
+            out.scheduled.append(ScheduledRequest(req, n, StepKind.PREFILL if remaining > 1 or req.in_prompt
+                                                  else StepKind.DECODE))
+            budget -= n
 
     def _reserve(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Ensure blocks for ``n`` more tokens of ``req``, preempting the newest others if needed."""
