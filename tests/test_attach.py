@@ -133,6 +133,8 @@ def test_window_attached_to_inferlab_serve(qapp, served):
         assert wait_for(qapp, lambda: p.server.snapshot_data()["facts"] is not None)
         assert p.server.is_available()
         assert wait_for(qapp, lambda: p.latency.snapshot_data()["total_tokens_per_s"])
+        # the summary line is painted at the panels' frame rate, after the scrape that set the server's rate
+        assert wait_for(qapp, lambda: "/metrics" in p.latency.snapshot_data()["summary"])
         lat = p.latency.snapshot_data()
         assert lat["percentiles"]["ttft"] is not None
         # issue 27: the tokens/s shown is the server's generated tokens/s (/metrics), not a client-side sum
