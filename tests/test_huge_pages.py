@@ -4,6 +4,8 @@ move and without, through a runtime requantization too. The speed is the bench's
 (scripts/huge_pages_bench.py), not a test's."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -100,6 +102,21 @@ def test_zeros_are_zero_aligned_and_writable():
     assert t.sum().item() == 24.0
     small = huge_pages.zeros((3, 4), torch.float32, torch.device("cpu"))
     assert small.untyped_storage().nbytes() == small.nbytes  # small: torch's own allocation
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@needs_thp
+def test_zeros_are_written_at_allocation_not_in_the_first_step():
+    """A KV cache's pages are touched when it is allocated: left to the first steps that write them, their
+    page faults (compaction, with THP's defrag at "madvise") stalled a step for 1.5 s."""
+    before = _resident_bytes()
+    t = huge_pages.zeros((64 << 20,), torch.uint8, torch.device("cpu"))
+    assert _resident_bytes() - before >= 0.9 * t.nbytes
+    del t
 
 
 def test_describe_says_why_not(tmp_path, monkeypatch):
