@@ -24,7 +24,7 @@ def main() -> None:
     kernel = stream_linear_kernel()
     w = huge_pages.zeros((args.n, args.k), torch.bfloat16, torch.device("cpu"))
     w.copy_(torch.randn(args.n, args.k).bfloat16())
-    for rows in (1, 2, 3, 4, 8):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8):
         x = torch.randn(rows, args.k).bfloat16()
         for _ in range(3):
             kernel.stream_linear_bf16(x, w, None)
