@@ -218,3 +218,26 @@ def test_rates_as_multiples_of_a_measured_capacity(loaded, tiny_llama):
     assert [r["config"]["rate_per_s"] for r in rows] == pytest.approx([0.5 * rps, 8 * rps])
     assert rows[0]["label"].startswith("0.5x capacity (") and rows[1]["label"].startswith("8x capacity (")
     assert len(rows[1]["requests"]) == cap["requests"]  # every planned request ran, at the scaled rate
+
+
+def test_inter_token_gaps_are_per_answer_and_show_a_frozen_stream():
+    """max_itl_ms: the longest wait between two steps that gave one answer tokens (the traffic-jam
+    chapter's "nobody freezes"); a request's first token and other requests' tokens are not gaps."""
+    from app.talk.compare.collect import RunRecord
+    from app.talk.compare.metrics import run_metrics
+    from engine.events import EngineStepEvent, RequestOutput, StepStats
+
+    def step(i: int, t: float, wall: float, outs) -> EngineStepEvent:
+        stats = StepStats(step=i, t_start=t, wall_time_s=wall, num_prefill_tokens=0, num_decode_tokens=len(outs),
+                          num_running=len(outs), num_waiting=0, num_preempted=0, kv_blocks_used=1, kv_blocks_total=8)
+        return EngineStepEvent(stats, tuple(RequestOutput(rid, (1,), "", (1,), "", fin) for rid, fin in outs))
+
+    rec = RunRecord(t_start=0.0, t_end=3.0)
+    rec.on_event(step(0, 0.0, 0.1, [("a", False)]))  # a's first token at 0.1: no gap yet
+    rec.on_event(step(1, 0.1, 0.1, [("a", False), ("b", False)]))  # a: 0.1 s; b's first
+    rec.on_event(step(2, 0.2, 2.0, [("b", False)]))  # a prompt's long step: b waited 2.0 s, a gave nothing
+    rec.on_event(step(3, 2.2, 0.1, [("a", True), ("b", True)]))  # a: 2.1 s since 0.2; b: 0.1 s
+    assert sorted(round(g, 6) for g in rec.itl) == [0.1, 0.1, 2.0, 2.1]
+    m = run_metrics(rec, None, 6)
+    assert m["max_itl_ms"] == pytest.approx(2100.0) and 2000.0 < m["p99_itl_ms"] <= 2100.0
+    assert rec.last_token_at == {}  # finished answers are forgotten

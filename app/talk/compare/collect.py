@@ -25,6 +25,10 @@ class RunRecord:
     t_start: float = 0.0
     t_end: float = 0.0
     extra_computed_tokens: int = 0  # recompute mode: prompt tokens that only re-derive earlier tokens
+    # inter-token latency: for every step that gave a request tokens after its first, the time since the
+    # step that gave it its previous ones (a stream frozen behind another request's prefill shows here)
+    itl: list[float] = field(default_factory=list)
+    last_token_at: dict[str, float] = field(default_factory=dict)
 
     def on_arrival(self, request_id: str, num_prompt_tokens: int) -> None:
         self.context[request_id] = num_prompt_tokens
@@ -35,9 +39,17 @@ class RunRecord:
         if s.num_decode_tokens and not s.num_prefill_tokens and not s.num_verify_tokens:
             self.decode_kv_tokens.append(sum(self.context.get(rid, 0) for rid, _, kind in s.scheduled
                                              if kind == StepKind.DECODE))
+        end = s.t_start + s.wall_time_s
         for out in ev.outputs:
             if out.request_id in self.context:
                 self.context[out.request_id] += len(out.new_token_ids)
+            if out.new_token_ids:
+                last = self.last_token_at.get(out.request_id)
+                if last is not None:
+                    self.itl.append(end - last)
+                self.last_token_at[out.request_id] = end
+                if out.finished:
+                    del self.last_token_at[out.request_id]
             if out.held_back_chars:
                 self.outputs_with_held_back += 1
                 self.held_back_max = max(self.held_back_max, out.held_back_chars)

@@ -39,6 +39,8 @@ def run_metrics(rec: RunRecord, slo: SLO | None, num_output_tokens: int) -> dict
         "p50_ttft_ms": _ms(rep.ttft["p50"]), "p99_ttft_ms": _ms(rep.ttft["p99"]),
         "p50_e2e_ms": _ms(rep.e2e["p50"]), "p99_e2e_ms": _ms(rep.e2e["p99"]),
         "p50_tpot_ms": _ms(rep.tpot["p50"]), "p99_tpot_ms": _ms(rep.tpot["p99"]), "p50_queue_ms": _ms(rep.queue["p50"]),
+        "p99_itl_ms": _ms(percentile(rec.itl, 99)) if rec.itl else None,
+        "max_itl_ms": _ms(max(rec.itl)) if rec.itl else None,
         "p50_prefill_ms": _ms(rep.prefill["p50"]), "p50_decode_ms": _ms(rep.decode["p50"]),
         "goodput_rps": rep.goodput_rps if slo else None,
         "slo_attainment_pct": 100 * rep.slo_attainment if slo else None,
