@@ -100,6 +100,7 @@ def test_bar_labels_wider_than_their_column_wrap_and_keep_their_row(show):
 
 def test_format_helpers():
     assert metric_label("p99_ttft_ms") == "p99 TTFT (ms)"
+    assert metric_label("max_itl_ms") == "max inter-token gap (ms)"
     assert metric_label("slo_attainment_pct") == "SLO attainment (%)"
     assert metric_label("tokens_per_s") == "tokens/s"
     assert ratio_text(31.0, 10.0) == "3.10x" and ratio_text(5.0, 0) == "" and ratio_text(None, 1.0) == ""
