@@ -68,7 +68,7 @@ def available() -> bool:
 
 def describe() -> str:
     """For a bench's JSON: whether the weights go onto huge pages here, and why not."""
-    return _why_not() or (f"weights and KV cache advised MADV_HUGEPAGE ({huge_page_bytes() >> 20} MiB pages, "
+    return _why_not() or (f"weights advised MADV_HUGEPAGE ({huge_page_bytes() >> 20} MiB pages, "
                           f"THP mode {thp_mode()})")
 
 
@@ -113,15 +113,14 @@ def _arena(nbytes: int) -> torch.Tensor:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros(shape), on huge pages where the CPU tensor is large and they can be asked for (the
-    KV cache: a decode step reads every running sequence's blocks)."""
+    """torch.zeros(shape), on huge pages where the CPU tensor is large and they can be asked for (the roof
+    probe's buffer, which must lie on pages like the weights'). Not the KV cache: see
+    engine/runner/model_runner.kv_zeros."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or nbytes < MIN_BYTES or not available():
         return torch.zeros(shape, dtype=dtype, device=device)
-    # Written now, not when a step first writes it: with THP's defrag at "madvise" (a common default) the
-    # first touch of each advised page may compact memory in the faulting thread. Left to the steps, the
-    # first touches of a fresh KV cache stalled a 49-token step for 1.5 s (60 index_copy_ of 23-47 ms each,
-    # Zen 4, traffic-jam); here they cost the engine's start-up once, as torch.zeros would.
+    # Written now, as torch.zeros would be, not by whoever first uses it: with THP's defrag at "madvise" (a
+    # common default) the first touch of each advised page may compact memory in the faulting thread.
     return _arena(nbytes).zero_().view(dtype).view(shape)
 
 

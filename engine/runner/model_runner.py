@@ -19,7 +19,6 @@ from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import PROMPT_ROWS
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
-from engine.runner import huge_pages
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
@@ -28,6 +27,15 @@ from engine.runner.step_result import NONFINITE, StepResult, read_back_step, tak
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
 DECODE_GROUP_RATIO = 2.0
+
+
+def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A KV cache tensor, every page written now. On ordinary pages, not huge ones (the weights' arena is):
+    with THP's defrag at "madvise" each 2 MiB page advised MADV_HUGEPAGE may make the kernel compact memory
+    when it is first touched. Left to the steps, those faults stalled a 49-token step 1.5 s; written at
+    allocation, 720 MiB of advised pages took 0.1-7 s depending on the memory's state, where torch.zeros
+    takes ~0.3 s every time (2-core Zen 4, 1 thread)."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -123,7 +131,7 @@ class ModelRunner:
         keep = min(num_blocks * self.block_size, self.kv_caches[0][0].shape[1])
         for i, (k, v) in enumerate(self.kv_caches):  # layer by layer: the peak is one layer's extra copy
             shape = (k.shape[0], num_blocks * self.block_size, k.shape[2])
-            k2, v2 = huge_pages.zeros(shape, k.dtype, k.device), huge_pages.zeros(shape, v.dtype, v.device)
+            k2, v2 = kv_zeros(shape, k.dtype, k.device), kv_zeros(shape, v.dtype, v.device)
             k2[:, :keep], v2[:, :keep] = k[:, :keep], v[:, :keep]
             self.kv_caches[i] = (k2, v2)
             del k, v
@@ -142,8 +150,7 @@ class ModelRunner:
                  self.cfg.head_dim + (SCALE_BYTES if self.kv_int8 else 0))
         kv_dtype = torch.int8 if self.kv_int8 else self.dtype
         self.invalidate_graphs()
-        self.kv_caches = [(huge_pages.zeros(shape, kv_dtype, self.device),
-                           huge_pages.zeros(shape, kv_dtype, self.device))
+        self.kv_caches = [(kv_zeros(shape, kv_dtype, self.device), kv_zeros(shape, kv_dtype, self.device))
                           for _ in range(self.cfg.num_hidden_layers)]
 
     @property
