@@ -262,11 +262,12 @@ class LLMEngine:
         if not sched.is_empty:
             t_run = time.perf_counter()
             self._run(sched, outputs, finished)
+            t_done = time.perf_counter()
             self.scheduler.observe(sched.num_prefill_tokens, sum(s.num_tokens for s in sched.scheduled),
-                                   time.perf_counter() - t_run)
+                                   t_done - t_run)
             if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
                 rows = sched.num_decode_tokens + sched.num_verify_tokens
-                self.spec.observe_step(len(sched.scheduled), rows, time.perf_counter() - t_propose)
+                self.spec.observe_step(len(sched.scheduled), rows, t_done - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())

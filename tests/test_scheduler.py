@@ -107,10 +107,10 @@ def test_step_time_model_fits_the_line_of_the_steps_it_saw():
     assert m.prompt_tokens_within(0.15, 8, 512) == 92  # (0.15 - 0.05) / 0.001 - 8 decode rows
     assert m.prompt_tokens_within(0.02, 8, 512) == MIN_CHUNK_TOKENS  # a prompt always advances
     assert m.prompt_tokens_within(5.0, 8, 512) == 512  # never above the token budget
-    assert abs(m.predicted_s(200) - 0.25) < 1e-6
+    assert abs(m.line()[0] + m.line()[1] * 200 - 0.25) < 1e-6  # 200 rows predicted
     for bad in (float("inf"), float("nan"), -1.0, 0.0):
         m.observe(100, bad)  # ignored: one bad reading must not poison the line for good
-    assert abs(m.predicted_s(200) - 0.25) < 1e-6
+    assert abs(m.line()[0] + m.line()[1] * 200 - 0.25) < 1e-6
 
 
 def test_step_time_model_follows_a_machine_that_gets_slower():

@@ -58,7 +58,3 @@ class StepTimeModel:
         intercept, slope = fit
         fits = int((seconds - intercept) / slope) - decode_rows
         return min(budget, max(self.min_chunk, fits))
-
-    def predicted_s(self, rows: int) -> float | None:
-        fit = self.line()
-        return None if fit is None else fit[0] + fit[1] * rows

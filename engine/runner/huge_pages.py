@@ -102,7 +102,7 @@ def _set(mod: nn.Module, name: str, new: torch.Tensor) -> None:
 
 def _arena(nbytes: int) -> torch.Tensor:
     """`nbytes` of zeroed memory starting on a huge-page boundary, advised MADV_HUGEPAGE, as a uint8 tensor
-    (the kernel zero-fills its pages when first touched: nothing is written here; see `zeros`)."""
+    (the kernel zero-fills its pages when first touched: nothing is written here)."""
     # private: a shared anonymous mapping is shmem, which follows shmem's THP setting (usually "never")
     page = huge_page_bytes()
     arena = mmap.mmap(-1, nbytes + page, flags=mmap.MAP_PRIVATE)  # address space only, until written
@@ -119,9 +119,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or nbytes < MIN_BYTES or not available():
         return torch.zeros(shape, dtype=dtype, device=device)
-    # Written now, as torch.zeros would be, not by whoever first uses it: with THP's defrag at "madvise" (a
-    # common default) the first touch of each advised page may compact memory in the faulting thread.
-    return _arena(nbytes).zero_().view(dtype).view(shape)
+    return _arena(nbytes).view(dtype).view(shape)  # its callers fill it at once (the probe, the benches)
 
 
 def move_to_huge_pages(module: nn.Module, min_bytes: int = MIN_BYTES) -> int:
