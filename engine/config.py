@@ -26,6 +26,12 @@ class SchedulerConfig:
     # them are cut so a step is predicted (from the steps run so far) to take at most this long. None:
     # the token budget alone (engine/core/step_time.py).
     max_step_ms: float | None = knob_default("max_step_ms")
+    # Serving toward a latency budget (None: off). With ttft_budget_ms, prompt work goes to the prompts that
+    # can still meet it, shortest first; the ones that cannot wait behind them, the oldest still advancing a
+    # chunk each step. With tpot_budget_ms, prompt chunks are cut so that every decoding request's time per
+    # output token stays within it (engine/core/scheduler.py).
+    ttft_budget_ms: float | None = knob_default("ttft_budget_ms")
+    tpot_budget_ms: float | None = knob_default("tpot_budget_ms")
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:
@@ -34,7 +40,7 @@ class SchedulerConfig:
 
 
 SCHEDULER_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "max_loras",
-                    "max_step_ms")
+                    "max_step_ms", "ttft_budget_ms", "tpot_budget_ms")
 
 
 @dataclass(slots=True)
@@ -157,6 +163,8 @@ class EngineConfig:
     policy: InitVar[str | None] = None
     max_loras: InitVar[int | None] = None
     max_step_ms: InitVar[float | None] = None
+    ttft_budget_ms: InitVar[float | None] = None
+    tpot_budget_ms: InitVar[float | None] = None
 
     def __post_init__(self, *scheduling: Any) -> None:
         given = {k: v for k, v in zip(SCHEDULER_FIELDS, scheduling, strict=True) if v is not None}

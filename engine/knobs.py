@@ -91,6 +91,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("policy", _STR, "fcfs", run_time=True, choices=("fcfs", "spf", "priority")),  # engine/core/policies.py
     # while requests decode, prompt chunks are cut to keep a step within this many ms (engine/core/step_time.py)
     Knob("max_step_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(10, 2000)),
+    # serve toward a latency budget (engine/core/scheduler.py): prompts that can still meet the TTFT budget go
+    # first, shortest first; prompt chunks are cut so decoding requests keep their TPOT budget
+    Knob("ttft_budget_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(50, 60000)),
+    Knob("tpot_budget_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(5, 5000)),
     # admission control: None = off
     Knob("max_queue_len", _INT, None, run_time=True, low=0, optional=True),
     Knob("max_predicted_wait_s", _FLOAT, None, run_time=True, low=0, optional=True),

@@ -13,6 +13,7 @@ import pytest
 from app.bench import llama_cpp, llama_server, serve_peer
 from app.bench.llama_server import ChildServer, PeerError, free_port
 from app.load.workload import BenchRequest
+from engine.core.metrics import SLO
 
 FAKE = str(Path(__file__).parent / "fake_openai_server.py")
 REQUESTS = [BenchRequest(list(range(100, 100 + n)), out, "chat") for n, out in ((12, 5), (40, 3), (7, 9))]
@@ -92,8 +93,10 @@ def _serve_args(tmp_path, *extra: str):
 def test_serve_peer_takes_turns_and_compares_the_same_schedule(tmp_path, monkeypatch):
     logs = {"inferlab": tmp_path / "a.jsonl", "llama.cpp": tmp_path / "b.jsonl"}
     monkeypatch.setattr(llama_cpp, "find_binary", lambda name="llama-bench", directory=None: Path("/x/" + name))
+    told = []
     monkeypatch.setattr(serve_peer, "inferlab_server",
-                        lambda gguf, threads, extra, dtype: fake_server(logs["inferlab"], name="inferlab"))
+                        lambda gguf, threads, extra, dtype, budget: told.append(budget)
+                        or fake_server(logs["inferlab"], name="inferlab"))
     monkeypatch.setattr(serve_peer, "llama_server",
                         lambda binary, gguf, threads, parallel, ctx: fake_server(logs["llama.cpp"], name="llama"))
     result = serve_peer.run_peer_bench(_serve_args(tmp_path))
@@ -103,7 +106,8 @@ def test_serve_peer_takes_turns_and_compares_the_same_schedule(tmp_path, monkeyp
     sent = {side: [json.loads(x) for x in log.read_text().splitlines()][1:] for side, log in logs.items()}  # no warm-up
     # the same schedule: each round sends both servers the same prompts (requests in flight together may reach
     # a server in either order, so each round's are compared as sets)
-    per_side = {side: [{b["prompt"] for b in bodies[i * 3:(i + 1) * 3]} for i in range(2)] for side, bodies in sent.items()}
+    per_side = {side: [{b["prompt"] for b in bodies[i * 3:(i + 1) * 3]} for i in range(2)]
+                for side, bodies in sent.items()}
     assert per_side["inferlab"] == per_side["llama.cpp"] and len(sent["inferlab"]) == len(sent["llama.cpp"]) == 6
     per_round = per_side["inferlab"]
     assert not per_round[0] & per_round[1]  # fresh prompts each round: no round is served from a prefix cache
@@ -116,6 +120,9 @@ def test_serve_peer_takes_turns_and_compares_the_same_schedule(tmp_path, monkeyp
     assert ratio["rate_rps"] == 20 and ratio["output_tokens_per_s"] == round(
         a["output_tokens_per_s"] / b["output_tokens_per_s"], 3)
     assert result["threads"] == {"inferlab": 1, "llama.cpp": 1} and result["workload"]["rounds"] == 2
+    # inferlab serve is told the SLO the run is judged by (llama-server has no such setting), and the JSON says so
+    assert told == [SLO(result["slo"]["ttft_s"], result["slo"]["tpot_s"], result["slo"]["percentile"])]
+    assert result["inferlab_told_slo"] is True
 
 
 def test_serve_peer_without_llama_server_is_a_clear_error(tmp_path, monkeypatch):

@@ -243,6 +243,32 @@ def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]
 
 
+def test_latency_budgets_reorder_and_hold_prompts_but_keep_every_token(tiny_llama):
+    """A tight TPOT budget holds prompt chunks back while the chats decode, a TTFT budget puts short prompts
+    before a late document: the tokens are those of the plain scheduler, and every KV block comes back."""
+    doc = [(7 * i) % 300 + 20 for i in range(200)]
+    chats = [[250, 12, 33, 44], [9, 8, 7], [40 + i for i in range(30)]]
+    plain = make(tiny_llama, num_kv_blocks=256)
+    want = [o.token_ids for o in plain.generate([doc, *chats], GREEDY)]
+    eng = make(tiny_llama, num_kv_blocks=256, max_num_batched_tokens=64, ttft_budget_ms=1.0, tpot_budget_ms=1.0)
+    for prompt in PROMPTS:  # prompt steps and decode steps of several sizes teach both step-time lines
+        eng.generate([prompt, *PROMPTS[:2]], GREEDY)
+    assert eng.scheduler.step_time.line() is not None and eng.scheduler.decode_time.predict(2) is not None
+    events = []
+    eng.add_listener(events.append)
+    ids = [eng.add_request(doc, GREEDY)]
+    eng.step()  # the doc starts alone; by the next step it is late (1 ms of TTFT budget)
+    ids += [eng.add_request(c, GREEDY) for c in chats]
+    outs = {}
+    while eng.has_unfinished():
+        outs.update((o.request_id, o.token_ids) for o in eng.step() if o.finished)
+    assert [outs[i] for i in ids] == want
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    firsts = [next(i for i, e in enumerate(events) if any(o.request_id == rid and o.token_ids for o in e.outputs))
+              for rid in ids]
+    assert max(firsts[1:]) < firsts[0]  # every chat had its first token before the late document
+
+
 def test_max_step_ms_cuts_chunks_beside_decodes_and_keeps_the_tokens(tiny_llama):
     from engine.core.step_time import MIN_CHUNK_TOKENS
 

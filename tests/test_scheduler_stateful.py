@@ -12,7 +12,9 @@ finished prefill, accepted drafts, commit, truncate, finish) with no model: coun
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -31,14 +33,20 @@ PREFIXES = ([], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9])  # shared prefixes make 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(4, 12), budget=st.integers(1, 24), seqs=st.integers(1, 5),
                 chunked=st.booleans(), policy=st.sampled_from(sorted(POLICIES)), caching=st.booleans(),
-                step_ms=st.sampled_from([None, 1.0, 1000.0]))
-    def setup(self, num_blocks, budget, seqs, chunked, policy, caching, step_ms):
+                step_ms=st.sampled_from([None, 1.0, 1000.0]), ttft_ms=st.sampled_from([None, 1.0, 1e7]),
+                tpot_ms=st.sampled_from([None, 2.0, 1e6]))
+    def setup(self, num_blocks, budget, seqs, chunked, policy, caching, step_ms, ttft_ms, tpot_ms):
         self.bm = BlockManager(num_blocks, BLOCK, enable_prefix_caching=caching)
         self.step_ms = step_ms
-        self.sched = Scheduler(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=step_ms), self.bm)
+        # latency budgets: 1 ms of TTFT makes every prompt late, 1e7 none; 2 ms of TPOT holds prompts back
+        # while requests decode on a tight budget, 1e6 ms lets whole chunks through
+        self.sched = Scheduler(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=step_ms,
+                                               ttft_budget_ms=ttft_ms, tpot_budget_ms=tpot_ms), self.bm)
         self.sched.step_time.min_chunk = 1  # chunks as small as one token: the budgets here are tiny
         for rows in (2, 9, 17):  # a step-time line (1 ms + 0.1 ms per row) for max_step_ms to cut chunks by
             self.sched.observe(rows, rows, 0.001 + 0.0001 * rows)
+        for rows in (1, 4):  # and one for decode-only steps (0.2 ms + 0.05 ms per row): the TPOT budget's
+            self.sched.observe(0, rows, 0.0002 + 0.00005 * rows)
         self.capacity = num_blocks * BLOCK
         self.requests: dict[str, Request] = {}  # every request ever added
         self.ended: Counter[str] = Counter()
@@ -82,7 +90,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(seqs=st.integers(1, 5), budget=st.integers(1, 24), chunked=st.booleans(),
           policy=st.sampled_from(sorted(POLICIES)))
     def reconfigure(self, seqs, budget, chunked, policy):
-        self.sched.reconfigure(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=self.step_ms),
+        self.sched.reconfigure(replace(self.sched.config, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                                       enable_chunked_prefill=chunked, policy=policy),
                                make_policy(policy))
 
     @rule(data=st.data(), n=st.integers(1, 4))
@@ -134,6 +143,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ---- the engine's side of a step --------------------------------------------------------------
     def emit(self, req: Request, token: int) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()  # what the TPOT budget measures from
         req.output_token_ids.append(token)
         if req.num_output_tokens >= req.sampling_params.max_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)

@@ -10,8 +10,10 @@ Every rate and round has prompts of its own: a repeated text would be served fro
 caches, and every round after the first would measure that instead of serving.
 
 inferlab serve runs with its own defaults (`inferlab serve --threads T`: chunked prefill, FCFS, its
-token budget and batch size) unless --peer-inferlab-args says otherwise; llama-server with `-np`
-parallel slots (--peer-parallel) and continuous batching.
+token budget and batch size), told the latency budget the run is judged by (`--ttft-budget-ms`,
+`--tpot-budget-ms` from --slo-ttft and --slo-tpot: its scheduler serves toward it; --peer-no-budget leaves
+it out), plus --peer-inferlab-args; llama-server with `-np` parallel slots (--peer-parallel) and continuous
+batching (it has no such setting). Both command lines are in the JSON.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def add_peer_args(p) -> None:
                    help="with --peer: llama-server's threads (default: --threads, the same as inferlab's)")
     p.add_argument("--peer-ctx-per-slot", type=int, default=2048, help="with --peer: llama-server's context per slot")
     p.add_argument("--peer-inferlab-args", default="", help="with --peer: more `inferlab serve` options, one string")
+    p.add_argument("--peer-no-budget", action="store_true",
+                   help="with --peer: do not tell inferlab serve the SLO (--ttft-budget-ms / --tpot-budget-ms)")
     p.add_argument("--rounds", type=int, default=1,
                    help="with --peer: rounds per rate (medians; who goes first alternates)")
 
@@ -55,11 +59,14 @@ def peer_gguf(args) -> str:
     return str(llama_cpp.bf16_gguf(str(resolve_model_folder(args.model, lambda message, fraction: None))))
 
 
-def inferlab_server(gguf: str, threads: int, extra: str, dtype: str) -> ChildServer:
+def inferlab_server(gguf: str, threads: int, extra: str, dtype: str, budget: SLO | None = None) -> ChildServer:
+    """`inferlab serve` on `gguf`; with `budget`, told the SLO it is judged by."""
     port = free_port()
+    told = [] if budget is None else ["--ttft-budget-ms", f"{budget.ttft_s * 1000:g}",
+                                      "--tpot-budget-ms", f"{budget.tpot_s * 1000:g}"]
     return ChildServer("inferlab serve", [
         sys.executable, "-m", "app.cli", "serve", "--model", gguf, "--port", str(port), "--threads", str(threads),
-        "--dtype", dtype, "--log-level", "warning", *shlex.split(extra)], port)
+        "--dtype", dtype, "--log-level", "warning", *told, *shlex.split(extra)], port)
 
 
 def run_peer_bench(args) -> dict:
@@ -73,7 +80,8 @@ def run_peer_bench(args) -> dict:
     schedules = {(rate, r): make_text_schedule(args, rate, run_seed(args.seed, i, r))
                  for i, rate in enumerate(args.rates) for r in range(args.rounds)}
     with contextlib.ExitStack() as stack:
-        servers = {"inferlab": stack.enter_context(inferlab_server(gguf, threads, args.peer_inferlab_args, args.dtype)),
+        servers = {"inferlab": stack.enter_context(inferlab_server(gguf, threads, args.peer_inferlab_args, args.dtype,
+                                                                     None if args.peer_no_budget else slo)),
                    "llama.cpp": stack.enter_context(llama_server(binary, gguf, args.peer_threads or threads,
                                                                  args.peer_parallel,
                                                                  args.peer_ctx_per_slot))}
@@ -84,6 +92,7 @@ def run_peer_bench(args) -> dict:
                   "and round (who goes first "
                   "alternates by round); streaming /v1/completions, ignore_eos, temperature 0; latency from the due "
                   "time, timed on arrival (client side)",
+        "inferlab_told_slo": not args.peer_no_budget,
         "gguf": gguf, "threads": {"inferlab": threads, "llama.cpp": args.peer_threads or threads},
         "servers": commands,
         "workload": {**url_workload(args, next(iter(schedules.values()))), "rounds": args.rounds},

@@ -28,6 +28,12 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--max-step-ms", type=float, default=KNOB["max_step_ms"].default, metavar="MS",
                    help="while requests decode, cut prompt chunks so a step (their time per output token) is "
                         "predicted to stay within MS (default: the token budget alone)")
+    p.add_argument("--ttft-budget-ms", type=float, default=None, metavar="MS",
+                   help="serve toward this time to first token: prompts that can still make it go first, "
+                        "shortest first; late ones wait behind them (default: off)")
+    p.add_argument("--tpot-budget-ms", type=float, default=None, metavar="MS",
+                   help="serve toward this time per output token: prompt chunks are sized so every decoding "
+                        "request stays within it (default: off)")
     p.add_argument("--policy", default=KNOB["policy"].default, choices=sorted(POLICIES),
                    help="which waiting request goes next")
     p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
@@ -52,6 +58,7 @@ def engine_config(args):
     kw = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, max_step_ms=args.max_step_ms,
+              ttft_budget_ms=args.ttft_budget_ms, tpot_budget_ms=args.tpot_budget_ms,
               max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait,
               **knob_settings(args))
     if args.kv_cache_mib:

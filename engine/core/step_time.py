@@ -49,12 +49,19 @@ class StepTimeModel:
             return 0.0, self.sy / self.sx
         return max(0.0, (self.sy - slope * self.sx) / self.sw), slope
 
-    def prompt_tokens_within(self, seconds: float, decode_rows: int, budget: int) -> int:
+    def predict(self, rows: int) -> float | None:
+        """Seconds for a step of `rows` rows: the line, the mean step while it has one size only, None unseen."""
+        fit = self.line()
+        if fit is not None:
+            return fit[0] + fit[1] * rows
+        return self.sy / self.sw if self.sw > 0 else None
+
+    def prompt_tokens_within(self, seconds: float, decode_rows: int, budget: int, min_chunk: int | None = None) -> int:
         """Prompt tokens a step with `decode_rows` decodes may carry to stay within `seconds` (at least
-        `min_chunk`, at most `budget`); `budget` itself while the model has no line yet."""
+        `min_chunk`, by default the model's, at most `budget`); `budget` itself while the model has no line yet."""
         fit = self.line()
         if fit is None:
             return budget
         intercept, slope = fit
         fits = int((seconds - intercept) / slope) - decode_rows
-        return min(budget, max(self.min_chunk, fits))
+        return min(budget, max(self.min_chunk if min_chunk is None else min_chunk, fits))
