@@ -19,7 +19,7 @@ import torch
 
 import engine.commands as cmd
 import engine.kernels as kernels
-from engine.config import EngineConfig
+from engine.config import SCHEDULER_FIELDS, EngineConfig
 from engine.core.admission import AdmissionController
 from engine.core.block_manager import BlockManager
 from engine.core.counters import EngineCounters
@@ -343,7 +343,13 @@ class LLMEngine:
         """A new config object (readers of engine.config see the old or the new one, never a mix); each
         part gets its own copy of the knobs it uses."""
         old = self.config
-        new = self.config = dataclasses.replace(old, **changes)
+        # the scheduler's fields go into a new SchedulerConfig: through EngineConfig's constructor a None reads
+        # "keep", and None is a value here (a max_step_ms or a latency budget switched off)
+        sched = {k: v for k, v in changes.items() if k in SCHEDULER_FIELDS}
+        rest = {k: v for k, v in changes.items() if k not in SCHEDULER_FIELDS}
+        new = dataclasses.replace(old, **rest)
+        new.scheduler = dataclasses.replace(old.scheduler, **sched)  # values checked by check_reconfigure
+        self.config = new
         try:
             self._apply_knobs(old, new, changes)
         except Exception:  # the engine keeps serving with the knobs it had (the failure is reported)

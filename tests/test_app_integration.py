@@ -85,6 +85,23 @@ def test_controls_reconfigure_the_engine(qapp, window):
     assert not window.actions_by_name["chunked"].isChecked()
 
 
+def test_the_scheduler_serves_toward_the_budget_on_the_sliders(qapp, window):
+    controls = window.panels.controls
+    assert controls._serve_budget.isEnabled()  # the embedded engine changes its scheduler between steps
+    controls._serve_budget.setChecked(True)  # as a click does
+    ttft_s, tpot_s = window.controller.state.budget_s
+    wait_until(qapp, lambda: window.host.engine.config.ttft_budget_ms == ttft_s * 1000, 10)
+    assert window.host.engine.config.tpot_budget_ms == tpot_s * 1000
+    assert any("scheduler serves the budget" in c for c in data(window, "timeline")["config_changes"])
+    controls.sigBudgetChanged.emit(0.8, 0.12)  # the budget sliders moved: the scheduler follows
+    wait_until(qapp, lambda: (window.host.engine.config.ttft_budget_ms, window.host.engine.config.tpot_budget_ms)
+               == (800, 120), 10)
+    window.controller.push_config()  # a preset's push keeps it too
+    controls._serve_budget.setChecked(False)
+    wait_until(qapp, lambda: window.host.engine.config.ttft_budget_ms is None, 10)
+    assert window.host.engine.config.tpot_budget_ms is None and window.panels.latency._budget == (0.8, 0.12)
+
+
 def test_sweep_runs_in_the_background_and_restores_the_config(qapp, window):
     before = window.host.engine.config.max_num_seqs
     window.controller.run_sweep(SweepSpec(batches=(1, 4), bits=(16,), drafts=(0,), warmup_s=0.05, measure_s=0.5,

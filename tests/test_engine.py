@@ -243,6 +243,15 @@ def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]
 
 
+def test_reconfigure_switches_optional_scheduler_knobs_off(tiny_llama):
+    """None is a value for max_step_ms and the latency budgets (off), not "keep what it was"."""
+    eng = make(tiny_llama, max_step_ms=50, ttft_budget_ms=1000, tpot_budget_ms=100)
+    eng.reconfigure(max_step_ms=None, ttft_budget_ms=None, max_num_seqs=3)
+    eng.step()  # applied at the top of the next step
+    assert (eng.config.max_step_ms, eng.config.ttft_budget_ms, eng.config.max_num_seqs) == (None, None, 3)
+    assert eng.config.tpot_budget_ms == 100 and eng.scheduler.config is eng.config.scheduler
+
+
 def test_latency_budgets_reorder_and_hold_prompts_but_keep_every_token(tiny_llama):
     """A tight TPOT budget holds prompt chunks back while the chats decode, a TTFT budget puts short prompts
     before a late document: the tokens are those of the plain scheduler, and every KV block comes back."""

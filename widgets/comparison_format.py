@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from widgets.fmt import human_bytes
 
-_WORDS = {"p50": "p50", "p99": "p99", "ttft": "TTFT", "tpot": "TPOT", "itl": "inter-token gap", "e2e": "end-to-end", "kv": "KV",
-          "slo": "SLO", "kl": "KL"}
+_WORDS = {"p50": "p50", "p99": "p99", "ttft": "TTFT", "tpot": "TPOT", "itl": "inter-token gap", "e2e": "end-to-end",
+          "kv": "KV", "slo": "SLO", "kl": "KL"}
 # trailing words -> the unit they stand for
 _UNIT_TAILS = ((("gb", "per", "s"), "GB/s"), (("tokens", "per", "s"), "tokens/s"), (("per", "s"), "/s"),
                (("rps",), "requests/s"), (("pct",), "%"), (("s",), "s"))

@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from widgets.slider_row import SliderRow
 
@@ -54,6 +64,7 @@ class ControlsPanel(QWidget):
     sigConfigChanged = Signal(dict)  # the CONFIG_KEYS
     sigLoadChanged = Signal(dict)  # the LOAD_KEYS: {"arrival_rate": req/s, ...}
     sigBudgetChanged = Signal(float, float)  # (ttft_s, tpot_s)
+    sigServeBudget = Signal(bool)  # the scheduler serves toward the budget (on) or ignores it (off)
     sigStartLoad = Signal()
     sigStopLoad = Signal()
     sigBurst = Signal(int)  # number of long prompts
@@ -84,6 +95,13 @@ class ControlsPanel(QWidget):
         self._burst_size.setSuffix(" prompts")
         self._burst_button = QPushButton("Burst of long prompts")
         self._burst_button.clicked.connect(self._on_burst)
+        self._serve_budget = QCheckBox("Scheduler serves toward it")
+        self._serve_budget.setProperty("explains",
+            "On: prompts that can still get their first token within the TTFT budget go first, shortest first, "
+            "and prompt chunks are sized so answers already streaming keep the TPOT budget. Off: the scheduler "
+            "ignores the budget (the latency panel still counts who met it). Compare goodput both ways.")
+        self._serve_budget.setToolTip(self._serve_budget.property("explains"))
+        self._serve_budget.toggled.connect(self.sigServeBudget)
         self._reset_button = QPushButton("Reset")
         self._reset_button.clicked.connect(self.sigReset)
         self._busy_label = QLabel()
@@ -110,6 +128,7 @@ class ControlsPanel(QWidget):
         bl = QVBoxLayout(budget)
         bl.addWidget(self._rows["ttft_budget_s"])
         bl.addWidget(self._rows["tpot_budget_s"])
+        bl.addWidget(self._serve_budget)
         bottom = QHBoxLayout()
         bottom.addWidget(self._reset_button)
         bottom.addStretch(1)
@@ -132,6 +151,10 @@ class ControlsPanel(QWidget):
                 self._burst_size.setValue(int(value))
             elif key == "load_running":
                 self.set_load_running(bool(value))
+            elif key == "serve_budget":
+                self._serve_budget.blockSignals(True)
+                self._serve_budget.setChecked(bool(value))
+                self._serve_budget.blockSignals(False)
         for timer in (self._config_timer, self._load_timer, self._budget_timer):
             timer.stop()
 
@@ -154,15 +177,15 @@ class ControlsPanel(QWidget):
 
     def set_feature_available(self, name: str, available: bool, why: str = "") -> None:
         """Grey out one control with the reason as its tooltip: a CONFIG_KEYS or LOAD_KEYS name,
-        "ttft_budget_s", "tpot_budget_s", "load", "burst" or "reset"."""
+        "ttft_budget_s", "tpot_budget_s", "serve_budget", "load", "burst" or "reset"."""
         buttons = {"load": (self._load_button,), "burst": (self._burst_button, self._burst_size),
-                   "reset": (self._reset_button,)}
+                   "reset": (self._reset_button,), "serve_budget": (self._serve_budget,)}
         if name in self._rows:
             self._rows[name].set_available(available, why)
         elif name in buttons:
             for w in buttons[name]:
                 w.setEnabled(available)
-                w.setToolTip("" if available else why)
+                w.setToolTip(w.property("explains") or "" if available else why)
         else:
             raise KeyError(f"unknown control {name!r}")
         if available:

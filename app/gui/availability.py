@@ -32,6 +32,10 @@ def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_re
         on = name in caps.reconfigurable or name in caps.restartable
         controls.set_feature_available(name, on, _by_restart(label, name, caps, source) if on else
                                        f"{label}: set when {source} starts; not changeable from a client")
+    if engine_ready:
+        on = "ttft_budget_ms" in caps.reconfigurable
+        controls.set_feature_available("serve_budget", on, "" if on else
+                                       f"Serving toward the budget: the scheduler of {source} is not changeable here")
     for spec in PANEL_SPECS if engine_ready else ():
         if not spec.needs:
             continue

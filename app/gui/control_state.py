@@ -28,6 +28,8 @@ class ControlState:
     measuring: bool = False  # a comparison runs in the engine thread
     rebuilt_for_knob: bool = False  # the rebuild under way was asked by a slider (not a preset)
     server_point: dict = field(default_factory=dict)  # a managed server's restartable knobs, as it runs now
+    budget_s: tuple[float, float] | None = None  # the latency budget on the sliders: (TTFT s, TPOT s)
+    serve_budget: bool = False  # the scheduler serves toward that budget (engine ttft/tpot_budget_ms)
 
 
 class ControllerVerbs(Protocol):

@@ -36,6 +36,8 @@ class AppController(QObject):
         self.feeder, self.meter, self.caption = feeder, meter, caption
         self.state = ControlState(config=engine_knob_defaults(), arrival_rate=knob_defaults()["arrival_rate"],
                                   source_name=host.name, start_kv_blocks=host.config.num_kv_blocks)
+        defaults = knob_defaults()
+        self.state.budget_s = (defaults["ttft_budget_s"], defaults["tpot_budget_s"])  # until a preset or slider
         self.engine_busy = False  # requantizing / measuring in the engine thread
         self.load_running = False
         self.sweeping = False
@@ -49,6 +51,7 @@ class AppController(QObject):
         c.sigConfigChanged.connect(self._on_config_changed)
         c.sigLoadChanged.connect(self.set_load)
         c.sigBudgetChanged.connect(self._on_budget_changed)
+        c.sigServeBudget.connect(self._on_serve_budget)
         c.sigStartLoad.connect(lambda: self.set_load_running(True))
         c.sigStopLoad.connect(lambda: self.set_load_running(False))
         c.sigBurst.connect(self.burst)
@@ -133,8 +136,32 @@ class AppController(QObject):
         if self.presets.spec_live():
             knobs.update(spec_method=self.state.spec_method,
                          num_speculative_tokens=self.state.config["num_speculative_tokens"])
+        if "ttft_budget_ms" in self.state.capabilities.reconfigurable:
+            knobs.update(self._budget_knobs())
         self.host.reconfigure(**knobs)
         self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
+
+    def _budget_knobs(self) -> dict:
+        """The engine's latency-budget knobs: the sliders' budget while the scheduler serves toward it."""
+        if not self.state.serve_budget or self.state.budget_s is None:
+            return {"ttft_budget_ms": None, "tpot_budget_ms": None}
+        ttft_s, tpot_s = self.state.budget_s
+        return {"ttft_budget_ms": ttft_s * 1000, "tpot_budget_ms": tpot_s * 1000}
+
+    def _on_serve_budget(self, on: bool) -> None:
+        self.state.serve_budget = on
+        if not self.state.engine_ready:
+            return
+        try:
+            self.host.reconfigure(**self._budget_knobs())
+        except (ValueError, RuntimeError) as exc:  # a source that cannot (greyed out), a bad value
+            self.state.serve_budget = False
+            self.panels.controls.set_values({"serve_budget": False})
+            self.error(f"the scheduler cannot serve toward the budget: {exc}")
+            return
+        ttft_s, tpot_s = self.state.budget_s or (0.0, 0.0)
+        self.panels.timeline.mark_config_change(
+            f"scheduler serves the budget ({ttft_s * 1e3:.0f} / {tpot_s * 1e3:.0f} ms)" if on else "scheduler: plain")
 
     def set_chunked_prefill(self, on: bool) -> None:
         self._on_config_changed({"enable_chunked_prefill": bool(on)})
@@ -207,6 +234,9 @@ class AppController(QObject):
 
     def _on_budget_changed(self, ttft_s: float, tpot_s: float) -> None:
         self.panels.latency.set_budget(ttft_s, tpot_s)
+        self.state.budget_s = (ttft_s, tpot_s)
+        if self.state.serve_budget and self.state.engine_ready:
+            self._on_serve_budget(True)  # the scheduler follows the new budget
 
     def set_load(self, values: dict) -> None:
         """The Load generator's sliders (LoadConfig fields by name): the arrival rate by its own verb (the

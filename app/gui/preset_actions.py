@@ -57,6 +57,7 @@ class PresetActions:
                                          "burst_size": preset.burst_size, "ttft_budget_s": preset.ttft_s,
                                          "tpot_budget_s": preset.tpot_s, "load_running": preset.autostart})
         self.panels.latency.set_budget(preset.ttft_s, preset.tpot_s)
+        self.state.budget_s = (preset.ttft_s, preset.tpot_s)  # push_config gives it to a scheduler serving it
         if self.state.engine_ready:
             self._push_preset(preset)
         self.window.show_message(f"preset: {preset.name} ({preset.path})")
