@@ -70,3 +70,24 @@ def test_background_load_runs_and_stops_its_processes():
     with pytest.raises(ValueError, match="0 or more"):
         with background_load(-1):
             pass
+
+
+def test_off_main_thread_returns_or_raises_from_a_thread_that_has_ended():
+    import threading
+
+    from engine.runner.threads import off_main_thread
+
+    seen = []
+
+    def work(x):
+        seen.append(threading.current_thread())
+        return x * 2
+
+    assert off_main_thread(work, 21) == 42
+    assert seen[0] is not threading.main_thread() and not seen[0].is_alive()  # its OpenMP team went with it
+
+    def fail():
+        raise ValueError("bad model")
+
+    with pytest.raises(ValueError, match="bad model"):
+        off_main_thread(fail)

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 
 import numpy as np
 
 from app.device_args import device_options
 from app.load.generator import LoadConfig, LoadGenerator
+from engine.runner.threads import off_main_thread
 
 PROBE_MS = 10
 
@@ -64,24 +64,6 @@ def _workload(engine, args) -> list:
                      temperature=0.8, ignore_eos=True)
     gen = LoadGenerator(cfg, engine.tokenizer, rng_seed=7, max_model_len=engine.max_model_len)
     return [gen.make_arrival() for _ in range(args.requests)]
-
-
-def _in_thread(fn, *args):
-    """fn(*args) in a new thread (as the app's engine host runs the engine); its result or its exception."""
-    out: dict = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # re-raised in the caller
-            out["error"] = exc
-
-    t = threading.Thread(target=target, name="bench-engine")
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def _run_bare(engine, arrivals) -> dict:
@@ -177,12 +159,12 @@ def run(args) -> dict:
     threads = args.threads or engine_threads()  # the app's default unless --threads says otherwise
     config = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=threads,
                           enable_prefix_caching=False)
-    engine = _in_thread(lambda: LLMEngine(config, progress=stderr_progress))
+    engine = off_main_thread(lambda: LLMEngine(config, progress=stderr_progress))
     arrivals = _workload(engine, args)
-    _in_thread(_run_bare, engine, arrivals[:4])  # warm-up
+    off_main_thread(_run_bare, engine, arrivals[:4])  # warm-up
     runs = []
     for _ in range(args.repeats):
-        runs.append(_in_thread(_run_bare, engine, arrivals))
+        runs.append(off_main_thread(_run_bare, engine, arrivals))
         runs.append(_run_hosted(engine, arrivals, app, with_window=False))
         runs.append(_run_hosted(engine, arrivals, app, with_window=True))
     # medians over the rounds: one slow minute of this shared machine does not decide the ratio

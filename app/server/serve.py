@@ -88,18 +88,25 @@ def run_serve(args) -> int:
     from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
+    from engine.runner.threads import off_main_thread
     from engine.serving.async_engine import AsyncEngine
 
     if args.metrics_require_key and not args.api_key:
         print("inferlab: error: --metrics-require-key needs --api-key (or $INFERLAB_API_KEY)", file=sys.stderr)
         return 2
-    try:
+    def build() -> LLMEngine:
         loras = lora_args(args.lora)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
         for lora_name, path in loras:
             if lora_name == (args.served_model_name or args.model):
                 raise ValueError(f"--lora {lora_name}=...: an adapter cannot take the base model's name")
             engine.add_lora(lora_name, path)
+        return engine
+
+    try:
+        # built off the main thread: the engine loop's thread then has the only OpenMP team, and its ops
+        # do not wait for sleeping helpers (engine/runner/threads.py, off_main_thread)
+        engine = off_main_thread(build)
     except (ValueError, ModelLoadError) as exc:
         print(f"\ninferlab: error: {exc}", file=sys.stderr)  # a line of its own, after the progress
         return 2
