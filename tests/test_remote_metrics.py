@@ -103,3 +103,22 @@ def test_llama_cpp_prefix_hits_count_against_processed_plus_cached():
     f = t.add(parse_metrics(text.format(150, 50), 1.0))
     assert f.prefix_hit_rate == pytest.approx(0.5) and f.prompt_tokens_per_s == pytest.approx(50.0)
     assert "prefix-cache hit rate" not in f.not_exposed
+
+
+def test_an_integer_too_big_for_a_float_reads_as_infinite_not_a_crash():
+    """The parser gives integer literals as ints; one of 500 digits does not fit a float (found by the fuzz
+    test: OverflowError out of the scrape)."""
+    import math
+
+    big = "1" + "0" * 500
+    text = (f"vllm:num_requests_running {big}\n"
+            f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {big}\n"
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            f'vllm:e2e_request_latency_seconds_bucket{{le="1.0"}} {big}\n'
+            f'vllm:e2e_request_latency_seconds_bucket{{le="+Inf"}} {big}\n'
+            f"vllm:e2e_request_latency_seconds_sum -{big}\nvllm:e2e_request_latency_seconds_count {big}\n")
+    scrape = parse_metrics(text, 0.0)
+    assert scrape.gauges["vllm:num_requests_running"] == math.inf
+    assert scrape.counters["vllm:prompt_tokens"] == math.inf
+    hist = scrape.histograms["vllm:e2e_request_latency_seconds"]
+    assert hist.cumulative == (math.inf, math.inf) and hist.total == -math.inf

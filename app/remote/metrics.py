@@ -73,21 +73,30 @@ def parse_metrics(text: str, t: float = 0.0) -> Scrape:
         for fam in text_string_to_metric_families(text):
             n += 1
             if fam.type == "counter":
-                counters[fam.name] = sum(s.value for s in fam.samples if s.name.endswith("_total")
+                counters[fam.name] = sum(_as_float(s.value) for s in fam.samples if s.name.endswith("_total")
                                          or s.name == fam.name)
             elif fam.type == "histogram":
                 hists[fam.name] = _histogram(fam)
             elif fam.type in ("gauge", "unknown", "untyped"):
-                values = [s.value for s in fam.samples if s.name == fam.name]
+                values = [_as_float(s.value) for s in fam.samples if s.name == fam.name]
                 if fam.name.endswith("_info") and fam.samples:
                     info[fam.name] = dict(fam.samples[0].labels)
                 if values:
                     gauges[fam.name] = values
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:
         raise MetricsError(f"/metrics is not Prometheus text: {exc}") from None
     if n == 0 and text.strip():
         raise MetricsError("/metrics is not Prometheus text: no metric families in it")
     return Scrape(t, {k: _gauge_value(v) for k, v in gauges.items()}, counters, hists, info, n)
+
+
+def _as_float(value) -> float:
+    """A sample's value as a float: the parser gives an integer literal as an int, and one of 500 digits
+    (a hostile or broken server) does not fit a float: it is infinite here, not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _gauge_value(values: list[float]) -> float:
@@ -102,9 +111,9 @@ def _histogram(fam) -> Histogram:
     for s in fam.samples:
         if s.name.endswith("_bucket") and "le" in s.labels:
             bound = float(s.labels["le"])
-            by_bound[bound] = by_bound.get(bound, 0.0) + s.value
+            by_bound[bound] = by_bound.get(bound, 0.0) + _as_float(s.value)
         elif s.name.endswith("_sum"):
-            total += s.value
+            total += _as_float(s.value)
     bounds = tuple(sorted(by_bound))
     return Histogram(bounds, tuple(by_bound[b] for b in bounds), total)
 

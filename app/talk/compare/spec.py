@@ -36,7 +36,7 @@ ENGINE_KNOBS = {name: KNOB[name].type for name in (
     "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "enable_prefix_caching", "quant_bits",
     "quant_group_size", "compile", "fused_decode", "spec_method", "num_speculative_tokens", "num_kv_blocks",
     "memory_budget_bytes", "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras",
-    "max_step_ms")}
+    "max_step_ms", "ttft_budget_ms", "tpot_budget_ms")}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
 # LoRA adapters named by the requests, round-robin; 0: the base model)
 WORKLOAD_KNOBS = {"rate": float, "adapters": int}
