@@ -91,7 +91,8 @@ def off_main_thread(fn, *args):
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             out["error"] = exc
 
-    t = threading.Thread(target=target, name="engine-build")
+    # a daemon: Ctrl+C in the waiting caller ends the process at once, not after the load finishes
+    t = threading.Thread(target=target, name="engine-build", daemon=True)
     t.start()
     t.join()
     if "error" in out:
