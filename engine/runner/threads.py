@@ -77,8 +77,8 @@ def off_main_thread(fn, *args):
     Build an engine that another thread will step this way (`inferlab serve`, as the app's engine loop
     does). torch's CPU ops run on OpenMP (GNU libgomp), and every thread that runs a parallel region
     keeps a team of helper threads for good. Once the main thread has one (loading the weights makes
-    it), libgomp manages more threads than there are cores and its helpers stop spinning between
-    regions: every op of another thread then waits for a helper to wake. Measured on 2 cores: one
+    it), every op of another thread is slower (as we read it: libgomp then manages more threads than
+    there are cores, and its helpers stop spinning between regions). Measured on 2 cores: one
     element-wise op 35 -> 87 us, the steps that carry prompt chunks (hundreds of small ops) ~1.5x slower.
     A thread that ends takes its team with it."""
     import threading
