@@ -91,3 +91,17 @@ def test_off_main_thread_returns_or_raises_from_a_thread_that_has_ended():
 
     with pytest.raises(ValueError, match="bad model"):
         off_main_thread(fail)
+
+
+def test_ctrl_c_while_serve_loads_is_one_line_and_exit_130(monkeypatch, capsys):
+    from app.cli import build_parser
+    from app.server import serve
+    from engine.runner import threads
+
+    def interrupted(fn, *args):
+        raise KeyboardInterrupt  # what the waiting main thread gets from Ctrl+C
+
+    monkeypatch.setattr(threads, "off_main_thread", interrupted)
+    args = build_parser().parse_args(["serve", "--model", "nowhere.gguf"])
+    assert serve.run_serve(args) == 130
+    assert capsys.readouterr().err.strip() == "inferlab: interrupted while loading the model"

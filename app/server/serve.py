@@ -110,6 +110,9 @@ def run_serve(args) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"\ninferlab: error: {exc}", file=sys.stderr)  # a line of its own, after the progress
         return 2
+    except KeyboardInterrupt:  # Ctrl+C while loading: the loading thread is a daemon and ends with us
+        print("\ninferlab: interrupted while loading the model", file=sys.stderr)
+        return 130
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
     app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
