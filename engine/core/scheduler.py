@@ -19,8 +19,8 @@ meet both):
   what the decoding requests have saved by running ahead of TPOT_MARGIN x the budget. A fast decode-only
   step saves the rest of the budget for a later prompt chunk: the scheduler runs plain decode steps until a
   chunk worth its step's fixed cost fits, not a small chunk every step. A request whose first token came
-  later than the TTFT budget, or a request that cannot meet the budget any
-  more, even if every step from now on were a plain decode, no longer holds the others back.
+  later than the TTFT budget, or one that cannot meet the TPOT budget any more even if every step from now
+  on were a plain decode, no longer holds the others back.
 """
 from __future__ import annotations
 
@@ -229,12 +229,11 @@ class Scheduler:
         def late(r: Request) -> bool:
             return r.first_token_time is None and now - r.arrival_time + left(r) * per_row > deadline
 
-        candidates = prompting + ([] if out.preempted else list(self.waiting))
-        first = [r for r in candidates if r.status is RequestStatus.PREEMPTED]
-        on_time = sorted((r for r in candidates if r.status is not RequestStatus.PREEMPTED and not late(r)),
-                         key=lambda r: (left(r), r.arrival_time))
-        behind = sorted((r for r in candidates if r.status is not RequestStatus.PREEMPTED and late(r)),
-                        key=lambda r: r.arrival_time)
+        first, on_time, behind = [], [], []
+        for r in prompting + ([] if out.preempted else list(self.waiting)):
+            (first if r.status is RequestStatus.PREEMPTED else behind if late(r) else on_time).append(r)
+        on_time.sort(key=lambda r: (left(r), r.arrival_time))
+        behind.sort(key=lambda r: r.arrival_time)
         order = first + behind[:1] + on_time + behind[1:] if on_time and behind else first + on_time + behind
         capped = behind[0] if on_time and behind else None
         adapters = {r.lora_id for r in self.running if r.lora_id}
@@ -246,9 +245,7 @@ class Scheduler:
                        else budget)
             if room <= 0:
                 break
-            if req.status is RequestStatus.RUNNING:
-                if req not in self.running:
-                    continue  # preempted by an earlier request's reservation in this loop
+            if req.status is RequestStatus.RUNNING:  # (one preempted earlier in this loop is not: no admissions)
                 n = min(left(req), room)
                 if not self._reserve(req, n, out):
                     self._preempt(req, out)

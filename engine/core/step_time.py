@@ -10,7 +10,9 @@ half a second on a 2-core CPU, so every stream in the batch would wait half a se
 
 The fit is a least-squares line over recent steps, each weighted by how recent it is (a machine that
 gets busier, or a new weight format, moves it within a few dozen steps). Until it has seen two
-different step sizes it has no slope, and the scheduler keeps its token budget alone.
+different step sizes it has no slope, and the scheduler keeps its token budget alone. The scheduler keeps
+a second model for steps of decodes alone (they run on another path, the fused decode step): what a plain
+decode step costs is what the TPOT budget saves by running one (engine/core/scheduler.py).
 """
 from __future__ import annotations
 
