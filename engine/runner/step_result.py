@@ -41,9 +41,13 @@ def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, gr
     for the device once, however many requests it samples and verifies. Returns (the sampling result or
     None, [bad per verify row..., then every verify's decisions], the decisions' length per verify). Without
     `decide` a greedy verify reads its rows' argmax and a sampling one nothing (it decides on its own).
-    (The CPU's fused step samples greedily on its own: there the verify rows are a second read, which
-    costs nothing on the CPU.)"""
+    (The CPU's fused step takes each row's argmax on its own: its greedy rows and greedy verifies need no
+    torch op here; a sampling verify reads its rows a second time, which costs nothing on the CPU.)"""
     extra, sizes = None, []
+    host = _greedy_verifies(greedy, verify_spans)
+    if host is not None:  # the fused step's argmax already holds every decision
+        host, sizes = host
+        verify_spans = []
     if verify_spans:
         verify_rows = logits[[first + j for _, first, n in verify_spans for j in range(n)]]
         finite = torch.isfinite(verify_rows).all(dim=-1)
@@ -63,8 +67,21 @@ def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, gr
         if result is None:
             result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
                             [s.request.generator for s, _ in producers], extra=extra)
-            return result, result.extra, sizes
+            return result, host if host is not None else result.extra, sizes
+    if host is not None:
+        return result, host, sizes
     return result, to_host(extra) if extra is not None else [], sizes
+
+
+def _greedy_verifies(greedy: list[int | None] | None, verify_spans: list) -> tuple[list[int], list[int]] | None:
+    """read_back_step's host list and sizes for verifies that are all greedy, straight from the fused
+    step's greedy tokens (its argmax, None where a row is not finite), with no torch op: a flag per verify
+    row, then each row's argmax (a greedy verify's decisions, decide_on_device). None: not all greedy, or
+    no fused step."""
+    if greedy is None or not verify_spans or any(not s.request.sampling_params.greedy for s, _, _ in verify_spans):
+        return None
+    rows = [greedy[first + j] for _, first, n in verify_spans for j in range(n)]
+    return [int(t is None) for t in rows] + [0 if t is None else t for t in rows], [n for _, _, n in verify_spans]
 
 
 def take_verifies(step: StepResult, where: dict, logits: torch.Tensor, verify_spans: list,
