@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.spec.mtp import MtpHeads, MtpProposer, load_heads, save_heads
 from engine.spec.mtp_train import train_heads
+from tests.conftest import built_kernel, kernel_tiers
 
 HIDDEN, VOCAB = 16, 50
 
@@ -104,3 +105,51 @@ def test_chains_carry_the_chance_of_each_position_being_accepted():
     assert chains[0][1] == pytest.approx(top[0].tolist(), rel=1e-5)
     assert chains[1][1] == pytest.approx(top[1, :2].tolist(), rel=1e-5)
     assert all(a >= b for _, c in chains for a, b in zip(c, c[1:]))  # a chain's chances never rise
+
+
+class CountingStream:
+    """The native module, counting the products it is asked for."""
+
+    def __init__(self, module) -> None:
+        self.module, self.calls = module, 0
+
+    def stream_linear_bf16(self, x, w, b):
+        self.calls += 1
+        return self.module.stream_linear_bf16(x, w, b)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+@pytest.mark.parametrize("tier", kernel_tiers())
+def test_with_the_native_kernel_a_proposal_streams_bf16_weights_and_drafts_as_float32_does(tier, sequential):
+    """bf16 rows on the CPU with the engine's kernels attached to the lm_head: every head in one streamed
+    product and the draft vocabulary in another (not one float32 product per head; sequential heads: two
+    a head, each reading the draft before it); the scores are the float32 path's within bf16 rounding, so
+    every draft whose lead is clear is the same token."""
+    from engine.kernels import stream_linear_kernel
+
+    hidden_size, vocab_size = 64, 300
+    torch.manual_seed(2)
+    model = nn.Module()
+    model.embed_tokens = nn.Embedding(vocab_size, hidden_size).to(torch.bfloat16)
+    model.lm_head = nn.Linear(hidden_size, vocab_size, bias=False).to(torch.bfloat16)
+    heads = MtpHeads(hidden_size, 3, sequential=sequential)
+    for b in heads.blocks:
+        nn.init.normal_(b.weight, std=0.1)
+        nn.init.normal_(b.bias, std=0.1)
+    heads.draft_vocab = torch.arange(0, vocab_size, 2)
+    prop = MtpProposer(heads, model, (1, 1, 1))
+    hidden, last = torch.randn(3, hidden_size).to(torch.bfloat16), [4, 9, 200]
+    with torch.inference_mode():
+        exact, ids = prop._logits(hidden, 3, last)  # no kernel attached: the float32 products
+        model.lm_head.stream = stream = CountingStream(built_kernel(stream_linear_kernel, tier))
+        got, got_ids = prop._logits(hidden, 3, last)
+    # independent: the heads (3 rows), the vocabulary (9 rows: 8, then 1); sequential: two a head, 3 rows each
+    assert stream.calls == (6 if sequential else 3)
+    assert got.shape == exact.shape == (3, 3, len(heads.draft_vocab)) and torch.equal(got_ids, ids)
+    tol = 2**-6 * exact.abs().max().item()
+    assert (got.float() - exact).abs().max().item() <= tol
+    top2 = exact.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * tol
+    assert clear.any() and torch.equal(got.argmax(-1)[clear], exact.argmax(-1)[clear])
+    chains = prop.propose_chains(hidden, [3, 2, 1], last)
+    assert [len(tokens) for tokens, _ in chains] == [3, 2, 1] and stream.calls == (12 if sequential else 6)

@@ -12,9 +12,10 @@ drafts that are accepted often do. A fixed k can make speculation slower than pl
     k = argmax over 0 <= k <= the configured k of   n * E[tokens per request](k) / cost(n * (1 + k))
     E[tokens per request](k) = 1 + sum over i < k of P(the first i + 1 drafts are all accepted)
 
-k = 0 decodes plainly. A row count never measured is taken to cost what the largest smaller one measured
-costs, and one with no smaller one measured is tried at once (optimistic either way: a step is never
-cheaper with more rows, so an unmeasured length gets tried, then its own measurement counts); a position
+k = 0 decodes plainly. A row count never measured is read off the line through the measured ones of as
+many requests (once there are two; before, it is taken to cost what the largest smaller one costs), and
+one with no smaller one measured is tried at once (a step is never cheaper with more rows, so an
+unmeasured length that may pay gets tried, then its own measurement counts); a position
 never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice
 drafts one token more than the best, every other such one one less, so the lengths beside the choice
 stay measured while the text changes.
@@ -81,12 +82,24 @@ class DraftLength:
         return rates
 
     def cost(self, requests: int, rows: int) -> float | None:
-        """Seconds of a step of `requests` requests in `rows` rows: measured, else the largest smaller measured
-        one's of as many requests (None: none)."""
+        """Seconds of a step of `requests` requests in `rows` rows: measured; else, once two shapes of as
+        many requests are, read off the straight line through them (least squares, never falling with
+        rows; never below a smaller measured one's); else the most a smaller measured one costs (None: none).
+        The line spares a short run trying every length once (each new shape's first step is not counted,
+        so trying one costs two steps): on a CPU a step's cost grows about linearly with its rows."""
         if (requests, rows) in self.step_s:
             return self.step_s[(requests, rows)]
-        smaller = [r for n, r in self.step_s if n == requests and r < rows]
-        return self.step_s[(requests, max(smaller))] if smaller else None
+        same = [(r, s) for (n, r), s in self.step_s.items() if n == requests]
+        smaller = [s for r, s in sorted(same) if r < rows]
+        if not smaller:
+            return None
+        if len(same) < 2:
+            return max(smaller)
+        mean_r = sum(r for r, _ in same) / len(same)
+        mean_s = sum(s for _, s in same) / len(same)
+        spread = sum((r - mean_r) ** 2 for r, _ in same)
+        slope = max(0.0, sum((r - mean_r) * (s - mean_s) for r, s in same) / spread)
+        return max(max(smaller), mean_s + slope * (rows - mean_r))
 
     def choose(self, num_requests: int, max_k: int) -> int:
         """The draft length for a step in which `num_requests` requests decode, at most `max_k`."""

@@ -37,11 +37,17 @@ class MtpHeads(nn.Module):
     (known when the heads run): [h_t ; emb(x_{t+1})] -> hidden. Without it a head has to guess token t+2
     without knowing t+1 (plain Medusa); with it, it only has to do what the model's next pass would."""
 
-    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True, rank: int | None = None) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, use_token: bool = True, rank: int | None = None,
+                 sequential: bool = False) -> None:
         """rank: each head's matrix as a product (hidden x rank)(rank x width) instead of a full one
-        (fewer weights to fit: they generalize better from a few thousand answers)."""
+        (fewer weights to fit: they generalize better from a few thousand answers).
+        sequential: head k (k >= 2) reads head k-1's output and token t+k, the one head k-1 drafted,
+        instead of h_t and token t+1 (like Hydra's heads, Ankner et al. 2024): a chain's head k is only
+        checked when the drafts before it were right, so it may lean on them."""
         super().__init__()
-        self.use_token, self.rank = use_token, rank
+        if sequential and not use_token:
+            raise ValueError("sequential heads read the token before theirs: they need use_token")
+        self.use_token, self.rank, self.sequential = use_token, rank, sequential
         width = 2 * hidden_size if use_token else hidden_size
         if rank:
             self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, hidden_size))
@@ -63,12 +69,26 @@ class MtpHeads(nn.Module):
         return len(self.blocks)
 
     def forward(self, hidden: torch.Tensor, token_emb: torch.Tensor | None = None,
-                num_heads: int | None = None) -> torch.Tensor:
+                num_heads: int | None = None, before: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (n, hidden) [+ token_emb (n, hidden)] -> (n, heads, hidden), what each head hands the
-        lm_head."""
+        lm_head. Sequential heads also take `before` (n, heads - 1, hidden): the embeddings of tokens
+        t+2 … t+heads, which heads 2 … read (training: the true ones; proposing: MtpProposer drafts them)."""
         blocks = self.blocks[: num_heads or self.num_heads]
-        x = torch.cat([hidden, token_emb], dim=-1) if self.use_token else hidden
-        return torch.stack([hidden + F.silu(b(x)) for b in blocks], dim=1)
+        if not self.sequential:
+            x = torch.cat([hidden, token_emb], dim=-1) if self.use_token else hidden
+            return torch.stack([hidden + F.silu(b(x)) for b in blocks], dim=1)
+        outs, z, emb = [], hidden, token_emb
+        for k in range(len(blocks)):
+            if k:
+                emb = before[:, k - 1]
+            z = self.step(k, z, emb)
+            outs.append(z)
+        return torch.stack(outs, dim=1)
+
+    def step(self, k: int, z: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """Sequential head k (0-based): z + SiLU(W_k [z ; emb] + b_k), z the output of head k-1 (h_t for
+        the first) and emb the embedding of the token after the one z drafted from."""
+        return z + F.silu(self.blocks[k](torch.cat([z, emb], dim=-1)))
 
 
 def heads_path(model_path: str) -> Path:
@@ -120,7 +140,8 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
         shape = tuple(state["blocks.0.weight"].shape) if "blocks.0.weight" in state else ()
     if not num or shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
         raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
-    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size, rank=rank)
+    heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size, rank=rank,
+                     sequential=bool(meta.get("sequential")))
     heads.load_state_dict(state)
     heads.draft_vocab = None if vocab is None else vocab.long()
     return heads, meta
@@ -159,6 +180,7 @@ class MtpProposer:
         self._trees: dict[tuple[int, int | None], tuple[list[tuple[int, ...]], list[int]]] = {}
         # (a weak reference to the lm_head they came from, draft ids, their rows): not keeping a swapped one alive
         self._draft_rows: tuple[weakref.ref, torch.Tensor, torch.Tensor] | None = None
+        self._packed: tuple[torch.Tensor, torch.Tensor] | None = None  # _packed_heads()
 
     def tree(self, depth: int, max_nodes: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
         """(nodes, parent row of each node) for a tree `depth` levels deep, most likely nodes first: by
@@ -205,27 +227,109 @@ class MtpProposer:
                 last_tokens: list[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(each head's logits (n, depth, V), the token ids of those V columns or None for the whole
         vocabulary)."""
+        stream = self._stream(hidden)
+        if self.heads.sequential:
+            return self._sequential_logits(stream, hidden, depth, last_tokens)
+        if stream is not None:
+            return self._streamed_logits(stream, hidden, depth, last_tokens)
         dtype = next(self.heads.parameters()).dtype  # float32 on the CPU (see SpeculativeDecoder._make_mtp)
         emb = None
         if self.heads.use_token:
             emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device)).to(dtype)
         out = self.heads(hidden.to(dtype), emb, depth)  # (n, depth, hidden)
+        logits, ids = self._rank(out.flatten(0, 1), hidden.dtype)
+        return logits.unflatten(0, out.shape[:2]), ids
+
+    def _rank(self, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of what the heads hand the lm_head (m, hidden), their token ids or None): over the draft
+        vocabulary's float32 rows where there is one, else the whole lm_head on rows of `dtype`."""
         draft = self._draft_vocab_rows()
         if draft is not None:  # rank the draft vocabulary only
-            ids, rows = draft
-            return F.linear(out.flatten(0, 1).to(rows.dtype), rows).unflatten(0, out.shape[:2]), ids
-        rows_in = out.to(hidden.dtype).flatten(0, 1)
-        return head_logits(self.model.lm_head, rows_in).unflatten(0, out.shape[:2]), None
+            ids, weight = draft
+            return F.linear(rows.to(weight.dtype), weight), ids
+        return head_logits(self.model.lm_head, rows.to(dtype)), None
 
-    def _draft_vocab_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(draft token ids (V',), their lm_head rows (V', hidden) float32), taken once per lm_head (a
+    def _sequential_logits(self, stream, hidden: torch.Tensor, depth: int,
+                           last_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """_logits for sequential heads, head by head: each ranks, its top-1 is its draft, and the next
+        head reads that token (a chain; a tree's deeper levels rank under the top-1 path, as
+        independent heads' do). Through the native kernel (`stream`) where _stream allows it."""
+        n, size = hidden.shape
+        tokens = torch.tensor(last_tokens, device=hidden.device)
+        dtype = next(self.heads.parameters()).dtype
+        z = hidden.float() if stream is not None else hidden.to(dtype)
+        per_head, ids = [], None
+        for k in range(depth):
+            emb = self.model.embed_tokens(tokens)
+            if stream is not None:
+                weight, bias = self._packed_heads()
+                x = torch.cat([z.to(torch.bfloat16), emb.to(torch.bfloat16)], dim=-1)
+                z = z + F.silu(_stream_rows(stream, x, weight[k * size : (k + 1) * size],
+                                            bias[k * size : (k + 1) * size]).float())
+                ids, rows = self._draft_vocab_rows(torch.bfloat16)
+                logits = _stream_rows(stream, z.to(torch.bfloat16), rows, None)
+            else:
+                z = self.heads.step(k, z, emb.to(dtype))
+                logits, ids = self._rank(z, hidden.dtype)
+            per_head.append(logits)
+            top = logits.argmax(-1)
+            tokens = top if ids is None else ids[top]
+        return torch.stack(per_head, dim=1), ids
+
+    def _stream(self, hidden: torch.Tensor):
+        """The native weight-streaming module when this proposal can take it: bf16 rows on the CPU, full-rank
+        heads with a draft vocabulary, and an lm_head with a bf16 weight and the module attached (the
+        engine's kernels, once built); else None (the heads' own float32 products)."""
+        stream = getattr(self.model.lm_head, "stream", None)
+        weight = getattr(self.model.lm_head, "weight", None)
+        if (stream is None or hidden.dtype != torch.bfloat16 or hidden.device.type != "cpu" or self.heads.rank
+                or self.heads.draft_vocab is None or not isinstance(weight, torch.Tensor)
+                or weight.dtype != torch.bfloat16):
+            return None
+        return stream
+
+    def _streamed_logits(self, stream, hidden: torch.Tensor, depth: int,
+                         last_tokens: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """_logits through the native streaming kernel: every head in one product, then the draft
+        vocabulary's rows in another, both over bf16 weights (at most STREAM_MAX_ROWS rows a call). On the
+        CPU a proposal's cost is reading those weights: the float32 products read twice the bytes, and
+        one call per head (2 streams x 3 heads: 2.1 ms a proposal in float32, ~0.5 ms here). The heads'
+        sums are float32 as before; their weights are rounded to bf16, which may change a near-tied draft
+        (a draft is only a guess: the verify decides every token)."""
+        n, size = hidden.shape
+        weight, bias = self._packed_heads()
+        x = hidden
+        if self.heads.use_token:
+            emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device))
+            x = torch.cat([hidden, emb.to(torch.bfloat16)], dim=-1)
+        y = _stream_rows(stream, x, weight[: depth * size], bias[: depth * size]).view(n, depth, size)
+        out = (hidden.float().unsqueeze(1) + F.silu(y.float())).to(torch.bfloat16)  # (n, depth, hidden)
+        ids, rows = self._draft_vocab_rows(torch.bfloat16)
+        return _stream_rows(stream, out.flatten(0, 1), rows, None).unflatten(0, (n, depth)), ids
+
+    def _packed_heads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every head's matrix stacked, (heads * hidden, width) bf16, and their biases (heads * hidden,) float32:
+        the first `depth` heads are the first depth * hidden rows."""
+        if self._packed is None:
+            blocks = list(self.heads.blocks)
+            weight = torch.cat([b.weight.detach() for b in blocks]).to(torch.bfloat16).contiguous()
+            self._packed = (weight, torch.cat([b.bias.detach() for b in blocks]).float().contiguous())
+        return self._packed
+
+    def _draft_vocab_rows(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(draft token ids (V',), their lm_head rows (V', hidden) in `dtype`), taken once per lm_head (a
         requantized model has another); None without a draft vocabulary or with an lm_head that has no
         plain weight matrix (a quantized one: the whole lm_head then ranks)."""
         vocab, lm_head = self.heads.draft_vocab, self.model.lm_head
         weight = getattr(lm_head, "weight", None)
         if vocab is None or not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
             return None
-        if self._draft_rows is None or self._draft_rows[0]() is not lm_head:
+        if self._draft_rows is None or self._draft_rows[0]() is not lm_head or self._draft_rows[2].dtype != dtype:
             ids = vocab.to(weight.device)
-            self._draft_rows = (weakref.ref(lm_head), ids, weight.detach()[ids].float().contiguous())
+            self._draft_rows = (weakref.ref(lm_head), ids, weight.detach()[ids].to(dtype).contiguous())
         return self._draft_rows[1], self._draft_rows[2]
+
+
+def _stream_rows(stream, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T (+ bias) through the native streaming kernel, STREAM_MAX_ROWS rows a call."""
+    return torch.cat([stream.stream_linear_bf16(part, weight, bias) for part in x.contiguous().split(STREAM_MAX_ROWS)])
