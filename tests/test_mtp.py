@@ -340,9 +340,11 @@ def test_training_with_too_few_answers_to_hold_out(tiny_llama):
     assert heads.num_heads == 2 and len(measured["test_top1_per_head"]) == 2
 
 
-def test_on_the_cpu_mtp_proposes_chains_and_verifies_them_in_the_fused_step(tiny_llama_hd64, tmp_path):
+@pytest.mark.parametrize("sequential", [False, True])
+def test_on_the_cpu_mtp_proposes_chains_and_verifies_them_in_the_fused_step(tiny_llama_hd64, tmp_path, sequential):
     """bf16 on the CPU: each request's drafts are its heads' top-1 chain (at every depth, also near the
-    end of an answer), the verify runs take the fused native step, and greedy output is plain decoding's."""
+    end of an answer), the verify runs take the fused native step, and greedy output is plain decoding's
+    (with independent heads and with sequential ones)."""
     from engine.runner.fused import PATH_FUSED
 
     def engine(**kw):
@@ -352,11 +354,14 @@ def test_on_the_cpu_mtp_proposes_chains_and_verifies_them_in_the_fused_step(tiny
     plain = base.generate(PROMPTS, GREEDY)
     hidden = base.model_config.hidden_size
     torch.manual_seed(4)
-    heads = MtpHeads(hidden, 3)
+    heads = MtpHeads(hidden, 3, sequential=sequential)
     for b in heads.blocks:
         torch.nn.init.normal_(b.weight, std=0.2)
-    save_heads(heads, tmp_path / "heads.safetensors", {"model": "tiny"})
+    if sequential:  # with a draft vocabulary: the streamed proposal path where the kernels are built
+        heads.draft_vocab = torch.arange(0, base.model_config.vocab_size, 2)
+    save_heads(heads, tmp_path / "heads.safetensors", {"model": "tiny", "sequential": sequential})
     eng = engine(spec_method="mtp", num_speculative_tokens=3, mtp_heads=str(tmp_path / "heads.safetensors"))
+    assert eng.spec.proposer.heads.sequential == sequential
     seen = []
     execute = eng.runner.execute
 
@@ -397,3 +402,110 @@ def test_proposals_run_the_lm_head_on_few_2d_rows_as_decode_does():
     with torch.inference_mode():
         ref = torch.nn.functional.linear(heads(h, model.embed_tokens(torch.tensor(last)), 3), model.lm_head.weight)
     assert [tokens for tokens, _ in got] == ref.argmax(-1).tolist()
+
+
+def test_the_model_writes_openings_of_its_own_and_the_heads_train_on_their_greedy_continuations(tiny_llama):
+    """train-mtp --self-prompts: openings sampled from the start-of-text token (each its own seed, so they
+    differ), continued greedily as far as asked whatever the model would stop at; only the continuation
+    is an answer (its positions are the training examples)."""
+    from engine.spec.mtp_train import OPENING_TOKENS, self_prompted, training_data
+
+    eng = make(tiny_llama)
+    messages = []
+    seqs = self_prompted(eng, 4, max_tokens=10, progress=lambda m, f: messages.append(m))
+    assert any(m.endswith("4 of 4 openings of its own") for m in messages)  # a long writing shows progress
+    assert messages[-1].endswith("4 of 4 continuations of its openings")
+    start = eng.tokenizer.bos_token_id if eng.tokenizer.bos_token_id is not None else eng.tokenizer.eos_token_id
+    assert len(seqs) == 4 and len({tuple(ids[:n]) for ids, n in seqs}) == 4
+    for ids, n in seqs:
+        assert ids[0] == start and n == 1 + OPENING_TOKENS and len(ids) == n + 10
+        again = eng.generate([ids[:n]], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))[0]
+        assert list(again.token_ids) == ids[n:]  # the continuation is the greedy one
+    data = training_data(eng, 2, [[8, 9, 10]], max_tokens=6, self_prompts=4)
+    # the chat answer (ignore_eos is off: it may stop short) and four self-written ones of 6, split by answer
+    assert 4 * 6 < sum(len(part[0]) for part in data.values()) <= 6 + 4 * 6
+
+
+def test_the_draft_vocabulary_keeps_the_most_frequent_tokens_when_capped():
+    from engine.spec.mtp_train import IGNORE, shortlist
+
+    nxt = torch.tensor([5, 5, 5, 9, 9, 2, 7])
+    labels = torch.tensor([[5, 9], [2, IGNORE], [7, 7], [7, 1]])
+    vocab, mapped = shortlist(nxt, labels, 20, max_size=3)
+    assert vocab.tolist() == [5, 7, 9]  # counts 5:4, 7:4, 9:3, 2:2, 1:1; sorted ids
+    assert mapped.tolist() == [[0, 2], [IGNORE, IGNORE], [1, 1], [1, IGNORE]]
+    assert shortlist(nxt, labels, 20, max_size=None)[0].tolist() == [1, 2, 5, 7, 9]
+
+
+def test_sequential_heads_learn_what_follows_the_token_before_theirs(tmp_path):
+    """Token t+3 follows from token t+2, which h_t does not tell: an independent head 2 cannot learn it,
+    a sequential one (reading token t+2, teacher-forced in training) does; saved and loaded as such."""
+    from engine.spec.mtp_train import accuracy, train_heads
+
+    torch.manual_seed(0)
+    hidden, vocab, n = 16, 40, 1200
+    weights = (torch.randn(vocab, hidden), torch.randn(vocab, hidden))
+    h, nxt = torch.randn(n, hidden), torch.randint(0, vocab, (n,))
+    second = torch.randint(0, 10, (n,))  # token t+2: chance from what head 1 reads
+    labels = torch.stack([second, (second * 3 + 1) % vocab], 1)  # token t+3: a function of t+2
+    val = (h[:200], nxt[:200], labels[:200])
+    accs = {}
+    for sequential in (False, True):
+        heads = train_heads(h[200:], nxt[200:], labels[200:], weights, 2, epochs=40, lr=3e-2, val=val,
+                            patience=3, sequential=sequential)
+        accs[sequential] = accuracy(heads, weights, *val)
+    assert accs[False][1] < 0.3 and accs[True][1] > 0.9, accs
+    save_heads(heads, tmp_path / "seq.safetensors", {"sequential": True})
+    loaded, _ = load_heads(tmp_path / "seq.safetensors", hidden)
+    assert loaded.sequential and accuracy(loaded, weights, *val) == accs[True]
+    with pytest.raises(ValueError, match="use_token"):
+        MtpHeads(hidden, 2, use_token=False, sequential=True)
+
+
+def test_a_sequential_proposal_feeds_each_head_the_draft_before_it():
+    """Proposing, head k reads the token head k-1 drafted (its top-1): the chain is what the heads give
+    when handed those tokens as `before`."""
+    from engine.spec.mtp import MtpProposer
+
+    torch.manual_seed(3)
+    hidden, vocab = 16, 30
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(vocab, hidden)
+    model.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+    heads = MtpHeads(hidden, 3, sequential=True)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.weight, std=0.5)
+    prop = MtpProposer(heads, model, (1, 1, 1))
+    h, last = torch.randn(2, hidden), [4, 17]
+    chains = prop.propose_batch(h, [3, 3], last_tokens=last, chain=True)
+    with torch.no_grad():
+        for i, (tokens, _) in enumerate(chains):
+            before = model.embed_tokens(torch.tensor([tokens[:2]]))
+            out = heads(h[i : i + 1], model.embed_tokens(torch.tensor([last[i]])), before=before)
+            assert model.lm_head(out)[0].argmax(-1).tolist() == tokens
+
+
+def test_the_written_text_is_kept_and_reused_only_when_written_the_same_way(tmp_path):
+    from engine.spec.mtp_train import written_text
+
+    path, calls, lines = tmp_path / "text.json", [], []
+    answers = [([1, 2, 3, 4], 2), ([5, 6, 7], 1)]
+
+    def write():
+        calls.append(1)
+        return answers
+
+    made = {"model": "m", "max_tokens": 8, "seed": 0}
+    assert written_text(path, made, write) == answers and len(calls) == 1
+    assert written_text(path, made, write, lambda m, f: lines.append(m)) == answers and len(calls) == 1
+    assert "reusing the 2 answers" in lines[-1]
+    assert written_text(path, dict(made, seed=1), write, lambda m, f: lines.append(m)) == answers
+    assert len(calls) == 2 and "other settings" in lines[-1]
+    path.write_text('{"made": ', encoding="utf-8")  # a file cut short (or lying) is written again, not trusted
+    assert written_text(path, made, write, lambda m, f: lines.append(m)) == answers
+    assert len(calls) == 3 and "could not be read" in lines[-1]
+    path.write_text('{"made": {"model": "m", "max_tokens": 8, "seed": 0}, "answers": [["x", 1]]}', encoding="utf-8")
+    assert written_text(path, made, write, lambda m, f: lines.append(m)) == answers and len(calls) == 4
+    path.write_text('{"made": {"model": "m", "max_tokens": 8, "seed": 0}, "answers": [[[1, 99], 1]]}', encoding="utf-8")
+    assert written_text(path, made, write, lambda m, f: lines.append(m), vocab_size=50) == answers
+    assert len(calls) == 5 and "out of range" in lines[-1]

@@ -5,6 +5,9 @@
    the heads must learn to foresee is the text this model writes. With `continuations` (the default) it
    also continues each instruction as plain text, greedily, past where it would stop: the talk's
    workloads are plain text continued that way (their held-out accuracy: 32 -> 38 % for head 1).
+   With `self_prompts` N it also writes N openings of its own (a few tokens sampled at temperature 1 from
+   the start of a text, so they wander over whatever the model knows: fiction, code, recipes, …) and
+   continues each greedily: as much text of its own kind as there is time to write, on no one's prompts.
 2. One forward pass per answer gives the final hidden state h_t at every position.
 3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head, the softmax
    over the tokens the answers use), on the answer positions only. The answers are split 80/10/10:
@@ -15,6 +18,7 @@ CPU; writing the answers is most of the time.
 """
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +33,10 @@ from engine.spec.mtp import MtpHeads, heads_path, save_heads
 PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "mtp_prompts.txt"
 IGNORE = -100
 
-Progress = Callable[[str, float], None]
+Progress = Callable[[str, float | None], None]
+OPENING_TOKENS = 24  # tokens of a self-written opening (self_prompted)
+# at most this many draft tokens (the answers' most frequent): ranking them is most of a proposal's cost
+DRAFT_VOCAB_MAX = 4096
 RANK = None  # the heads' rank by default (None: full matrices); chosen by held-out accuracy, see README
 WEIGHT_DECAY = 0.0
 
@@ -39,7 +46,28 @@ def default_prompts() -> list[str]:
     return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
 
 
-def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int) -> list[tuple[list[int], int]]:
+def written(engine, prompts: Sequence[list[int]], params, progress: Progress | None = None,
+            what: str = "answers") -> list:
+    """engine.generate, with a progress line each time answers finish ("written: 37 of 256 answers")."""
+    if progress is None:
+        return engine.generate(prompts, params)
+    done = [0]
+
+    def on_step(event) -> None:
+        finished = sum(1 for out in event.outputs if out.finished)
+        if finished:
+            done[0] += finished
+            progress(f"the model writes its training text: {done[0]} of {len(prompts)} {what}", None)
+
+    engine.add_listener(on_step)
+    try:
+        return engine.generate(prompts, params)
+    finally:
+        engine.remove_listener(on_step)
+
+
+def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int,
+                 progress: Progress | None = None) -> list[tuple[list[int], int]]:
     """(prompt + answer token ids, prompt length) for each prompt, answered by the engine itself."""
     tok = engine.tokenizer
     ids = []
@@ -50,26 +78,49 @@ def self_distill(engine, prompts: Sequence[str | list[int]], max_tokens: int) ->
     # Mostly greedy (what the heads will be asked to foresee), every fourth answer sampled for variety.
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.7 if i % 4 == 3 else 0.0, seed=i)
               for i in range(len(ids))]
-    outs = engine.generate(ids, params)
+    outs = written(engine, ids, params, progress, "chat answers")
     return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]
 
 
-def continue_plainly(engine, prompts: Sequence[str], max_tokens: int) -> list[tuple[list[int], int]]:
+def continue_plainly(engine, prompts: Sequence[str], max_tokens: int,
+                     progress: Progress | None = None) -> list[tuple[list[int], int]]:
     """(prompt + continuation token ids, prompt length): the prompts as plain text, no chat template,
     continued greedily for max_tokens whatever the model would stop at - the kind of text the talk's
     workloads have the model write (windows of plain text continued with ignore_eos)."""
     ids = [engine.tokenizer.encode(p) for p in prompts]
-    outs = engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    outs = written(engine, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), progress,
+                   "plain continuations")
     return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]
 
 
-def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
-                      num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def self_prompted(engine, count: int, max_tokens: int, opening_tokens: int = OPENING_TOKENS,
+                  seed: int = 0, progress: Progress | None = None) -> list[tuple[list[int], int]]:
+    """(opening + continuation token ids, opening length) for `count` openings the model writes itself:
+    `opening_tokens` sampled at temperature 1 after the start-of-text token (a seed each), then continued
+    greedily for max_tokens with ignore_eos. Only the greedy continuation is trained on (the opening is
+    the prompt): it is what a verify checks the heads against."""
+    tok = engine.tokenizer
+    start = [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id]
+    if start[0] is None:
+        raise ValueError("self-written openings need a start-of-text (or end-of-text) token; this tokenizer has none")
+    openings = written(engine, [start] * count, [SamplingParams(max_tokens=opening_tokens, temperature=1.0,
+                                                                 seed=seed * 1_000_003 + i) for i in range(count)],
+                       progress, "openings of its own")
+    ids = [start + list(o.token_ids) for o in openings]
+    outs = written(engine, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), progress,
+                   "continuations of its openings")
+    return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]
+
+
+def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]], num_heads: int,
+                      progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, hidden) float32 at every answer position t (from the last prompt token on), the token
     t+1 that h_t produced (N,), and labels (N, heads): token t+1+k for head k (1-based), IGNORE past
     the end. All three on the device the hidden states come from (the engine's): the heads train there."""
     hs, nexts, labels = [], [], []
-    for ids, n_prompt in seqs:
+    for i, (ids, n_prompt) in enumerate(seqs):
+        if progress is not None and i % 32 == 0:
+            progress(f"reading the hidden states: {i} of {len(seqs)} answers", None)
         h = engine.hidden_states(ids).float()
         t = torch.arange(n_prompt - 1, len(ids) - 1, device=h.device)
         lab = torch.full((len(t), num_heads), IGNORE, dtype=torch.long, device=h.device)
@@ -86,22 +137,35 @@ def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]],
 def head_loss(heads: MtpHeads, weights: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, nxt: torch.Tensor,
               labels: torch.Tensor, vocab: torch.Tensor | None = None):
     """(mean cross-entropy, per-head top-1 hits, per-head counted positions). weights: (lm_head, embedding
-    table), 16-bit originals as float32. vocab: the softmax over these token ids only (labels already
-    mapped to their rows), a shortlist that makes training several times cheaper; None: every token."""
+    table), 16-bit originals as float32. labels: token ids (N, heads). vocab: the softmax over these token
+    ids only (the labels mapped to their rows; one outside is not counted), a shortlist that makes training
+    several times cheaper; None: every token. Sequential heads read the true tokens before theirs
+    (teacher forcing: a chain's head k only counts when the drafts before it were those tokens)."""
     lm_weight, emb_weight = weights
+    before = None
+    if heads.sequential:  # head k (k >= 2) reads token t+k: the label of head k - 1
+        before = emb_weight[labels[:, :-1].clamp(min=0)]
+    target = labels
     if vocab is not None:
         lm_weight = lm_weight[vocab]
-    logits = heads(h, emb_weight[nxt] if heads.use_token else None) @ lm_weight.t()  # (n, heads, vocab)
+        target = shortlist_labels(labels, vocab, emb_weight.shape[0])
+    logits = heads(h, emb_weight[nxt] if heads.use_token else None, before=before) @ lm_weight.t()  # (n, heads, V)
+    labels = target
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     valid = labels != IGNORE
     hits = ((logits.argmax(-1) == labels) & valid).sum(0)
     return loss, hits, valid.sum(0)
 
 
-def shortlist(nxt: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the token ids the training answers use, labels mapped to their rows in it): the heads learn to
-    rank these; a token never written in the answers keeps the lm_head's own score for it."""
-    seen = torch.cat([nxt, labels[labels != IGNORE]]).unique()
+def shortlist(nxt: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+              max_size: int | None = DRAFT_VOCAB_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the token ids the training answers use, the `max_size` most frequent of them, sorted; labels
+    mapped to their rows in it): the heads learn to rank these and serving drafts only these. A label
+    outside is not counted; a token never drafted is still what the verify may emit. (head_loss maps
+    the labels itself: it is handed token ids.)"""
+    seen, counts = torch.cat([nxt, labels[labels != IGNORE]]).unique(return_counts=True)
+    if max_size is not None and len(seen) > max_size:
+        seen = seen[counts.argsort(descending=True, stable=True)[:max_size]].sort().values
     return seen, shortlist_labels(labels, seen, vocab_size)
 
 
@@ -109,18 +173,14 @@ def train_heads(h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor, weight
                 num_heads: int, *, epochs: int = 3, batch: int = 256, lr: float = 1e-3, seed: int = 0,
                 use_token: bool = True, rank: int | None = None, weight_decay: float = 0.0,
                 val: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, patience: int = 1,
-                full_vocab: bool = False, progress: Progress | None = None) -> MtpHeads:
+                full_vocab: bool = False, sequential: bool = False, progress: Progress | None = None) -> MtpHeads:
     """AdamW on the heads, `epochs` passes at most. With `val`, the held-out loss is measured after each
     epoch and training stops once it has not improved for `patience` epochs; the best epoch's heads are
     returned (early stopping). Unless `full_vocab`, the softmax runs over the answers' tokens only."""
     torch.manual_seed(seed)
-    heads = MtpHeads(h.shape[1], num_heads, use_token, rank).to(h.device)  # where the hidden states are
+    heads = MtpHeads(h.shape[1], num_heads, use_token, rank, sequential).to(h.device)  # where the hidden states are
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
-    vocab = None
-    if not full_vocab:
-        vocab, labels = shortlist(nxt, labels, weights[0].shape[0])
-        if val is not None:
-            val = (val[0], val[1], shortlist_labels(val[2], vocab, weights[0].shape[0]))
+    vocab = None if full_vocab else shortlist(nxt, labels, weights[0].shape[0])[0]
     steps = epochs * -(-len(h) // batch)
     done, best, best_state, waited = 0, float("inf"), None, 0
     for epoch in range(epochs):
@@ -163,7 +223,7 @@ def shortlist_labels(labels: torch.Tensor, vocab: torch.Tensor, vocab_size: int)
 def evaluate(heads: MtpHeads, weights, h: torch.Tensor, nxt: torch.Tensor, labels: torch.Tensor,
              vocab: torch.Tensor | None = None) -> tuple[float, list[float]]:
     """(mean cross-entropy over the counted positions, top-1 per head), in chunks of 512 positions; over
-    the shortlist `vocab` (labels mapped to it) or, None, the whole vocabulary (what serving ranks)."""
+    the shortlist `vocab` or, None, the whole vocabulary (what serving ranks). labels: token ids."""
     total = 0.0
     hits = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
     count = torch.zeros(heads.num_heads, dtype=torch.long, device=h.device)
@@ -199,13 +259,55 @@ def split_answers(seqs: list, seed: int = 0) -> dict[str, list]:
 
 
 def training_data(engine, num_heads: int, prompts: Sequence[str | list[int]], max_tokens: int,
-                  seed: int = 0, continuations: bool = False) -> dict:
+                  seed: int = 0, continuations: bool = False, self_prompts: int = 0,
+                  progress: Progress | None = None, text: str | Path | None = None) -> dict:
     """The self-distilled examples: train, val and test (h, next token, labels), split by answer.
-    `continuations`: also the model's plain continuations of the text prompts (continue_plainly)."""
-    seqs = self_distill(engine, prompts, max_tokens)
-    if continuations:
-        seqs += continue_plainly(engine, [p for p in prompts if isinstance(p, str)], max_tokens)
-    return {name: hidden_and_labels(engine, part, num_heads) for name, part in split_answers(seqs, seed).items()}
+    `continuations`: also the model's plain continuations of the text prompts (continue_plainly);
+    `self_prompts`: also that many openings the model writes itself, continued (self_prompted)."""
+    def write() -> list[tuple[list[int], int]]:
+        seqs = self_distill(engine, prompts, max_tokens, progress)
+        if continuations:
+            seqs += continue_plainly(engine, [p for p in prompts if isinstance(p, str)], max_tokens, progress)
+        if self_prompts:
+            seqs += self_prompted(engine, self_prompts, max_tokens, seed=seed, progress=progress)
+        return seqs
+
+    made = dict(model=str(engine.model_path), prompts=[p if isinstance(p, str) else list(p) for p in prompts],
+                max_tokens=max_tokens, seed=seed, continuations=continuations, self_prompts=self_prompts)
+    seqs = written_text(Path(text), made, write, progress, engine.model_config.vocab_size) if text else write()
+    return {name: hidden_and_labels(engine, part, num_heads, progress)
+            for name, part in split_answers(seqs, seed).items()}
+
+
+def written_text(path: Path, made: dict, write: Callable[[], list], progress: Progress | None = None,
+                 vocab_size: int | None = None) -> list:
+    """The answers kept in `path` (JSON) when they were written the way `made` says (model, prompts, lengths,
+    seed), else `write()`'s, kept there: training again with other options (heads, rank, epochs) skips
+    the writing, most of train-mtp's time. A file that does not parse, or was written otherwise, is
+    written again, with a line saying why."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept.get("made") == made:
+            seqs = [(list(map(int, ids)), int(n)) for ids, n in kept["answers"]]
+            if any(not 0 < n <= len(ids) for ids, n in seqs) or (
+                    vocab_size and any(not 0 <= t < vocab_size for ids, _ in seqs for t in ids)):
+                raise ValueError("it holds answers this model cannot have written (token ids or lengths out of range)")
+            if progress is not None:
+                progress(f"reusing the {len(seqs)} answers kept in {path}", None)
+            return seqs
+        why = "they were written with other settings"
+    except FileNotFoundError:
+        why = None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        why = f"it could not be read ({type(exc).__name__}: {exc})"
+    if why and progress is not None:
+        progress(f"writing the answers again: {path} holds none to reuse, {why}", None)
+    seqs = write()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"made": made, "answers": seqs}), encoding="utf-8")
+    tmp.replace(path)
+    return seqs
 
 
 def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +317,8 @@ def original_weights(engine) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, seed: int = 0,
               use_token: bool = True, rank: int | None = None, weight_decay: float = 0.0, patience: int = 1,
-              full_vocab: bool = False, progress: Progress | None = None) -> tuple[MtpHeads, dict]:
+              full_vocab: bool = False, sequential: bool = False,
+              progress: Progress | None = None) -> tuple[MtpHeads, dict]:
     """Train (early stopping on "val"), then measure top-1 accuracy per head on the held-out answers
     ("test", untouched by training; "val" too) and on a sample of the training ones, against untrained heads."""
     train, val = data["train"], data["val"]
@@ -223,8 +326,8 @@ def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, se
     weights = tuple(w.to(train[0].device) for w in weights)  # the host's 16-bit originals join the states
     heads = train_heads(*train, weights, num_heads, epochs=epochs, lr=lr, seed=seed, use_token=use_token, rank=rank,
                         weight_decay=weight_decay, val=val, patience=patience, full_vocab=full_vocab,
-                        progress=progress)
-    untrained = MtpHeads(train[0].shape[1], num_heads, use_token).to(train[0].device)
+                        sequential=sequential, progress=progress)
+    untrained = MtpHeads(train[0].shape[1], num_heads, use_token, sequential=sequential).to(train[0].device)
     sample = tuple(t[:4096] for t in train)  # how well the heads fit what they saw
 
     def pct(hs, split):
@@ -239,22 +342,25 @@ def fit_heads(data: dict, weights, num_heads: int, *, epochs: int, lr: float, se
 def train_mtp(engine, *, num_heads: int = 3, prompts: Sequence[str | list[int]] | None = None,
               max_tokens: int = 128, epochs: int = 8, lr: float = 3e-3, rank: int | None = RANK,
               weight_decay: float = WEIGHT_DECAY, patience: int = 1, out: str | Path | None = None,
-              seed: int = 0, use_token: bool = True, continuations: bool = True,
-              progress: Progress | None = None) -> dict:
+              seed: int = 0, use_token: bool = True, continuations: bool = True, self_prompts: int = 0,
+              sequential: bool = False, text: str | Path | None = None, progress: Progress | None = None) -> dict:
     """Generate, extract, train (early stopping on held-out answers), measure, save. Returns a report
-    (also stored in the file's metadata)."""
+    (also stored in the file's metadata). `text`: a file that keeps the written answers (written_text)."""
     report = progress or (lambda message, fraction: None)
     t0 = time.perf_counter()
     prompts = list(prompts or default_prompts())
-    report(f"the model answers {len(prompts)} prompts itself, then its hidden states are read…", 0.0)
-    data = training_data(engine, num_heads, prompts, max_tokens, seed, continuations)
+    extra = f" and continues {self_prompts} openings of its own" if self_prompts else ""
+    report(f"the model answers {len(prompts)} prompts itself{extra}, then its hidden states are read…", 0.0)
+    data = training_data(engine, num_heads, prompts, max_tokens, seed, continuations, self_prompts, report, text)
     t1 = time.perf_counter()
     heads, measured = fit_heads(data, original_weights(engine), num_heads, epochs=epochs, lr=lr, seed=seed,
                                 use_token=use_token, rank=rank, weight_decay=weight_decay, patience=patience,
-                                progress=report)
+                                sequential=sequential, progress=report)
     path = Path(out) if out else heads_path(engine.model_path)
     meta = dict(model=str(engine.model_path), num_heads=num_heads, reads_last_token=use_token, rank=rank,
-                continuations=continuations, draft_vocab=None if heads.draft_vocab is None else len(heads.draft_vocab),
+                sequential=sequential,
+                continuations=continuations, self_prompts=self_prompts,
+                draft_vocab=None if heads.draft_vocab is None else len(heads.draft_vocab),
                 prompts=len(prompts), max_tokens=max_tokens, epochs=epochs, lr=lr, weight_decay=weight_decay,
                 patience=patience, **measured, data_seconds=round(t1 - t0, 1),
                 fit_seconds=round(time.perf_counter() - t1, 1), seconds=round(time.perf_counter() - t0, 1))
