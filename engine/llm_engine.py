@@ -38,7 +38,14 @@ from engine.perf.step_counter import StepCounter
 from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
-from engine.queries import EngineStats, engine_stats, fresh_hidden_states, generate, step_stats
+from engine.queries import (
+    EngineStats,
+    engine_stats,
+    fresh_hidden_states,
+    fresh_hidden_states_many,
+    generate,
+    step_stats,
+)
 from engine.runner.cpu_compute import compute_line, plan_compute
 from engine.runner.graphs import DecodeGraphs
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
@@ -542,6 +549,13 @@ class LLMEngine:
         with self._step_lock:
             return fresh_hidden_states(self.runner, self.block_manager, lambda: self.intake.next_id("__score-"),
                                        token_ids, self.max_model_len)
+
+    def hidden_states_many(self, texts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """hidden_states of several texts in one forward pass (faster on a CPU: larger products); as many
+        KV blocks as they need together must be free. Call between steps."""
+        with self._step_lock:
+            return fresh_hidden_states_many(self.runner, self.block_manager,
+                                            lambda: self.intake.next_id("__score-"), texts, self.max_model_len)
 
     def build_quantized(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
                         progress: Progress | None = None, embeddings: bool | None = None) -> dict:

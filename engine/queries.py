@@ -84,17 +84,31 @@ def fresh_hidden_states(runner: ModelRunner, block_manager: BlockManager, make_i
                         token_ids: Sequence[int], max_model_len: int) -> torch.Tensor:
     """The final (normed) hidden states (len(token_ids), hidden) of a text, computed in temporary KV
     blocks (never taken from or added to the prefix cache) held under a fresh id. Call between steps."""
-    ids = [int(t) for t in token_ids]
-    if not 0 < len(ids) <= max_model_len:
-        raise ValueError(f"score() takes 1 to {max_model_len} tokens, got {len(ids)}")
-    request_id = make_id()
-    if block_manager.allocate(request_id, ids, len(ids), use_prefix_cache=False) is None:
-        raise RuntimeError("not enough free KV blocks to score this text now")
+    return fresh_hidden_states_many(runner, block_manager, make_id, [token_ids], max_model_len)[0]
+
+
+def fresh_hidden_states_many(runner: ModelRunner, block_manager: BlockManager, make_id: Callable[[], str],
+                             texts: Sequence[Sequence[int]], max_model_len: int) -> list[torch.Tensor]:
+    """fresh_hidden_states for several texts in one forward pass (one prefill batch: larger products,
+    several times faster on a CPU than one text at a time); every text's blocks are given back."""
+    texts = [[int(t) for t in ids] for ids in texts]
+    for ids in texts:
+        if not 0 < len(ids) <= max_model_len:
+            raise ValueError(f"score() takes 1 to {max_model_len} tokens, got {len(ids)}")
+    held, batch = [], []
     try:
-        req = Request(request_id, ids, SamplingParams(max_tokens=1))
-        return runner.forward([ScheduledRequest(req, len(ids), StepKind.PREFILL)], block_manager)
+        for ids in texts:
+            request_id = make_id()
+            if block_manager.allocate(request_id, ids, len(ids), use_prefix_cache=False) is None:
+                raise RuntimeError("not enough free KV blocks to score this text now")
+            held.append(request_id)
+            batch.append(ScheduledRequest(Request(request_id, ids, SamplingParams(max_tokens=1)), len(ids),
+                                          StepKind.PREFILL))
+        hidden = runner.forward(batch, block_manager)
     finally:
-        block_manager.free(request_id)
+        for request_id in held:
+            block_manager.free(request_id)
+    return list(hidden.split([len(ids) for ids in texts]))
 
 
 def engine_stats(counters: EngineCounters, num_preemptions: int, num_rejected: int,

@@ -509,3 +509,26 @@ def test_the_written_text_is_kept_and_reused_only_when_written_the_same_way(tmp_
     path.write_text('{"made": {"model": "m", "max_tokens": 8, "seed": 0}, "answers": [[[1, 99], 1]]}', encoding="utf-8")
     assert written_text(path, made, write, lambda m, f: lines.append(m), vocab_size=50) == answers
     assert len(calls) == 5 and "out of range" in lines[-1]
+
+
+def test_hidden_states_of_several_texts_in_one_pass_are_each_texts_own(tiny_llama):
+    """hidden_states_many (train-mtp reads its answers a few at a time): each text's states as read alone,
+    and every KV block given back, also when the batch cannot get its blocks."""
+    from engine.spec.mtp_train import hidden_and_labels
+
+    eng = make(tiny_llama)
+    free = eng.block_manager.num_free_blocks
+    texts = [[8, 9, 10, 11, 12], list(range(30, 47)), [5]]
+    many = eng.hidden_states_many(texts)
+    for ids, h in zip(texts, many):
+        assert h.shape[0] == len(ids)
+        torch.testing.assert_close(h, eng.hidden_states(ids), rtol=1e-4, atol=1e-5)
+    assert eng.block_manager.num_free_blocks == free
+    with pytest.raises(RuntimeError, match="KV blocks"):
+        eng.hidden_states_many([list(range(40))] * 200)  # more than the cache holds: nothing kept
+    assert eng.block_manager.num_free_blocks == free
+    seqs = [(ids, 2) for ids in texts[:2]]
+    h, nxt, labels = hidden_and_labels(eng, seqs, 1)
+    assert h.shape[0] == len(nxt) == (5 - 2) + (17 - 2)  # from the last prompt token to the one before the end
+    alone = torch.cat([eng.hidden_states(ids)[1:-1] for ids in texts[:2]]).float()
+    torch.testing.assert_close(h, alone, rtol=1e-4, atol=1e-5)

@@ -112,16 +112,36 @@ def self_prompted(engine, count: int, max_tokens: int, opening_tokens: int = OPE
     return [(p + list(o.token_ids), len(p)) for p, o in zip(ids, outs)]
 
 
+HIDDEN_BATCH_TOKENS = 2048  # tokens of answers read in one forward pass (hidden_and_labels)
+
+
+def _hidden_batches(engine, seqs: Sequence[tuple[list[int], int]]):
+    """(index, answer, its hidden states) for every answer, read a few at a time in one forward pass
+    (up to HIDDEN_BATCH_TOKENS tokens): ~4x faster than one answer a pass on a 2-core CPU."""
+    start = 0
+    while start < len(seqs):
+        end, tokens = start, 0
+        while end < len(seqs) and (end == start or tokens + len(seqs[end][0]) <= HIDDEN_BATCH_TOKENS):
+            tokens += len(seqs[end][0])
+            end += 1
+        many = getattr(engine, "hidden_states_many", None)
+        part = [ids for ids, _ in seqs[start:end]]
+        states = many(part) if many is not None else [engine.hidden_states(ids) for ids in part]
+        for i, h in zip(range(start, end), states):
+            yield i, seqs[i], h
+        start = end
+
+
 def hidden_and_labels(engine, seqs: Sequence[tuple[list[int], int]], num_heads: int,
                       progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, hidden) float32 at every answer position t (from the last prompt token on), the token
     t+1 that h_t produced (N,), and labels (N, heads): token t+1+k for head k (1-based), IGNORE past
     the end. All three on the device the hidden states come from (the engine's): the heads train there."""
     hs, nexts, labels = [], [], []
-    for i, (ids, n_prompt) in enumerate(seqs):
+    for i, (ids, n_prompt), h in _hidden_batches(engine, seqs):
         if progress is not None and i % 32 == 0:
             progress(f"reading the hidden states: {i} of {len(seqs)} answers", None)
-        h = engine.hidden_states(ids).float()
+        h = h.float()
         t = torch.arange(n_prompt - 1, len(ids) - 1, device=h.device)
         lab = torch.full((len(t), num_heads), IGNORE, dtype=torch.long, device=h.device)
         ids_t = torch.tensor(ids, device=h.device)
