@@ -140,13 +140,20 @@ def test_train_mtp_saves_heads_the_engine_loads(tiny_llama, tmp_path):
     import sys
     from pathlib import Path
 
-    heads = tmp_path / "heads.safetensors"
-    run = subprocess.run([sys.executable, "-m", "app.cli", "train-mtp", "--model", str(tiny_llama), "--dtype",
-                          "float32", "--threads", "1", "--heads", "2", "--prompts", "3", "--max-tokens", "8",
-                          "--epochs", "1", "--out", str(heads)], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout)
+    heads, text = tmp_path / "heads.safetensors", tmp_path / "text.json"
+
+    def train(*extra):
+        run = subprocess.run([sys.executable, "-m", "app.cli", "train-mtp", "--model", str(tiny_llama), "--dtype",
+                              "float32", "--threads", "1", "--heads", "2", "--prompts", "3", "--max-tokens", "8",
+                              "--epochs", "1", "--out", str(heads), *extra], capture_output=True, text=True,
+                             timeout=300, cwd=Path(__file__).resolve().parents[1])
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout), run.stderr
+
+    report, _ = train("--self-prompts", "2", "--sequential", "--text", str(text))
+    assert report["sequential"] and report["self_prompts"] == 2 and text.is_file()
+    report, log = train("--self-prompts", "2", "--text", str(text))  # the kept text, independent heads this time
+    assert "reusing the" in log and not report["sequential"]
     assert report["num_heads"] == 2 and report["path"] == str(heads) and heads.is_file()
     plain = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32"))
     eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", spec_method="mtp",
@@ -154,3 +161,13 @@ def test_train_mtp_saves_heads_the_engine_loads(tiny_llama, tmp_path):
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     assert eng.proposer.name == "mtp"
     assert eng.generate([[5, 6, 7, 8]], params)[0].token_ids == plain.generate([[5, 6, 7, 8]], params)[0].token_ids
+
+
+@pytest.mark.parametrize("flag, value", [("--prompts", "-3"), ("--epochs", "0"), ("--heads", "9"), ("--lr", "nan"),
+                                         ("--self-prompts", "-1"), ("--max-tokens", "x")])
+def test_train_mtp_refuses_numbers_that_would_train_nothing_or_read_past_the_prompts(flag, value, capsys):
+    """A negative prompt count sliced the list from its end, and 0 epochs saved untrained heads after
+    minutes of writing: argparse refuses them at once, naming the flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["train-mtp", flag, value])
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err

@@ -8,10 +8,11 @@ import shlex
 
 from engine.knobs import KNOB
 from engine.quant_formats import QUANT_FORMATS, quant_format
+from engine.spec.draft_length import MAX_DRAFT
 
 SPEC_METHODS = ("ngram", "draft", "mtp")
 DEFAULT_DRAFT_TOKENS = 4  # --spec-method without --num-draft-tokens
-MAX_DRAFT_TOKENS = 8  # engine/spec/decoder.py's MAX_DRAFT (not imported: it pulls in torch)
+MAX_DRAFT_TOKENS = MAX_DRAFT  # the speculative decoder's limit (engine/spec/draft_length.py: no torch)
 
 
 def _quantized_bits() -> str:

@@ -24,11 +24,9 @@ from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import for_model
 from engine.runner.model_runner import ModelRunner, tree_depths
 from engine.spec.draft import DraftModel, DraftModelProposer, build_draft_model
-from engine.spec.draft_length import DraftLength
+from engine.spec.draft_length import MAX_DRAFT, DraftLength
 from engine.spec.mtp import MtpProposer, find_heads, heads_path, load_heads
 from engine.spec.verify import NgramProposer, chain_parents, decide_on_device, verify, verify_tree
-
-MAX_DRAFT = 8
 
 
 def verify_decisions(s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:

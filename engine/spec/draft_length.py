@@ -25,6 +25,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+MAX_DRAFT = 8  # draft tokens per request and step, at most (also the most MTP heads a model may have)
 COST_SAMPLES = 5  # a step shape's cost: the median of its latest this many times (one slow step - a
 # collection, another process - must not price a shape out for good)
 ACCEPT_DECAY = 0.98  # per verify: older acceptance counts fade, so the choice follows the text
