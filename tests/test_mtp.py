@@ -460,6 +460,8 @@ def test_sequential_heads_learn_what_follows_the_token_before_theirs(tmp_path):
     assert loaded.sequential and accuracy(loaded, weights, *val) == accs[True]
     with pytest.raises(ValueError, match="use_token"):
         MtpHeads(hidden, 2, use_token=False, sequential=True)
+    with pytest.raises(ValueError, match="before"):
+        loaded(h[:2], weights[1][nxt[:2]])
 
 
 def test_a_sequential_proposal_feeds_each_head_the_draft_before_it():

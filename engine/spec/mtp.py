@@ -77,6 +77,8 @@ class MtpHeads(nn.Module):
         if not self.sequential:
             x = torch.cat([hidden, token_emb], dim=-1) if self.use_token else hidden
             return torch.stack([hidden + F.silu(b(x)) for b in blocks], dim=1)
+        if before is None and len(blocks) > 1:
+            raise ValueError("sequential heads read the tokens before theirs: pass `before` (MtpProposer drafts them)")
         outs, z, emb = [], hidden, token_emb
         for k in range(len(blocks)):
             if k:
