@@ -6,9 +6,11 @@ token, and guesses token t+1+k:
     logits_k = lm_head(h_t + SiLU(W_k [h_t ; emb(x_{t+1})] + b_k))
 
 one residual block per head in front of the model's own (frozen, shared) lm_head, so a head costs
-2·hidden² weights instead of a vocabulary-sized matrix. W_k starts at zero: an untrained head repeats
-the model's next-token guess. (Plain Medusa heads, without the token, load too.) The heads are trained
-by `inferlab train-mtp` on text the model writes itself (engine/spec/mtp_train.py) and saved as safetensors.
+2·hidden² weights instead of a vocabulary-sized matrix. Sequential heads (`train-mtp --sequential`)
+chain instead: head k reads head k-1's output and the token head k-1 drafted (MtpHeads.step).
+W_k starts at zero: an untrained head repeats the model's next-token guess. (Plain Medusa heads, without
+the token, load too.) The heads are trained by `inferlab train-mtp` on text the model writes itself
+(engine/spec/mtp_train.py) and saved as safetensors.
 
 Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
 the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one

@@ -10,7 +10,8 @@
    continues each greedily: as much text of its own kind as there is time to write, on no one's prompts.
 2. One forward pass per answer gives the final hidden state h_t at every position.
 3. Head k learns to predict token t+1+k from h_t (cross-entropy through the frozen lm_head, the softmax
-   over the tokens the answers use), on the answer positions only. The answers are split 80/10/10:
+   over the tokens the answers use, at most DRAFT_VOCAB_MAX of them), on the answer positions only;
+   sequential heads also read the true tokens t+2 … t+k (teacher forcing). The answers are split 80/10/10:
    training stops once the loss on "val" stops improving (early stopping) and each head's top-1 accuracy
    is reported on "test", which training never saw.
 The heads are small (2·hidden² + hidden per head, or a low-rank product) and fit in a few minutes on the
