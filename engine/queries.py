@@ -89,8 +89,8 @@ def fresh_hidden_states(runner: ModelRunner, block_manager: BlockManager, make_i
 
 def fresh_hidden_states_many(runner: ModelRunner, block_manager: BlockManager, make_id: Callable[[], str],
                              texts: Sequence[Sequence[int]], max_model_len: int) -> list[torch.Tensor]:
-    """fresh_hidden_states for several texts in one forward pass (one prefill batch: larger products,
-    several times faster on a CPU than one text at a time); every text's blocks are given back."""
+    """fresh_hidden_states for several texts in one forward pass (one prefill batch: larger products, a
+    little faster on a CPU than one text at a time); every text's blocks are given back."""
     texts = [[int(t) for t in ids] for ids in texts]
     for ids in texts:
         if not 0 < len(ids) <= max_model_len:

@@ -427,14 +427,14 @@ def test_the_model_writes_openings_of_its_own_and_the_heads_train_on_their_greed
 
 
 def test_the_draft_vocabulary_keeps_the_most_frequent_tokens_when_capped():
-    from engine.spec.mtp_train import IGNORE, shortlist
+    from engine.spec.mtp_train import IGNORE, shortlist, shortlist_labels
 
     nxt = torch.tensor([5, 5, 5, 9, 9, 2, 7])
     labels = torch.tensor([[5, 9], [2, IGNORE], [7, 7], [7, 1]])
-    vocab, mapped = shortlist(nxt, labels, 20, max_size=3)
+    vocab = shortlist(nxt, labels, max_size=3)
     assert vocab.tolist() == [5, 7, 9]  # counts 5:4, 7:4, 9:3, 2:2, 1:1; sorted ids
-    assert mapped.tolist() == [[0, 2], [IGNORE, IGNORE], [1, 1], [1, IGNORE]]
-    assert shortlist(nxt, labels, 20, max_size=None)[0].tolist() == [1, 2, 5, 7, 9]
+    assert shortlist_labels(labels, vocab, 20).tolist() == [[0, 2], [IGNORE, IGNORE], [1, 1], [1, IGNORE]]
+    assert shortlist(nxt, labels, max_size=None).tolist() == [1, 2, 5, 7, 9]
 
 
 def test_sequential_heads_learn_what_follows_the_token_before_theirs(tmp_path):

@@ -13,7 +13,7 @@ drafts that are accepted often do. A fixed k can make speculation slower than pl
     E[tokens per request](k) = 1 + sum over i < k of P(the first i + 1 drafts are all accepted)
 
 k = 0 decodes plainly. A row count never measured is read off the line through the measured ones of as
-many requests (once there are two; before, it is taken to cost what the largest smaller one costs), and
+many requests (once there are two; before, it is taken to cost what a smaller measured one does), and
 one with no smaller one measured is tried at once (a step is never cheaper with more rows, so an
 unmeasured length that may pay gets tried, then its own measurement counts); a position
 never drafted is taken to be accepted as often as the one before it. Every `explore_every`-th choice
@@ -90,17 +90,16 @@ class DraftLength:
         so trying one costs two steps): on a CPU a step's cost grows about linearly with its rows."""
         if (requests, rows) in self.step_s:
             return self.step_s[(requests, rows)]
-        same = [(r, s) for (n, r), s in self.step_s.items() if n == requests]
-        smaller = [s for r, s in sorted(same) if r < rows]
+        same = {r: s for (n, r), s in self.step_s.items() if n == requests}
+        smaller = [s for r, s in same.items() if r < rows]
         if not smaller:
             return None
         if len(same) < 2:
             return max(smaller)
-        mean_r = sum(r for r, _ in same) / len(same)
-        mean_s = sum(s for _, s in same) / len(same)
-        spread = sum((r - mean_r) ** 2 for r, _ in same)
-        slope = max(0.0, sum((r - mean_r) * (s - mean_s) for r, s in same) / spread)
-        return max(max(smaller), mean_s + slope * (rows - mean_r))
+        slope, intercept = statistics.linear_regression(list(same), list(same.values()))
+        if slope < 0:  # never falling with rows: the mean cost
+            slope, intercept = 0.0, statistics.fmean(same.values())
+        return max(max(smaller), intercept + slope * rows)
 
     def choose(self, num_requests: int, max_k: int) -> int:
         """The draft length for a step in which `num_requests` requests decode, at most `max_k`."""

@@ -263,15 +263,14 @@ class MtpProposer:
         dtype = next(self.heads.parameters()).dtype
         z = hidden.float() if stream is not None else hidden.to(dtype)
         per_head, ids = [], None
+        weight, bias = self._packed_heads() if stream is not None else (None, None)
         for k in range(depth):
             emb = self.model.embed_tokens(tokens)
             if stream is not None:
-                weight, bias = self._packed_heads()
                 x = torch.cat([z.to(torch.bfloat16), emb.to(torch.bfloat16)], dim=-1)
                 z = z + F.silu(_stream_rows(stream, x, weight[k * size : (k + 1) * size],
                                             bias[k * size : (k + 1) * size]).float())
-                ids, rows = self._draft_vocab_rows(torch.bfloat16)
-                logits = _stream_rows(stream, z.to(torch.bfloat16), rows, None)
+                logits, ids = self._stream_rank(stream, z)
             else:
                 z = self.heads.step(k, z, emb.to(dtype))
                 logits, ids = self._rank(z, hidden.dtype)
@@ -297,9 +296,10 @@ class MtpProposer:
         """_logits through the native streaming kernel: every head in one product, then the draft
         vocabulary's rows in another, both over bf16 weights (at most STREAM_MAX_ROWS rows a call). On the
         CPU a proposal's cost is reading those weights: the float32 products read twice the bytes, and
-        one call per head (2 streams x 3 heads: 2.1 ms a proposal in float32, ~0.5 ms here). The heads'
-        sums are float32 as before; their weights are rounded to bf16, which may change a near-tied draft
-        (a draft is only a guess: the verify decides every token)."""
+        one call per head (in the engine, 2 streams, 1 thread: a proposal took 2.5 ms with one head before,
+        1.0-1.5 ms with three now, ~0.5 ms of it the two products). The heads' sums are float32 as before;
+        their weights are rounded to bf16, which may change a near-tied draft (a draft is only a guess: the
+        verify decides every token)."""
         n, size = hidden.shape
         weight, bias = self._packed_heads()
         x = hidden
@@ -307,9 +307,14 @@ class MtpProposer:
             emb = self.model.embed_tokens(torch.tensor(last_tokens, device=hidden.device))
             x = torch.cat([hidden, emb.to(torch.bfloat16)], dim=-1)
         y = _stream_rows(stream, x, weight[: depth * size], bias[: depth * size]).view(n, depth, size)
-        out = (hidden.float().unsqueeze(1) + F.silu(y.float())).to(torch.bfloat16)  # (n, depth, hidden)
-        ids, rows = self._draft_vocab_rows(torch.bfloat16)
-        return _stream_rows(stream, out.flatten(0, 1), rows, None).unflatten(0, (n, depth)), ids
+        out = hidden.float().unsqueeze(1) + F.silu(y.float())  # (n, depth, hidden)
+        logits, ids = self._stream_rank(stream, out.flatten(0, 1))
+        return logits.unflatten(0, (n, depth)), ids
+
+    def _stream_rank(self, stream, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """_rank through the native kernel: the draft vocabulary's bf16 rows against `rows` (m, hidden)."""
+        ids, weight = self._draft_vocab_rows(torch.bfloat16)
+        return _stream_rows(stream, rows.to(torch.bfloat16), weight, None), ids
 
     def _packed_heads(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every head's matrix stacked, (heads * hidden, width) bf16, and their biases (heads * hidden,) float32:
