@@ -72,6 +72,8 @@ def test_the_neon_body_passes_under_qemu(flags, tmp_path):
 def test_without_a_compiler_the_engine_runs_on_torchs_kernels(tmp_path, monkeypatch):
     """A compiler that fails (as on macOS without OpenMP): one warning line, no traceback, None; an
     engine then generates on torch's kernels."""
+    import torch._inductor.config  # noqa: F401  reads CXX once, at import: not the failing one set below
+
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setattr(kernels, "_source_digest", lambda: "nocompiler")  # a build no cache holds
     monkeypatch.setattr(kernels, "_BUILT", {})
