@@ -25,7 +25,7 @@ def close_to(y: torch.Tensor, exact: torch.Tensor) -> None:
     assert (y.float() - exact).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8])
 @pytest.mark.parametrize("n, k", [(96, 64), (37, 200), (130, 576)])
 def test_bf16_rows_match_the_exact_product(kernel, rows, n, k):
     g = torch.Generator().manual_seed(rows * 1000 + n)
