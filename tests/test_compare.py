@@ -220,6 +220,29 @@ def test_rates_as_multiples_of_a_measured_capacity(loaded, tiny_llama):
     assert len(rows[1]["requests"]) == cap["requests"]  # every planned request ran, at the scaled rate
 
 
+def test_named_rate_configs_keep_their_words_and_checks_find_them(loaded, tiny_llama):
+    """Named configurations at capacity multiples (the latency-budget chapter's plain and budget-aware
+    scheduler at the same rate): the label keeps the preset's words with the rate in requests/s after them,
+    and a check names the row by the preset's label."""
+    from app.talk.chapter_check import evaluate_checks
+
+    spec = parse_compare({
+        "title": "budget", "metrics": ["goodput_rps"], "engine": {"max_num_seqs": 2},
+        "workload": {"requests": 3, "arrival": "poisson", "rate_unit": "capacity", "output_tokens": [2, 4]},
+        "configs": [{"label": "2x", "rate": 2.0},
+                    {"label": "2x, told the budget", "rate": 2.0, "ttft_budget_ms": 50.0, "tpot_budget_ms": 10000.0}],
+        "checks": [{"claim": "c", "metric": "goodput_rps", "expect": "at_least", "config": "2x, told the budget",
+                    "value": 0.0}]})
+    result = run_comparison(spec, loaded, _base(tiny_llama), slo=SLO(0.05, 10.0))
+    rows = result["comparison"]
+    rps = result["capacity"]["capacity_rps"]
+    assert [r["spec_label"] for r in rows] == ["2x", "2x, told the budget"]
+    assert rows[1]["label"] == f"2x, told the budget ({2 * rps:.2g}/s)"
+    assert rows[1]["config"]["ttft_budget_ms"] == 50.0 and rows[0]["config"]["rate_per_s"] == pytest.approx(2 * rps)
+    [verdict] = evaluate_checks(spec.checks, result)
+    assert verdict["holds"] is True and "2x, told the budget" in verdict["figures"]
+
+
 def test_inter_token_gaps_are_per_answer_and_show_a_frozen_stream():
     """max_itl_ms: the longest wait between two steps that gave one answer tokens (the traffic-jam
     chapter's "nobody freezes"); a request's first token and other requests' tokens are not gaps."""

@@ -77,7 +77,7 @@ def _row(result: dict, label: str) -> dict | None:
     if label in POSITIONS:
         measured = _measured(result)
         return (measured[0] if label == "first" else measured[-1]) if measured else None
-    return next((r for r in result.get("comparison", []) if r["label"] == label), None)
+    return next((r for r in result.get("comparison", []) if label in (r["label"], r.get("spec_label"))), None)
 
 
 def _figure(result: dict, label: str, metric: str) -> float | None:

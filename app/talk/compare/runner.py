@@ -221,8 +221,12 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     metrics["warmup_s"] = warm
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
     if capacity is not None and "rate" in c.knobs:  # the rate knob counts in capacities: say it in requests/s too
-        entry["label"] = capacity_label(c.knobs["rate"], capacity)
-        entry["config"]["rate_per_s"] = c.knobs["rate"] * capacity.requests_per_s
+        rate_per_s = c.knobs["rate"] * capacity.requests_per_s
+        # a knob sweep's "rate = 2.0" becomes "2x capacity (4.9/s)"; a label the preset wrote keeps its words
+        swept = spec.knob == "rate" and c.label.startswith("rate = ")
+        entry["label"] = capacity_label(c.knobs["rate"], capacity) if swept else f"{label} ({rate_per_s:.2g}/s)"
+        entry["spec_label"] = c.label  # what the preset's checks name it by
+        entry["config"]["rate_per_s"] = rate_per_s
     if "p50_queue_ms" in spec.metrics:  # each request's time split, for the latency-budget chart
         entry["requests"] = request_split(rec)
     if note:
