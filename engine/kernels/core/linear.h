@@ -181,7 +181,8 @@ static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, c
 // accumulators of 16 registers), each row bit for bit its result alone; but 2 rows of x one at a time
 // (the second pass reads the weight row from L1): SmolLM2-135M's matrices, 1 thread, Zen 4, median of
 // 100 sweeps in both orders, 11.8 / 12.2 ms against 17.9 / 17.7 ms for the pair together (1 row: 9.9 ms),
-// while 3 and 4 rows ran 1.15x slower one at a time than with a pair. (A pair's products take just long
+// while 3 and 4 rows ran 1.15x slower one at a time than with a pair (and 1.15-1.2x slower with one row
+// first and the pair after it, from L1). (A pair's products take just long
 // enough per weight row for the hardware prefetcher to fall behind, as for 4 rows on the AVX-512 body.)
 // The verify of a one-token draft is 2 rows. More rows: bf16_block, on two weight rows at a time (each x
 // load serves two multiply-adds: the products are bound by loads, not by the memory stream), rows of x
