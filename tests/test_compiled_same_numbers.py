@@ -56,3 +56,25 @@ def test_the_compiled_attention_op_refuses_to_run_without_a_step():
     cache = torch.zeros(1, 4, 4)
     with pytest.raises(RuntimeError, match="outside a forward pass"):
         attention_op.paged_attend(q, q[:, :1], q[:, :1], cache, cache.clone(), 0.5)
+
+
+@pytest.mark.slow
+def test_one_compiled_graph_serves_one_to_eight_rows(tiny_llama_hd64):
+    """Decode steps of 3, 2 and 1 rows, then 1 again, run one compiled graph: the row count stays a symbol
+    (1 row is not specialised apart, a second compile as long as the first) and the norms' eps are constants
+    (traced as symbols they restarted the whole trace). Each compile cost ~half a minute on SmolLM2-135M."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=128, block_size=4,
+                                 max_num_seqs=4, fused_decode=False, compile=True))
+    if eng.model.lm_head.stream is None:
+        pytest.skip("no native kernel here: one row takes the compiled gemv, a graph of its own")
+    torch._dynamo.reset()
+    counters.clear()
+    restarts = len(compilation_time_metrics.get("compile_attempt_1", []))
+    prompts = [[(5 * i + j) % 90 + 5 for j in range(6)] for i in range(3)]
+    outs = eng.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (3, 6, 9)])
+    outs += eng.generate([[11, 40, 23]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [3, 6, 9, 4]
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert len(compilation_time_metrics.get("compile_attempt_1", [])) == restarts  # no trace restarted

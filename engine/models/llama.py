@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._dynamo.decorators import mark_unbacked
 
 from engine.models.layers.attention import AttentionMetadata
 from engine.models.layers.attention_op import STEP_METADATA, attend_paged, paged_attend
 from engine.models.layers.gemv import CompiledGemv
-from engine.models.layers.linear import PROMPT_ROWS, Linear, silu_and_mul
+from engine.models.layers.linear import PROMPT_ROWS, STREAM_MAX_ROWS, Linear, silu_and_mul
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
@@ -58,7 +59,11 @@ def compile_like_eager(fn):
     (inductor's emulate_precision_casts): without them a fused region kept fp32 intermediates, and on
     SmolLM2-135M greedy answers parted from eager's within 16-24 tokens in 2 of 4 requests. With them,
     RMSNorm's sum in float64 (engine/models/layers/norm.py) and the library GEMM an opaque call
-    (linear.library_linear), a compiled region computes the same bits as the eager layers."""
+    (linear.library_linear), a compiled region computes the same bits as the eager layers.
+    Python floats (each RMSNorm's eps) are traced as constants (dynamo's specialize_float, process-wide:
+    every region we compile holds only constant floats). Traced as symbols, they failed inductor's
+    tensorify pass, which restarted the whole trace: 21 of a cold compile's 77 s (SmolLM2-135M, 2 rows)."""
+    torch._dynamo.config.specialize_float = True
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 
@@ -135,6 +140,14 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
         if self._compiled_forward is None or PROMPT_ROWS.get():  # steps with prompt rows run eager: see set_compiled
             return self.layers_forward(input_ids, positions, kv_caches, md)
+        if input_ids.shape[0] <= STREAM_MAX_ROWS and self.lm_head.stream is not None:
+            # 1 to 8 rows, one graph: dynamo would specialise 1 row apart (a second compile of the whole
+            # region, as long as the first: 146 -> 55 s of a cold warm-up as AVX2 with the float fix,
+            # compile_like_eager). The rows' count stays a symbol known to lie in 1-8, so every Linear
+            # takes the streaming kernel without a guard; more rows compile a graph of their own. Not
+            # without the native kernel: there 1 row takes the compiled gemv, which needs the count.
+            mark_unbacked(input_ids, 0, min=1, max=STREAM_MAX_ROWS)
+            mark_unbacked(positions, 0, min=1, max=STREAM_MAX_ROWS)
         token = STEP_METADATA.set(md)  # what the attention op reads (the graph cannot take it)
         try:
             return self._compiled_forward(input_ids, positions, kv_caches, None)

@@ -15,6 +15,7 @@ rows keep it under compile=True.
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 def gemv_math(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,8 @@ class CompiledGemv:
 
 
 def wants_gemv(x: torch.Tensor) -> bool:
-    """A single 16-bit row on the CPU: where the compiled kernel beats the library."""
-    return x.dim() == 2 and x.shape[0] == 1 and x.device.type == "cpu" and x.dtype in (torch.bfloat16,
-                                                                                        torch.float16)
+    """A single 16-bit row on the CPU: where the compiled kernel beats the library. In a compiled region
+    whose row count is a symbol (1-8 rows in one graph, LlamaForCausalLM.forward) the answer is no: a
+    guard on it would split the graph again."""
+    return (x.dim() == 2 and guard_or_false(x.shape[0] == 1) and x.device.type == "cpu"
+            and x.dtype in (torch.bfloat16, torch.float16))
