@@ -264,3 +264,38 @@ def test_inter_token_gaps_are_per_answer_and_show_a_frozen_stream():
     m = run_metrics(rec, None, 6)
     assert m["max_itl_ms"] == pytest.approx(2100.0) and 2000.0 < m["p99_itl_ms"] <= 2100.0
     assert rec.last_token_at == {}  # finished answers are forgotten
+
+
+def test_rounds_run_the_configurations_in_turn_and_keep_each_figures_median(loaded, tiny_llama, monkeypatch):
+    """rounds = 3: the configurations run A B A B A B (the machine's drift falls on both alike), the first
+    round with the preset's warm-up and the later ones with the short one; each figure is the median of
+    its rounds (all kept in `by_round`), warmup_s the first round's. rounds = 1 keeps the old fingerprint."""
+    import statistics
+
+    from app.talk.compare import runner
+
+    order, warmups = [], []
+    real_run_one, real_warm_up = runner._run_one, runner._warm_up
+    monkeypatch.setattr(runner, "_run_one",
+                        lambda spec, c, *a, **k: order.append(c.label) or real_run_one(spec, c, *a, **k))
+    monkeypatch.setattr(runner, "_warm_up", lambda engine, spec, *a: warmups.append(spec.workload.warmup)
+                        or real_warm_up(engine, spec, *a))
+    over = {"values": [1, 2], "workload": {"requests": 3, "prompt_tokens": [8, 12], "output_tokens": [3, 5],
+                                           "warmup": "workload"}}
+    once = parse_compare(_spec(**over))
+    spec = parse_compare(_spec(**{**over, "workload": {**over["workload"], "rounds": 3}}))
+    assert spec.workload.rounds == 3 and once.workload.rounds == 1
+    assert once.fingerprint() == parse_compare(_spec(**over)).fingerprint() != spec.fingerprint()
+    progress = []
+    result = run_comparison(spec, loaded, _base(tiny_llama), progress=lambda t, f: progress.append((t, f)))
+    assert order == ["max_num_seqs = 1", "max_num_seqs = 2"] * 3
+    assert warmups == ["workload", "workload", "short", "short", "short", "short"]
+    assert result["rounds"] == 3 and any("round 3/3" in t for t, _ in progress)
+    assert [f for _, f in progress] == sorted(f for _, f in progress)
+    for row in result["comparison"]:
+        rounds = row["by_round"]
+        assert len(rounds["tokens_per_s"]) == 3
+        assert row["metrics"]["tokens_per_s"] == statistics.median(rounds["tokens_per_s"])
+        assert rounds["same_output_as_first_pct"] == [100.0] * 3  # each round against its own first config
+    with pytest.raises(ValueError, match="rounds"):
+        parse_compare(_spec(workload={"rounds": 0}))

@@ -93,14 +93,17 @@ def ratio_text(value: float | None, first: float | None) -> str:
 
 
 def measured_line(result: dict) -> str:
-    """'measured 2026-11-30 15:40 UTC on Intel Xeon, 2 threads, torch 2.13' (date and machine of the run)."""
+    """'measured 2026-11-30 15:40 UTC on Intel Xeon, 2 threads, torch 2.13' (date and machine of the run;
+    ', medians of 3 rounds in turn' where the configurations ran alternately)."""
     when = str(result.get("measured_at", "?")).replace("T", " ")[:16]
     m = result.get("machine") or {}
     name = m.get("gpu") or m.get("cpu") or "unknown machine"
     suffix = " UTC" if str(result.get("measured_at", "")).endswith(("+00:00", "Z")) else ""
     threads = m.get("threads", "?")
     plural = "" if threads == 1 else "s"
-    return f"measured {when}{suffix} on {name}, {threads} thread{plural}, torch {m.get('torch', '?')}"
+    rounds = result.get("rounds")
+    medians = f", medians of {rounds} rounds in turn" if isinstance(rounds, int) and rounds > 1 else ""
+    return f"measured {when}{suffix} on {name}, {threads} thread{plural}, torch {m.get('torch', '?')}{medians}"
 
 
 def numeric_knob_values(result: dict) -> list[float] | None:

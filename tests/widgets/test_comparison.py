@@ -38,6 +38,8 @@ def test_values_ratios_and_provenance(show):
     assert panel.provenance.text() == "measured 2026-11-30 15:40 UTC on Test CPU 9000, 2 threads, torch 2.13.0"
     assert "computed, not run" in panel.notes.text()
     assert panel.bars.isVisible() and not panel.curve.isVisible()
+    panel.set_result(_result(rounds=3))  # the configurations ran in turn: the figures are medians
+    assert panel.provenance.text().endswith("torch 2.13.0, medians of 3 rounds in turn")
 
 
 def test_numeric_knob_with_more_than_two_values_is_a_curve(show):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -152,7 +153,6 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     corpus = loaded.tokenizer.encode(corpus_text(), add_special_tokens=False)
     probe = None  # measured once, on the device of the first engine
     engines, quality = _Engines(loaded, base), QualityMeter()
-    first_tokens, first_tag, last = None, "", None
     n = len(spec.configs)
     try:
         capacity = None
@@ -162,29 +162,43 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
             result["capacity"] = capacity.as_dict()
             spec = replace(spec, workload=replace(spec.workload, requests=capacity.requests))
         planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
-        for i, c in enumerate(spec.configs):
-            if cancelled():
-                raise Cancelled()
-            progress(f"{spec.title}: {c.label} ({i + 1}/{n})", i / n)
-            if c.mode == "contiguous":
-                result["comparison"].append(contiguous_reservation(c, last, spec.metrics))
-                continue
-            entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled, capacity)
-            if first_tokens is None:
-                first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
-            entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
-            if any(m in BANDWIDTH for m in spec.metrics):
-                probe = probe or probe_bandwidth(str(engine.device))
-                mem = engine.memory()  # one copy of the weights is read per step (packed or not)
-                weights_read = mem.weights_bytes - mem.packed_weights_bytes
-                entry["metrics"].update(bandwidth_metrics(last_rec, weights_read, probe))
-            if any(m in QUALITY for m in spec.metrics):
-                progress(f"{spec.title}: {c.label}: quality on held-out text", (i + 0.8) / n)
-                entry["metrics"].update(quality.measure(engine))
-            if c.mode == "continuous":  # what a computed counterfactual is computed from
-                last = (entry, last_rec, engine.max_model_len, engine.config.block_size, engine.memory().kv_block_bytes)
-            entry["metrics"] = _keep(entry["metrics"], spec.metrics)
-            result["comparison"].append(entry)
+        rounds = spec.workload.rounds
+        by_config: list[list[dict]] = [[] for _ in spec.configs]
+        for r in range(rounds):
+            first_tokens, first_tag, last = None, "", None
+            for i, c in enumerate(spec.configs):
+                if cancelled():
+                    raise Cancelled()
+                step = r * n + i
+                of_rounds = f", round {r + 1}/{rounds}" if rounds > 1 else ""
+                progress(f"{spec.title}: {c.label} ({i + 1}/{n}{of_rounds})", step / (n * rounds))
+                if c.mode == "contiguous":
+                    by_config[i].append(contiguous_reservation(c, last, spec.metrics))
+                    continue
+                # later rounds: the configuration's first-call costs (compiling) were paid in the first
+                entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled, capacity,
+                                                   warmup=None if r == 0 else "short")
+                if first_tokens is None:
+                    first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
+                entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
+                if any(m in BANDWIDTH for m in spec.metrics):
+                    probe = probe or probe_bandwidth(str(engine.device))
+                    mem = engine.memory()  # one copy of the weights is read per step (packed or not)
+                    weights_read = mem.weights_bytes - mem.packed_weights_bytes
+                    entry["metrics"].update(bandwidth_metrics(last_rec, weights_read, probe))
+                if r == 0 and any(m in QUALITY for m in spec.metrics):  # the weights', not the round's
+                    progress(f"{spec.title}: {c.label}: quality on held-out text", (step + 0.8) / (n * rounds))
+                    entry["metrics"].update(quality.measure(engine))
+                elif r > 0:
+                    entry["metrics"].update({m: v for m, v in by_config[i][0]["metrics"].items() if m in QUALITY})
+                if c.mode == "continuous":  # what a computed counterfactual is computed from
+                    last = (entry, last_rec, engine.max_model_len, engine.config.block_size,
+                            engine.memory().kv_block_bytes)
+                entry["metrics"] = _keep(entry["metrics"], spec.metrics)
+                by_config[i].append(entry)
+        result["comparison"] = [_median_of_rounds(entries) for entries in by_config]
+        if rounds > 1:
+            result["rounds"] = rounds
     finally:
         engines.close()
     progress(f"{spec.title}: done", 1.0)
@@ -198,7 +212,7 @@ def _capacity(spec: CompareSpec, engines: _Engines, corpus, slo, cancelled) -> C
 
 
 def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, slo, cancelled,
-             capacity: Capacity | None = None):
+             capacity: Capacity | None = None, warmup: str | None = None):
     cfg = _engine_config(engines.base, spec, c)
     label, note = c.label, None
     try:
@@ -212,6 +226,8 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     loras, random_ones = (), 0
     if c.knobs.get("adapters"):
         loras, random_ones = ensure_adapters(engine, int(c.knobs["adapters"]), engines.scratch())
+    if warmup is not None:
+        spec = replace(spec, workload=replace(spec.workload, warmup=warmup))
     warm = _warm_up(engine, spec, planned, corpus, cancelled, loras)
     per_unit = capacity.requests_per_s if capacity is not None else 1.0
     metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras, per_unit)
@@ -232,6 +248,26 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     if note:
         entry["note"] = note
     return entry, rec, engine
+
+
+def _median_of_rounds(entries: list[dict]) -> dict:
+    """One configuration's entry over its rounds: the last round's, each figure the median of the rounds
+    (`by_round` keeps them all), warmup_s the first round's (the one that paid the first-call costs)."""
+    if len(entries) == 1:
+        return entries[0]
+    out = dict(entries[-1])
+    metrics, by_round = {}, {}
+    for name in entries[-1]["metrics"]:
+        values = [e["metrics"][name] for e in entries if name in e["metrics"]]
+        if name == "warmup_s":
+            metrics[name] = entries[0]["metrics"].get(name, values[0])
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            metrics[name] = statistics.median(values)
+            by_round[name] = values
+        else:
+            metrics[name] = values[-1]
+    out["metrics"], out["by_round"] = metrics, by_round
+    return out
 
 
 def _keep(metrics: dict, names) -> dict:

@@ -11,7 +11,8 @@
     [compare.engine]      base engine knobs for every configuration (EngineConfig fields)
     [compare.workload]    requests, prompt_tokens, output_tokens, arrival = "all" | "poisson" | "burst",
                           rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup,
-                          rate_unit ("capacity": rates as multiples of a measured capacity)
+                          rate_unit ("capacity": rates as multiples of a measured capacity), rounds (the
+                          configurations run in turn this many times, each figure the median of its rounds)
     [[compare.configs]]   named configurations instead of knob/values: label, mode, and knob = value pairs
 
 A configuration's `mode` says how it runs: "continuous" (the engine's own scheduling), "static" (the next
@@ -63,6 +64,10 @@ class WorkloadSpec:
     warmup: str = "short"  # "short": one small request per engine; "workload": the whole workload once
     # "per_s": rates in requests/s; "capacity": multiples of the capacity measured first (app/talk/compare/capacity.py)
     rate_unit: str = "per_s"
+    # the configurations run in turn (A B C A B C ...) this many times and each figure is the median of its
+    # rounds: a shared machine's speed drifts by tens of per cent over a minute, and a lone run of each
+    # configuration puts that drift between them (app/talk/compare/runner.py)
+    rounds: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,8 @@ class CompareSpec:
         shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
         if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
             del shape["workload"]["rate_unit"]
+        if shape["workload"]["rounds"] == 1:  # likewise
+            del shape["workload"]["rounds"]
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -136,10 +143,11 @@ def _workload(d: dict) -> WorkloadSpec:
     for key, v in d.items():
         if key in ("prompt_tokens", "output_tokens", "burst_prompt_tokens"):
             out[key] = _range(t, key, v)
-        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed"):
-            lo = 1 if key == "requests" else 0
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > 4096:
-                raise _err(t, key, f"expected an integer in [{lo}, 4096]", v)
+        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed", "rounds"):
+            lo = 1 if key in ("requests", "rounds") else 0
+            hi = 9 if key == "rounds" else 4096
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > hi:
+                raise _err(t, key, f"expected an integer in [{lo}, {hi}]", v)
             out[key] = v
         elif key == "rate":
             out[key] = _knob_value(t, key, v)
