@@ -280,8 +280,8 @@ def test_rounds_run_the_configurations_in_turn_and_keep_each_figures_median(load
                         lambda spec, c, *a, **k: order.append(c.label) or real_run_one(spec, c, *a, **k))
     monkeypatch.setattr(runner, "_warm_up", lambda engine, spec, *a: warmups.append(spec.workload.warmup)
                         or real_warm_up(engine, spec, *a))
-    over = {"values": [1, 2], "workload": {"requests": 3, "prompt_tokens": [8, 12], "output_tokens": [3, 5],
-                                           "warmup": "workload"}}
+    over = {"values": [1, 2], "metrics": ["tokens_per_s", "same_output_as_first_pct", "perplexity"],
+            "workload": {"requests": 3, "prompt_tokens": [8, 12], "output_tokens": [3, 5], "warmup": "workload"}}
     once = parse_compare(_spec(**over))
     spec = parse_compare(_spec(**{**over, "workload": {**over["workload"], "rounds": 3}}))
     assert spec.workload.rounds == 3 and once.workload.rounds == 1
@@ -297,5 +297,6 @@ def test_rounds_run_the_configurations_in_turn_and_keep_each_figures_median(load
         assert len(rounds["tokens_per_s"]) == 3
         assert row["metrics"]["tokens_per_s"] == statistics.median(rounds["tokens_per_s"])
         assert rounds["same_output_as_first_pct"] == [100.0] * 3  # each round against its own first config
+        assert len(rounds["perplexity"]) == 1 and row["metrics"]["perplexity"] > 1  # the weights': measured once
     with pytest.raises(ValueError, match="rounds"):
         parse_compare(_spec(workload={"rounds": 0}))

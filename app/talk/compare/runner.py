@@ -4,8 +4,10 @@
 
 Each configuration runs on an engine of its own, built from the same loaded weights
 (`LLMEngine(cfg, loaded=loaded)`); consecutive configurations that differ only in run-time knobs share
-one engine through `reconfigure`. No live engine and none of its listeners is touched, so the live
-panels never see this load; the app runs the callable in its engine thread with the live load paused.
+one engine through `reconfigure`. With `rounds = N` the configurations run in turn N times (later rounds
+with the short warm-up) and each figure is the median of its rounds. No live engine and none of its
+listeners is touched, so the live panels never see this load; the app runs the callable in its engine
+thread with the live load paused.
 """
 from __future__ import annotations
 
@@ -186,11 +188,9 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                     mem = engine.memory()  # one copy of the weights is read per step (packed or not)
                     weights_read = mem.weights_bytes - mem.packed_weights_bytes
                     entry["metrics"].update(bandwidth_metrics(last_rec, weights_read, probe))
-                if r == 0 and any(m in QUALITY for m in spec.metrics):  # the weights', not the round's
+                if r == 0 and any(m in QUALITY for m in spec.metrics):  # the weights', not the round's: once
                     progress(f"{spec.title}: {c.label}: quality on held-out text", (step + 0.8) / (n * rounds))
                     entry["metrics"].update(quality.measure(engine))
-                elif r > 0:
-                    entry["metrics"].update({m: v for m, v in by_config[i][0]["metrics"].items() if m in QUALITY})
                 if c.mode == "continuous":  # what a computed counterfactual is computed from
                     last = (entry, last_rec, engine.max_model_len, engine.config.block_size,
                             engine.memory().kv_block_bytes)
@@ -257,7 +257,7 @@ def _median_of_rounds(entries: list[dict]) -> dict:
         return entries[0]
     out = dict(entries[-1])
     metrics, by_round = {}, {}
-    for name in entries[-1]["metrics"]:
+    for name in dict.fromkeys(k for e in entries for k in e["metrics"]):  # quality: the first round's only
         values = [e["metrics"][name] for e in entries if name in e["metrics"]]
         if name == "warmup_s":
             metrics[name] = entries[0]["metrics"].get(name, values[0])
