@@ -80,6 +80,44 @@ def test_likely_reasons_busy_machine_emulated_bf16_and_a_slow_cpu():
     assert quiet == []  # our own thread's load, native bf16, no arrival rate: nothing to blame
 
 
+def test_fewer_but_dearer_steps_are_named_when_the_faster_schedule_loses():
+    # continuous batching on a CPU whose 4-row step costs ~2.6x a 1-row one: a third fewer steps, no gain
+    measured = result({"static": {"tokens_per_s": 101.0, "steps": 173},
+                       "continuous": {"tokens_per_s": 93.0, "steps": 116}})
+    measured["checks"] = [evaluate_check(CONTINUOUS, measured)]
+    reasons = likely_reasons(measured, {})
+    assert reasons == ["fewer steps, dearer steps: continuous took 33 % fewer engine steps than static (116 vs 173) "
+                       "but each took 1.62x as long: on this CPU a step's time grows with the rows it carries "
+                       "(batched requests, drafted tokens)"]
+    # 101/93 x 173/116 = 1.62: wall per step, the requests' tokens being the same
+    held = result({"static": {"tokens_per_s": 90.0, "steps": 173}, "continuous": {"tokens_per_s": 120.0, "steps": 116}})
+    held["checks"] = [evaluate_check(CONTINUOUS, held)]
+    assert likely_reasons(held, {}) == []  # a claim that holds needs no reason
+    more = result({"static": {"tokens_per_s": 101.0, "steps": 100}, "continuous": {"tokens_per_s": 93.0, "steps": 120}})
+    more["checks"] = [evaluate_check(CONTINUOUS, more)]
+    assert likely_reasons(more, {}) == []  # no steps saved: nothing to say about their price
+    no_steps = result({"static": {"tokens_per_s": 101.0}, "continuous": {"tokens_per_s": 93.0}})
+    no_steps["checks"] = [evaluate_check(CONTINUOUS, no_steps)]
+    assert likely_reasons(no_steps, {}) == []
+
+
+def test_the_conditions_follow_the_engines_bf16_decision(monkeypatch):
+    # INFERLAB_EMULATED_BF16 makes the engine compute as a CPU without bf16 does; the stored conditions
+    # (and the likely reasons built on them) must say so, not the raw CPU flags
+    from app.talk.compare import prepare_chapter
+    from engine import kernels
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ["avx2", "avx512f", "avx512_bf16"])
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
+    assert prepare_chapter.dtype_conditions("auto", "cpu") == {"dtype": "bfloat16", "native_bf16": True}
+    monkeypatch.setenv("INFERLAB_EMULATED_BF16", "1")
+    assert prepare_chapter.dtype_conditions("auto", "cpu") == {"dtype": "bfloat16", "native_bf16": False}
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ["avx2", "fma"])
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16")
+    assert prepare_chapter.dtype_conditions("auto", "cpu")["native_bf16"] is False
+    assert prepare_chapter.dtype_conditions("float32", "cpu") == {"dtype": "float32", "native_bf16": None}
+
+
 class Preset:
     def __init__(self, compare) -> None:
         self.name, self.compare = "latency-budget", compare

@@ -98,6 +98,8 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
         if a is not None and b is not None:
             holds = a >= b * (1 - slack) if check.expect == "higher" else a <= b * (1 + slack)
             figures = f"{m}: {check.config} {_fmt(a)} vs {check.than} {_fmt(b)}"
+        verdict = {"claim": check.claim, "metric": m, "expect": check.expect, "holds": holds, "figures": figures}
+        return {**verdict, "config": check.config, "than": check.than}
     elif check.expect in ("rises", "falls"):
         rows = [(r["label"], r["metrics"].get(m)) for r in _measured(result)]
         rows = [(label, v) for label, v in rows if v is not None]
@@ -140,12 +142,35 @@ def likely_reasons(result: dict, conditions: dict) -> list[str]:
             reasons.append(f"a busy machine: load average {before[0]:.1f} before and {after[0]:.1f} after, on "
                            f"{cpus} CPUs with {threads} thread{'' if threads == 1 else 's'} of ours")
     if conditions.get("dtype") == "bfloat16" and conditions.get("native_bf16") is False:
-        reasons.append("bf16 emulated: this CPU has no AVX512-BF16/AMX, every bf16 matmul converts to float32 "
-                       "(slower, and near ties can flip a greedy token)")
+        reasons.append("bf16 emulated: no native bf16 here (no AVX512-BF16/AMX, or INFERLAB_EMULATED_BF16), so "
+                       "torch's multi-row products widen every weight to float32 per call (slower, and near ties "
+                       "can flip a greedy token)")
     slow = too_slow_for_arrivals(result)
     if slow:
         reasons.append(slow)
+    reasons.extend(dearer_steps(result))
     return reasons
+
+
+def dearer_steps(result: dict) -> list[str]:
+    """For each broken claim that one configuration serves more tokens/s than another: where its figures
+    show it took fewer engine steps for the same requests, how much longer each of its steps took (wall
+    time per step, from tokens/s and steps: the requests' tokens are the same). The scheduling or drafting
+    saved steps; the CPU charged for the rows each step carried (batched requests, drafted tokens)."""
+    lines = []
+    for v in result.get("checks", []):
+        if v.get("holds") is not False or v.get("metric") != "tokens_per_s" or v.get("expect") != "higher":
+            continue
+        a, b = v.get("config"), v.get("than")
+        steps_a, steps_b = _figure(result, a, "steps"), _figure(result, b, "steps")
+        tps_a, tps_b = _figure(result, a, "tokens_per_s"), _figure(result, b, "tokens_per_s")
+        if not (steps_a and steps_b and tps_a and tps_b) or steps_a >= steps_b:
+            continue
+        per_step = (tps_b / tps_a) * (steps_b / steps_a)  # (wall_a / steps_a) / (wall_b / steps_b)
+        lines.append(f"fewer steps, dearer steps: {a} took {100 * (1 - steps_a / steps_b):.0f} % fewer engine steps "
+                     f"than {b} ({_fmt(steps_a)} vs {_fmt(steps_b)}) but each took {per_step:.2f}x as long: on this "
+                     "CPU a step's time grows with the rows it carries (batched requests, drafted tokens)")
+    return lines
 
 
 def too_slow_for_arrivals(result: dict) -> str | None:

@@ -11,8 +11,6 @@ from collections.abc import Callable
 
 from app.talk.chapter_check import broken, evaluate_checks, likely_reasons
 
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
 
 def load_average() -> list[float] | None:
     try:
@@ -23,17 +21,19 @@ def load_average() -> list[float] | None:
 
 def dtype_conditions(dtype: str, device: str) -> dict:
     """The dtype the comparison engines compute in ("auto" is bf16, engine/runner/setup.py) and, on a
-    CPU, whether it has bf16 instructions (else every bf16 matmul is emulated through float32)."""
+    CPU, whether the engine computes bf16 natively: the CPU's bf16 instructions, unless
+    INFERLAB_EMULATED_BF16 tells the engine to ignore them (engine/runner/cpu_compute.py decides both)."""
     import torch
 
     from engine.kernels import cpu_flags
+    from engine.runner.cpu_compute import emulated_bf16_forced, native_bf16_flags
 
     name = "bfloat16" if dtype == "auto" else dtype
     native = None
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if name == "bfloat16" and on_cpu:
-        flags = set(cpu_flags())
-        native = any(f in flags for f in NATIVE_BF16_FLAGS) if flags else None
+        flags = list(cpu_flags())
+        native = (bool(native_bf16_flags(flags)) and not emulated_bf16_forced()) if flags else None
     return {"dtype": name, "native_bf16": native}
 
 
