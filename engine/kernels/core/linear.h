@@ -117,7 +117,8 @@ static inline const float* widen_rows(const uint16_t* x, int64_t n) {
 // accumulators along K (8-column blocks k, k+8, k+16, k+24 of every 32), the 8-column rest into the
 // first, (a0 + a1) + (a2 + a3), then the last K % 8 columns in plain C++. So a row's result does not
 // depend on how many rows share the call (see the AVX-512 body).
-template <int G>
+// Prefetch: ask for the weight row kPrefetch bytes ahead (the first pass of a long one, see bf16_rows).
+template <int G, bool Prefetch = false>
 __attribute__((always_inline)) static inline void bf16_row_dot(const float* xf, int64_t ldx, const uint16_t* r,
                                                                int64_t K, float* sums) {
   using namespace s8;
@@ -126,6 +127,7 @@ __attribute__((always_inline)) static inline void bf16_row_dot(const float* xf, 
   _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = zero();
   int64_t k = 0;
   for (; k < k32; k += 32) {
+    if constexpr (Prefetch) prefetch(r + k);
     const vf v0 = load_bf16(r + k), v1 = load_bf16(r + k + 8), v2 = load_bf16(r + k + 16), v3 = load_bf16(r + k + 24);
     _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
       const float* xg = xf + g * ldx + k;
@@ -188,6 +190,13 @@ static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, c
 // load serves two multiply-adds: the products are bound by loads, not by the memory stream), rows of x
 // 4 and the rest (8 and up to 8 accumulators): 0.86-0.89x the time of one weight row at a time for 6-8
 // rows (same measurement), no change for 5.
+// 4 rows of a long weight row (SmolLM2's down_proj, K = 1536): the first pair's pass asks for the row
+// ahead, as the AVX-512 body does for 4 rows: the two passes' products take long enough per row for the
+// hardware prefetcher to fall behind. Standalone on the Zen 4, 1 thread (minimum of 7-9 sweeps, two runs
+// each): 30 matrices 576 x 1536, 4 rows 6.8-7.2 -> 4.6-4.9 ms (3.4x -> 1.7-2.4x one row's time); all of
+// SmolLM2-135M's matrices, 4 rows 20.8 / 21.0 -> 19.6 / 20.2 ms. Not for short rows (K = 576: 4 rows
+// 6.6 -> 8.5 ms with it), nor for 1-3 rows (one row 2.0 -> 2.9 ms at K = 1536).
+static constexpr int64_t kLongRow = 1024;
 static constexpr int kExactRows = 4;
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
@@ -209,6 +218,12 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
       if constexpr (M == 2) {
         bf16_row_dot<1>(xf, K, r, K, sums);
         m = 1;
+      }
+      if constexpr (M == 4) {
+        if (K >= kLongRow) {
+          bf16_row_dot<2, true>(xf, K, r, K, sums);
+          m = 2;
+        }
       }
       for (; m + 2 <= M; m += 2) bf16_row_dot<2>(xf + m * K, K, r, K, sums + m);
       if (m < M) bf16_row_dot<1>(xf + m * K, K, r, K, sums + m);
