@@ -90,7 +90,8 @@ def _fmt(v: float) -> str:
 
 
 def evaluate_check(check: CheckSpec, result: dict) -> dict:
-    """{"claim", "metric", "expect", "holds": True | False | None, "figures": the numbers it compared}."""
+    """{"claim", "metric", "expect", "holds": True | False | None, "figures": the numbers it compared}, and
+    for higher / lower the two configurations ("config", "than")."""
     m, slack = check.metric, check.tolerance_pct / 100.0
     holds, figures = None, "figures missing"
     if check.expect in ("higher", "lower"):
@@ -98,8 +99,6 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
         if a is not None and b is not None:
             holds = a >= b * (1 - slack) if check.expect == "higher" else a <= b * (1 + slack)
             figures = f"{m}: {check.config} {_fmt(a)} vs {check.than} {_fmt(b)}"
-        verdict = {"claim": check.claim, "metric": m, "expect": check.expect, "holds": holds, "figures": figures}
-        return {**verdict, "config": check.config, "than": check.than}
     elif check.expect in ("rises", "falls"):
         rows = [(r["label"], r["metrics"].get(m)) for r in _measured(result)]
         rows = [(label, v) for label, v in rows if v is not None]
@@ -115,7 +114,10 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
             holds = all(ok(v) for _label, v in values)
             bound = "≥" if check.expect == "at_least" else "≤"
             figures = f"{m} {bound} {_fmt(check.value)}: " + ", ".join(f"{label} {_fmt(v)}" for label, v in values)
-    return {"claim": check.claim, "metric": m, "expect": check.expect, "holds": holds, "figures": figures}
+    verdict = {"claim": check.claim, "metric": m, "expect": check.expect, "holds": holds, "figures": figures}
+    if check.expect in ("higher", "lower"):  # which two configurations (dearer_steps reads them)
+        verdict.update(config=check.config, than=check.than)
+    return verdict
 
 
 def evaluate_checks(checks, result: dict) -> list[dict]:

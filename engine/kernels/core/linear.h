@@ -39,7 +39,7 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 // none), 4 rows of x ran at 0.6-0.7x the speed of 3 or 5 (the row's products just long enough for the
 // hardware prefetcher to fall behind): measured on a Zen 4 with the AVX-512 body. 2 and 3 rows ran no
 // faster with it and the AVX2 body showed no clear change (both within this machine's noise), so they keep
-// their one line per row (AVX2: none).
+// their one line per row (AVX2: none, but for 4 rows of a long weight row: see its bf16_rows).
 static inline void prefetch_row(const uint16_t* r, int64_t K) {
   for (int64_t b = 0; b < K * 2; b += 64) prefetch(reinterpret_cast<const char*>(r) + b);
 }
