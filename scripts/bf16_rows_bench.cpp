@@ -1,13 +1,14 @@
 // The bf16 weight-streaming body of one ISA tier (engine/kernels/core/linear.h), torch-free and alone on
 // the machine: 1-8 rows of x against `copies` matrices N x K (from memory), the minimum of 9 sweeps, and a
-// check that every row of a 3- and 4-row call is bit for bit the row alone. Quieter than
+// check that every row of a 2- to 8-row call is bit for bit the row alone. Quieter than
 // scripts/kernel_ab.py (no torch, no extension call), for one shape at a time, e.g. SmolLM2-135M's down_proj
 // (30 x 576 x 1536) and gate_up (30 x 3072 x 576) on the AVX2 body:
 //
 //   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -I engine/kernels scripts/bf16_rows_bench.cpp -o /tmp/b
 //   /tmp/b 1536 576 30; /tmp/b 576 3072 30
 //
-// (-march=native for this CPU's own tier.) Ratios from one run only: the machine's speed drifts.
+// (-march=native for this CPU's own tier.) Ratios from one run only: the machine's speed drifts. Against
+// another revision of the body, on all of the model's matrices: scripts/bf16_rows_ab.sh.
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -22,8 +23,8 @@ int main(int argc, char** argv) {
   for (auto& w : ws) for (auto& v : w) v = float_to_bf16(u(rng));
   std::vector<uint16_t> x(8 * K), y(8 * N), y1(N);
   for (auto& v : x) v = float_to_bf16(u(rng));
-  // exact: every row of a 3- and 4-row call equals the row alone
-  for (int M : {3, 4}) {
+  // exact: every row of a 2- to 8-row call equals the row alone
+  for (int M = 2; M <= 8; ++M) {
     bf16_rows_for(M)(x.data(), ws[0].data(), y.data(), nullptr, K, N, 0, N);
     bool same = true;
     for (int m = 0; m < M; ++m) {

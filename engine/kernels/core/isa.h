@@ -74,6 +74,10 @@ inline void prefetch(const void* p) {
   if (kPrefetch > 0) __builtin_prefetch(static_cast<const char*>(p) + kPrefetch, 0, 3);
 }
 
+// One cache line into L1 or into L2 only, no offset added: for streams that choose their own distance.
+inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 inline int log2_exact(int64_t v) {
   int s = 0;
   while ((int64_t{1} << s) < v) ++s;

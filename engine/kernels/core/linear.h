@@ -86,11 +86,10 @@ __attribute__((always_inline)) static inline void bf16_row_dot(const uint16_t* x
 // 13.5 GB/s, against 9.4 for two weight rows side by side and 7.5-8.4 for rows interleaved: the streams
 // get in each other's way). Rows of x go 4 at a time (16 accumulators); a second group re-reads the
 // weight row from L1.
-static constexpr int kExactRows = 8;  // every call: each row bit for bit its result alone
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  constexpr int G1 = M < 4 ? M : 4, G2 = M - G1;
+  constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
   float sums[M];
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* r = w + n * K;
@@ -113,126 +112,80 @@ static inline const float* widen_rows(const uint16_t* x, int64_t n) {
   return xf.data();
 }
 
-// One weight row against G rows of x (float32), each row summed exactly as a row alone is: four
-// accumulators along K (8-column blocks k, k+8, k+16, k+24 of every 32), the 8-column rest into the
-// first, (a0 + a1) + (a2 + a3), then the last K % 8 columns in plain C++. So a row's result does not
-// depend on how many rows share the call (see the AVX-512 body).
-// Prefetch: ask for the weight row kPrefetch bytes ahead (the first pass of a long one, see bf16_rows).
-template <int G, bool Prefetch = false>
-__attribute__((always_inline)) static inline void bf16_row_dot(const float* xf, int64_t ldx, const uint16_t* r,
-                                                               int64_t K, float* sums) {
+// R weight rows from n against G rows of x (float32): one accumulator per (weight row, row of x), summed
+// along K eight columns at a time, then K's last K % 8 columns in plain C++. Every (weight row, row of x)
+// is summed in that one order whatever R and G are, so a row's result does not depend on how many rows
+// share the call (a verify's rows, a batch's) and stays bit for bit the one-row result; R and G only
+// choose how many loads each multiply-add shares (R weight rows per x load, G rows of x per weight load).
+// The R weight rows are R streams from memory, which the hardware prefetcher alone served at a third of
+// one stream's speed; so the tile asks for the next tile's bytes, in address order, kTileAhead bytes past
+// its start, R cache lines per 32 columns: into L1 for one row of x, into L2 for more (into L1 the next
+// tile crowded out the current one at K = 1536). Past the end of its rows it asks for whatever follows
+// (the next matrix in the weights' arena: a prefetch never faults), as the hardware prefetcher would.
+static constexpr int64_t kTileAhead = 3072;
+template <int R, int G, bool Prefetch>
+__attribute__((always_inline)) static inline void bf16_tile(const float* xf, int64_t ldx, const uint16_t* w,
+                                                            uint16_t* y, const float* bias, int64_t K, int64_t N,
+                                                            int64_t n) {
   using namespace s8;
-  const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
-  vf a0[G], a1[G], a2[G], a3[G];
-  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = zero();
-  int64_t k = 0;
-  for (; k < k32; k += 32) {
-    if constexpr (Prefetch) prefetch(r + k);
-    const vf v0 = load_bf16(r + k), v1 = load_bf16(r + k + 8), v2 = load_bf16(r + k + 16), v3 = load_bf16(r + k + 24);
-    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
-      const float* xg = xf + g * ldx + k;
-      a0[g] = fma(v0, load(xg), a0[g]);
-      a1[g] = fma(v1, load(xg + 8), a1[g]);
-      a2[g] = fma(v2, load(xg + 16), a2[g]);
-      a3[g] = fma(v3, load(xg + 24), a3[g]);
-    }
-  }
-  for (; k < k8; k += 8) {
-    const vf v = load_bf16(r + k);
-    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = fma(v, load(xf + g * ldx + k), a0[g]);
-  }
-  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
-    float sum = hsum(add(add(a0[g], a1[g]), add(a2[g], a3[g])));
-    for (int64_t j = k8; j < K; ++j) sum += bf16_to_float(r[j]) * xf[g * ldx + j];
-    sums[g] = sum;
-  }
-}
-
-// R weight rows from n against M rows of x (float32): R * M independent accumulator chains, one per
-// (weight row, row of x); K's last K % 8 columns in plain C++. For 5 to 8 rows of x, where summing each
-// row as a row alone does (four chains per row) costs ~1.45x more loads on 16 registers.
-template <int M, int R>
-static inline void bf16_block(const float* xf, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
-                              int64_t N, int64_t n) {
-  using namespace s8;
-  const int64_t kv = K / 8 * 8;
-  vf acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = zero();
-  for (int64_t k = 0; k < kv; k += 8) {
+  const uint16_t* wr = w + n * K;
+  const int64_t k8 = K / 8 * 8;
+  const char* pf = reinterpret_cast<const char*>(wr + R * K) + kTileAhead;
+  vf a[R][G];
+  _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) a[r][g] = zero();
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
     vf wv[R];
-    for (int r = 0; r < R; ++r) {
-      if ((k & 31) == 0) prefetch(w + (n + r) * K + k);
-      wv[r] = load_bf16(w + (n + r) * K + k);
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) wv[r] = load_bf16(wr + r * K + k);
+    _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) {
+      const vf xv = load(xf + g * ldx + k);
+      _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) a[r][g] = fma(wv[r], xv, a[r][g]);
     }
-    for (int m = 0; m < M; ++m) {
-      const vf xv = load(xf + m * K + k);
-      for (int r = 0; r < R; ++r) acc[r][m] = fma(wv[r], xv, acc[r][m]);
+  };
+  int64_t k = 0;
+  for (; k + 32 <= k8; k += 32) {
+    if constexpr (Prefetch) {
+      _Pragma("GCC unroll 16") for (int q = 0; q < R; ++q, pf += 64) {
+        if constexpr (G == 1) prefetch_l1(pf);
+        else prefetch_l2(pf);
+      }
     }
+    step(k);
+    step(k + 8);
+    step(k + 16);
+    step(k + 24);
   }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) {
-      float sum = hsum(acc[r][m]);
-      for (int64_t k = kv; k < K; ++k) sum += bf16_to_float(w[(n + r) * K + k]) * xf[m * K + k];
-      y[m * N + n + r] = out(sum, bias, n + r);
-    }
+  for (; k < k8; k += 8) step(k);
+  _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) {
+    float sum = hsum(a[r][g]);
+    for (int64_t j = k8; j < K; ++j) sum += bf16_to_float(wr[r * K + j]) * xf[g * ldx + j];
+    y[g * N + n + r] = out(sum, bias, n + r);
+  }
 }
 
-// Rows [n0, n1) of W against M rows of x. Up to kExactRows rows: one weight row at a time (interleaving
-// weight rows slows their stream from memory; see the AVX-512 body), rows of x 2 at a time (8
-// accumulators of 16 registers), each row bit for bit its result alone; but 2 rows of x one at a time
-// (the second pass reads the weight row from L1): SmolLM2-135M's matrices, 1 thread, Zen 4, median of
-// 100 sweeps in both orders, 11.8 / 12.2 ms against 17.9 / 17.7 ms for the pair together (1 row: 9.9 ms),
-// while 3 and 4 rows ran 1.15x slower one at a time than with a pair (and 1.15-1.2x slower with one row
-// first and the pair after it, from L1). (A pair's products take just long
-// enough per weight row for the hardware prefetcher to fall behind, as for 4 rows on the AVX-512 body.)
-// The verify of a one-token draft is 2 rows. More rows: bf16_block, on two weight rows at a time (each x
-// load serves two multiply-adds: the products are bound by loads, not by the memory stream), rows of x
-// 4 and the rest (8 and up to 8 accumulators): 0.86-0.89x the time of one weight row at a time for 6-8
-// rows (same measurement), no change for 5.
-// 4 rows of a long weight row (SmolLM2's down_proj, K = 1536): the first pair's pass asks for the row
-// ahead, as the AVX-512 body does for 4 rows: the two passes' products take long enough per row for the
-// hardware prefetcher to fall behind. Standalone on the Zen 4, 1 thread (minimum of 7-9 sweeps, two runs
-// each): 30 matrices 576 x 1536, 4 rows 6.8-7.2 -> 4.6-4.9 ms (3.4x -> 1.7-2.4x one row's time); all of
-// SmolLM2-135M's matrices, 4 rows 20.8 / 21.0 -> 19.6 / 20.2 ms. Not for short rows (K = 576: 4 rows
-// 6.6 -> 8.5 ms with it), nor for 1-3 rows (one row 2.0 -> 2.9 ms at K = 1536).
-static constexpr int64_t kLongRow = 1024;
-static constexpr int kExactRows = 4;
+// Rows [n0, n1) of W against M rows of x, R weight rows at a time (the rest one at a time), rows of x up to
+// 4 per tile (R * G accumulators + R weight vectors + one of x on 16 registers); 5-8 rows of x as 4 and the
+// rest, the second tile reading the same weight rows again from cache. R per M: 3 weight rows, but 4 for 2
+// rows of x (4 for one row lost at K = 1536). All of SmolLM2-135M's matrices in one huge-page arena, as
+// AVX2 on a Zen 4, 1 thread, median of 15 sweeps alternating with the body before (4 accumulators per row,
+// one weight row at a time; scripts/bf16_rows_bench.cpp): 1 row 0.95x its time, 2 rows 0.94x, 3 rows
+// 0.69x, 4 rows 0.56x, 8 rows 0.75x; 4 rows now 1.40x one row's time (2.39x before).
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
   const float* xf = widen_rows(x, M * K);
-  if constexpr (M > kExactRows) {
-    constexpr int M2 = M - 4;
-    int64_t n = n0;
-    for (; n + 2 <= n1; n += 2) {
-      bf16_block<4, 2>(xf, w, y, bias, K, N, n);
-      bf16_block<M2, 2>(xf + 4 * K, w, y + 4 * N, bias, K, N, n);
-    }
-    for (; n < n1; ++n) bf16_block<M, 1>(xf, w, y, bias, K, N, n);
-  } else {
-    float sums[M];
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint16_t* r = w + n * K;
-      int m = 0;
-      if constexpr (M == 2) {
-        bf16_row_dot<1>(xf, K, r, K, sums);
-        m = 1;
-      }
-      if constexpr (M == 4) {
-        if (K >= kLongRow) {
-          bf16_row_dot<2, true>(xf, K, r, K, sums);
-          m = 2;
-        }
-      }
-      for (; m + 2 <= M; m += 2) bf16_row_dot<2>(xf + m * K, K, r, K, sums + m);
-      if (m < M) bf16_row_dot<1>(xf + m * K, K, r, K, sums + m);
-      for (int i = 0; i < M; ++i) y[i * N + n] = out(sums[i], bias, n);
-    }
+  constexpr int R = M == 2 ? 4 : 3;
+  constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    bf16_tile<R, G1, true>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<R, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+  }
+  for (; n < n1; ++n) {
+    bf16_tile<1, G1, false>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
 }
 #else
-static constexpr int kExactRows = 8;  // each row is its own sum: bit for bit its result alone
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
