@@ -145,6 +145,30 @@ def test_quality_vs_16_bits(tiny_llama):
     assert 0.1 < q4["greedy_agreement"] < q8["greedy_agreement"]  # far above chance (1 / 384), below 8 bits
 
 
+def test_comparison_quality_in_one_pass_equals_the_separate_passes(tiny_llama):
+    # prepare's quantization chapter scores each window once (perplexity, and KL / agreement on the first
+    # windows against the first configuration's): the same figures as perplexity() and compare_logits()
+    from app.talk.compare import quality as meter
+    from engine.quant.quality import compare_logits, perplexity, reference_logits
+
+    eng = make(tiny_llama, num_kv_blocks=256)
+    m = meter.QualityMeter()
+    first = m.measure(eng)
+    texts = meter.scored_texts()
+    assert len(meter.windows(eng, texts, meter.WINDOW)) > meter.KL_WINDOWS  # perplexity reads more windows
+    assert first["perplexity"] == pytest.approx(perplexity(eng, texts, meter.WINDOW), rel=1e-6)
+    assert first["kl_divergence"] == pytest.approx(0, abs=1e-6) and first["greedy_agreement_pct"] == 100
+    ref = reference_logits(eng, texts, meter.WINDOW)[:meter.KL_WINDOWS]
+    eng.set_quantization(4)
+    eng.step()
+    four = m.measure(eng)
+    separate = compare_logits(eng, texts, ref, meter.WINDOW)
+    assert four["perplexity"] == pytest.approx(perplexity(eng, texts, meter.WINDOW), rel=1e-6)
+    assert four["perplexity"] != pytest.approx(first["perplexity"], rel=1e-3)
+    assert four["kl_divergence"] == pytest.approx(separate["kl_divergence"], rel=1e-4)
+    assert four["greedy_agreement_pct"] == pytest.approx(100 * separate["greedy_agreement"])
+
+
 def test_tied_embeddings_and_head_share_one_int8_table(tiny_tied):
     from engine.quant.embeddings import Int8Embedding
 

@@ -28,14 +28,18 @@ def windows(engine, texts: Sequence[str], window: int = 512) -> list[list[int]]:
     return out
 
 
+def window_nll(ids: Sequence[int], logp: torch.Tensor) -> float:
+    """The summed negative log-likelihood of each next token of a window (len(ids) - 1 of them), from its
+    log-probabilities (len(ids), vocab)."""
+    return -float(logp[:-1].gather(1, torch.tensor(ids[1:], device=logp.device)[:, None]).sum())
+
+
 @torch.inference_mode()
 def perplexity(engine, texts: Sequence[str], window: int = 512) -> float:
     """exp(mean next-token negative log-likelihood) over every token of every text."""
     nll, count = 0.0, 0
     for ids in windows(engine, texts, window):
-        logp = engine.score(ids)[:-1].log_softmax(-1)
-        target = torch.tensor(ids[1:], device=logp.device)
-        nll -= float(logp.gather(1, target[:, None]).sum())
+        nll += window_nll(ids, engine.score(ids).log_softmax(-1))
         count += len(ids) - 1
     return math.exp(nll / count)
 
@@ -51,6 +55,21 @@ def compare_logits(engine, texts: Sequence[str], reference: list[torch.Tensor], 
         agree += int((ref.argmax(-1) == cur.argmax(-1)).sum())
         count += len(ids)
     return {"kl_divergence": kl_sum / count, "greedy_agreement": agree / count}
+
+
+def quality_of(scored, ppl16: float | None = None) -> dict:
+    """scored: (token ids, this model's log-probabilities, the 16-bit model's) per window -> perplexity
+    (and its change against `ppl16`), KL(16-bit || this) per token and top-1 agreement."""
+    nll, kl, agree, count, positions = 0.0, 0.0, 0, 0, 0
+    for ids, cur, ref in scored:
+        nll += window_nll(ids, cur)
+        count += len(ids) - 1
+        kl += float((ref.exp() * (ref - cur)).sum())
+        agree += int((ref.argmax(-1) == cur.argmax(-1)).sum())
+        positions += len(ids)
+    ppl = math.exp(nll / count)
+    return {"perplexity": ppl, "ppl_delta_pct": None if ppl16 is None else 100.0 * (ppl / ppl16 - 1.0),
+            "kl": kl / positions, "agreement": agree / positions}
 
 
 @torch.inference_mode()
