@@ -94,7 +94,9 @@ def _product_dtypes(monkeypatch) -> list[tuple[str, torch.dtype]]:
 
 
 def test_forced_emulated_bf16_prefills_in_fp32_with_the_same_tokens(tiny_llama, monkeypatch):
-    """Fails on the old code: it ignored the CPU and prefilled in bf16."""
+    """Fails on the old code: it ignored the CPU and prefilled in bf16. (The widened GEMM path: on a tier
+    whose kernel takes prompt rows, the next test.)"""
+    monkeypatch.setattr("engine.models.layers.linear.PROMPT_STREAM_TIERS", ())
     native = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4))
     expected = [o.token_ids for o in native.generate(PROMPTS, GREEDY)]
     monkeypatch.setenv(EMULATED_BF16_ENV, "1")
@@ -107,6 +109,37 @@ def test_forced_emulated_bf16_prefills_in_fp32_with_the_same_tokens(tiny_llama, 
     assert {what for what, _ in seen} == {"linear", "attention"}
     assert {dtype for _, dtype in seen} == {torch.float32}
     assert got == expected
+
+
+def test_emulated_bf16_on_the_avx2_body_streams_prompt_rows_whatever_their_chunking(tiny_llama, monkeypatch):
+    """Where bf16 is emulated and the kernels run the AVX2 body, prompt rows go through the weight-streaming
+    kernel too (no weight widened per call), and since each row's result there is its result alone, a
+    chunked prefill and a prefix-cache hit give the unchunked run's tokens."""
+    from conftest import has_toolchain
+
+    from engine.kernels import supported_tiers
+    from engine.models.layers import linear as linear_mod
+
+    if "avx2" not in supported_tiers() or not has_toolchain():
+        pytest.skip("needs a CPU with AVX2 and a C++ toolchain")
+    native = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4))
+    expected = [o.token_ids for o in native.generate(PROMPTS, GREEDY)]
+    monkeypatch.setenv(EMULATED_BF16_ENV, "1")
+    monkeypatch.setenv("INFERLAB_CPU_TIER", "avx2")
+    widened = []
+    real = linear_mod.widened_linear
+    monkeypatch.setattr(linear_mod, "widened_linear", lambda x, *a: widened.append(x.shape[0]) or real(x, *a))
+    whole = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4))
+    streams = {m.stream.tier() for m in whole.runner.model.modules() if isinstance(m, Linear) and m.stream}
+    assert whole.compute.widened and streams == {"avx2"}
+    got = [o.token_ids for o in whole.generate(PROMPTS, GREEDY)]
+    again = [o.token_ids for o in whole.generate(PROMPTS, GREEDY)]  # the prompts' blocks from the prefix cache
+    chunked = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4,
+                                     enable_chunked_prefill=True, max_num_batched_tokens=8))
+    in_chunks = [o.token_ids for o in chunked.generate(PROMPTS, GREEDY)]
+    assert widened == []
+    assert got == again == in_chunks
+    assert got == expected  # and the tokens of the native bf16 engine on this tiny model
 
 
 def test_without_native_kernels_an_emulating_cpu_runs_an_fp32_model(tiny_llama, monkeypatch):

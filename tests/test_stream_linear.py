@@ -50,9 +50,23 @@ def test_bf16_rows_together_are_bit_for_bit_the_rows_alone(kernel, rows, n, k):
     assert torch.equal(together, alone)
 
 
-def test_bf16_refuses_more_rows_than_one_pass_takes(kernel):
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        kernel.stream_linear_bf16(torch.zeros(9, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), None)
+@pytest.mark.parametrize("rows", [9, 17, 40])
+def test_bf16_many_rows_are_bit_for_bit_the_rows_alone(kernel, rows):
+    # a prompt's rows (where bf16 is emulated) or a large batch in one call, W read over in blocks (more than
+    # one block of 64 weight rows here): each row the same numbers as alone, so a prompt's K/V do not depend
+    # on how it was chunked
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 200, generator=g).bfloat16()
+    w = torch.randn(150, 200, generator=g).bfloat16()
+    b = torch.randn(150, generator=g).bfloat16()
+    together = kernel.stream_linear_bf16(x, w, b)
+    assert torch.equal(together, torch.cat([kernel.stream_linear_bf16(x[i:i + 1], w, b) for i in range(rows)]))
+    close_to(together, x.float() @ w.float().t() + b.float())
+
+
+def test_bf16_refuses_no_rows(kernel):
+    with pytest.raises(RuntimeError, match="at least one row"):
+        kernel.stream_linear_bf16(torch.zeros(0, 64).bfloat16(), torch.zeros(4, 64).bfloat16(), None)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
@@ -190,10 +204,12 @@ def test_int8_with_int8_activations_is_the_product_of_the_rounded_row(kernel, ro
     assert (y.float() - want).norm() / want.norm() < 0.005
 
 
-def test_where_bf16_is_emulated_a_decode_batch_streams_in_chunks_instead_of_widening(kernel, monkeypatch):
-    """matmul_dtype fp32 (a CPU without native bf16): up to 32 decode rows go through the kernel in chunks of 8,
-    each row as the kernel computes it alone in its chunk, instead of widening the whole weight to fp32;
-    prompt rows and larger batches still take the widened GEMM."""
+@pytest.mark.parametrize("tier", ["neon", "avx2"])
+def test_where_bf16_is_emulated_a_decode_batch_streams_instead_of_widening(kernel, monkeypatch, tier):
+    """matmul_dtype fp32 (a CPU without native bf16): up to 32 decode rows go through the kernel in one call
+    (8 rows a pass over each block of the weight), each row as the kernel computes it alone, instead of
+    widening the whole weight to fp32. Prompt rows and larger batches take the widened GEMM, but for the
+    tiers of PROMPT_STREAM_TIERS (the AVX2 body), where every row of any count streams."""
     from engine.models.layers import linear as linear_mod
 
     lin = bf16_linear(48, 96)
@@ -205,17 +221,23 @@ def test_where_bf16_is_emulated_a_decode_batch_streams_in_chunks_instead_of_wide
             calls.append(x.shape[0])
             return kernel.stream_linear_bf16(x, w, b)
 
+        def tier(self):
+            return tier
+
     real_widened = linear_mod.widened_linear
     monkeypatch.setattr(linear_mod, "widened_linear", lambda x, *a: widened.append(x.shape[0]) or real_widened(x, *a))
     lin.stream = Spy()
     x = torch.randn(20, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
     y = lin(x)
-    assert calls == [8, 8, 4] and widened == []
+    assert calls == [20] and widened == []
     assert torch.equal(y, torch.cat([kernel.stream_linear_bf16(p, lin.weight, lin.bias) for p in x.split(8)]))
     lin(torch.randn(33, 96).bfloat16())  # more rows than a handful of chunks
     token = linear_mod.PROMPT_ROWS.set(True)
     try:
-        lin(x)  # a prompt's rows: the GEMM, whatever their count
+        prompt = lin(x)  # a prompt's rows
     finally:
         linear_mod.PROMPT_ROWS.reset(token)
-    assert widened == [33, 20] and calls == [8, 8, 4]
+    if tier in linear_mod.PROMPT_STREAM_TIERS:
+        assert widened == [] and calls == [20, 33, 20] and torch.equal(prompt, y)
+    else:
+        assert widened == [33, 20] and calls == [20]

@@ -30,7 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::call_guard<py::gil_scoped_release>());
   // The weight-streaming products and the paged attention as torch ops (without the GIL while they run).
   const auto nogil = py::call_guard<py::gil_scoped_release>();
-  m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for 1-8 rows, W bf16 (N, K)", nogil);
+  m.def("stream_linear_bf16", &stream_linear_bf16, "x W^T for any rows (8 a pass over a block of W), W bf16 (N, K)", nogil);
   m.def("stream_linear_int4", &stream_linear_int4, "x W^T with W as 4-bit codes + group (scale, zero)", nogil);
   m.def("stream_linear_int8", &stream_linear_int8, "x W^T for 1-8 rows, W as int8 rows with one scale each", nogil);
   m.def("stream_linear_int4_q8", &stream_linear_int4_q8, "the int4 product with int8 activations (per 32 columns)",

@@ -20,20 +20,20 @@ static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t 
   return bias->to(torch::kFloat32).contiguous();
 }
 
-// Raw entry: x (M, K) with M <= 8, w (N, K) -> y (M, N), bias float32 or null. (The fused decode step
-// calls bf16_rows_for itself, on each thread's share of the rows.)
+// Raw entry: x (M, K), w (N, K) -> y (M, N), bias float32 or null. (The fused decode step calls
+// bf16_rows_for itself, on each thread's share of the rows.)
 static void linear_bf16(const uint16_t* xp, int64_t M, const uint16_t* wp, const float* bp, int64_t K, int64_t N,
                         uint16_t* yp) {
-  RowsFn rows = bf16_rows_for(M);
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { rows(xp, wp, yp, bp, K, N, n0, n1); });
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { bf16_rows_any(xp, M, wp, yp, bp, K, N, n0, n1); });
 }
 
-// x (M, K) bf16 with M <= 8, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums.
+// x (M, K) bf16, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums; more than 8 rows in chunks of 8 over
+// blocks of W (bf16_rows_any), each row's result the one it has alone.
 torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16 x and W only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x (M, K) and W (N, K)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(M >= 1 && M <= kMaxRows, "stream_linear_bf16 takes 1 to 8 rows");
+  TORCH_CHECK(M >= 1, "stream_linear_bf16 takes at least one row");
   auto xc = x.contiguous();
   auto wc = w.contiguous();
   auto y = torch::empty({M, N}, x.options());

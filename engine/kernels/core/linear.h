@@ -212,6 +212,22 @@ static RowsFn bf16_rows_for(int64_t m) {
   return table[m - 1];
 }
 
+// Any number M of rows of x (a prompt's rows where bf16 is emulated, a large decode batch): blocks of
+// kRowBlock weight rows, each block against every chunk of up to 8 rows of x while it is in cache, so the
+// weights come from memory once per call, not once per chunk. Each output is the one an 8-row chunk's call
+// gives (every body sums each row as the row alone, and a weight row's result does not depend on the range
+// it is called in), so a row's result never depends on M or on how rows were chunked.
+static constexpr int64_t kRowBlock = 64;  // 74 KiB of bf16 weights at K = 576, 192 KiB at K = 1536: in L2
+static void bf16_rows_any(const uint16_t* x, int64_t M, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  if (M <= kMaxRows) return bf16_rows_for(M)(x, w, y, bias, K, N, n0, n1);
+  for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
+    const int64_t ne = std::min(n1, nb + kRowBlock);
+    for (int64_t m = 0; m < M; m += kMaxRows)
+      bf16_rows_for(std::min(kMaxRows, M - m))(x + m * K, w, y + m * N, bias, K, N, nb, ne);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- int4
 // Per row of x, once per call: its columns reordered to match two chunks unpacked side by side
 // ([c0 0..15, c1 0..15 | c0 16..31, c1 16..31], for the AVX-512 body), and per group g the pair

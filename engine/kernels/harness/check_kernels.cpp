@@ -200,7 +200,7 @@ void check_silu_mul(int64_t n) {
 void check_bf16_rows_alone(int64_t M, int64_t K, int64_t N) {
   const auto x = bf16_vec(M * K), w = bf16_vec(N * K, -0.2f, 0.2f);
   std::vector<uint16_t> together(M * N), alone(N);
-  bf16_rows_for(M)(x.data(), w.data(), together.data(), nullptr, K, N, 0, N);
+  bf16_rows_any(x.data(), M, w.data(), together.data(), nullptr, K, N, 0, N);
   int64_t differ = 0;
   for (int64_t m = 0; m < M; ++m) {
     bf16_rows_for(1)(x.data() + m * K, w.data(), alone.data(), nullptr, K, N, 0, N);
@@ -220,6 +220,7 @@ int main() {
   }
   for (int64_t M : {2, 3, 4, 5, 6, 7, 8})  // every body sums each row as the row alone
     for (int64_t K : {576, 200, 1536, 13}) check_bf16_rows_alone(M, K, 23);
+  for (int64_t M : {13, 20}) check_bf16_rows_alone(M, 200, 150);  // chunks of 8 over blocks of 64 weight rows
   for (int64_t M : {1, 2, 4, 5}) {
     check_int4(M, 576, 37, 32);
     check_int4(M, 320, 12, 64);  // a half 128-column block at the end; two groups per block
