@@ -145,8 +145,9 @@ def likely_reasons(result: dict, conditions: dict) -> list[str]:
                            f"{cpus} CPUs with {threads} thread{'' if threads == 1 else 's'} of ours")
     if conditions.get("dtype") == "bfloat16" and conditions.get("native_bf16") is False:
         reasons.append("bf16 emulated: no native bf16 here (no AVX512-BF16/AMX, or INFERLAB_EMULATED_BF16), so "
-                       "torch's multi-row products widen every weight to float32 per call (slower, and near ties "
-                       "can flip a greedy token)")
+                       "multi-row products compute in float32, widening every weight as they read it: each "
+                       "extra row costs more than with bf16 dot products in hardware (and near ties can flip a "
+                       "greedy token)")
     slow = too_slow_for_arrivals(result)
     if slow:
         reasons.append(slow)
