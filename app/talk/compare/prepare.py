@@ -16,6 +16,7 @@ from app.talk.compare.machine import machine_info
 from app.talk.compare.prepare_chapter import check_lines, dtype_conditions, run_checked
 from app.talk.compare.runner import run_comparison
 from app.talk.compare.store import prepared_json, save_result
+from app.talk.compare.warm_compile import compiled_configs, spare_cores, start
 
 
 def add_prepare_args(p, engine_args) -> None:
@@ -23,6 +24,8 @@ def add_prepare_args(p, engine_args) -> None:
     p.add_argument("--json", metavar="OUT", help="also write every result to one JSON file")
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
                    help="only this preset (repeatable); default: all presets")
+    p.add_argument("--no-background-compile", dest="background_compile", action="store_false",
+                   help="compile the torch.compile configurations in their chapter, not ahead on a spare core")
 
 
 def _say(text: str, fraction: float | None = None) -> None:
@@ -49,6 +52,16 @@ def run_prepare(args) -> int:
         _say(f"error: {exc}")
         return 2
     t_start = time.perf_counter()
+    background = {}
+    compiling = [p for p in presets if p.compare is not None and compiled_configs(p.compare)]
+    if getattr(args, "background_compile", True) and spare_cores(args.threads) > 0 and len(compiling) < len(presets):
+        # compiled configurations compile ahead on the core prepare leaves idle, while the other chapters run;
+        # their own chapters run last
+        for preset in compiling:
+            background[preset.name] = start(preset.name, args.model, str(args.dtype), str(args.device), args.threads)
+            _say(f"{preset.name}: compiling its torch.compile configuration ahead, on a spare core "
+                 "(its chapter runs last; --no-background-compile: in its chapter)")
+        presets = [p for p in presets if p.name not in background] + [p for p in presets if p.name in background]
     shown = [-1.0]
 
     def load_progress(text: str, fraction: float) -> None:
@@ -56,34 +69,47 @@ def run_prepare(args) -> int:
             shown[0] = fraction
             _say(f"loading {args.model}: {text}", fraction)
 
-    loaded = load_model(args.model, progress=load_progress)
-    base = comparison_base(args.model, args.dtype, args.device, args.threads)
-    results, failed = {}, []
-    conditions = {**dtype_conditions(args.dtype, args.device), "threads": args.threads}
-    for i, preset in enumerate(presets):
-        if preset.compare is None:
-            _say(f"[{i + 1}/{len(presets)}] {preset.name}: no [compare] section, skipped")
-            continue
-        t0 = time.perf_counter()
+    try:
+        loaded = load_model(args.model, progress=load_progress)
+        base = comparison_base(args.model, args.dtype, args.device, args.threads)
+        results, failed = {}, []
+        conditions = {**dtype_conditions(args.dtype, args.device), "threads": args.threads}
+        for i, preset in enumerate(presets):
+            if preset.compare is None:
+                _say(f"[{i + 1}/{len(presets)}] {preset.name}: no [compare] section, skipped")
+                continue
+            t0 = time.perf_counter()
 
-        def progress(text: str, fraction: float, i=i) -> None:
-            _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
+            def progress(text: str, fraction: float, i=i) -> None:
+                _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
 
-        def run(spec, preset=preset, progress=progress) -> dict:
-            return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress)
+            def run(spec, preset=preset, progress=progress) -> dict:
+                return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress)
 
-        try:
-            result = run_checked(preset, run, conditions, _say)
-        except Exception as exc:  # one broken comparison must not cost the others
-            failed.append(preset.name)
-            _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
-            continue
-        path = save_result(preset.name, args.model, result)
-        results[preset.name] = result
-        _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
-             f"({time.perf_counter() - t0:.1f} s; stored in {path})")
-        for line in check_lines(result):
-            _say(line)
+            chapter_conditions = conditions
+            if preset.name in background:
+                ok, took, tail = background.pop(preset.name).wait()
+                note = (f"compile cache warmed by a compile ahead on a spare core ({took:.0f} s, during the other "
+                        "chapters): warmup_s is a warm cache's" if ok else
+                        f"the compile ahead failed ({tail or 'no output'}): this chapter compiled cold")
+                _say(f"[{i + 1}/{len(presets)}] {preset.name}: {note}")
+                chapter_conditions = {**conditions, "compile_ahead": note}
+            try:
+                result = run_checked(preset, run, chapter_conditions, _say)
+            except Exception as exc:  # one broken comparison must not cost the others
+                failed.append(preset.name)
+                _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
+                continue
+            path = save_result(preset.name, args.model, result)
+            results[preset.name] = result
+            _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
+                 f"({time.perf_counter() - t0:.1f} s; stored in {path})")
+            for line in check_lines(result):
+                _say(line)
+    finally:
+        for bg in background.values():  # a prepare that stopped early leaves no compile behind
+            bg.proc.kill()
+            bg.wait()
     flagged = [n for n, r in results.items() if any(v["holds"] is False for v in r.get("checks", []))]
     _say(f"prepared {len(results)} of {len(presets)} presets in {time.perf_counter() - t_start:.0f} s"
          + (f"; failed: {', '.join(failed)}" if failed else "")
