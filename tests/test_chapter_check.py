@@ -237,3 +237,43 @@ def test_the_comparison_panel_flags_a_contradiction(qtbot):
                                                        "continuous": {"tokens_per_s": 2.0}}))]
     panel.set_result(r)
     assert panel.snapshot_data()["flag"] == ""
+
+
+def test_prepare_compiles_ahead_on_a_spare_core_and_runs_that_chapter_last(monkeypatch):
+    # the compilation chapter's torch.compile configuration compiles in a child process while the other
+    # chapters run; its chapter runs last, waits for it and says in its conditions that its cache was warm
+    import argparse
+    import types
+
+    from app.talk.compare import prepare, warm_compile
+    from app.talk.presets import load_preset
+
+    assert [c.label for c in warm_compile.compiled_configs(load_preset("compilation").compare)] == ["torch.compile"]
+    assert warm_compile.compiled_configs(load_preset("streaming").compare) == []
+    order, started, waited = [], [], []
+
+    class Child:
+        proc = types.SimpleNamespace(kill=lambda: waited.append("killed"))
+
+        def wait(self):
+            waited.append("waited")
+            return True, 42.0, ""
+
+    monkeypatch.setattr(prepare, "start", lambda name, *a: started.append(name) or Child())
+    monkeypatch.setattr(prepare, "spare_cores", lambda threads: 1)
+    monkeypatch.setattr("engine.loading.loader.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(prepare, "run_checked", lambda preset, run, conditions, say:
+                        order.append((preset.name, conditions.get("compile_ahead"))) or {"checks": []})
+    monkeypatch.setattr(prepare, "save_result", lambda *a: "stored")
+    monkeypatch.setattr(prepare, "headline_text", lambda result: "")
+    args = argparse.Namespace(preset=["compilation", "streaming", "speculative"], model="m", dtype="auto",
+                              device="cpu", threads=1, json=None, background_compile=True)
+    assert prepare.run_prepare(args) == 0
+    assert started == ["compilation"] and waited == ["waited"]
+    assert [name for name, _ in order] == ["streaming", "speculative", "compilation"]
+    assert order[0][1] is None and "warm cache" in order[2][1] and "42 s" in order[2][1]
+    order.clear()
+    started.clear()
+    args.background_compile = False  # --no-background-compile: the given order, compiled in its chapter
+    assert prepare.run_prepare(args) == 0
+    assert started == [] and [name for name, _ in order] == ["compilation", "streaming", "speculative"]
