@@ -115,10 +115,9 @@ def test_emulated_bf16_on_the_avx2_body_streams_prompt_rows_whatever_their_chunk
     """Where bf16 is emulated and the kernels run the AVX2 body, prompt rows go through the weight-streaming
     kernel too (no weight widened per call), and since each row's result there is its result alone, a
     chunked prefill and a prefix-cache hit give the unchunked run's tokens."""
-    from conftest import has_toolchain
-
     from engine.kernels import supported_tiers
     from engine.models.layers import linear as linear_mod
+    from tests.conftest import has_toolchain
 
     if "avx2" not in supported_tiers() or not has_toolchain():
         pytest.skip("needs a CPU with AVX2 and a C++ toolchain")
