@@ -112,9 +112,10 @@ def wants_stream_chunks(x: torch.Tensor) -> bool:
 # too, 8 rows a call, instead of the widened library GEMM. Each row's result there is its result alone
 # whatever rows share the call (core/linear.h), so a prompt's K/V do not depend on its chunking or on a
 # prefix-cache hit, the reason prompt rows otherwise keep to the GEMM (PROMPT_ROWS). On the AVX2 body,
-# SmolLM2-135M as AVX2 on a Zen 4, 1 thread, one prompt to its first token: ~8 tokens 40 ms against 119 ms
-# widened (widening every weight per call cost ~75 ms), ~32 tokens 117 against 186, ~128 tokens 364 against
-# 437. Not measured on the NEON body, which keeps the GEMM.
+# SmolLM2-135M as AVX2 on a Zen 4, 1 thread, one prompt to its first token, alternating with the widened GEMM
+# (widening every weight per call cost ~75 ms): 8 tokens 0.39-0.48x the time, 32 tokens 0.68-0.71x, 128
+# tokens 0.98-0.99x, 400 tokens 1.06x (at 2 threads 0.40x to 0.98x). Not measured on the NEON body, which
+# keeps the GEMM.
 PROMPT_STREAM_TIERS = ("avx2",)
 
 
