@@ -89,7 +89,7 @@ __attribute__((always_inline)) static inline void bf16_row_dot(const uint16_t* x
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
+  constexpr int G1 = M < 4 ? M : 4, G2 = M - G1;
   float sums[M];
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* r = w + n * K;
