@@ -4,7 +4,8 @@
 // for one multiply-add per row of x, so the speed is the speed of reading the weights. These kernels
 // read the one plain copy the engine keeps (no packed second copy):
 //
-//   stream_linear_bf16: W (N, K) bf16 as stored. Rows of x up to 8 are done in one pass over W.
+//   stream_linear_bf16: W (N, K) bf16 as stored. Rows of x up to 8 are done in one pass over W; more in
+//     passes of 8 over blocks of W that stay in cache (bf16_rows_any).
 //   stream_linear_int8: W as int8 rows with one scale each (8-bit layers, an int8 lm_head), up to 8 rows.
 //   stream_linear_int4: W as 4-bit codes, half a byte per weight, plus one bf16 (scale, zero) per
 //     group of input columns:  w = (q - 8) * scale + zero,  q in [0, 15].
@@ -39,7 +40,7 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 // none), 4 rows of x ran at 0.6-0.7x the speed of 3 or 5 (the row's products just long enough for the
 // hardware prefetcher to fall behind): measured on a Zen 4 with the AVX-512 body. 2 and 3 rows ran no
 // faster with it and the AVX2 body showed no clear change (both within this machine's noise), so they keep
-// their one line per row (AVX2: none, but for 4 rows of a long weight row: see its bf16_rows).
+// their one line per row (the AVX2 and NEON bodies prefetch tile by tile instead: see bf16_tile).
 static inline void prefetch_row(const uint16_t* r, int64_t K) {
   for (int64_t b = 0; b < K * 2; b += 64) prefetch(reinterpret_cast<const char*>(r) + b);
 }
@@ -163,12 +164,13 @@ __attribute__((always_inline)) static inline void bf16_tile(const float* xf, int
 }
 
 // Rows [n0, n1) of W against M rows of x, R weight rows at a time (the rest one at a time), rows of x up to
-// 4 per tile (R * G accumulators + R weight vectors + one of x on 16 registers); 5-8 rows of x as 4 and the
-// rest, the second tile reading the same weight rows again from cache. R per M: 3 weight rows, but 4 for 2
-// rows of x (4 for one row lost at K = 1536). All of SmolLM2-135M's matrices in one huge-page arena, as
-// AVX2 on a Zen 4, 1 thread, median of 15 sweeps alternating with the body before (4 accumulators per row,
-// one weight row at a time; scripts/bf16_rows_bench.cpp): 1 row 0.95x its time, 2 rows 0.94x, 3 rows
-// 0.69x, 4 rows 0.56x, 8 rows 0.75x; 4 rows now 1.40x one row's time (2.39x before).
+// 4 per tile (R * G accumulators + R weight vectors + one of x on 16 registers); 5-8 rows of x in two tiles
+// (3 + 2, 3 + 3, 4 + 3, 4 + 4), the second reading the same weight rows again from cache. R per M: 3 weight
+// rows, but 4 for 2 rows of x (4 for one row lost at K = 1536). All of SmolLM2-135M's matrices in one
+// huge-page arena, AVX2 flags on a Zen 4, 1 thread, median of 11 sweeps alternating with the body before
+// (4 accumulators per row, one weight row at a time; scripts/bf16_rows_ab.sh de71073 11, load 0.7): 1 row
+// 1.01x its time, 2 rows 0.89x, 3 rows 0.70x, 4 rows 0.59x, 8 rows 0.75x; 4 rows now 1.50x one row's time
+// (2.59x before).
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {

@@ -43,9 +43,10 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 STREAM_MAX_ROWS = 8  # up to this many rows the weight-streaming kernel beats the library GEMM
-# Where bf16 is emulated (matmul_dtype fp32), a library product widens the whole weight to fp32 first: for
-# a decode batch of up to this many rows, chunks of STREAM_MAX_ROWS through the streaming kernel read the
-# bf16 weight once per chunk instead (16 LoRA decodes as AVX2: 335 ms a step widened, 155 ms for 8 rows)
+# Where bf16 is emulated (matmul_dtype fp32), a library product widens the whole weight to fp32 first: a
+# decode batch of up to this many rows goes through the streaming kernel in one call instead (8 rows a pass
+# over blocks of the weight that stay in cache; 16 LoRA decodes as AVX2: 335 ms a step widened, 155 ms in
+# chunks of 8)
 STREAM_CHUNKED_MAX_ROWS = 4 * STREAM_MAX_ROWS
 
 
@@ -101,16 +102,9 @@ def wants_stream(x: torch.Tensor) -> bool:
             and not x.requires_grad)
 
 
-def wants_stream_chunks(x: torch.Tensor) -> bool:
-    """A decode batch of bf16 rows too many for one streaming call but few enough for a handful (not
-    prompt rows, which take the library GEMM)."""
-    return (x.dim() == 2 and x.shape[0] <= STREAM_CHUNKED_MAX_ROWS and x.dtype == torch.bfloat16
-            and x.device.type == "cpu" and not x.requires_grad and not PROMPT_ROWS.get())
-
-
 # Where bf16 is emulated (matmul widened), the kernels' tiers whose weight-streaming kernel takes prompt rows
-# too, 8 rows a call, instead of the widened library GEMM. Each row's result there is its result alone
-# whatever rows share the call (core/linear.h), so a prompt's K/V do not depend on its chunking or on a
+# too, and any number of rows, in one call instead of the widened library GEMM. Each row's result there is its
+# result alone whatever rows share the call (core/linear.h), so a prompt's K/V do not depend on its chunking or on a
 # prefix-cache hit, the reason prompt rows otherwise keep to the GEMM (PROMPT_ROWS). On the AVX2 body,
 # SmolLM2-135M as AVX2 on a Zen 4, 1 thread, one prompt to its first token, alternating with the widened GEMM
 # (widening every weight per call cost ~75 ms): 8 tokens 0.39-0.48x the time, 32 tokens 0.68-0.71x, 128
@@ -119,20 +113,22 @@ def wants_stream_chunks(x: torch.Tensor) -> bool:
 PROMPT_STREAM_TIERS = ("avx2",)
 
 
-def wants_prompt_stream(x: torch.Tensor, stream) -> bool:
-    """Rows of any kind and number through the streaming kernel in chunks (see PROMPT_STREAM_TIERS)."""
-    return (x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad
-            and stream.tier() in PROMPT_STREAM_TIERS)
+def wants_stream_instead_of_widening(x: torch.Tensor, stream) -> bool:
+    """Where bf16 is emulated: bf16 rows past one streaming pass that the streaming module takes instead of a
+    widened GEMM: a decode batch of up to STREAM_CHUNKED_MAX_ROWS rows (not prompt rows, which take the GEMM),
+    or on the tiers of PROMPT_STREAM_TIERS rows of any kind and number."""
+    if not (x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad):
+        return False
+    return (x.shape[0] <= STREAM_CHUNKED_MAX_ROWS and not PROMPT_ROWS.get()) or stream.tier() in PROMPT_STREAM_TIERS
 
 
 def eager_library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          matmul_dtype: torch.dtype | None, stream) -> torch.Tensor:
     """What a Linear computes for rows past the streaming and single-row kernels: widened to
-    `matmul_dtype` (in chunks through `stream`, the native module, where that reads the weight fewer
-    times), else the library's product in x's dtype."""
+    `matmul_dtype` (or through `stream`, the native module, where that reads the weight fewer times), else
+    the library's product in x's dtype."""
     if matmul_dtype is not None and x.dtype != matmul_dtype:
-        if (stream is not None and weight.dtype == torch.bfloat16
-                and (wants_stream_chunks(x) or wants_prompt_stream(x, stream))):
+        if stream is not None and weight.dtype == torch.bfloat16 and wants_stream_instead_of_widening(x, stream):
             return stream.stream_linear_bf16(x, weight, bias)  # 8 rows a pass over each block of the weight
         return widened_linear(x, weight, bias, matmul_dtype)
     return F.linear(x, weight, bias)
