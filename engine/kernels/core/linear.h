@@ -36,73 +36,75 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------- bf16
-// Every cache line of a weight row (K bf16), kPrefetch bytes ahead. With one line per row asked for (or
-// none), 4 rows of x ran at 0.6-0.7x the speed of 3 or 5 (the row's products just long enough for the
-// hardware prefetcher to fall behind): measured on a Zen 4 with the AVX-512 body. 2 and 3 rows ran no
-// faster with it and the AVX2 body showed no clear change (both within this machine's noise), so they keep
-// their one line per row (the AVX2 and NEON bodies prefetch tile by tile instead: see bf16_tile).
-static inline void prefetch_row(const uint16_t* r, int64_t K) {
-  for (int64_t b = 0; b < K * 2; b += 64) prefetch(reinterpret_cast<const char*>(r) + b);
+// Every body below works in tiles: R weight rows against G rows of x, one accumulator per (weight row, row
+// of x), summed along K in one order whatever R and G are, so a row's result does not depend on how many
+// rows share the call (a verify's rows, a batch's) and stays bit for bit the one-row result; R and G only
+// choose how many loads each multiply-add shares (R weight rows per x load, G rows of x per weight load).
+// The R weight rows are R streams from memory, which the hardware prefetcher alone served at a third of
+// one stream's speed; so a tile asks for the next tile's bytes, in address order, kTileAhead bytes past
+// its start, R cache lines per 32 columns: into L1 for one row of x, into L2 for more (into L1 the next
+// tile crowded out the current one at K = 1536). Past the end of its rows it asks for whatever follows
+// (the next matrix in the weights' arena: a prefetch never faults), as the hardware prefetcher would.
+static constexpr int64_t kTileAhead = 3072;
+template <int R, int G>
+__attribute__((always_inline)) static inline void prefetch_tile(const char*& pf) {
+  _Pragma("GCC unroll 16") for (int q = 0; q < R; ++q, pf += 64) {
+    if constexpr (G == 1) prefetch_l1(pf);
+    else prefetch_l2(pf);
+  }
 }
 
 #ifdef INFERLAB_AVX512_BF16
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// One weight row against G rows of x, each row summed exactly as a row alone is: four accumulators along
-// K (32-column blocks k, k+32, k+64, k+96 of every 128), the 32-column rest into the first, the masked
-// tail into the second, then (a0 + a1) + (a2 + a3). So a row's result does not depend on how many rows
-// share the call (a verify's rows, a batch's) and stays bit for bit the one-row result.
-template <int G>
-__attribute__((always_inline)) static inline void bf16_row_dot(const uint16_t* x, int64_t ldx, const uint16_t* r, int64_t K, float* sums) {
-  const int64_t k128 = K / 128 * 128, k32 = K / 32 * 32;
-  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - k32)) - 1);
-  __m512 a0[G], a1[G], a2[G], a3[G];
-  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k < k128; k += 128) {
-    const __m512bh v0 = (__m512bh)_mm512_loadu_si512(r + k), v1 = (__m512bh)_mm512_loadu_si512(r + k + 32);
-    const __m512bh v2 = (__m512bh)_mm512_loadu_si512(r + k + 64), v3 = (__m512bh)_mm512_loadu_si512(r + k + 96);
-    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {
-      const uint16_t* xg = x + g * ldx + k;
-      a0[g] = _mm512_dpbf16_ps(a0[g], v0, (__m512bh)_mm512_loadu_si512(xg));
-      a1[g] = _mm512_dpbf16_ps(a1[g], v1, (__m512bh)_mm512_loadu_si512(xg + 32));
-      a2[g] = _mm512_dpbf16_ps(a2[g], v2, (__m512bh)_mm512_loadu_si512(xg + 64));
-      a3[g] = _mm512_dpbf16_ps(a3[g], v3, (__m512bh)_mm512_loadu_si512(xg + 96));
+// The tile of the AVX-512 body: bf16 pairs of a weight row and a row of x multiplied into float32 sums
+// (vdpbf16ps), 32 columns a step, K's last K % 32 columns masked.
+template <int R, int G, bool Prefetch>
+__attribute__((always_inline)) static inline void bf16_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
+                                                            uint16_t* y, const float* bias, int64_t K, int64_t N,
+                                                            int64_t n) {
+  const uint16_t* wr = w + n * K;
+  const int64_t k32 = K / 32 * 32;
+  const char* pf = reinterpret_cast<const char*>(wr + R * K) + kTileAhead;
+  __m512 a[R][G];
+  _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) a[r][g] = _mm512_setzero_ps();
+  auto step = [&](const __m512bh* wv, auto load_x) __attribute__((always_inline)) {
+    _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g) {
+      const __m512bh xv = load_x(g);
+      _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) a[r][g] = _mm512_dpbf16_ps(a[r][g], wv[r], xv);
     }
+  };
+  _Pragma("GCC unroll 4") for (int64_t k = 0; k < k32; k += 32) {
+    if constexpr (Prefetch) prefetch_tile<R, G>(pf);
+    __m512bh wv[R];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr + r * K + k);
+    step(wv, [&](int g) __attribute__((always_inline)) { return (__m512bh)_mm512_loadu_si512(x + g * ldx + k); });
   }
-  for (; k < k32; k += 32) {
-    const __m512bh v = (__m512bh)_mm512_loadu_si512(r + k);
-    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) a0[g] = _mm512_dpbf16_ps(a0[g], v, (__m512bh)_mm512_loadu_si512(x + g * ldx + k));
+  if (K > k32) {
+    const __mmask32 tail = static_cast<__mmask32>((1ull << (K - k32)) - 1);
+    __m512bh wv[R];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, wr + r * K + k32);
+    step(wv, [&](int g) __attribute__((always_inline)) { return (__m512bh)_mm512_maskz_loadu_epi16(tail, x + g * ldx + k32); });
   }
-  if (tail) {
-    const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(tail, r + k32);
-    _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)
-      a1[g] = _mm512_dpbf16_ps(a1[g], v, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + g * ldx + k32));
-  }
-  _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) sums[g] = hsum(_mm512_add_ps(_mm512_add_ps(a0[g], a1[g]), _mm512_add_ps(a2[g], a3[g])));
+  _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) _Pragma("GCC unroll 16") for (int g = 0; g < G; ++g)
+    y[g * N + n + r] = out(hsum(a[r][g]), bias, n + r);
 }
 
-// Rows [n0, n1) of W against M rows of x, one weight row at a time: the weights stream from memory once,
-// in order (measured on a Zen 4, 1 thread, a 49152 x 576 bf16 matrix: one row with four accumulators
-// 13.5 GB/s, against 9.4 for two weight rows side by side and 7.5-8.4 for rows interleaved: the streams
-// get in each other's way). Rows of x go 4 at a time (16 accumulators); a second group re-reads the
-// weight row from L1.
+// Rows [n0, n1) of W against M rows of x, two weight rows at a time (an odd last one alone), every row of x
+// in the one tile (up to 16 accumulators, 2 weight vectors and one of x on 32 registers). All of
+// SmolLM2-135M's matrices in one huge-page arena, 2-core Xeon (Sapphire Rapids, AMX, 480 MiB L3), 1 thread,
+// median of 7 sweeps alternating with the body before (one weight row at a time, 4 accumulators per row of
+// x, every line of the row prefetched 4 KiB ahead; scripts/bf16_rows_ab.sh e41aa66 7 with
+// CXXFLAGS=-march=native, load 0.4-0.7): 1 row 0.66x its time, 2 rows 0.67x, 3 0.57x, 4 0.56x, 5 0.60x,
+// 8 0.78x; 4 rows now 1.02x one row's time (1.20x before). Tiles of 3 or 4 weight rows ran 1-15 % slower
+// at 1-4 rows, one weight row 3-15 % slower, 8 rows as two tiles of 4 (re-reading the weights from cache)
+// 10 % slower.
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
-  constexpr int G1 = M < 4 ? M : 4, G2 = M - G1;
-  float sums[M];
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* r = w + n * K;
-    if constexpr (M == 1 || M >= 4) {
-      prefetch_row(r, K);
-    } else if (n + 1 < n1) {
-      prefetch(r + K);
-    }
-    bf16_row_dot<G1>(x, K, r, K, sums);
-    if constexpr (G2 > 0) bf16_row_dot<G2>(x + G1 * K, K, r, K, sums + G1);
-    for (int m = 0; m < M; ++m) y[m * N + n] = out(sums[m], bias, n);
-  }
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) bf16_tile<2, M, true>(x, K, w, y, bias, K, N, n);
+  if (n < n1) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
 }
 #elif defined(INFERLAB_SIMD8)
 // x (M, K) bf16 -> float32, once per call, into this thread's buffer (kept between calls).
@@ -113,17 +115,8 @@ static inline const float* widen_rows(const uint16_t* x, int64_t n) {
   return xf.data();
 }
 
-// R weight rows from n against G rows of x (float32): one accumulator per (weight row, row of x), summed
-// along K eight columns at a time, then K's last K % 8 columns in plain C++. Every (weight row, row of x)
-// is summed in that one order whatever R and G are, so a row's result does not depend on how many rows
-// share the call (a verify's rows, a batch's) and stays bit for bit the one-row result; R and G only
-// choose how many loads each multiply-add shares (R weight rows per x load, G rows of x per weight load).
-// The R weight rows are R streams from memory, which the hardware prefetcher alone served at a third of
-// one stream's speed; so the tile asks for the next tile's bytes, in address order, kTileAhead bytes past
-// its start, R cache lines per 32 columns: into L1 for one row of x, into L2 for more (into L1 the next
-// tile crowded out the current one at K = 1536). Past the end of its rows it asks for whatever follows
-// (the next matrix in the weights' arena: a prefetch never faults), as the hardware prefetcher would.
-static constexpr int64_t kTileAhead = 3072;
+// The tile of the AVX2 and NEON bodies: weights widened to float32 eight at a time, x already float32,
+// fused multiply-adds; K's last K % 8 columns in plain C++.
 template <int R, int G, bool Prefetch>
 __attribute__((always_inline)) static inline void bf16_tile(const float* xf, int64_t ldx, const uint16_t* w,
                                                             uint16_t* y, const float* bias, int64_t K, int64_t N,
@@ -144,12 +137,7 @@ __attribute__((always_inline)) static inline void bf16_tile(const float* xf, int
   };
   int64_t k = 0;
   for (; k + 32 <= k8; k += 32) {
-    if constexpr (Prefetch) {
-      _Pragma("GCC unroll 16") for (int q = 0; q < R; ++q, pf += 64) {
-        if constexpr (G == 1) prefetch_l1(pf);
-        else prefetch_l2(pf);
-      }
-    }
+    if constexpr (Prefetch) prefetch_tile<R, G>(pf);
     step(k);
     step(k + 8);
     step(k + 16);
