@@ -150,3 +150,39 @@ def test_mixed_requests_through_the_real_llama_server():
     with llama_server.llama_server(binary, gguf, threads=1, parallel=2, ctx_per_slot=256) as server:
         run = llama_server.server_throughput(server.url, REQUESTS)
     assert run["output_tokens"] == 17 and run["prompt_tokens"] == 59 and run["output_tokens_per_s"] > 0
+
+
+def _fake_batched_bench(tmp_path: Path, crash_without: str | None) -> Path:
+    """A stand-in llama-batched-bench: dies of SIGSEGV unless `crash_without` is among its arguments (never
+    when None), then prints one jsonl row as the real one does; its arguments go to args.txt."""
+    script = tmp_path / "llama-batched-bench"
+    crash = (f'case " $* " in *" {crash_without} "*) ;; *) kill -SEGV $$ ;; esac\n' if crash_without else "")
+    script.write_text("#!/bin/sh\n" f'echo "$*" >> "{tmp_path}/args.txt"\n' + crash +
+                      'echo \'{"speed_tg": 123.5, "speed_pp": 456.0}\'\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_batched_bench_that_segfaults_with_repacking_runs_again_without_it_and_says_so(tmp_path):
+    from app.bench.batch_bench import batched_bench
+
+    out = batched_bench(_fake_batched_bench(tmp_path, "--no-repack"), tmp_path / "m.gguf", 2, 4, 16, 8)
+    assert out["decode_tokens_per_s"] == 123.5 and out["prefill_tokens_per_s"] == 456.0
+    assert "signal 11" in out["note"] and "--no-repack" in out["note"] and out["command"].endswith("--no-repack")
+    calls = (tmp_path / "args.txt").read_text().splitlines()
+    assert len(calls) == 2 and "--no-repack" not in calls[0] and "-npl 4" in calls[0]
+
+
+def test_batched_bench_that_works_runs_once_with_its_defaults(tmp_path):
+    from app.bench.batch_bench import batched_bench
+
+    out = batched_bench(_fake_batched_bench(tmp_path, None), tmp_path / "m.gguf", 1, 8, 16, 8)
+    assert out["decode_tokens_per_s"] == 123.5 and "note" not in out
+    assert len((tmp_path / "args.txt").read_text().splitlines()) == 1
+
+
+def test_batched_bench_that_always_crashes_is_a_clear_error(tmp_path):
+    from app.bench.batch_bench import batched_bench
+
+    with pytest.raises(RuntimeError, match="llama-batched-bench failed"):
+        batched_bench(_fake_batched_bench(tmp_path, "--never-given"), tmp_path / "m.gguf", 1, 4, 16, 8)

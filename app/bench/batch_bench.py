@@ -47,19 +47,27 @@ def engine_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -
 
 
 def batched_bench(binary: Path, gguf: Path, threads: int, streams: int, n_prompt: int, n_gen: int) -> dict:
-    """One llama-batched-bench run (-npl streams, its own prompt per stream, jsonl): its S_TG."""
+    """One llama-batched-bench run (-npl streams, its own prompt per stream, jsonl): its S_TG. Where it dies
+    of a signal it runs once more without weight repacking (`--no-repack`; llama.cpp 0.3.36's build segfaulted
+    with repacked Q4_1 on a Sapphire Rapids Xeon, 2026-12-03), and the result says so."""
     ctx = streams * (n_prompt + n_gen) + 64
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(streams), "--output-format", "jsonl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    note = None
+    if proc.returncode < 0:
+        note = (f"{BATCHED} died of signal {-proc.returncode} with weight repacking (its default); "
+                "measured with --no-repack")
+        cmd.append("--no-repack")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama-batched-bench failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        raise RuntimeError(f"{BATCHED} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if not rows:
-        raise RuntimeError(f"llama-batched-bench printed no result: {proc.stdout[-400:]}")
+        raise RuntimeError(f"{BATCHED} printed no result: {proc.stdout[-400:]}")
     row = rows[-1]
     return {"command": " ".join(cmd), "decode_tokens_per_s": float(row["speed_tg"]),
-            "prefill_tokens_per_s": float(row["speed_pp"])}
+            "prefill_tokens_per_s": float(row["speed_pp"]), **({"note": note} if note else {})}
 
 
 def run_batch_bench(args) -> dict:
@@ -74,16 +82,22 @@ def run_batch_bench(args) -> dict:
                  "rounds": args.rounds, "llama_cpp": peer_info, "streams": {}}
     for n in streams:
         engine_batch(engine, prompts[:n], 8)  # warm-up (and a first fused step of this width)
+        failed = None
         if peer:
-            peer(n)
+            try:
+                peer(n)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:  # ours are still measured
+                failed = str(exc)
         ours, theirs = [], []
         for _ in range(args.rounds):  # alternating: both sides see the same drift of a shared machine
             ours.append(engine_batch(engine, prompts[:n], args.max_tokens))
-            if peer:
+            if peer and failed is None:
                 theirs.append(peer(n))
         row = {"inferlab": {**median_run(ours), "each_round": [r["decode_tokens_per_s"] for r in ours]},
                "decode_step_path": engine.runner.last_path}
-        if theirs:
+        if failed is not None:
+            row["llama_cpp"] = {"failed": failed}
+        elif theirs:
             med = median_run(theirs)
             row["llama_cpp"] = {**med, "each_round": [r["decode_tokens_per_s"] for r in theirs]}
             row["inferlab_over_llama_cpp"] = row["inferlab"]["decode_tokens_per_s"] / med["decode_tokens_per_s"]
