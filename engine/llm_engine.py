@@ -48,6 +48,7 @@ from engine.queries import (
 )
 from engine.runner.cpu_compute import compute_line, plan_compute
 from engine.runner.graphs import DecodeGraphs
+from engine.runner.huge_pages import ArenaPlan
 from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_graph_bytes, profile_peak_bytes
@@ -96,7 +97,10 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         try:
             at_load = quantizer_for(config, self.device)  # a GPU quantizes each layer as it loads
-            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype, on_layer=at_load)
+            # on the CPU the large weights are filled straight into one huge-page arena (one copy, not two)
+            arena = (ArenaPlan(self.dtype, frozenset({"lm_head.weight"}) if mc.tie_word_embeddings else frozenset())
+                     if self.device.type == "cpu" else None)
+            self.model = build_model(mc, loaded.state_dict, self.device, self.dtype, on_layer=at_load, allocate=arena)
         except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
             # a config the model cannot be built from (an unsupported rope scaling)
             raise ModelLoadError(f"{loaded.path}: cannot build the model from its config.json and weights: "
@@ -112,7 +116,7 @@ class LLMEngine:
                                       profile_peak=lambda: profile_peak_bytes(self.model, mc, config, self.device,
                                                                               self.dtype),
                                       other_weights_bytes=weights_bytes(draft.model) if draft else 0,
-                                      at_load=at_load,
+                                      at_load=at_load, on_huge_pages=bool(arena and arena.placed),
                                       stream_kernel=stream_kernel, matmul_dtype=wide,
                                       profile_graphs=(lambda: profile_graph_bytes(self.model, mc, config, self.device,
                                                                                   self.dtype))

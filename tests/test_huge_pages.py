@@ -137,3 +137,40 @@ def test_describe_says_why_not(tmp_path, monkeypatch):
     assert huge_pages.describe() == "off: transparent huge pages are never here"
     monkeypatch.setenv("INFERLAB_HUGE_PAGES", "0")
     assert huge_pages.describe().startswith("off (INFERLAB_HUGE_PAGES=0)")
+
+
+@needs_thp
+def test_engine_weights_are_filled_straight_into_one_arena_ties_and_values_kept(tmp_path, monkeypatch):
+    """The target's large weights are copied once, into the arena (ArenaPlan), not into ordinary pages
+    and then moved: the weights manager finds nothing left to move, and the values are the checkpoint's."""
+    from safetensors.torch import load_file
+
+    import engine.quant.manager as manager
+
+    folder = build_tiny_model(tmp_path / "wide", "llama", hidden_size=512, intermediate_size=1024,
+                              vocab_size=4096, tie_word_embeddings=True)
+    moved: list[int] = []
+    real = huge_pages.move_to_huge_pages
+    monkeypatch.setattr(manager, "move_to_huge_pages", lambda m, *a: moved.append(real(m, *a)) or moved[-1])
+    eng = LLMEngine(EngineConfig(model=str(folder), num_kv_blocks=64, dtype="bfloat16"))
+    m = eng.model
+    assert moved and set(moved) == {0} and eng.weights.on_huge_pages  # filled in place, said in the line
+    gate_up, embed = m.layers[0].mlp.gate_up_proj.weight, m.embed_tokens.weight
+    assert gate_up.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()  # one arena
+    assert gate_up.untyped_storage().nbytes() > gate_up.nbytes
+    assert m.lm_head.weight.data_ptr() == embed.data_ptr()  # still tied: one copy, no slot for the head
+    ckpt = {k: v.to(torch.bfloat16) for k, v in load_file(str(next(folder.glob("*.safetensors")))).items()}
+    inter = 1024
+    assert torch.equal(gate_up[:inter], ckpt["model.layers.0.mlp.gate_proj.weight"])
+    assert torch.equal(gate_up[inter:], ckpt["model.layers.0.mlp.up_proj.weight"])
+    assert torch.equal(embed, ckpt["model.embed_tokens.weight"])
+    norm = m.layers[0].input_layernorm.weight  # small: made where torch makes it
+    assert norm.untyped_storage().nbytes() == norm.nbytes
+
+
+def test_arena_plan_leaves_a_model_alone_where_huge_pages_are_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERLAB_HUGE_PAGES", "0")
+    folder = build_tiny_model(tmp_path / "wide", "llama", hidden_size=512, intermediate_size=1024)
+    eng = LLMEngine(EngineConfig(model=str(folder), num_kv_blocks=64))
+    w = eng.model.layers[0].mlp.gate_up_proj.weight
+    assert w.untyped_storage().nbytes() == w.nbytes and not eng.weights.on_huge_pages

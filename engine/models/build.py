@@ -20,10 +20,15 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 
 OnLayer = Callable[[LlamaForCausalLM, int], None]  # (model, decoder layer index), once each layer is filled
+# (model, piece): where the piece's parameters, just made (empty), should lie before they are filled
+Allocate = Callable[[nn.Module, nn.Module], None]
 
 
 def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], device: torch.device,
-                dtype: torch.dtype, on_layer: OnLayer | None = None) -> LlamaForCausalLM:
+                dtype: torch.dtype, on_layer: OnLayer | None = None,
+                allocate: Allocate | None = None) -> LlamaForCausalLM:
+    """`allocate`: called with each piece once it is made and before it is filled (the engine points the
+    large weights into one huge-page arena there: engine/runner/huge_pages.ArenaPlan)."""
     mc = model_config
     with torch.device("meta"):
         model = LlamaForCausalLM(mc, max_positions=mc.max_position_embeddings)
@@ -31,17 +36,17 @@ def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], 
     model.rotary = RotaryEmbedding(mc.head_dim, mc.max_position_embeddings, mc.rope_theta, mc.rope_scaling).to(device)
     by_piece = _split_by_piece(state_dict)
     loaded: set[str] = set()
-    _fill(model, model.embed_tokens, by_piece.pop("embed_tokens", {}), device, dtype, loaded)
+    _fill(model, model.embed_tokens, by_piece.pop("embed_tokens", {}), device, dtype, loaded, allocate)
     for i, layer in enumerate(model.layers):
-        _fill(model, layer, by_piece.pop(f"layers.{i}", {}), device, dtype, loaded)
+        _fill(model, layer, by_piece.pop(f"layers.{i}", {}), device, dtype, loaded, allocate)
         if on_layer is not None:
             on_layer(model, i)
-    _fill(model, model.norm, by_piece.pop("norm", {}), device, dtype, loaded)
+    _fill(model, model.norm, by_piece.pop("norm", {}), device, dtype, loaded, allocate)
     if mc.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight  # materializing the table broke the meta tie
         by_piece.pop("lm_head", None)
     else:
-        _fill(model, model.lm_head, by_piece.pop("lm_head", {}), device, dtype, loaded)
+        _fill(model, model.lm_head, by_piece.pop("lm_head", {}), device, dtype, loaded, allocate)
     leftover = {name: t for piece in by_piece.values() for name, t in piece.items()}
     model.load_weights(leftover, check_missing=False)  # raises for a tensor with no place in the model
     model.check_loaded(loaded)
@@ -59,8 +64,10 @@ def _split_by_piece(state_dict: dict[str, torch.Tensor]) -> dict[str, dict[str, 
 
 
 def _fill(model: LlamaForCausalLM, piece: nn.Module, tensors: dict[str, torch.Tensor], device: torch.device,
-          dtype: torch.dtype, loaded: set[str]) -> None:
+          dtype: torch.dtype, loaded: set[str], allocate: Allocate | None = None) -> None:
     """Materialize `piece` on the device in `dtype` (its memory taken only now) and copy its tensors in."""
     piece.to(dtype=dtype)  # on meta: free
-    piece.to_empty(device=device)
+    piece.to_empty(device=device)  # (empty: no page is touched before `allocate` may move it)
+    if allocate is not None:
+        allocate(model, piece)
     loaded |= model.load_weights(tensors, check_missing=False)

@@ -39,14 +39,15 @@ class WeightsManager:
                  profile_peak: Callable[[], int] | None = None, other_weights_bytes: int = 0,
                  at_load: QuantizeAtLoad | None = None, stream_kernel=None,
                  matmul_dtype: torch.dtype | None = None,
-                 profile_graphs: Callable[[], int] | None = None) -> None:
+                 profile_graphs: Callable[[], int] | None = None, on_huge_pages: bool = False) -> None:
         """`block_bytes`: one KV block across every cache of the engine's block count (a draft model's
         too); `other_weights_bytes`: weights beside this model's inside the same budget (a draft's);
         `profile_peak`: the warm-up that measures a step's peak on a GPU (engine/runner/profile.py);
         `profile_graphs`: with cuda_graphs, what measures the start-up decode graphs' bytes (the same file);
         `at_load`: the layers were quantized while loading (engine/quant/at_load.py), their 16-bit
         originals already on the host; `matmul_dtype`: what every (swapped-in) Linear's library products
-        compute in, when wider than its weights (engine/runner/cpu_compute.py)."""
+        compute in, when wider than its weights (engine/runner/cpu_compute.py); `on_huge_pages`: the model was
+        built with its weights already in a huge-page arena (engine/runner/huge_pages.ArenaPlan)."""
         self.model = model
         self.stream_kernel = stream_kernel
         self.matmul_dtype = matmul_dtype
@@ -55,7 +56,7 @@ class WeightsManager:
         self._calibrate = calibrate
         self._act_absmax: dict[str, torch.Tensor] | None = None
         # before the originals are taken: they are the same tensors, so they move once, not twice
-        self.on_huge_pages = False  # some weights were moved onto huge pages (the engine line says so)
+        self.on_huge_pages = on_huge_pages  # some weights are on huge pages (the engine line says so)
         self._to_huge_pages()
         # The 16-bit weights of every quantizable layer (on the host: a GPU keeps only what runs).
         done = at_load.originals if at_load else {}

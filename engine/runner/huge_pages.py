@@ -150,6 +150,54 @@ def move_to_huge_pages(module: nn.Module, min_bytes: int = MIN_BYTES) -> int:
     return moved
 
 
+class ArenaPlan:
+    """One huge-page arena for a model's large weights, taken before they are filled: build_model's
+    `allocate` hook points each piece's large parameters into it as the piece is made, so the checkpoint is
+    copied once, straight onto huge pages, not into ordinary pages and then again by move_to_huge_pages
+    (which then finds them in place). Slots in module order with cache-line starts, as move_to_huge_pages
+    lays them out; what has no slot (small tensors, names in `skip`: a tied lm_head) stays where it is made.
+    The arena lives while any weight in it does, so use it only where every large weight is kept for the
+    model's life (the target's are: its 16-bit originals stay for requantizing); a slot the fill never
+    writes costs no memory (the arena's pages are taken as they are written). Where huge pages cannot be
+    asked for, nothing happens."""
+
+    def __init__(self, dtype: torch.dtype, skip: frozenset[str] = frozenset(), min_bytes: int = MIN_BYTES) -> None:
+        self.dtype, self.skip, self.min_bytes = dtype, skip, min_bytes
+        self._slots: dict[str, tuple[int, torch.Size, torch.dtype, int]] | None = None
+        self._names: dict[int, str] = {}
+        self._raw: torch.Tensor | None = None
+        self.placed = 0  # bytes of weights pointed into the arena
+
+    def _plan(self, model: nn.Module) -> None:
+        self._names = {id(m): n for n, m in model.named_modules()}
+        slots: dict[str, tuple[int, torch.Size, torch.dtype, int]] = {}
+        offset = 0
+        for name, p in model.named_parameters():  # the pieces not yet made are on `meta`: shapes only
+            dtype = self.dtype if p.is_floating_point() else p.dtype
+            nbytes = p.numel() * dtype.itemsize
+            if name in self.skip or nbytes < self.min_bytes:
+                continue
+            slots[name] = (offset, p.shape, dtype, nbytes)
+            offset += -(-nbytes // 64) * 64
+        self._slots = slots
+        self._raw = _arena(offset) if slots and available() else None
+
+    def __call__(self, model: nn.Module, piece: nn.Module) -> None:
+        """Point `piece`'s large parameters (just made, not yet filled) into the arena."""
+        if self._slots is None:
+            self._plan(model)
+        prefix = self._names.get(id(piece))
+        if self._raw is None or prefix is None:
+            return
+        for name, p in piece.named_parameters(prefix=prefix):
+            slot = self._slots.get(name)
+            if slot is None or p.device.type != "cpu" or p.shape != slot[1] or p.dtype != slot[2]:
+                continue
+            offset, shape, dtype, nbytes = slot
+            p.data = self._raw[offset:offset + nbytes].view(dtype).view(shape)
+            self.placed += nbytes
+
+
 def huge_page_bytes_in_use() -> int | None:
     """This process's anonymous memory on huge pages now (Linux's AnonHugePages), None where unknown."""
     try:
