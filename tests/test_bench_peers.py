@@ -97,8 +97,9 @@ def test_serve_peer_takes_turns_and_compares_the_same_schedule(tmp_path, monkeyp
     monkeypatch.setattr(serve_peer, "inferlab_server",
                         lambda gguf, threads, extra, dtype, budget: told.append(budget)
                         or fake_server(logs["inferlab"], name="inferlab"))
-    monkeypatch.setattr(serve_peer, "llama_server",
-                        lambda binary, gguf, threads, parallel, ctx: fake_server(logs["llama.cpp"], name="llama"))
+    monkeypatch.setattr(llama_server, "llama_server",
+                        lambda binary, gguf, threads, parallel, ctx, extra=(): fake_server(logs["llama.cpp"],
+                                                                                           name="llama"))
     result = serve_peer.run_peer_bench(_serve_args(tmp_path))
     # round 0: inferlab first; round 1: llama.cpp first (each side sees the same drift)
     assert [(r["server"], r["round"]) for r in result["runs"]] == [

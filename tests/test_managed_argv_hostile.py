@@ -88,3 +88,58 @@ def test_server_args_with_an_unclosed_quote_are_one_line_and_exit_2(tmp_path, ca
                  "--server-args", "--alias 'unclosed", "--json", str(tmp_path / "out.json")])
     assert code == 2
     assert "inferlab tune: --server-args \"--alias 'unclosed\": No closing quotation" in capsys.readouterr().err
+
+
+def _crashing_llama_server(tmp_path) -> tuple[str, object]:
+    """A stand-in llama-server: dies of SIGSEGV unless --no-repack is among its flags (as llama.cpp 0.3.36's
+    did with repacked weights on a Sapphire Rapids Xeon), else answers /health on its --port."""
+    calls = tmp_path / "calls.txt"
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n" + f"""import http.server, os, signal, sys
+argv = sys.argv[1:]
+with open({str(calls)!r}, "a") as f:
+    f.write(" ".join(argv) + "\\n")
+if "--no-repack" not in argv:
+    os.kill(os.getpid(), signal.SIGSEGV)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
+""")
+    exe.chmod(0o755)
+    return str(exe), calls
+
+
+def test_a_llama_server_that_crashes_at_start_runs_again_without_repacking_and_says_so(tmp_path):
+    exe, calls = _crashing_llama_server(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    server = ManagedServer(LlamaServer(), exe, ServedModel({16: str(tmp_path / "m.gguf")}, name="m"),
+                           ServerPoint(batch=2), threads=1, start_timeout_s=20.0)
+    try:
+        server.start()
+        assert server.alive() and server.command[-1] == "--no-repack"
+        assert "signal 11" in server.note and "--no-repack" in server.note
+    finally:
+        server.stop()
+    tried = calls.read_text().splitlines()
+    assert len(tried) == 2 and "--no-repack" not in tried[0] and not server.alive()
+
+
+def test_a_llama_server_that_crashes_whatever_it_is_given_is_a_failed_point_after_one_retry(tmp_path):
+    calls = tmp_path / "calls.txt"
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\nimport os, signal, sys\n"
+                   f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                   "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    exe.chmod(0o755)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    server = ManagedServer(LlamaServer(), str(exe), ServedModel({16: str(tmp_path / "m.gguf")}, name="m"),
+                           ServerPoint(), start_timeout_s=20.0)
+    with pytest.raises(PointFailed, match=r"exited \(-11\)"):
+        server.start()
+    tried = calls.read_text().splitlines()
+    assert len(tried) == 2 and tried[1].endswith("--no-repack") and not server.alive()

@@ -18,6 +18,7 @@ import torch
 from app.bench import llama_cpp
 from app.bench.rounds import bench_engine, median_run
 from app.load.workload import corpus_tokens
+from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, crash_retry_note
 from engine import LLMEngine, SamplingParams
 from engine.drive import drive
 
@@ -56,9 +57,8 @@ def batched_bench(binary: Path, gguf: Path, threads: int, streams: int, n_prompt
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     note = None
     if proc.returncode < 0:
-        note = (f"{BATCHED} died of signal {-proc.returncode} with weight repacking (its default); "
-                "measured with --no-repack")
-        cmd.append("--no-repack")
+        note = crash_retry_note(BATCHED, -proc.returncode)
+        cmd.extend(LLAMA_CPP_CRASH_RETRY)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{BATCHED} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")

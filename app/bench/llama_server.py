@@ -22,7 +22,7 @@ import httpx
 
 from app.load.workload import BenchRequest
 from app.remote.client import request_body
-from app.tradeoff.managed.child import ChildServer, PeerError, free_port
+from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
 
 
 def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_slot: int,
@@ -34,6 +34,19 @@ def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
         "-tb", str(threads), "-np", str(parallel), "-c", str(parallel * ctx_per_slot), "--no-kv-unified",
         "--metrics", *extra], port)
+
+
+def enter_llama_server(stack, binary: Path, gguf: Path, threads: int, parallel: int,
+                       ctx_per_slot: int) -> tuple[ChildServer, str | None]:
+    """(llama_server(...) started inside `stack` (a contextlib.ExitStack), a note or None). One that dies of a
+    signal while starting is started once more with LLAMA_CPP_CRASH_RETRY, and the note says so."""
+    try:
+        return stack.enter_context(llama_server(binary, gguf, threads, parallel, ctx_per_slot)), None
+    except PeerError as exc:
+        if not exc.signal:
+            raise
+        note = crash_retry_note("llama-server", exc.signal)
+    return stack.enter_context(llama_server(binary, gguf, threads, parallel, ctx_per_slot, LLAMA_CPP_CRASH_RETRY)), note
 
 
 def token_request(model: str, r: BenchRequest) -> tuple[str, dict]:
@@ -90,10 +103,10 @@ def throughput_peer(model_path: str, requests: list[BenchRequest], threads: int,
     except ValueError as exc:
         return None, {"skipped": str(exc)}
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
-    server = stack.enter_context(llama_server(binary, gguf, threads, parallel, -(-longest // 256) * 256))
+    server, note = enter_llama_server(stack, binary, gguf, threads, parallel, -(-longest // 256) * 256)
     server_throughput(server.url, requests[:parallel])  # warm-up: the file into the page cache, every slot once
     return (lambda: server_throughput(server.url, requests)), {
         "binary": str(binary), "gguf": str(gguf), "threads": threads, "parallel_slots": parallel,
-        "command": " ".join(server.command),
+        "command": " ".join(server.command), **({"note": note} if note else {}),
         "client": "all requests at once as token ids, max_tokens fixed, ignore_eos, cache_prompt false, "
                   "not streamed; tokens/s from the first send to the last reply (HTTP on loopback included)"}

@@ -25,7 +25,7 @@ import statistics
 import sys
 
 from app.bench import llama_cpp
-from app.bench.llama_server import ChildServer, free_port, llama_server
+from app.bench.llama_server import ChildServer, enter_llama_server, free_port
 from app.bench.serve_url import url_workload
 from app.remote.http_load import client_for, make_text_schedule, run_rate, run_seed, warm_up
 from engine.core.metrics import SLO
@@ -80,11 +80,11 @@ def run_peer_bench(args) -> dict:
     schedules = {(rate, r): make_text_schedule(args, rate, run_seed(args.seed, i, r))
                  for i, rate in enumerate(args.rates) for r in range(args.rounds)}
     with contextlib.ExitStack() as stack:
+        llama, note = enter_llama_server(stack, binary, gguf, args.peer_threads or threads, args.peer_parallel,
+                                         args.peer_ctx_per_slot)
         servers = {"inferlab": stack.enter_context(inferlab_server(gguf, threads, args.peer_inferlab_args, args.dtype,
                                                                      None if args.peer_no_budget else slo)),
-                   "llama.cpp": stack.enter_context(llama_server(binary, gguf, args.peer_threads or threads,
-                                                                 args.peer_parallel,
-                                                                 args.peer_ctx_per_slot))}
+                   "llama.cpp": llama}
         commands = {name: " ".join(s.command) for name, s in servers.items()}
         runs = asyncio.run(_alternate(servers, schedules, args, slo))
     return {
@@ -94,7 +94,7 @@ def run_peer_bench(args) -> dict:
                   "time, timed on arrival (client side)",
         "inferlab_told_slo": not args.peer_no_budget,
         "gguf": gguf, "threads": {"inferlab": threads, "llama.cpp": args.peer_threads or threads},
-        "servers": commands,
+        "servers": commands, **({"llama_cpp_note": note} if note else {}),
         "workload": {**url_workload(args, next(iter(schedules.values()))), "rounds": args.rounds},
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "percentile": slo.percentile},
         "runs": runs, **compare(runs, args.rates),

@@ -39,11 +39,23 @@ def _kill_running() -> None:
 
 class PeerError(RuntimeError):
     """A peer server that would not start, or answered other than asked: the bench's one error line.
-    `port_taken`: another process held its port (taken between free_port() and the server's bind)."""
+    `port_taken`: another process held its port (taken between free_port() and the server's bind);
+    `signal`: the signal it died of while starting (a crash), else None."""
 
-    def __init__(self, message: str, port_taken: bool = False) -> None:
+    def __init__(self, message: str, port_taken: bool = False, signal: int | None = None) -> None:
         super().__init__(message)
-        self.port_taken = port_taken
+        self.port_taken, self.signal = port_taken, signal
+
+
+# llama.cpp's fallback for a binary that crashes at start: its repacked weight layouts (the default) made
+# llama-server and llama-batched-bench 0.3.36 die of SIGSEGV on a Sapphire Rapids Xeon (Q4_1, Q8_0;
+# 2026-12-03); without repacking they run. Tried once, only after a crash, and said where it was used.
+LLAMA_CPP_CRASH_RETRY = ("--no-repack",)
+
+
+def crash_retry_note(name: str, signal: int) -> str:
+    return (f"{name} died of signal {signal} with weight repacking (its default); "
+            f"measured with {' '.join(LLAMA_CPP_CRASH_RETRY)}")
 
 
 def free_port() -> int:
@@ -95,8 +107,9 @@ class ChildServer:
             if self._stop_asked:
                 raise PeerError(f"{self.name} was stopped while it started")
             if self.proc.poll() is not None:
-                raise PeerError(f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}",
-                                port_taken=bool(_listeners(self.port) - {None}))
+                rc = self.proc.returncode
+                raise PeerError(f"{self.name} exited ({rc}): {self.log_tail()}",
+                                port_taken=bool(_listeners(self.port) - {None}), signal=-rc if rc < 0 else None)
             healthy = health_status(self.url + "/health") == 200
             if healthy and self.answer_is_ours():
                 return

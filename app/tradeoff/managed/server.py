@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.child import ChildServer, PeerError, free_port
+from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
 from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
 
 
@@ -37,6 +37,9 @@ class ManagedServer:
     threads: int | None = None
     start_timeout_s: float = 300.0
     port: int | None = None  # None: a free port at each start; fixed: restarts keep the URL (the app's)
+    # added to the engine's flags after llama-server crashed at start (LLAMA_CPP_CRASH_RETRY), and why
+    extra_args: tuple[str, ...] = ()
+    note: str | None = None
     _child: ChildServer | None = field(default=None, repr=False)
     _last_log: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards _child
@@ -81,7 +84,11 @@ class ManagedServer:
             try:
                 return self._start_once()
             except PointFailed as exc:
-                if self.port is not None or not getattr(exc.__cause__, "port_taken", False):
+                crashed = getattr(exc.__cause__, "signal", None)
+                tried = (*self.extra_args, *getattr(self.engine, "extra", ()))
+                if crashed and self.engine.name == "llama-server" and LLAMA_CPP_CRASH_RETRY[0] not in tried:
+                    self.extra_args, self.note = LLAMA_CPP_CRASH_RETRY, crash_retry_note(self.engine.name, crashed)
+                elif self.port is not None or not getattr(exc.__cause__, "port_taken", False):
                     raise
             return self._start_once()
 
@@ -91,7 +98,7 @@ class ManagedServer:
                 raise RuntimeError(f"{self.engine.name} is already running")
             port = self.port or free_port()
             try:
-                argv = self.engine.argv(self.exe, self.model, self.point, port, self.threads)
+                argv = [*self.engine.argv(self.exe, self.model, self.point, port, self.threads), *self.extra_args]
             except FlagError as exc:
                 raise PointFailed(f"{self.engine.name} cannot run {self.point.label()}: {exc}") from exc
             child = self._child = ChildServer(self.engine.name, argv, port)  # a stop() now ends it

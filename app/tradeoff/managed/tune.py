@@ -185,7 +185,8 @@ def _start_and_measure(spec: TuneSpec, point: ServerPoint, reference: list | Non
             "runs": [run["row"] for run in measured["runs"]], "memory": memory, "rss_bytes": memory["rss_bytes"],
             "draft_acceptance": draft_acceptance(memory["server_metrics"]), **quality,
             "greedy": measured["greedy"], "kl": None, "ppl_delta_pct": None, "served_model": measured["served_model"],
-            "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2)}
+            "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2),
+            **({"note": server.note} if server.note else {})}
 
 
 def point_deadline(spec: TuneSpec, sweep_t0: float) -> float | None:
