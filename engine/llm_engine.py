@@ -98,8 +98,7 @@ class LLMEngine:
         try:
             at_load = quantizer_for(config, self.device)  # a GPU quantizes each layer as it loads
             # on the CPU the large weights are filled straight into one huge-page arena (one copy, not two)
-            arena = (ArenaPlan(self.dtype, frozenset({"lm_head.weight"}) if mc.tie_word_embeddings else frozenset())
-                     if self.device.type == "cpu" else None)
+            arena = ArenaPlan(self.dtype) if self.device.type == "cpu" else None
             self.model = build_model(mc, loaded.state_dict, self.device, self.dtype, on_layer=at_load, allocate=arena)
         except (KeyError, ValueError) as e:  # a tensor with no place, one missing, one of the wrong shape;
             # a config the model cannot be built from (an unsupported rope scaling)

@@ -15,15 +15,11 @@ extern "C" void FN(int M, const uint16_t* x, const uint8_t* codes, const uint16_
 }
 #endif
 #ifdef MAIN
-#include <sys/mman.h>
-#include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <vector>
+#include "rows_ab.h"
 extern "C" void rows_a(int, const uint16_t*, const uint8_t*, const uint16_t*, uint16_t*, int64_t, int64_t);
 extern "C" void rows_b(int, const uint16_t*, const uint8_t*, const uint16_t*, uint16_t*, int64_t, int64_t);
 struct Mat {
@@ -39,10 +35,7 @@ int main(int argc, char** argv) {
       mats.push_back({nk.first, nk.second, nullptr, nullptr});
   size_t total = 0;
   for (auto& m : mats) total += m.N * m.K / 2 + m.N * (m.K / 32) * 4 + 64;
-  const size_t huge = size_t{2} << 20;
-  char* raw = static_cast<char*>(mmap(nullptr, total + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  char* arena = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + huge - 1) & ~(huge - 1));
-  madvise(arena, total, MADV_HUGEPAGE);
+  char* arena = huge_arena(total);
   std::mt19937 rng(1);
   size_t off = 0;
   for (auto& m : mats) {
@@ -67,31 +60,15 @@ int main(int argc, char** argv) {
       }
     }
   std::printf("largest relative difference A vs B: %.3g\n", worst);
-  auto run = [&](auto fn, int M) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (std::getenv("HOT")) {  // one gate_up matrix over and over (in L2): the body's compute alone
-      for (int i = 0; i < 30; ++i) fn(M, x.data(), mats[2].codes, mats[2].sz, ya.data(), mats[2].K, mats[2].N);
-    } else {
-      for (auto& m : mats) fn(M, x.data(), m.codes, m.sz, ya.data(), m.K, m.N);
-    }
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  std::vector<std::vector<double>> ta(5), tb(5);
-  for (int s = 0; s < sweeps; ++s)
-    for (int M = 1; M <= 4; ++M) {
-      if (s % 2) {
-        tb[M].push_back(run(rows_b, M));
-        ta[M].push_back(run(rows_a, M));
+  auto sweep = [&](auto fn) {
+    return [&, fn](int M) {
+      if (std::getenv("HOT")) {  // one gate_up matrix over and over (in L2): the body's compute alone
+        for (int i = 0; i < 30; ++i) fn(M, x.data(), mats[2].codes, mats[2].sz, ya.data(), mats[2].K, mats[2].N);
       } else {
-        ta[M].push_back(run(rows_a, M));
-        tb[M].push_back(run(rows_b, M));
+        for (auto& m : mats) fn(M, x.data(), m.codes, m.sz, ya.data(), m.K, m.N);
       }
-    }
-  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  auto low = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
-  std::printf("rows  A median (min) ms  x A's 1 row | B median (min) ms  x B's 1 row | B / A\n");
-  for (int M = 1; M <= 4; ++M)
-    std::printf("%4d  %8.3f (%6.3f)  %5.2fx      | %8.3f (%6.3f)  %5.2fx      | %.2f\n", M, med(ta[M]), low(ta[M]),
-                med(ta[M]) / med(ta[1]), med(tb[M]), low(tb[M]), med(tb[M]) / med(tb[1]), med(tb[M]) / med(ta[M]));
+    };
+  };
+  ab_table(4, sweeps, sweep(rows_a), sweep(rows_b), "%8.3f (%6.3f)");
 }
 #endif

@@ -14,7 +14,9 @@ MADV_HUGEPAGE, holding every large tensor of the module that owns its whole stor
 (the order the step reads them); each parameter or buffer then points into the arena. Tied weights
 stay tied (one copy, both names). Tensors that are views of something else, already in an arena,
 small, or not on the CPU are left where they are. An arena lives while any tensor in it does. Where
-the platform has no MADV_HUGEPAGE (macOS, Windows) or THP is off ("never"), nothing moves.
+the platform has no MADV_HUGEPAGE (macOS, Windows) or THP is off ("never"), nothing moves. The engine's
+own weights need no move: ArenaPlan lays out their arena before they are filled, and the model is built
+into it (one copy of the checkpoint).
 """
 from __future__ import annotations
 
@@ -155,14 +157,14 @@ class ArenaPlan:
     `allocate` hook points each piece's large parameters into it as the piece is made, so the checkpoint is
     copied once, straight onto huge pages, not into ordinary pages and then again by move_to_huge_pages
     (which then finds them in place). Slots in module order with cache-line starts, as move_to_huge_pages
-    lays them out; what has no slot (small tensors, names in `skip`: a tied lm_head) stays where it is made.
-    The arena lives while any weight in it does, so use it only where every large weight is kept for the
-    model's life (the target's are: its 16-bit originals stay for requantizing); a slot the fill never
-    writes costs no memory (the arena's pages are taken as they are written). Where huge pages cannot be
-    asked for, nothing happens."""
+    lays them out; small tensors have none and stay where they are made. A slot the fill never writes (a
+    tied lm_head's: that piece is never made) costs no memory: the arena's pages are taken as they are
+    written. The arena lives while any weight in it does, so use it only where every large weight is kept
+    for the model's life (the target's are: its 16-bit originals stay for requantizing). Where huge pages
+    cannot be asked for, nothing happens."""
 
-    def __init__(self, dtype: torch.dtype, skip: frozenset[str] = frozenset(), min_bytes: int = MIN_BYTES) -> None:
-        self.dtype, self.skip, self.min_bytes = dtype, skip, min_bytes
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
         self._slots: dict[str, tuple[int, torch.Size, torch.dtype, int]] | None = None
         self._names: dict[int, str] = {}
         self._raw: torch.Tensor | None = None
@@ -175,7 +177,7 @@ class ArenaPlan:
         for name, p in model.named_parameters():  # the pieces not yet made are on `meta`: shapes only
             dtype = self.dtype if p.is_floating_point() else p.dtype
             nbytes = p.numel() * dtype.itemsize
-            if name in self.skip or nbytes < self.min_bytes:
+            if nbytes < MIN_BYTES:
                 continue
             slots[name] = (offset, p.shape, dtype, nbytes)
             offset += -(-nbytes // 64) * 64
