@@ -21,6 +21,7 @@
 #include "torch_common.h"
 #include "core/attention.h"
 #include "core/linear.h"
+#include "core/linear_tiles.h"
 #include "core/ops.h"
 
 using namespace inferlab;
@@ -97,13 +98,14 @@ struct Prepared {
   const uint16_t* xperm = nullptr;  // int4 float body: x reordered
   std::array<Q4x, 8> q4{};          // int4 with int8 activations
   std::array<Q8x, 8> q8{};          // int8 with int8 activations
+  std::array<Q4t, 8> q4t{};         // int4 tiles with int8 activations
 };
 
 inline uint16_t rnd(float v) { return float_to_bf16(v); }
 inline float f(uint16_t h) { return bf16_to_float(h); }
 
 // One projection as a layer holds it: bf16 rows (kind 0), int8 rows + one scale each (1), 4-bit
-// codes + group (scale, zero) (2). The tensors are the layer's own (no copy); a bias is kept as
+// codes + group (scale, zero) (2), the same in tiles of 16 rows (3, core/linear_tiles.h). The tensors are the layer's own (no copy); a bias is kept as
 // float32 for the bf16 kernel (added before rounding, as Linear does) and as bf16 for quantized
 // layers (added after rounding, as QuantLinear does).
 struct Proj {
@@ -112,7 +114,7 @@ struct Proj {
 
   Proj(int64_t kind_, torch::Tensor a_, torch::Tensor b_, int64_t group_, c10::optional<torch::Tensor> bias)
       : kind(kind_), group(group_), a(a_.contiguous()), b(b_.defined() ? b_.contiguous() : b_) {
-    TORCH_CHECK(kind >= 0 && kind <= 2, "Proj kind: 0 bf16, 1 int8, 2 int4");
+    TORCH_CHECK(kind >= 0 && kind <= 3, "Proj kind: 0 bf16, 1 int8, 2 int4, 3 int4 tiles");
     N = a.size(0);
     if (kind == 0) {
       TORCH_CHECK(a.scalar_type() == at::kBFloat16 && a.dim() == 2, "bf16 weight (N, K)");
@@ -126,6 +128,7 @@ struct Proj {
       TORCH_CHECK(a.scalar_type() == at::kByte && b.scalar_type() == at::kBFloat16 && K % 64 == 0 && group >= 32 &&
                       (group & (group - 1)) == 0 && K % group == 0 && b.numel() == N * (K / group) * 2,
                   "int4 codes (N, K / 2), scale_zero (N, K / group, 2); K a multiple of 64 and of the group");
+      TORCH_CHECK(kind == 2 || N % kRowTile == 0, "int4 tiles: N a multiple of 16");
     }
     if (bias.has_value() && bias->defined()) {
       TORCH_CHECK(bias->numel() == N, "bias (N,)");
@@ -144,6 +147,11 @@ struct Proj {
       int8_q8_prepare(x, M, K, fscratch, p.q8.data());
     } else if (kind == 2 && q8) {
       int4_q8_prepare(x, M, K, group, fscratch, p.q4.data());
+    } else if (kind == 3 && q8) {
+      int4t_q8_prepare(x, M, K, group, fscratch, p.q4t.data());
+    } else if (kind == 3) {
+      int4t_prepare(x, M, K, group, fscratch);
+      p.xf = fscratch;
     } else if (kind == 1) {
       int8_prepare(x, M, K, fscratch);
       p.xf = fscratch;
@@ -165,6 +173,8 @@ struct Proj {
     }
     if (kind == 1 && q8) int8_q8_range(p.q8.data(), M, a.data_ptr<int8_t>(), sc, nullptr, K, N, y, n0, n1);
     else if (kind == 2 && q8) int4_q8_range(p.q4.data(), M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, n0, n1);
+    else if (kind == 3 && q8) int4t_q8_range(p.q4t.data(), M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, n0, n1);
+    else if (kind == 3) int4t_range(p.xf, M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, n0, n1);
     else if (kind == 1) int8_range(p.xf, M, a.data_ptr<int8_t>(), sc, nullptr, K, N, y, n0, n1);
     else int4_range(p.x, M, a.data_ptr<uint8_t>(), sc, group, nullptr, K, N, y, p.xf, p.xperm, n0, n1);
     if (bias_h.defined()) {
@@ -219,6 +229,7 @@ class FusedModel {
     TORCH_CHECK(qkv->K == H_ && qkv->N == qs + 2 * kvs, "qkv_proj (q + 2 kv, hidden)");
     TORCH_CHECK(o->K == qs && o->N == H_, "o_proj (hidden, q)");
     TORCH_CHECK(gate_up->K == H_ && gate_up->N == 2 * I_, "gate_up_proj (2 intermediate, hidden)");
+    TORCH_CHECK(gate_up->kind != 3 || I_ % kRowTile == 0, "int4 tiles gate_up: intermediate a multiple of 16");
     TORCH_CHECK(down->K == I_ && down->N == H_, "down_proj (hidden, intermediate)");
     TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16 &&
                     k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
@@ -513,7 +524,8 @@ class FusedModel {
       if (s.res.empty()) {
         s.res.resize(R * H_); s.h.resize(R * H_);
         // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more)
-        s.fs.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax)}) + 64);
+        s.fs.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax),
+                              q4t_scratch_floats(R, kmax), f4t_scratch_floats(R, kmax)}) + 64);
         s.hs.resize(R * kmax + 64);  // int4: x reordered
         s.acc.resize(8 * 128);       // the portable attention body's sums (group <= 8, head_dim <= 128)
       }

@@ -4,6 +4,7 @@
 #pragma once
 #include "torch_common.h"
 #include "core/linear.h"
+#include "core/linear_tiles.h"
 
 using namespace inferlab;
 
@@ -73,6 +74,57 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   linear_int4(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, cc.data_ptr<uint8_t>(),
               reinterpret_cast<const uint16_t*>(szc.data_ptr()), group, bf.defined() ? bf.data_ptr<float>() : nullptr,
               K, N, reinterpret_cast<uint16_t*>(y.data_ptr()), gx.data(), xperm.data());
+  return y;
+}
+
+// The tiles layout's checks (core/linear_tiles.h): codes (N, K / 2) uint8, sz (N, K / group, 2) bf16, N a
+// multiple of 16, K of 64 and of the group (a power of two, at least 32).
+static void check_tiles(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& sz, int64_t group) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte,
+              "bf16 x and scales, uint8 codes");
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && x.size(0) >= 1, "x (M, K), codes (N, K / 2)");
+  const int64_t K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0 &&
+                  N % kRowTile == 0 && sz.numel() == N * (K / group) * 2,
+              "int4 tiles: codes (N, K / 2) with N a multiple of 16, sz (N, K / group, 2); K a multiple of 64 and "
+              "of the group (a power of two, at least 32)");
+}
+
+// x (M, K) bf16, codes and sz in the tiles layout -> (M, N) bf16 (+ bias), x in float32 (exact).
+torch::Tensor stream_linear_int4_tiles(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group,
+                                       c10::optional<torch::Tensor> bias) {
+  check_tiles(x, codes, sz, group);
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  auto xc = x.contiguous(), cc = codes.contiguous(), szc = sz.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  auto bf = bias_f32(bias, N);
+  std::vector<float> scratch(f4t_scratch_floats(M, K));
+  int4t_prepare(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, K, group, scratch.data());
+  const uint8_t* cp = cc.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+    int4t_range(scratch.data(), M, cp, sp, group, bp, K, N, yp, n0, n1);
+  });
+  return y;
+}
+
+// The same with x rounded to int8 per 32 columns (the fused step's product; here for the tests).
+torch::Tensor stream_linear_int4_tiles_q8(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group) {
+  check_tiles(x, codes, sz, group);
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  auto xc = x.contiguous(), cc = codes.contiguous(), szc = sz.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  std::vector<float> scratch(q4t_scratch_floats(M, K));
+  std::vector<Q4t> xs(M);
+  int4t_q8_prepare(reinterpret_cast<const uint16_t*>(xc.data_ptr()), M, K, group, scratch.data(), xs.data());
+  const uint8_t* cp = cc.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+    int4t_q8_range(xs.data(), M, cp, sp, group, nullptr, K, N, yp, n0, n1);
+  });
   return y;
 }
 

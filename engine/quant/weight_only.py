@@ -40,11 +40,15 @@ class QuantLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
                  outlier_idx: torch.Tensor | None = None, reference: bool = False, int4_layout: str = "auto") -> None:
-        """`int4_layout`: "auto" packs int4 for torch's int4 matmul on CUDA where it applies and keeps the
-        native kernel's layout elsewhere; "torch" packs for torch's matmul on the CPU too (its tests)."""
+        """`int4_layout`: "auto" packs int4 for torch's int4 matmul on CUDA where it applies, in the native
+        kernel's tiles layout where its avx512 tier runs, its chunk layout elsewhere; "torch", "tiles" and
+        "chunks" force one (the tests)."""
         super().__init__()
         self.bits, self.group_size, self.reference = bits, group_size, reference
+        if int4_layout not in ("auto", "torch", "tiles", "chunks"):
+            raise ValueError(f"int4_layout: auto, torch, tiles or chunks, not {int4_layout!r}")
         self.int4_layout = int4_layout
+        self.int4_tiles = False  # int4 in the native kernel's tiles layout (engine/quant/schemes.py)
         self.register_buffer("packed", None)  # torch's packed int4 layout, when the layer uses it (then no codes)
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype

@@ -11,6 +11,7 @@
 
 #include "core/attention.h"
 #include "core/linear.h"
+#include "core/linear_tiles.h"
 #include "core/ops.h"
 
 using namespace inferlab;
@@ -83,6 +84,29 @@ double int4_weight(const Int4W& w, int64_t n, int64_t k, int64_t K, int64_t grou
   return (double(w.q[n * K + k]) - 8.0) * bf16_to_float(w.sz[n * pairs + 2 * g]) + bf16_to_float(w.sz[n * pairs + 2 * g + 1]);
 }
 
+// x (M, K) times the int4 weights in double (+ bias): with x exact (want) and with x as the int8 bodies
+// round it, per 32 columns d * xq (want8).
+void int4_reference(const std::vector<uint16_t>& x, const Int4W& w, int64_t M, int64_t K, int64_t N, int64_t group,
+                    const float* bias, std::vector<double>& want, std::vector<double>& want8) {
+  std::vector<int8_t> xq(K + 128);
+  std::vector<float> d(K / 32 + 8);
+  want.assign(M * N, 0.0);
+  want8.assign(M * N, 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_q8(x.data() + m * K, K, xq.data(), d.data());
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bias ? bias[n] : 0.0, s8 = s;
+      for (int64_t k = 0; k < K; ++k) {
+        const double wk = int4_weight(w, n, k, K, group);
+        s += wk * bf16_to_float(x[m * K + k]);
+        s8 += wk * double(d[k / 32]) * xq[k];
+      }
+      want[m * N + n] = s;
+      want8[m * N + n] = s8;
+    }
+  }
+}
+
 void check_int4(int64_t M, int64_t K, int64_t N, int64_t group) {
   const auto x = bf16_vec(M * K);
   const Int4W w = make_int4(N, K, group);
@@ -95,27 +119,79 @@ void check_int4(int64_t M, int64_t K, int64_t N, int64_t group) {
   std::vector<Q4x> xs(M);
   int4_q8_prepare(x.data(), M, K, group, scratch.data(), xs.data());
   int4_q8_range(xs.data(), M, w.codes.data(), w.sz.data(), group, nullptr, K, N, y8.data(), 0, N);
-  // the int8-activation reference: x as the kernel rounds it (per 32 columns, d * xq)
-  std::vector<int8_t> xq(K + 128);
-  std::vector<float> d(K / 32 + 8);
-  std::vector<double> want(M * N), want8(M * N);
-  for (int64_t m = 0; m < M; ++m) {
-    quantize_row_q8(x.data() + m * K, K, xq.data(), d.data());
-    for (int64_t n = 0; n < N; ++n) {
-      double s = 0.0, s8 = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double wk = int4_weight(w, n, k, K, group);
-        s += wk * bf16_to_float(x[m * K + k]);
-        s8 += wk * double(d[k / 32]) * xq[k];
-      }
-      want[m * N + n] = s;
-      want8[m * N + n] = s8;
-    }
-  }
+  std::vector<double> want, want8;
+  int4_reference(x, w, M, K, N, group, nullptr, want, want8);
   const std::string shape = " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                             " g=" + std::to_string(group);
   expect_close("int4 rows" + shape, y, want, 1e-2);
   expect_close("int4 rows, int8 activations" + shape, y8, want8, 1e-2);
+}
+
+// The same weights in the tiles layout (core/linear_tiles.h): codes per tile of 16 rows, per group, per
+// step of 8 columns; scales and zeros per tile and group, 16 of each.
+void to_tiles(const Int4W& w, int64_t N, int64_t K, int64_t group, std::vector<uint8_t>& codes,
+              std::vector<uint16_t>& sz) {
+  const int64_t G = K / group;
+  codes.assign(N * K / 2, 0);
+  sz.assign(N * G * 2, 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t t = n / 16, j = n % 16, g = k / group, s = (k % group) / 8, i = k % 8;
+      uint8_t& b = codes[t * 16 * (K / 2) + g * group * 8 + s * 64 + 4 * j + i % 4];
+      b |= static_cast<uint8_t>(w.q[n * K + k] << (i < 4 ? 0 : 4));
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = ((n / 16) * G + g) * 32 + n % 16;
+      sz[at] = w.sz[n * 2 * G + 2 * g];
+      sz[at + 16] = w.sz[n * 2 * G + 2 * g + 1];
+    }
+}
+
+// Both tiles products against the reference; every row of x as it is alone (bit for bit); and rows
+// [16, N) alone (a thread's share) as in the whole call.
+void check_int4_tiles(int64_t M, int64_t K, int64_t N, int64_t group) {
+  const auto x = bf16_vec(M * K);
+  const Int4W w = make_int4(N, K, group);
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> sz;
+  to_tiles(w, N, K, group, codes, sz);
+  std::vector<float> bias(N);
+  for (auto& b : bias) b = uniform(-1.f, 1.f);
+  auto run = [&](int64_t rows, const uint16_t* xr, bool q8, int64_t n0, std::vector<uint16_t>& y) {
+    y.assign(rows * N, 0);
+    if (q8) {
+      std::vector<float> scratch(q4t_scratch_floats(rows, K));
+      std::vector<Q4t> xs(rows);
+      int4t_q8_prepare(xr, rows, K, group, scratch.data(), xs.data());
+      int4t_q8_range(xs.data(), rows, codes.data(), sz.data(), group, bias.data(), K, N, y.data(), n0, N);
+    } else {
+      std::vector<float> scratch(f4t_scratch_floats(rows, K));
+      int4t_prepare(xr, rows, K, group, scratch.data());
+      int4t_range(scratch.data(), rows, codes.data(), sz.data(), group, bias.data(), K, N, y.data(), n0, N);
+    }
+  };
+  std::vector<double> want, want8;
+  int4_reference(x, w, M, K, N, group, bias.data(), want, want8);
+  const std::string shape = " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                            " g=" + std::to_string(group);
+  for (bool q8 : {false, true}) {
+    std::vector<uint16_t> y, alone, part;
+    run(M, x.data(), q8, 0, y);
+    expect_close(std::string(q8 ? "int4 tiles, int8 activations" : "int4 tiles") + shape, y, q8 ? want8 : want, 1e-2);
+    int64_t differ = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      run(1, x.data() + m * K, q8, 0, alone);
+      for (int64_t n = 0; n < N; ++n) differ += alone[n] != y[m * N + n];
+    }
+    run(M, x.data(), q8, 16, part);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 16; n < N; ++n) differ += part[m * N + n] != y[m * N + n];
+    (differ == 0 ? passed : failed)++;
+    std::printf("%s %-46s %lld differ\n", differ == 0 ? "ok  " : "FAIL",
+                (std::string(q8 ? "int4 tiles q8" : "int4 tiles") + " alone = together" + shape).c_str(),
+                static_cast<long long>(differ));
+  }
 }
 
 void check_int8(int64_t M, int64_t K, int64_t N) {
@@ -225,6 +301,9 @@ int main() {
     check_int4(M, 576, 37, 32);
     check_int4(M, 320, 12, 64);  // a half 128-column block at the end; two groups per block
     check_int4(M, 256, 9, 128);
+    check_int4_tiles(M, 576, 48, 32);
+    check_int4_tiles(M, 320, 32, 64);
+    check_int4_tiles(M, 256, 16, 128);
   }
   for (int64_t M : {1, 3, 8}) {
     check_int8(M, 576, 41);
