@@ -60,6 +60,24 @@ def test_which_layers_take_the_tiles_layout(monkeypatch):
     assert tiles_fit(4096, 4096, 128) and not tiles_fit(4096, 4096, 16) and not tiles_fit(4096, 100, 32)
 
 
+def test_the_default_layout_follows_the_tier_or_the_environment(monkeypatch):
+    import engine.kernels
+
+    monkeypatch.delenv(schemes.INT4_LAYOUT_ENV, raising=False)
+    for tier, tiles in (("avx512", True), ("avx2", True), ("neon", False), ("portable", False)):
+        monkeypatch.setattr(engine.kernels, "cpu_tier", lambda tier=tier: tier)
+        assert schemes.tiles_by_default() == tiles
+        assert schemes.int4_layout_in_words().startswith("tiles" if tiles else "chunks")
+    monkeypatch.setenv(schemes.INT4_LAYOUT_ENV, "tiles")
+    assert schemes.tiles_by_default()  # forced on a tier that defaults to chunks (portable, the last above)
+    monkeypatch.setattr(engine.kernels, "cpu_tier", lambda: "avx512")
+    monkeypatch.setenv(schemes.INT4_LAYOUT_ENV, "chunks")
+    assert not schemes.tiles_by_default()
+    monkeypatch.setenv(schemes.INT4_LAYOUT_ENV, "rows")
+    with pytest.warns(UserWarning, match="tiles or chunks"):
+        assert schemes.tiles_by_default()  # a value it does not know: the tier's default, with a warning
+
+
 @pytest.mark.parametrize("n,k,g", [(64, 576, 32), (32, 256, 128), (96, 320, 64)])
 def test_both_products_on_every_tier(kernel, n, k, g):
     """Float activations: the exact sums, as the chunk layout's within a bf16 rounding; int8 activations:

@@ -118,13 +118,34 @@ def tiles_fit(out_features: int, in_features: int, group: int) -> bool:
     return out_features % (2 * TILE_ROWS) == 0 and in_features % 64 == 0 and group % 32 == 0
 
 
+INT4_LAYOUT_ENV = "INFERLAB_INT4_LAYOUT"  # tiles | chunks: force the default layout (side-by-side benches)
+TILES_TIERS = ("avx512", "avx2")  # where its bodies measured faster (scripts/int4_layout_bench.py); NEON unmeasured
+
+
 def tiles_by_default() -> bool:
-    """Whether "auto" picks the tiles layout on the CPU: where the kernels run the avx512 tier (one
-    stream at 4 bits 1.24-1.27x llama.cpp there, against 0.86-0.91x in the chunk layout, on a Sapphire
-    Rapids Xeon); every other tier has a faster body for the chunk layout."""
+    """Whether "auto" picks the tiles layout on the CPU: where the kernels run the avx512 or the avx2 tier
+    (on a Sapphire Rapids Xeon one 4-bit stream ran 1.39x and 1.24x as fast as in the chunk layout on
+    them); not on NEON, whose tiles body is the plain C++ one (no Arm machine to measure one on), nor
+    portable. INFERLAB_INT4_LAYOUT=tiles|chunks overrides it."""
+    import os
+
     from engine.kernels import cpu_tier
 
-    return cpu_tier() == "avx512"
+    forced = os.environ.get(INT4_LAYOUT_ENV, "").strip().lower()
+    if forced in ("tiles", "chunks"):
+        return forced == "tiles"
+    if forced:
+        import warnings
+
+        warnings.warn(f"{INT4_LAYOUT_ENV}={forced!r}: tiles or chunks; the tier's default is used", stacklevel=2)
+    return cpu_tier() in TILES_TIERS
+
+
+def int4_layout_in_words() -> str:
+    """The layout 4-bit layers take on this CPU by default, for the bench JSON."""
+    if tiles_by_default():
+        return "tiles (16 output rows a tile, one vector lane per row)"
+    return "chunks (one output row at a time)"
 
 
 def _int8_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -185,7 +206,7 @@ class Int8Rows:
 
 class Int4Groups:
     """int4 codes, two per byte (`codes`) + (scale, zero) per group (`scale_zero`, (out, groups, 2)), in the
-    native kernel's chunk layout or, where the avx512 tier runs, its tiles layout (`layer.int4_tiles`);
+    native kernel's chunk layout or, where the avx512 / avx2 tiers run, its tiles layout (`layer.int4_tiles`);
     or, where torch's int4 matmul applies, its packed layout (`packed`, `szt`) instead: one layout per
     layer, chosen when it is built (`int4_layout`: "auto", or "chunks", "tiles", "torch" to force one)."""
     name = "int4"

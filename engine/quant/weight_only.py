@@ -41,7 +41,7 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
                  outlier_idx: torch.Tensor | None = None, reference: bool = False, int4_layout: str = "auto") -> None:
         """`int4_layout`: "auto" packs int4 for torch's int4 matmul on CUDA where it applies, in the native
-        kernel's tiles layout where its avx512 tier runs, its chunk layout elsewhere; "torch", "tiles" and
+        kernel's tiles layout where its avx512 or avx2 tier runs, its chunk layout elsewhere; "torch", "tiles" and
         "chunks" force one (the tests)."""
         super().__init__()
         self.bits, self.group_size, self.reference = bits, group_size, reference
