@@ -105,9 +105,9 @@ inline uint16_t rnd(float v) { return float_to_bf16(v); }
 inline float f(uint16_t h) { return bf16_to_float(h); }
 
 // One projection as a layer holds it: bf16 rows (kind 0), int8 rows + one scale each (1), 4-bit
-// codes + group (scale, zero) (2), the same in tiles of 16 rows (3, core/linear_tiles.h). The tensors are the layer's own (no copy); a bias is kept as
-// float32 for the bf16 kernel (added before rounding, as Linear does) and as bf16 for quantized
-// layers (added after rounding, as QuantLinear does).
+// codes + group (scale, zero) (2), the same in tiles of 16 rows (3, core/linear_tiles.h). The tensors
+// are the layer's own (no copy); a bias is kept as float32 for the bf16 kernel (added before rounding,
+// as Linear does) and as bf16 for quantized layers (added after rounding, as QuantLinear does).
 struct Proj {
   int64_t kind = 0, N = 0, K = 0, group = 0;
   torch::Tensor a, b, bias_f, bias_h;

@@ -242,8 +242,8 @@ class Int4Groups:
 
     @staticmethod
     def _tiles(layer, device: torch.device) -> bool:
-        """The tiles layout where it is forced, or by default on a CPU whose kernels run the avx512 tier
-        (its 16-lane bodies are the fast ones; every other tier reads the chunk layout faster)."""
+        """The tiles layout where it is forced, or by default on the CPU where it fits and tiles_by_default()
+        says so (the tier's bodies read it faster); never for the reference (it keeps the readable one)."""
         fits = tiles_fit(layer.out_features, layer.in_features, layer.group_size)
         if layer.int4_layout == "tiles":
             if not fits:
