@@ -12,6 +12,8 @@
 //     Codes layout (N, K / 2) uint8, in chunks of 32 columns (16 bytes): byte j of a chunk holds
 //     column j in its low nibble and column j + 16 in its high nibble, so a chunk unpacks into two
 //     runs of 16 consecutive columns. Any number of rows; x is taken 4 rows at a time.
+//   stream_linear_int4_tiles (core/linear_tiles.h): the same weights laid out in tiles of 16 rows, one
+//     vector lane per output row: the layout 4-bit layers take where the avx512 or avx2 tier runs.
 //
 // One body per ISA tier computes the same thing (core/isa.h):
 //   avx512: bf16 pairs multiplied into float32 sums (vdpbf16ps). Its int4 body turns each code into the
