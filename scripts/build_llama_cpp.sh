@@ -14,7 +14,12 @@
 #   LLAMA_ISA=avx2            build for AVX2 + FMA + F16C only (GGML_NATIVE off, no AVX-512), to compare
 #                             with inferlab's avx2 tier on a CPU that has AVX-512 (default: native)
 # Afterwards: OUT_DIR/bin/{llama-bench,llama-server,...}, OUT_DIR/src (the llama.cpp tree, with
-# convert_hf_to_gguf.py), OUT_DIR/VERSION (sdist version + the compiler flags used).
+# convert_hf_to_gguf.py), OUT_DIR/VERSION (sdist version, ISA, the patch applied).
+#
+# One patch (scripts/patch_llama_cpp.py), so that the peer runs its best path on Intel CPUs with AMX: GCC 12
+# drops the stores of ggml's AMX tile configuration, and the first AMX product dies of SIGSEGV (llama.cpp
+# issue 20824). The patch adds a compiler barrier, nothing else. A finished build whose source still needs
+# it is patched and rebuilt (only that file recompiles).
 set -euo pipefail
 
 OUT_DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/inferlab/llama.cpp}"
@@ -30,10 +35,16 @@ esac
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 
+# patch_amx_tile_config SRC: scripts/patch_llama_cpp.py (see its docstring); prints patched, kept or absent.
+patch_amx_tile_config() { python3 "$(dirname "${BASH_SOURCE[0]}")/patch_llama_cpp.py" "$1"; }
+
 if [[ "${FORCE:-0}" != 1 && -x "$OUT_DIR/bin/llama-bench" && -x "$OUT_DIR/bin/llama-server" ]] \
    && "$OUT_DIR/bin/llama-bench" --help >/dev/null 2>&1; then
-  echo "llama.cpp already built in $OUT_DIR/bin"
-  exit 0
+  if [[ ! -f "$OUT_DIR/src/CMakeLists.txt" || "$(patch_amx_tile_config "$OUT_DIR/src")" != patched ]]; then
+    echo "llama.cpp already built in $OUT_DIR/bin"
+    exit 0
+  fi
+  echo "llama.cpp in $OUT_DIR: AMX tile configuration patched; rebuilding"
 fi
 
 for tool in cmake c++ python3; do
@@ -59,6 +70,7 @@ if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
   mv "$tmp/$top/vendor/llama.cpp" "$SRC"
   rm -rf "$tmp"
 fi
+PATCH="$(patch_amx_tile_config "$SRC")"
 
 # 3. configure + build. GGML_NATIVE (default ON) compiles for this CPU's ISA (-march=native), which
 # is what a user building llama.cpp locally gets.
@@ -82,6 +94,10 @@ done
   echo "sdist: $(basename "$SDIST")"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(c++ --version | head -n 1)"
   echo "isa: ${LLAMA_ISA:-native}"
+  case "$PATCH" in
+    patched|kept) echo "patch: amx-tile-config (a compiler barrier so the AMX tile configuration is stored; llama.cpp issue 20824)" ;;
+    *) echo "patch: none (no AMX tile configuration code in this tree)" ;;
+  esac
 } > "$OUT_DIR/VERSION"
 for t in llama-bench llama-server; do
   [[ -x "$OUT_DIR/bin/$t" ]] || { echo "error: $t was not built" >&2; exit 1; }

@@ -45,7 +45,8 @@ def test_llama_bench_reports_decode_speed_and_the_cpu():
     gguf = _default_gguf()
     if gguf is None:
         pytest.skip("the default model's GGUF has not been downloaded")
-    # (--repack 0: this llama.cpp segfaults in a Q4_1 prefill with repacked weights on AVX-512 + AMX)
+    # (--repack 0: the file's layout, so that a build without the AMX patch runs too; the patched build's
+    # repacked prompt is tests/test_llama_cpp_patch.py's)
     run = llama_cpp.llama_bench(binary, gguf, threads=1, n_gen=4, n_prompt=8, repack=False)
     assert run["decode_tokens_per_s"] > 0 and run["prefill_tokens_per_s"] > 0
     assert run["cpu_info"] and run["model_size_bytes"] > 0 and str(binary) in run["command"]

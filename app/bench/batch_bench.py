@@ -49,8 +49,9 @@ def engine_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -
 
 def batched_bench(binary: Path, gguf: Path, threads: int, streams: int, n_prompt: int, n_gen: int) -> dict:
     """One llama-batched-bench run (-npl streams, its own prompt per stream, jsonl): its S_TG. Where it dies
-    of a signal it runs once more without weight repacking (`--no-repack`; llama.cpp 0.3.36's build segfaulted
-    with repacked Q4_1 on a Sapphire Rapids Xeon, 2026-12-03), and the result says so."""
+    of a signal it runs once more without weight repacking (`--no-repack`; llama.cpp 0.3.36 built without
+    scripts/build_llama_cpp.sh's AMX patch segfaulted with repacked Q4_1 on a Sapphire Rapids Xeon), and the
+    result says so."""
     ctx = streams * (n_prompt + n_gen) + 64
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(streams), "--output-format", "jsonl"]
@@ -119,4 +120,4 @@ def _peer(args, engine, bits: int):
         return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
     threads = torch.get_num_threads()
     return (lambda n: batched_bench(binary, gguf, threads, n, args.prompt_tokens, args.max_tokens),
-            {"binary": str(binary), "gguf": str(gguf), "threads": threads})
+            {"binary": str(binary), "build": llama_cpp.llama_cpp_build(), "gguf": str(gguf), "threads": threads})

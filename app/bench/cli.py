@@ -292,7 +292,7 @@ def _llama_cpp_peer(args, engine, bits: int):
     threads = torch.get_num_threads()
     run = lambda: llama_cpp.llama_bench(binary, gguf, threads, args.max_tokens)  # noqa: E731
     run()  # warm-up: loads the file into the page cache
-    return run, {"binary": str(binary), "gguf": str(gguf), "threads": threads,
+    return run, {"binary": str(binary), "build": llama_cpp.llama_cpp_build(), "gguf": str(gguf), "threads": threads,
                  "note": "llama-bench tg: decode from an empty context (inferlab: after a short prompt)"}
 
 

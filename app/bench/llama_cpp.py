@@ -6,17 +6,27 @@ import json
 import subprocess
 from pathlib import Path
 
-from app.tradeoff.managed.gguf import BENCH, bf16_gguf, find_binary, gguf_for, llama_cpp_dir, source_gguf
+from app.tradeoff.managed.gguf import (
+    BENCH,
+    BUILD_KEYS,
+    bf16_gguf,
+    find_binary,
+    gguf_for,
+    llama_cpp_build,
+    llama_cpp_dir,
+    source_gguf,
+)
 
-__all__ = ["BENCH", "bf16_gguf", "find_binary", "gguf_for", "llama_bench", "llama_cpp_dir", "source_gguf"]
+__all__ = ["BENCH", "BUILD_KEYS", "bf16_gguf", "find_binary", "gguf_for", "llama_bench", "llama_cpp_build",
+           "llama_cpp_dir", "source_gguf"]
 
 
 def llama_bench(binary: Path, gguf: Path, threads: int, n_gen: int, n_prompt: int = 0,
                 repetitions: int = 1, repack: bool = True) -> dict:
     """One llama-bench run (-o json): decode tokens/s for n_gen tokens (and prefill tokens/s for
     n_prompt tokens when > 0), with llama.cpp's own description of the build and the CPU.
-    repack=False (--repack 0) keeps the weights in the file's layout: on the 2-core test machine
-    (AVX-512 + AMX) the sdist's llama.cpp segfaults in a Q4_1 prefill with repacked weights."""
+    repack=False (--repack 0) keeps the weights in the file's layout (on a CPU with AMX, the sdist's llama.cpp
+    built without scripts/build_llama_cpp.sh's patch segfaults in a Q4_1 prefill with repacked weights)."""
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-n", str(n_gen), "-p", str(n_prompt),
            "-r", str(repetitions), "--repack", "1" if repack else "0", "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -106,7 +106,8 @@ def throughput_peer(model_path: str, requests: list[BenchRequest], threads: int,
     server, note = enter_llama_server(stack, binary, gguf, threads, parallel, -(-longest // 256) * 256)
     server_throughput(server.url, requests[:parallel])  # warm-up: the file into the page cache, every slot once
     return (lambda: server_throughput(server.url, requests)), {
-        "binary": str(binary), "gguf": str(gguf), "threads": threads, "parallel_slots": parallel,
+        "binary": str(binary), "build": llama_cpp.llama_cpp_build(), "gguf": str(gguf), "threads": threads,
+        "parallel_slots": parallel,
         "command": " ".join(server.command), **({"note": note} if note else {}),
         "client": "all requests at once as token ids, max_tokens fixed, ignore_eos, cache_prompt false, "
                   "not streamed; tokens/s from the first send to the last reply (HTTP on loopback included)"}

@@ -49,7 +49,9 @@ class PeerError(RuntimeError):
 
 # llama.cpp's fallback for a binary that crashes at start: its repacked weight layouts (the default) made
 # llama-server and llama-batched-bench 0.3.36 die of SIGSEGV on a Sapphire Rapids Xeon (Q4_1, Q8_0;
-# 2026-12-03); without repacking they run. Tried once, only after a crash, and said where it was used.
+# 2026-12-03), in ggml's AMX product (GCC dropped its tile configuration: llama.cpp issue 20824, which
+# scripts/build_llama_cpp.sh now patches); without repacking they run. Tried once, only after a crash (a build
+# without the patch, or another crash), and said where it was used.
 LLAMA_CPP_CRASH_RETRY = ("--no-repack",)
 
 

@@ -34,6 +34,27 @@ def find_binary(name: str = BENCH, directory: Path | None = None) -> Path | None
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+BUILD_KEYS = ("sdist", "built", "isa", "patch")
+
+
+def llama_cpp_build(directory: Path | None = None) -> dict:
+    """What scripts/build_llama_cpp.sh wrote in <dir>/VERSION (the sdist, when and with what it was built, the
+    ISA, the patch applied), for a bench's JSON to say which llama.cpp it measured. Only those keys, each
+    value cut to 200 characters, from the file's first 4 KiB: a stray or hostile file says nothing else."""
+    path = (directory or llama_cpp_dir()) / "VERSION"
+    try:
+        with path.open("rb") as fh:
+            text = fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return {"version_file": f"no {path}"}
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in BUILD_KEYS and key.strip() not in out:
+            out[key.strip()] = value.strip()[:200]
+    return out
+
+
 def source_gguf(model_path: str) -> Path | None:
     """The GGUF the engine's folder was converted from (engine/loading/gguf_convert.py records it)."""
     record = Path(model_path) / "inferlab_conversion.json"
