@@ -71,6 +71,17 @@ def _engine(folder, bits=16, fused=True, **kw):
 PROMPTS = [[5] * 3, list(range(10, 25)), list(range(30, 47)), list(range(50, 90)), [7, 8, 9, 10, 11]]
 
 
+def same_pick(fused: torch.Tensor, ref: torch.Tensor) -> int:
+    """Rows where the fused path's argmax is the reference's: the same token, or one whose reference logit is
+    within one bf16 step of the reference's largest (logits are bf16 values: a tie there, or a token one step
+    below it, is the same pick up to the last bit, which summation order decides; tiny random models that
+    repeat one token meet such ties often)."""
+    top = ref.max(-1).values
+    step = torch.exp2(torch.floor(torch.log2(top.abs().clamp(min=1e-30))) - 7)  # one bf16 step at |top|
+    picked = ref.gather(-1, fused.argmax(-1, keepdim=True)).squeeze(-1)
+    return int((picked >= top - step).sum())
+
+
 def _compare_every_fused_step(engine, kernel, int8_activations=False):
     """Run the prompts; at every fused step compute the same rows on the layer path first (it writes
     the same K/V slots), and collect (fused logits, layer logits)."""
@@ -105,7 +116,7 @@ def test_fused_logits_match_the_layer_path(tiny, kernel, bits):
         assert fused.shape == ref.shape and fused.dtype == torch.float32
         # the same bf16 roundings op for op; only summation orders differ
         assert (fused - ref).abs().max().item() <= 0.02 * ref.abs().max().item() + 1e-2
-        agree += int((fused.argmax(-1) == ref.argmax(-1)).sum())
+        agree += same_pick(fused, ref)
         total += fused.shape[0]
     assert agree >= 0.97 * total
 

@@ -41,6 +41,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x W^T with W as 4-bit codes + group (scale, zero) in tiles of 16 rows (core/linear_tiles.h)", nogil);
   m.def("stream_linear_int4_tiles_q8", &stream_linear_int4_tiles_q8,
         "the int4 tiles product with int8 activations (per 32 columns)", nogil);
+  m.def("dequant_int4_tiles", &dequant_int4_tiles, "int4 tiles -> W (N, K) bf16 into out, as the reference", nogil);
+  m.def("dequant_int4", &dequant_int4, "int4 chunks -> W (N, K) bf16 into out, as the reference", nogil);
+  m.def("dequant_int8", &dequant_int8, "int8 rows -> W (N, K) bf16 into out, as the reference", nogil);
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");

@@ -5,6 +5,7 @@
 #include "torch_common.h"
 #include "core/linear.h"
 #include "core/linear_tiles.h"
+#include "core/dequant.h"
 
 using namespace inferlab;
 
@@ -216,5 +217,60 @@ torch::Tensor pack_int4(torch::Tensor q) {
         const uint8_t lo = src[n * K + c * 32 + j] & 0x0F, hi = src[n * K + c * 32 + 16 + j] & 0x0F;
         dst[n * (K / 2) + c * 16 + j] = static_cast<uint8_t>(lo | (hi << 4));
       }
+  return out;
+}
+
+// The quantized weights back to bf16 (core/dequant.h), into `out` (bf16, contiguous, reused by the caller:
+// a scratch buffer), bit for bit the reference's weight; returns `out`. Prompt rows on a CPU with native
+// bf16 multiply it with the library GEMM (engine/quant/schemes.py).
+static void check_out(const torch::Tensor& out, int64_t rows, int64_t cols) {
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
+                  out.size(1) == cols,
+              "out must be a contiguous bf16 tensor of shape (", rows, ", ", cols, ")");
+}
+
+// The tiles layout into W: out (N, K).
+torch::Tensor dequant_int4_tiles(torch::Tensor codes, torch::Tensor sz, int64_t group, torch::Tensor out) {
+  TORCH_CHECK(codes.dim() == 2, "codes (N, K / 2)");
+  check_tiles(torch::empty({1, codes.size(1) * 2}, sz.options()), codes, sz, group);
+  const int64_t N = codes.size(0), K = codes.size(1) * 2;
+  check_out(out, N, K);
+  auto cc = codes.contiguous(), szc = sz.contiguous();
+  const uint8_t* cp = cc.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4t_dequant(cp, sp, K, group, op, n0, n1); });
+  return out;
+}
+
+// The chunk layout into W: out (N, K).
+torch::Tensor dequant_int4(torch::Tensor codes, torch::Tensor sz, int64_t group, torch::Tensor out) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && sz.scalar_type() == at::kBFloat16, "uint8 codes, bf16 scales");
+  TORCH_CHECK(codes.dim() == 2, "codes (N, K / 2)");
+  const int64_t N = codes.size(0), K = codes.size(1) * 2;
+  TORCH_CHECK(K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0 &&
+                  sz.numel() == N * (K / group) * 2,
+              "int4: codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (a power of two, "
+              "at least 32)");
+  check_out(out, N, K);
+  auto cc = codes.contiguous(), szc = sz.contiguous();
+  const uint8_t* cp = cc.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4_dequant(cp, sp, K, group, op, n0, n1); });
+  return out;
+}
+
+// int8 rows with one bf16 scale each into W: out (N, K).
+torch::Tensor dequant_int8(torch::Tensor q, torch::Tensor scales, torch::Tensor out) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && scales.scalar_type() == at::kBFloat16, "int8 q, bf16 scales");
+  TORCH_CHECK(q.dim() == 2 && scales.numel() == q.size(0), "q (N, K), scales (N,)");
+  const int64_t N = q.size(0), K = q.size(1);
+  check_out(out, N, K);
+  auto qc = q.contiguous(), sc = scales.contiguous();
+  const int8_t* qp = qc.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_dequant(qp, sp, K, op, n0, n1); });
   return out;
 }

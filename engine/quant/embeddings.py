@@ -59,6 +59,9 @@ def embedding_modules(model: nn.Module, originals: dict[str, torch.Tensor], bits
         return {EMBED: emb, HEAD: head}
     if tied:
         head = quant_linear(emb_w, None, 8, group_size, reference=reference)
-        return {EMBED: Int8Embedding(head.qweight, head.scales), HEAD: head}
-    return {EMBED: Int8Embedding(*int8_rows(emb_w, emb_w.dtype)),
-            HEAD: quant_linear(originals[HEAD], None, bits, group_size, reference=reference)}
+        embedding = Int8Embedding(head.qweight, head.scales)
+    else:
+        head = quant_linear(originals[HEAD], None, bits, group_size, reference=reference)
+        embedding = Int8Embedding(*int8_rows(emb_w, emb_w.dtype))
+    head.prompt_gemm = False  # a prompt step asks it for one row per sequence: its own kernels (schemes.py)
+    return {EMBED: embedding, HEAD: head}

@@ -11,12 +11,17 @@ move see them).
 """
 from __future__ import annotations
 
+import threading
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import cpu_flags
 from engine.models.layers.linear import few_rows
 from engine.quant import int4_torch
 from engine.quant.embeddings import int8_rows
+from engine.runner.cpu_compute import emulated_bf16_forced, native_bf16_flags
 
 
 @torch.library.custom_op("inferlab::stream_linear_int4", mutates_args=())
@@ -148,6 +153,39 @@ def int4_layout_in_words() -> str:
     return "chunks (one output row at a time)"
 
 
+# Many rows (prompt rows, or a decode batch past the few-row kernels: linear.few_rows) on a CPU that multiplies
+# bf16 natively (AMX, AVX512-BF16, Arm BF16: engine/runner/cpu_compute.py) take the library GEMM over the
+# layer's weight dequantized into a per-thread scratch buffer by the native kernel (core/dequant.h: bit for
+# bit the reference's bf16 weight), as a bf16 Linear's prompt rows do. One gate_up matrix of SmolLM2 (3072 x
+# 576, groups of 32) on a Sapphire Rapids Xeon (AMX), 1 thread: the int4 tiles kernel 2.8 ms at 64 rows and
+# 21.6 ms at 512; dequantizing 0.23 ms, the GEMM 0.52 and 1.60 ms. int8 (torch's _weight_int8pack_mm): 2.8 and
+# 22.1 ms; dequantizing 0.23 ms. Not for the head (`layer.prompt_gemm` False: its prompt-step calls carry one
+# row per sequence, where writing its whole weight would cost more than the product), nor where x needs
+# gradients (the scratch is overwritten by the next layer), nor inside a compiled region.
+_SCRATCH = threading.local()
+
+
+@lru_cache(maxsize=4)
+def _native_bf16_gemm(forced: bool) -> bool:
+    return bool(native_bf16_flags(cpu_flags())) and not forced
+
+
+def gemm_for_many_rows(layer, x2: torch.Tensor) -> bool:
+    """Whether these rows take the dequantize-then-GEMM route (see above)."""
+    return (layer.prompt_gemm and layer.stream is not None and x2.device.type == "cpu" and not x2.requires_grad
+            and not torch.compiler.is_compiling() and not few_rows(x2)
+            and _native_bf16_gemm(emulated_bf16_forced()))
+
+
+def scratch_weight(rows: int, cols: int) -> torch.Tensor:
+    """This thread's bf16 (rows, cols) buffer for a dequantized weight, reused by every layer of that shape."""
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    out = buffers.get((rows, cols))
+    if out is None:
+        out = buffers[(rows, cols)] = torch.empty(rows, cols, dtype=torch.bfloat16)
+    return out
+
+
 def _int8_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `_weight_int8pack_mm` runs on `device` for `dtype` activations (one tiny product)."""
     try:
@@ -189,6 +227,9 @@ class Int8Rows:
         same = layer.scales.dtype == x2.dtype
         if layer.int8_fused and few and same:
             return torch._weight_int8pack_mm(x2, layer.qweight, layer.scales)  # fused: the weight read once
+        if same and gemm_for_many_rows(layer, x2):
+            w = layer.stream.dequant_int8(layer.qweight, layer.scales, scratch_weight(*layer.qweight.shape))
+            return F.linear(x2, w)
         if x2.device.type == "cuda":  # many rows: one 16-bit cast per call, then a GEMM
             return F.linear(x2, layer.qweight.to(x2.dtype)) * layer.scales.to(x2.dtype)
         if layer.stream is not None and few and same:
@@ -284,6 +325,11 @@ class Int4Groups:
     def matmul(layer, x2: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:
             return int4_torch.matmul(x2, layer.packed, layer.group_size, layer.szt)
+        if gemm_for_many_rows(layer, x2):
+            dequant = layer.stream.dequant_int4_tiles if layer.int4_tiles else layer.stream.dequant_int4
+            w = dequant(layer.codes, layer.scale_zero, layer.group_size,
+                        scratch_weight(layer.out_features, layer.in_features))
+            return F.linear(x2, w)
         if layer.int4_tiles:
             if torch.compiler.is_compiling():
                 return stream_linear_int4_tiles(x2, layer.codes, layer.scale_zero, layer.group_size)

@@ -49,6 +49,7 @@ class QuantLinear(nn.Module):
             raise ValueError(f"int4_layout: auto, torch, tiles or chunks, not {int4_layout!r}")
         self.int4_layout = int4_layout
         self.int4_tiles = False  # int4 in the native kernel's tiles layout (engine/quant/schemes.py)
+        self.prompt_gemm = True  # many rows may take the dequantize-then-GEMM route (schemes.gemm_for_many_rows)
         self.register_buffer("packed", None)  # torch's packed int4 layout, when the layer uses it (then no codes)
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype

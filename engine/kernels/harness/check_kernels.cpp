@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "core/attention.h"
+#include "core/dequant.h"
 #include "core/linear.h"
 #include "core/linear_tiles.h"
 #include "core/ops.h"
@@ -194,6 +196,43 @@ void check_int4_tiles(int64_t M, int64_t K, int64_t N, int64_t group) {
   }
 }
 
+// The weights dequantized to bf16 (core/dequant.h), both int4 layouts and int8, bit for bit as the
+// reference rounds them: (q - 8) s + zero (or q s) in float32, then to bf16 (nearest even).
+void check_dequant(int64_t K, int64_t N, int64_t group) {
+  const Int4W w = make_int4(N, K, group);
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> sz;
+  to_tiles(w, N, K, group, codes, sz);
+  const int64_t pairs = 2 * (K / group);
+  std::vector<uint16_t> want(N * K), chunks(N * K, 0xFFFF), tiles(N * K, 0xFFFF);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / group;
+      want[n * K + k] = float_to_bf16(static_cast<float>(int(w.q[n * K + k]) - 8) * bf16_to_float(w.sz[n * pairs + 2 * g]) +
+                                      bf16_to_float(w.sz[n * pairs + 2 * g + 1]));
+    }
+  int4_dequant(w.codes.data(), w.sz.data(), K, group, chunks.data(), 0, N);
+  int4t_dequant(codes.data(), sz.data(), K, group, tiles.data(), 0, 16);  // a thread's share, then the rest
+  int4t_dequant(codes.data(), sz.data(), K, group, tiles.data(), 16, N);
+  std::vector<int8_t> q(N * K);
+  for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  const auto scales = bf16_vec(N, -0.05f, 0.05f);
+  std::vector<uint16_t> want8(N * K), got8(N * K, 0xFFFF);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) want8[n * K + k] = float_to_bf16(static_cast<float>(q[n * K + k]) * bf16_to_float(scales[n]));
+  int8_dequant(q.data(), scales.data(), K, got8.data(), 0, N);
+  const std::string shape = " K=" + std::to_string(K) + " N=" + std::to_string(N) + " g=" + std::to_string(group);
+  for (const auto& [what, got, ref] : {std::make_tuple("dequant int4 chunks", &chunks, &want),
+                                       std::make_tuple("dequant int4 tiles", &tiles, &want),
+                                       std::make_tuple("dequant int8", &got8, &want8)}) {
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N * K; ++i) differ += (*got)[i] != (*ref)[i];
+    (differ == 0 ? passed : failed)++;
+    std::printf("%s %-46s %lld differ\n", differ == 0 ? "ok  " : "FAIL", (std::string(what) + shape).c_str(),
+                static_cast<long long>(differ));
+  }
+}
+
 void check_int8(int64_t M, int64_t K, int64_t N) {
   const auto x = bf16_vec(M * K);
   std::vector<int8_t> q(N * K);
@@ -305,6 +344,9 @@ int main() {
     check_int4_tiles(M, 320, 32, 64);
     check_int4_tiles(M, 256, 16, 128);
   }
+  check_dequant(576, 48, 32);
+  check_dequant(320, 32, 64);
+  check_dequant(256, 16, 128);
   for (int64_t M : {1, 3, 8}) {
     check_int8(M, 576, 41);
     check_int8(M, 200, 7);  // a partial 32-column block

@@ -1,0 +1,69 @@
+"""Prompt rows of a quantized model two ways, side by side in one process: the dequantize-then-GEMM route
+(engine/quant/schemes.py gemm_for_many_rows, where the CPU multiplies bf16 natively) against the native
+weight-streaming kernels it replaces (every layer's `prompt_gemm` turned off), taking turns.
+
+    python scripts/prompt_gemm_bench.py [--bits 4 8] [--threads 1] [--prompt-tokens 64 512] [--rounds 5]
+
+One prompt of N tokens to its first token (a fresh prompt each time: no prefix-cache hit), medians of
+alternating rounds, prefill tokens/s and the ratio. Prints JSON with the CPU, tier and load average.
+Quiet machine; compare only ratios of one run."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.kernels import cpu_tier
+    from engine.perf.probe import cpu_description
+    from engine.quant.quality import heldout_texts
+    from engine.quant.schemes import _native_bf16_gemm
+    from engine.quant.weight_only import QuantLinear
+    from engine.runner.cpu_compute import emulated_bf16_forced
+
+    out = {"cpu": cpu_description()["model"], "tier": cpu_tier(), "threads": args.threads,
+           "gemm_route_applies": _native_bf16_gemm(emulated_bf16_forced()),
+           "load_average_before": os.getloadavg()[0], "runs": {}}
+    text = " ".join(heldout_texts()) * 8
+    once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for bits in args.bits:
+        engine = LLMEngine(EngineConfig(model=args.model, quant_bits=bits, quant_embeddings=bits == 4,
+                                        num_threads=args.threads))
+        ids = engine.tokenizer.encode(text)
+        layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.prompt_gemm]
+        for n in args.prompt_tokens:
+            times: dict[str, list[float]] = {"gemm": [], "kernels": []}
+            for r in range(args.rounds + 1):  # round 0 warms both up
+                for i, route in enumerate(("gemm", "kernels") if r % 2 == 0 else ("kernels", "gemm")):
+                    for m in layers:
+                        m.prompt_gemm = route == "gemm"
+                    start = (r * 2 + i) * 11 % max(1, len(ids) - n)
+                    t = time.perf_counter()
+                    engine.generate([ids[start:start + n]], once)
+                    if r:
+                        times[route].append(time.perf_counter() - t)
+            for m in layers:
+                m.prompt_gemm = True
+            med = {k: statistics.median(v) for k, v in times.items()}
+            out["runs"][f"{bits} bits, {n} tokens"] = {
+                "first_token_ms": {k: round(v * 1e3, 1) for k, v in med.items()},
+                "prefill_tokens_per_s": {k: round(n / v, 1) for k, v in med.items()},
+                "gemm_speedup": round(med["kernels"] / med["gemm"], 2)}
+        del engine
+    out["load_average_after"] = os.getloadavg()[0]
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
