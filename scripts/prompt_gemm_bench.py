@@ -1,6 +1,7 @@
-"""Prompt rows of a quantized model two ways, side by side in one process: the dequantize-then-GEMM route
-(engine/quant/schemes.py gemm_for_many_rows, where the CPU multiplies bf16 natively) against the native
-weight-streaming kernels it replaces (every layer's `prompt_gemm` turned off), taking turns.
+"""Prompt rows of a quantized model two ways, side by side in one process: the many-rows route of
+engine/quant/schemes.py (the dequantize-then-GEMM route where the CPU multiplies bf16 natively, else at 4 bits
+the int8-activation kernel) against the exact weight-streaming kernels it replaces (every layer's
+`prompt_gemm` turned off), taking turns. "route" in the JSON says which route ran.
 
     python scripts/prompt_gemm_bench.py [--bits 4 8] [--threads 1] [--prompt-tokens 64 512] [--rounds 5]
 
@@ -33,7 +34,8 @@ def main() -> None:
     from engine.runner.cpu_compute import emulated_bf16_forced
 
     out = {"cpu": cpu_description()["model"], "tier": cpu_tier(), "threads": args.threads,
-           "gemm_route_applies": _native_bf16_gemm(emulated_bf16_forced()),
+           "route": "dequantize + GEMM" if _native_bf16_gemm(emulated_bf16_forced())
+           else "int8 activations (4 bits; 8 bits keeps its kernels)",
            "load_average_before": os.getloadavg()[0], "runs": {}}
     text = " ".join(heldout_texts()) * 8
     once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -43,11 +45,11 @@ def main() -> None:
         ids = engine.tokenizer.encode(text)
         layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.prompt_gemm]
         for n in args.prompt_tokens:
-            times: dict[str, list[float]] = {"gemm": [], "kernels": []}
+            times: dict[str, list[float]] = {"route": [], "kernels": []}
             for r in range(args.rounds + 1):  # round 0 warms both up
-                for i, route in enumerate(("gemm", "kernels") if r % 2 == 0 else ("kernels", "gemm")):
+                for i, route in enumerate(("route", "kernels") if r % 2 == 0 else ("kernels", "route")):
                     for m in layers:
-                        m.prompt_gemm = route == "gemm"
+                        m.prompt_gemm = route == "route"
                     start = (r * 2 + i) * 11 % max(1, len(ids) - n)
                     t = time.perf_counter()
                     engine.generate([ids[start:start + n]], once)
@@ -59,7 +61,7 @@ def main() -> None:
             out["runs"][f"{bits} bits, {n} tokens"] = {
                 "first_token_ms": {k: round(v * 1e3, 1) for k, v in med.items()},
                 "prefill_tokens_per_s": {k: round(n / v, 1) for k, v in med.items()},
-                "gemm_speedup": round(med["kernels"] / med["gemm"], 2)}
+                "route_speedup": round(med["kernels"] / med["route"], 2)}
         del engine
     out["load_average_after"] = os.getloadavg()[0]
     print(json.dumps(out, indent=1))

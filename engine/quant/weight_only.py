@@ -6,7 +6,9 @@
 Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
 int8 (up to 8 rows; more rows: torch's `_weight_int8pack_mm`) and, for int4, the native kernel
 (engine/kernels/stream_linear.cpp: half a byte per weight plus the group scales, read once per
-call, for any number of rows; both want bf16 activations). On CUDA, int4 runs through torch's packed
+call, for any number of rows; both want bf16 activations). Where the CPU multiplies bf16 natively, many rows
+(prompt rows) take the library GEMM over the weight dequantized by the native kernels instead
+(engine/quant/schemes.py gemm_for_many_rows). On CUDA, int4 runs through torch's packed
 int4 matmul (`_weight_int4pack_mm`, engine/quant/int4_torch.py; bf16, compute capability 8.0+), its
 layout packed once when the layer is built; int8 through torch's fused `_weight_int8pack_mm` for a
 few rows (decode), and for more rows (prefill) the weight cast to 16 bits once per call, which a GEMM

@@ -16,7 +16,7 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.events import ForwardPath, StepKind
 from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.models.layers.kv_quant import SCALE_BYTES
-from engine.models.layers.linear import PROMPT_ROWS
+from engine.models.layers.linear import INT8_ROWS, PROMPT_ROWS
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
@@ -74,6 +74,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
+        # EngineConfig.int8_activations: the fused step's products, and 4-bit layers' many rows (linear.INT8_ROWS)
+        self.int8_activations = False
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
         self.kv_int8 = kv_cache_dtype == "int8"
@@ -92,9 +94,11 @@ class ModelRunner:
         `fused_decode`: decode and chain-verify steps run as native calls (engine/runner/fused.py) where it applies:
         bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
         the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
-        int8 activations (EngineConfig.int8_activations); `wait_kernels=False`: the native kernels only where
+        int8 activations (EngineConfig.int8_activations), and 4-bit layers' many rows where no native bf16 GEMM
+        applies (engine/quant/schemes.py int8_many_rows); `wait_kernels=False`: the native kernels only where
         they are built already (EngineConfig.kernel_build "background")."""
         self.model.set_compiled(compile)
+        self.int8_activations = int8_activations
         self.invalidate_graphs()
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                  previous=self.backend, wait=wait_kernels)
@@ -246,6 +250,7 @@ class ModelRunner:
         input_ids, positions, md = self._prepare(order, bm)
         # prompt rows take the library GEMM however few (engine/models/layers/linear.py PROMPT_ROWS)
         prompt_rows = PROMPT_ROWS.set(any(s.kind == "prefill" for s in order))
+        int8_rows = INT8_ROWS.set(self.int8_activations)
         try:
             if self.lora is None:
                 return self.model(input_ids, positions, self.kv_caches, md)
@@ -255,6 +260,7 @@ class ModelRunner:
             finally:  # another runner over the same model (calibration) must not see this batch's rows
                 self.lora.unbind()
         finally:
+            INT8_ROWS.reset(int8_rows)
             PROMPT_ROWS.reset(prompt_rows)
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):

@@ -88,6 +88,11 @@ stream_linear_bf16 = torch.ops.inferlab.stream_linear_bf16.default
 # in two threads), and flipping module attributes would make torch.compile recompile.
 PROMPT_ROWS: ContextVar[bool] = ContextVar("inferlab_prompt_rows", default=False)
 
+# True while a forward pass runs with EngineConfig.int8_activations (the runner sets it, as PROMPT_ROWS): a
+# 4-bit layer's many rows then take its int8-activation kernel where no native bf16 GEMM applies
+# (engine/quant/schemes.py), as its decode rows do in the fused step.
+INT8_ROWS: ContextVar[bool] = ContextVar("inferlab_int8_rows", default=False)
+
 
 def few_rows(x: torch.Tensor) -> bool:
     """Up to STREAM_MAX_ROWS rows that are not prompt rows (PROMPT_ROWS; inside a compiled region the
