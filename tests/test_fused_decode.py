@@ -106,7 +106,7 @@ def _compare_every_fused_step(engine, kernel, int8_activations=False):
 
 @pytest.mark.parametrize("bits", [16, 8, 4])
 def test_fused_logits_match_the_layer_path(tiny, kernel, bits):
-    engine = _engine(tiny, bits, quant_embeddings=bits < 16)
+    engine = _engine(tiny, bits, quant_embeddings=bits < 16, int8_activations=False)  # exact, prompt rows too
     pairs = _compare_every_fused_step(engine, kernel)
     assert pairs, "no step took the fused path"
     assert {n for _, _, n, _ in pairs} >= {1, len(PROMPTS)}  # one row and several rows
@@ -153,7 +153,7 @@ def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
     prompts = ["Hello world", "The quick brown fox"]
     # int8_activations off: the exact bodies, the same tokens as the layer path
     fused = _engine(tiny_llama_hd64, fused=True, int8_activations=False)
-    layers = _engine(tiny_llama_hd64, fused=False)
+    layers = _engine(tiny_llama_hd64, fused=False, int8_activations=False)  # (its prompt rows exact too)
     for e in (fused, layers):
         e.generate(prompts, p)
         assert e.runner.last_path == (PATH_FUSED if e is fused else PATH_LAYERS)
@@ -308,7 +308,7 @@ def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, bits)
     """Speculative decoding with n-gram drafts: a verify run's rows (the last token and its drafts, at
     consecutive positions) go through the fused step, each attending over the K/V its own earlier rows
     wrote in the same step; its logits are the layer path's."""
-    engine = _engine(tiny_llama_hd64, bits, spec_method="ngram", num_speculative_tokens=3)
+    engine = _engine(tiny_llama_hd64, bits, spec_method="ngram", num_speculative_tokens=3, int8_activations=False)
     runner = engine.runner
     runner.fused = FusedDecode(kernel, engine.model, runner.block_size)
     pairs, run = [], runner.fused.run

@@ -132,7 +132,8 @@ def fused_kernel(request):
 @pytest.mark.parametrize("q8", [False, True])
 def test_the_fused_step_in_either_layout(tiny, fused_kernel, monkeypatch, tiles, q8):  # noqa: F811
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: tiles)
-    engine = _engine(tiny, 4, quant_embeddings=True)
+    # the engine's int8_activations as the fused step's: without native bf16 it also rounds the prompt rows
+    engine = _engine(tiny, 4, quant_embeddings=True, int8_activations=q8)
     layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.bits == 4]
     assert layers and all(m.int4_tiles == tiles for m in layers)
     pairs = _compare_every_fused_step(engine, fused_kernel, int8_activations=q8)

@@ -106,6 +106,7 @@ class _Spy:
 
 @pytest.fixture
 def native_bf16(monkeypatch):
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: not forced)
 
 

@@ -172,8 +172,8 @@ def _native_bf16_gemm(forced: bool) -> bool:
 
 def gemm_for_many_rows(layer, x2: torch.Tensor) -> bool:
     """Whether these rows take the dequantize-then-GEMM route (see above)."""
-    return (layer.prompt_gemm and layer.stream is not None and x2.device.type == "cpu" and not x2.requires_grad
-            and not torch.compiler.is_compiling() and not few_rows(x2)
+    return (not torch.compiler.is_compiling() and layer.prompt_gemm and layer.stream is not None
+            and x2.device.type == "cpu" and not x2.requires_grad and not few_rows(x2)
             and _native_bf16_gemm(emulated_bf16_forced()))
 
 
@@ -183,7 +183,8 @@ def int8_many_rows(layer, x2: torch.Tensor) -> bool:
     prefill does and as the fused step's decode rows are). Each row's result is its own there too. Measured
     on one gate_up matrix (3072 x 576, g32), 1 thread, the AVX2 body (on the Xeon, no AVX-512): 64 rows
     4.24 ms with float activations, 2.40 with int8; 512 rows 34.7 and 21.2 ms."""
-    return (layer.prompt_gemm and INT8_ROWS.get() and not torch.compiler.is_compiling() and not few_rows(x2)
+    # is_compiling first: a compiled region must not trace the ContextVar (dynamo cannot)
+    return (not torch.compiler.is_compiling() and layer.prompt_gemm and not few_rows(x2) and INT8_ROWS.get()
             and not x2.requires_grad)
 
 
