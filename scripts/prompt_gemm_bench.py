@@ -35,7 +35,7 @@ def main() -> None:
 
     out = {"cpu": cpu_description()["model"], "tier": cpu_tier(), "threads": args.threads,
            "route": "dequantize + GEMM" if _native_bf16_gemm(emulated_bf16_forced())
-           else "int8 activations (4 bits; 8 bits keeps its kernels)",
+           else "int8 activations",
            "load_average_before": os.getloadavg()[0], "runs": {}}
     text = " ".join(heldout_texts()) * 8
     once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

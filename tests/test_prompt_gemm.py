@@ -188,14 +188,19 @@ def no_native_bf16(monkeypatch):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: False)
 
 
-@pytest.mark.parametrize("layout", ["tiles", "chunks"])
-def test_without_native_bf16_int4_prompt_rows_take_the_int8_activation_kernel(kernel, no_native_bf16, layout):
-    layer = QuantLinear(_weight(256, 128), None, 4, 32, int4_layout=layout)
+@pytest.mark.parametrize("bits,layout", [(4, "tiles"), (4, "chunks"), (8, "auto")])
+def test_without_native_bf16_prompt_rows_take_the_int8_activation_kernel(kernel, no_native_bf16, bits, layout):
+    layer = QuantLinear(_weight(256, 128), None, bits, 32, int4_layout=layout)
     layer.stream = spy = _Spy(kernel)
     x = torch.randn(40, 128).bfloat16()
-    q8 = kernel.stream_linear_int4_tiles_q8 if layout == "tiles" else kernel.stream_linear_int4_q8
-    exact = kernel.stream_linear_int4_tiles if layout == "tiles" else kernel.stream_linear_int4
-    want8 = q8(x, layer.codes, layer.scale_zero, 32)
+    if bits == 8:
+        want8 = kernel.stream_linear_int8_q8(x, layer.qweight, layer.scales)
+        exact = torch._weight_int8pack_mm(x, layer.qweight, layer.scales)
+    else:
+        q8 = kernel.stream_linear_int4_tiles_q8 if layout == "tiles" else kernel.stream_linear_int4_q8
+        plain = kernel.stream_linear_int4_tiles if layout == "tiles" else kernel.stream_linear_int4
+        want8 = q8(x, layer.codes, layer.scale_zero, 32)
+        exact = plain(x, layer.codes, layer.scale_zero, 32, None)
     tokens = PROMPT_ROWS.set(True), INT8_ROWS.set(True)
     try:
         y = layer(x)
@@ -206,24 +211,25 @@ def test_without_native_bf16_int4_prompt_rows_take_the_int8_activation_kernel(ke
     assert spy.calls == 0 and torch.equal(y, want8)
     for row, got in zip((0, 17, 39), alone):
         assert torch.equal(got[0], y[row])
-    token = PROMPT_ROWS.set(True)  # int8_activations off: the exact kernel
+    token = PROMPT_ROWS.set(True)  # int8_activations off: the exact kernel (8 bits: torch's)
     try:
-        assert torch.equal(layer(x), exact(x, layer.codes, layer.scale_zero, 32, None))
+        assert torch.equal(layer(x), exact)
     finally:
         PROMPT_ROWS.reset(token)
     reference = F.linear(x.float(), layer.dequantize()).bfloat16()
     assert (y.float() - reference.float()).abs().max() <= 0.05 * reference.float().abs().max()
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_an_engine_with_int8_activations_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native):
+@pytest.mark.parametrize("native,bits", [(True, 4), (False, 4), (False, 8)])
+def test_an_engine_with_int8_activations_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native,
+                                                                                 bits):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: native)
     system = list(range(30, 62))
     prompts = [system + [7, 8, 9], system + [11, 12]]
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
     def make(**kw):
-        return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=4, block_size=4,
+        return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=bits, block_size=4,
                                       num_kv_blocks=64, int8_activations=True, **kw))
     expected = [make(enable_prefix_caching=False).generate([p], greedy)[0].token_ids for p in prompts]
     eng = make()

@@ -178,14 +178,15 @@ def gemm_for_many_rows(layer, x2: torch.Tensor) -> bool:
 
 
 def int8_many_rows(layer, x2: torch.Tensor) -> bool:
-    """Where the GEMM route does not apply: whether a 4-bit layer's many rows take its int8-activation kernel
-    (EngineConfig.int8_activations, linear.INT8_ROWS; x rounded to int8 per 32 columns, as llama.cpp's CPU
-    prefill does and as the fused step's decode rows are). Each row's result is its own there too. Measured
-    on one gate_up matrix (3072 x 576, g32), 1 thread, the AVX2 body (on the Xeon, no AVX-512): 64 rows
-    4.24 ms with float activations, 2.40 with int8; 512 rows 34.7 and 21.2 ms."""
+    """Where the GEMM route does not apply: whether a 4- or 8-bit layer's many rows take its int8-activation
+    kernel (EngineConfig.int8_activations, linear.INT8_ROWS; x rounded to int8 per 32 columns, as llama.cpp's
+    CPU prefill does and as the fused step's decode rows are). Each row's result is its own there too.
+    Measured on one gate_up matrix (3072 x 576), 1 thread, the AVX2 body (on the Xeon, no AVX-512): int4 g32,
+    64 rows 4.24 ms with float activations, 2.40 with int8; 512 rows 34.7 and 21.2 ms; int8, 64 rows 4.23 ms
+    in torch's _weight_int8pack_mm, 2.95 ms with int8 activations."""
     # is_compiling first: a compiled region must not trace the ContextVar (dynamo cannot)
-    return (not torch.compiler.is_compiling() and layer.prompt_gemm and not few_rows(x2) and INT8_ROWS.get()
-            and not x2.requires_grad)
+    return (not torch.compiler.is_compiling() and layer.prompt_gemm and layer.stream is not None
+            and x2.device.type == "cpu" and not few_rows(x2) and INT8_ROWS.get() and not x2.requires_grad)
 
 
 def scratch_weight(rows: int, cols: int) -> torch.Tensor:
@@ -241,6 +242,8 @@ class Int8Rows:
         if same and gemm_for_many_rows(layer, x2):
             w = layer.stream.dequant_int8(layer.qweight, layer.scales, scratch_weight(*layer.qweight.shape))
             return F.linear(x2, w)
+        if same and int8_many_rows(layer, x2):
+            return layer.stream.stream_linear_int8_q8(x2, layer.qweight, layer.scales)
         if x2.device.type == "cuda":  # many rows: one 16-bit cast per call, then a GEMM
             return F.linear(x2, layer.qweight.to(x2.dtype)) * layer.scales.to(x2.dtype)
         if layer.stream is not None and few and same:

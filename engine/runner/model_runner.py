@@ -74,7 +74,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
-        # EngineConfig.int8_activations: the fused step's products, and 4-bit layers' many rows (linear.INT8_ROWS)
+        # EngineConfig.int8_activations: the fused step's products, and quantized layers' many rows (INT8_ROWS)
         self.int8_activations = False
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
@@ -94,8 +94,8 @@ class ModelRunner:
         `fused_decode`: decode and chain-verify steps run as native calls (engine/runner/fused.py) where it applies:
         bf16 on the CPU, a 16-bit KV cache, not the reference backend, not compile=True (which asked for
         the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
-        int8 activations (EngineConfig.int8_activations), and 4-bit layers' many rows where no native bf16 GEMM
-        applies (engine/quant/schemes.py int8_many_rows); `wait_kernels=False`: the native kernels only where
+        int8 activations (EngineConfig.int8_activations), and quantized layers' many rows where no native
+        bf16 GEMM applies (engine/quant/schemes.py int8_many_rows); `wait_kernels=False`: the native kernels only where
         they are built already (EngineConfig.kernel_build "background")."""
         self.model.set_compiled(compile)
         self.int8_activations = int8_activations

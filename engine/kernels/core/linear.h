@@ -779,8 +779,8 @@ static int64_t q8_scratch_floats(int64_t M, int64_t K) {
   return M * (blocks * 16 + blocks * 16 + 8) + K / 32 + 72;
 }
 
-// The two halves of linear_int8_q8 (as int4_q8_prepare / int4_q8_range): M <= 8 rows of x quantized
-// into xs[0..M) (views into scratch: q8_scratch_floats floats), then rows [n0, n1).
+// The two halves of linear_int8_q8 (as int4_q8_prepare / int4_q8_range): M rows of x quantized into
+// xs[0..M) (views into scratch: q8_scratch_floats floats), then rows [n0, n1), 8 rows of x a pass.
 static void int8_q8_prepare(const uint16_t* x, int64_t M, int64_t K, float* scratch, Q8x* xs) {
   const int64_t blocks = (K + 63) / 64;
   Carve c{scratch};
@@ -811,7 +811,8 @@ static void int8_q8_range(const Q8x* xs, int64_t M, const int8_t* qp, const uint
                       int64_t, int64_t);
   static const Fn table[kMaxRows] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
                                          int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
-  table[M - 1](xs, qp, sp, yp, bp, K, N, n0, n1);
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)  // more than 8 rows (prompt rows): passes of 8 over W
+    table[std::min(kMaxRows, M - m0) - 1](xs + m0, qp, sp, yp + m0 * N, bp, K, N, n0, n1);
 }
 
 }  // namespace inferlab

@@ -89,7 +89,7 @@ stream_linear_bf16 = torch.ops.inferlab.stream_linear_bf16.default
 PROMPT_ROWS: ContextVar[bool] = ContextVar("inferlab_prompt_rows", default=False)
 
 # True while a forward pass runs with EngineConfig.int8_activations (the runner sets it, as PROMPT_ROWS): a
-# 4-bit layer's many rows then take its int8-activation kernel where no native bf16 GEMM applies
+# 4- or 8-bit layer's many rows then take its int8-activation kernel where no native bf16 GEMM applies
 # (engine/quant/schemes.py), as its decode rows do in the fused step.
 INT8_ROWS: ContextVar[bool] = ContextVar("inferlab_int8_rows", default=False)
 
