@@ -236,3 +236,12 @@ def test_an_engine_with_int8_activations_answers_the_same_on_a_prefix_cache_hit(
     assert eng.runner.int8_activations
     got = [eng.generate([p], greedy)[0].token_ids for p in prompts]
     assert eng.stats().num_prefix_cache_hit_tokens == 32 and got == expected
+
+
+def test_the_bench_json_names_the_route(monkeypatch):
+    monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: not forced)
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
+    assert schemes.prompt_rows_in_words().startswith("dequantize + library GEMM")
+    monkeypatch.setenv("INFERLAB_EMULATED_BF16", "1")
+    assert schemes.prompt_rows_in_words().startswith("int8-activation kernels")
+    assert schemes.prompt_rows_in_words(False).startswith("weight-streaming kernels")

@@ -14,7 +14,7 @@ from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
 from app.load.workload import corpus_tokens
 from engine.perf.probe import cpu_description
-from engine.quant.schemes import int4_layout_in_words
+from engine.quant.schemes import int4_layout_in_words, prompt_rows_in_words
 from engine.runner import huge_pages
 from engine.runner.threads import choose_threads
 
@@ -140,7 +140,8 @@ def _run_bench(args) -> int:
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
               "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
-              "cpu_tier": kernels.describe_tier(), "int4_layout": int4_layout_in_words(), "torch": torch.__version__,
+              "cpu_tier": kernels.describe_tier(), "int4_layout": int4_layout_in_words(),
+              "quantized_prompt_rows": prompt_rows_in_words(), "torch": torch.__version__,
               "huge_pages": huge_pages.describe(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
         from app.bench.throughput import run_throughput

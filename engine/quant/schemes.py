@@ -189,6 +189,15 @@ def int8_many_rows(layer, x2: torch.Tensor) -> bool:
             and x2.device.type == "cpu" and not few_rows(x2) and INT8_ROWS.get() and not x2.requires_grad)
 
 
+def prompt_rows_in_words(int8_activations: bool = True) -> str:
+    """What a quantized layer's many rows (prompt rows) run through on this CPU, for the bench JSON."""
+    if _native_bf16_gemm(emulated_bf16_forced()):
+        return "dequantize + library GEMM (native bf16)"
+    if int8_activations:
+        return "int8-activation kernels (no native bf16; int8_activations on)"
+    return "weight-streaming kernels (no native bf16; int8_activations off)"
+
+
 def scratch_weight(rows: int, cols: int) -> torch.Tensor:
     """This thread's bf16 (rows, cols) buffer for a dequantized weight, reused by every layer of that shape."""
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
