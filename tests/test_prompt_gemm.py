@@ -1,8 +1,9 @@
-"""Many rows of a quantized layer on a CPU that multiplies bf16 natively: the native kernels dequantize the
-weight (core/dequant.h) into a per-thread scratch buffer and the library GEMM multiplies it
-(engine/quant/schemes.py gemm_for_many_rows). Held to: the dequantized weight bit for bit the reference's on
-every tier; the route taken only where it should be; its result the reference path's, each row alone as
-in company; an engine's greedy answer the same on a prefix-cache hit."""
+"""Many rows of a quantized layer (prompt rows). On a CPU that multiplies bf16 natively the native kernels
+dequantize the weight (core/dequant.h) into a per-thread scratch buffer and the library GEMM multiplies it
+(engine/quant/schemes.py gemm_for_many_rows); elsewhere, with int8_activations on, the int8-activation kernels
+take them (int8_many_rows). Held to: the dequantized weight bit for bit the reference's on every tier; each
+route taken only where it should be; its result the reference path's (or the int8 kernel's), each row alone as
+in company; an engine's greedy answer the same on a prefix-cache hit, on both routes."""
 from __future__ import annotations
 
 import threading
@@ -164,20 +165,23 @@ def test_the_scratch_is_one_buffer_per_shape_and_thread():
     assert other[0] is not a and other[0].data_ptr() != a.data_ptr()
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_an_engine_answers_the_same_on_a_prefix_cache_hit(tiny_llama, native_bf16, bits):
+@pytest.mark.parametrize("native,bits", [(True, 4), (True, 8), (False, 4), (False, 8)])
+def test_an_engine_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native, bits):
+    """Both routes (the GEMM with native bf16, else int8 activations), 4 and 8 bits: a prompt's K/V the same
+    computed cold or after a prefix-cache hit, so a greedy answer is the same."""
+    monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
+    monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: native)
     system = list(range(30, 62))
     prompts = [system + [7, 8, 9], system + [11, 12]]
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
     def make(**kw):
         return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=bits, block_size=4,
-                                      num_kv_blocks=64, **kw))
-    cold = make(enable_prefix_caching=False)
-    expected = [cold.generate([p], greedy)[0].token_ids for p in prompts]
+                                      num_kv_blocks=64, int8_activations=True, **kw))
+    expected = [make(enable_prefix_caching=False).generate([p], greedy)[0].token_ids for p in prompts]
     eng = make()
     layers = [m for m in eng.model.modules() if isinstance(m, QuantLinear) and m.prompt_gemm]
-    assert layers and all(m.stream is not None for m in layers)
+    assert layers and all(m.stream is not None for m in layers) and eng.runner.int8_activations
     got = [eng.generate([p], greedy)[0].token_ids for p in prompts]
     assert eng.stats().num_prefix_cache_hit_tokens == 32
     assert got == expected
@@ -220,24 +224,6 @@ def test_without_native_bf16_prompt_rows_take_the_int8_activation_kernel(kernel,
     assert (y.float() - reference.float()).abs().max() <= 0.05 * reference.float().abs().max()
 
 
-@pytest.mark.parametrize("native,bits", [(True, 4), (False, 4), (False, 8)])
-def test_an_engine_with_int8_activations_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native,
-                                                                                 bits):
-    monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: native)
-    system = list(range(30, 62))
-    prompts = [system + [7, 8, 9], system + [11, 12]]
-    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-    def make(**kw):
-        return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=bits, block_size=4,
-                                      num_kv_blocks=64, int8_activations=True, **kw))
-    expected = [make(enable_prefix_caching=False).generate([p], greedy)[0].token_ids for p in prompts]
-    eng = make()
-    assert eng.runner.int8_activations
-    got = [eng.generate([p], greedy)[0].token_ids for p in prompts]
-    assert eng.stats().num_prefix_cache_hit_tokens == 32 and got == expected
-
-
 def test_the_bench_json_names_the_route(monkeypatch):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: not forced)
     monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
@@ -245,3 +231,20 @@ def test_the_bench_json_names_the_route(monkeypatch):
     monkeypatch.setenv("INFERLAB_EMULATED_BF16", "1")
     assert schemes.prompt_rows_in_words().startswith("int8-activation kernels")
     assert schemes.prompt_rows_in_words(False).startswith("weight-streaming kernels")
+
+
+def test_int8_prompt_rows_keep_the_chunk_body_within_its_groups(kernel, no_native_bf16):
+    """The chunk layout's int8-activation body takes groups up to 128: a layer with larger groups keeps the
+    exact kernel for its prompt rows rather than failing."""
+    layer = QuantLinear(_weight(64, 512), None, 4, 256, int4_layout="chunks")
+    layer.stream = kernel
+    x = torch.randn(20, 512).bfloat16()
+    tokens = PROMPT_ROWS.set(True), INT8_ROWS.set(True)
+    try:
+        y = layer(x)
+    finally:
+        PROMPT_ROWS.reset(tokens[0])
+        INT8_ROWS.reset(tokens[1])
+    assert torch.equal(y, kernel.stream_linear_int4(x, layer.codes, layer.scale_zero, 256, None))
+    with pytest.raises(RuntimeError, match="groups of 32 to 128"):
+        kernel.stream_linear_int4_q8(x, layer.codes, layer.scale_zero, 256)

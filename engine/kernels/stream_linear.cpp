@@ -46,6 +46,21 @@ torch::Tensor stream_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
   return y;
 }
 
+// 4-bit weights of K columns: codes (N, K / 2) uint8, sz (N, K / group, 2) bf16, K a multiple of 64 and of the
+// group (a power of two, at least 32); in the tiles layout (core/linear_tiles.h) N a multiple of 16 too.
+static void check_int4_weights(const torch::Tensor& codes, const torch::Tensor& sz, int64_t group, int64_t K,
+                               bool tiles) {
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte && codes.dim() == 2,
+              "bf16 scales, uint8 codes (N, K / 2)");
+  const int64_t N = codes.size(0);
+  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0 &&
+                  (!tiles || N % kRowTile == 0) && sz.numel() == N * (K / group) * 2,
+              tiles ? "int4 tiles: codes (N, K / 2) with N a multiple of 16, sz (N, K / group, 2); K a multiple of 64 "
+                      "and of the group (a power of two, at least 32)"
+                    : "int4: codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (a power of "
+                      "two, at least 32)");
+}
+
 static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
                         const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
   int4_prepare(xp, M, K, group, gx, xperm);
@@ -58,13 +73,9 @@ static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const 
 // -> (M, N) bf16 (+ bias). K a multiple of 64 and of the group size; group a multiple of 32.
 torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group,
                                  c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16, "bf16 x and scales");
-  TORCH_CHECK(codes.scalar_type() == at::kByte, "uint8 codes");
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2, "x (M, K), codes (N, K / 2)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "bf16 x (M, K)");
+  check_int4_weights(codes, sz, group, x.size(1), false);
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0,
-              "K must be a multiple of 64 and of the group size (a power of two, at least 32)");
-  TORCH_CHECK(sz.numel() == N * (K / group) * 2, "sz (N, K / group, 2)");
   auto xc = x.contiguous();
   auto cc = codes.contiguous();
   auto szc = sz.contiguous();
@@ -78,17 +89,10 @@ torch::Tensor stream_linear_int4(torch::Tensor x, torch::Tensor codes, torch::Te
   return y;
 }
 
-// The tiles layout's checks (core/linear_tiles.h): codes (N, K / 2) uint8, sz (N, K / group, 2) bf16, N a
-// multiple of 16, K of 64 and of the group (a power of two, at least 32).
+// x (M, K) bf16 against 4-bit weights in the tiles layout.
 static void check_tiles(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& sz, int64_t group) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte,
-              "bf16 x and scales, uint8 codes");
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && x.size(0) >= 1, "x (M, K), codes (N, K / 2)");
-  const int64_t K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0 &&
-                  N % kRowTile == 0 && sz.numel() == N * (K / group) * 2,
-              "int4 tiles: codes (N, K / 2) with N a multiple of 16, sz (N, K / group, 2); K a multiple of 64 and "
-              "of the group (a power of two, at least 32)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(0) >= 1, "bf16 x (M, K)");
+  check_int4_weights(codes, sz, group, x.size(1), true);
 }
 
 // x (M, K) bf16, codes and sz in the tiles layout -> (M, N) bf16 (+ bias), x in float32 (exact).
@@ -175,12 +179,10 @@ static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const
 
 // The two as tensor ops (the tests; the fused step calls the raw entries).
 torch::Tensor stream_linear_int4_q8(torch::Tensor x, torch::Tensor codes, torch::Tensor sz, int64_t group) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && sz.scalar_type() == at::kBFloat16 && codes.scalar_type() == at::kByte,
-              "bf16 x and scales, uint8 codes");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "bf16 x (M, K)");
+  check_int4_weights(codes, sz, group, x.size(1), false);
+  TORCH_CHECK(group <= 128, "the int8-activation int4 product takes groups of 32 to 128");
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && codes.size(1) * 2 == K && K % 64 == 0 && group >= 32 &&
-                  group <= 128 && (group & (group - 1)) == 0 && K % group == 0 && sz.numel() == N * (K / group) * 2,
-              "x (M, K), codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (32..128)");
   auto xc = x.contiguous(), cc = codes.contiguous(), szc = sz.contiguous();
   auto y = torch::empty({M, N}, x.options());
   std::vector<float> scratch(q4_scratch_floats(M, K));
@@ -234,8 +236,8 @@ static void check_out(const torch::Tensor& out, int64_t rows, int64_t cols) {
 // The tiles layout into W: out (N, K).
 torch::Tensor dequant_int4_tiles(torch::Tensor codes, torch::Tensor sz, int64_t group, torch::Tensor out) {
   TORCH_CHECK(codes.dim() == 2, "codes (N, K / 2)");
-  check_tiles(torch::empty({1, codes.size(1) * 2}, sz.options()), codes, sz, group);
   const int64_t N = codes.size(0), K = codes.size(1) * 2;
+  check_int4_weights(codes, sz, group, K, true);
   check_out(out, N, K);
   auto cc = codes.contiguous(), szc = sz.contiguous();
   const uint8_t* cp = cc.data_ptr<uint8_t>();
@@ -247,13 +249,9 @@ torch::Tensor dequant_int4_tiles(torch::Tensor codes, torch::Tensor sz, int64_t 
 
 // The chunk layout into W: out (N, K).
 torch::Tensor dequant_int4(torch::Tensor codes, torch::Tensor sz, int64_t group, torch::Tensor out) {
-  TORCH_CHECK(codes.scalar_type() == at::kByte && sz.scalar_type() == at::kBFloat16, "uint8 codes, bf16 scales");
   TORCH_CHECK(codes.dim() == 2, "codes (N, K / 2)");
   const int64_t N = codes.size(0), K = codes.size(1) * 2;
-  TORCH_CHECK(K % 64 == 0 && group >= 32 && (group & (group - 1)) == 0 && K % group == 0 &&
-                  sz.numel() == N * (K / group) * 2,
-              "int4: codes (N, K / 2), sz (N, K / group, 2); K a multiple of 64 and of the group (a power of two, "
-              "at least 32)");
+  check_int4_weights(codes, sz, group, K, false);
   check_out(out, N, K);
   auto cc = codes.contiguous(), szc = sz.contiguous();
   const uint8_t* cp = cc.data_ptr<uint8_t>();

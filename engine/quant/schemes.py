@@ -353,7 +353,7 @@ class Int4Groups:
             w = dequant(layer.codes, layer.scale_zero, layer.group_size,
                         scratch_weight(layer.out_features, layer.in_features))
             return F.linear(x2, w)
-        if int8_many_rows(layer, x2):
+        if int8_many_rows(layer, x2) and (layer.int4_tiles or layer.group_size <= 128):  # (the chunk body's groups)
             if layer.int4_tiles:
                 return layer.stream.stream_linear_int4_tiles_q8(x2, layer.codes, layer.scale_zero, layer.group_size)
             return layer.stream.stream_linear_int4_q8(x2, layer.codes, layer.scale_zero, layer.group_size)

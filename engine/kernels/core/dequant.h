@@ -4,11 +4,11 @@
 // for bit the reference's bf16 weight (the AVX-512 int4 body flushes float32 denormals to zero: a weight
 // below 1.2e-38 in magnitude, which no real scale gives).
 //
-// What for: prompt rows on a CPU that multiplies bf16 natively (AMX, AVX512-BF16). There the library GEMM
-// (oneDNN) runs 5-14x faster than the weight-streaming kernels once a call has 64+ rows, so a quantized
-// layer's prompt rows take the GEMM over its weight dequantized into a scratch buffer
-// (engine/quant/schemes.py `prompt_gemm`): the same product as the reference path, at the cost of writing
-// the bf16 weight once per call.
+// What for: prompt rows on a CPU that multiplies bf16 natively (AMX, AVX512-BF16, Arm BF16). There the
+// library GEMM (oneDNN on AMX) ran 6-14x faster than the weight-streaming kernels at 64-512 rows, so a
+// quantized layer's prompt rows take the GEMM over its weight dequantized into a scratch buffer
+// (engine/quant/schemes.py `gemm_for_many_rows`): the same product as the reference path, at the cost of
+// writing the bf16 weight once per call.
 //
 //   int4t_dequant: the tiles layout (core/linear_tiles.h) into W (N, K); tiles [n0 / 16, n1 / 16).
 //   int4_dequant: the chunk layout (core/linear.h) into W (N, K); rows [n0, n1).
