@@ -1,10 +1,17 @@
 """compile=True computes the eager layers' numbers: the compilation chapter's "same weights, same answers"."""
 from __future__ import annotations
 
+import getpass
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.kernels import cpu_flags
 from engine.models.layers import attention_op
 
 
@@ -78,3 +85,58 @@ def test_one_compiled_graph_serves_one_to_eight_rows(tiny_llama_hd64):
     assert [len(o.token_ids) for o in outs] == [3, 6, 9, 4]
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert len(compilation_time_metrics.get("compile_attempt_1", [])) == restarts  # no trace restarted
+
+
+def test_a_forced_isa_gets_its_own_inductor_cache(monkeypatch, tmp_path):
+    """ATEN_CPU_CAPABILITY set: inductor's default folder (unset, or written back by inductor itself) gets
+    the ISA's name appended, sanitised; a folder the user chose, or no forced ISA, is left alone."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from engine.models.layers.inductor_cache import inductor_cache_per_isa
+
+    default = os.path.abspath(default_cache_dir())
+    for before in (None, default):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2/../x")
+        if before is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", before)
+        inductor_cache_per_isa()
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default + "-avx2x"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    inductor_cache_per_isa()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)
+    inductor_cache_per_isa()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default
+
+
+_COMPILE_ONE = """
+import torch
+from engine.models.llama import compile_like_eager
+def f(x, w):
+    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    return y.to(torch.bfloat16) * w + x
+torch.manual_seed(0)
+x, w = torch.randn(5, 576, dtype=torch.bfloat16), torch.randn(576, dtype=torch.bfloat16)
+print("same" if torch.equal(compile_like_eager(f)(x, w), f(x, w)) else "differs")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx2"} <= cpu_flags(), reason="needs a CPU with AVX-512 and AVX2")
+def test_a_graph_compiled_at_avx512_is_not_served_to_an_avx2_run(tmp_path):
+    """The same region compiled at AVX-512, then (a new process, the same default folder) as AVX2: the
+    second gives eager's numbers. Before: it was served the AVX-512 graph from the shared cache and
+    rebuilt it against 16-lane vectors (the whole test suite as AVX2 answered NaN in compiled decodes)."""
+    root = Path(__file__).resolve().parent.parent
+    for capability in ("avx512", "avx2"):
+        env = {**os.environ, "TMPDIR": str(tmp_path), "ATEN_CPU_CAPABILITY": capability}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        done = subprocess.run([sys.executable, "-c", _COMPILE_ONE], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-1] == "same", (capability, done.stdout)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {f"torchinductor_{getpass.getuser()}-avx2", f"torchinductor_{getpass.getuser()}-avx512"} <= names

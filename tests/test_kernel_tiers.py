@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,17 @@ def test_the_whole_module_compiles_for_aarch64():
                            f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=inferlab_check",
                            str(KERNELS / "module.cpp")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= kernels.cpu_flags(), reason="needs an x86 CPU with AVX2")
+def test_as_avx2_caps_inferlab_and_torch_alike():
+    """scripts/as_avx2.sh: inferlab's AVX2 tier and emulated bf16, and torch's own dispatch (ATen, and
+    through it inductor's generated code) at AVX2, in the command it runs."""
+    root = Path(__file__).resolve().parent.parent
+    code = ("import torch; from engine.kernels import cpu_tier; from engine.runner.cpu_compute import "
+            "emulated_bf16_forced, plan_compute; print(cpu_tier(), emulated_bf16_forced(), "
+            "torch.backends.cpu.get_cpu_capability(), plan_compute('auto', torch.device('cpu')).matmul_dtype)")
+    done = subprocess.run([str(root / "scripts" / "as_avx2.sh"), sys.executable, "-c", code], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["avx2", "True", "AVX2", "torch.float32"]
