@@ -144,5 +144,8 @@ def test_the_fused_step_in_either_layout(tiny, fused_kernel, monkeypatch, tiles,
         assert 0 < rel < 0.3 and agree >= 0.8, (rel, agree)
     else:
         for fused, ref, _, _ in pairs:
-            assert (fused - ref).abs().max().item() <= 0.02 * ref.abs().max().item() + 1e-2
+            # rounding order only: the layer path's products (on a CPU without native bf16, fp32 library
+            # GEMMs whose summation order follows the ISA) against the step's; up to 2.4 % of the largest
+            # logit (a few bf16 ulps) seen as AVX2 (scripts/as_avx2.sh), 1.9 % on AVX-512
+            assert (fused - ref).abs().max().item() <= 0.03 * ref.abs().max().item() + 1e-2
         assert agree >= 0.97

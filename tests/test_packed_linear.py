@@ -6,7 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.layers.linear import Linear, pack_linears
+from engine.models.layers import linear as linear_module
+from engine.models.layers.linear import Linear, onednn_packs_bf16, pack_linears
+
+needs_packing = pytest.mark.skipif(not onednn_packs_bf16(), reason="oneDNN does not pack bf16 on this CPU (AVX2)")
 
 
 def bf16_linear(n: int, k: int, seed: int) -> Linear:
@@ -17,6 +20,7 @@ def bf16_linear(n: int, k: int, seed: int) -> Linear:
     return lin.bfloat16()
 
 
+@needs_packing
 @pytest.mark.parametrize("rows", [1, 3, 47])
 def test_packed_linear_matches_the_library_product(rows):
     lin = bf16_linear(96, 200, rows)
@@ -40,6 +44,27 @@ def test_only_bf16_cpu_weights_are_packed():
     assert lin.packed is None and lin.packed_bytes() == 0
 
 
+def test_where_onednn_does_not_pack_bf16_nothing_is_packed_and_the_engine_serves(tiny_llama, monkeypatch):
+    """An AVX2-only CPU: oneDNN refuses bf16 packing (a RuntimeError from _reorder_linear_weight); asking
+    for packed weights there packs nothing, holds no extra bytes, and the engine answers as unpacked."""
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    monkeypatch.setattr(linear_module, "onednn_packs_bf16", lambda: False)
+    lin = bf16_linear(16, 32, 0)
+    lin.pack()
+    assert lin.packed is None and lin.packed_bytes() == 0
+
+    def answer(pack):
+        eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", num_kv_blocks=64, block_size=4,
+                                     pack_weights=pack))
+        out = eng.generate([[5, 17, 42, 8]], SamplingParams(max_tokens=4, temperature=0.0))[0].token_ids
+        return eng.memory().packed_weights_bytes, out
+
+    packed_bytes, tokens = answer(True)
+    assert packed_bytes == 0 and (0, tokens) == answer(False)
+
+
+@needs_packing
 def test_compiled_region_calls_the_packed_weights_without_a_graph_break():
     lin = bf16_linear(64, 32, 1)
     lin.pack()
@@ -53,6 +78,7 @@ def test_compiled_region_calls_the_packed_weights_without_a_graph_break():
         assert torch.allclose(compiled(x).float(), region(x).float(), rtol=2**-7, atol=2e-2)
 
 
+@needs_packing
 @pytest.mark.slow
 def test_engine_packs_counts_and_repacks_after_requantization(tiny_llama):
     from engine import EngineConfig, LLMEngine, SamplingParams

@@ -16,6 +16,7 @@ call (no second copy kept) and the result rounded back, so activations between l
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from contextvars import ContextVar
 
@@ -159,9 +160,20 @@ def _forget(key: int, packed: torch.Tensor) -> None:
 
 
 def packing_available(weight: torch.Tensor) -> bool:
-    """bf16 weights on a CPU torch built with oneDNN (mkldnn)."""
+    """bf16 weights on a CPU torch built with oneDNN (mkldnn), where oneDNN packs bf16 on this CPU: it
+    needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, and refuses (a RuntimeError) on AVX2-only CPUs."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and onednn_packs_bf16())
+
+
+@functools.cache
+def onednn_packs_bf16() -> bool:
+    """Whether oneDNN takes bf16 weights on this CPU (what torch asks before its own bf16 oneDNN paths)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else True
+    except RuntimeError:
+        return False
 
 
 class Linear(nn.Module):
