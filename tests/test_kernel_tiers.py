@@ -131,9 +131,11 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
     assert eng.runner.fused is not None and eng.runner.native_decode is not None
 
 
-def test_the_whole_module_compiles_for_aarch64():
+@pytest.mark.parametrize("openmp", [["-fopenmp"], []], ids=["openmp", "own-threads"])
+def test_the_whole_module_compiles_for_aarch64(openmp):
     """The torch side too (the fused step's barrier, the bindings) compiles for AArch64 with the NEON body:
-    a syntax-only cross-compile against this torch's headers (they are the same on every architecture)."""
+    a syntax-only cross-compile against this torch's headers (they are the same on every architecture);
+    with OpenMP, and without it as on macOS (the kernels' own thread pool, threads.h)."""
     import sysconfig
 
     import torch
@@ -142,7 +144,7 @@ def test_the_whole_module_compiles_for_aarch64():
     if cross is None:
         pytest.skip("needs g++-aarch64-linux-gnu (apt-get install it)")
     torch_inc = Path(torch.__file__).parent / "include"
-    done = subprocess.run([cross, "-fsyntax-only", "-std=c++17", "-march=armv8.2-a+dotprod", "-fopenmp",
+    done = subprocess.run([cross, "-fsyntax-only", "-std=c++17", "-march=armv8.2-a+dotprod", *openmp,
                            f"-I{torch_inc}", f"-I{torch_inc / 'torch' / 'csrc' / 'api' / 'include'}",
                            f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=inferlab_check",
                            str(KERNELS / "module.cpp")], capture_output=True, text=True, timeout=600)

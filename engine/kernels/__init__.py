@@ -14,8 +14,10 @@ Tiers (core/isa.h): "avx512" (AVX-512 with bf16 dot products and VNNI), "avx2" (
 CPU runs; INFERLAB_CPU_TIER=portable|avx2|avx512|neon forces a lower one. Each tier is its own build
 (its compiler flags, its name), so the tests build and check every tier the test machine can run.
 
-Where no C++ compiler with OpenMP is found (macOS's Apple clang, Windows without a toolchain) the build
-fails once, one line says so, and the engine runs on torch's kernels. The first build takes ~25-60 s:
+Where the compiler has no OpenMP (macOS's Apple clang) the kernels are built without it and split their
+work over a small pool of their own threads (threads.h); INFERLAB_KERNELS_OPENMP=0 builds them so anywhere.
+Where no C++ compiler is found (Windows without a toolchain) the build fails once, one line says so, and the
+engine runs on torch's kernels. The first build takes ~25-60 s:
 `build_in_background` starts it in a thread while the engine runs on torch's kernels (the app does this).
 """
 from __future__ import annotations
@@ -205,15 +207,30 @@ def status(tier: str | None = None) -> str:
         return f"building {describe_tier(tier)} in the background; torch's kernels meanwhile"
     if name in _BUILT and _BUILT[name] is None:
         return f"unavailable ({_FAILED.get(name, 'no C++ compiler')}); torch's kernels"
+    if name in _BUILT and not built_with_openmp(_BUILT[name]):
+        return f"{describe_tier(tier)}, built without OpenMP: their own thread pool"
     return describe_tier(tier)
 
 
+def built_with_openmp(module) -> bool:
+    """Whether a built module splits its work over OpenMP's threads (else over its own pool, threads.h)."""
+    return bool(module.openmp()) if hasattr(module, "openmp") else True
+
+
 # ------------------------------------------------------------------------------------------- the build
-_SOURCES = ("module.cpp", "stream_linear.cpp", "paged_decode.cpp", "fused_decode.cpp", "torch_common.h")
+_SOURCES = ("module.cpp", "stream_linear.cpp", "paged_decode.cpp", "fused_decode.cpp", "torch_common.h",
+            "threads.h")
+OPENMP_ENV = "INFERLAB_KERNELS_OPENMP"  # "0": build without OpenMP (the tests; as on macOS)
 
 
-def _build_name(tier: str) -> str:
-    return f"inferlab_kernels_{tier}_{_source_digest()}"
+def _openmp_wanted() -> bool:
+    return os.environ.get(OPENMP_ENV, "").strip() != "0"
+
+
+def _build_name(tier: str, openmp: bool | None = None) -> str:
+    """The build's name (torch's extension cache folder): the tier, whether it has OpenMP, the sources."""
+    openmp = _openmp_wanted() if openmp is None else openmp
+    return f"inferlab_kernels_{tier}{'' if openmp else '_noomp'}_{_source_digest()}"
 
 
 @functools.cache  # read once per process: the loaders are called on hot paths
@@ -238,6 +255,9 @@ def _build(name: str, tier: str, progress: Callable[[str, float], None] | None):
             progress(f"loading the native kernels ({tier})" if _is_built(name)
                      else f"building the native kernels for {describe_tier(tier)} (once per machine, ~25-60 s)", 0.95)
         built = _import_built(name)
+        without = _build_name(tier, openmp=False)
+        if built is None and without != name:
+            built = _import_built(without)  # this machine's compiler had no OpenMP before: its build
         if built is None:
             built = _compile(name, tier)
         _BUILT[name] = built
@@ -245,22 +265,37 @@ def _build(name: str, tier: str, progress: Callable[[str, float], None] | None):
 
 
 def _compile(name: str, tier: str):
+    """Build `name`; where a build with OpenMP fails, once more without it (as on macOS's Apple clang,
+    which refuses -fopenmp); None after one warning where neither builds."""
+    without = _build_name(tier, openmp=False)
     try:
-        from torch.utils.cpp_extension import load
-
-        with _machine_build_lock(name):
-            built = _import_built(name)  # another process may have built it while this one waited
-            if built is not None:
-                return built
-            _clear_dead_lock(name)
-            return load(name=name, sources=[str(Path(__file__).with_name("module.cpp"))],
-                        extra_cflags=["-O3", "-fopenmp", *_tier_flags(tier)], extra_ldflags=["-fopenmp"],
-                        verbose=False)
+        return _load(name, tier, openmp=name != without)
     except Exception as exc:  # noqa: BLE001 (any build failure means: use torch's kernels)
         why = _first_line(exc)
-        _FAILED[name] = why
-        warnings.warn(f"native kernels ({tier}) unavailable, running on torch's kernels: {why}", stacklevel=4)
-        return None
+    if name != without:
+        try:
+            built = _load(without, tier, openmp=False)
+            warnings.warn(f"native kernels ({tier}) built without OpenMP (their own thread pool): {why}",
+                          stacklevel=4)
+            return built
+        except Exception:  # noqa: BLE001 (the first failure says more: it is the one reported)
+            pass
+    _FAILED[name] = why
+    warnings.warn(f"native kernels ({tier}) unavailable, running on torch's kernels: {why}", stacklevel=4)
+    return None
+
+
+def _load(name: str, tier: str, openmp: bool):
+    from torch.utils.cpp_extension import load
+
+    with _machine_build_lock(name):
+        built = _import_built(name)  # another process may have built it while this one waited
+        if built is not None:
+            return built
+        _clear_dead_lock(name)
+        omp = ["-fopenmp"] if openmp else []
+        return load(name=name, sources=[str(Path(__file__).with_name("module.cpp"))],
+                    extra_cflags=["-O3", *omp, *_tier_flags(tier)], extra_ldflags=omp, verbose=False)
 
 
 def _first_line(exc: Exception) -> str:

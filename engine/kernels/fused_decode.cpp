@@ -8,7 +8,8 @@
 // translation unit with stream_linear.cpp and paged_decode.cpp (module.cpp), so nothing is copied.
 //
 // Threads: one OpenMP parallel region per step, torch's thread count (at::get_num_threads, what --threads
-// and EngineConfig.num_threads set; the extension shares torch's OpenMP runtime). Every thread takes its
+// and EngineConfig.num_threads set; the extension shares torch's OpenMP runtime), or one team of our own
+// threads in a build without OpenMP (threads.h). Every thread takes its
 // static share of each product's output rows and of the attention's (sequence, KV head) jobs; barriers
 // sit only where a stage reads what other threads wrote (see Team). The split never changes how a row
 // is summed: any thread count gives the same numbers (tests/test_fused_decode.py).
@@ -31,9 +32,6 @@ using namespace inferlab;
 #include <chrono>
 #include <map>
 #include <string>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace {
 
@@ -58,20 +56,13 @@ struct SpinYieldBarrier {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 1; phase.load(std::memory_order_acquire) == ph; ++i) {
       if (i < 64 || (i & 63) != 0 || std::chrono::steady_clock::now() - start < kSpin) {
-        relax();
+        cpu_relax();
       } else {
         std::this_thread::yield();
       }
     }
   }
   static constexpr std::chrono::microseconds kSpin{50};
-  static void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
 };
 
 struct Team {
@@ -304,20 +295,10 @@ class FusedModel {
                reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost, chained};
     if (profile_) ++prof_steps_;
     for (Greedy& g : greedy_) g = Greedy{};  // a thread the runtime did not start leaves its share empty
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    {
-      const int size = omp_get_num_threads();  // the team may be smaller than asked
+    inferlab::run_team(threads, [&](int tid, int size) {  // the team may be smaller than asked (OpenMP)
       barrier_.size.store(size, std::memory_order_relaxed);  // the same value from every thread, before any wait
-      run_team(Team{omp_get_thread_num(), size, &barrier_}, a);
-    }
-    } else {
-      run_team(Team{}, a);
-    }
-#else
-    run_team(Team{}, a);
-#endif
+      run_team(Team{tid, size, &barrier_}, a);
+    });
     return {hidden, logits, greedy_tokens(n, threads)};
   }
 

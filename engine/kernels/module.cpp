@@ -47,4 +47,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
+  m.def("openmp", [] { return inferlab::kOpenMP; }, "whether this build splits work over OpenMP (else its own pool)");
+#ifdef _OPENMP
+  m.def("pool_threads", [] { return 0; }, "worker threads of the build's own pool (none: OpenMP's)");
+#else
+  m.def("pool_threads", [] { return inferlab::Pool::get().workers(); }, "worker threads the build's pool started");
+#endif
 }

@@ -15,7 +15,7 @@ static void paged_decode_raw(const uint16_t* q, const uint16_t* kc, const uint16
   const int64_t jobs = n * kv_heads;
   const std::vector<int64_t> cost = job_costs(lens, n, kv_heads);
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(jobs, at::get_num_threads()));
-  at::parallel_for(0, parts, 1, [&](int64_t p_begin, int64_t p_end) {
+  inferlab::parallel_for(0, parts, 1, [&](int64_t p_begin, int64_t p_end) {
     std::vector<float> scores, acc(group * d);
     for (int64_t p = p_begin; p < p_end; ++p) {
       const auto [first, last] = job_share(cost, p, parts);

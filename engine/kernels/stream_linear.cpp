@@ -26,7 +26,7 @@ static torch::Tensor bias_f32(const c10::optional<torch::Tensor>& bias, int64_t 
 // bf16_rows_for itself, on each thread's share of the rows.)
 static void linear_bf16(const uint16_t* xp, int64_t M, const uint16_t* wp, const float* bp, int64_t K, int64_t N,
                         uint16_t* yp) {
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { bf16_rows_any(xp, M, wp, yp, bp, K, N, n0, n1); });
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { bf16_rows_any(xp, M, wp, yp, bp, K, N, n0, n1); });
 }
 
 // x (M, K) bf16, w (N, K) bf16 -> (M, N) bf16 (+ bias), float32 sums; more than 8 rows in chunks of 8 over
@@ -64,7 +64,7 @@ static void check_int4_weights(const torch::Tensor& codes, const torch::Tensor& 
 static void linear_int4(const uint16_t* xp, int64_t M, const uint8_t* cp, const uint16_t* szp, int64_t group,
                         const float* bp, int64_t K, int64_t N, uint16_t* yp, float* gx, uint16_t* xperm) {
   int4_prepare(xp, M, K, group, gx, xperm);
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
     int4_range(xp, M, cp, szp, group, bp, K, N, yp, gx, xperm, n0, n1);
   });
 }
@@ -109,7 +109,7 @@ torch::Tensor stream_linear_int4_tiles(torch::Tensor x, torch::Tensor codes, tor
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
     int4t_range(scratch.data(), M, cp, sp, group, bp, K, N, yp, n0, n1);
   });
   return y;
@@ -127,7 +127,7 @@ torch::Tensor stream_linear_int4_tiles_q8(torch::Tensor x, torch::Tensor codes, 
   const uint8_t* cp = cc.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
     int4t_q8_range(xs.data(), M, cp, sp, group, nullptr, K, N, yp, n0, n1);
   });
   return y;
@@ -136,7 +136,7 @@ torch::Tensor stream_linear_int4_tiles_q8(torch::Tensor x, torch::Tensor codes, 
 static void linear_int8(const uint16_t* x, int64_t M, const int8_t* qp, const uint16_t* sp, const float* bp,
                         int64_t K, int64_t N, uint16_t* yp, float* xf) {
   int8_prepare(x, M, K, xf);
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_range(xf, M, qp, sp, bp, K, N, yp, n0, n1); });
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_range(xf, M, qp, sp, bp, K, N, yp, n0, n1); });
 }
 
 // x (M, K) bf16 with M <= 8, q (N, K) int8, scales (N,) bf16 -> (M, N) bf16 (+ bias).
@@ -163,7 +163,7 @@ static void linear_int4_q8(const uint16_t* xp, int64_t M, const uint8_t* cp, con
                            const float* bp, int64_t K, int64_t N, uint16_t* yp, float* scratch) {
   std::vector<Q4x> xs(M);
   int4_q8_prepare(xp, M, K, group, scratch, xs.data());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
     int4_q8_range(xs.data(), M, cp, szp, group, bp, K, N, yp, n0, n1);
   });
 }
@@ -172,7 +172,7 @@ static void linear_int8_q8(const uint16_t* x, int64_t M, const int8_t* qp, const
                            int64_t K, int64_t N, uint16_t* yp, float* scratch) {
   std::vector<Q8x> xs(M);
   int8_q8_prepare(x, M, K, scratch, xs.data());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) {
     int8_q8_range(xs.data(), M, qp, sp, bp, K, N, yp, n0, n1);
   });
 }
@@ -243,7 +243,7 @@ torch::Tensor dequant_int4_tiles(torch::Tensor codes, torch::Tensor sz, int64_t 
   const uint8_t* cp = cc.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4t_dequant(cp, sp, K, group, op, n0, n1); });
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4t_dequant(cp, sp, K, group, op, n0, n1); });
   return out;
 }
 
@@ -257,7 +257,7 @@ torch::Tensor dequant_int4(torch::Tensor codes, torch::Tensor sz, int64_t group,
   const uint8_t* cp = cc.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(szc.data_ptr());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4_dequant(cp, sp, K, group, op, n0, n1); });
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int4_dequant(cp, sp, K, group, op, n0, n1); });
   return out;
 }
 
@@ -271,6 +271,6 @@ torch::Tensor dequant_int8(torch::Tensor q, torch::Tensor scales, torch::Tensor 
   const int8_t* qp = qc.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  at::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_dequant(qp, sp, K, op, n0, n1); });
+  inferlab::parallel_for(0, N, grain(N), [&](int64_t n0, int64_t n1) { int8_dequant(qp, sp, K, op, n0, n1); });
   return out;
 }

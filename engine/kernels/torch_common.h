@@ -8,6 +8,8 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "threads.h"
+
 namespace torch {  // the names the kernels spell torch::, as <torch/extension.h> would give them
 using at::dtype;
 using at::empty;
