@@ -2,7 +2,8 @@
 # The issue-24 figures in one go: one-stream decode (1 and 2 threads, 4 and 16 bits) and batched decode
 # (4 and 8 streams), inferlab against llama.cpp on the same weights, alternating rounds, on this CPU's
 # best tier and on its AVX2 tier against an AVX2-only llama.cpp where one is built
-# (LLAMA_ISA=avx2 scripts/build_llama_cpp.sh <cache>/llama.cpp-avx2). Run it on a quiet machine.
+# (LLAMA_ISA=avx2 scripts/build_llama_cpp.sh <cache>/llama.cpp-avx2), inferlab then run through
+# scripts/as_avx2.sh (torch's own code capped at AVX2 too). Run it on a quiet machine.
 #   scripts/tier_bench.sh OUT_DIR [ROUNDS]
 set -euo pipefail
 out=${1:?usage: tier_bench.sh OUT_DIR [ROUNDS]}; rounds=${2:-3}
@@ -14,7 +15,7 @@ for t in 1 2; do
     inferlab bench decode --threads $t --bits $b --rounds "$rounds" --max-tokens 64 --no-baseline --modes eager \
       --tiers avx2 --json "$out/decode_native_t${t}_b${b}.json" > /dev/null
     if [[ -x "$cache/llama.cpp-avx2/bin/llama-bench" ]]; then
-      INFERLAB_CPU_TIER=avx2 INFERLAB_LLAMA_CPP_DIR="$cache/llama.cpp-avx2" inferlab bench decode --threads $t \
+      INFERLAB_LLAMA_CPP_DIR="$cache/llama.cpp-avx2" "$(dirname "$0")/as_avx2.sh" inferlab bench decode --threads $t \
         --bits $b --rounds "$rounds" --max-tokens 64 --no-baseline --modes eager \
         --json "$out/decode_avx2_t${t}_b${b}.json" > /dev/null
     fi
