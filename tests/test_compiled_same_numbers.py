@@ -138,5 +138,18 @@ def test_a_graph_compiled_at_avx512_is_not_served_to_an_avx2_run(tmp_path):
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split()[-1] == "same", (capability, done.stdout)
+    # a plain torch.compile in a process that imported the layers (tests/test_stream_linear.py compiles so)
+    # (without eager's roundings: close, not equal; the stale graph was off by whole units)
+    plain = _COMPILE_ONE.replace("from engine.models.llama import compile_like_eager",
+                                 "import engine.models.layers\ncompile_like_eager = torch.compile").replace(
+        "torch.equal(compile_like_eager(f)(x, w), f(x, w))",
+        "torch.allclose(compile_like_eager(f)(x, w).float(), f(x, w).float(), rtol=2e-2, atol=2e-2)")
+    for capability in ("avx512", "avx2"):
+        env = {**os.environ, "TMPDIR": str(tmp_path / "plain"), "ATEN_CPU_CAPABILITY": capability}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        (tmp_path / "plain").mkdir(exist_ok=True)
+        done = subprocess.run([sys.executable, "-c", plain], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0 and done.stdout.split()[-1] == "same", (capability, done.stderr[-2000:])
     names = {p.name for p in tmp_path.iterdir()}
     assert {f"torchinductor_{getpass.getuser()}-avx2", f"torchinductor_{getpass.getuser()}-avx512"} <= names
