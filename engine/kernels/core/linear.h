@@ -737,6 +737,33 @@ static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales,
         y[n + r] = out(bf16_to_float(scales[n + r]) * (_mm512_reduce_add_ps(acc[r]) - xs[0].offset), bias, n + r);
     }
   }
+  if (M > 1 && M <= 4) {  // rows of x in company: two weight rows at a time, each load shared by both (at 5-8
+    // rows this measured slower than one weight row at a time: 0.308 vs 0.287 ms, gate_up, 8 rows)
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (; n + 2 <= n1; n += 2) {
+      __m512 acc0[M], acc1[M];
+      for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < blocks; ++p) {
+        const int64_t bytes = std::min<int64_t>(64, K - p * 64);
+        const __mmask64 mk = bytes == 64 ? ~0ull : (1ull << bytes) - 1;
+        prefetch(q + n * K + p * 64);
+        prefetch(q + (n + 1) * K + p * 64);
+        const __m512i w0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, q + n * K + p * 64), flip);
+        const __m512i w1 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, q + (n + 1) * K + p * 64), flip);
+        for (int m = 0; m < M; ++m) {
+          const __m512i xv = _mm512_loadu_si512(xs[m].xq + p * 64);
+          const __m512 dv = _mm512_loadu_ps(xs[m].dv + p * 16);
+          acc0[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, xv)), dv, acc0[m]);
+          acc1[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, xv)), dv, acc1[m]);
+        }
+      }
+      const float s0 = bf16_to_float(scales[n]), s1 = bf16_to_float(scales[n + 1]);
+      for (int m = 0; m < M; ++m) {
+        y[m * N + n] = out(s0 * (_mm512_reduce_add_ps(acc0[m]) - xs[m].offset), bias, n);
+        y[m * N + n + 1] = out(s1 * (_mm512_reduce_add_ps(acc1[m]) - xs[m].offset), bias, n + 1);
+      }
+    }
+  }
 #endif
   for (; n < n1; ++n) {
     const int8_t* row = q + n * K;

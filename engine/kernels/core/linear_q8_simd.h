@@ -122,6 +122,30 @@ static void int8_rows_q8(const Q8x* xs, const int8_t* q, const uint16_t* scales,
       for (int r = 0; r < 4; ++r) y[n + r] = out(bf16_to_float(scales[n + r]) * s8::hsum(acc[r]), bias, n + r);
     }
   }
+  if (M > 1 && M <= 4) {  // rows of x in company: two weight rows at a time (2M accumulators of 16 registers)
+    for (; n + 2 <= n1; n += 2) {
+      __m256 acc0[M], acc1[M];
+      for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        if ((b & 1) == 0) {
+          prefetch(q + n * K + b * 32);
+          prefetch(q + (n + 1) * K + b * 32);
+        }
+        const __m256i w0 = load_w32(q + n * K, b, K), w1 = load_w32(q + (n + 1) * K, b, K);
+        for (int m = 0; m < M; ++m) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[m].xq + b * 32));
+          const __m256 dv = _mm256_loadu_ps(xs[m].dv + (b / 2) * 16 + (b % 2) * 8);
+          acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(w0, xv)), dv, acc0[m]);
+          acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(w1, xv)), dv, acc1[m]);
+        }
+      }
+      const float s0 = bf16_to_float(scales[n]), s1 = bf16_to_float(scales[n + 1]);
+      for (int m = 0; m < M; ++m) {
+        y[m * N + n] = out(s0 * s8::hsum(acc0[m]), bias, n);
+        y[m * N + n + 1] = out(s1 * s8::hsum(acc1[m]), bias, n + 1);
+      }
+    }
+  }
   for (; n < n1; ++n) {
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
