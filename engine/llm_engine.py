@@ -38,6 +38,8 @@ from engine.perf.step_counter import StepCounter
 from engine.quant.at_load import quantizer_for
 from engine.quant.manager import WeightsManager
 from engine.quant.quality import activation_absmax, heldout_texts, perplexity
+from engine.quant.schemes import prompt_rows_in_words
+from engine.quant_formats import quant_format
 from engine.queries import (
     EngineStats,
     engine_stats,
@@ -574,9 +576,15 @@ class LLMEngine:
     def compute_line(self, short: bool = False) -> str:
         """What the engine computes in and on how many threads, and why: the engine line of the app,
         `generate --stats` and the benches, e.g. "bf16 weights, fp32 prefill: this CPU has no native
-        bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)"."""
-        return compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
+        bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)";
+        with quantized weights, what their prompt rows run through ("4-bit prompt rows: int8-activation
+        kernels (no native bf16; int8_activations on)")."""
+        line = compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
                             self.kernels_line())
+        if short or self.device.type != "cpu" or not quant_format(self.config.quant_bits).quantized:
+            return line
+        route = prompt_rows_in_words(self.config.int8_activations)
+        return f"{line}; {self.config.quant_bits}-bit prompt rows: {route}"
 
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager

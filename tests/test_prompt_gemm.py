@@ -224,6 +224,24 @@ def test_without_native_bf16_prompt_rows_take_the_int8_activation_kernel(kernel,
     assert (y.float() - reference.float()).abs().max() <= 0.05 * reference.float().abs().max()
 
 
+def test_the_engine_line_names_the_route_of_quantized_weights(tiny_llama, monkeypatch):
+    """At 4 and 8 bits the engine line says what the prompt rows run through (and follows a requantization);
+    at 16 bits, and in the app's short line, it says nothing of them."""
+    monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: False)
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=4, num_kv_blocks=16,
+                                 block_size=4, int8_activations=False))
+    assert eng.compute_line().endswith("; 4-bit prompt rows: weight-streaming kernels (no native bf16; "
+                                       "int8_activations off)")
+    assert "prompt rows" not in eng.compute_line(short=True)
+    eng.set_quantization(16)
+    eng.generate([[5, 6, 7]], SamplingParams(max_tokens=1))  # the swap lands at the top of a step
+    assert "prompt rows" not in eng.compute_line()
+    monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: True)
+    eng.set_quantization(8)
+    eng.generate([[5, 6, 7]], SamplingParams(max_tokens=1))
+    assert eng.compute_line().endswith("; 8-bit prompt rows: dequantize + library GEMM (native bf16)")
+
+
 def test_the_bench_json_names_the_route(monkeypatch):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: not forced)
     monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
