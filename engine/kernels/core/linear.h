@@ -838,8 +838,14 @@ static void int8_q8_range(const Q8x* xs, int64_t M, const int8_t* qp, const uint
                       int64_t, int64_t);
   static const Fn table[kMaxRows] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
                                          int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)  // more than 8 rows (prompt rows): passes of 8 over W
-    table[std::min(kMaxRows, M - m0) - 1](xs + m0, qp, sp, yp + m0 * N, bp, K, N, n0, n1);
+#if defined(INFERLAB_AVX512_VNNI) || defined(INFERLAB_AVX2)
+  // passes of at most 4 rows: the two-weight-row loop (2-4 rows) beats one pass of 5-8 rows
+  const int64_t pass = M > 4 ? (M + 1) / 2 <= 4 ? (M + 1) / 2 : 4 : M;
+#else
+  const int64_t pass = kMaxRows;  // more than 8 rows (prompt rows): passes of 8 over W
+#endif
+  for (int64_t m0 = 0; m0 < M; m0 += pass)
+    table[std::min(pass, M - m0) - 1](xs + m0, qp, sp, yp + m0 * N, bp, K, N, n0, n1);
 }
 
 }  // namespace inferlab
