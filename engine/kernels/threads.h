@@ -20,10 +20,8 @@
 #else
 #include <chrono>
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <thread>
-#include <vector>
 #include <unistd.h>
 #endif
 
@@ -74,9 +72,8 @@ class Pool {
   // Runs fn(tid, size) for tid 0..size-1 at once, tid 0 on the calling thread; rethrows the first
   // exception any of them threw, after all are done.
   void run(int size, const std::function<void(int, int)>& fn) {
-    if (size <= 1 || inside()) {
-      call(fn, 0, 1);
-      rethrow();
+    if (size <= 1 || inside()) {  // serial, in the caller: its exceptions propagate as they are
+      fn(0, 1);
       return;
     }
     std::lock_guard<std::mutex> one_team(run_mutex_);
@@ -94,7 +91,11 @@ class Pool {
     wake_.notify_all();
     call(fn, 0, size);
     for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-      if (i > 2000) std::this_thread::yield();
+      if (i < 2000) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
     }
     job_ = nullptr;
     rethrow();

@@ -13,7 +13,6 @@ from torch._dynamo.decorators import mark_unbacked
 from engine.models.layers.attention import AttentionMetadata
 from engine.models.layers.attention_op import STEP_METADATA, attend_paged, paged_attend
 from engine.models.layers.gemv import CompiledGemv
-from engine.models.layers.inductor_cache import inductor_cache_per_isa
 from engine.models.layers.linear import PROMPT_ROWS, STREAM_MAX_ROWS, Linear, silu_and_mul
 from engine.models.layers.norm import RMSNorm
 from engine.models.layers.rotary import RotaryEmbedding
@@ -65,7 +64,6 @@ def compile_like_eager(fn):
     every region we compile holds only constant floats). Traced as symbols, they failed inductor's
     tensorify pass, which restarted the whole trace: 21 of a cold compile's 77 s (SmolLM2-135M, 2 rows)."""
     torch._dynamo.config.specialize_float = True
-    inductor_cache_per_isa()
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 

@@ -27,7 +27,6 @@ import torch
 from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.models.layers import flex_paged
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
-from engine.models.layers.inductor_cache import inductor_cache_per_isa
 from engine.models.model_config import ModelConfig
 
 
@@ -35,7 +34,6 @@ from engine.models.model_config import ModelConfig
 def _compiled_decode_attention():
     """One torch.compile wrapper per process: its compiled graphs are reused by every engine (and by
     a compile switched off and on again) instead of being compiled anew."""
-    inductor_cache_per_isa()
     return torch.compile(decode_attention_math, dynamic=True)
 
 

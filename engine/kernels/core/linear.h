@@ -839,8 +839,8 @@ static void int8_q8_range(const Q8x* xs, int64_t M, const int8_t* qp, const uint
   static const Fn table[kMaxRows] = {int8_rows_q8<1>, int8_rows_q8<2>, int8_rows_q8<3>, int8_rows_q8<4>,
                                          int8_rows_q8<5>, int8_rows_q8<6>, int8_rows_q8<7>, int8_rows_q8<8>};
 #if defined(INFERLAB_AVX512_VNNI) || defined(INFERLAB_AVX2)
-  // passes of at most 4 rows: the two-weight-row loop (2-4 rows) beats one pass of 5-8 rows
-  const int64_t pass = M > 4 ? (M + 1) / 2 <= 4 ? (M + 1) / 2 : 4 : M;
+  // passes of at most 4 rows (5-8 rows: two near-equal passes): the two-weight-row loop beats one pass of 5-8
+  const int64_t pass = M <= 4 ? M : M <= 8 ? (M + 1) / 2 : 4;
 #else
   const int64_t pass = kMaxRows;  // more than 8 rows (prompt rows): passes of 8 over W
 #endif

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.layers.inductor_cache import inductor_cache_per_isa
-
 Q_BLOCK = 128  # the mask's query block: one block for a decode row, a few for a prefill chunk
 _NO_PAGE = 2**30  # sorts after every page index; matches no slot's page
 # The binary search runs over a power of two of entries, at least this many: its step count is part of the
@@ -48,8 +46,6 @@ class FlexPaged:
         from torch.nn.attention.flex_attention import flex_attention
 
         self.compiled = compiled
-        if compiled:
-            inductor_cache_per_isa()
         self.fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention  # None: disabled
         self.calls = 0  # the tests check this path ran
         self.error: str | None = None  # why it was disabled

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from engine.models.layers.inductor_cache import inductor_cache_per_isa
-
 
 def gemv_math(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (1, K), weight (N, K) -> (1, N) in x's dtype, accumulated in float32."""
@@ -33,7 +31,6 @@ class CompiledGemv:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._fn is None:
-            inductor_cache_per_isa()
             self._fn = torch.compile(gemv_math, dynamic=True)
         return self._fn(x, weight)
 

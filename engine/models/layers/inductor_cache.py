@@ -1,5 +1,5 @@
-"""Where inductor keeps the code it compiles for our regions (engine/models/llama.py, the decode attention,
-the GEMV and flex attention wrappers)."""
+"""Where inductor keeps the code it compiles in this process: set once, when engine.models.layers is imported
+(before any of our regions, or anything else, is compiled)."""
 from __future__ import annotations
 
 import os
