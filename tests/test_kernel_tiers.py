@@ -3,7 +3,9 @@ body (engine/kernels/harness/check_kernels.cpp) built for each x86 tier this CPU
 (cross-compiled, run under qemu-aarch64), and the engine on torch's kernels where no compiler works."""
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from engine import kernels
 
 KERNELS = Path(kernels.__file__).parent
 HARNESS = KERNELS / "harness" / "check_kernels.cpp"
-AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"})
+AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                    "avx512_vnni"})
 
 
 def test_tiers_follow_the_cpus_flags():
@@ -26,6 +29,39 @@ def test_tiers_follow_the_cpus_flags():
     assert kernels.supported_tiers(frozenset({"avx2", "sse4_2"}), "x86_64") == ("portable",)  # no FMA
     assert kernels.supported_tiers(frozenset({"fp", "asimd"}), "aarch64") == ("portable", "neon")
     assert kernels.supported_tiers(frozenset(), "riscv64") == ("portable",)
+
+
+def test_the_flags_are_those_the_cpu_confirms(monkeypatch):
+    """/proc/cpuinfo can list what the CPU does not run (qemu-user shows the host's file to an emulated
+    CPU): on x86 a flag CPUID denies is dropped, with one warning, so no kernel for it is built or run."""
+    listed = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "sse4_2", "some_new_flag"})
+    cpuid = {"avx2": True, "fma3": True, "f16c": True, "sse4_2": True, "avx512_f": False, "avx512_bf16": False}
+    monkeypatch.setattr(kernels, "_listed_flags", lambda: listed)
+    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: cpuid)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    with pytest.warns(UserWarning, match="lists avx512_bf16, avx512f but this CPU does not run them"):
+        flags = kernels.cpu_flags.__wrapped__()
+    assert flags == {"avx2", "fma", "f16c", "sse4_2", "some_new_flag"}  # what CPUID does not know stays
+    assert kernels.supported_tiers(flags, "x86_64") == ("portable", "avx2")
+    # no /proc/cpuinfo (Windows, macOS on Intel): the flags from CPUID alone
+    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset())
+    assert kernels.cpu_flags.__wrapped__() == {"avx2", "fma", "f16c", "sse4_2"}
+    # no probe in this torch: the file is trusted
+    monkeypatch.setattr(kernels, "_listed_flags", lambda: listed)
+    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: None)
+    assert kernels.cpu_flags.__wrapped__() == listed
+    # Arm: "Features" as listed (torch's probe names x86 features only)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: cpuid)
+    assert kernels.cpu_flags.__wrapped__() == listed
+
+
+def test_this_machines_flags_are_confirmed():
+    """On a plain machine the file and CPUID agree: nothing dropped (the bench JSON's flags_not_confirmed)."""
+    from engine.perf.probe import cpu_description
+
+    assert kernels.unconfirmed_flags() == frozenset()
+    assert cpu_description()["flags_not_confirmed"] == []
 
 
 def test_a_lower_tier_can_be_forced_and_a_higher_one_is_refused(monkeypatch):
@@ -163,3 +199,82 @@ def test_as_avx2_caps_inferlab_and_torch_alike():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["avx2", "True", "AVX2", "torch.float32"]
+
+
+# ------------------------------------------------------------------ other x86 CPUs, emulated by qemu-x86_64
+# qemu's CPU model -> the tier it must get, what torch must see there, and the environment that makes this
+# CPU run the same code natively (scripts/as_avx2.sh's for AVX2). Every instruction runs under the model's
+# feature set, so an AVX-512 instruction in the AVX2 path (or an AVX one in the portable path) kills the
+# process (SIGILL), and the detection meets a CPU that really lacks the features: qemu-user shows the host's
+# /proc/cpuinfo, which lists AVX-512 here, while CPUID says what the emulated CPU runs.
+_AS_AVX2 = {"INFERLAB_CPU_TIER": "avx2", "INFERLAB_EMULATED_BF16": "1", "ATEN_CPU_CAPABILITY": "avx2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+_AS_PORTABLE = {"INFERLAB_CPU_TIER": "portable", "INFERLAB_EMULATED_BF16": "1", "ATEN_CPU_CAPABILITY": "default",
+                "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+_EMULATED = {"EPYC-Milan": ("avx2", "AVX2", _AS_AVX2),  # Zen 3, the CPU of issue 24: AVX2, FMA, F16C, no AVX-512
+             "Nehalem": ("portable", "DEFAULT", _AS_PORTABLE)}  # SSE4.2, no AVX at all
+
+
+def _qemu_x86(tier: str) -> str:
+    qemu = shutil.which("qemu-x86_64-static") or shutil.which("qemu-x86_64")
+    if qemu is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("needs an x86-64 machine and qemu-user-static (apt-get install it)")
+    if tier not in kernels.supported_tiers():
+        pytest.skip(f"this CPU does not run the {tier} tier natively")
+    return qemu
+
+
+@pytest.mark.parametrize("model", list(_EMULATED))
+def test_the_harness_passes_on_an_emulated_cpu_without_the_higher_tiers(model, tmp_path):
+    tier = _EMULATED[model][0]
+    qemu = _qemu_x86(tier)
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    out = _compile_and_run(compiler, kernels._tier_flags(tier), tmp_path / "check", [qemu, "-cpu", model])
+    assert f"tier: {tier}" in out
+
+
+def test_the_emulator_refuses_what_its_cpu_lacks(tmp_path):
+    """The control for the two tests around it: the AVX-512 body dies under the emulated Zen 3."""
+    qemu = _qemu_x86("avx512")
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    out = tmp_path / "check"
+    subprocess.run([compiler, "-O2", "-std=c++17", *kernels._tier_flags("avx512"), f"-I{KERNELS}", str(HARNESS),
+                    "-o", str(out)], check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([qemu, "-cpu", "EPYC-Milan", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Illegal instruction" in done.stderr
+
+
+@pytest.mark.parametrize("model", list(_EMULATED))
+def test_the_engine_on_an_emulated_cpu_finds_its_tier_and_gives_the_native_tokens(model, tmp_path):
+    """The whole engine (torch included) on the emulated CPU, nothing forced: it must find its tier from the
+    CPU itself (not the host's /proc/cpuinfo), plan fp32 prefill (no native bf16), run the fused step on that
+    tier's kernels, and give at 16, 8 and 4 bits the tokens this machine gives forced to the same code."""
+    from tests.conftest import build_tiny_model
+
+    tier, capability, forced = _EMULATED[model]
+    qemu = _qemu_x86(tier)
+    if kernels.kernel_module(tier=tier) is None:  # built natively now: the emulated process loads it
+        pytest.skip("no C++ toolchain to build the kernels")
+    folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    runner = [str(Path(__file__).parent / "emulated_cpu_run.py"), str(folder)]
+    root = str(Path(__file__).resolve().parent.parent)
+    plain = {k: v for k, v in os.environ.items() if k not in _AS_AVX2}
+    plain["PYTHONPATH"] = os.pathsep.join(filter(None, [root, plain.get("PYTHONPATH")]))
+
+    def result(cmd: list[str], env: dict[str, str]) -> dict:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=root)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+        return json.loads(lines[-1][len("RESULT "):])
+
+    native = result([sys.executable, *runner], {**plain, **forced})
+    emulated = result([qemu, "-cpu", model, sys.executable, *runner], plain)
+    assert emulated["tiers"] == list(kernels.TIERS[: kernels.TIERS.index(tier) + 1])
+    assert (emulated["tier"], emulated["torch_capability"]) == (tier, capability)
+    assert "no native bf16" in emulated["plan"] and emulated["fused"]
+    assert native["tier"] == tier
+    assert emulated["tokens"] == native["tokens"]

@@ -29,13 +29,14 @@ import platform
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
 TIERS = ("portable", "avx2", "avx512", "neon")
 _X86_NEEDS = {"avx2": {"avx2", "fma", "f16c"},
-              "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"}}
+              "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                         "avx512_vnni"}}
 _FLAGS = {
     "portable": ["-DINFERLAB_PORTABLE"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -53,11 +54,48 @@ _PENDING_LOCK = threading.Lock()  # _PENDING only: never held during a build, so
 
 
 # ---------------------------------------------------------------------------------------- the CPU's tier
+# Linux's /proc/cpuinfo names of the x86 features the engine decides by, and the names torch's CPU probe
+# (torch.cpu.get_capabilities: the cpuinfo library, which runs CPUID and checks what the OS enabled) gives them.
+_CPUID_NAMES = {"avx": "avx", "avx2": "avx2", "fma": "fma3", "f16c": "f16c", "sse4_2": "sse4_2",
+                "avx512f": "avx512_f", "avx512bw": "avx512_bw", "avx512vl": "avx512_vl", "avx512dq": "avx512_dq",
+                "avx512cd": "avx512_cd", "avx512_bf16": "avx512_bf16", "avx512_vnni": "avx512_vnni",
+                "avx512_fp16": "avx512_fp16", "avx_vnni": "avx_vnni", "amx_tile": "amx_tile", "amx_bf16": "amx_bf16",
+                "amx_int8": "amx_int8"}
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags as Linux names them (/proc/cpuinfo: x86 "flags", Arm "Features"; macOS on
     Apple silicon: "bf16" where sysctl reports FEAT_BF16); empty where the platform says nothing. Read once
-    per process: the kernels' tier and the engine's dtype choice (engine/runner/cpu_compute.py) both use it."""
+    per process: the kernels' tier and the engine's dtype choice (engine/runner/cpu_compute.py) both use it.
+
+    On x86 a flag is kept only where the CPU itself confirms it (CPUID, through torch's probe): a file can
+    list what the CPU does not run (qemu-user shows the host's /proc/cpuinfo to an emulated AVX2 CPU), and
+    a kernel built for a feature the CPU lacks kills the process (SIGILL), where a flag missed costs speed
+    only. Where /proc/cpuinfo is missing on x86 (Windows, macOS on Intel) the flags come from CPUID alone."""
+    listed = _listed_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return listed
+    cpuid = _cpuid_capabilities()
+    if cpuid is None:
+        return listed
+    if not listed:
+        return frozenset(name for name, probe in _CPUID_NAMES.items() if cpuid.get(probe) is True)
+    denied = sorted(f for f in listed if cpuid.get(_CPUID_NAMES.get(f, "")) is False)
+    if denied:
+        warnings.warn(f"/proc/cpuinfo lists {', '.join(denied)} but this CPU does not run them (CPUID): "
+                      "ignoring them (an emulator, or a VM that hides them)", stacklevel=2)
+    return listed - frozenset(denied)
+
+
+def unconfirmed_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo lists that the CPU does not confirm (empty on a plain machine): for the
+    bench JSON, so a figure taken under an emulator says so."""
+    return _listed_flags() - cpu_flags()
+
+
+@functools.cache
+def _listed_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -78,9 +116,22 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def _cpuid_capabilities() -> Mapping[str, object] | None:
+    """torch's view of the CPU (CPUID and the OS's enabled state; not changed by ATEN_CPU_CAPABILITY),
+    None where this torch has no such probe."""
+    try:
+        import torch.cpu
+
+        caps = torch.cpu.get_capabilities()
+    except Exception:  # noqa: BLE001 (an old torch, or a probe that fails: trust the file)
+        return None
+    return caps if isinstance(caps, Mapping) and caps.get("avx2") is not None else None
+
+
 def supported_tiers(flags: frozenset[str] | None = None, machine: str | None = None) -> tuple[str, ...]:
-    """The tiers this CPU runs, worst first (portable always). Without /proc/cpuinfo, torch's own CPU
-    capability decides between portable and avx2 (it does not tell bf16 or VNNI: never avx512 then)."""
+    """The tiers this CPU runs, worst first (portable always). With neither /proc/cpuinfo nor torch's CPUID
+    probe, torch's own CPU capability decides between portable and avx2 (it does not tell bf16 or VNNI:
+    never avx512 then)."""
     flags = cpu_flags() if flags is None else flags
     machine = (machine or platform.machine()).lower()
     if machine in ("aarch64", "arm64"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels import cpu_flags
+from engine.kernels import cpu_flags, unconfirmed_flags
 from engine.perf.roofline import Roofs
 from engine.runner import huge_pages
 
@@ -51,13 +51,15 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
 
 def cpu_description() -> dict:
     """What a benchmark result needs to say about the CPU it ran on: model, logical CPUs, last-level
-    cache, the vector/matrix extensions that matter here, and every flag."""
+    cache, the vector/matrix extensions that matter here, and every flag; `flags_not_confirmed`: those
+    /proc/cpuinfo lists but the CPU does not run (an emulator: engine.kernels.cpu_flags)."""
     import os
 
     flags = cpu_flags()
     return {"model": machine_name(torch.device("cpu")), "logical_cpus": os.cpu_count(),
             "last_level_cache_bytes": last_level_cache_bytes(),
-            "isa": {f: f in flags for f in ISA_FLAGS}, "flags": sorted(flags)}
+            "isa": {f: f in flags for f in ISA_FLAGS}, "flags": sorted(flags),
+            "flags_not_confirmed": sorted(unconfirmed_flags())}
 
 
 def last_level_cache_bytes() -> int:
