@@ -5,7 +5,7 @@ pages, so the weights come from memory as in a decode step), the builds taking t
     python scripts/kernel_ab.py A.so B.so [--reps 24]
 
 Each .so is one tier's build from torch's extension cache (~/.cache/torch_extensions/<py>_cpu/
-inferlab_kernels_<tier>_<source hash>/): build one, change the source, build again (any engine start or
+inferlab_kernels_<tier>_<hash of sources and flags>/): build one, change the source, build again (any engine start or
 `python -c "from engine.kernels import stream_linear_kernel; stream_linear_kernel()"`), then compare. On a
 shared machine only ratios from one run mean anything; the minimum over the sweeps is the least disturbed."""
 from __future__ import annotations

@@ -18,7 +18,8 @@ def main(folder: str) -> None:
     torch.manual_seed(0)
     out = {"tier": kernels.cpu_tier(), "tiers": list(kernels.supported_tiers()),
            "torch_capability": str(torch.backends.cpu.get_cpu_capability()),
-           "plan": plan_compute("auto", torch.device("cpu")).describe(), "tokens": {}}
+           "plan": plan_compute("auto", torch.device("cpu")).describe(), "tokens": {},
+           "build": kernels._build_name(kernels.cpu_tier()), "flags": sorted(kernels.cpu_flags())}
     for bits in (16, 8, 4):
         eng = LLMEngine(EngineConfig(model=folder, quant_bits=bits, num_kv_blocks=32, num_threads=1))
         out["fused"] = eng.runner.fused is not None

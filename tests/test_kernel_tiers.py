@@ -50,10 +50,29 @@ def test_the_flags_are_those_the_cpu_confirms(monkeypatch):
     monkeypatch.setattr(kernels, "_listed_flags", lambda: listed)
     monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: None)
     assert kernels.cpu_flags.__wrapped__() == listed
-    # Arm: "Features" as listed (torch's probe names x86 features only)
+    # aarch64 Linux: the kernel's hardware-capability words confirm (qemu-aarch64 shows an x86 host's file:
+    # its "flags" line is not read there, so the flags come from the words alone)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: cpuid)
-    assert kernels.cpu_flags.__wrapped__() == listed
+    monkeypatch.setattr(kernels, "_hwcap_words", lambda: {16: 1 << 0 | 1 << 1 | 1 << 20, 26: 0})
+    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset({"fp", "asimd", "asimddp", "bf16", "atomics"}))
+    with pytest.warns(UserWarning, match="lists bf16 but this CPU does not run them .hardware capabilities"):
+        assert kernels.cpu_flags.__wrapped__() == {"fp", "asimd", "asimddp", "atomics"}
+    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset())
+    assert kernels.cpu_flags.__wrapped__() == {"fp", "asimd", "asimddp"}
+    monkeypatch.setattr(kernels, "_hwcap_words", lambda: None)  # not Linux: what the file (or sysctl) says
+    assert kernels.cpu_flags.__wrapped__() == frozenset()
+
+
+def test_the_file_is_read_for_this_architecture_only(monkeypatch, tmp_path):
+    """Under qemu-aarch64 on an x86 host /proc/cpuinfo is the host's: its x86 "flags" (avx512_bf16, ...)
+    must not reach an Arm engine's choices, nor Arm "Features" an x86 one's."""
+    text = "processor\t: 0\nflags\t\t: avx2 avx512_bf16\nFeatures\t: asimd bf16\n"
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/cpuinfo"
+                        else real_read(self, *a, **k))
+    for machine, expected in (("aarch64", {"asimd", "bf16"}), ("x86_64", {"avx2", "avx512_bf16"})):
+        monkeypatch.setattr(platform, "machine", lambda m=machine: m)
+        assert kernels._listed_flags.__wrapped__() == expected
 
 
 def test_this_machines_flags_are_confirmed():
@@ -215,6 +234,23 @@ _EMULATED = {"EPYC-Milan": ("avx2", "AVX2", _AS_AVX2),  # Zen 3, the CPU of issu
              "Nehalem": ("portable", "DEFAULT", _AS_PORTABLE)}  # SSE4.2, no AVX at all
 
 
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _runner(folder: Path) -> tuple[list[str], dict[str, str]]:
+    """tests/emulated_cpu_run.py over `folder`, and an environment with nothing forced."""
+    plain = {k: v for k, v in os.environ.items() if k not in _AS_AVX2}
+    plain["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), plain.get("PYTHONPATH")]))
+    return [str(Path(__file__).parent / "emulated_cpu_run.py"), str(folder)], plain
+
+
+def _result(cmd: list[str], env: dict[str, str]) -> dict:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=_ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def _qemu_x86(tier: str) -> str:
     qemu = shutil.which("qemu-x86_64-static") or shutil.which("qemu-x86_64")
     if qemu is None or platform.machine().lower() not in ("x86_64", "amd64"):
@@ -260,21 +296,47 @@ def test_the_engine_on_an_emulated_cpu_finds_its_tier_and_gives_the_native_token
     if kernels.kernel_module(tier=tier) is None:  # built natively now: the emulated process loads it
         pytest.skip("no C++ toolchain to build the kernels")
     folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
-    runner = [str(Path(__file__).parent / "emulated_cpu_run.py"), str(folder)]
-    root = str(Path(__file__).resolve().parent.parent)
-    plain = {k: v for k, v in os.environ.items() if k not in _AS_AVX2}
-    plain["PYTHONPATH"] = os.pathsep.join(filter(None, [root, plain.get("PYTHONPATH")]))
-
-    def result(cmd: list[str], env: dict[str, str]) -> dict:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=root)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
-        return json.loads(lines[-1][len("RESULT "):])
-
-    native = result([sys.executable, *runner], {**plain, **forced})
-    emulated = result([qemu, "-cpu", model, sys.executable, *runner], plain)
+    runner, plain = _runner(folder)
+    native = _result([sys.executable, *runner], {**plain, **forced})
+    emulated = _result([qemu, "-cpu", model, sys.executable, *runner], plain)
     assert emulated["tiers"] == list(kernels.TIERS[: kernels.TIERS.index(tier) + 1])
     assert (emulated["tier"], emulated["torch_capability"]) == (tier, capability)
     assert "no native bf16" in emulated["plan"] and emulated["fused"]
     assert native["tier"] == tier
     assert emulated["tokens"] == native["tokens"]
+
+
+# ------------------------------------------------------------------------ Arm CPUs, emulated by qemu-aarch64
+# scripts/arm_emulated.sh sets up an AArch64 Python with torch for aarch64 (.ci/run does, into this folder).
+ARM_EMULATED = Path(os.environ.get("INFERLAB_ARM_EMULATED", Path.home() / ".cache" / "inferlab" / "arm-emulated"))
+# qemu's CPU model -> (sdot, native bf16): Graviton 3/4 and Apple M2 on have both ("max"); Graviton 2, Ampere
+# Altra and the Raspberry Pi 5 have sdot only (Cortex-A76, as Neoverse N1); A64FX has neither (ARMv8.2 + SVE).
+_ARM = {"max": (True, True), "cortex-a76": (True, False), "a64fx": (False, False)}
+
+
+@pytest.mark.parametrize("model", list(_ARM))
+def test_the_engine_on_an_emulated_arm_cpu_runs_neon_and_gives_the_reference_tokens(model, tmp_path):
+    """The whole engine on AArch64 (torch for aarch64, the NEON kernels built by the cross compiler, the
+    fused step) under qemu-aarch64 as `model`, nothing forced: the neon tier, sdot where the CPU has it
+    (a separate build where it does not), the dtype plan from the CPU's own capability words (qemu shows the
+    x86 host's /proc/cpuinfo), and at 16, 8 and 4 bits the tokens of this machine's portable kernels under
+    the same plan."""
+    from tests.conftest import build_tiny_model
+
+    python = ARM_EMULATED / "python"
+    if not python.exists():
+        pytest.skip(f"no emulated Arm machine in {ARM_EMULATED} (scripts/arm_emulated.sh DIR sets one up)")
+    sdot, native_bf16 = _ARM[model]
+    folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    runner, plain = _runner(folder)
+    emulated = _result([str(python), *runner], {**plain, "QEMU_CPU": model})
+    assert (emulated["tier"], emulated["tiers"], emulated["fused"]) == ("neon", ["portable", "neon"], True)
+    assert ("neon_sdot_" in emulated["build"]) == sdot and ("asimddp" in emulated["flags"]) == sdot
+    assert ("this CPU has native bf16 (bf16)" in emulated["plan"]) == native_bf16
+    assert not {"avx2", "avx512f"} & set(emulated["flags"])  # the host's file is not read as Arm's
+    reference = _result([sys.executable, *runner], {**plain, **_AS_PORTABLE, **(
+        {"INFERLAB_EMULATED_BF16": "0"} if native_bf16 else {})})
+    compared = ["16", "8", "4"]
+    if native_bf16 and "native bf16" not in reference["plan"]:
+        compared = ["16", "8"]  # 4-bit prompt rows take the native-bf16 route only where the CPU has it
+    assert {b: emulated["tokens"][b] for b in compared} == {b: reference["tokens"][b] for b in compared}

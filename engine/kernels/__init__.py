@@ -63,29 +63,72 @@ _CPUID_NAMES = {"avx": "avx", "avx2": "avx2", "fma": "fma3", "f16c": "f16c", "ss
                 "amx_int8": "amx_int8"}
 
 
+# aarch64 Linux: the /proc/cpuinfo "Features" the engine decides by, and their bits in the words the kernel
+# hands each process (getauxval: AT_HWCAP = 16, AT_HWCAP2 = 26; linux/arch/arm64/include/uapi/asm/hwcap.h).
+_HWCAP_BITS = {"fp": (16, 0), "asimd": (16, 1), "fphp": (16, 9), "asimdhp": (16, 10), "asimddp": (16, 20),
+               "sve": (16, 22), "asimdfhm": (16, 23), "sve2": (26, 1), "i8mm": (26, 13), "bf16": (26, 14)}
+_X86_MACHINES = ("x86_64", "amd64", "i686", "x86")
+_ARM_MACHINES = ("aarch64", "arm64")
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags as Linux names them (/proc/cpuinfo: x86 "flags", Arm "Features"; macOS on
     Apple silicon: "bf16" where sysctl reports FEAT_BF16); empty where the platform says nothing. Read once
     per process: the kernels' tier and the engine's dtype choice (engine/runner/cpu_compute.py) both use it.
 
-    On x86 a flag is kept only where the CPU itself confirms it (CPUID, through torch's probe): a file can
-    list what the CPU does not run (qemu-user shows the host's /proc/cpuinfo to an emulated AVX2 CPU), and
-    a kernel built for a feature the CPU lacks kills the process (SIGILL), where a flag missed costs speed
-    only. Where /proc/cpuinfo is missing on x86 (Windows, macOS on Intel) the flags come from CPUID alone."""
+    A flag is kept only where the CPU itself confirms it: x86 through CPUID (torch's probe), aarch64 Linux
+    through the hardware-capability words the kernel gives the process. A file can list what the CPU does
+    not run (qemu-user shows the host's /proc/cpuinfo to the CPU it emulates), and a kernel built for a
+    feature the CPU lacks kills the process (SIGILL), where a flag missed costs speed only. Where
+    /proc/cpuinfo says nothing (Windows, macOS on Intel) the flags come from the CPU alone."""
     listed = _listed_flags()
-    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
-        return listed
-    cpuid = _cpuid_capabilities()
-    if cpuid is None:
+    confirmed = _confirmed_features()
+    if confirmed is None:
         return listed
     if not listed:
-        return frozenset(name for name, probe in _CPUID_NAMES.items() if cpuid.get(probe) is True)
-    denied = sorted(f for f in listed if cpuid.get(_CPUID_NAMES.get(f, "")) is False)
+        return frozenset(name for name, has in confirmed.items() if has)
+    denied = sorted(f for f in listed if confirmed.get(f) is False)
     if denied:
-        warnings.warn(f"/proc/cpuinfo lists {', '.join(denied)} but this CPU does not run them (CPUID): "
-                      "ignoring them (an emulator, or a VM that hides them)", stacklevel=2)
+        warnings.warn(f"/proc/cpuinfo lists {', '.join(denied)} but this CPU does not run them "
+                      f"({'hardware capabilities' if _machine() in _ARM_MACHINES else 'CPUID'}): ignoring them "
+                      "(an emulator, or a VM that hides them)", stacklevel=2)
     return listed - frozenset(denied)
+
+
+def _machine() -> str:
+    return platform.machine().lower()
+
+
+def _confirmed_features() -> dict[str, bool] | None:
+    """{Linux flag name: whether the CPU itself says it runs it} for the flags the engine decides by, None
+    where nothing but the file can tell."""
+    if _machine() in _X86_MACHINES:
+        cpuid = _cpuid_capabilities()
+        if cpuid is None:
+            return None
+        return {name: cpuid[probe] for name, probe in _CPUID_NAMES.items() if isinstance(cpuid.get(probe), bool)}
+    if _machine() in _ARM_MACHINES:
+        words = _hwcap_words()
+        if words is None:
+            return None
+        return {name: bool(words[at] >> bit & 1) for name, (at, bit) in _HWCAP_BITS.items()}
+    return None
+
+
+def _hwcap_words() -> dict[int, int] | None:
+    """AT_HWCAP and AT_HWCAP2 of this process (Linux only; None elsewhere, or where they are empty)."""
+    if platform.system() != "Linux":
+        return None
+    try:
+        import ctypes
+
+        getauxval = ctypes.CDLL(None).getauxval
+        getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+        words = {16: int(getauxval(16)), 26: int(getauxval(26))}
+    except (OSError, AttributeError):
+        return None
+    return words if words[16] else None
 
 
 def unconfirmed_flags() -> frozenset[str]:
@@ -100,9 +143,10 @@ def _listed_flags() -> frozenset[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
+    wanted = "Features" if _machine() in _ARM_MACHINES else "flags"  # not the other's (an emulator's file)
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
+        if key.strip() == wanted:
             return frozenset(value.split())
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         import subprocess
@@ -134,9 +178,9 @@ def supported_tiers(flags: frozenset[str] | None = None, machine: str | None = N
     never avx512 then)."""
     flags = cpu_flags() if flags is None else flags
     machine = (machine or platform.machine()).lower()
-    if machine in ("aarch64", "arm64"):
+    if machine in _ARM_MACHINES:
         return ("portable", "neon")  # Advanced SIMD is part of every AArch64 CPU
-    if machine not in ("x86_64", "amd64", "i686", "x86"):
+    if machine not in _X86_MACHINES:
         return ("portable",)
     if not flags:
         return ("portable", "avx2") if _torch_capability() in ("AVX2", "AVX512") else ("portable",)
@@ -279,9 +323,17 @@ def _openmp_wanted() -> bool:
 
 
 def _build_name(tier: str, openmp: bool | None = None) -> str:
-    """The build's name (torch's extension cache folder): the tier, whether it has OpenMP, the sources."""
+    """The build's name (torch's extension cache folder): the tier, whether it has OpenMP, and a hash of the
+    sources, the tier's compiler flags and the architecture. A cache can be shared by machines (a home on
+    NFS, a container image): on NEON the flags differ by CPU (a build with sdot would die on an Arm CPU
+    without it), and the portable tier's flags are the same on x86 and Arm."""
+    import hashlib
+
     openmp = _openmp_wanted() if openmp is None else openmp
-    return f"inferlab_kernels_{tier}{'' if openmp else '_noomp'}_{_source_digest()}"
+    flags = _tier_flags(tier)
+    variant = "neon_sdot" if tier == "neon" and "-march=armv8.2-a+dotprod" in flags else tier
+    digest = hashlib.sha256(" ".join([_source_digest(), _machine(), *flags]).encode()).hexdigest()[:10]
+    return f"inferlab_kernels_{variant}{'' if openmp else '_noomp'}_{digest}"
 
 
 @functools.cache  # read once per process: the loaders are called on hot paths
