@@ -4,7 +4,8 @@
 # qemu-aarch64-static. The native kernels build with the cross compiler (g++-aarch64-linux-gnu), driven
 # from the emulated Python. Correctness only: qemu's speed says nothing of a real Arm CPU's.
 #   scripts/arm_emulated.sh DIR              set it up in DIR (~1 GB; needs apt arm64 lists and pip)
-#   QEMU_CPU=cortex-a76 DIR/python ARGS...   run Python there (QEMU_CPU: max, neoverse-n1, cortex-a76, a64fx)
+#   QEMU_CPU=cortex-a76 DIR/python ARGS...   run Python there, from a checkout (QEMU_CPU: max, neoverse-n1,
+#                                            cortex-a76, a64fx)
 # torch 2.10.0 is the newest aarch64 wheel on PyPI built for the CPU alone (2.11 on are CUDA builds); it
 # needs ARMv8.2 (it dies on a Cortex-A72 or A57: SIGILL in its own code).
 set -euo pipefail
@@ -39,12 +40,15 @@ for deb in "$DIR"/debs/*.deb; do dpkg-deb -x "$deb" "$DIR/root"; done
   --abi cp311 --abi abi3 --abi none filelock typing_extensions sympy networkx jinja2 fsspec numpy safetensors \
   tokenizers tqdm packaging psutil nvidia-ml-py setuptools
 
-# DIR/python: the emulated Python with the engine importable, the cross compiler for the kernels (and the
-# arm64 pyconfig.h), this machine's ninja, and a kernels cache of its own.
+# DIR/python: the emulated Python with the aarch64 packages, the cross compiler for the kernels (and the
+# arm64 pyconfig.h), this machine's ninja, and a kernels cache of its own. The engine comes from the current
+# folder or PYTHONPATH (run it from a checkout: cd REPO && QEMU_CPU=max DIR/python -m ...).
+mkdir -p "$DIR/bin"
+cp "$("$PY" -c "import ninja, os; print(os.path.join(ninja.BIN_DIR, 'ninja'))")" "$DIR/bin/ninja"  # an x86 binary
 cat > "$DIR/python" <<WRAP
 #!/bin/sh
-export PYTHONPATH="$DIR/site:$REPO\${PYTHONPATH:+:\$PYTHONPATH}" CXX=aarch64-linux-gnu-g++ \\
-  CPLUS_INCLUDE_PATH="$DIR/root/usr/include" PATH="$(dirname "$PY"):\$PATH" \\
+export PYTHONPATH="$DIR/site\${PYTHONPATH:+:\$PYTHONPATH}" CXX=aarch64-linux-gnu-g++ \\
+  CPLUS_INCLUDE_PATH="$DIR/root/usr/include" PATH="$DIR/bin:\$PATH" \\
   TORCH_EXTENSIONS_DIR="\${ARM_TORCH_EXTENSIONS_DIR:-$DIR/ext}"
 exec qemu-aarch64-static -L "$DIR/root" "$DIR/root/usr/bin/python3.11" "\$@"
 WRAP

@@ -63,6 +63,14 @@ def test_the_flags_are_those_the_cpu_confirms(monkeypatch):
     assert kernels.cpu_flags.__wrapped__() == frozenset()
 
 
+def test_the_neon_tier_says_whether_it_has_sdot(monkeypatch):
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"asimd", "asimddp"}))
+    assert kernels.describe_tier("neon") == "neon (Arm NEON + sdot)"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"asimd"}))
+    assert kernels.describe_tier("neon") == "neon (Arm NEON)"
+    assert kernels.describe_tier("avx2") == "avx2 (AVX2 + FMA)"
+
+
 def test_the_file_is_read_for_this_architecture_only(monkeypatch, tmp_path):
     """Under qemu-aarch64 on an x86 host /proc/cpuinfo is the host's: its x86 "flags" (avx512_bf16, ...)
     must not reach an Arm engine's choices, nor Arm "Features" an x86 one's."""
@@ -314,13 +322,15 @@ ARM_EMULATED = Path(os.environ.get("INFERLAB_ARM_EMULATED", Path.home() / ".cach
 _ARM = {"max": (True, True), "cortex-a76": (True, False), "a64fx": (False, False)}
 
 
-@pytest.mark.parametrize("model", list(_ARM))
-def test_the_engine_on_an_emulated_arm_cpu_runs_neon_and_gives_the_reference_tokens(model, tmp_path):
+@pytest.mark.parametrize("model, openmp", [*((m, True) for m in _ARM), ("max", False)],
+                         ids=[*_ARM, "max-own-threads"])
+def test_the_engine_on_an_emulated_arm_cpu_runs_neon_and_gives_the_reference_tokens(model, openmp, tmp_path):
     """The whole engine on AArch64 (torch for aarch64, the NEON kernels built by the cross compiler, the
     fused step) under qemu-aarch64 as `model`, nothing forced: the neon tier, sdot where the CPU has it
     (a separate build where it does not), the dtype plan from the CPU's own capability words (qemu shows the
     x86 host's /proc/cpuinfo), and at 16, 8 and 4 bits the tokens of this machine's portable kernels under
-    the same plan."""
+    the same plan. "max-own-threads": as on macOS with Apple silicon (Apple clang has no OpenMP), the build
+    without OpenMP, its own pool's threads splitting the work at 2 threads."""
     from tests.conftest import build_tiny_model
 
     python = ARM_EMULATED / "python"
@@ -329,9 +339,12 @@ def test_the_engine_on_an_emulated_arm_cpu_runs_neon_and_gives_the_reference_tok
     sdot, native_bf16 = _ARM[model]
     folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     runner, plain = _runner(folder)
-    emulated = _result([str(python), *runner], {**plain, "QEMU_CPU": model})
+    env = {**plain, "QEMU_CPU": model, **({} if openmp else {kernels.OPENMP_ENV: "0"})}
+    emulated = _result([str(python), *runner, *([] if openmp else ["2"])], env)
     assert (emulated["tier"], emulated["tiers"], emulated["fused"]) == ("neon", ["portable", "neon"], True)
+    assert emulated["openmp"] == openmp and (openmp or emulated["pool_threads"] >= 1)
     assert ("neon_sdot_" in emulated["build"]) == sdot and ("asimddp" in emulated["flags"]) == sdot
+    assert emulated["described"] == f"neon (Arm NEON{' + sdot' if sdot else ''})"
     assert ("this CPU has native bf16 (bf16)" in emulated["plan"]) == native_bf16
     assert not {"avx2", "avx512f"} & set(emulated["flags"])  # the host's file is not read as Arm's
     reference = _result([sys.executable, *runner], {**plain, **_AS_PORTABLE, **(

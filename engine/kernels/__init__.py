@@ -210,9 +210,11 @@ def cpu_tier() -> str:
 
 
 def describe_tier(tier: str | None = None) -> str:
-    """The tier in words, for the engine line and the bench JSON: "avx2 (AVX2 + FMA)"."""
+    """The tier in words, for the engine line and the bench JSON: "avx2 (AVX2 + FMA)"; on NEON whether the
+    build uses sdot (the int8 dot products of the 4- and 8-bit kernels), "neon (Arm NEON + sdot)"."""
     tier = tier or cpu_tier()
-    return f"{tier} ({_WHAT[tier]})"
+    sdot = " + sdot" if tier == "neon" and "-march=armv8.2-a+dotprod" in _tier_flags(tier) else ""
+    return f"{tier} ({_WHAT[tier]}{sdot})"
 
 
 def _tier_flags(tier: str) -> list[str]:

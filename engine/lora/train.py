@@ -104,7 +104,7 @@ def train_lora(engine, out: str | Path, *, style: str = "shout", prompts: Sequen
         opt.zero_grad()
         loss.backward()
         opt.step()
-        report(f"training: step {step + 1}/{total}, loss {float(loss):.3f}", (step + 1) / total)
+        report(f"training: step {step + 1}/{total}, loss {loss.item():.3f}", (step + 1) / total)
     after = val_loss()
     weights = {k: (w.lora_A.detach(), w.lora_B.detach()) for k, w in wrappers.items()}
     path = save_peft_adapter(out, weights, rank, alpha, base_model=str(engine.model_path))
