@@ -114,8 +114,11 @@ def test_fused_logits_match_the_layer_path(tiny, kernel, bits):
     agree = total = 0
     for fused, ref, _, _ in pairs:
         assert fused.shape == ref.shape and fused.dtype == torch.float32
-        # the same bf16 roundings op for op; only summation orders differ
-        assert (fused - ref).abs().max().item() <= 0.02 * ref.abs().max().item() + 1e-2
+        # the same bf16 roundings op for op; only summation orders differ, and where they do a sum can land
+        # on the other side of a bf16 rounding (0.4-0.8 % a step) that the next layers carry on: x86 bodies
+        # follow one order (at most 1.1 % of the largest logit here); on Arm the portable body over the
+        # chunk layout sums in another order than the NEON layer path (emulated: median 0.5 %, at most 2.5 %)
+        assert (fused - ref).abs().max().item() <= 0.03 * ref.abs().max().item() + 1e-2
         agree += same_pick(fused, ref)
         total += fused.shape[0]
     assert agree >= 0.97 * total
