@@ -213,12 +213,16 @@ def describe_tier(tier: str | None = None) -> str:
     """The tier in words, for the engine line and the bench JSON: "avx2 (AVX2 + FMA)"; on NEON whether the
     build uses sdot (the int8 dot products of the 4- and 8-bit kernels), "neon (Arm NEON + sdot)"."""
     tier = tier or cpu_tier()
-    sdot = " + sdot" if tier == "neon" and "-march=armv8.2-a+dotprod" in _tier_flags(tier) else ""
-    return f"{tier} ({_WHAT[tier]}{sdot})"
+    return f"{tier} ({_WHAT[tier]}{' + sdot' if _neon_sdot(tier) else ''})"
+
+
+def _neon_sdot(tier: str) -> bool:
+    """Whether `tier` is NEON built with sdot (where the CPU has the dot-product instructions)."""
+    return tier == "neon" and "asimddp" in cpu_flags()
 
 
 def _tier_flags(tier: str) -> list[str]:
-    if tier == "neon" and "asimddp" in cpu_flags():
+    if _neon_sdot(tier):
         return ["-march=armv8.2-a+dotprod"]
     return list(_FLAGS[tier])
 
@@ -332,9 +336,8 @@ def _build_name(tier: str, openmp: bool | None = None) -> str:
     import hashlib
 
     openmp = _openmp_wanted() if openmp is None else openmp
-    flags = _tier_flags(tier)
-    variant = "neon_sdot" if tier == "neon" and "-march=armv8.2-a+dotprod" in flags else tier
-    digest = hashlib.sha256(" ".join([_source_digest(), _machine(), *flags]).encode()).hexdigest()[:10]
+    variant = "neon_sdot" if _neon_sdot(tier) else tier
+    digest = hashlib.sha256(" ".join([_source_digest(), _machine(), *_tier_flags(tier)]).encode()).hexdigest()[:10]
     return f"inferlab_kernels_{variant}{'' if openmp else '_noomp'}_{digest}"
 
 
