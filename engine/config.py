@@ -89,9 +89,10 @@ class EngineConfig:
     # it does not cover (prefill, other dtypes and devices) runs the "fast" path. "fast": batched paged
     # attention (whole-block gathers + matmuls). "compiled": decode attention through torch.compile with
     # the block gather fused into its reductions. "flex": decodes and cached-context prefill chunks
-    # through FlexAttention with a paged block mask, K/V read in place (compiled on CUDA, where "native"
-    # means this; eager on the CPU; not yet run on a GPU). "reference": the readable one-sequence-at-a-time
-    # path the tests hold the others to. What runs is chosen once, by engine/runner/attention_backend.py.
+    # through FlexAttention with a paged block mask, K/V read in place (compiled on CUDA, eager on the CPU;
+    # only when asked for: on the first GPU run its compile had not finished minutes into the first step).
+    # "reference": the readable one-sequence-at-a-time path the tests hold the others to. What runs is
+    # chosen once, by engine/runner/attention_backend.py.
     attention_backend: str = knob_default("attention_backend")
     # torch.compile each decode step's forward pass as one call (the attention an opaque op in it; steps with
     # prompt rows run eager; the same numbers as eager, engine/models/llama.py), run single 16-bit rows on

@@ -12,10 +12,13 @@ recorded and the next one runs; what the deadline leaves no time for is recorded
   graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
+  flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA) timed from engine build to three
+                generations (results.json's log tail)
   screenshot    the app on the GPU, headless -> app.png; skipped, saying so, where PySide6 is missing
                 (the lent image has none, and its wheels are too large to carry)
   cpu_suite     the CPU suite with CUDA hidden (CUDA_VISIBLE_DEVICES=''); tests that need a missing GUI or
                 HTTP package skip (tests/optional_stacks.py) -> cpu_suite.xml
+A step stopped at its limit is sent SIGABRT first: its log (and results.json) ends with every thread's stack.
 Every step runs on what the lent image has (torch, transformers, pytest, prometheus-client...: no Qt, no
 FastAPI, no platformdirs, no gguf); scripts/gpu_wheels.sh fetches a few pure-Python wheels into .whl/ that
 gpu_check.sh installs first, when they were carried, so that more of the CPU suite runs there.
@@ -34,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -186,6 +190,11 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                             "--json", str(out / "graphs_startup.json"), *startup], {}, 60 if dry else 120),
         ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
                             "--json", str(out / "bench_64.json"), *modes, *batch], {}, 150),
+        # FlexAttention over the paged cache, compiled: on the first GPU run (H200, torch 2.11) its compile was
+        # still in inductor minutes into the first decode step, so it is no longer the default on CUDA; a step
+        # of its own, bounded, so that it cannot take the other steps' time
+        ("flex", [py, "scripts/cuda_probe.py", "flex:bfloat16:greedy", "--device", dev, "--model", model,
+                  "--tokens", "8"], {}, 60 if dry else 120),
         ("screenshot", cli + ["--device", dev, "--model", model, "--screenshot", str(out / "app.png"),
                               "--preset", "vram-bottleneck", "--run-seconds", "4" if dry else "8"],
          {"QT_QPA_PLATFORM": "offscreen"}, 90),
@@ -195,20 +204,31 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
 
 
 def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", INFERLAB_DATA_DIR=str(work / "data"), **extra_env)
+    """One step in its own process. At its limit the process is sent SIGABRT first: with
+    PYTHONFAULTHANDLER set, Python writes every thread's stack to the log, so a step that hangs says where
+    (the first GPU run's steps all stopped at their limits, and their logs said nothing more)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", INFERLAB_DATA_DIR=str(work / "data"),
+               **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     log = work / f"{name}.log"
     result = StepResult(name, command)
     t0 = time.perf_counter()
     with open(log, "w") as f:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
         try:
-            result.rc = subprocess.run(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                       timeout=limit).returncode
+            result.rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             result.rc = 124
-            f.write(f"\n[gpu_check] stopped at its limit of {limit:.0f} s\n")
+            proc.send_signal(signal.SIGABRT)  # the stacks, then the end
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            f.flush()
+            f.write(f"\n[gpu_check] stopped at its limit of {limit:.0f} s (the stacks at that moment are above)\n")
     result.seconds = round(time.perf_counter() - t0, 1)
-    result.log_tail = log.read_text(errors="replace")[-2000:]
+    result.log_tail = log.read_text(errors="replace")[-(6000 if result.rc == 124 else 2000):]
     return result
 
 

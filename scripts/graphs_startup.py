@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", required=True, help="where the result goes")
     p.add_argument("--max-num-seqs", type=int, default=16, help="start-up buckets: every one up to this")
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--attention-backend", default="native", help="'native' is FlexAttention on CUDA")
+    p.add_argument("--attention-backend", default="native",
+                   help="'native' is the eager gather on CUDA; 'flex' FlexAttention")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--memory-budget-mib", type=int, default=None,
                    help="a whole-memory budget (weights, graphs, KV) instead of the device's profiled memory")

@@ -70,12 +70,16 @@ def test_the_engine_on_flex_gives_the_reference_tokens(tiny_llama):
     assert eng.runner.graphs.num_runs > 0
 
 
-def test_native_means_flex_on_cuda_and_the_8_bit_cache_leaves_it(tiny_llama):
+def test_flex_only_when_asked_compiled_on_cuda_and_the_8_bit_cache_leaves_it(tiny_llama):
+    """"native" on CUDA is the eager batched path: the first GPU run (an H200, torch 2.11) found the compiled
+    FlexAttention still in inductor minutes into its first decode step."""
     from engine.loading.loader import load_hf_folder
     from engine.runner.attention_backend import select_backend
 
     mc = load_hf_folder(str(tiny_llama), lambda message, fraction: None).config
-    cuda = select_backend("native", mc, torch.device("cuda", 0), torch.bfloat16, compile=False)
+    native = select_backend("native", mc, torch.device("cuda", 0), torch.bfloat16, compile=False)
+    assert native.flex is None and native.native_decode is None and not native.reference
+    cuda = select_backend("flex", mc, torch.device("cuda", 0), torch.bfloat16, compile=False)
     assert cuda.flex is not None and cuda.flex.compiled and cuda.native_decode is None
     assert select_backend("fast", mc, torch.device("cuda", 0), torch.bfloat16, compile=False).flex is None
     cpu = select_backend("flex", mc, torch.device("cpu"), torch.float32, compile=False)

@@ -22,8 +22,8 @@ def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
          "bench_64.json", "app.png", "cpu_suite.xml"])
     results = json.loads((out / "results.json").read_text())
     steps = {s["name"]: s for s in results["steps"]}
-    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "graphs_startup", "bench_64", "screenshot",
-                           "cpu_suite"]
+    assert list(steps) == ["environment", "cuda_tests", "bench_decode", "graphs_startup", "bench_64", "flex",
+                           "screenshot", "cpu_suite"]
     failed = {n: s["log_tail"][-600:] for n, s in steps.items() if s["rc"] != 0}
     assert not failed and proc.returncode == 0, failed
     assert results["dry_run"] and results["device"] == "cpu" and "random" in results["model_is"]
@@ -37,6 +37,7 @@ def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
     assert batch["memory_bandwidth"]["achieved_bytes_per_s"]["eager"] > 0 and "hf_transformers" in batch
     assert (out / "app.png").stat().st_size > 10_000
     assert "passed" in steps["cpu_suite"]["log_tail"]
+    assert "flex eager" in steps["flex"]["log_tail"] and "generate 2:" in steps["flex"]["log_tail"]
     assert "skipped" in steps["cuda_tests"]["log_tail"]  # no GPU here: the cuda tests skip, they never fail
 
 
@@ -63,3 +64,15 @@ print("ok", args.device, args.gpu_memory_utilization)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert proc.stdout.split() == ["ok", "cuda", "0.9"]
+
+
+def test_a_step_stopped_at_its_limit_says_where_it_was(tmp_path):
+    """The first GPU run's steps all stopped at their limits with nothing in their logs: now the step is
+    sent SIGABRT first and Python's fault handler writes the stacks into the log."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    code = "import time\ndef waiting_in_this_function():\n    time.sleep(60)\nwaiting_in_this_function()\n"
+    result = gpu_check.run_step("hang", [sys.executable, "-c", code], {}, 3.0, tmp_path)
+    assert result.rc == 124 and result.seconds < 20
+    assert "waiting_in_this_function" in result.log_tail and "stopped at its limit of 3 s" in result.log_tail

@@ -12,8 +12,9 @@ metadata. The runner selects it at start-up and again when compile switches (Mod
   gather-fused kernel (where the native kernel does not take the decode first).
 - "flex": decodes and prefill chunks over a cached context through FlexAttention with a paged block
   mask (engine/models/layers/flex_paged.py), reading K/V in place; compiled on CUDA, eager on the CPU
-  (where the tests hold it to the reference). "native" on CUDA, where the C++ kernel does not run, is
-  "flex" where this torch has FlexAttention.
+  (where the tests hold it to the reference). Only when asked for: "native" on CUDA, where the C++
+  kernel does not run, is "fast" (on the first GPU run the compiled FlexAttention had not finished
+  compiling minutes into its first decode step).
 - "fast": batched paged attention in eager torch (decodes gather each context into a padded copy).
 """
 from __future__ import annotations
@@ -54,7 +55,9 @@ def select_backend(name: str, model_config: ModelConfig, device: torch.device, d
     if name == "native" and native_decode_applies(model_config, device, dtype):
         native = paged_decode_kernel(progress, wait=wait)  # None where it cannot be built (after one warning)
     flex = None
-    if (name == "flex" or (name == "native" and device.type == "cuda")) and flex_paged.available():
+    # FlexAttention only when asked for: on the first GPU run (an H200, torch 2.11) its compile spent minutes in
+    # inductor at the first decode step and never served one; "native" on CUDA is the batched eager path
+    if name == "flex" and flex_paged.available():
         flex = (previous.flex if previous is not None and previous.flex is not None
                 else flex_paged.FlexPaged(compiled=device.type == "cuda"))
     return AttentionBackend(name, compiled_decode=compiled, native_decode=native, flex=flex)
