@@ -93,14 +93,14 @@ def test_a_compiler_without_openmp_gets_the_build_without_it(builds, monkeypatch
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_FAILED", {})
     monkeypatch.setattr(kernels, "_load", load)
-    monkeypatch.setattr(kernels, "_import_built", lambda name: None)
+    monkeypatch.setattr(kernels, "_import_built", lambda name, locked=False: None)
     with pytest.warns(UserWarning, match="built without OpenMP.*unsupported option '-fopenmp'"):
         assert kernels.kernel_module(tier=tier) is without
     assert tried == [True, False]
     assert "built without OpenMP" in kernels.status(tier)
 
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_import_built", lambda name: without if "_noomp_" in name else None)
+    monkeypatch.setattr(kernels, "_import_built", lambda name, locked=False: without if "_noomp_" in name else None)
     assert kernels.kernel_module(tier=tier) is without and tried == [True, False]
 
 

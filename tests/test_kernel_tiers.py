@@ -181,7 +181,7 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
 
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_PENDING", {})
-    monkeypatch.setattr(kernels, "_import_built", lambda n: None)  # as on a machine that never built it
+    monkeypatch.setattr(kernels, "_import_built", lambda n, locked=False: None)  # as on a machine that never built it
     monkeypatch.setattr(kernels, "_compile", slow_compile)
     folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=16, kernel_build="background"))

@@ -136,3 +136,67 @@ def test_a_dead_build_lock_is_cleared_at_once(tmp_path, monkeypatch):
     with kernels._machine_build_lock("x"), pytest.warns(UserWarning, match="did not finish"):
         kernels._clear_dead_lock("x")
     assert not lock.exists()
+
+
+def test_whole_and_cut_short_binaries_are_told_apart(kernel, tmp_path):
+    """A module cut short (a build killed while linking, a full disk) is not loaded: loading it kills the
+    process with SIGBUS, on every start, before any warning."""
+    from pathlib import Path
+
+    from engine import kernels
+
+    so = Path(kernel.__file__).read_bytes()
+    whole = tmp_path / "whole.so"
+    whole.write_bytes(so)
+    assert kernels._binary_whole(whole)
+    for cut in (len(so) - 1, len(so) // 2, 1000, 10, 0):
+        (tmp_path / "cut.so").write_bytes(so[:cut])
+        assert not kernels._binary_whole(tmp_path / "cut.so"), cut
+    (tmp_path / "zeros.so").write_bytes(bytes(len(so)))  # a file of the right size, never written
+    assert not kernels._binary_whole(tmp_path / "zeros.so")
+
+
+LOAD = """
+import warnings, engine.kernels as k
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    m = k.kernel_module(tier={tier!r})
+print("LOADED" if m is not None and m.__file__.startswith({folder!r}) else "NOT LOADED")
+print("WARNED" if any("was damaged" in str(w.message) for w in seen) else "QUIET")
+"""
+
+
+def test_a_damaged_build_is_made_again_not_loaded(kernel, tmp_path):
+    """The built module cut short, then changed in place (its size kept): each start removes it, saying so,
+    and links it again (the object file is whole: no compile); a whole one loads in silence."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine import kernels
+
+    folder = Path(kernel.__file__).parent
+    tier = next(t for t in kernels.supported_tiers() if folder.name == kernels._build_name(t))
+    copy = tmp_path / "ext" / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("lock", "*.inferlab-sha256"))
+    so = copy / f"{folder.name}.so"
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+
+    def start() -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", LOAD.format(tier=tier, folder=str(copy))], env=env,
+                              capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+        assert proc.returncode == 0, proc.stderr[-2000:]  # SIGBUS: -7
+        return proc.stdout.split()
+
+    so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])
+    assert start() == ["LOADED", "WARNED"]
+    assert so.with_name(so.name + ".inferlab-sha256").is_file()
+    assert start() == ["LOADED", "QUIET"]
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    assert start() == ["LOADED", "WARNED"]
+    assert start() == ["LOADED", "QUIET"]
+

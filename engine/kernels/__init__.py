@@ -397,13 +397,15 @@ def _load(name: str, tier: str, openmp: bool):
     from torch.utils.cpp_extension import load
 
     with _machine_build_lock(name):
-        built = _import_built(name)  # another process may have built it while this one waited
+        built = _import_built(name, locked=True)  # another process may have built it while this one waited
         if built is not None:
             return built
         _clear_dead_lock(name)
         omp = ["-fopenmp"] if openmp else []
-        return load(name=name, sources=[str(Path(__file__).with_name("module.cpp"))],
-                    extra_cflags=["-O3", *omp, *_tier_flags(tier)], extra_ldflags=omp, verbose=False)
+        module = load(name=name, sources=[str(Path(__file__).with_name("module.cpp"))],
+                      extra_cflags=["-O3", *omp, *_tier_flags(tier)], extra_ldflags=omp, verbose=False)
+        _write_digest(_build_dir(name) / f"{name}.so")  # finished: loadable without the lock from now on
+        return module
 
 
 def _first_line(exc: Exception) -> str:
@@ -415,11 +417,18 @@ def _first_line(exc: Exception) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _import_built(name: str):
+def _import_built(name: str, locked: bool = False):
     """The module built earlier under this name (its name holds the sources' digest, so a built one is
     current), imported straight from torch's extension cache; None where there is none. torch's `load`
     takes a lock on the build folder even to find a build up to date, and a process killed meanwhile
-    leaves it behind: loading what is built needs no lock."""
+    leaves it behind: loading what is built needs no lock.
+
+    A damaged module (a build killed while linking, a full disk, a file changed since) would not fail to
+    load: it kills the process (SIGBUS), on every start. So outside the machine build lock (`locked`
+    False) only a module whose digest was written when its build finished is loaded (one being built by
+    another process has none yet); under it, where no build runs, one without a digest (built before
+    digests were written) is loaded where its ELF structure is whole, and a damaged one is removed, saying
+    so, for the build to make again."""
     import importlib.util
 
     try:
@@ -428,12 +437,105 @@ def _import_built(name: str):
         so = _build_dir(name) / f"{name}.so"
         if not so.is_file():
             return None
+        state = _digest_state(so)
+        if state != "verified":
+            if not locked:
+                return None
+            if state == "damaged" or not _binary_whole(so):
+                _discard_damaged(so)
+                return None
         spec = importlib.util.spec_from_file_location(name, so)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        if state != "verified":
+            _write_digest(so)
         return module
     except Exception:  # noqa: BLE001 (anything odd: build it again, and say what the build finds)
         return None
+
+
+def _digest_path(so: Path) -> Path:
+    return so.with_name(so.name + ".inferlab-sha256")
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_state(so: Path) -> str:
+    """"verified" (the digest written when its build finished matches), "damaged" (it does not), or
+    "unverified" (none written: built by an older inferlab, or a build still under way)."""
+    try:
+        written = _digest_path(so).read_text().strip()
+    except OSError:
+        return "unverified"
+    return "verified" if written == _file_digest(so) else "damaged"
+
+
+def _write_digest(so: Path) -> None:
+    try:
+        tmp = _digest_path(so).with_suffix(".tmp")
+        tmp.write_text(_file_digest(so) + "\n")
+        tmp.replace(_digest_path(so))
+    except OSError:
+        pass  # a read-only cache: the module is loaded under the lock each time, as before
+
+
+_ELF_MAGIC = b"\x7fELF"
+_MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xca\xfe\xba\xbe")
+
+
+def _binary_whole(path: Path) -> bool:
+    """Whether a built binary is whole as far as its own headers say: for 64-bit little-endian ELF (Linux
+    on x86-64 and AArch64) the header tables and every segment and section with contents lie inside the
+    file (a truncated build fails). Mach-O (macOS) passes: its digest alone guards it. Anything else, or
+    a file too short for a header (a zero-filled or emptied file), fails."""
+    import struct
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    size = len(data)
+    if size < 64:
+        return False
+    if data[:4] in _MACHO_MAGICS:
+        return True
+    if data[:4] != _ELF_MAGIC:
+        return False
+    if data[4] != 2 or data[5] != 1:  # not ELF64 little-endian: nothing here reads its layout
+        return True
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+        return False
+    for i in range(phnum):
+        offset, filesz = struct.unpack_from("<Q16xQ", data, phoff + i * phentsize + 8)
+        if offset + filesz > size:
+            return False
+    for i in range(shnum):
+        sh_type, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
+        offset, length = struct.unpack_from("<QQ", data, shoff + i * shentsize + 24)
+        if sh_type != 8 and offset + length > size:  # 8: SHT_NOBITS (.bss) has no bytes in the file
+            return False
+    return True
+
+
+def _discard_damaged(so: Path) -> None:
+    """Remove a damaged module, its digest, and any object file beside it that is damaged too, so that the
+    build makes them again (a whole object file is kept: the build only links again)."""
+    removed = []
+    for path in [so, *sorted(so.parent.glob("*.o"))]:
+        if path == so or not _binary_whole(path):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    with contextlib.suppress(OSError):
+        _digest_path(so).unlink()
+    warnings.warn(f"native kernels: the built module {so} was damaged (cut short, or changed since it was built); "
+                  f"removed {', '.join(removed)} to build it again", stacklevel=5)
 
 
 def _build_dir(name: str) -> Path:
