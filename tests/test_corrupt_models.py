@@ -56,6 +56,34 @@ def test_truncated_safetensors_names_the_file(tiny_llama, tmp_path, cut):
     assert str(weights) in str(err.value) and "truncated or corrupt" in str(err.value)
 
 
+def test_a_damaged_converted_copy_is_converted_again(tiny_llama, tmp_path):
+    """The converted copy of a GGUF cut short in the cache (a full disk) is converted again at the next
+    load; downloading the GGUF again, as the error used to say, would have hit the same copy."""
+    gguf_path = write_llama_gguf(tiny_llama, tmp_path / "tiny.gguf")
+    first = load_model(str(gguf_path))
+    weights = Path(first.path) / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    again = load_model(str(gguf_path))
+    assert again.path == first.path and weights.read_bytes() == whole
+    (Path(first.path) / "tokenizer.json").unlink()  # a file gone from the copy
+    assert load_model(str(gguf_path)).path == first.path and (Path(first.path) / "tokenizer.json").is_file()
+
+
+def test_a_damaged_older_conversion_says_to_remove_the_copy(tiny_llama, tmp_path):
+    """Copies converted before the sizes were written are taken as they are; one that will not read says
+    which folder to remove (the GGUF itself is fine)."""
+    gguf_path = write_llama_gguf(tiny_llama, tmp_path / "tiny.gguf")
+    folder = Path(load_model(str(gguf_path)).path)
+    marker = folder / "inferlab_conversion.json"
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "file_bytes"}))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="converted copy") as err:
+        load_model(str(gguf_path))
+    assert f"remove the folder {folder}" in str(err.value) and "Download it again" not in str(err.value)
+
+
 @pytest.mark.parametrize("cut", CUTS)
 def test_truncated_gguf_names_the_file(tiny_llama, tmp_path, cut):
     gguf_path = write_llama_gguf(tiny_llama, tmp_path / "tiny.gguf")

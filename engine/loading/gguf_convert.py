@@ -37,6 +37,8 @@ def convert_gguf(gguf_path: Path, out_root: Path, report: Progress) -> Path:
     final = out_root / digest
     if _is_current_conversion(final):
         return final
+    if (final / MARKER).is_file():
+        report("the converted copy in the cache is damaged or out of date: converting again", 0.03)
     out_root.mkdir(parents=True, exist_ok=True)
     # Build in a temp folder beside the final one and rename: readers never see half a conversion.
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=out_root))
@@ -69,7 +71,19 @@ def _read_gguf(gguf_path: Path, out: Path, digest: str, report: Progress) -> Non
 
 
 def _is_current_conversion(folder: Path) -> bool:
-    return read_json(folder / MARKER).get("converter_version") == CONVERTER_VERSION
+    """Made by this converter, and whole: every file it wrote still has the size it had (a copy cut short
+    by a full disk, or a file removed, is converted again instead of failing every load; conversions that
+    predate the sizes are taken as they are)."""
+    marker = read_json(folder / MARKER)
+    if marker.get("converter_version") != CONVERTER_VERSION:
+        return False
+    sizes = marker.get("file_bytes")
+    if not isinstance(sizes, dict):
+        return True
+    try:
+        return all((folder / str(name)).stat().st_size == size for name, size in sizes.items())
+    except OSError:
+        return False
 
 
 def _sha256_16(path: Path, report: Progress) -> str:
@@ -107,7 +121,8 @@ def _write_converted(gguf_path: Path, out: Path, digest: str, report: Progress) 
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     marker = {"converter_version": CONVERTER_VERSION, "source": str(gguf_path), "sha256_16": digest,
-              "tensor_types": tensor_type_elements(reader)}
+              "tensor_types": tensor_type_elements(reader),
+              "file_bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}}
     (out / MARKER).write_text(json.dumps(marker, indent=2))
 
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from engine.loading.errors import ModelLoadError, Progress, read_json
 from engine.loading.gguf_convert import convert_gguf
-from engine.loading.origin import weights_origin
+from engine.loading.origin import MARKER, weights_origin
 from engine.loading.shapes import check_shapes, expected_shapes
 from engine.loading.tokenizer import Tokenizer
 from engine.loading.user_dirs import user_dir
@@ -124,8 +124,7 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
         try:
             tensors = load_file(str(file))
         except Exception as e:  # safetensors raises its own error type (header, truncation), or OSError
-            raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt? "
-                                 "Download it again") from e
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); {_remedy(folder)}") from e
         check_shapes(tensors, shapes, file)
         state_dict.update(tensors)
     report("loading tokenizer", 0.95)
@@ -139,6 +138,16 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
         eos_ids = (tokenizer.eos_token_id,)
     report("model loaded", 1.0)
     return LoadedModel(config, hf_config, state_dict, tokenizer, str(folder), eos_ids, weights_origin(folder))
+
+
+def _remedy(folder: Path) -> str:
+    """What helps when a weight file will not read: for inferlab's converted copy of a GGUF, removing the
+    copy (downloading the GGUF again would hit the same copy in the cache); else getting the file again."""
+    source = read_json(folder / MARKER).get("source")
+    if source:
+        return (f"it is inferlab's converted copy of {source}: remove the folder {folder} and the GGUF is "
+                "converted again at the next start")
+    return "truncated or corrupt? Download it again"
 
 
 def _weight_files(folder: Path) -> list[Path]:
