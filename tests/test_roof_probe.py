@@ -90,3 +90,26 @@ def test_the_engine_serves_while_the_roofs_are_probed(tiny_llama, monkeypatch):
     finally:
         release.set()
         host.shutdown()
+
+
+@pytest.mark.parametrize("change", [{"bandwidth_bytes_per_s": 0}, {"bandwidth_bytes_per_s": -1.0},
+                                    {"bandwidth_bytes_per_s": "nan"}, {"peak_flops": {}},
+                                    {"peak_flops": {"bfloat16": "inf"}}, {"threads": 0},
+                                    {"peak_flops": ["not", "a", "dict"]}, {"machine": None, "threads": "two"}])
+def test_a_lying_roofs_cache_is_measured_again_not_believed(tmp_path, change):
+    """A cache edited or damaged into a zero, negative, infinite or missing roof would divide by zero in
+    every verdict or show a figure nobody measured: it counts as no cache."""
+    import json
+
+    import torch
+
+    from engine.perf import probe
+
+    good = {"machine": "m", "threads": 1, "torch_version": torch.__version__, "peak_flops": {"bfloat16": 1e11},
+            "bandwidth_bytes_per_s": 1e10, "how": "h", "measured_at": "2026-12-04T00:00:00+00:00"}
+    path = probe.cache_path(torch.device("cpu"), tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(good))
+    assert probe.cached_roofs(torch.device("cpu"), tmp_path).ridge_intensity == 10.0
+    path.write_text(json.dumps({**good, **change}))
+    assert probe.cached_roofs(torch.device("cpu"), tmp_path) is None

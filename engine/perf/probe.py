@@ -172,7 +172,7 @@ def cached_roofs(device: torch.device | None = None, cache_dir: Path | None = No
     path = cache_path(device or torch.device("cpu"), cache_dir)
     try:
         return Roofs.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # a damaged cache is measured again
 
 

@@ -6,6 +6,7 @@ Whichever term is larger names the roof it runs under; a step whose wall time is
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 OVERHEAD_FACTOR = 3.0  # wall time above this many times the roof's prediction: overhead-bound
@@ -28,10 +29,17 @@ class Roofs:
 
     @classmethod
     def from_dict(cls, d: dict) -> Roofs:
-        return cls(machine=str(d["machine"]), threads=int(d["threads"]), torch_version=str(d["torch_version"]),
-                   peak_flops={str(k): float(v) for k, v in d["peak_flops"].items()},
-                   bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]), how=str(d["how"]),
-                   measured_at=str(d["measured_at"]))
+        """From a stored dict; ValueError where a roof is not a positive finite number (a damaged or edited
+        cache would otherwise divide by zero, or show a figure nobody measured)."""
+        roofs = cls(machine=str(d["machine"]), threads=int(d["threads"]), torch_version=str(d["torch_version"]),
+                    peak_flops={str(k): float(v) for k, v in d["peak_flops"].items()},
+                    bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]), how=str(d["how"]),
+                    measured_at=str(d["measured_at"]))
+        figures = [roofs.bandwidth_bytes_per_s, *roofs.peak_flops.values()]
+        if not roofs.peak_flops or roofs.threads < 1 or not all(math.isfinite(v) and v > 0 for v in figures):
+            raise ValueError(f"roofs out of range: {roofs.peak_flops}, {roofs.bandwidth_bytes_per_s} B/s, "
+                             f"{roofs.threads} threads")
+        return roofs
 
     def flops_roof(self, dtype: str = "bfloat16") -> float:
         return self.peak_flops.get(dtype) or max(self.peak_flops.values())
