@@ -86,8 +86,13 @@ class PresetActions:
         except OSError as exc:  # an unreadable store: say so, the preset still runs
             result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
-        panel.set_result(result)
-        self._show_compared_speedup(result)
+        try:
+            panel.set_result(result)
+            self._show_compared_speedup(result)
+        except Exception as exc:  # noqa: BLE001 (the store refuses what the panel cannot read; if one gets
+            # through, the preset is still applied whole and the panel says none is stored)
+            panel.set_result(None)
+            self.window.show_message(f"the stored comparison of {preset.name} could not be shown: {exc}")
 
     def measure_comparison(self, every_preset: bool = False) -> None:
         """M: run this chapter's comparison now (Load → Prepare the talk: every preset's), in the engine
