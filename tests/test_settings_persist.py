@@ -3,6 +3,7 @@ panels' layout and the last preset survive closing the window and opening a new 
 settings file; a window with persist=False leaves the file as it was."""
 from __future__ import annotations
 
+import pytest
 from app_helpers import run_for
 from PySide6.QtCore import QSettings
 
@@ -54,3 +55,29 @@ def test_a_window_that_does_not_persist_leaves_the_file_alone(qapp, tiny_llama, 
     window.close()
     run_for(qapp, 0.05)
     assert QSettings(str(ini), QSettings.Format.IniFormat).value("theme") == "dark"
+
+
+LIES = {"price_per_hour=abc": "price_per_hour", "price_per_hour=nan": "price_per_hour",
+        "price_per_hour=-5": "price_per_hour", "price_per_hour=1, 2": "price_per_hour",
+        "geometry=hello": "geometry", "windowState=1, 2": "windowState", "theme=purple": None,
+        "theme=1, 2": None, "last_preset=a, b": None}
+
+
+@pytest.mark.parametrize("line", list(LIES))
+def test_a_settings_file_that_lies_opens_the_window_with_defaults(qapp, tiny_llama, tmp_path, line):
+    """A value of the wrong kind in the settings file (edited by hand, damaged) stopped the app at launch,
+    every time, with a traceback: now it is left out, named in the status bar, and the default used."""
+    fresh = window_on(tmp_path / "empty.ini", tiny_llama, persist=False)
+    default_price = fresh.panels.tradeoff.price_per_hour()
+    fresh.close()
+    ini = tmp_path / "settings.ini"
+    ini.write_text(f"[General]\n{line}\n")
+    window = window_on(ini, tiny_llama)
+    try:
+        assert window.theme == "dark" and window.panels.tradeoff.price_per_hour() == default_price
+        assert _last_preset(window.settings) is None
+        if LIES[line]:
+            assert "settings: left out" in window.status_label.text() and LIES[line] in window.status_label.text()
+    finally:
+        window.close()
+        run_for(qapp, 0.05)

@@ -7,7 +7,9 @@ only: its signals, `info` and `drain()`; never the engine inside it.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+import math
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtWidgets import (
     QApplication,
     QLabel,
@@ -64,7 +66,8 @@ class MainWindow(QMainWindow):
         self.docks = build_docks(self, self.panels)
         self._build_caption_bar()
         self._build_status_bar()
-        self.theme = str(self._setting("theme", "dark"))
+        theme = self._setting("theme", "dark")
+        self.theme = theme if theme in ("dark", "light") else "dark"  # an edited settings file: the default
         self.actions_by_name = build_menus(self)
         self._drain_timer = QTimer(self)
         self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
@@ -228,15 +231,32 @@ class MainWindow(QMainWindow):
         return self.settings.value(key, default)
 
     def _restore_settings(self) -> None:
-        geometry = self.settings.value("geometry")
-        state = self.settings.value("windowState")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        if state is not None:
-            self.restoreState(state, STATE_VERSION)
+        """The layout and the GPU-hour price kept from the last run. A value of the wrong kind (a settings
+        file edited by hand, or damaged) is left out and named in the status bar: the window still opens,
+        with the default in its place (it used to stop the app at launch, every time)."""
+        ignored = []
+        for key, restore in (("geometry", self.restoreGeometry),
+                             ("windowState", lambda state: self.restoreState(state, STATE_VERSION))):
+            value = self.settings.value(key)
+            if value is None:
+                continue
+            if isinstance(value, (QByteArray, bytes, bytearray)):
+                restore(value)
+            else:
+                ignored.append(key)
         price = self.settings.value("price_per_hour")
         if price is not None:
-            self.panels.tradeoff.set_price_per_hour(float(price))
+            try:
+                value = float(price)
+            except (TypeError, ValueError):
+                value = math.nan
+            if math.isfinite(value) and value >= 0:
+                self.panels.tradeoff.set_price_per_hour(value)
+            else:
+                ignored.append(f"price_per_hour={price!r}")
+        if ignored:
+            self.show_message(f"settings: left out {', '.join(ignored)} (not a value this window can use); "
+                              f"defaults instead ({self.settings.fileName()})")
 
     def save_settings(self) -> None:
         if not self.persist:
