@@ -220,7 +220,8 @@ class TradeoffPanel(Panel):
         price, out = self.price_per_hour(), {}
         for label, p in list(self._points.items()) + list(self._predicted.items()):
             cost = cost_per_million_tokens(price, p["tokens_per_s_total"])
-            if cost is not None and p["tokens_per_s_user"] and p["tokens_per_s_user"] > 0:
+            # log axes: only positive finite coordinates (a throughput near the float limit costs 0 $)
+            if cost and math.isfinite(cost) and p["tokens_per_s_user"] and 0 < p["tokens_per_s_user"] < math.inf:
                 out[label] = (p["tokens_per_s_user"], cost)
         return out
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from app.data_dir import data_root
@@ -42,7 +43,61 @@ def load(machine: str, model: str, base: Path | None = None) -> dict | None:
         result = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return result if isinstance(result, dict) and isinstance(result.get("points"), list) else None
+    return result if isinstance(result, dict) and malformed(result) is None else None
+
+
+_KEYS = ("batch", "bits", "draft")  # a point's configuration: whole numbers
+_FIGURES = ("tokens_per_s_user", "tokens_per_s_total", "agreement", "kl", "usd_per_mtok",
+            "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "weights_bytes", "kv_blocks",
+            "kv_capacity_tokens", "group_size")
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _signed(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+def _figure(v) -> bool:
+    return _signed(v) and (v is None or v >= 0)
+
+
+def _point_problem(p, predicted: bool) -> str | None:
+    if not isinstance(p, dict):
+        return "a point that is not an object"
+    if not all(_whole(p.get(k)) for k in _KEYS):
+        return f"a point whose {'/'.join(_KEYS)} are not whole numbers"
+    if not all(k in p for k in ("tokens_per_s_user", "tokens_per_s_total")):
+        return "a point without its tokens per second"
+    if not all(_figure(p.get(k)) for k in _FIGURES) or not _signed(p.get("ppl_delta_pct")):  # a change: +/-
+        return "a point whose figures are not finite numbers (of zero or more, but the perplexity change)"
+    if not isinstance(p.get("predicted", False), bool):
+        return "a point neither measured nor predicted"
+    if predicted and not all(isinstance(p.get(k), str) for k in ("model", "device")):
+        return "a predicted point without its model and device"
+    return None
+
+
+def malformed(result: dict) -> str | None:
+    """What is wrong with a stored sweep, or None where it has the shape app/tradeoff/sweep.py writes (every
+    field the tradeoff panel reads, checked). A file edited or damaged into another shape counts as no
+    stored sweep: in the panel it raised on every frame."""
+    for name, predicted in (("points", False), ("predicted", True)):
+        points = result.get(name, [])
+        if not isinstance(points, list):
+            return f"{name}: not a list"
+        for p in points:
+            if (why := _point_problem(p, predicted and p.get("predicted") if isinstance(p, dict) else False)):
+                return f"{name}: {why}"
+    if "points" not in result:
+        return "no points"
+    frontier = result.get("frontier", [])
+    if not isinstance(frontier, list) or not all(isinstance(f, dict) and all(_whole(f.get(k)) for k in _KEYS)
+                                                 for f in frontier):
+        return "a frontier that is not a list of configurations"
+    return None
 
 
 def export_csv(result: dict, path: str | Path, fields: tuple[str, ...] = CSV_FIELDS,

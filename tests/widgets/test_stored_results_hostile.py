@@ -1,7 +1,8 @@
-"""A stored comparison that lies (edited, damaged, or written by another version into another shape): it
-counts as no stored result (app/talk/compare/store.py `malformed`), so the comparison panel never meets a
-field of the wrong kind. Before, such a file raised in the panel while a preset was being applied, and the
-preset stayed half applied."""
+"""A stored comparison or tradeoff sweep that lies (edited, damaged, or written by another version into
+another shape): it counts as none stored (`malformed` in app/talk/compare/store.py and
+app/tradeoff/sweep_store.py), so the panels never meet a field of the wrong kind. Before, such a comparison
+raised in the panel while a preset was being applied (the preset stayed half applied), and such a sweep
+raised in the tradeoff panel on every frame."""
 from __future__ import annotations
 
 import copy
@@ -82,3 +83,34 @@ def test_whatever_passes_the_check_the_panel_shows(show):
     panel.set_result(None)
     assert panel.provenance.text() == EMPTY_TEXT
 
+
+
+def test_a_lying_sweep_is_no_stored_sweep_and_whatever_passes_the_panel_shows(show, tmp_path):
+    """The same for the tradeoff explorer's stored sweep (app/tradeoff/sweep_store.py): junk in its points
+    raised in the tradeoff panel on every frame."""
+    from test_tradeoff import _sweep
+
+    from app.tradeoff import sweep_store
+    from widgets.tradeoff import TradeoffPanel
+
+    base = _sweep()
+    assert sweep_store.malformed(base) is None
+    better = {**base, "points": [{**base["points"][0], "ppl_delta_pct": -1.5}]}  # requantized onto its grid
+    assert sweep_store.malformed(better) is None
+    sweep_store.save(base, "m", "model", tmp_path)
+    assert sweep_store.load("m", "model", tmp_path)["points"]
+    for lie in ({"points": [{**base["points"][0], "batch": "8"}]}, {"points": "many"},
+                {"frontier": [{"batch": 1}]}, {"predicted": [{**base["predicted"][0], "model": None}]},
+                {"points": [{**base["points"][0], "tokens_per_s_total": float("inf")}]}):
+        sweep_store.save({**base, **lie}, "m", "model", tmp_path)
+        assert sweep_store.load("m", "model", tmp_path) is None, lie
+    panel = show(TradeoffPanel(), 700, 500)
+    rng, shown = random.Random(7), 0
+    for _ in range(600):
+        result = _mutate(copy.deepcopy(base), rng)
+        if not isinstance(result, dict) or sweep_store.malformed(result):
+            continue
+        panel.set_sweep(result)
+        panel.flush()
+        shown += 1
+    assert shown > 50
