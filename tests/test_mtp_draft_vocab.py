@@ -48,6 +48,42 @@ def test_the_draft_vocabulary_is_saved_with_the_heads(tmp_path):
     assert load_heads(tmp_path / "plain.safetensors", HIDDEN)[0].draft_vocab is None
 
 
+@pytest.mark.parametrize("vocab, why", [([3, 7, VOCAB + 2, 40], "outside this model's 50 tokens"),
+                                        ([3, -7, 11, 40], "outside"), ([[3, 7], [11, 40]], "not a list"),
+                                        ([3, 7], "at least 3")])
+def test_a_heads_file_that_lies_fails_at_load_naming_it(tmp_path, vocab, why):
+    """Draft ids out of the model's range (or too few for the tree's widest level, or not ids) failed only
+    at the first proposal, inside a step; now the engine is not built, with one line naming the file."""
+    heads = random_heads()
+    heads.draft_vocab = torch.tensor(vocab)
+    path = tmp_path / "h.safetensors"
+    save_heads(heads, path, {})
+    with pytest.raises(ValueError, match=why) as err:
+        load_heads(path, HIDDEN, VOCAB, min_draft_vocab=3)
+    assert str(path) in str(err.value) and "train-mtp" in str(err.value)
+
+
+def test_heads_with_junk_metadata_weights_or_bytes_fail_at_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "h.safetensors"
+    save_heads(random_heads(), path, {})
+    state = load_file(str(path))
+    for metadata, change, why in (("{not json", None, "not MTP heads"), ("[1, 2]", None, "not a JSON object"),
+                                  ("{}", "nan", "not finite"), ("{}", "extra", "not readable")):
+        bad = dict(state)
+        if change == "nan":
+            bad = {k: torch.full_like(v, float("nan")) for k, v in state.items()}
+        elif change == "extra":
+            bad["blocks.9.weight"] = torch.zeros(3)
+        save_file(bad, str(path), metadata={"inferlab_mtp": metadata})
+        with pytest.raises(ValueError, match=why):
+            load_heads(path, HIDDEN, VOCAB)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not readable MTP heads"):
+        load_heads(path, HIDDEN, VOCAB)
+
+
 def test_proposals_rank_only_the_draft_vocabulary_without_the_whole_lm_head():
     model, heads = TinyModel(), random_heads()
     vocab = torch.arange(0, VOCAB, 3)  # every third token

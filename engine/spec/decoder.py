@@ -128,7 +128,8 @@ class SpeculativeDecoder:
             raise ValueError(f"spec_method 'mtp' needs prediction heads trained for this model, and there are "
                              f"none at {cfg.mtp_heads or heads_path(loaded.path)}: run `inferlab train-mtp "
                              f"--model {cfg.model}` (a few minutes on the CPU), or pass EngineConfig(mtp_heads=...)")
-        heads, meta = load_heads(path, target_config.hidden_size)
+        heads, meta = load_heads(path, target_config.hidden_size, target_config.vocab_size,
+                                 max(cfg.mtp_tree_widths, default=1))
         # float32 on the CPU: the heads are small (2·hidden² each), and a CPU without native bf16 multiplies
         # bf16 matrices very slowly (the engine's own bf16 products go through the native kernels instead)
         dtype = torch.float32 if self.runner.device.type == "cpu" else self.runner.dtype

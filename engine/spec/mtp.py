@@ -129,13 +129,39 @@ def save_heads(heads: MtpHeads, path: Path, meta: dict) -> None:
     save_file(state, str(path), metadata={"inferlab_mtp": json.dumps(meta)})
 
 
-def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
+def load_heads(path: Path, hidden_size: int, vocab_size: int | None = None,
+               min_draft_vocab: int = 1) -> tuple[MtpHeads, dict]:
+    """The heads in `path` for a model of `hidden_size` (and `vocab_size`): ValueError naming the file where
+    it is not such heads (cut short, of another model, edited): its draft vocabulary must be token ids of
+    this model, at least `min_draft_vocab` of them (the tree's widest level), its weights finite. A draft
+    id out of range failed only at the first proposal, inside a step, and a metadata error raised from
+    deep inside the reader."""
+    try:
+        return _read_heads(path, hidden_size, vocab_size, min_draft_vocab)
+    except ValueError as e:
+        raise ValueError(f"{path}: not MTP heads this engine can use ({e}); train them again with "
+                         f"`inferlab train-mtp`") from e
+    except Exception as e:  # noqa: BLE001 (safetensors' own error type, torch's load_state_dict)
+        raise ValueError(f"{path}: not readable MTP heads ({type(e).__name__}: {str(e)[:200]}); cut short or "
+                         f"of another version? Train them again with `inferlab train-mtp`") from e
+
+
+def _read_heads(path: Path, hidden_size: int, vocab_size: int | None, min_draft_vocab: int) -> tuple[MtpHeads, dict]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
+    if not isinstance(meta, dict):
+        raise ValueError("its metadata is not a JSON object")
     vocab = state.pop(DRAFT_VOCAB, None)
+    if vocab is not None:
+        if vocab.dim() != 1 or vocab.is_floating_point() or vocab.is_complex() or vocab.numel() < min_draft_vocab:
+            raise ValueError(f"its draft vocabulary is not a list of at least {min_draft_vocab} token ids")
+        if vocab.numel() and (int(vocab.min()) < 0 or (vocab_size is not None and int(vocab.max()) >= vocab_size)):
+            raise ValueError(f"its draft vocabulary holds ids outside this model's {vocab_size} tokens")
+    if not all(t.is_floating_point() and bool(torch.isfinite(t).all()) for t in state.values()):
+        raise ValueError("weights that are not finite numbers")
     num = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
     rank = state["blocks.0.0.weight"].shape[0] if "blocks.0.0.weight" in state else None
     if rank:  # low rank: (rank, width) then (hidden, rank)
@@ -143,7 +169,7 @@ def load_heads(path: Path, hidden_size: int) -> tuple[MtpHeads, dict]:
     else:
         shape = tuple(state["blocks.0.weight"].shape) if "blocks.0.weight" in state else ()
     if not num or shape not in ((hidden_size, hidden_size), (hidden_size, 2 * hidden_size)):
-        raise ValueError(f"{path} does not hold MTP heads for a hidden size of {hidden_size}")
+        raise ValueError(f"no MTP heads for a hidden size of {hidden_size}")
     heads = MtpHeads(hidden_size, num, use_token=shape[1] == 2 * hidden_size, rank=rank,
                      sequential=bool(meta.get("sequential")))
     heads.load_state_dict(state)
