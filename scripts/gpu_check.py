@@ -7,11 +7,13 @@ Steps, each with its own time limit, in the order that matters most on a GPU day
 recorded and the next one runs; what the deadline leaves no time for is recorded as skipped):
   environment   torch, CUDA, the GPU (name, capability, memory, NVML), missing packages -> environment.json
   cuda_tests    pytest -m cuda (tests/test_cuda.py) on the GPU -> cuda_tests.xml
-  bench_decode  `inferlab bench decode --device cuda`: one stream, inferlab (eager, compile, CUDA graphs)
-                vs HF on the same GPU, achieved weight bandwidth vs a measured copy -> bench_decode.json
+  bench_decode  `inferlab bench decode --device cuda`: one stream, inferlab (eager, CUDA graphs) vs HF on
+                the same GPU, achieved weight bandwidth vs a measured copy -> bench_decode.json
   graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
+  bench_compile one stream with compile=True, alone (its compile may take long) -> bench_compile.json
+                (not in the dry run)
   flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA) timed from engine build to three
                 generations (results.json's log tail)
   screenshot    the app on the GPU, headless -> app.png; skipped, saying so, where PySide6 is missing
@@ -24,7 +26,8 @@ FastAPI, no platformdirs, no gguf); scripts/gpu_wheels.sh fetches a few pure-Pyt
 gpu_check.sh installs first, when they were carried, so that more of the CPU suite runs there.
 results.json lists each step: its command, exit status, seconds, the tail of its log, and its files;
 the whole logs, the built model and scratch data go to --work (a temporary folder by default), so the
-result folder holds 8 files (the device tool brings back 8 at most).
+result folder holds 8 files (the device tool brings back 8 at most; on the lent image app.png is skipped,
+and bench_compile.json, a GPU run's alone, takes its place).
 
 Model: --model auto takes the built-in SmolLM2-135M when its weights are on this machine (no network on
 the GPU machines); else a model of SmolLM2-135M's shapes with random weights is built (speed and memory
@@ -167,9 +170,11 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     suite = ["tests/test_device_placement.py", "-k", "nvml or block_snapshot"] if dry else []
     # the dry run leaves compiling out: minutes of C++ builds on a CPU, and tests/test_model_equivalence.py
     # covers compile=True; the graphs mode runs its static buffers uncaptured there
-    modes = ["--modes", "eager", "graphs"] if dry else ["--modes", "eager", "compile", "graphs"]
-    modes.append("--no-llama-cpp")  # the peer is the CPU's llama.cpp: beside the point here, and a step that
-    # converts GGUFs could fail on packages this check does not need
+    # eager and graphs first, compiling in a step of its own: a bench stopped at its limit writes nothing, and
+    # on the first GPU run a compile (FlexAttention's) took every step's time (the dry run compiles nothing:
+    # minutes of C++ builds on a CPU; tests/test_model_equivalence.py covers compile=True)
+    modes = ["--modes", "eager", "graphs", "--no-llama-cpp"]  # the peer is the CPU's llama.cpp: beside the point
+    # here, and a step that converts GGUFs could fail on packages this check does not need
     decode = ["--max-tokens", "8", "--prompt-tokens", "8", "--rounds", "1"] if dry else ["--rounds", "3"]
     batch = (["--num-chats", "4", "--num-docs", "1", "--max-num-seqs", "4", "--rounds", "1", "--kv-cache-mib", "16",
               "--max-output-tokens", "24"]
@@ -190,6 +195,9 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                             "--json", str(out / "graphs_startup.json"), *startup], {}, 60 if dry else 120),
         ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
                             "--json", str(out / "bench_64.json"), *modes, *batch], {}, 150),
+        *([] if dry else [("bench_compile", cli + ["bench", "decode", "--device", dev, "--model", model, "--json",
+                                                   str(out / "bench_compile.json"), "--modes", "compile",
+                                                   "--no-llama-cpp", "--no-baseline", *decode], {}, 150)]),
         # FlexAttention over the paged cache, compiled: on the first GPU run (H200, torch 2.11) its compile was
         # still in inductor minutes into the first decode step, so it is no longer the default on CUDA; a step
         # of its own, bounded, so that it cannot take the other steps' time
@@ -274,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     produced = {p.name for p in out.iterdir() if p.suffix in (".json", ".png", ".xml")}
     for r in results:
         stem = {"cuda_tests": "cuda_tests.xml", "bench_decode": "bench_decode.json", "bench_64": "bench_64.json",
+                "bench_compile": "bench_compile.json",
                 "graphs_startup": "graphs_startup.json",
                 "screenshot": "app.png", "cpu_suite": "cpu_suite.xml"}.get(r.name)
         if stem in produced:

@@ -76,3 +76,24 @@ def test_a_step_stopped_at_its_limit_says_where_it_was(tmp_path):
     result = gpu_check.run_step("hang", [sys.executable, "-c", code], {}, 3.0, tmp_path)
     assert result.rc == 124 and result.seconds < 20
     assert "waiting_in_this_function" in result.log_tail and "stopped at its limit of 3 s" in result.log_tail
+
+
+def test_on_a_gpu_compiling_is_a_step_of_its_own_after_the_eager_and_graphs_figures():
+    """A bench stopped at its limit writes nothing: on the first GPU run a compile took every step's time,
+    so the GPU run measures eager and graphs first and compiles in a bounded step of its own, never in
+    the steps before it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    args = gpu_check.parse_args(["--device", "cuda"])
+    steps = gpu_check.step_commands(args, "m", Path("/tmp/out"))
+    names = [name for name, *_ in steps]
+    assert names == ["cuda_tests", "bench_decode", "graphs_startup", "bench_64", "bench_compile", "flex",
+                     "screenshot", "cpu_suite"]
+    for name, command, _, _ in steps:
+        modes = command[command.index("--modes") + 1:] if "--modes" in command else []
+        modes = modes[: next((i for i, a in enumerate(modes) if a.startswith("--")), len(modes))]
+        assert ("compile" in modes) == (name == "bench_compile"), name
+    dry = [name for name, *_ in gpu_check.step_commands(gpu_check.parse_args(["--dry-run", "--device", "cpu"]), "m",
+                                                        Path("/tmp/out"))]
+    assert "bench_compile" not in dry
