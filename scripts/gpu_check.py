@@ -202,7 +202,7 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
         # still in inductor minutes into the first decode step, so it is no longer the default on CUDA; a step
         # of its own, bounded, so that it cannot take the other steps' time
         ("flex", [py, "scripts/cuda_probe.py", "flex:bfloat16:greedy", "--device", dev, "--model", model,
-                  "--tokens", "8"], {}, 60 if dry else 120),
+                  "--tokens", "4" if dry else "8"], {}, 60 if dry else 120),
         ("screenshot", cli + ["--device", dev, "--model", model, "--screenshot", str(out / "app.png"),
                               "--preset", "vram-bottleneck", "--run-seconds", "4" if dry else "8"],
          {"QT_QPA_PLATFORM": "offscreen"}, 90),
