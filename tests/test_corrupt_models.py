@@ -56,6 +56,18 @@ def test_truncated_safetensors_names_the_file(tiny_llama, tmp_path, cut):
     assert str(weights) in str(err.value) and "truncated or corrupt" in str(err.value)
 
 
+def test_a_cache_that_cannot_be_written_is_one_line(tiny_llama, tmp_path, monkeypatch, capsys):
+    """INFERLAB_CACHE_DIR naming a file (or a read-only place): converting a GGUF there raised a traceback."""
+    gguf_path = write_llama_gguf(tiny_llama, tmp_path / "tiny.gguf")
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("INFERLAB_CACHE_DIR", str(not_a_folder))
+    with pytest.raises(ModelLoadError, match="must be a writable folder"):
+        load_model(str(gguf_path))
+    line = one_line_error(["generate", "--model", str(gguf_path), "--prompt", "hi", "--max-tokens", "2"], capsys)
+    assert str(not_a_folder) in line and "INFERLAB_CACHE_DIR" in line
+
+
 def test_a_damaged_converted_copy_is_converted_again(tiny_llama, tmp_path):
     """The converted copy of a GGUF cut short in the cache (a full disk) is converted again at the next
     load; downloading the GGUF again, as the error used to say, would have hit the same copy."""

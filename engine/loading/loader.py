@@ -72,7 +72,13 @@ def load_model(name_or_path: str, *, progress: Progress | None = None) -> Loaded
         fetched.append(message)
         report(message, 0.8 * fraction)
 
-    folder = resolve_model_folder(name_or_path, fetch_report)
+    try:
+        folder = resolve_model_folder(name_or_path, fetch_report)
+    except OSError as e:  # an unreadable file, or a cache that cannot be written (a file where its folder
+        # should be, no space, read-only): one line, not a traceback
+        in_cache = str(getattr(e, "filename", "") or "").startswith(str(cache_root()))
+        hint = f"; the cache {cache_root()} must be a writable folder (INFERLAB_CACHE_DIR sets it)" if in_cache else ""
+        raise ModelLoadError(f"{name_or_path}: {type(e).__name__}: {e}{hint}") from e
     start = 0.8 if fetched else 0.0
     return load_hf_folder(folder, lambda message, fraction: report(message, start + (1 - start) * fraction))
 
