@@ -67,7 +67,7 @@ LIES = {  # one file each: what its values are, and what the status bar must nam
 
 
 @pytest.mark.parametrize("line", list(LIES))
-def test_a_settings_file_that_lies_opens_the_window_with_defaults(qapp, tiny_llama, tmp_path, line):
+def test_a_settings_file_that_lies_opens_the_window_with_defaults(qapp, tiny_llama, tmp_path, line, capsys):
     """A value of the wrong kind in the settings file (edited by hand, damaged) stopped the app at launch,
     every time, with a traceback: now it is left out, named in the status bar, and the default used."""
     fresh = window_on(tmp_path / "empty.ini", tiny_llama, persist=False)
@@ -81,6 +81,7 @@ def test_a_settings_file_that_lies_opens_the_window_with_defaults(qapp, tiny_lla
         assert _last_preset(window.settings) is None
         said = window.status_label.text()
         assert "settings: left out" in said and all(key in said for key in LIES[line])
+        assert said in capsys.readouterr().err  # on the terminal too: the preset's line soon replaces it
     finally:
         window.close()
         run_for(qapp, 0.05)

@@ -8,6 +8,7 @@ only: its signals, `info` and `drain()`; never the engine inside it.
 from __future__ import annotations
 
 import math
+import sys
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtWidgets import (
@@ -254,9 +255,11 @@ class MainWindow(QMainWindow):
                 self.panels.tradeoff.set_price_per_hour(value)
             else:
                 ignored.append(f"price_per_hour={price!r}")
-        if ignored:
-            self.show_message(f"settings: left out {', '.join(ignored)} (not a value this window can use); "
-                              f"defaults instead ({self.settings.fileName()})")
+        if ignored:  # the status bar soon shows the preset's line: said on the terminal too
+            text = (f"settings: left out {', '.join(ignored)} (not a value this window can use); defaults instead "
+                    f"({self.settings.fileName()})")
+            self.show_message(text)
+            print(f"inferlab: {text}", file=sys.stderr)
 
     def save_settings(self) -> None:
         if not self.persist:
