@@ -139,7 +139,18 @@ def version_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command; Ctrl+C ends it with one line and exit status 130 (the shell's for SIGINT), not a
+    traceback from wherever the step was."""
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"\ninferlab: {args.command or 'inferlab'} interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
     if args.version:
         print(version_text())
         return 0
