@@ -171,3 +171,17 @@ def test_train_mtp_refuses_numbers_that_would_train_nothing_or_read_past_the_pro
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["train-mtp", flag, value])
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(monkeypatch, capsys):
+    """Ctrl+C during `inferlab generate` printed a KeyboardInterrupt traceback from inside the fused step."""
+    import app.generate
+    from app.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app.generate, "run_generate", interrupted)
+    assert main(["generate", "--prompt", "hi"]) == 130
+    err = capsys.readouterr().err
+    assert "inferlab: generate interrupted" in err and "Traceback" not in err

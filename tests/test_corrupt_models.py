@@ -167,15 +167,3 @@ def test_generate_and_serve_print_one_line(tiny_llama, tmp_path, capsys):
     line = one_line_error(["generate", "--model", str(bad_gguf), "--prompt", "hi"], capsys)
     assert str(bad_gguf) in line and "GGUF" in line
 
-
-def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(monkeypatch, capsys):
-    """Ctrl+C during `inferlab generate` printed a KeyboardInterrupt traceback from inside the fused step."""
-    import app.generate
-
-    def interrupted(args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(app.generate, "run_generate", interrupted)
-    assert main(["generate", "--prompt", "hi"]) == 130
-    err = capsys.readouterr().err
-    assert "inferlab: generate interrupted" in err and "Traceback" not in err
