@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -112,8 +113,21 @@ def _run_window(app, loop, window, host, args, preset: str) -> int:
                                                       report=args.report, preset=preset))
         closed = asyncio.Event()
         app.lastWindowClosed.connect(closed.set)
-        loop.run_until_complete(closed.wait())
-        return 0
+        interrupted = []
+
+        def on_sigint(signum, frame) -> None:  # Ctrl+C in the terminal: close as the window's X does (the
+            # layout saved, the engine stopped); raised inside a Qt callback it was printed and swallowed
+            if not interrupted:
+                print("\ninferlab: interrupted: closing the window", file=sys.stderr)
+            interrupted.append(signum)
+            loop.call_soon(window.close)
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            loop.run_until_complete(closed.wait())
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return 130 if interrupted else 0
 
 
 def finish(host, code: int) -> int:
