@@ -81,8 +81,10 @@ class TimelinePanel(Panel):
         self._running = qp.plot([], [], pen=pg.mkPen(phase_color("running"), width=2), name="running")
         self._waiting = qp.plot([], [], pen=pg.mkPen(phase_color("waiting"), width=2), name="waiting")
         self._step_ms = wp.plot([], [], pen=pg.mkPen(phase_color("decode"), width=1.5))
-        self._stalls = pg.ScatterPlotItem(symbol="t1", size=10, pen=None, brush=phase_color("preempted"))
-        wp.addItem(self._stalls)  # steps above the plot's scale, drawn at its top
+        # steps above the plot's scale, drawn at its top as arrows in the step-time line's colour: not the
+        # triangles of the "rejected" marker above (a viewer read them as rejections)
+        self._stalls = pg.ScatterPlotItem(symbol="arrow_up", size=12, pen=None, brush=phase_color("decode"))
+        wp.addItem(self._stalls)
 
         self._gantt = GanttView()
         self._gantt_label = QLabel()
@@ -234,7 +236,7 @@ class TimelinePanel(Panel):
         self._step_ms.setData(x, np.minimum(ms, ceiling))
         self._stalls.setData(x[off], np.full(int(off.sum()), ceiling * 0.97))
         self._time_plot.setYRange(0, ceiling * 1.1, padding=0)
-        stalls = f" · {int(off.sum())} off the scale (longest {ms.max() / 1e3:.1f} s)" if off.any() else ""
+        stalls = f" · {int(off.sum())} off the scale ↑ (longest {ms.max() / 1e3:.1f} s)" if off.any() else ""
         self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms · median {np.median(ms[-_MEDIAN_OF:]):.0f} ms "
                                  f"({min(len(ms), _MEDIAN_OF)} steps){stalls}")
         self._place_mark_labels()

@@ -51,7 +51,9 @@ def test_step_time_plot_and_median(panel):
     assert panel.snapshot_data()["step_ms"] == pytest.approx(10)
     title = panel._time_plot.getPlotItem().titleLabel.text
     assert "last 10 ms" in title and "median 40 ms (50 steps)" in title
-    assert "1 off the scale (longest 12.0 s)" in title
+    assert "1 off the scale ↑ (longest 12.0 s)" in title
+    stall, rejected = panel._stalls.opts, panel._reject.opts  # never read as a rejection: another mark
+    assert stall["symbol"] != rejected["symbol"] and stall["brush"].color() != rejected["brush"].color()
 
 
 def test_config_change_lines_scroll_out(panel):
