@@ -81,9 +81,10 @@ class TimelinePanel(Panel):
         self._running = qp.plot([], [], pen=pg.mkPen(phase_color("running"), width=2), name="running")
         self._waiting = qp.plot([], [], pen=pg.mkPen(phase_color("waiting"), width=2), name="waiting")
         self._step_ms = wp.plot([], [], pen=pg.mkPen(phase_color("decode"), width=1.5))
-        # steps above the plot's scale, drawn at its top as arrows in the step-time line's colour: not the
-        # triangles of the "rejected" marker above (a viewer read them as rejections)
-        self._stalls = pg.ScatterPlotItem(symbol="arrow_up", size=12, pen=None, brush=phase_color("decode"))
+        # steps above the plot's scale, drawn above its top as grey arrows (seen on the clipped spikes and on
+        # either theme): not the triangles of the "rejected" marker above (a viewer read them as rejections)
+        self._stalls = pg.ScatterPlotItem(symbol="arrow_up", size=18, pen=pg.mkPen(phase_color("queued"), width=1.5),
+                                          brush=phase_color("queued"))
         wp.addItem(self._stalls)
 
         self._gantt = GanttView()
@@ -234,8 +235,8 @@ class TimelinePanel(Panel):
         ceiling = step_time_ceiling(ms)
         off = ms > ceiling  # a stall (compiling, a long prefill) would flatten every other step: off the scale
         self._step_ms.setData(x, np.minimum(ms, ceiling))
-        self._stalls.setData(x[off], np.full(int(off.sum()), ceiling * 0.97))
-        self._time_plot.setYRange(0, ceiling * 1.1, padding=0)
+        self._stalls.setData(x[off], np.full(int(off.sum()), ceiling * 1.08))
+        self._time_plot.setYRange(0, ceiling * 1.2, padding=0)
         stalls = f" · {int(off.sum())} off the scale ↑ (longest {ms.max() / 1e3:.1f} s)" if off.any() else ""
         self._time_plot.setTitle(f"step time: last {ms[-1]:.0f} ms · median {np.median(ms[-_MEDIAN_OF:]):.0f} ms "
                                  f"({min(len(ms), _MEDIAN_OF)} steps){stalls}")

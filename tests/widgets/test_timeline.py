@@ -47,7 +47,7 @@ def test_step_time_plot_and_median(panel):
     # the compile stall does not set the scale: it is drawn at the top, marked, and named in the title
     assert list(x) == list(range(50)) and ms[30] == pytest.approx(120) and ms[-1] == pytest.approx(10)
     assert list(panel._stalls.getData()[0]) == [30]
-    assert panel._time_plot.getPlotItem().viewRange()[1][1] == pytest.approx(132)
+    assert panel._time_plot.getPlotItem().viewRange()[1][1] == pytest.approx(144)
     assert panel.snapshot_data()["step_ms"] == pytest.approx(10)
     title = panel._time_plot.getPlotItem().titleLabel.text
     assert "last 10 ms" in title and "median 40 ms (50 steps)" in title
