@@ -68,6 +68,34 @@ def test_a_cache_that_cannot_be_written_is_one_line(tiny_llama, tmp_path, monkey
     assert str(not_a_folder) in line and "INFERLAB_CACHE_DIR" in line
 
 
+@pytest.mark.parametrize("name, content, says", [
+    ("tokenizer.json", "not json", "not a readable tokenizer"),
+    ("tokenizer.json", "[1, 2]", "not a readable tokenizer"),
+    ("tokenizer_config.json", "{{{", "not a readable JSON file"),
+    ("tokenizer_config.json", "[]", "expected a JSON object"),
+    ("tokenizer_config.json", '{"chat_template": 42}', "the chat template is not text"),
+    ("chat_template.jinja", "{% for x in %}", "the chat template does not compile"),
+    ("generation_config.json", "nope", "not a readable JSON file"),
+    ("generation_config.json", '{"eos_token_id": "two"}', "is not token ids")])
+def test_tokenizer_and_generation_files_that_lie_name_the_file(tiny_llama, tmp_path, name, content, says):
+    """Junk in a model folder's other files: a bare Exception from the tokenizers library ("expected ident
+    at line 1 column 2", no file named), JSONDecodeError, AttributeError or a jinja error from inside the
+    loader; now one ModelLoadError naming the file."""
+    folder = copy_model(tiny_llama, tmp_path)
+    (folder / name).write_text(content)
+    with pytest.raises(ModelLoadError, match=says) as err:
+        load_model(str(folder))
+    assert str(folder) in str(err.value)
+
+
+def test_a_chat_template_that_fails_when_rendered_is_a_value_error(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    (folder / "chat_template.jinja").write_text("{{ foo.bar() }}")
+    tokenizer = load_model(str(folder)).tokenizer
+    with pytest.raises(ValueError, match="the chat template failed"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
 def test_a_damaged_converted_copy_is_converted_again(tiny_llama, tmp_path):
     """The converted copy of a GGUF cut short in the cache (a full disk) is converted again at the next
     load; downloading the GGUF again, as the error used to say, would have hit the same copy."""

@@ -5,7 +5,6 @@ import json
 import shutil
 from pathlib import Path
 
-import jinja2
 import pytest
 
 from engine.loading.tokenizer import Tokenizer
@@ -127,7 +126,7 @@ def test_chat_template_jinja_file_variables_and_raise_exception(tmp_path, tiny_l
     rendered = ours.apply_chat_template(chat)
     assert rendered == '<|endoftext|>[user]"café \\"quoted\\""<|im_end|>[assistant]'
     assert rendered == ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    with pytest.raises(jinja2.exceptions.TemplateError, match="bad role tool"):
+    with pytest.raises(ValueError, match="the chat template failed: bad role tool"):  # a bad request
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
 
 

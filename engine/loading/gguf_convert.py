@@ -74,7 +74,7 @@ def _is_current_conversion(folder: Path) -> bool:
     """Made by this converter, and whole: every file it wrote still has the size it had (a copy cut short
     by a full disk, or a file removed, is converted again instead of failing every load; conversions that
     predate the sizes are taken as they are)."""
-    marker = read_json(folder / MARKER)
+    marker = read_json(folder / MARKER, lenient=True)
     if marker.get("converter_version") != CONVERTER_VERSION:
         return False
     sizes = marker.get("file_bytes")

@@ -139,7 +139,11 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
     except FileNotFoundError as e:
         raise ModelLoadError(str(e)) from e
     generation = read_json(folder / "generation_config.json")
-    eos_ids = _eos_union(hf_config.get("eos_token_id"), generation.get("eos_token_id"))
+    try:
+        eos_ids = _eos_union(hf_config.get("eos_token_id"), generation.get("eos_token_id"))
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{folder}: eos_token_id in config.json or generation_config.json is not token ids "
+                             f"({e})") from e
     if not eos_ids and tokenizer.eos_token_id is not None:
         eos_ids = (tokenizer.eos_token_id,)
     report("model loaded", 1.0)
@@ -149,7 +153,7 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
 def _remedy(folder: Path) -> str:
     """What helps when a weight file will not read: for inferlab's converted copy of a GGUF, removing the
     copy (downloading the GGUF again would hit the same copy in the cache); else getting the file again."""
-    source = read_json(folder / MARKER).get("source")
+    source = read_json(folder / MARKER, lenient=True).get("source")
     if source:
         return (f"it is inferlab's converted copy of {source}: remove the folder {folder} and the GGUF is "
                 "converted again at the next start")

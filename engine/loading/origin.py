@@ -43,7 +43,7 @@ def _types_of(marker: dict) -> dict[str, int]:
 def weights_origin(folder: str | Path) -> str:
     """"dequantized from X.gguf: 79 % of the weights stored as Q4_1 (…)" for a converted GGUF; "" for a
     Hugging Face folder (its weights are what its safetensors hold)."""
-    marker = read_json(Path(folder) / MARKER)
+    marker = read_json(Path(folder) / MARKER, lenient=True)
     if not marker:
         return ""
     name = Path(marker.get("source", "a GGUF file")).name

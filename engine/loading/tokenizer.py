@@ -18,6 +18,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import decoders
 
+from engine.loading.errors import ModelLoadError, read_json
+
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -49,17 +51,29 @@ class Tokenizer:
         tok_file = folder / "tokenizer.json"
         if not tok_file.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {folder} (only fast tokenizers are supported)")
-        config = _read_json(folder / "tokenizer_config.json")
+        config = read_json(folder / "tokenizer_config.json")
         # Older folders keep the named special tokens in a separate file.
-        for name, value in _read_json(folder / "special_tokens_map.json").items():
+        for name, value in read_json(folder / "special_tokens_map.json").items():
             config.setdefault(name, value)
         # transformers v5 prefers the standalone .jinja file over the config entry.
         jinja_file = folder / "chat_template.jinja"
+        template_file = jinja_file if jinja_file.is_file() else folder / "tokenizer_config.json"
         template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else config.get("chat_template")
         if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-            named = {t["name"]: t["template"] for t in template}
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
-        return cls(FastTokenizer.from_file(str(tok_file)), config, template)
+        if template is not None and not isinstance(template, str):
+            raise ModelLoadError(f"{template_file}: the chat template is not text ({type(template).__name__})")
+        try:
+            fast = FastTokenizer.from_file(str(tok_file))
+        except Exception as e:  # noqa: BLE001 (the tokenizers library raises a bare Exception)
+            raise ModelLoadError(f"{tok_file}: not a readable tokenizer ({e})") from e
+        try:
+            return cls(fast, config, template)
+        except jinja2.exceptions.TemplateError as e:
+            raise ModelLoadError(f"{template_file}: the chat template does not compile ({e})") from e
+        except (TypeError, KeyError, AttributeError) as e:  # a special token of the wrong kind
+            raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: special tokens of the wrong kind ({e})") from e
 
     # -- encode / decode -------------------------------------------------------------------------
 
@@ -96,9 +110,12 @@ class Tokenizer:
         """Render the conversation as the model expects it (same variables as transformers)."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs
-        )
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **kwargs
+            )
+        except jinja2.exceptions.TemplateError as e:  # the model's template refused or failed: a bad request
+            raise ValueError(f"the chat template failed: {e}") from e
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -109,10 +126,6 @@ class Tokenizer:
 def _token_text(value: Any) -> str:
     # Special tokens are written either as a string or as a serialized AddedToken dict.
     return value["content"] if isinstance(value, dict) else str(value)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _has_byte_level_decoder(decoder: Any) -> bool:
