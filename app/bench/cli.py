@@ -13,6 +13,7 @@ from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
 from app.load.workload import corpus_tokens
+from app.result_file import write_or_print
 from engine.perf.probe import cpu_description
 from engine.quant.schemes import int4_layout_in_words, prompt_rows_in_words
 from engine.runner import huge_pages
@@ -106,10 +107,15 @@ def run_bench(args) -> int:
     import signal
     import threading
 
+    from app.result_file import unwritable
     from engine.loading.errors import ModelLoadError
 
     if threading.current_thread() is threading.main_thread():  # SIGTERM unwinds, so the servers a bench
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # started are stopped
+    bad = unwritable({"json": getattr(args, "json", None), "csv": getattr(args, "csv", None)})
+    if bad:  # said before the bench, not after its minutes
+        print(f"inferlab: error: bench {args.bench}: {bad}", file=sys.stderr)
+        return 2
     try:
         return _run_bench(args)
     except (ValueError, ModelLoadError, llama_server.PeerError) as exc:
@@ -203,9 +209,8 @@ def _engine_on_tier(args, tier: str, bits: int):
 
 def _emit(args, result: dict) -> int:
     text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    if args.json and not write_or_print(args.json, text, f"inferlab bench {args.bench}"):
+        return 1  # the measurement is not lost: it went to stdout
     print(text)
     return 0
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
+from app.result_file import write_or_print
 from app.talk.compare.headline import headline_text
 from app.talk.compare.job import comparison_base
 from app.talk.compare.machine import machine_info
@@ -37,6 +37,7 @@ def run_prepare(args) -> int:
     import torch
 
     from app.device_args import engine_threads
+    from app.result_file import unwritable
     from app.talk.presets import PresetError, available, load_preset
     from engine.core.metrics import SLO
     from engine.loading.loader import load_model
@@ -45,6 +46,10 @@ def run_prepare(args) -> int:
     # looks up its own (one core left to the GUI thread)
     args.threads = args.threads or engine_threads()
     torch.set_num_threads(args.threads)
+    bad = unwritable({"json": args.json})
+    if bad:  # said before the chapters' minutes, not after them
+        _say(f"error: {bad}")
+        return 2
     names = args.preset or available()
     try:
         presets = [load_preset(n) for n in names]
@@ -116,6 +121,7 @@ def run_prepare(args) -> int:
          + (f"; CONTRADICT THEIR CHAPTER: {', '.join(flagged)} (see above)" if flagged else ""))
     if args.json:
         doc = prepared_json(args.model, machine_info(args.device), results)
-        Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        if not write_or_print(args.json, json.dumps(doc, indent=1), "inferlab prepare"):
+            return 1  # the results are stored, and went to stdout
         _say(f"wrote {args.json}")
     return 1 if failed else 0

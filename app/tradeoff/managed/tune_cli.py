@@ -191,16 +191,16 @@ def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -
 
 
 def run_tune_cli(args) -> int:
+    from app.result_file import unwritable, write_or_print
     from app.tradeoff.managed.tune import run_tune
     from app.tradeoff.managed.tune_export import write_csv, write_png
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.show_flags or not args.json:
         return show_flags(args.engine) if args.show_flags else _usage("--json OUT is required")
-    unwritable = [f"--{flag} {out}" for flag, out in (("json", args.json), ("csv", args.csv), ("png", args.png))
-                  if out and not Path(out).resolve().parent.is_dir()]
-    if unwritable:  # said before the sweep, not after its minutes
-        return _usage(f"{', '.join(unwritable)}: no such folder")
+    bad = unwritable({"json": args.json, "csv": args.csv, "png": args.png})
+    if bad:  # said before the sweep, not after its minutes
+        return _usage(bad)
     try:
         spec = make_spec(args, say)
     except TuneSetupError as exc:
@@ -209,13 +209,8 @@ def run_tune_cli(args) -> int:
     say(f"tune: {spec.engine.name} ({spec.exe}), {len(spec.points)} points, model {spec.model.name}")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     result = run_tune(spec, progress=lambda text, fraction: say(f"[{100 * fraction:3.0f}%] {text}"))
-    text = json.dumps(result, indent=2)
-    try:
-        Path(args.json).write_text(text)
-    except OSError as exc:  # the sweep's minutes are not lost: the result goes to stdout
-        say(f"inferlab tune: could not write {args.json} ({exc}); the result follows on stdout")
-        print(text)
-        return 1
+    if not write_or_print(args.json, json.dumps(result, indent=2), "inferlab tune"):
+        return 1  # the sweep's minutes are not lost: the result went to stdout
     say(f"wrote {args.json}: {len(result['points'])} measured, {len(result['failed'])} failed, "
         f"{len(result['not_run'])} not run, {result['wall_seconds']} s")
     if args.csv:
