@@ -46,3 +46,36 @@ def test_gguf_rope_metadata_reaches_the_model(tmp_path, monkeypatch):
     assert eng.model_config.rope_theta == 50000.0
     assert eng.model_config.rope_scaling["rope_type"] == "linear" and eng.model_config.rope_scaling["factor"] == 4.0
     torch.testing.assert_close(eng.score(PROMPT), hf_logits(folder, PROMPT), atol=1e-4, rtol=1e-4)
+
+
+def test_the_rope_tables_are_gathered_once_a_step_not_once_a_layer(tiny_llama, tiny_llama_8_layers):
+    """Each layer gathered and cast its own cos/sin rows (~6 ops x layers a step: launches on a GPU, where
+    the first run found eager decoding launch-bound); now one gather a forward pass, and rotate-half is
+    one roll. Counted on the CPU, in the eager layers ("fast" attention, float32)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from engine import SamplingParams
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for layers, model in ((2, tiny_llama), (8, tiny_llama_8_layers)):
+        eng = LLMEngine(EngineConfig(model=str(model), dtype="float32", attention_backend="fast", num_kv_blocks=32))
+        eng.add_request("Hello there", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        for _ in range(3):
+            eng.step()
+        with Count() as count:
+            eng.step()  # one decode step
+        counts[layers] = count.ops
+    gathers = [counts[n]["aten.index.Tensor"] for n in (2, 8)]
+    assert gathers[0] == gathers[1]  # as many gathers with 8 layers as with 2
+    assert counts[8]["aten.roll.default"] == 2 * 8 and counts[8]["aten.neg.default"] == 0

@@ -15,7 +15,7 @@ from engine.models.layers.attention_op import STEP_METADATA, attend_paged, paged
 from engine.models.layers.gemv import CompiledGemv
 from engine.models.layers.linear import PROMPT_ROWS, STREAM_MAX_ROWS, Linear, silu_and_mul
 from engine.models.layers.norm import RMSNorm
-from engine.models.layers.rotary import RotaryEmbedding
+from engine.models.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.model_config import ModelConfig
 
 
@@ -33,8 +33,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
-        """x (n, hidden) -> q (n, heads, head_dim), k and v (n, kv_heads, head_dim), RoPE applied."""
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """x (n, hidden) -> q (n, heads, head_dim), k and v (n, kv_heads, head_dim), RoPE applied (`rope`:
+        the step's tables, RotaryEmbedding.tables)."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
@@ -42,7 +43,7 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rope(q, k, rope)
         return q, k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -85,15 +86,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                rotary: RotaryEmbedding, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
                 md: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Add & norm, q/k/v and RoPE, the paged attention, o_proj, add & norm, the MLP: (x, residual)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm.forward_add(x, residual)
-        q, k, v = self.self_attn.project(x, positions, rotary)
+        q, k, v = self.self_attn.project(x, rope)
         o = self.self_attn.attend(q, k, v, kv_cache, md)
         x, residual = self.post_attention_layernorm.forward_add(self.self_attn.o_proj(o), residual)
         return self.mlp(x), residual
@@ -159,8 +160,9 @@ class LlamaForCausalLM(nn.Module):
                        md: AttentionMetadata | None) -> torch.Tensor:
         """The layers and the final norm (md None: in the compiled region, see Attention.attend)."""
         x, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary.tables(positions, x.dtype)  # once for every layer
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.rotary, kv_cache, md)
+            x, residual = layer(x, residual, rope, kv_cache, md)
         return self.norm.forward_add(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
