@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 
@@ -122,11 +123,13 @@ def _run_window(app, loop, window, host, args, preset: str) -> int:
             interrupted.append(signum)
             loop.call_soon(window.close)
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        main = threading.current_thread() is threading.main_thread()  # signal handlers: the main thread's only
+        previous = signal.signal(signal.SIGINT, on_sigint) if main else None
         try:
             loop.run_until_complete(closed.wait())
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if main:
+                signal.signal(signal.SIGINT, previous)
         return 130 if interrupted else 0
 
 
