@@ -12,6 +12,8 @@ recorded and the next one runs; what the deadline leaves no time for is recorded
   graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
+  step_ops      scripts/step_ops.py: torch ops in one eager decode step (each a launch) and ms a token
+                (results.json's log tail; not in the dry run)
   bench_compile one stream with compile=True, alone (its compile may take long) -> bench_compile.json
                 (not in the dry run)
   flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA) timed from engine build to three
@@ -195,6 +197,8 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                             "--json", str(out / "graphs_startup.json"), *startup], {}, 60 if dry else 120),
         ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
                             "--json", str(out / "bench_64.json"), *modes, *batch], {}, 150),
+        *([] if dry else [("step_ops", [py, "scripts/step_ops.py", "--device", dev, "--dtype", "bfloat16",
+                                        "--attention", "native", "--model", model], {}, 60)]),
         *([] if dry else [("bench_compile", cli + ["bench", "decode", "--device", dev, "--model", model, "--json",
                                                    str(out / "bench_compile.json"), "--modes", "compile",
                                                    "--no-llama-cpp", "--no-baseline", *decode], {}, 150)]),

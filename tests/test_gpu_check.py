@@ -88,8 +88,8 @@ def test_on_a_gpu_compiling_is_a_step_of_its_own_after_the_eager_and_graphs_figu
     args = gpu_check.parse_args(["--device", "cuda"])
     steps = gpu_check.step_commands(args, "m", Path("/tmp/out"))
     names = [name for name, *_ in steps]
-    assert names == ["cuda_tests", "bench_decode", "graphs_startup", "bench_64", "bench_compile", "flex",
-                     "screenshot", "cpu_suite"]
+    assert names == ["cuda_tests", "bench_decode", "graphs_startup", "bench_64", "step_ops", "bench_compile",
+                     "flex", "screenshot", "cpu_suite"]
     for name, command, _, _ in steps:
         modes = command[command.index("--modes") + 1:] if "--modes" in command else []
         modes = modes[: next((i for i, a in enumerate(modes) if a.startswith("--")), len(modes))]
