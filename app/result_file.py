@@ -3,6 +3,7 @@ not after minutes of measuring), written after it, and never lost: if the file c
 the text goes to stdout with one line saying why."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +23,6 @@ def unwritable(outputs: dict[str, str | None]) -> str | None:
 
 
 def _can_write(folder: Path) -> bool:
-    import os
-
     return os.access(folder, os.W_OK | os.X_OK)
 
 

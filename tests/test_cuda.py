@@ -1,6 +1,7 @@
 """What only a GPU can prove (marked `cuda`: skipped where torch sees none; scripts/gpu_check.sh runs
-them). These have NOT run yet on a GPU: no GPU was lent while they were written; the same logic is
-tested on the CPU in tests/test_device_placement.py."""
+them). Only the first has run on a GPU (an H200, 2026-12-04: it passed; the rest did not run, the
+compiled FlexAttention then the default took their time); the same logic is tested on the CPU in
+tests/test_device_placement.py."""
 from __future__ import annotations
 
 import pytest

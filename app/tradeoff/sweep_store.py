@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 from app.data_dir import data_root
+from app.json_shape import finite_number, list_of, whole
 
 CSV_FIELDS = ("batch", "bits", "draft", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
               "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
@@ -52,30 +52,23 @@ _FIGURES = ("tokens_per_s_user", "tokens_per_s_total", "agreement", "kl", "usd_p
             "kv_capacity_tokens", "group_size")
 
 
-def _whole(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _signed(v) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-
-
 def _figure(v) -> bool:
-    return _signed(v) and (v is None or v >= 0)
+    return v is None or (finite_number(v) and v >= 0)
 
 
-def _point_problem(p, predicted: bool) -> str | None:
+def _point_problem(p, predicted_list: bool) -> str | None:
     if not isinstance(p, dict):
         return "a point that is not an object"
-    if not all(_whole(p.get(k)) for k in _KEYS):
+    if not all(whole(p.get(k)) for k in _KEYS):
         return f"a point whose {'/'.join(_KEYS)} are not whole numbers"
     if not all(k in p for k in ("tokens_per_s_user", "tokens_per_s_total")):
         return "a point without its tokens per second"
-    if not all(_figure(p.get(k)) for k in _FIGURES) or not _signed(p.get("ppl_delta_pct")):  # a change: +/-
+    delta = p.get("ppl_delta_pct")  # a change: below zero too
+    if not all(_figure(p.get(k)) for k in _FIGURES) or not (delta is None or finite_number(delta)):
         return "a point whose figures are not finite numbers (of zero or more, but the perplexity change)"
     if not isinstance(p.get("predicted", False), bool):
         return "a point neither measured nor predicted"
-    if predicted and not all(isinstance(p.get(k), str) for k in ("model", "device")):
+    if predicted_list and p.get("predicted") and not all(isinstance(p.get(k), str) for k in ("model", "device")):
         return "a predicted point without its model and device"
     return None
 
@@ -84,18 +77,17 @@ def malformed(result: dict) -> str | None:
     """What is wrong with a stored sweep, or None where it has the shape app/tradeoff/sweep.py writes (every
     field the tradeoff panel reads, checked). A file edited or damaged into another shape counts as no
     stored sweep: in the panel it raised on every frame."""
-    for name, predicted in (("points", False), ("predicted", True)):
+    if "points" not in result:
+        return "no points"
+    for name in ("points", "predicted"):
         points = result.get(name, [])
         if not isinstance(points, list):
             return f"{name}: not a list"
         for p in points:
-            if (why := _point_problem(p, predicted and p.get("predicted") if isinstance(p, dict) else False)):
+            if (why := _point_problem(p, name == "predicted")) is not None:
                 return f"{name}: {why}"
-    if "points" not in result:
-        return "no points"
     frontier = result.get("frontier", [])
-    if not isinstance(frontier, list) or not all(isinstance(f, dict) and all(_whole(f.get(k)) for k in _KEYS)
-                                                 for f in frontier):
+    if not list_of(frontier, lambda f: isinstance(f, dict) and all(whole(f.get(k)) for k in _KEYS)):
         return "a frontier that is not a list of configurations"
     return None
 

@@ -15,11 +15,11 @@ not shown as the current one. `prepare --json` gathers them as
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
 from app.data_dir import data_root
+from app.json_shape import finite_number, list_of, text_or_none
 from app.talk.compare.machine import machine_key
 
 SUBDIR = "comparisons"
@@ -67,20 +67,8 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
     return data
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _text_or_none(v) -> bool:
-    return v is None or isinstance(v, str)
-
-
-def _list_of(v, ok) -> bool:
-    return isinstance(v, list) and all(ok(x) for x in v)
-
-
 def _checks_ok(v) -> bool:
-    return _list_of(v, lambda c: isinstance(c, dict) and isinstance(c.get("holds", False), (bool, type(None)))
+    return list_of(v, lambda c: isinstance(c, dict) and isinstance(c.get("holds", False), (bool, type(None)))
                     and all(isinstance(c.get(k, ""), str) for k in ("claim", "metric", "expect", "figures")))
 
 
@@ -90,15 +78,15 @@ def _arm_problem(arm) -> str | None:
     if not isinstance(arm.get("label"), str):
         return "a configuration without a text label"
     metrics = arm.get("metrics")
-    if not isinstance(metrics, dict) or not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
+    if not isinstance(metrics, dict) or not all(isinstance(k, str) and finite_number(v) for k, v in metrics.items()):
         return f"{arm['label']!r}: metrics that are not finite numbers"
-    if not isinstance(arm.get("config", {}), dict) or not _text_or_none(arm.get("note")):
+    if not isinstance(arm.get("config", {}), dict) or not text_or_none(arm.get("note")):
         return f"{arm['label']!r}: a config or note of the wrong kind"
     if not isinstance(arm.get("computed", False), bool):
         return f"{arm['label']!r}: 'computed' not true or false"
     requests = arm.get("requests", [])
-    if not _list_of(requests, lambda r: isinstance(r, dict) and all(
-            _number(r.get(k, 0.0)) for k in ("queue_ms", "prefill_ms", "decode_ms"))):
+    if not list_of(requests, lambda r: isinstance(r, dict) and all(
+            finite_number(r.get(k, 0.0)) for k in ("queue_ms", "prefill_ms", "decode_ms"))):
         return f"{arm['label']!r}: request timings that are not finite numbers"
     return None
 
@@ -115,7 +103,7 @@ def malformed(data: dict) -> str | None:
         if (why := _arm_problem(arm)) is not None:
             return why
     machine = data.get("machine", {})
-    if not isinstance(machine, dict) or not all(_text_or_none(machine.get(k)) for k in ("cpu", "gpu")):
+    if not isinstance(machine, dict) or not all(text_or_none(machine.get(k)) for k in ("cpu", "gpu")):
         return "a machine of the wrong kind"
     if not isinstance(machine.get("threads", 1), (int, str)):
         return "a thread count of the wrong kind"
@@ -123,15 +111,15 @@ def malformed(data: dict) -> str | None:
     if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
         return "metric descriptions of the wrong kind"
     text_lists = [data.get(k, []) for k in ("metrics", "chart", "check_reasons")]
-    if not all(_list_of(v, lambda x: isinstance(x, str)) for v in text_lists):
+    if not all(list_of(v, lambda x: isinstance(x, str)) for v in text_lists):
         return "metric or reason lists that are not texts"
-    if not all(_text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built")):
+    if not all(text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built")):
         return "a title, knob, time or note of the wrong kind"
     if not isinstance(data.get("rounds", 1), int) or not _checks_ok(data.get("checks", [])):
         return "rounds or checks of the wrong kind"
     fallback = data.get("fallback")
     if fallback is not None and not (isinstance(fallback, dict) and _checks_ok(fallback.get("first_try", []))
-                                     and _text_or_none(fallback.get("reason"))):
+                                     and text_or_none(fallback.get("reason"))):
         return "a fallback of the wrong kind"
     return None
 

@@ -14,7 +14,8 @@ the step's block table (in a CUDA graph: the context bucket), never as the cache
 graph's, does not change with the number of KV blocks.
 
 On CUDA the function is compiled (torch.compile: Triton's flex decoding and flex attention kernels);
-on the CPU the tests run it eagerly against the reference attention. Not yet run on a GPU.
+on the CPU the tests run it eagerly against the reference attention. Used only where asked for
+(attention_backend="flex"): on the first GPU run its compile had not finished 20 s into the first decode.
 """
 from __future__ import annotations
 

@@ -56,15 +56,10 @@ class RotaryEmbedding(nn.Module):
         step, which on a GPU are launches)."""
         return (self.cos[positions].to(dtype).unsqueeze(1), self.sin_signed[positions].to(dtype).unsqueeze(1))
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: (num_tokens, num_heads, head_dim), k: (num_tokens, num_kv_heads, head_dim)
-        return apply_rope(q, k, self.tables(positions, q.dtype))
-
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor,
                tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (num_tokens, heads, head_dim) and k (num_tokens, kv_heads, head_dim) rotated by `tables`."""
     cos, sin_signed = tables
     return _rotate(q, cos, sin_signed), _rotate(k, cos, sin_signed)
 
