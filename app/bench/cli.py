@@ -92,7 +92,7 @@ def add_bench_args(p, engine_args) -> None:
 
     add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
                         engine_args)
-    from app.bench import gui_overhead, kv_bench, tradeoff_bench
+    from app.bench import gui_overhead, host_bench, kv_bench, tradeoff_bench
 
     kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
@@ -100,6 +100,8 @@ def add_bench_args(p, engine_args) -> None:
                             engine_args)
     gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
                           engine_args)
+    host_bench.add_args(sub.add_parser("host", help="the engine's host work a decode step, the model made free "
+                                                    "(1 / 8 / 64 streams, greedy and sampled)"), engine_args)
 
 
 def run_bench(args) -> int:
@@ -181,6 +183,10 @@ def _run_bench(args) -> int:
         from app.bench.batch_bench import run_batch_bench
 
         result.update(run_batch_bench(args))
+    elif args.bench == "host":
+        from app.bench import host_bench
+
+        result.update(host_bench.run(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 

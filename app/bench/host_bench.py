@@ -1,0 +1,187 @@
+"""`inferlab bench host`: the engine's own work around one decode step, with the model made free.
+
+The model's forward pass and its lm_head are replaced by a no-op (NoOpModel): the forward returns rows of a
+preallocated zero hidden-state tensor, compute_logits rows of a preallocated float32 (rows, vocab) tensor,
+zero but for one entry per row. Everything else of engine.step() runs as when serving: draining commands,
+scheduling, block tables, the step's input tensors and attention metadata, sampling over the full logits,
+the one read-back, appending tokens, detokenizing, the RequestOutputs and the step event. What is left is
+the ceiling a step's host work puts on tokens/s when the forward itself is cheap (CUDA graphs).
+
+Figures: µs a decode step at each stream count, greedy and sampled, medians of alternating rounds; and
+where the time goes (cProfile over one more pass: cumulative µs a step of the engine's main functions,
+inflated by the profiler's own cost, and the functions with the most time of their own). On the CPU the
+sampler's ops over the logits (argmax, softmax, multinomial over the vocabulary) run inline and count
+here; on a GPU they are device work.
+"""
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import os
+import pstats
+import statistics
+import time
+
+import torch
+
+from app.bench.rounds import bench_engine
+from app.load.workload import corpus_tokens
+from engine import LLMEngine, SamplingParams
+
+HOT_LOGIT = 10.0  # the one non-zero logit of each row: greedy picks it, sampling picks it ~1/3 of the time
+# (e^10 against ~49,000 zeros); the other draws spread over the vocabulary and reach the detokenizer too
+TARGETS_US = {1: 150.0, 64: 1000.0}  # issue 46: the host's work a decode step, at these stream counts
+NOOP_REPLACED = ("the model's forward pass (embedding, every layer, final norm) and its lm_head: the forward returns "
+                 "rows of a preallocated zero (tokens, hidden) tensor, compute_logits rows of a preallocated float32 "
+                 f"(rows, vocab) tensor, zero but {HOT_LOGIT} at one token per row; sampling, the read-back, "
+                 "detokenizing and the outputs run on them as when serving")
+# top-p / top-k would add a sort of every row over the vocabulary (device work on a GPU)
+SAMPLING = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.8)}
+# cumulative time of these functions (matched by name and file) goes into the breakdown
+SECTIONS = (("step", "llm_engine.py", "_step"), ("schedule", "scheduler.py", "schedule"),
+            ("execute (runner)", "model_runner.py", "execute"), ("inputs", "model_runner.py", "_prepare"),
+            ("sample", "sampler.py", "sample"), ("read-back", "read_back.py", "to_host"),
+            ("outputs (_update)", "llm_engine.py", "_update"), ("append_token", "output_processor.py", "append_token"),
+            ("detokenize", "detokenizer.py", "push"), ("make_output", "output_processor.py", "make_output"),
+            ("publish", "llm_engine.py", "_publish"))
+
+
+def add_args(p, engine_args) -> None:
+    engine_args(p)
+    p.add_argument("--json", metavar="OUT", help="write the results here")
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 64], help="decoding streams (default 1 8 64)")
+    p.add_argument("--sampling", nargs="+", choices=list(SAMPLING), default=list(SAMPLING),
+                   help="greedy: temperature 0; sampled: temperature 0.8, a seed per request")
+    p.add_argument("--steps", type=int, default=64, help="decode steps timed per round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds alternating every configuration (medians)")
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--no-profile", action="store_true", help="skip the cProfile breakdown pass")
+
+
+class NoOpModel:
+    """Makes `engine`'s forward pass and lm_head free (instance attributes over the model's methods);
+    the tensors returned are views of buffers made once, of the shapes the real ones have."""
+
+    def __init__(self, engine: LLMEngine, max_rows: int, hot_token: int) -> None:
+        mc, model = engine.model_config, engine.model
+        self.hidden = torch.zeros(max_rows, mc.hidden_size, dtype=engine.dtype, device=engine.device)
+        self.logits = torch.zeros(max_rows, mc.vocab_size, dtype=torch.float32, device=engine.device)
+        self.logits[:, hot_token] = HOT_LOGIT
+        model.forward = self.forward
+        model.compute_logits = self.compute_logits
+
+    def forward(self, input_ids: torch.Tensor, positions, kv_caches, md) -> torch.Tensor:
+        return self.hidden[: input_ids.shape[0]]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits[: hidden.shape[0]]
+
+
+def host_engine(args) -> LLMEngine:
+    """The engine under test: layer by layer (the fused native step would bypass the no-op), no compile."""
+    n = max(args.streams)
+    tokens = n * (args.prompt_tokens + (args.steps + 8) * 2)
+    engine = bench_engine(args, fused_decode=False, compile=False, max_num_seqs=n,
+                          max_num_batched_tokens=max(512, n * args.prompt_tokens),
+                          num_kv_blocks=-(-tokens // 16) + 2 * n, enable_prefix_caching=False)
+    return engine
+
+
+def _prompts(engine: LLMEngine, n: int, length: int) -> list[list[int]]:
+    corpus = corpus_tokens(engine.tokenizer)
+    return [corpus[i * length : (i + 1) * length] for i in range(n)]
+
+
+def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[str]:
+    """Every prompt added and prefilled, every stream decoding; `steps` decode steps left to each."""
+    ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=steps + 4, ignore_eos=True, seed=i))
+           for i, p in enumerate(prompts)]
+    while any(not r.output_token_ids for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(2):  # the first decode steps (a fresh batch shape) stay out of the timing
+        engine.step()
+    return ids
+
+
+def _finish(engine: LLMEngine, ids: list[str]) -> None:
+    for i in ids:
+        engine.abort(i)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[float]:
+    """µs of each of `steps` decode steps of len(prompts) streams."""
+    ids = _start(engine, prompts, params, steps)
+    times = []
+    step, clock = engine.step, time.perf_counter
+    for _ in range(steps):
+        t = clock()
+        step()
+        times.append((clock() - t) * 1e6)
+    _finish(engine, ids)
+    return times
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> dict:
+    """cProfile over `steps` decode steps: cumulative µs a step of SECTIONS, and the top functions by own time."""
+    ids = _start(engine, prompts, params, steps)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    _finish(engine, ids)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+    sections = {}
+    for label, file, name in SECTIONS:
+        hits = [v for (f, _, fn), v in stats.items() if fn == name and f.endswith(file)]
+        if hits:
+            sections[label] = {"us_per_step": round(sum(v[3] for v in hits) / steps * 1e6, 1),
+                               "calls_per_step": round(sum(v[0] for v in hits) / steps, 1)}
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    own = [{"function": f"{os.path.basename(f)}:{line} {fn}", "own_us_per_step": round(v[2] / steps * 1e6, 1),
+            "calls_per_step": round(v[0] / steps, 1)} for (f, line, fn), v in top]
+    return {"cumulative_under_cprofile": sections, "most_own_time": own}
+
+
+def run(args) -> dict:
+    if min(args.streams) < 1 or args.steps < 1 or args.rounds < 1:
+        raise ValueError("--streams, --steps and --rounds must be 1 or more")
+    engine = host_engine(args)
+    streams = sorted(set(args.streams))
+    prompts = _prompts(engine, max(streams), args.prompt_tokens)
+    NoOpModel(engine, engine.config.max_num_batched_tokens, prompts[0][-1])
+    configs = [(mode, n) for mode in args.sampling for n in streams]
+    for mode, n in configs:  # warm-up: each shape once
+        timed_steps(engine, prompts[:n], SAMPLING[mode], 4)
+    each: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    loads = [_load()]
+    for _ in range(args.rounds):  # alternating: every configuration sees the same drift of a shared machine
+        for mode, n in configs:
+            each[(mode, n)].append(statistics.median(timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps)))
+        loads.append(_load())
+    out: dict = {"noop_replaced": NOOP_REPLACED, "engine": engine.compute_line(),
+                 "vocab_size": engine.model_config.vocab_size, "attention_backend": engine.runner.backend.name,
+                 "prompt_tokens": args.prompt_tokens, "steps_per_round": args.steps, "rounds": args.rounds,
+                 "load_average_each_round": loads, "sampling": {m: repr(SAMPLING[m]) for m in args.sampling},
+                 "us_per_step": {}}
+    for mode in args.sampling:
+        out["us_per_step"][mode] = {}
+        for n in streams:
+            rounds = each[(mode, n)]
+            med = statistics.median(rounds)
+            row = {"median": round(med, 1), "each_round": [round(r, 1) for r in rounds],
+                   "tokens_per_s_ceiling": round(n * 1e6 / med, 1)}
+            if n in TARGETS_US:
+                row["target"] = TARGETS_US[n]
+                row["meets_target"] = med <= TARGETS_US[n]
+            out["us_per_step"][mode][str(n)] = row
+    if not args.no_profile:
+        out["breakdown"] = {f"{mode} {n} streams": profiled(engine, prompts[:n], SAMPLING[mode], args.steps)
+                            for mode, n in configs}
+    return out
