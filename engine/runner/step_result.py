@@ -65,7 +65,10 @@ def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, gr
     if producers:
         result = FusedDecode.greedy_result(greedy, producers)
         if result is None:
-            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
+            rows = [r for _, r in producers]
+            # decodes are every row, in order: the logits as they are, no copy of (rows, vocab)
+            mine = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            result = sample(mine, [s.request.sampling_params for s, _ in producers],
                             [s.request.generator for s, _ in producers], extra=extra)
             return result, host if host is not None else result.extra, sizes
     if host is not None:

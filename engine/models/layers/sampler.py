@@ -6,6 +6,10 @@ to inf - inf = NaN, and a huge one flattens them towards 0), the top-ranked toke
 and top-p, and top_k is clamped to the vocabulary. A row whose logits are not finite (NaN or inf from
 the model) is never sampled: it is reported in `failed`, so its request fails alone instead of
 emitting a silent token (argmax over NaN is token 0) or making torch.multinomial raise for the batch.
+The check is two vectorised reductions a row, not a comparison of every logit and its reduction: a row
+is finite when its maximum and its minimum are (NaN propagates through both; +inf is a maximum, -inf a
+minimum). For a greedy row the maximum is its token's logit (argmax returns the first NaN where there is
+one), for a sampled row the one the temperature's shift reads anyway.
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ import torch
 
 from engine.models.layers.read_back import float_bits, floats_from_bits, to_host
 from engine.sampling_params import SamplingParams
+
+# On the CPU a row's argmax runs as a chunked max (vectorised) and an argmax over the winning chunk:
+# ~10x faster than torch's argmax over 64 rows of a 49,152-token vocabulary (2-core Zen 4, 1 thread).
+ARGMAX_CHUNK = 1024
 
 
 @dataclass(slots=True)
@@ -62,6 +70,27 @@ def shape_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     return logits
 
 
+def row_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's argmax, the logit there) of logits (n, vocab), exactly torch's argmax: the first maximum,
+    or the first NaN in a row that has one. On the CPU as a chunked max and an argmax within the first
+    chunk holding the row's maximum (ARGMAX_CHUNK)."""
+    n, vocab = logits.shape
+    k = vocab // ARGMAX_CHUNK
+    if logits.device.type != "cpu" or k < 2:
+        idx = logits.argmax(dim=-1)
+        return idx, logits.gather(1, idx.unsqueeze(1)).squeeze(1)
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    chunk_max = logits[:, : k * ARGMAX_CHUNK].view(n, k, ARGMAX_CHUNK).amax(dim=-1)  # NaN propagates
+    if k * ARGMAX_CHUNK < vocab:
+        chunk_max = torch.cat([chunk_max, logits[:, k * ARGMAX_CHUNK :].amax(dim=-1, keepdim=True)], dim=1)
+    start = chunk_max.argmax(dim=-1) * ARGMAX_CHUNK  # the first chunk holding the maximum (or a NaN)
+    # the last chunk may be short: its window repeats the last column, after the real ones
+    cols = (start.unsqueeze(1) + torch.arange(ARGMAX_CHUNK)).clamp_(max=vocab - 1)
+    window = logits.gather(1, cols)
+    within = window.argmax(dim=-1, keepdim=True)
+    return start + within.squeeze(1), window.gather(1, within).squeeze(1)
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], extra: torch.Tensor | None = None) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
@@ -72,15 +101,22 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     float32 bit patterns in the same integer copy): no per-row .item(), which on a GPU would wait for the
     device once per request."""
     n = logits.shape[0]
-    bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
-    chosen = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rows) < n:  # greedy rows: the first maximum, NaN first (see the module docstring)
+        chosen, peak = row_argmax(logits)
+    else:
+        chosen = torch.empty(n, dtype=torch.long, device=logits.device)
+    if rows:  # each row's maximum (for a greedy row the same number: its token's logit, or NaN)
+        peak = logits.amax(dim=-1)
+    # (n,) rows that fail; their tokens are dropped below
+    bad = ~(torch.isfinite(peak) & torch.isfinite(logits.amin(dim=-1)))
     if rows:
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
         sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
         probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
-        for j, i in enumerate(rows):  # each request's own generator (its seed); stays on the device
-            chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+        # each request's own generator (its seed); the draws stay on the device, written in one op
+        draws = [torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs.unbind(0), rows)]
+        chosen[rows] = torch.cat(draws)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     ints = [chosen, bad.long()]
     if want:
