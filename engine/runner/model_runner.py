@@ -22,6 +22,7 @@ from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
+from engine.runner.input_batch import BlockTables, decode_inputs, host_ints
 from engine.runner.step_result import NONFINITE, StepResult, read_back_step, take_verifies
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
@@ -83,6 +84,7 @@ class ModelRunner:
         # [+ the scale's bytes when int8]).
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.restore_kv(num_blocks)
+        self.block_tables = BlockTables()  # decode rows' tables kept across steps (engine/runner/input_batch.py)
 
     def set_execution(self, attention_backend: str, compile: bool,
                       progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
@@ -264,6 +266,12 @@ class ModelRunner:
             PROMPT_ROWS.reset(prompt_rows)
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
+        if not self.backend.reference and all(s.kind == StepKind.DECODE for s in order):
+            return self._prepare_decodes(order, bm)
+        return self._prepare_lists(order, bm)
+
+    def _prepare_lists(self, order: list[ScheduledRequest], bm: BlockManager):
+        """Any batch's inputs, built from lists (prefill chunks, verifies, the reference path)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -300,7 +308,8 @@ class ModelRunner:
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
-        groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
+        groups = self._decode_groups(dec_lens, lambda a, b, width: self._block_rows(dec_tables[a:b], width)) \
+            if dec_lens else []
         md = AttentionMetadata(
             slot_mapping=self._to_device(slots),
             num_decode_tokens=len(dec_tables),
@@ -313,41 +322,55 @@ class ModelRunner:
         )
         return self._to_device(ids), self._to_device(pos), md
 
-    def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
+    def _prepare_decodes(self, order: list[ScheduledRequest], bm: BlockManager):
+        """_prepare of an all-decode step, from the block tables kept across steps: no list of lists per
+        step. md.seqs stays empty (only the reference path reads it)."""
+        d = decode_inputs([s.request for s in order], self.block_tables, bm)
+        groups = self._decode_groups(d.lens, lambda a, b, width: self._to_device(d.tables[a:b, :width].reshape(-1)))
+        md = AttentionMetadata(slot_mapping=self._to_device(d.slots), num_decode_tokens=len(order),
+                               decode_groups=groups, block_size=self.block_size, backend=self.backend)
+        return self._to_device(d.ids), self._to_device(d.positions), md
+
+    def _decode_groups(self, lens: list[int], block_rows: Callable[[int, int, int], torch.Tensor]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
         The native kernel and FlexAttention read each context to its own length: one group, no padding
-        mask (the native kernel takes the lengths on the host, FlexAttention on the device)."""
+        mask (the native kernel takes the lengths on the host, FlexAttention on the device).
+        block_rows(start, end, width): rows start..end's block tables cut or padded to width, flattened."""
         bs, groups, start = self.block_size, [], 0
         flex = self.backend.flex is not None and self.backend.flex.fn is not None  # not disabled by a failure
         if self.backend.native_decode is not None or flex:
             max_blocks = -(-lens[-1] // bs)
-            ctx_lens = torch.tensor(lens) if self.backend.native_decode is not None else self._to_device(lens)
-            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None, ctx_lens)]
+            ctx_lens = host_ints(lens) if self.backend.native_decode is not None else self._to_device(lens)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, block_rows(0, len(lens), max_blocks), None, ctx_lens)]
         while start < len(lens):
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
                 end += 1
             max_blocks = -(-lens[end - 1] // bs)
             max_ctx = max_blocks * bs  # whole blocks are gathered; the tail past each length is masked
-            p = torch.arange(max_ctx)
-            valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
-            mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
+            group_lens = host_ints(lens[start:end])
+            padding = torch.arange(max_ctx).unsqueeze(0) >= group_lens.unsqueeze(1)
+            mask = torch.zeros(padding.shape, dtype=self.dtype).masked_fill_(padding, float("-inf"))  # (n, max_ctx)
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
-            groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
-                                      self._to_device(mask)[:, None, :], torch.tensor(lens[start:end])))
+            groups.append(DecodeGroup(start, end - start, max_ctx, block_rows(start, end, max_blocks),
+                                      self._to_device(mask)[:, None, :], group_lens))
             start = end
         return groups
 
     def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
         """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
-        rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
-        return self._to_device(rows).reshape(-1)
+        flat: list[int] = []
+        for t in tables:
+            row = t[:max_blocks]
+            flat += row
+            flat += [0] * (max_blocks - len(row))
+        return self._to_device(flat)
 
     def _to_device(self, values) -> torch.Tensor:
         """A step input (a list of ints, or a host tensor) on the device. On CUDA through pinned host
         memory, so the copy is asynchronous: from pageable memory a non_blocking copy still waits."""
-        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+        host = values if isinstance(values, torch.Tensor) else host_ints(values)
         if self.device.type != "cuda":
             return host.to(self.device)
         return host.pin_memory().to(self.device, non_blocking=True)
