@@ -275,11 +275,10 @@ class LLMEngine:
             t_run = time.perf_counter()
             self._run(sched, outputs, finished)
             t_done = time.perf_counter()
-            self.scheduler.observe(sched.num_prefill_tokens, sum(s.num_tokens for s in sched.scheduled),
-                                   t_done - t_run)
-            if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
-                rows = sched.num_decode_tokens + sched.num_verify_tokens
-                self.spec.observe_step(len(sched.scheduled), rows, t_done - t_propose)
+            prefill, decode, verify = sched.token_counts()
+            self.scheduler.observe(prefill, prefill + decode + verify, t_done - t_run)
+            if prefill == 0:  # what a decode or verify step of this many rows costs here
+                self.spec.observe_step(len(sched.scheduled), decode + verify, t_done - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
@@ -422,13 +421,14 @@ class LLMEngine:
     def _update(self, result: StepResult, outputs: Outputs, finished: list[Request]) -> None:
         """Each request's share of the step; one whose own processing raises (its detokenizer, its
         verification) fails alone, like one whose logits were not finite."""
+        now = time.perf_counter()  # when the step's tokens came: one time for all of them
         for i, s in enumerate(result.order):
             req = s.request
             if i in result.failed:
                 self._fail(req, result.failed[i], outputs, finished)
                 continue
             try:
-                self._update_one(i, s, result, outputs)
+                self._update_one(i, s, result, outputs, now)
             except Exception as exc:  # noqa: BLE001 (this request's own failure: the others go on)
                 self._fail(req, f"{type(exc).__name__}: {exc}", outputs, finished)
                 continue
@@ -436,7 +436,7 @@ class LLMEngine:
                 self._finish(req, req.status)
                 finished.append(req)
 
-    def _update_one(self, i: int, s, result: StepResult, outputs: Outputs) -> None:
+    def _update_one(self, i: int, s, result: StepResult, outputs: Outputs, now: float) -> None:
         req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
         token, lp = result.sampled[i], result.logprobs[i]
         if i in result.verify_logits:
@@ -455,7 +455,7 @@ class LLMEngine:
         if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
             self.counters.prompt += req.num_prompt_tokens
             self.counters.cached += req.num_cached_tokens if req.num_preemptions == 0 else 0
-        text = append_token(req, token, self.eos_token_ids, self.max_model_len)
+        text = append_token(req, token, self.eos_token_ids, self.max_model_len, now)
         self.counters.generated += 1
         outputs[req.request_id] = make_output(req, [token], text, [lp] if lp is not None else None, piece)
 

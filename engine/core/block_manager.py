@@ -176,7 +176,10 @@ class BlockManager:
         copies: list[tuple[int, int]] = []
         write_block = num_computed_tokens // self.block_size
         cow = write_block < len(table) and self._ref_count[table[write_block]] > 1
-        if self.blocks_needed(request_id, num_tokens) + int(cow) > len(self._free):
+        need = max(0, -(-num_tokens // self.block_size) - len(table))
+        if not need and not cow:  # most decode steps: the table covers the token, its block is its own
+            return True, copies
+        if need + int(cow) > len(self._free):
             return False, copies
         if cow:
             src = table[write_block]

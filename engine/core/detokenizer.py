@@ -132,6 +132,9 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text):]
 
     def _release(self, new_text: str, final: bool) -> str:
+        if not self._stop:  # nothing to hold back for (the common request): all of it goes out
+            self._text += new_text
+            return new_text
         text = self._pending + new_text
         if self._stop:
             cut = _first_stop(text, self._stop)

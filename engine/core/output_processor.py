@@ -6,10 +6,14 @@ import time
 from engine.core.request import Request, RequestStatus
 from engine.events import RequestOutput, RequestTimeline, TokenLogprob, TokenSource
 
+_DECODED = (TokenSource.DECODED,)
 
-def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_len: int) -> str:
-    """Add one sampled token; returns the newly released text. Sets req.status when it finishes."""
-    now = time.perf_counter()
+
+def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_len: int,
+                 now: float | None = None) -> str:
+    """Add one sampled token; returns the newly released text. Sets req.status when it finishes. `now`:
+    when the token came (default: now; a step passes one time for all its tokens)."""
+    now = time.perf_counter() if now is None else now
     if req.first_token_time is None:
         req.first_token_time = now
     req.last_token_time = now
@@ -38,15 +42,17 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
         )
     detok = req.detokenizer
     first, last, n = req.first_token_time, req.last_token_time, req.num_output_tokens
+    reason = req.status.finish_reason
     return RequestOutput(
         request_id=req.request_id,
         new_token_ids=tuple(new_ids),
         new_text=new_text,
         token_ids=tuple(req.output_token_ids),
         text=detok.text if detok else "",
-        finished=req.is_finished,
-        finish_reason=req.status.finish_reason,
-        sources=tuple(sources) if sources is not None else (TokenSource.DECODED,) * len(new_ids),
+        finished=reason is not None,
+        finish_reason=reason,
+        sources=tuple(sources) if sources is not None else (_DECODED if len(new_ids) == 1 else
+                                                             (TokenSource.DECODED,) * len(new_ids)),
         logprobs=logprobs,
         num_prompt_tokens=req.num_prompt_tokens,
         error=req.error,

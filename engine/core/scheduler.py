@@ -53,17 +53,24 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
 
+    def token_counts(self) -> tuple[int, int, int]:
+        """(prefill, decode, verify) tokens scheduled, in one pass."""
+        counts = {StepKind.PREFILL: 0, StepKind.DECODE: 0, StepKind.VERIFY: 0}
+        for s in self.scheduled:
+            counts[s.kind] += s.num_tokens
+        return counts[StepKind.PREFILL], counts[StepKind.DECODE], counts[StepKind.VERIFY]
+
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.PREFILL)
+        return self.token_counts()[0]
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.DECODE)
+        return self.token_counts()[1]
 
     @property
     def num_verify_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.VERIFY)
+        return self.token_counts()[2]
 
     @property
     def is_empty(self) -> bool:
@@ -173,7 +180,6 @@ class Scheduler:
         prompt_budget = self.prompt_budget(now, self._prompt_work() if self.config.tpot_budget_ms else None)
         triage = self.config.ttft_budget_ms is not None and self.config.enable_chunked_prefill
         prompting: list[Request] = []  # with a TTFT budget: running prompts, ordered with the waiting ones
-        scheduled_ids: set[str] = set()
         # 1. Running requests: decodes and unfinished prefill chunks, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -200,7 +206,6 @@ class Scheduler:
                 req.spec_token_ids.clear()
                 kind = StepKind.DECODE if pending == 1 and not req.in_prompt else StepKind.PREFILL
             out.scheduled.append(ScheduledRequest(req, n, kind))
-            scheduled_ids.add(req.request_id)
             budget -= n
             if kind == StepKind.PREFILL:
                 prompt_budget -= n
