@@ -83,7 +83,7 @@ def host_engine(args) -> LLMEngine:
     tokens = n * (args.prompt_tokens + (args.steps + 8) * 2)
     engine = bench_engine(args, fused_decode=False, compile=False, max_num_seqs=n,
                           max_num_batched_tokens=max(512, n * args.prompt_tokens),
-                          num_kv_blocks=-(-tokens // 16) + 2 * n, enable_prefix_caching=False)
+                          num_kv_blocks=-(-tokens // 16) + 2 * n)
     return engine
 
 
@@ -93,7 +93,9 @@ def _prompts(engine: LLMEngine, n: int, length: int) -> list[list[int]]:
 
 
 def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[str]:
-    """Every prompt added and prefilled, every stream decoding; `steps` decode steps left to each."""
+    """Every prompt added and prefilled, every stream decoding; `steps` decode steps left to each. The prefix
+    cache (on, as by default: each full block is hashed as it fills) is emptied first: no round starts warm."""
+    engine.block_manager.reset_prefix_cache()
     ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=steps + 4, ignore_eos=True, seed=i))
            for i, p in enumerate(prompts)]
     while any(not r.output_token_ids for r in engine.scheduler.running) or engine.scheduler.waiting:
