@@ -51,15 +51,18 @@ def main() -> int:
               "checkouts": {k: str(v) for k, v in sides.items()}, "rounds": args.rounds,
               "bench_args": args.bench_args, "cpu": first["cpu"].get("model"), "threads": first["threads"],
               "cpu_tier": first["cpu_tier"], "engine": first["engine"], "vocab_size": first["vocab_size"],
-              "noop_replaced": first["noop_replaced"], "load_average_each_round": [round(x, 2) for x in loads],
+              "noop_replaced": first["noop_replaced"], "clocks": first["clocks"],
+              "load_average_each_round": [round(x, 2) for x in loads],
               "us_per_step": {}}
     for mode, by_streams in first["us_per_step"].items():
         for n in by_streams:
-            each = {name: [run["us_per_step"][mode][n]["median"] for run in runs[name]] for name in sides}
-            med = {name: statistics.median(v) for name, v in each.items()}
-            result["us_per_step"][f"{mode} {n}"] = {
-                "before": round(med["before"], 1), "after": round(med["after"], 1),
-                "before_over_after": round(med["before"] / med["after"], 2), "each_round": each}
+            row = {}
+            for clock, key in (("wall", "median"), ("cpu", "cpu_median")):
+                each = {name: [run["us_per_step"][mode][n][key] for run in runs[name]] for name in sides}
+                med = {name: statistics.median(v) for name, v in each.items()}
+                row[clock] = {"before": round(med["before"], 1), "after": round(med["after"], 1),
+                              "before_over_after": round(med["before"] / med["after"], 2), "each_round": each}
+            result["us_per_step"][f"{mode} {n}"] = row
     text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text)

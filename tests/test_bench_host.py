@@ -41,7 +41,8 @@ def test_bench_host_writes_its_json(tiny_llama, tmp_path):
     assert len(result["load_average_each_round"]) == 3  # before the rounds and after each
     for mode in ("greedy", "sampled"):
         one, three = result["us_per_step"][mode]["1"], result["us_per_step"][mode]["3"]
-        assert len(one["each_round"]) == 2 and one["median"] > 0 and three["median"] > 0
+        assert len(one["each_round"]) == len(one["cpu_each_round"]) == 2 and one["median"] > 0 and three["median"] > 0
+        assert 0 < one["cpu_median"] and one["cpu_meets_target"] == (one["cpu_median"] <= 150.0)
         assert one["target"] == 150.0 and one["meets_target"] == (one["median"] <= 150.0)
         assert three["tokens_per_s_ceiling"] == pytest.approx(3e6 / three["median"], rel=1e-3)
         sections = result["breakdown"][f"{mode} 3 streams"]["cumulative_under_cprofile"]
