@@ -14,6 +14,7 @@ token instead of two decodes of the window; the window is then decoded only to f
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: the core never loads anything
@@ -70,10 +71,13 @@ class IncrementalDetokenizer:
         """Generated tokens whose text is still incomplete (part of a UTF-8 character)."""
         return len(self._ids) - self._read_offset
 
-    def push(self, token_ids: list[int]) -> str:
+    def push(self, token_ids: Sequence[int]) -> str:
         """Add generated tokens; return the text newly released by them (possibly "")."""
         if self.stopped or self.finished:
             return ""
+        if len(token_ids) == 1:  # a decode step's one token
+            self._ids.append(token_ids[0])
+            return self._release(self._decode_new(), final=False)
         decoded = []
         for token_id in token_ids:
             self._ids.append(token_id)

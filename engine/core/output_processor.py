@@ -17,17 +17,18 @@ def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_l
     if req.first_token_time is None:
         req.first_token_time = now
     req.last_token_time = now
-    req.output_token_ids.append(token)
-    params = req.sampling_params
+    out = req.output_token_ids
+    out.append(token)
+    params, detok = req.sampling_params, req.detokenizer
     if token in params.stop_token_ids or (token in stop_ids and not params.ignore_eos):
         req.status = RequestStatus.FINISHED_STOPPED
-        return req.detokenizer.finish() if req.detokenizer else ""
-    text = req.detokenizer.push([token]) if req.detokenizer else ""
-    if req.detokenizer is not None and req.detokenizer.stopped:
+        return detok.finish() if detok else ""
+    text = detok.push((token,)) if detok else ""
+    if detok is not None and detok.stopped:
         req.status = RequestStatus.FINISHED_STOPPED
-    elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= max_model_len:
+    elif len(out) >= params.max_tokens or len(req.prompt_token_ids) + len(out) >= max_model_len:
         req.status = RequestStatus.FINISHED_LENGTH
-        text += req.detokenizer.finish() if req.detokenizer else ""
+        text += detok.finish() if detok else ""
     return text
 
 

@@ -23,7 +23,7 @@ from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
 from engine.runner.input_batch import BlockTables, decode_inputs, host_ints
-from engine.runner.step_result import NONFINITE, StepResult, read_back_step, take_verifies
+from engine.runner.step_result import NONFINITE, StepResult, producing_rows, read_back_step, take_verifies
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
@@ -185,18 +185,7 @@ class ModelRunner:
         else:
             hidden = self.forward(order, bm)
             self.last_path = PATH_LAYERS
-        # Rows that produce a token: the last position of each request that reaches its end; every
-        # position of a verify run (one per draft token, plus the bonus position).
-        rows, producers, verify_spans = [], [], []
-        offset = 0
-        for s in order:
-            offset += s.num_tokens
-            if s.kind == StepKind.VERIFY:
-                verify_spans.append((s, len(rows), s.num_tokens))
-                rows.extend(range(offset - s.num_tokens, offset))
-            elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
-                producers.append((s, len(rows)))
-                rows.append(offset - 1)
+        rows, producers, verify_spans = producing_rows(order)
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
         step = StepResult(order, sampled, logprobs, 0)
@@ -210,7 +199,10 @@ class ModelRunner:
             where = {id(s): i for i, s in enumerate(order)}
             result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
                                                         self.verify_decisions)
-            if result is not None:
+            if result is not None and len(producers) == len(order):  # every request, in order (all decodes)
+                sampled[:], logprobs[:] = result.token_ids, result.logprobs
+                step.failed.update({j: NONFINITE for j in result.failed})
+            elif result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
@@ -371,6 +363,8 @@ class ModelRunner:
         """A step input (a list of ints, or a host tensor) on the device. On CUDA through pinned host
         memory, so the copy is asynchronous: from pageable memory a non_blocking copy still waits."""
         host = values if isinstance(values, torch.Tensor) else host_ints(values)
+        if self.device.type == "cpu":
+            return host  # already there (a .to() would still cost a dispatch)
         if self.device.type != "cuda":
             return host.to(self.device)
         return host.pin_memory().to(self.device, non_blocking=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.core.scheduler import ScheduledRequest
+from engine.events import StepKind
 from engine.models.layers.read_back import to_host
 from engine.models.layers.sampler import SampleResult, sample
 from engine.runner.fused import FusedDecode
@@ -31,6 +32,26 @@ class StepResult:
     # order index -> a verify's decisions (greedy: each row's argmax; sampling: its acceptances and residual
     # samples; engine/spec/verify.py decide_on_device), read back with the sampled tokens
     verify_host: dict[int, list[int]] = field(default_factory=dict)
+
+
+def producing_rows(order: list[ScheduledRequest]) -> tuple[list[int], list, list]:
+    """The flat batch's rows that produce tokens: the last position of each request that reaches its end;
+    every position of a verify run (one per draft token, plus the bonus position). Returns (those rows,
+    [(request, its index among them)], [(verify, its first index among them, its rows)])."""
+    if all(s.kind == StepKind.DECODE for s in order):  # the steady state: a decode's one token is its last
+        n = len(order)
+        return list(range(n)), list(zip(order, range(n))), []
+    rows, producers, verify_spans = [], [], []
+    offset = 0
+    for s in order:
+        offset += s.num_tokens
+        if s.kind == StepKind.VERIFY:
+            verify_spans.append((s, len(rows), s.num_tokens))
+            rows.extend(range(offset - s.num_tokens, offset))
+        elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+            producers.append((s, len(rows)))
+            rows.append(offset - 1)
+    return rows, producers, verify_spans
 
 
 def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, greedy,
