@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.block_manager import BlockManager
+from engine.runner import model_runner
 from engine.runner.input_batch import BlockTables, host_ints
 
 ops = st.lists(st.tuples(st.sampled_from(["add", "grow", "fork", "write", "truncate", "free", "step"]),
@@ -77,9 +78,10 @@ def same_inputs(a, b) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_decode_steps_inputs_equal_the_lists_path(tiny_llama, seed):
+def test_decode_steps_inputs_equal_the_lists_path(tiny_llama, seed, monkeypatch):
     """A running engine whose requests come, finish, are aborted and preempted (a cache of 40 blocks of 4):
     every all-decode step's inputs from the kept tables equal those built from lists."""
+    monkeypatch.setattr(model_runner, "KEPT_TABLES_MIN_ROWS", 1)  # every all-decode step, however few rows
     eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=40, block_size=4,
                                  max_num_seqs=8, attention_backend="fast"))
     runner, checked = eng.runner, []
