@@ -88,8 +88,10 @@ def host_engine(args) -> LLMEngine:
 
 
 def _prompts(engine: LLMEngine, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens from the corpus, each from its own offset (read round the corpus where it
+    is short): no two share a first block, so none is a prefix-cache hit of another."""
     corpus = corpus_tokens(engine.tokenizer)
-    return [corpus[i * length : (i + 1) * length] for i in range(n)]
+    return [[corpus[(i * 101 + j) % len(corpus)] for j in range(length)] for i in range(n)]
 
 
 def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[str]:
@@ -164,6 +166,15 @@ def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
     return {"cumulative_under_cprofile": sections, "most_own_time": own}
 
 
+def _decode_attention(backend) -> str:
+    """Which decode attention the step's metadata is prepared for (each path has its own host work)."""
+    if backend.native_decode is not None:
+        return "native kernel (lengths and block rows, one group)"
+    if backend.flex is not None and backend.flex.fn is not None:
+        return "FlexAttention (lengths and block rows on the device, one group)"
+    return "eager (groups of similar lengths, a padding mask each)"
+
+
 def run(args) -> dict:
     if min(args.streams) < 1 or args.steps < 1 or args.rounds < 1:
         raise ValueError("--streams, --steps and --rounds must be 1 or more")
@@ -185,6 +196,7 @@ def run(args) -> dict:
         loads.append(_load())
     out: dict = {"noop_replaced": NOOP_REPLACED, "engine": engine.compute_line(),
                  "vocab_size": engine.model_config.vocab_size, "attention_backend": engine.runner.backend.name,
+                 "decode_attention": _decode_attention(engine.runner.backend),
                  "prompt_tokens": args.prompt_tokens, "steps_per_round": args.steps, "rounds": args.rounds,
                  "load_average_each_round": loads, "sampling": {m: repr(SAMPLING[m]) for m in args.sampling},
                  "clocks": "median: wall-clock µs a step (what a client waits); cpu_median: the engine thread's CPU "
