@@ -73,3 +73,13 @@ def test_stream_text_is_the_full_decode(tokenizers):
     deltas, tail, text, _ = run(tok, [], ids, (), 1, True)
     assert all("\ufffd" not in d for d in deltas) and tail == ""
     assert "".join(deltas) == text == TEXT == tok.decode(ids)
+
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_windows(tiny_llama):
+    """The library's stream does not clean up spaces after decoding (transformers' clean_up_tokenization_spaces):
+    such a tokenizer keeps the window path, as before this change."""
+    tok = Tokenizer.from_folder(tiny_llama)
+    assert IncrementalDetokenizer(tok, [], [])._step is not None
+    tok._clean_up_spaces = True
+    assert tok.decode_stream([], True) is None and IncrementalDetokenizer(tok, [], [])._step is None
