@@ -87,7 +87,9 @@ def row_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chunk_max = torch.cat([chunk_max, logits[:, k * ARGMAX_CHUNK :].amax(dim=-1, keepdim=True)], dim=1)
     start = chunk_max.argmax(dim=-1, keepdim=True) * ARGMAX_CHUNK  # the first chunk holding the maximum (or NaN)
     # the last chunk may be short: its window repeats the last column, after the real ones
-    cols = (start + _CHUNK_COLUMNS).clamp_(max=vocab - 1)
+    cols = start + _CHUNK_COLUMNS
+    if k * ARGMAX_CHUNK < vocab:
+        cols.clamp_(max=vocab - 1)
     within = logits.gather(1, cols).argmax(dim=-1, keepdim=True)
     return (start + within).squeeze(1), chunk_max.amax(dim=-1)  # the row's maximum is its token's logit
 
@@ -109,17 +111,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         chosen = torch.empty(n, dtype=torch.long, device=logits.device)
     if rows:  # each row's maximum (for a greedy row the same number: its token's logit, or NaN)
         peak = logits.amax(dim=-1)
-    # (n,) rows that fail; their tokens are dropped below
-    bad = ~(torch.isfinite(peak) & torch.isfinite(logits.amin(dim=-1)))
+    # (n,) rows that are finite; the others fail, their tokens dropped below
+    finite = torch.stack((peak, logits.amin(dim=-1))).isfinite().all(dim=0)
     if rows:
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
-        sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
+        sub.masked_fill_(finite[rows].logical_not().unsqueeze(1), 0.0)
         probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
         # each request's own generator (its seed); the draws stay on the device, written in one op
         draws = [torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs.unbind(0), rows)]
         chosen[rows] = torch.cat(draws)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
-    ints = [chosen, bad.long()]
+    ints = [chosen, finite]  # (torch.cat makes the flags integers)
     if want:
         lp = logits[want].log_softmax(dim=-1)
         top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
@@ -131,12 +133,12 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         ints.append(extra.long())
     host = to_host(torch.cat(ints))  # the one copy back
     floats: list[float] = []
-    if want:  # after the tokens, the failed flags and the top ids
+    if want:  # after the tokens, the finite flags and the top ids
         start = 2 * n + len(want) * top_n
         floats = floats_from_bits(host[start : start + len(want) * (top_n + 1)])
     token_ids: list[int | None] = host[:n]
     flags = host[n : 2 * n]
-    failed = [i for i, bad_row in enumerate(flags) if bad_row] if any(flags) else []
+    failed = [] if all(flags) else [i for i, ok in enumerate(flags) if not ok]
     for i in failed:
         token_ids[i] = None
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * n
