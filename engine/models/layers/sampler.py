@@ -9,10 +9,12 @@ emitting a silent token (argmax over NaN is token 0) or making torch.multinomial
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import torch
 
+from engine.kernels.gpu.launches import transfer
 from engine.models.layers.read_back import float_bits, floats_from_bits, to_host
 from engine.sampling_params import SamplingParams
 
@@ -62,19 +64,50 @@ def shape_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     return logits
 
 
+def noise_seed(seed: int, num_tokens: int) -> int:
+    """The Triton sampler's per-row noise seed (engine/kernels/gpu/sampling.py) for a request's seed and its
+    token count: a seeded request draws the same tokens every run."""
+    return hash((seed, num_tokens)) & 0x7FFFFFFF
+
+
+def _kernel_params(params: list[SamplingParams], seeds: list[int], device: torch.device) -> list[torch.Tensor]:
+    """Temperature (float32), top-k (int32), top-p (float32) and noise seed (int32) of every row, in one copy to
+    the device: float32 values travel as their bits in one int32 tensor."""
+    n = len(params)
+    floats = struct.unpack(f"{2 * n}i", struct.pack(f"{2 * n}f", *(p.temperature for p in params),
+                                                    *(p.top_p for p in params)))
+    ints = [*floats[:n], *(min(p.top_k, 2**31 - 1) for p in params), *floats[n:], *seeds]
+    packed = torch.tensor(ints, dtype=torch.int32)
+    transfer("sampling_params")
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    return [packed[:n].view(torch.float32), packed[n : 2 * n], packed[2 * n : 3 * n].view(torch.float32),
+            packed[3 * n :]]
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], extra: torch.Tensor | None = None) -> SampleResult:
+           generators: list[torch.Generator | None], extra: torch.Tensor | None = None,
+           kernels=None, seeds: list[int] | None = None) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
     integers on the same device that the caller wants on the host too (SampleResult.extra), in the same
     copy (the runner's verify rows).
 
     Everything runs where the logits are; the host reads the results back once, logprobs included (as
     float32 bit patterns in the same integer copy): no per-row .item(), which on a GPU would wait for the
-    device once per request."""
+    device once per request.
+
+    `kernels` (the CUDA path's Triton kernels, engine/kernels/gpu): every row sampled and checked in one kernel
+    (greedy, temperature, top-k, top-p), its noise keyed by `seeds` (noise_seed of each row's request) instead of
+    the generators."""
     n = logits.shape[0]
-    bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
-    chosen = logits.argmax(dim=-1)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if kernels is not None:
+        drawn = kernels.sample(logits, *_kernel_params(params, seeds or [0] * n, logits.device))
+        chosen, bad = drawn[:n], drawn[n:]
+    else:
+        bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
+        chosen = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy] if kernels is None else []
     if rows:
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
         sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
@@ -82,7 +115,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         for j, i in enumerate(rows):  # each request's own generator (its seed); stays on the device
             chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
-    ints = [chosen, bad.long()]
+    ints = [drawn] if kernels is not None else [chosen, bad.long()]
     if want:
         lp = logits[want].log_softmax(dim=-1)
         top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
@@ -92,7 +125,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         ints.append(float_bits(torch.cat([chosen_lp, top_vals.flatten()])))
     if extra is not None:
         ints.append(extra.long())
-    host = to_host(torch.cat(ints))  # the one copy back
+    host = to_host(torch.cat(ints) if len(ints) > 1 else ints[0])  # the one copy back
     floats: list[float] = []
     if want:  # after the tokens, the failed flags and the top ids
         start = 2 * n + len(want) * top_n
