@@ -23,7 +23,7 @@ IMAGE_PACKAGES = (
     "jinja2", "markdown-it-py", "markupsafe", "mdurl", "mpmath", "networkx", "ninja", "numpy", "nvidia-ml-py",
     "packaging", "peft", "pluggy", "prometheus-client", "psutil", "pygments", "pytest", "pytest-timeout",
     "pyyaml", "regex", "requests", "rich", "safetensors", "setuptools", "shellingham", "sortedcontainers",
-    "sympy", "tokenizers", "torch", "tqdm", "transformers", "typer", "typing-extensions", "urllib3",
+    "sympy", "tokenizers", "torch", "tqdm", "transformers", "triton", "typer", "typing-extensions", "urllib3",
 )
 # What the image lacks and the check must do without: never linked, even where a local version of an
 # image package asks for it.
