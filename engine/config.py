@@ -122,7 +122,8 @@ class EngineConfig:
     # In the fused decode step, 4- and 8-bit layers (and an int8 lm_head) quantize their activation row to
     # int8 (one scale per 32 columns, as llama.cpp's Q8 activations) and multiply with integer dot products
     # (AVX-512 VNNI where present): fewer instructions per weight. Off: the exact bf16-activation bodies.
-    # Its quality cost: `python scripts/q8_quality.py` (figures in the README). Switchable at run time.
+    # Its quality cost: `python scripts/q8_quality.py` (figures in docs/measurements/kernels.md). Switchable at run
+    # time.
     int8_activations: bool = knob_default("int8_activations")
     # The native kernels' first build on a machine (engine/kernels, ~25-60 s, once per ISA tier): "wait"
     # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels

@@ -55,7 +55,7 @@ def add_bench_args(p, engine_args) -> None:
                     help="llama-server's parallel slots (-np, continuous batching) for the same requests")
     tp.add_argument("--llama-threads", type=int, default=None,
                     help="llama-server's threads (default: the engine's; on a busy machine its spinning threads "
-                         "stall with more threads than free cores, see the README)")
+                         "stall with more threads than free cores, see docs/llama-cpp.md)")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
