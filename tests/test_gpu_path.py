@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import build_tiny_model
 from triton_setup import DEVICE, needs_triton
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -86,6 +85,7 @@ def test_a_nonfinite_row_fails_its_request_alone(tiny_llama, value):
 
 def _decode_step_launches(tmp_path, layers: int, **kw) -> dict:
     from engine.kernels.gpu.launches import counting
+    from tests.conftest import build_tiny_model
 
     model = build_tiny_model(tmp_path / f"layers-{layers}", "llama", num_hidden_layers=layers)
     eng = _engine(model, **kw)

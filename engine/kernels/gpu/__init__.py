@@ -15,7 +15,7 @@ library's matrix products (cuBLAS) and the embedding lookup.
 Triton is imported only when these kernels are used: on CUDA, or on the CPU under Triton's interpreter
 (TRITON_INTERPRET=1 with CPU tensors, how the test suite runs every kernel against the torch layers). The
 CPU engine never imports it. Every launch goes through `launches.launch`, which counts kernels where a
-count was asked for (tests/test_gpu_launches.py holds a decode step to its budget).
+count was asked for (tests/test_gpu_path.py holds a decode step to its budget).
 """
 from __future__ import annotations
 
