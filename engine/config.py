@@ -108,10 +108,11 @@ class EngineConfig:
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
     # ~15 % faster prefill GEMMs at 47 rows) at the price of a second copy of those weights.
     pack_weights: bool = knob_default("pack_weights")
-    # CUDA: replay all-decode steps from CUDA graphs captured per padded batch-size and context bucket
-    # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
-    # buffers run without capture (what the tests check). Off by default.
-    cuda_graphs: bool = False
+    # CUDA: replay all-decode steps from CUDA graphs captured at engine build, one per padded batch-size
+    # bucket up to max_num_seqs, over static buffers (engine/runner/graphs.py). None (the default): on where
+    # the engine runs on CUDA, off elsewhere; False: off (--no-cuda-graphs). On the CPU, True runs the same
+    # static buffers without capture (what the tests check).
+    cuda_graphs: bool | None = knob_default("cuda_graphs")
     # bf16 on the CPU, 16-bit KV cache, compile off: a step of decodes and chain verifies (up to two calls of
     # 8 rows) without LoRA adapters runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged
     # attention, MLP, lm_head) in one native call a batch (engine/runner/fused.py) instead of ~360 small
@@ -121,7 +122,8 @@ class EngineConfig:
     # In the fused decode step, 4- and 8-bit layers (and an int8 lm_head) quantize their activation row to
     # int8 (one scale per 32 columns, as llama.cpp's Q8 activations) and multiply with integer dot products
     # (AVX-512 VNNI where present): fewer instructions per weight. Off: the exact bf16-activation bodies.
-    # Its quality cost: `python scripts/q8_quality.py` (figures in the README). Switchable at run time.
+    # Its quality cost: `python scripts/q8_quality.py` (figures in docs/measurements/kernels.md). Switchable at run
+    # time.
     int8_activations: bool = knob_default("int8_activations")
     # The native kernels' first build on a machine (engine/kernels, ~25-60 s, once per ISA tier): "wait"
     # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels

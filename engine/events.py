@@ -153,6 +153,10 @@ class MemorySnapshot:
     # the captured CUDA graphs' memory pool, measured (torch's reserved bytes across each capture); 0 on the
     # CPU, where the static buffers run uncaptured; None with EngineConfig.cuda_graphs off
     graphs_bytes: int | None = None
+    # the most a step's activations take (logits and sampling included), measured by the start-up profile
+    # step on a GPU (the KV cache was sized to leave it free); None where not measured (the CPU: there
+    # activation_bytes is the last step's, computed from its shapes)
+    activation_peak_bytes: int | None = None
 
     @property
     def kv_bytes_total(self) -> int:

@@ -106,10 +106,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compile", _BOOL, False, run_time=True),
     Knob("fused_decode", _BOOL, True, run_time=True),
     Knob("int8_activations", _BOOL, True, run_time=True),
-    Knob("cuda_graphs", _BOOL, False, run_time=True),  # CUDA graphs for all-decode steps (engine/runner/graphs.py)
+    # CUDA graphs for all-decode steps (engine/runner/graphs.py); None: on where the engine runs on CUDA
+    Knob("cuda_graphs", _BOOL, None, run_time=True, optional=True),
     # fixed when the engine is built
     Knob("dtype", _STR, "auto", choices=("auto", "bfloat16", "float16", "float32")),
-    Knob("attention_backend", _STR, "native", choices=("fast", "compiled", "native", "flex", "reference")),
+    Knob("attention_backend", _STR, "native", choices=("fast", "compiled", "native", "flex", "triton", "reference")),
     Knob("kv_cache_dtype", _STR, "auto", choices=("auto", "int8")),
     Knob("kernel_build", _STR, "wait", choices=("wait", "background")),
     Knob("gpu_memory_utilization", _FLOAT, 0.90, low=0.0, high=1.0, low_exclusive=True),

@@ -121,7 +121,7 @@ class LLMEngine:
                                       stream_kernel=stream_kernel, matmul_dtype=wide,
                                       profile_graphs=(lambda: profile_graph_bytes(self.model, mc, config, self.device,
                                                                                   self.dtype))
-                                      if config.cuda_graphs else None)
+                                      if self.graphs_wanted(config) else None)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -137,7 +137,7 @@ class LLMEngine:
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
-        self._use_graphs(config.cuda_graphs, startup=True, progress=progress)
+        self._use_graphs(self.graphs_wanted(config), startup=True, progress=progress)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -378,17 +378,23 @@ class LLMEngine:
                 or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
                                       int8_activations=cfg.int8_activations)
-        self._use_graphs(bool(cfg.cuda_graphs))
+        self._use_graphs(self.graphs_wanted(cfg))
+
+    def graphs_wanted(self, config: EngineConfig) -> bool:
+        """EngineConfig.cuda_graphs, with None (the default) read as: on where the engine runs on CUDA."""
+        return self.device.type == "cuda" if config.cuda_graphs is None else bool(config.cuda_graphs)
 
     def _use_graphs(self, enabled: bool, startup: bool = False, progress: Progress | None = None) -> None:
-        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA;
-        at start-up every batch bucket is captured at once (engine/runner/graphs.py), switched on at run
-        time they are captured as steps need them."""
-        if enabled != (self.runner.graphs is not None):
-            self.runner.invalidate_graphs()
-            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda") if enabled else None
-            if enabled and startup:
-                self.runner.graphs.build_all(self.runner, self.config.max_num_seqs, self.max_model_len, progress)
+        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA.
+        Every batch bucket is captured at once (engine/runner/graphs.py) when they are first switched on: at
+        start-up, inside the memory the KV cache left for them, or between two steps (outside it: the cache
+        was sized without them). Switched off, they are kept, and switched on again they serve as captured."""
+        if enabled == (self.runner.graphs is not None):
+            return
+        if self.runner.park_graphs(enabled) is None and enabled:
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
+            self.runner.graphs.build_all(self.runner, self.config.max_num_seqs, self.max_model_len,
+                                         progress if startup else None)
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -594,7 +600,8 @@ class LLMEngine:
         return snapshot(self._device_memory, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
                         bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
                         lora.device_bytes if lora else 0, lora.host_bytes if lora else 0,
-                        self.runner.graphs.pool_bytes if self.runner.graphs is not None else None)
+                        self.runner.graphs.pool_bytes if self.runner.graphs is not None else None,
+                        self.weights.kv_sizing.peak_step_bytes or None if self.device.type == "cuda" else None)
 
     def block_map(self) -> BlockMapSnapshot:
         return self.block_manager.snapshot()

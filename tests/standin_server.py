@@ -57,7 +57,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def vllm_args(argv: list[str], dropped: set[str]) -> argparse.Namespace:
-    """`vllm serve [model_tag] [options]` (vllm/entrypoints/cli/serve.py, engine/arg_utils.py)."""
+    """`vllm serve [model_tag] [options]` (vllm/entrypoints/cli/serve.py, vllm/engine/arg_utils.py)."""
     if argv[:1] != ["serve"]:
         Parser("vllm", set()).error(f"argument subparser: invalid choice: {argv[:1]} (choose from 'serve')")
     p = Parser("vllm serve", dropped)

@@ -1,4 +1,5 @@
-"""The layering rules of ARCHITECTURE.md, enforced with import-linter."""
+"""The layering rules in pyproject.toml's import-linter contracts (docs/architecture.md explains them), enforced
+by running lint-imports."""
 from __future__ import annotations
 
 import shutil

@@ -187,9 +187,9 @@ def test_both_engines_are_registered_for_inferlab_tune():
 
 
 @pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
-def test_the_readme_shows_each_tables_current_description(engine):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert describe_table(engine) in readme  # regenerate the README's tables when a table changes
+def test_the_docs_show_each_tables_current_description(engine):
+    page = (Path(__file__).parents[1] / "docs" / "servers.md").read_text()
+    assert describe_table(engine) in page  # regenerate the docs' tables when a table changes
 
 
 def test_inferlab_tune_show_flags_prints_the_engines_table(capsys):

@@ -11,7 +11,17 @@ import torch
 import engine.kernels as kernels
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.background_load import background_load
-from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
+from app.bench.rounds import (
+    MODE_KNOBS,
+    MODES,
+    alternate,
+    bench_engine,
+    hf_model,
+    kernels_used,
+    median_run,
+    memory_breakdown,
+    warm_up,
+)
 from app.load.workload import corpus_tokens
 from app.result_file import write_or_print
 from engine.perf.probe import cpu_description
@@ -45,7 +55,7 @@ def add_bench_args(p, engine_args) -> None:
                     help="llama-server's parallel slots (-np, continuous batching) for the same requests")
     tp.add_argument("--llama-threads", type=int, default=None,
                     help="llama-server's threads (default: the engine's; on a busy machine its spinning threads "
-                         "stall with more threads than free cores, see the README)")
+                         "stall with more threads than free cores, see docs/llama-cpp.md)")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
@@ -250,7 +260,7 @@ def _decode(args) -> dict:
     tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
-           "engine": engine.compute_line(), "kernels": kernels_used(engine),
+           "engine": engine.compute_line(), "kernels": kernels_used(engine), "memory": memory_breakdown(engine),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}

@@ -1,4 +1,4 @@
-"""The app's keyboard shortcuts as data: the menus bind them, `inferlab --help` and the README list them."""
+"""The app's keyboard shortcuts as data: the menus bind them, `inferlab --help` and docs/app.md list them."""
 from __future__ import annotations
 
 KEYS: tuple[tuple[str, str], ...] = (

@@ -14,7 +14,14 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.events import ForwardPath, StepKind
-from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.models.layers.attention import (
+    EAGER,
+    AttentionBackend,
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillBatch,
+    PrefillSeq,
+)
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import INT8_ROWS, PROMPT_ROWS
 from engine.models.llama import LlamaForCausalLM
@@ -78,6 +85,7 @@ class ModelRunner:
         self.matmul_dtype = matmul_dtype
         self.backend = dataclasses.replace(backend, matmul_dtype=matmul_dtype) if matmul_dtype else backend
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
+        self._parked_graphs: DecodeGraphs | None = None  # graphs switched off, kept for switching on (park_graphs)
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
         # EngineConfig.int8_activations: the fused step's products, and quantized layers' many rows (INT8_ROWS)
@@ -111,12 +119,12 @@ class ModelRunner:
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                  previous=self.backend, wait=wait_kernels)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
-            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None)
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None, triton=None)
         if self.matmul_dtype is not None:
             backend = dataclasses.replace(backend, matmul_dtype=self.matmul_dtype)
         self.backend = backend
         self.fused = None
-        if (fused_decode and not compile and not backend.reference and not self.kv_int8
+        if (fused_decode and not compile and not backend.reference and not self.kv_int8 and backend.triton is None
                 and self.device.type == "cpu" and self.dtype == torch.bfloat16):
             from engine.kernels import fused_decode_kernel
 
@@ -129,9 +137,19 @@ class ModelRunner:
         """The C++ paged-decode module the backend runs decodes with, or None."""
         return self.backend.native_decode
 
+    def park_graphs(self, on: bool) -> DecodeGraphs | None:
+        """Switch the decode graphs off (kept, as captured) or on again (the kept ones, if any: a bench that
+        alternates modes captures once, not once a round). Returns the graphs now on, or None."""
+        if on and self.graphs is None:
+            self.graphs, self._parked_graphs = self._parked_graphs, None
+        elif not on and self.graphs is not None:
+            self._parked_graphs, self.graphs = self.graphs, None
+        return self.graphs
+
     def invalidate_graphs(self) -> None:
         """Captured graphs read the K/V tensors and weights they were recorded with: drop them when
-        either changes (the next decode steps capture again)."""
+        either changes (the next decode steps capture again; parked ones too)."""
+        self._parked_graphs = None
         if self.graphs is not None:
             self.graphs.invalidate()
         if self.fused is not None:  # it holds the layers' tensors and the caches too
@@ -204,7 +222,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
-                                                        self.verify_decisions)
+                                                        self.verify_decisions, self.backend.triton)
             if result is not None and len(producers) == len(order):  # every request, in order (all decodes)
                 sampled[:], logprobs[:] = result.token_ids, result.logprobs
                 step.failed.update({j: NONFINITE for j in result.failed})
@@ -279,6 +297,8 @@ class ModelRunner:
         prefills: list[PrefillSeq] = []
         dec_tables, dec_lens = [], []
         tree_masks: dict[int, torch.Tensor] = {}
+        triton = self.backend.triton is not None  # every prompt chunk reads its whole context from the cache
+        chunk_tables: list[list[int]] = []  # the Triton prefill's chunks' tables (tree verifies excluded)
         for s in order:
             req = s.request
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
@@ -301,12 +321,14 @@ class ModelRunner:
                 dec_lens.append(end)
             else:
                 ctx_blocks = None
-                if start > 0:
+                if start > 0 or triton:
                     ctx_blocks = self._to_device(table[: -(-end // bs)])
                 prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
+                elif triton:
+                    chunk_tables.append(table)
         groups = self._decode_groups(dec_lens, lambda a, b, width: self._block_rows(dec_tables[a:b], width)) \
             if dec_lens else []
         md = AttentionMetadata(
@@ -318,8 +340,17 @@ class ModelRunner:
             block_size=bs,
             tree_masks=tree_masks,
             backend=self.backend,
+            prefill_batch=self._prefill_batch(prefills, chunk_tables) if chunk_tables else None,
         )
         return self._to_device(ids), self._to_device(pos), md
+
+    def _prefill_batch(self, prefills: list[PrefillSeq], tables: list[list[int]]) -> PrefillBatch:
+        """The Triton prefill kernel's view of the step's prompt chunks (tree verifies take their own path)."""
+        chunks = [p for p in prefills if p.tree_mask is None]
+        width = max(-(-p.ctx_len // self.block_size) for p in chunks)
+        return PrefillBatch(self._block_rows(tables, width).view(len(chunks), width),
+                            self._to_device([p.q_start for p in chunks]), self._to_device([p.q_len for p in chunks]),
+                            self._to_device([p.ctx_len for p in chunks]), max(p.q_len for p in chunks))
 
     def _prepare_decodes(self, order: list[ScheduledRequest], bm: BlockManager):
         """_prepare of an all-decode step, from the block tables kept across steps: no list of lists per
@@ -334,11 +365,11 @@ class ModelRunner:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
         The native kernel and FlexAttention read each context to its own length: one group, no padding
-        mask (the native kernel takes the lengths on the host, FlexAttention on the device).
+        mask (the native kernel takes the lengths on the host, FlexAttention and the Triton kernel on the device).
         block_rows(start, end, width): rows start..end's block tables cut or padded to width, flattened."""
         bs, groups, start = self.block_size, [], 0
         flex = self.backend.flex is not None and self.backend.flex.fn is not None  # not disabled by a failure
-        if self.backend.native_decode is not None or flex:
+        if self.backend.native_decode is not None or flex or self.backend.triton is not None:
             max_blocks = -(-lens[-1] // bs)
             ctx_lens = host_ints(lens) if self.backend.native_decode is not None else self._to_device(lens)
             return [DecodeGroup(0, len(lens), max_blocks * bs, block_rows(0, len(lens), max_blocks), None, ctx_lens)]

@@ -15,7 +15,7 @@ the token, load too.) The heads are trained by `inferlab train-mtp` on text the 
 Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
 the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one
 pass with a tree attention mask (engine/models/layers/attention.py) and keeps the longest path it agrees with
-(engine/spec_decode.verify_tree).
+(engine/spec/verify.py, verify_tree).
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ Progress = Callable[[str, float | None], None]
 OPENING_TOKENS = 24  # tokens of a self-written opening (self_prompted)
 # at most this many draft tokens (the answers' most frequent): ranking them is most of a proposal's cost
 DRAFT_VOCAB_MAX = 4096
-RANK = None  # the heads' rank by default (None: full matrices); chosen by held-out accuracy, see README
+# the heads' rank by default (None: full matrices); chosen by held-out accuracy (docs/measurements/speculative.md)
+RANK = None
 WEIGHT_DECAY = 0.0
 
 

@@ -1,6 +1,6 @@
 """One engine's flag table as Markdown: which flag carries each knob, where the spelling was read, and the
 launch line the table itself builds for a plain point (what `inferlab tune --engine X --show-flags`
-prints and what README.md shows)."""
+prints and what docs/servers.md shows)."""
 from __future__ import annotations
 
 import shlex
