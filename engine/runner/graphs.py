@@ -16,8 +16,8 @@ inputs from static buffers that every step fills in place.
   (whole-block gather + matmuls) under an additive mask built from the context lengths on the device,
   before the replay, so its graphs are captured per context bucket as steps need them.
 - One copy in a step: the token ids, positions, slots, context lengths and block tables of a bucket are
-  views of one device tensor, filled from one pinned host tensor (a table row is written only as far as
-  the row's own blocks: the paged kernels read no further, the gather's mask hides the rest).
+  views of one device tensor, filled from one pinned host tensor by a few tensor copies (the tables from
+  the rows the runner keeps across steps, engine/runner/input_batch.py: no list of lists a step).
 - Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
   for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
   not on the native kernel or the compiled decode attention, uncompiled. Anything else runs the
@@ -47,6 +47,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest
 from engine.events import StepKind
 from engine.models.layers.attention import AttentionMetadata, DecodeGroup
+from engine.runner.input_batch import DecodeInputs, decode_inputs, host_ints
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -183,13 +184,12 @@ class DecodeGraphs:
         """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
         bs = runner.block_size
         n = len(order)
-        tables = [bm.block_table(s.request.request_id) for s in order]
-        lens = [s.request.num_computed_tokens + 1 for s in order]
+        d = decode_inputs([s.request for s in order], runner.block_tables, bm)  # from tables kept across steps
         b = batch_bucket(n)
-        c = self._context_for(runner, b, context_bucket(-(-max(lens) // bs)))
+        c = self._context_for(runner, b, context_bucket(-(-max(d.lens) // bs)))
         st = self._steps.get((b, c)) or self._new_step(runner, b, c)
         self.num_runs += 1
-        _fill_inputs(st, order, tables, lens, b, c, bs)
+        _fill_inputs(st, d, n, b, c)
         st.inputs.copy_(st.host, non_blocking=True)  # the step's one copy in
         if st.mask is not None:  # the gathering attention's mask, from the lengths, on the device
             valid = torch.arange(c * bs, device=st.inputs.device).unsqueeze(0) < st.ctx_lens.unsqueeze(1)
@@ -263,21 +263,17 @@ def _forward(runner, st: StaticStep) -> torch.Tensor:
     return runner.model(st.ids, st.positions, runner.kv_caches, st.md)
 
 
-def _fill_inputs(st: StaticStep, order: list[ScheduledRequest], tables: list[list[int]], lens: list[int], b: int,
-                 c: int, bs: int) -> None:
-    """The step's inputs into the bucket's host tensor (its numpy view: whole rows at C speed). Padding rows
-    repeat row 0 (the same token, position, slot, context and table): they compute row 0's values, so the K/V
-    they write into row 0's slot are row 0's own, and their outputs are cut."""
-    n = len(order)
-    host = st.host.numpy()
-    ids = [s.request.token_slice(ln - 1, ln)[0] for s, ln in zip(order, lens)]
-    slots = [t[(ln - 1) // bs] * bs + (ln - 1) % bs for t, ln in zip(tables, lens)]
-    for k, values in enumerate((ids, [ln - 1 for ln in lens], slots, lens)):
+def _fill_inputs(st: StaticStep, d: DecodeInputs, n: int, b: int, c: int) -> None:
+    """The step's inputs into the bucket's host tensor: a few tensor copies, whatever the batch (the block
+    tables come from the rows kept across steps, engine/runner/input_batch.py). Padding rows repeat row 0
+    (the same token, position, slot, context and table): they compute row 0's values, so the K/V they write
+    into row 0's slot are row 0's own, and their outputs are cut."""
+    host = st.host
+    for k, values in enumerate((d.ids, d.positions, d.slots, host_ints(d.lens))):
         host[k * b : k * b + n] = values
         host[k * b + n : (k + 1) * b] = values[0]
-    rows = host[4 * b :].reshape(b, c)
-    for i, t in enumerate(tables):  # each row as far as its own blocks (see the module doc)
-        t = t[:c]
-        rows[i, : len(t)] = t
+    rows = host[4 * b :].view(b, c)
+    width = min(c, d.tables.shape[1])
+    rows[:n, :width] = d.tables[:, :width]  # past a row's own blocks: zeros (block 0), never read unmasked
     if n < b:
         rows[n:] = rows[0]
