@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.server.serve_knobs import serve_command
+from app.knob_args import serve_command
 from app.tradeoff.point_quality import reusable_perplexity
 
 

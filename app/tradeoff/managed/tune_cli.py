@@ -38,8 +38,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--weights", action="append", default=[], metavar="BITS=PATH",
                    help="what the server loads at BITS weight bits (repeatable; overrides the defaults)")
     p.add_argument("--server-bin", default=None, help="the server's executable (default: looked up)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8], help="requests decoded at once (server slots)")
+    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4], help="weight bits")
     p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
     p.add_argument("--kv-dtype", nargs="+", default=["default"],
                    help="KV cache element types in the engine's names; 'default' adds no flag")
@@ -47,10 +47,11 @@ def add_tune_args(p) -> None:
                    help="requests/s, one run each per point; the highest gives the point's figures (default 100: "
                         "every request at once, the server saturated, as the explorer keeps its batch full)")
     p.add_argument("--num-requests", type=int, default=8, help="requests per rate")
-    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"))
+    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"),
+                   help="each request's answer length, drawn in [MIN, MAX]")
     p.add_argument("--quality-prompts", type=int, default=4, help="held-out prompts for greedy agreement")
     p.add_argument("--quality-tokens", type=int, default=16, help="greedy tokens per held-out prompt")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts, lengths, arrivals)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
     p.add_argument("--slo-tpot", type=float, default=0.2, help="seconds")
     p.add_argument("--threads", type=int, default=None, help="the server's threads (default: its own)")
@@ -65,8 +66,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--json", metavar="OUT", help="where the result goes (required unless --show-flags)")
     p.add_argument("--show-flags", action="store_true",
                    help="print the engine's flag table (knob -> flag, the version it was read from) and exit")
-    p.add_argument("--csv", metavar="OUT")
-    p.add_argument("--png", metavar="OUT")
+    p.add_argument("--csv", metavar="OUT", help="also write the points as CSV")
+    p.add_argument("--png", metavar="OUT", help="also draw the points and the frontier as a PNG (no display needed)")
 
 
 def find_executable(engine: ServerEngine, given: str | None) -> str:
