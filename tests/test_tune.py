@@ -174,8 +174,9 @@ def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monke
     monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
     said = []
     assert gguf.gguf_variants("folder", (16, 8, 4), say=said.append) == {16: bf16}
-    assert said == [f"skipping 8-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q8_0 GGUF",
-                    f"skipping 4-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q4_1 GGUF"]
+    assert said == [f"skipping 8-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no Q8_0 "
+                    "GGUF", f"skipping 4-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no "
+                    "Q4_1 GGUF"]
     (tmp_path / "m-abc.q8_0.gguf").write_bytes(b"GGUF")  # made once: found by name, nothing is run
     assert gguf.quantized_gguf(bf16, 8) == tmp_path / "m-abc.q8_0.gguf"
 

@@ -4,14 +4,17 @@ x: tokens/s per user (log), y: $ per million tokens at the editable GPU-hour pri
 top-1 agreement with the 16-bit model (measured; grey when not measured). Measured points are filled;
 predicted points (a cost model's, for other models and devices) are hollow and say "predicted".
 Hovering shows a point's configuration; clicking a measured point emits sigApply(config), right-clicking
-it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Only
-frontier points and one point per predicted group get a label, placed so that no two overlap.
+it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Frontier points and one point
+per predicted group get a full label, every other measured point a short one (batch, bits, drafts), placed
+so that no two overlap (where none fits, hover names it). A point measured several times shows the least
+and the most of its runs as bars.
 """
 from __future__ import annotations
 
 import csv
 import math
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -32,6 +35,8 @@ from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PR
     predicted_label,
     quality_color,
     server_label,
+    short_label,
+    spread_bars,
     sweep_config,
     sweep_label,
 )
@@ -86,6 +91,8 @@ class TradeoffPanel(Panel):
         self._scatter = pg.ScatterPlotItem(size=13, hoverable=True, tip=self._tip)
         self._scatter.sigClicked.connect(self._on_clicked)
         self._ring = pg.ScatterPlotItem(size=26, symbol="o", brush=None, pen=pg.mkPen("#fdd663", width=3))
+        self._spread = pg.ErrorBarItem(x=np.zeros(0), y=np.zeros(0), pen=pg.mkPen("#9aa0a6", width=1.5), beam=0.0)
+        p.addItem(self._spread)  # a point measured several times: the least and the most of its runs
         p.addItem(self._scatter)
         p.addItem(self._ring)
         self._empty = Overlay(self._plot)
@@ -237,6 +244,8 @@ class TradeoffPanel(Panel):
                           "brush": None if predicted else pg.mkBrush(color),
                           "pen": pg.mkPen(_NONE if predicted else color.darker(130), width=2)})
         self._scatter.setData(spots)
+        bars = spread_bars(self._points, pos, self.price_per_hour())
+        self._spread.setData(**{k: np.asarray(v, dtype=float) for k, v in bars.items()})
         if pos:
             xs, ys = [x for x, _ in pos.values()], [y for _, y in pos.values()]
             set_log_ticks(self._plot.getAxis("bottom"), min(xs), max(xs))
@@ -260,6 +269,9 @@ class TradeoffPanel(Panel):
             if label in pos:
                 groups.setdefault((p["model"], p["device"]), label)
         out += [(label, f"{m} on {d} ({PREDICTED})") for (m, d), label in groups.items()]
+        labelled = {key for key, _text in out}  # then every other measured point, short, where it fits
+        out += [(label, text) for label, p in self._points.items()
+                if label in pos and label not in labelled and (text := short_label(p))]
         return out
 
     def _place_labels(self, pos: dict) -> None:

@@ -3,6 +3,8 @@ point's label (a sweep's, a predicted one's, a managed server's: engine, model a
 label fits on screen."""
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QColor
 
@@ -39,6 +41,34 @@ def sweep_config(p: dict) -> dict:
     if p.get("group_size") and p["bits"] != 16:
         config["quant_group_size"] = p["group_size"]
     return config
+
+
+def short_label(p: dict) -> str | None:
+    """A measured point's label where its full one is not shown (off the frontier): batch, bits, drafts;
+    None for a point without them (a live configuration's)."""
+    if not all(isinstance(p.get(k), int) for k in ("batch", "bits")):
+        return None
+    return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+
+
+def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], price: float) -> dict[str, list]:
+    """pyqtgraph ErrorBarItem arguments (log10 coordinates) for the points measured more than once: the
+    least and the most of their per-user tokens/s (x) and $/1M tokens (y, from the total tokens/s)."""
+    out: dict[str, list] = {k: [] for k in ("x", "y", "left", "right", "top", "bottom")}
+    for label, p in points.items():
+        spread = p.get("spread") or {}
+        users, totals = spread.get("tokens_per_s_user"), spread.get("tokens_per_s_total")
+        if label not in pos or not users or not totals or min(*users, *totals) <= 0:
+            continue
+        x, y = (math.log10(v) for v in pos[label])
+        dear, cheap = cost_per_million_tokens(price, totals[0]), cost_per_million_tokens(price, totals[1])
+        out["x"].append(x)
+        out["y"].append(y)
+        out["left"].append(max(0.0, x - math.log10(users[0])))
+        out["right"].append(max(0.0, math.log10(users[1]) - x))
+        out["top"].append(max(0.0, math.log10(dear) - y))
+        out["bottom"].append(max(0.0, y - math.log10(cheap)))
+    return out
 
 
 def predicted_label(p: dict) -> str:
