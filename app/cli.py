@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="show the measured comparisons `inferlab prepare --profile NAME` stored (default: "
+                             "$INFERLAB_PROFILE, else the shared store)")
     from app.host.managed_args import add_manage_args
 
     add_manage_args(parser)

@@ -119,9 +119,11 @@ def check_flag(result: dict) -> tuple[str, str]:
     """The chapter check's word on the panel (app/talk/compare/prepare_chapter.py writes "checks"), short
     enough for a projector, and its full text for the tooltip: each claim the figures contradict, the
     likely reasons (their names on screen, the figures in the tooltip), a fallback measured instead.
-    ("", "") when every claim holds or none was checked."""
+    ("", "") when every claim holds or none was checked. A stored result that is not what the last
+    `inferlab prepare` wrote ("store_note", app/talk/compare/profile.py) says so first."""
     broken = [v for v in result.get("checks", []) if v.get("holds") is False]
-    short = [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    note = [result["store_note"]] if isinstance(result.get("store_note"), str) else []
+    short = note + [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
     full = list(short)
     reasons = result.get("check_reasons") or ["no reason found on this machine"]
     if broken:

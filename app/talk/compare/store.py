@@ -1,6 +1,10 @@
 """Stored comparison results, per machine, model and configuration (JSON in the user data dir).
 
-    <user data dir>/inferlab/comparisons/<machine key>/<model key>/<preset>.json
+    <data dir>/comparisons/<machine key>/<model key>/<preset>.json                  (no profile)
+    <data dir>/profiles/<profile>/comparisons/<machine key>/<model key>/<preset>.json  (--profile NAME)
+
+(the data dir and profiles: app/talk/compare/profile.py; `prepare` records what it wrote in prepared.json
+beside the results.)
 
 Each file holds one preset's result as run_comparison returns it:
     {"title", "knob", "metrics": [names], "chart": [names], "metric_info": {name: text}, "workload",
@@ -18,15 +22,15 @@ import json
 import re
 from pathlib import Path
 
-from app.data_dir import data_root
 from app.json_shape import finite_number, list_of, text_or_none
 from app.talk.compare.machine import machine_key
+from app.talk.compare.profile import profile_root
 
 SUBDIR = "comparisons"
 
 
 def store_root() -> Path:
-    return data_root() / SUBDIR
+    return profile_root() / SUBDIR
 
 
 def model_key(model: str) -> str:
