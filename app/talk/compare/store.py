@@ -117,7 +117,7 @@ def malformed(data: dict) -> str | None:
     text_lists = [data.get(k, []) for k in ("metrics", "chart", "check_reasons")]
     if not all(list_of(v, lambda x: isinstance(x, str)) for v in text_lists):
         return "metric or reason lists that are not texts"
-    if not all(text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built")):
+    if not all(text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built", "headline", "regime")):
         return "a title, knob, time or note of the wrong kind"
     if not isinstance(data.get("rounds", 1), int) or not _checks_ok(data.get("checks", [])):
         return "rounds or checks of the wrong kind"
@@ -131,7 +131,8 @@ def malformed(data: dict) -> str | None:
 def prepared_json(model: str, machine: dict, results: dict[str, dict]) -> dict:
     """The `inferlab prepare --json` document."""
     keep = ("title", "measured_at", "comparison", "metrics", "chart", "knob", "metric_info", "fingerprint",
-            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload", "capacity")
+            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload", "capacity",
+            "headline", "knee", "regime")
     presets = {name: {k: r[k] for k in keep if k in r}
                for name, r in results.items()}
     return {"machine": machine, "model": model, "presets": presets}
