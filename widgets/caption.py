@@ -7,6 +7,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 from widgets.theme import PHASE_COLORS
 
 _NORMAL_PT = (13.0, 10.0)  # (title, caption) point sizes
+_COMPACT_PT = (11.0, 9.0)  # the normal window on a small screen: the caption leaves the panels their lines
 _PRESENTER_PT = (24.0, 17.0)
 
 
@@ -17,6 +18,7 @@ class CaptionBanner(QFrame):
         self.setAutoFillBackground(True)
         self.setBackgroundRole(QPalette.ColorRole.AlternateBase)
         self._presenter = False
+        self._compact = False
         self._screen_scale = 1.0  # presenter fonts for a 1080-line screen, scaled to the one in use
         self._title = QLabel()
         self._caption = QLabel()
@@ -51,6 +53,12 @@ class CaptionBanner(QFrame):
         self._screen_scale = min(1.0, max(0.6, screen_height / 1080))
         self._apply_fonts()
 
+    def set_compact(self, compact: bool) -> None:
+        self._compact = compact
+        self.layout().setContentsMargins(*((8, 4, 8, 4) if compact else (12, 8, 12, 8)))
+        self.layout().setSpacing(2 if compact else 4)
+        self._apply_fonts()
+
     def reset(self) -> None:
         self.set_caption("", "")
         self.set_cue("")
@@ -61,7 +69,7 @@ class CaptionBanner(QFrame):
 
     def _apply_fonts(self) -> None:
         title_pt, caption_pt = ((p * self._screen_scale for p in _PRESENTER_PT) if self._presenter
-                                else _NORMAL_PT)
+                                else _COMPACT_PT if self._compact else _NORMAL_PT)
         font = self.font()
         font.setPointSizeF(title_pt)
         font.setBold(True)

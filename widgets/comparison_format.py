@@ -135,3 +135,33 @@ def check_flag(result: dict) -> tuple[str, str]:
         first = [v["claim"] for v in fallback.get("first_try", []) if v.get("holds") is False]
         full.append(short[-1] + (f" (the first try contradicted: {'; '.join(first)})" if first else ""))
     return "\n".join(short), "\n".join(full)
+
+
+def _pair(result: dict, name: str, rows: list[dict]) -> tuple[dict, dict]:
+    """The two configurations the headline compares: those of the chapter's first claim on the headline
+    metric (config vs than), else the last measured against the first."""
+    def find(label):
+        return next((r for r in rows if label in (r.get("label"), r.get("spec_label"))), None)
+    for check in result.get("checks", []):
+        if check.get("metric") == name and check.get("config") and check.get("than"):
+            a, b = find(check["config"]), find(check["than"])
+            if a is not None and b is not None and a is not b:
+                return a, b
+    return rows[-1], rows[0]
+
+
+def headline_line(result: dict) -> str:
+    """The chapter's number in one line: its headline metric for the two configurations it is about, with
+    their ratio ("decode tokens/s: max_num_seqs = 8 61.2 vs max_num_seqs = 1 21.0 (2.91x)")."""
+    metrics = result.get("metrics") or []
+    name = result.get("headline") if result.get("headline") in metrics else (metrics[0] if metrics else None)
+    rows = [r for r in result.get("comparison", []) if name and r["metrics"].get(name) is not None]
+    if not rows:
+        return ""
+    if len(rows) == 1:
+        return f"{metric_label(name)}: {rows[0]['label']} {value_with_unit(name, rows[0]['metrics'][name])}"
+    a, b = _pair(result, name, rows)
+    va, vb = a["metrics"][name], b["metrics"][name]
+    ratio = ratio_text(va, vb)
+    return (f"{metric_label(name)}: {a['label']} {format_value(name, va)} vs {b['label']} "
+            f"{format_value(name, vb)}" + (f" ({ratio})" if ratio else ""))

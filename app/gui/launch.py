@@ -86,7 +86,8 @@ def run_gui(args) -> int:
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(host, settings, persist=False)
+        # a screenshot's --size stands for the screen it opens on: the window fits it as it would a real one
+        window = MainWindow(host, settings, persist=False, screen_size=args.size or SCREENSHOT_SIZE)
         window.controller.interactive = False
         window.resize(*(args.size or SCREENSHOT_SIZE))
     else:
