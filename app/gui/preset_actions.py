@@ -53,6 +53,8 @@ class PresetActions:
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
+        if hasattr(self.verbs, "live_scale"):  # the rate follows what the engine serves now (live_scale.py)
+            self.verbs.live_scale.start(preset.load.arrival_rate)
         self.state.load_values = {}  # the preset's workload, until a slider moves
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, **asdict(preset.load),  # the Load generator's rows
