@@ -80,5 +80,12 @@ def test_the_controller_scales_and_the_slider_takes_over(qapp, tiny_llama):
         assert ctl.live_scale.preset_rate == 1.0  # still scaling
         w.panels.controls.sigLoadChanged.emit({"arrival_rate": 2.0})  # the user's slider
         assert ctl.state.arrival_rate == 2.0 and ctl.live_scale.preset_rate is None
+        from app.gui.tradeoff_actions import run_sweep_load
+
+        ctl.live_scale.start(1.0)
+        run_sweep_load(ctl, 8)  # the explorer's "Run the sweep's load": its batch always in flight
+        load = ctl.presets.load_config()
+        assert (load.arrival_rate, load.num_users, load.think_time_s) == (0.0, 8, 0.0) and ctl.load_running
+        assert ctl.live_scale.preset_rate is None  # a load the user chose: not scaled
     finally:
         close_window(w)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
 from widgets.command_bar import CommandBar
@@ -32,6 +32,7 @@ from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PR
     PREDICTED,
     cost_per_million_tokens,
     free_spot,
+    gap_text,
     predicted_label,
     quality_color,
     server_label,
@@ -54,6 +55,7 @@ class TradeoffPanel(Panel):
     sigCopyCommand = Signal(dict)  # a measured point's engine configuration, as a `inferlab serve` line
     sigCopyText = Signal(str)  # a managed server's point: its command line, as it ran
     sigRunPoint = Signal(str)  # a managed server's point (its label): run it in a window of its own
+    sigSweepLoad = Signal(int)  # "Run the sweep's load": this many requests always in flight, live
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -61,6 +63,8 @@ class TradeoffPanel(Panel):
         self._predicted: dict[str, dict] = {}
         self._frontier: list[str] = []
         self._current: str | None = None
+        self._applied: str | None = None  # the sweep point last applied: the ring stays on it
+        self._live: str | None = None  # the live configuration's point meanwhile
         self._labels: dict[str, pg.TextItem] = {}
         self._price = QDoubleSpinBox()
         self._price.setRange(0.0, 1000.0)
@@ -70,13 +74,26 @@ class TradeoffPanel(Panel):
         self._price.setSuffix(" / GPU-hour")
         self._price.setValue(DEFAULT_PRICE_PER_HOUR)
         self._price.valueChanged.connect(self._on_price_changed)
-        self._sweep = QPushButton("Run sweep")
+        self._sweep = QPushButton("Run sweep (S)")
         self._sweep.setToolTip("batch 1/8/32 x 16/8/4 bits x draft 0/4 on separate engines (a few minutes); "
                                "the live requests finish first (new load pauses, nothing is aborted) and the "
                                "live panels are not touched")
         self._sweep.clicked.connect(self.sigSweep)
         self._export = QPushButton("Export…")
         self._export.clicked.connect(self.sigExport)
+        self._show_predicted = QCheckBox("7B/70B predicted")
+        self._show_predicted.setChecked(True)
+        self._show_predicted.setToolTip("the cost model's hollow squares for larger models on A100/H100/H200: "
+                                        "off, the plot's axes fit the measured points alone")
+        self._show_predicted.toggled.connect(lambda _on: self._mark_dirty())
+        self._gap = QLabel()  # why the live point sits off the applied sweep point
+        self._gap.setWordWrap(True)
+        self._gap.hide()
+        self._sweep_load = QPushButton("Run the sweep's load")
+        self._sweep_load.setToolTip("the live load as the sweep measured: the point's batch of requests always in "
+                                    "flight, no waiting (the arrival-rate slider takes it back)")
+        self._sweep_load.clicked.connect(self._on_sweep_load)
+        self._sweep_load.hide()
         self._legend = QLabel()
         self._legend.setWordWrap(True)
         self._legend.setTextFormat(Qt.TextFormat.RichText)
@@ -102,13 +119,18 @@ class TradeoffPanel(Panel):
         row = QHBoxLayout()
         row.addWidget(QLabel("price"))
         row.addWidget(self._price)
+        row.addWidget(self._show_predicted)
         row.addStretch(1)
         row.addWidget(self._export)
         row.addWidget(self._sweep)
+        gap = QHBoxLayout()
+        gap.addWidget(self._gap, 1)
+        gap.addWidget(self._sweep_load, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(row)
         layout.addWidget(self._plot, 1)
+        layout.addLayout(gap)
         layout.addWidget(self._command)
         layout.addWidget(self._legend)
         self._on_palette_changed()
@@ -171,8 +193,28 @@ class TradeoffPanel(Panel):
         return [dict(p) for p in self._points.values() if p["source"] == "sweep"]
 
     def set_current(self, label: str | None) -> None:
-        self._current = label
+        """The live configuration's point; while a sweep point applied is pinned, the ring stays on it and
+        the live point is compared with it under the plot."""
+        if self._applied is not None:
+            self._live = label
+        else:
+            self._current = label
         self._mark_dirty()
+
+    def set_applied(self, label: str | None) -> None:
+        """Pin the ring on an applied sweep point (None: the sliders moved; the ring follows the live point)."""
+        self._applied = label if label in self._points else None
+        if self._applied is not None:
+            self._current = self._applied
+        elif self._live is not None:
+            self._current = self._live
+        self._live = None if self._applied is None else self._live
+        self._mark_dirty()
+
+    def _on_sweep_load(self) -> None:
+        p = self._points.get(self._applied or "")
+        if p is not None and isinstance(p.get("batch"), int):
+            self.sigSweepLoad.emit(p["batch"])
 
     def set_price_per_hour(self, price: float) -> None:
         self._price.setValue(price)
@@ -184,7 +226,7 @@ class TradeoffPanel(Panel):
         self._points.clear()
         self._predicted.clear()
         self._frontier = []
-        self._current = None
+        self._current = self._applied = self._live = None
         self._command.set_command("", "")
         self._mark_dirty()
         self.flush()
@@ -225,7 +267,8 @@ class TradeoffPanel(Panel):
     # --- painting -----------------------------------------------------------------------------
     def _positions(self) -> dict[str, tuple[float, float]]:
         price, out = self.price_per_hour(), {}
-        for label, p in list(self._points.items()) + list(self._predicted.items()):
+        predicted = list(self._predicted.items()) if self._show_predicted.isChecked() else []
+        for label, p in list(self._points.items()) + predicted:
             cost = cost_per_million_tokens(price, p["tokens_per_s_total"])
             # log axes: only positive finite coordinates (a throughput near the float limit costs 0 $)
             if cost and math.isfinite(cost) and p["tokens_per_s_user"] and 0 < p["tokens_per_s_user"] < math.inf:
@@ -256,8 +299,16 @@ class TradeoffPanel(Panel):
         cur = pos.get(self._current or "")
         self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
         self._plot.getPlotItem().setLabel("left", f"$/1M tokens at ${self.price_per_hour():.2f}/h")
-        self._empty.set_text("" if pos else "No measured points yet — press “Run sweep”.")
+        self._empty.set_text("" if pos else "No measured points yet — press “Run sweep” (S).")
         self._update_legend()
+        self._update_gap()
+
+    def _update_gap(self) -> None:
+        swept, live = self._points.get(self._applied or ""), self._points.get(self._live or "")
+        shown = swept is not None and live is not None and bool(live.get("tokens_per_s_total"))
+        self._gap.setText(gap_text(live, swept) if shown else "")
+        self._gap.setVisible(shown)
+        self._sweep_load.setVisible(shown and isinstance(swept.get("batch"), int))
 
     def _label_candidates(self, pos: dict) -> list[tuple[str, str]]:
         """(label key, text): frontier points first, then one point per predicted (model, device)."""
@@ -362,6 +413,8 @@ class TradeoffPanel(Panel):
                 self.select_point(p["label"])
                 return
             if p is not None and p.get("config"):
+                if not copy and p["source"] == "sweep":
+                    self.set_applied(p["label"])  # the ring moves to it and stays (set_current: the live point)
                 (self.sigCopyCommand if copy else self.sigApply).emit(dict(p["config"]))
                 return
 

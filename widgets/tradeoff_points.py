@@ -98,3 +98,17 @@ def free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: 
 def server_label(engine: str, model: str, point_label: str) -> str:
     """A managed server's point (issue 29): its engine, its model and its point in the app's words."""
     return f"{engine} · {model} · {point_label}"
+
+
+def gap_text(live: dict, swept: dict) -> str:
+    """Why the live point sits off the sweep's point of the same configuration: the sweep kept its batch
+    full (a closed loop, no waiting), the live load is Poisson arrivals at the slider's rate."""
+    batch = swept.get("batch", "?")
+    ratio = swept["tokens_per_s_total"] / live["tokens_per_s_total"] if live.get("tokens_per_s_total") else None
+    rate = (live.get("config") or {}).get("arrival_rate")
+    arrivals = f"arrivals at {rate:g} req/s" if isinstance(rate, (int, float)) else "the live arrivals"
+    times = f" ({ratio:.1f}x the live {live['tokens_per_s_total']:.0f})" if ratio else ""
+    return (f"live: {live['tokens_per_s_user']:.1f} tok/s per user, {live['tokens_per_s_total']:.0f} total with "
+            f"{arrivals}. The sweep measured this configuration with {batch} requests always in flight (its "
+            f"batch full, nothing waiting): {swept['tokens_per_s_total']:.0f} tok/s total{times}. Fewer requests "
+            "in flight, fewer tokens per step.")
