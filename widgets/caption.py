@@ -1,6 +1,7 @@
 """CaptionBanner: the title and caption of the current preset, large in presenter mode."""
 from __future__ import annotations
 
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
@@ -40,6 +41,7 @@ class CaptionBanner(QFrame):
         self._caption.setText(caption)
         self._title.setVisible(bool(title))
         self._caption.setVisible(bool(caption))
+        self.updateGeometry()
 
     def set_cue(self, text: str) -> None:
         """The cue that just played, highlighted under the caption ("" hides the line)."""
@@ -52,6 +54,25 @@ class CaptionBanner(QFrame):
         self._presenter = presenter
         self._screen_scale = min(1.0, max(0.6, screen_height / 1080))
         self._apply_fonts()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """As tall as the text wrapped at the banner's own width: the toolbar holding it asks for a size
+        hint only, which Qt computes for a narrower label, so a long caption got several empty lines."""
+        hint = super().sizeHint()
+        if self.width() > 100:
+            hint.setHeight(self.layout().totalHeightForWidth(self.width()))
+        return hint
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        hint = super().minimumSizeHint()
+        if self.width() > 100:
+            hint.setHeight(self.layout().totalHeightForWidth(self.width()))
+        return hint
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self.updateGeometry()  # a new width wraps the caption to another height
 
     def set_compact(self, compact: bool) -> None:
         self._compact = compact

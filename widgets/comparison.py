@@ -40,6 +40,7 @@ from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
 COMPACT_POINT_SIZE = 10  # the normal window on a small screen: the chart and the headline first
+COMPACT_MIN_WIDTH = 400  # px: a panel growing elsewhere (the latency histograms' text) takes from the others
 QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
 CURVE_MAX_PX = 480  # the curve's height at most when fitted to its panel (pyqtgraph's own size hint)
 EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
@@ -144,6 +145,7 @@ class ComparisonPanel(QWidget):
         self.split.set_point_size(size - 1)
         self._table_point_size = size
         self.set_chart_first(on, least_curve=140 if on else None)
+        self.setMinimumWidth(COMPACT_MIN_WIDTH if on else 0)  # the proof keeps its column's width
         self.set_result(self._result)
 
     def _on_table_toggled(self, on: bool) -> None:

@@ -123,7 +123,10 @@ def check_flag(result: dict) -> tuple[str, str]:
     `inferlab prepare` wrote ("store_note", app/talk/compare/profile.py) says so first."""
     broken = [v for v in result.get("checks", []) if v.get("holds") is False]
     note = [result["store_note"]] if isinstance(result.get("store_note"), str) else []
+    close = [v for v in result.get("checks", []) if v.get("holds") is None and "too close" in str(v.get("figures"))]
     short = note + [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    short += [f"≈ too close to call here: {v['claim']} ({v['figures'].rpartition('(')[2].rstrip(')')})"
+              for v in close]  # the rounds disagreed: no verdict, said
     full = list(short)
     reasons = result.get("check_reasons") or ["no reason found on this machine"]
     if broken:

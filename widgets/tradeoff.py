@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
@@ -25,6 +25,7 @@ from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
 from widgets.theme import style_plot
+from widgets.tradeoff_labels import place_labels
 from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PREDICTED: this module's API too)
     _NONE,
     AGREEMENT_BAD,
@@ -119,7 +120,6 @@ class TradeoffPanel(Panel):
         row = QHBoxLayout()
         row.addWidget(QLabel("price"))
         row.addWidget(self._price)
-        row.addWidget(self._show_predicted)
         row.addStretch(1)
         row.addWidget(self._export)
         row.addWidget(self._sweep)
@@ -132,7 +132,10 @@ class TradeoffPanel(Panel):
         layout.addWidget(self._plot, 1)
         layout.addLayout(gap)
         layout.addWidget(self._command)
-        layout.addWidget(self._legend)
+        legend = QHBoxLayout()
+        legend.addWidget(self._legend, 1)
+        legend.addWidget(self._show_predicted, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(legend)
         self._on_palette_changed()
         self.reset()
 
@@ -295,7 +298,7 @@ class TradeoffPanel(Panel):
             set_log_ticks(self._plot.getAxis("left"), min(ys), max(ys))
         front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
         self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
-        self._place_labels(pos)
+        place_labels(self, pos)
         cur = pos.get(self._current or "")
         self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
         self._plot.getPlotItem().setLabel("left", f"$/1M tokens at ${self.price_per_hour():.2f}/h")
@@ -309,71 +312,6 @@ class TradeoffPanel(Panel):
         self._gap.setText(gap_text(live, swept) if shown else "")
         self._gap.setVisible(shown)
         self._sweep_load.setVisible(shown and isinstance(swept.get("batch"), int))
-
-    def _label_candidates(self, pos: dict) -> list[tuple[str, str]]:
-        """(label key, text): frontier points first, then one point per predicted (model, device)."""
-        out = [(label, label) for label in self._frontier if label in pos]
-        if self._current in pos and self._current not in self._frontier:
-            out.append((self._current, self._current))
-        groups: dict[tuple, str] = {}
-        for label, p in self._predicted.items():
-            if label in pos:
-                groups.setdefault((p["model"], p["device"]), label)
-        out += [(label, f"{m} on {d} ({PREDICTED})") for (m, d), label in groups.items()]
-        labelled = {key for key, _text in out}  # then every other measured point, short, where it fits
-        out += [(label, text) for label, p in self._points.items()
-                if label in pos and label not in labelled and (text := short_label(p))]
-        return out
-
-    def _place_labels(self, pos: dict) -> None:
-        """Greedy: each candidate (frontier points first, then the current configuration, then one per
-        predicted group) takes the first of a few spots around its point (above, below, beside; towards
-        the middle of the plot first) where its text, measured on screen, overlaps no label placed before
-        it, no marker and no edge of the plot; a label with no such spot is not shown (hover shows it)."""
-        fg = self.palette().color(self.palette().ColorRole.Text)
-        logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
-        xs = [v[0] for v in logs.values()] or [0.0]
-        mid_x = (max(xs) + min(xs)) / 2
-        ys = [v[1] for v in logs.values()] or [0.0]
-        vb = self._plot.getPlotItem().vb
-        # the range the view shows, set now (auto-range would only follow at the next paint), so that a
-        # label's place on screen is known while placing it
-        x_range = (min(xs) - 0.08 * (max(xs) - min(xs) or 1), max(xs) + 0.08 * (max(xs) - min(xs) or 1))
-        y_range = (min(ys) - 0.08 * (max(ys) - min(ys) or 1), max(ys) + 0.25 * (max(ys) - min(ys) or 1))
-        vb.setRange(xRange=x_range, yRange=y_range, padding=0)
-        box = vb.sceneBoundingRect()
-
-        def on_screen(lx: float, ly: float) -> QPointF:
-            return QPointF(box.left() + (lx - x_range[0]) / (x_range[1] - x_range[0]) * box.width(),
-                           box.bottom() - (ly - y_range[0]) / (y_range[1] - y_range[0]) * box.height())
-
-        r = self._scatter.opts.get("size", 13) / 2 + 2  # a marker's half-size on screen, and a margin
-        centres = [on_screen(lx, ly) for lx, ly in logs.values()]
-        markers = [QRectF(c.x() - r, c.y() - r, 2 * r, 2 * r) for c in centres]
-        placed: list[QRectF] = []
-        shown = set()
-        for key, text in self._label_candidates(pos):
-            lx, ly = logs[key]
-            item = self._labels.get(key)
-            if item is None:
-                item = self._labels[key] = pg.TextItem()
-                self._plot.addItem(item)
-            item.setText(text)
-            size = item.textItem.boundingRect()  # as drawn: the label's own font (presenter sizes)
-            w, h = size.width(), size.height()
-            spot = free_spot(on_screen(lx, ly), w, h, r, lx > mid_x, box, placed + markers)
-            if spot is None:
-                item.setVisible(False)
-                continue
-            (ax, ay), rect = spot
-            placed.append(rect)
-            item.setColor(fg)
-            item.setAnchor((ax, ay))
-            item.setPos(lx, ly)  # log mode: text items sit in log10 coordinates
-            item.setVisible(True)
-            shown.add(key)
-        for key in set(self._labels) - shown:
-            self._plot.removeItem(self._labels.pop(key))
 
     def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
         """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:

@@ -21,8 +21,8 @@ A preset declares its claims under [compare] as a list of tables:
 `evaluate_checks(checks, result)` gives one verdict per claim: holds True, False, or None when a figure
 is missing or, for higher / lower over several rounds, when fewer than 3 in 4 of the rounds go the way
 the medians go (the difference is inside this machine's run-to-run spread: too close to call, said so,
-rather than a verdict that flips from one prepare to the next). `likely_reasons(result, conditions)` names what on this machine
-may have broken a claim.
+rather than a verdict that flips from one prepare to the next). `likely_reasons(result, conditions)` names
+what on this machine may have broken a claim.
 """
 from __future__ import annotations
 
