@@ -174,6 +174,7 @@ class ComparisonPanel(QWidget):
         if not hasattr(self, "_unavailable"):
             self._unavailable = Overlay(self)
         self._unavailable.set_text("" if available else (why or "not available"))
+        self._scroll.setVisible(available)  # the message alone: its text was drawn over the panel's own
 
     def is_available(self) -> bool:
         return not (hasattr(self, "_unavailable") and self._unavailable.text())
