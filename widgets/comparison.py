@@ -221,6 +221,7 @@ class ComparisonPanel(QWidget):
         self.notes.setText("\n".join(notes))
         self.notes.setVisible(bool(notes))
         self.sigShown.emit()
+        self._fit_compact()
 
     def chart_height(self) -> int:
         """The panel's height that shows its title, its whole chart (bars, curve, time split) and the
@@ -302,6 +303,13 @@ class ComparisonPanel(QWidget):
         if r and not r.get("not_built") and getattr(self, "_table_fitted_to", None) != self._table_width():
             self._fill_table(r, r.get("comparison", []))  # a narrower dock: compact the table again
             self._on_table_toggled(self.show_table.isChecked())
+        self._fit_compact()
+
+    def _fit_compact(self) -> None:
+        """The compact window: the curve as tall as the panel allows with the headline and the "measured"
+        line in view (down to its least height, then the panel scrolls)."""
+        if self._compact and self._result and not self.curve.isHidden():
+            self.fit_chart(self._scroll.viewport().height())
 
     def _fill_chart(self, result: dict, rows: list[dict]) -> None:
         chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]
