@@ -127,6 +127,7 @@ class MainWindow(QMainWindow):
 
     def _build_status_bar(self) -> None:
         self.status_label = QLabel("starting…")
+        self.status_label.setWordWrap(True)  # a long message takes a second line, not the window's width
         self.engine_label = QLabel()
         self.rate_label = QLabel("panels 20 Hz")
         self.rate_label.setToolTip("How often the panels repaint: slowed while the GUI thread's CPU time would "
@@ -166,6 +167,9 @@ class MainWindow(QMainWindow):
         kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
         compute = f" · {info.compute_short}" if info.compute_short else ""  # compute path, threads; why: tooltip
         self.engine_label.setToolTip(info.compute)
+        if self.compact:  # the status bar's width is the window's least width: the short form on a small screen
+            self.engine_label.setText(f"{info.model} · {info.device} · {num_kv_blocks} KV blocks{kv}{compute}")
+            return
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
                                   f"× {info.block_size} · context {info.max_model_len}{compute}")
 
