@@ -11,9 +11,11 @@ from PySide6.QtWidgets import QLabel, QTabBar
 
 from app.gui.main_window import MainWindow
 from app.host.engine_host import EngineHost
-from app.talk.presets import available
+from app.talk.presets import available, load_preset
 from engine.config import EngineConfig
 from tests.app_helpers import run_for
+from tests.test_presenter_fit import synthetic_result
+from widgets.comparison_table import needed_width
 
 SMALL = (1280, 720)
 
@@ -67,6 +69,13 @@ def test_every_preset_shows_its_comparison_headline_first_and_the_table_on_deman
             panel.show_table.setChecked(True)
             assert panel.table.isVisible()
             panel.show_table.setChecked(False)
+            spec = load_preset(preset).compare
+            if spec is not None and not spec.not_built:  # figures as wide as real ones: no column cut
+                panel.set_result(synthetic_result(spec))
+                panel.show_table.setChecked(True)
+                run_for(qapp, 0.02)
+                assert needed_width(panel.table) <= panel.table.width() + 1, preset
+                panel.show_table.setChecked(False)
     finally:
         w.close()
 
