@@ -66,6 +66,10 @@ def test_the_png_labels_every_bit_width_and_draws_the_spread(qtbot):
     assert texts == {"b1 4-bit", "b4 4-bit"}
     bars = panel._spread.opts
     assert len(bars["x"]) == 1 and bars["left"][0] > 0 and bars["right"][0] > 0 and bars["top"][0] > 0
+    (x0, x1), (y0, y1) = panel._plot.getPlotItem().vb.viewRange()  # the bars' ends in view, not cut at its edge
+    x, y = bars["x"][0], bars["y"][0]
+    assert x0 <= x - bars["left"][0] and x + bars["right"][0] <= x1
+    assert y0 <= y - bars["bottom"][0] and y + bars["top"][0] <= y1
 
 
 def _run(rate: float, total: float, tpot_s: float) -> dict:

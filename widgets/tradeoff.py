@@ -298,7 +298,7 @@ class TradeoffPanel(Panel):
             set_log_ticks(self._plot.getAxis("left"), min(ys), max(ys))
         front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
         self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
-        place_labels(self, pos)
+        place_labels(self, pos, bars)
         cur = pos.get(self._current or "")
         self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
         self._plot.getPlotItem().setLabel("left", f"$/1M tokens at ${self.price_per_hour():.2f}/h")

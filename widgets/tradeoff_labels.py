@@ -27,16 +27,21 @@ def label_candidates(panel, pos: dict) -> list[tuple[str, str]]:
             if label in pos and label not in labelled and (text := short_label(p))]
     return out
 
-def place_labels(panel, pos: dict) -> None:
+def place_labels(panel, pos: dict, bars: dict | None = None) -> None:
     """Greedy: each candidate (frontier points first, then the current configuration, then one per
     predicted group) takes the first of a few spots around its point (above, below, beside; towards
     the middle of the plot first) where its text, measured on screen, overlaps no label placed before
-    it, no marker and no edge of the plot; a label with no such spot is not shown (hover shows it)."""
+    it, no marker and no edge of the plot; a label with no such spot is not shown (hover shows it).
+    `bars`: the spread bars (spread_bars' arguments): the view takes in their ends too."""
     fg = panel.palette().color(panel.palette().ColorRole.Text)
     logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
     xs = [v[0] for v in logs.values()] or [0.0]
     mid_x = (max(xs) + min(xs)) / 2
     ys = [v[1] for v in logs.values()] or [0.0]
+    b = bars or {}
+    for i, (x, y) in enumerate(zip(b.get("x", []), b.get("y", []))):  # the bars' ends inside the view
+        xs += [x - b["left"][i], x + b["right"][i]]
+        ys += [y - b["bottom"][i], y + b["top"][i]]
     vb = panel._plot.getPlotItem().vb
     # the range the view shows, set now (auto-range would only follow at the next paint), so that a
     # label's place on screen is known while placing it
