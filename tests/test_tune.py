@@ -207,8 +207,8 @@ def test_a_real_two_point_sweep_on_llama_server(tmp_path):
     out = tmp_path / "real.json"
     assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--bits", "16", "8",
                  "--draft", "0", "--rates", "4", "--num-requests", "2", "--max-tokens", "4", "8", "--threads", "1",
-                 "--quality-prompts", "2", "--quality-tokens", "8", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+                 "--quality-prompts", "2", "--quality-tokens", "8", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())  # one run of the load per point: its tokens counted below
     assert result["failed"] == [] and [p["bits"] for p in result["points"]] == [16, 8]
     for p in result["points"]:
         assert p["tokens_per_s_total"] > 0 and p["errors"] == 0 and p["memory"]["rss_bytes"] > 0
