@@ -174,8 +174,9 @@ def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monke
     monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
     said = []
     assert gguf.gguf_variants("folder", (16, 8, 4), say=said.append) == {16: bf16}
-    assert said == [f"skipping 8-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q8_0 GGUF",
-                    f"skipping 4-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q4_1 GGUF"]
+    assert said == [f"skipping 8-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no Q8_0 "
+                    "GGUF", f"skipping 4-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no "
+                    "Q4_1 GGUF"]
     (tmp_path / "m-abc.q8_0.gguf").write_bytes(b"GGUF")  # made once: found by name, nothing is run
     assert gguf.quantized_gguf(bf16, 8) == tmp_path / "m-abc.q8_0.gguf"
 
@@ -206,8 +207,8 @@ def test_a_real_two_point_sweep_on_llama_server(tmp_path):
     out = tmp_path / "real.json"
     assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--bits", "16", "8",
                  "--draft", "0", "--rates", "4", "--num-requests", "2", "--max-tokens", "4", "8", "--threads", "1",
-                 "--quality-prompts", "2", "--quality-tokens", "8", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+                 "--quality-prompts", "2", "--quality-tokens", "8", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())  # one run of the load per point: its tokens counted below
     assert result["failed"] == [] and [p["bits"] for p in result["points"]] == [16, 8]
     for p in result["points"]:
         assert p["tokens_per_s_total"] > 0 and p["errors"] == 0 and p["memory"]["rss_bytes"] > 0

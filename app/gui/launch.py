@@ -34,7 +34,14 @@ def run_gui(args) -> int:
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.gui.qt_check import platform_problem
+    from app.talk.compare.profile import use_profile
 
+    try:
+        if getattr(args, "profile", None):
+            use_profile(args.profile)
+    except ValueError as exc:
+        print(f"inferlab: error: --profile: {exc}", file=sys.stderr)
+        return 2
     problem = platform_problem()
     if problem is not None:  # Qt would abort the process with a message that names one library at best
         print(f"inferlab: error: {problem}", file=sys.stderr)
@@ -79,7 +86,8 @@ def run_gui(args) -> int:
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(host, settings, persist=False)
+        # a screenshot's --size stands for the screen it opens on: the window fits it as it would a real one
+        window = MainWindow(host, settings, persist=False, screen_size=args.size or SCREENSHOT_SIZE)
         window.controller.interactive = False
         window.resize(*(args.size or SCREENSHOT_SIZE))
     else:

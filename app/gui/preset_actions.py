@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
+from app.gui.prepare_seen import PrepareSeen
 from app.load.generator import LoadConfig
 from app.talk import presets
 from app.talk.compare.headline import speculation_speedup
@@ -30,6 +31,7 @@ class PresetActions:
         # still differs, that rebuild failed (the loop keeps the previous engine): say so once and carry on
         # with it, instead of asking again on every on_loaded (the endless rebuild loop of issue 12).
         self._attempted_rebuild: dict | None = None
+        self.seen = PrepareSeen(window.settings if getattr(window, "persist", False) else None)
 
     def apply_preset(self, name_or_path: str | Path) -> bool:
         """Load, validate and apply a preset; on error say so (file:line: key: why) and change nothing."""
@@ -51,6 +53,8 @@ class PresetActions:
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
+        if hasattr(self.verbs, "live_scale"):  # the rate follows what the engine serves now (live_scale.py)
+            self.verbs.live_scale.start(preset.load.arrival_rate)
         self.state.load_values = {}  # the preset's workload, until a slider moves
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, **asdict(preset.load),  # the Load generator's rows
@@ -86,6 +90,10 @@ class PresetActions:
         except OSError as exc:  # an unreadable store: say so, the preset still runs
             result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
+        seen = self.seen.note(result)
+        if seen:  # another prepare wrote this store since the app last showed it
+            result["store_note"] = "\n".join(filter(None, (seen, result.get("store_note"))))
+            self.window.show_message(seen)
         try:
             panel.set_result(result)
             self._show_compared_speedup(result)

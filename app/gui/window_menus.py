@@ -66,7 +66,7 @@ def build_menus(window) -> dict[str, QAction]:
     load.addSeparator()
     add(load, "chunked", "Chunked prefill", lambda on: ctl.set_chunked_prefill(on), "C", checkable=True)
     add(load, "compile", "torch.compile the dense layers", lambda on: ctl.set_compiled(on), "K", checkable=True)
-    add(load, "sweep", "Run tradeoff sweep", lambda: ctl.run_sweep())
+    add(load, "sweep", "Run tradeoff sweep (explorer)", lambda: ctl.run_sweep(), "S")
     add(load, "compare", "Measure this chapter's comparison", lambda: ctl.measure_comparison(), "M")
     add(load, "prepare", "Prepare the talk: measure every preset's comparison",
         lambda: ctl.measure_comparison(every_preset=True))

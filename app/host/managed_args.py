@@ -29,6 +29,8 @@ def add_manage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-dir", default=None, help="with --manage llama-server: a folder with a GGUF per bit width")
     p.add_argument("--weights", action="append", default=[], metavar="BITS=PATH",
                    help="with --manage: what the server loads at BITS weight bits (repeatable)")
+    p.add_argument("--port", type=int, default=None,
+                   help="with --manage: the server's port, kept across restarts (default: a free loopback port)")
 
 
 def managed_source(args):
@@ -41,5 +43,5 @@ def managed_source(args):
     choice = argparse.Namespace(model=args.model, gguf_dir=args.gguf_dir, weights=args.weights,
                                 bits=list(SLIDER_BITS), draft=list(DRAFT_ON))
     server = ManagedServer(engine, exe, ServedModel(name=Path(args.model).name or args.model), ServerPoint(),
-                           threads=args.threads)
+                           threads=args.threads, port=getattr(args, "port", None))
     return ManagedSource(server, setup=lambda say: served_model(choice, engine, say)[0])

@@ -130,6 +130,14 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    def set_chat_template(self, template: str) -> None:
+        """Render chats with `template` (Jinja text, e.g. `inferlab serve --chat-template FILE`) instead of
+        the model's own; ValueError when it does not compile (the old one is kept)."""
+        try:
+            self._template = _compile_template(template)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"the chat template does not compile ({e})") from e
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render the conversation as the model expects it (same variables as transformers)."""
         if self._template is None:

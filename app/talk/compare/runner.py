@@ -27,12 +27,13 @@ from app.talk.compare.capacity import Capacity, capacity_label, measure_capacity
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.computed import contiguous_reservation
 from app.talk.compare.drive import Cancelled, Driver
+from app.talk.compare.knee import knee_label, measure_knee
 from app.talk.compare.machine import machine_info
 from app.talk.compare.metrics import bandwidth_metrics, request_split, run_metrics
 from app.talk.compare.metrics_catalog import METRICS
 from app.talk.compare.probe import probe_bandwidth
 from app.talk.compare.quality import QUALITY, QualityMeter
-from app.talk.compare.spec import WORKLOAD_KNOBS, CompareSpec, ConfigSpec
+from app.talk.compare.spec import KNEE_KNOB, WORKLOAD_KNOBS, CompareSpec, ConfigSpec
 from app.talk.compare.workload import plan
 from engine.config import EngineConfig
 from engine.core.metrics import SLO
@@ -85,7 +86,7 @@ class _Engines:
 
 
 def _engine_config(base: EngineConfig, spec: CompareSpec, c: ConfigSpec) -> EngineConfig:
-    knobs = {**spec.engine, **{k: v for k, v in c.knobs.items() if k not in WORKLOAD_KNOBS}}
+    knobs = {**spec.engine, **{k: v for k, v in c.knobs.items() if k not in WORKLOAD_KNOBS and k != KNEE_KNOB}}
     if c.mode == "recompute":
         knobs["enable_prefix_caching"] = False  # a cached prefix would be a KV cache by another name
     return replace(base, **knobs)
@@ -146,6 +147,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     progress = progress or (lambda text, fraction: None)
     cancelled = cancelled or (lambda: False)
     result = {"title": spec.title, "knob": spec.knob, "metrics": list(spec.metrics), "chart": list(spec.chart),
+              "headline": spec.headline if spec.metrics else None,
               "metric_info": {m: METRICS[m] for m in spec.metrics}, "workload": asdict(spec.workload),
               "fingerprint": spec.fingerprint(), "machine": machine_info(base.device),
               "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "comparison": []}
@@ -163,7 +165,14 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
             capacity = _capacity(spec, engines, corpus, slo, cancelled)
             result["capacity"] = capacity.as_dict()
             spec = replace(spec, workload=replace(spec.workload, requests=capacity.requests))
-        planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
+        knee_multiples = [c.knobs.get(KNEE_KNOB) for c in spec.configs]
+        if any(m is not None for m in knee_multiples):  # batch sizes from this machine's roofline
+            progress(f"{spec.title}: the roofline's knee (memory vs compute)", 0.0)
+            spec, knee = _at_knee(spec, base)
+            result["knee"], result["regime"] = knee.as_dict(), knee.regime()
+        served = [_requests_served(spec, c, base) for c in spec.configs]
+        planned = plan(replace(spec.workload, requests=max(served)), corpus,
+                       min(loaded.config.max_position_embeddings, 2048))
         rounds = spec.workload.rounds
         by_config: list[list[dict]] = [[] for _ in spec.configs]
         for r in range(rounds):
@@ -178,8 +187,8 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                     by_config[i].append(contiguous_reservation(c, last, spec.metrics))
                     continue
                 # later rounds: the configuration's first-call costs (compiling) were paid in the first
-                entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled, capacity,
-                                                   warmup=None if r == 0 else "short")
+                entry, last_rec, engine = _run_one(spec, c, i, engines, planned[: served[i]], corpus, slo, cancelled,
+                                                   capacity, warmup=None if r == 0 else "short")
                 if first_tokens is None:
                     first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
                 entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
@@ -197,12 +206,33 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 entry["metrics"] = _keep(entry["metrics"], spec.metrics)
                 by_config[i].append(entry)
         result["comparison"] = [_median_of_rounds(entries) for entries in by_config]
+        for row, multiple in zip(result["comparison"], knee_multiples):
+            if multiple is not None:  # "1x knee" is what the preset's checks name it by
+                row["spec_label"], row["label"] = row["label"], knee_label(row["config"]["max_num_seqs"], multiple)
         if rounds > 1:
             result["rounds"] = rounds
     finally:
         engines.close()
     progress(f"{spec.title}: done", 1.0)
     return result
+
+
+def _at_knee(spec: CompareSpec, base: EngineConfig):
+    """`spec` with each knee multiple made a batch size (max_num_seqs) on this machine, and the knee."""
+    import torch
+
+    device = torch.device("cuda" if str(base.device) != "cpu" and torch.cuda.is_available() else "cpu")
+    knee = measure_knee(device, "bfloat16" if base.dtype == "auto" else str(base.dtype))
+    configs = tuple(replace(c, knobs={**{k: v for k, v in c.knobs.items() if k != KNEE_KNOB},
+                                      "max_num_seqs": knee.batch_for(c.knobs[KNEE_KNOB])})
+                    if KNEE_KNOB in c.knobs else c for c in spec.configs)
+    return replace(spec, configs=configs), knee
+
+
+def _requests_served(spec: CompareSpec, c: ConfigSpec, base: EngineConfig) -> int:
+    """The workload's requests, or requests_per_batch x the configuration's batch where that is more."""
+    batch = c.knobs.get("max_num_seqs", spec.engine.get("max_num_seqs", base.max_num_seqs))
+    return max(spec.workload.requests, spec.workload.requests_per_batch * int(batch))
 
 
 def _capacity(spec: CompareSpec, engines: _Engines, corpus, slo, cancelled) -> Capacity:
@@ -235,6 +265,9 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
         note = (f"{random_ones} of the {len(loras)} adapters are random ones of the same rank and targets as the "
                 "trained ones: the cost of mixing is measured, not their answers")
     metrics["warmup_s"] = warm
+    streamed = c.knobs.get("streamed", True)  # the first text a user sees: a token streamed, else the answer
+    for q in ("p50", "p99"):
+        metrics[f"{q}_first_text_ms"] = metrics.get(f"{q}_ttft_ms" if streamed else f"{q}_e2e_ms")
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
     if capacity is not None and "rate" in c.knobs:  # the rate knob counts in capacities: say it in requests/s too
         rate_per_s = c.knobs["rate"] * capacity.requests_per_s

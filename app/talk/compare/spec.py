@@ -4,15 +4,19 @@
     title = "static vs continuous batching"      # what the panel says it compares
     knob = "max_num_seqs"                         # with `values`: one configuration per value
     values = [1, 4, 16]
-    metrics = ["tokens_per_s", "p99_e2e_ms"]      # the first is the headline; names from METRICS
+    metrics = ["tokens_per_s", "p99_e2e_ms"]      # names from METRICS
+    headline = "tokens_per_s"                     # the number the chapter is about (default: the first metric)
     chart = ["tokens_per_s"]                      # drawn as bars (or a curve over a numeric knob)
+    values_unit = "knee"                          # knob = "max_num_seqs" only: values are multiples of this
+                                                  # machine's roofline knee (app/talk/compare/knee.py)
     not_built = "..."                             # instead of all the above: the feature does not exist yet
 
     [compare.engine]      base engine knobs for every configuration (EngineConfig fields)
     [compare.workload]    requests, prompt_tokens, output_tokens, arrival = "all" | "poisson" | "burst",
                           rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup,
                           rate_unit ("capacity": rates as multiples of a measured capacity), rounds (the
-                          configurations run in turn this many times, each figure the median of its rounds)
+                          configurations run in turn this many times, each figure the median of its rounds),
+                          requests_per_batch (each configuration serves at least this many x its batch size)
     [[compare.configs]]   named configurations instead of knob/values: label, mode, and knob = value pairs
 
 A configuration's `mode` says how it runs: "continuous" (the engine's own scheduling), "static" (the next
@@ -39,8 +43,10 @@ ENGINE_KNOBS = {name: KNOB[name].type for name in (
     "memory_budget_bytes", "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras",
     "max_step_ms", "ttft_budget_ms", "tpot_budget_ms")}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
-# LoRA adapters named by the requests, round-robin; 0: the base model)
-WORKLOAD_KNOBS = {"rate": float, "adapters": int}
+# LoRA adapters named by the requests, round-robin; 0: the base model); streamed (false: the answer is
+# delivered whole, so the first text a user sees comes at its end: "first_text" metrics)
+WORKLOAD_KNOBS = {"rate": float, "adapters": int, "streamed": bool}
+KNEE_KNOB = "max_num_seqs_knee"  # a configuration's batch as a multiple of the roofline's knee (values_unit)
 
 
 class CompareSpecError(ValueError):
@@ -68,6 +74,9 @@ class WorkloadSpec:
     # rounds: a shared machine's speed drifts by tens of per cent over a minute, and a lone run of each
     # configuration puts that drift between them (app/talk/compare/runner.py)
     rounds: int = 1
+    # each configuration serves max(requests, requests_per_batch x its max_num_seqs) requests (the first of
+    # one plan): a batch sweep keeps every batch full without making batch 1 serve the largest one's load
+    requests_per_batch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,19 +99,23 @@ class CompareSpec:
     checks: tuple = ()  # the chapter's claims on its own figures (app/talk/chapter_check.CheckSpec)
     fallback: CompareSpec | None = None  # the same comparison with a gentler knob, tried once if a claim breaks
     fallback_reason: str | None = None  # what the fallback changes, in words
+    headline_metric: str | None = None  # the chapter's number (None: the first metric)
 
     @property
     def headline(self) -> str:
-        return self.metrics[0]
+        return self.headline_metric or self.metrics[0]
 
     def fingerprint(self) -> str:
         """A short hash of everything that shapes the result (not the title): stored results are kept per
         configuration."""
-        shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
+        shape = {k: v for k, v in asdict(self).items()
+                 if k not in ("title", "checks", "fallback", "fallback_reason", "headline_metric")}
         if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
             del shape["workload"]["rate_unit"]
         if shape["workload"]["rounds"] == 1:  # likewise
             del shape["workload"]["rounds"]
+        if shape["workload"]["requests_per_batch"] == 0:
+            del shape["workload"]["requests_per_batch"]
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -143,9 +156,9 @@ def _workload(d: dict) -> WorkloadSpec:
     for key, v in d.items():
         if key in ("prompt_tokens", "output_tokens", "burst_prompt_tokens"):
             out[key] = _range(t, key, v)
-        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed", "rounds"):
+        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed", "rounds", "requests_per_batch"):
             lo = 1 if key in ("requests", "rounds") else 0
-            hi = 9 if key == "rounds" else 4096
+            hi = {"rounds": 9, "requests_per_batch": 16}.get(key, 4096)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > hi:
                 raise _err(t, key, f"expected an integer in [{lo}, {hi}]", v)
             out[key] = v
@@ -199,14 +212,23 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
     if knob not in ENGINE_KNOBS and knob not in WORKLOAD_KNOBS:
         raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}",
                    knob)
+    unit = d.get("values_unit", "value")
+    if unit not in ("value", "knee"):
+        raise _err("compare", "values_unit", "expected value or knee", unit)
+    if unit == "knee":
+        if knob != "max_num_seqs":
+            raise _err("compare", "values_unit", "knee: only for knob = \"max_num_seqs\"", knob)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 64 for v in values):
+            raise _err("compare", "values", "with values_unit = \"knee\": multiples of the knee in (0, 64]", values)
+        return tuple(ConfigSpec(f"{v:g}x knee", {KNEE_KNOB: float(v)}) for v in values)
     try:
         return tuple(ConfigSpec(f"{knob} = {v}", {knob: _knob_value("compare", knob, v)}) for v in values)
     except CompareSpecError as exc:
         raise CompareSpecError("compare", "values", f"{knob}: {exc.message}") from None
 
 
-TOP_KEYS = ("title", "knob", "values", "configs", "metrics", "chart", "engine", "workload", "not_built", "checks",
-            "fallback")
+TOP_KEYS = ("title", "knob", "values", "values_unit", "configs", "metrics", "headline", "chart", "engine",
+            "workload", "not_built", "checks", "fallback")
 
 
 def parse_compare(d: dict) -> CompareSpec:
@@ -230,11 +252,14 @@ def parse_compare(d: dict) -> CompareSpec:
     metrics = _names("compare", "metrics", d.get("metrics", ["tokens_per_s"]))
     chart = _names("compare", "chart", d["chart"]) if "chart" in d else metrics[:1]
     configs = _configs(d)
+    headline = d.get("headline")
+    if headline is not None and headline not in metrics:
+        raise _err("compare", "headline", "expected one of this comparison's metrics", headline)
     fallback, reason = _fallback(d)
     return CompareSpec(title=title.strip(), configs=configs, metrics=metrics, chart=chart, knob=d.get("knob"),
                        engine=engine, workload=_workload(d.get("workload", {})),
                        checks=_checks(d.get("checks", []), metrics, tuple(c.label for c in configs)),
-                       fallback=fallback, fallback_reason=reason)
+                       fallback=fallback, fallback_reason=reason, headline_metric=headline)
 
 
 def _checks(raw, metrics: tuple[str, ...], labels: tuple[str, ...]) -> tuple:

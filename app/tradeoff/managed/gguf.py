@@ -112,7 +112,7 @@ def quantized_gguf(bf16: Path, bits: int, directory: Path | None = None, threads
         return out
     binary = find_binary("llama-quantize", directory)
     if binary is None:
-        raise ValueError(f"no llama-quantize under {directory or llama_cpp_dir()} (scripts/build_llama_cpp.sh): "
+        raise ValueError(f"no llama-quantize in {(directory or llama_cpp_dir()) / 'bin'} (scripts/build_llama_cpp.sh): "
                          f"no {qtype} GGUF")
     tmp = out.with_suffix(".partial")
     cmd = [str(binary), str(bf16), str(tmp), qtype] + ([str(threads)] if threads else [])

@@ -1,6 +1,6 @@
 """`inferlab serve`'s flag table: the explorer's knobs as this project's own server spells them.
 
-Read from app/server/serve.py (add_serve_args) and app/server/serve_knobs.py (add_knob_args), the flags
+Read from app/server/serve.py (add_serve_args) and app/knob_args.py (add_knob_args), the flags
 the tradeoff panel's "copy as command" writes too.
 
 - batch: `--max-num-seqs N`.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
 from engine.quant_formats import QUANT_BITS
 
-# app/server/serve_knobs.py's --kv-cache-dtype choices (not imported: app.server sits above app.tradeoff);
+# app/knob_args.py's --kv-cache-dtype choices (kept here: this table spells the server's flags as it read them);
 # a draft length out of its range is refused by `inferlab serve` itself (a failed point with its message)
 KV_DTYPES = ("auto", "int8")
 
@@ -41,7 +41,7 @@ class InferlabServe:
     `inferlab` script: then the module part is left out)."""
     name: str = "inferlab"
     executable: str = sys.executable
-    source: str = "inferlab: app/server/serve.py (add_serve_args), app/server/serve_knobs.py (add_knob_args)"
+    source: str = "inferlab: app/server/serve.py (add_serve_args), app/knob_args.py (add_knob_args)"
     rows: tuple[FlagRow, ...] = ROWS
     health_path: str = "/health"
 

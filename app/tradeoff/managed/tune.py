@@ -32,6 +32,9 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
          "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "goodput_rps", "slo_attainment",
          "runs": [row per rate: rate_rps, goodput_rps, slo_attainment, p50/p99 ttft/tpot (s),
                   output_tokens_per_s, duration_s, errors, load_1m],
+         "repeat_runs": [rows of the highest rate's further runs (--repeats)], "repeats": int,
+         "spread": {"tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok": [least, most]},  # repeats > 1
+                                              # (the figures above are the median run's)
          "rss_bytes": int | None,             # = memory.rss_bytes (a CSV column)
          "memory": {"rss_bytes": int | None,  # VmRSS of the server process (/proc/PID/status), measured
                     "rss_peak_bytes": int | None,   # VmHWM
@@ -49,7 +52,8 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
       "not_run": [label, ...],               # points left when the time limit was reached (or cancelled)
       "frontier": [{"batch", "bits", "draft", "kv_dtype", "label"}],          # speed per user vs cost
       "frontier_with_quality": [...],                                         # ... and agreement
-      "chosen": {"label", "command", "why"} | None,
+      "chosen": {"label", "command", "why", "context"?, "context_said"?} | None,   # llama-server: the
+                                             # context a slot holds, said (-c is shared by the -np slots)
       "quality": {"method": str, "reference": label | None, "prompts": int, "max_tokens": int,
                   "perplexity_kl": str},     # e.g. "not returned by llama-server"
       "workload": {...}, "slo": {"ttft_s", "tpot_s", "percentile"}, "price_per_hour": float,
@@ -105,6 +109,9 @@ class TuneSpec:
     start_timeout_s: float = 300.0
     draft_note: str = ""
     point_timeout_s: float | None = 1800.0  # one point, start to stop (a server that streams for ever)
+    port: int | None = None  # the servers' port (None: a free one per point)
+    # llama-server's context per slot: {"per_slot", "longest_request_tokens", "given"} (tune_cli.sized_engine)
+    context: dict | None = None
 
 
 def sweep_order(points: tuple[ServerPoint, ...]) -> list[ServerPoint]:
@@ -121,7 +128,7 @@ def identity(spec: TuneSpec, point: ServerPoint) -> dict:
 
 def planned_command(spec: TuneSpec, point: ServerPoint) -> list[str]:
     try:
-        return spec.engine.argv(spec.exe, spec.model, point, USER_PORT, spec.threads)
+        return spec.engine.argv(spec.exe, spec.model, point, spec.port or USER_PORT, spec.threads)
     except FlagError:
         return []
 
@@ -141,7 +148,7 @@ def run_point(spec: TuneSpec, point: ServerPoint, reference: list | None, say: C
     """One point, start to stop: its measured dict, or a failed one (start or measurement); the server is
     stopped at `deadline` or when `cancelled()` (the point is then failed with that reason)."""
     t0 = time.perf_counter()
-    server = ManagedServer(spec.engine, spec.exe, spec.model, point, spec.threads, spec.start_timeout_s)
+    server = ManagedServer(spec.engine, spec.exe, spec.model, point, spec.threads, spec.start_timeout_s, spec.port)
     watchdog = Watchdog(server, deadline, cancelled)
     try:
         return _start_and_measure(spec, point, reference, say, server, watchdog, t0)
@@ -177,12 +184,14 @@ def _start_and_measure(spec: TuneSpec, point: ServerPoint, reference: list | Non
         return _failed(spec, point, argv, "measure", reason, server.log_tail(), time.perf_counter() - t0)
     if watchdog.reason:  # stopped mid-way: what was measured is not this point's figure
         return _failed(spec, point, argv, "measure", watchdog.reason, server.log_tail(), time.perf_counter() - t0)
-    errors = sum(run["row"]["errors"] for run in measured["runs"])
+    errors = sum(run["row"]["errors"] for run in measured["runs"] + measured.get("repeats", []))
     quality = (agreement(reference, measured["greedy"]) if reference is not None
                else {"agreement": None, "agreement_positions": 0, "agreement_unit": None})
     return {**identity(spec, point), "flags": shlex.join(argv[1:]), "command": shlex.join(argv),
-            **headline(measured["runs"], spec.price_per_hour), "errors": errors,
-            "runs": [run["row"] for run in measured["runs"]], "memory": memory, "rss_bytes": memory["rss_bytes"],
+            **headline(measured["runs"], spec.price_per_hour, measured.get("repeats", [])), "errors": errors,
+            "runs": [run["row"] for run in measured["runs"]],
+            "repeat_runs": [run["row"] for run in measured.get("repeats", [])], "memory": memory,
+            "rss_bytes": memory["rss_bytes"],
             "draft_acceptance": draft_acceptance(memory["server_metrics"]), **quality,
             "greedy": measured["greedy"], "kl": None, "ppl_delta_pct": None, "served_model": measured["served_model"],
             "on_frontier": False, "predicted": False, "failed": False, "seconds": round(time.perf_counter() - t0, 2),
@@ -251,6 +260,20 @@ def choose(points: list[dict], frontier: list[int]) -> dict | None:
     return {"label": points[pick]["label"], "command": points[pick]["command"], "why": why}
 
 
+def with_context(chosen: dict | None, spec: TuneSpec, points: list[dict]) -> dict | None:
+    """The chosen command's context, said: each slot holds the longest request it serves (llama-server's
+    -c is shared by its -np slots, so -np 4 -c 1024 serves requests of 256 tokens at most)."""
+    if chosen is None or spec.context is None:
+        return chosen
+    batch = next(p["batch"] for p in points if p["label"] == chosen["label"])
+    ctx, longest = spec.context["per_slot"], spec.context["longest_request_tokens"]
+    said = (f"-np {batch} -c {batch * ctx}: {ctx} tokens a slot, the longest request (prompt + answer) this "
+            f"command serves; the sweep's longest was about {longest} tokens")
+    if not spec.context.get("given"):
+        said += "; for longer requests run the sweep with --ctx-per-slot (your workload's longest request)"
+    return {**chosen, "context": {**spec.context, "total": batch * ctx}, "context_said": said}
+
+
 def assemble(spec: TuneSpec, points: list[dict], failed: list[dict], not_run: list[str], ref_label: str | None,
              stopped: str | None, seconds: float) -> dict:
     usable = [i for i, p in enumerate(points) if p["usd_per_mtok"] is not None]
@@ -267,7 +290,8 @@ def assemble(spec: TuneSpec, points: list[dict], failed: list[dict], not_run: li
                   "draft": spec.model.draft, "draft_note": spec.draft_note},
         "flag_table": [{"knob": r.knob, "flag": r.flag, "meaning": r.meaning} for r in engine.rows],
         "points": points, "failed": failed, "not_run": not_run,
-        "frontier": keys(two), "frontier_with_quality": keys(three), "chosen": choose(points, two),
+        "frontier": keys(two), "frontier_with_quality": keys(three), "chosen": with_context(choose(points, two), spec,
+                                                                                             points),
         "quality": {"method": QUALITY_METHOD, "reference": ref_label, "prompts": spec.load.quality_prompts,
                     "max_tokens": spec.load.quality_tokens,
                     "perplexity_kl": PROMPT_LOGPROBS.get(engine.name, "not measured: the sweep asks no server "

@@ -38,8 +38,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--weights", action="append", default=[], metavar="BITS=PATH",
                    help="what the server loads at BITS weight bits (repeatable; overrides the defaults)")
     p.add_argument("--server-bin", default=None, help="the server's executable (default: looked up)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8], help="requests decoded at once (server slots)")
+    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4], help="weight bits")
     p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
     p.add_argument("--kv-dtype", nargs="+", default=["default"],
                    help="KV cache element types in the engine's names; 'default' adds no flag")
@@ -47,13 +47,22 @@ def add_tune_args(p) -> None:
                    help="requests/s, one run each per point; the highest gives the point's figures (default 100: "
                         "every request at once, the server saturated, as the explorer keeps its batch full)")
     p.add_argument("--num-requests", type=int, default=8, help="requests per rate")
-    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"))
+    p.add_argument("--max-tokens", type=int, nargs=2, default=[16, 32], metavar=("MIN", "MAX"),
+                   help="each request's answer length, drawn in [MIN, MAX]")
     p.add_argument("--quality-prompts", type=int, default=4, help="held-out prompts for greedy agreement")
     p.add_argument("--quality-tokens", type=int, default=16, help="greedy tokens per held-out prompt")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts, lengths, arrivals)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
     p.add_argument("--slo-tpot", type=float, default=0.2, help="seconds")
     p.add_argument("--threads", type=int, default=None, help="the server's threads (default: its own)")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="runs of the highest rate per point: its figures are the median run's, the spread of "
+                        "the N runs is kept and drawn")
+    p.add_argument("--ctx-per-slot", type=int, default=None, metavar="TOKENS",
+                   help="llama-server: each slot's context, the longest request (prompt + answer) the chosen "
+                        "command must serve (default: the sweep's own longest request, rounded up to 256)")
+    p.add_argument("--port", type=int, default=None,
+                   help="the servers' port (default: a free loopback port per point)")
     p.add_argument("--server-args", default="", metavar="ARGS",
                    help="more flags for every point's command line, one string (llama-server: e.g. --no-repack)")
     p.add_argument("--price-per-hour", type=float, default=2.50, help="$ per GPU-hour")
@@ -65,8 +74,8 @@ def add_tune_args(p) -> None:
     p.add_argument("--json", metavar="OUT", help="where the result goes (required unless --show-flags)")
     p.add_argument("--show-flags", action="store_true",
                    help="print the engine's flag table (knob -> flag, the version it was read from) and exit")
-    p.add_argument("--csv", metavar="OUT")
-    p.add_argument("--png", metavar="OUT")
+    p.add_argument("--csv", metavar="OUT", help="also write the points as CSV")
+    p.add_argument("--png", metavar="OUT", help="also draw the points and the frontier as a PNG (no display needed)")
 
 
 def find_executable(engine: ServerEngine, given: str | None) -> str:
@@ -82,8 +91,9 @@ def find_executable(engine: ServerEngine, given: str | None) -> str:
             return str(built)
         found = shutil.which(engine.executable)
         if found is None:
-            raise TuneSetupError(f"no llama-server under {llama_cpp_dir()} or on PATH: run "
-                                 "scripts/build_llama_cpp.sh, or give --server-bin")
+            raise TuneSetupError(f"no llama-server in {llama_cpp_dir() / 'bin'} or on PATH: run "
+                                 "scripts/build_llama_cpp.sh (or set INFERLAB_LLAMA_CPP_DIR to its build), or give "
+                                 "--server-bin")
         return found
     if os.path.isabs(engine.executable):
         return engine.executable
@@ -114,21 +124,23 @@ def served_model(args, engine: ServerEngine, say) -> tuple[ServedModel, str]:
     """(what the server loads per bit width and as draft, a note on the draft model)."""
     from engine.loading.errors import ModelLoadError
 
-    if engine.name == "llama-server":
-        if args.gguf_dir:
-            by_bits = gguf_dir_files(args.gguf_dir)
-        else:
-            from app.tradeoff.managed.gguf import gguf_variants
-            from engine.loading.loader import resolve_model_folder
+    given = parse_weights(args.weights)  # before any conversion: what they name is not converted
+    drafting = engine.name == "llama-server" and any(args.draft)
+    needed = (set(args.bits) | ({4} if drafting else set())) - set(given)
+    if engine.name == "llama-server" and args.gguf_dir:
+        by_bits = gguf_dir_files(args.gguf_dir)
+    elif engine.name == "llama-server" and needed:
+        from app.tradeoff.managed.gguf import gguf_variants
+        from engine.loading.loader import resolve_model_folder
 
-            try:
-                folder = resolve_model_folder(args.model, lambda message, fraction: None)
-                by_bits = {b: str(p) for b, p in gguf_variants(str(folder), tuple(args.bits), say=say).items()}
-            except (ModelLoadError, OSError, ValueError) as exc:
-                raise TuneSetupError(f"model {args.model}: {exc}") from None
+        try:
+            folder = resolve_model_folder(args.model, lambda message, fraction: None)
+            by_bits = {b: str(p) for b, p in gguf_variants(str(folder), tuple(sorted(needed)), say=say).items()}
+        except (ModelLoadError, OSError, ValueError) as exc:
+            raise TuneSetupError(f"model {args.model}: {exc}") from None
     else:
-        by_bits = {16: args.model}
-    by_bits.update(parse_weights(args.weights))
+        by_bits = {} if engine.name == "llama-server" else {16: args.model}
+    by_bits.update(given)
     draft = by_bits.get(4) if engine.name == "llama-server" and any(args.draft) else None
     note = (f"the 4-bit GGUF of the same model (same vocabulary): {Path(draft).name}" if draft else
             "no draft model" if engine.name == "llama-server" else "the engine's own draft method (its table)")
@@ -153,26 +165,45 @@ def make_spec(args, say):
         raise TuneSetupError(f"unknown engine {args.engine!r} (have: {', '.join(ENGINES)})")
     exe = find_executable(base, args.server_bin)
     model, note = served_model(args, base, say)
+    if getattr(args, "repeats", 1) < 1:
+        raise TuneSetupError(f"--repeats {args.repeats}: at least 1")
     load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
                     long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
-                    quality_tokens=args.quality_tokens)
+                    quality_tokens=args.quality_tokens, repeats=getattr(args, "repeats", 1))
     try:
         extra = tuple(shlex.split(args.server_args))
     except ValueError as exc:  # e.g. an unclosed quote
         raise TuneSetupError(f"--server-args {args.server_args!r}: {exc}") from None
-    engine = sized_engine(base, load, extra)
+    engine = sized_engine(base, load, extra, getattr(args, "ctx_per_slot", None))
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
                    for q in args.bits for d in args.draft for b in args.batch
                    for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,
                     time_limit_s=args.time_limit, start_timeout_s=args.start_timeout, draft_note=note,
-                    point_timeout_s=args.point_timeout)
+                    point_timeout_s=args.point_timeout, port=getattr(args, "port", None),
+                    context=slot_context(engine, load, getattr(args, "ctx_per_slot", None)))
 
 
-def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -> ServerEngine:
-    """llama-server's context per slot fitted to the longest request (2 tokens per word is generous), and
-    the extra flags; other engines' tables as they are (extra flags need a table that takes them)."""
+def longest_request(load: TuneLoad) -> int:
+    """The sweep's longest request in tokens, prompt and answer (2 tokens per word is generous)."""
+    words = load.long_words[1] if load.long_share > 0 else 48  # chat prompts: 12-48 words; held-out: 40
+    return 2 * words + max(*load.chat_max_tokens, *load.long_max_tokens, load.quality_tokens) + 64
+
+
+def slot_context(engine: ServerEngine, load: TuneLoad, given: int | None) -> dict | None:
+    """What the chosen command's -c means per slot (llama-server only: the others size their own)."""
+    per_slot = getattr(engine, "ctx_per_slot", None)
+    if per_slot is None:
+        return None
+    return {"per_slot": per_slot, "longest_request_tokens": longest_request(load), "given": given is not None}
+
+
+def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...],
+                 ctx_per_slot: int | None = None) -> ServerEngine:
+    """llama-server's context per slot: `ctx_per_slot` (the deployment's longest request), else fitted to
+    the sweep's longest request; and the extra flags; other engines' tables as they are (extra flags need a
+    table that takes them)."""
     from dataclasses import replace
 
     from app.tradeoff.managed.llama_server import LlamaServer
@@ -185,9 +216,11 @@ def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...]) -
         if extra:
             raise TuneSetupError(f"--server-args: the {engine.name} table takes no extra flags")
         return engine
-    words = load.long_words[1] if load.long_share > 0 else 48  # chat prompts: 12-48 words; held-out: 40
-    longest = 2 * words + max(*load.chat_max_tokens, *load.long_max_tokens, load.quality_tokens) + 64
-    return replace(engine, ctx_per_slot=-(-longest // 256) * 256, extra=extra)
+    longest = longest_request(load)
+    if ctx_per_slot is not None and ctx_per_slot < longest:
+        raise TuneSetupError(f"--ctx-per-slot {ctx_per_slot}: shorter than the sweep's longest request (about "
+                             f"{longest} tokens); its points would fail")
+    return replace(engine, ctx_per_slot=ctx_per_slot or -(-longest // 256) * 256, extra=extra)
 
 
 def run_tune_cli(args) -> int:
@@ -218,7 +251,10 @@ def run_tune_cli(args) -> int:
     if args.png and result["points"]:
         write_png(result, args.png)
     if result["chosen"]:
-        say(f"chosen: {result['chosen']['label']} ({result['chosen']['why']}):\n  {result['chosen']['command']}")
+        chosen = result["chosen"]
+        say(f"chosen: {chosen['label']} ({chosen['why']}):\n  {chosen['command']}")
+        if chosen.get("context_said"):
+            say(f"  context: {chosen['context_said']}")
     return 0
 
 

@@ -19,13 +19,14 @@ def write_csv(result: dict, path: str | Path) -> None:
 
 
 def write_png(result: dict, path: str | Path, size: tuple[int, int] = (900, 620)) -> bool:
-    """The frontier plot of `result` as a PNG (a QApplication is made when there is none)."""
+    """The frontier plot of `result` as a PNG (a QApplication is made when there is none: on Qt's offscreen
+    platform, which needs no display; on a machine without one the default platform aborted the process)."""
     from PySide6.QtWidgets import QApplication
 
     from widgets.tradeoff import TradeoffPanel
     from widgets.tradeoff_points import server_label
 
-    app = QApplication.instance() or QApplication([])
+    app = QApplication.instance() or QApplication(["inferlab-tune", "-platform", "offscreen"])
     panel = TradeoffPanel()
     panel.resize(*size)
     panel.set_price_per_hour(result["price_per_hour"])

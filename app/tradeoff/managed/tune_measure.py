@@ -45,13 +45,18 @@ class TuneLoad:
     seed: int = 0
     quality_prompts: int = 4
     quality_tokens: int = 16
+    # the highest rate's run this many times in all: a point's figures are the median run's, with the
+    # spread of the runs beside them (a 2-core machine shared with others measured one point at 51 and 35
+    # tok/s in two sweeps: one run says nothing of that)
+    repeats: int = 1
 
     def as_dict(self) -> dict:
         return {"requests_per_rate": self.num_requests, "rates_rps": list(self.rates),
                 "long_share": self.long_share, "long_prompt_words": list(self.long_words),
                 "chat_prompt_words": [12, 48], "chat_max_tokens": list(self.chat_max_tokens),
                 "long_max_tokens": list(self.long_max_tokens), "seed": self.seed,
-                "quality_prompts": self.quality_prompts, "quality_tokens": self.quality_tokens}
+                "quality_prompts": self.quality_prompts, "quality_tokens": self.quality_tokens,
+                "repeats": self.repeats}
 
 
 def heldout_prompts(count: int) -> list[str]:
@@ -194,28 +199,47 @@ async def _measure(url: str, load: TuneLoad, slo: SLO, label: str, quality: bool
         failed = all_failed(runs, load.num_requests)
         if failed:
             raise ValueError(failed)
+        top = load.rates[-1]
+        repeats = [await run_rate(client, url, model, top, schedules[top], slo, label)
+                   for _ in range(load.repeats - 1)]
         greedy = (await _greedy(client, url, model, heldout_prompts(load.quality_prompts), load.quality_tokens)
                   if quality else [])
-    return {"served_model": model, "runs": runs, "greedy": greedy}
+    return {"served_model": model, "runs": runs, "repeats": repeats, "greedy": greedy}
 
 
 def measure_server(url: str, load: TuneLoad, slo: SLO, label: str = "", quality: bool = True,
                    ready_s: float = 60.0, gone: Callable[[], str | None] = lambda: None) -> dict:
-    """{"served_model", "runs" (one per rate), "greedy" (tokens per held-out prompt)}; httpx errors and
+    """{"served_model", "runs" (one per rate), "repeats" (the highest rate's further runs), "greedy" (tokens
+    per held-out prompt)}; httpx errors and
     ValueError propagate (the sweep records the point as failed), as does a run where every request failed.
     `gone()`: why the server cannot answer any more (see `ready`), else None."""
     return asyncio.run(_measure(url, load, slo, label, quality, ready_s, gone))
 
 
-def headline(runs: list[dict], price_per_hour: float) -> dict:
+def _run_figures(run: dict) -> tuple[float | None, float]:
+    tpot = run["report"]["tpot"]["p50"]
+    return (1.0 / tpot if tpot else None), run["row"]["output_tokens_per_s"]
+
+
+def headline(runs: list[dict], price_per_hour: float, repeats: list[dict] = ()) -> dict:
     """The point's figures from its most loaded run (the highest rate): per user = 1 / p50 TPOT (the
-    report's unrounded latencies; the rows printed per rate are rounded to the millisecond)."""
-    row, report = runs[-1]["row"], runs[-1]["report"]
-    tpot = report["tpot"]["p50"]
-    total = row["output_tokens_per_s"]
+    report's unrounded latencies; the rows printed per rate are rounded to the millisecond). With
+    `repeats` (further runs at that rate) the run whose total tokens/s is the median of them all gives the
+    figures, and "spread" the least and the most of the runs' per-user and total tokens/s and $/1M tokens."""
+    tries = [runs[-1], *repeats]
+    median = sorted(tries, key=lambda run: run["row"]["output_tokens_per_s"] or 0.0)[(len(tries) - 1) // 2]
+    row, report = median["row"], median["report"]
+    per_user, total = _run_figures(median)
     ms = lambda s: None if s is None else round(1e3 * s, 3)  # noqa: E731
-    return {"tokens_per_s_user": 1.0 / tpot if tpot else None, "tokens_per_s_total": total,
-            "usd_per_mtok": price_per_hour / (total * 3600.0) * 1e6 if total else None,
-            "p50_ttft_ms": ms(report["ttft"]["p50"]), "p99_ttft_ms": ms(report["ttft"]["p99"]),
-            "p50_tpot_ms": ms(tpot), "p99_tpot_ms": ms(report["tpot"]["p99"]),
-            "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"]}
+    cost = lambda t: price_per_hour / (t * 3600.0) * 1e6 if t else None  # noqa: E731
+    out = {"tokens_per_s_user": per_user, "tokens_per_s_total": total, "usd_per_mtok": cost(total),
+           "p50_ttft_ms": ms(report["ttft"]["p50"]), "p99_ttft_ms": ms(report["ttft"]["p99"]),
+           "p50_tpot_ms": ms(report["tpot"]["p50"]), "p99_tpot_ms": ms(report["tpot"]["p99"]),
+           "goodput_rps": row["goodput_rps"], "slo_attainment": row["slo_attainment"], "repeats": len(tries)}
+    users = [u for u, _t in map(_run_figures, tries) if u is not None]
+    totals = [t for _u, t in map(_run_figures, tries) if t]
+    if len(tries) > 1 and users and totals:
+        out["spread"] = {"tokens_per_s_user": [min(users), max(users)],
+                         "tokens_per_s_total": [min(totals), max(totals)],
+                         "usd_per_mtok": [cost(max(totals)), cost(min(totals))]}
+    return out

@@ -1,4 +1,4 @@
-"""The engine knobs the tradeoff sweep varies, as `inferlab serve` flags, and back: a measured point
+"""The engine knobs the tradeoff sweep varies, as `inferlab serve` / `generate` flags, and back: a measured point
 becomes the command line that deploys it (`serve_command`), and that line's flags become the same
 EngineConfig fields (`knob_settings`), checked with one clear error for a bad combination."""
 from __future__ import annotations
@@ -11,6 +11,10 @@ from engine.quant_formats import QUANT_FORMATS, quant_format
 from engine.spec.draft_length import MAX_DRAFT
 
 SPEC_METHODS = ("ngram", "draft", "mtp")
+# weights per scale of 8- and 4-bit weights: the explorer's sweep quantizes in groups of 64 (not the engine's
+# 32, the grid of the built-in model's Q4_1 file, where requantizing measures none of 4 bits' loss), so
+# `serve` and `generate` take 64 too: the command a measured point gives serves what was measured
+GROUP_SIZE = 64
 DEFAULT_DRAFT_TOKENS = 4  # --spec-method without --num-draft-tokens
 MAX_DRAFT_TOKENS = MAX_DRAFT  # the speculative decoder's limit (engine/spec/draft_length.py: no torch)
 
@@ -22,11 +26,11 @@ def _quantized_bits() -> str:
 
 def add_knob_args(p: argparse.ArgumentParser) -> None:
     quantized = _quantized_bits()
-    p.add_argument("--quant-bits", type=int, default=16, choices=KNOB["quant_bits"].choices,
+    p.add_argument("--quant-bits", "--quant", type=int, default=16, choices=KNOB["quant_bits"].choices,
                    help=f"weight bits: {quantized} quantize the weights (weight-only) as the app's slider does")
     p.add_argument("--quant-group-size", type=int, default=None, choices=KNOB["quant_group_size"].choices,
-                   help=f"weights per scale for --quant-bits {quantized} (default: the engine's, "
-                        f"{KNOB['quant_group_size'].default})")
+                   help=f"weights per scale for --quant-bits {quantized} (default: {GROUP_SIZE}, as the explorer's "
+                        "sweep measured)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KNOB["kv_cache_dtype"].choices,
                    help="int8 stores the KV cache in 8 bits (twice the tokens in the same memory)")
     p.add_argument("--spec-method", default=None, choices=SPEC_METHODS,
@@ -40,11 +44,11 @@ def add_knob_args(p: argparse.ArgumentParser) -> None:
 def knob_settings(args: argparse.Namespace) -> dict:
     """EngineConfig fields from the knob flags; ValueError names the flag that does not fit."""
     out = {"quant_bits": args.quant_bits, "kv_cache_dtype": args.kv_cache_dtype}
-    if args.quant_group_size is not None:
-        if quant_format(args.quant_bits).dense:
-            raise ValueError(f"--quant-group-size needs --quant-bits {_quantized_bits()} (16-bit weights have no "
-                             "scales)")
-        out["quant_group_size"] = args.quant_group_size
+    if args.quant_group_size is not None and quant_format(args.quant_bits).dense:
+        raise ValueError(f"--quant-group-size needs --quant-bits {_quantized_bits()} (16-bit weights have no "
+                         "scales)")
+    if not quant_format(args.quant_bits).dense:
+        out["quant_group_size"] = args.quant_group_size or GROUP_SIZE
     k = args.num_draft_tokens
     if args.spec_method is None:
         if k:
