@@ -181,3 +181,12 @@ class ServerRestarted:
     command: str
     failed: str = ""
     log_tail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KnobsChanged:
+    """Knobs the recorded run turned, with their new values (app/record/): a replay shows them on the greyed
+    controls and marks the timeline with `text`."""
+
+    values: Mapping[str, object]
+    text: str = ""
