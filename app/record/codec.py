@@ -69,18 +69,9 @@ def _value(v):
     return str(v)  # a knob value of another kind (a path): shown as text
 
 
-_HINTS: dict[type, dict[str, object]] = {}
-
-
-def _hints(cls: type) -> dict[str, object]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
 class Decoder:
-    """Builds items from decoded JSON; keeps each live request's running token ids and text."""
+    """Builds items from decoded JSON; keeps each live request's running token ids and text. Each class's
+    fields get a converter made once from their type hints (a replay decodes thousands of items a second)."""
 
     def __init__(self) -> None:
         self._streams: OrderedDict[str, tuple[tuple[int, ...], str]] = OrderedDict()
@@ -96,14 +87,15 @@ class Decoder:
     def _build(self, cls: type, data: dict, depth: int):
         if depth > MAX_DEPTH:
             raise BadItem("nested too deep")
-        hints = _hints(cls)
+        fields = _field_converters(cls)
         kwargs = {}
         for name, value in data.items():
-            if name == "_t":
-                continue
-            if name not in hints:
-                raise BadItem(f"{cls.__name__} has no field {name[:40]!r}")
-            kwargs[name] = self._as(hints[name], value, depth + 1, f"{cls.__name__}.{name}")
+            convert = fields.get(name)
+            if convert is None:
+                if name == "_t":
+                    continue
+                raise BadItem(f"{cls.__name__} has no field {str(name)[:40]!r}")
+            kwargs[name] = convert(self, value, depth + 1)
         if cls is events.RequestOutput:
             kwargs.update(self._totals(kwargs))
         try:
@@ -121,79 +113,93 @@ class Decoder:
                 self._streams.popitem(last=False)
         return {"token_ids": ids, "text": text}
 
-    def _as(self, hint, value, depth: int, where: str):  # noqa: C901 (one branch per kind of hint)
-        if depth > MAX_DEPTH:
-            raise BadItem("nested too deep")
-        if hint in (object, typing.Any):
-            return self._generic(value, depth, where)
-        origin = typing.get_origin(hint)
-        if origin in (typing.Union, types.UnionType):
-            if value is None and type(None) in typing.get_args(hint):
-                return None
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            for arg in args[:-1]:
-                try:
-                    return self._as(arg, value, depth, where)
-                except BadItem:
-                    continue
-            return self._as(args[-1], value, depth, where)
-        if origin in (tuple, frozenset):
-            if not isinstance(value, list):
-                raise BadItem(f"{where}: expected a list")
-            args = typing.get_args(hint)
-            if origin is frozenset:
-                return frozenset(self._as(args[0], v, depth + 1, where) for v in value)
-            if len(args) == 2 and args[1] is Ellipsis:
-                return tuple(self._as(args[0], v, depth + 1, where) for v in value)
-            if len(args) != len(value):
-                raise BadItem(f"{where}: expected {len(args)} values")
-            return tuple(self._as(a, v, depth + 1, where) for a, v in zip(args, value))
-        if origin in (dict, Mapping) or hint is dict:
-            if not isinstance(value, dict):
-                raise BadItem(f"{where}: expected an object")
-            key_t, val_t = typing.get_args(hint) or (str, object)
-            return {self._key(key_t, k, where): self._as(val_t, v, depth + 1, where) for k, v in value.items()}
-        if isinstance(hint, type):
-            return self._scalar(hint, value, depth, where)
-        raise BadItem(f"{where}: cannot read a {hint!r}")
-
-    def _scalar(self, hint: type, value, depth: int, where: str):
-        if issubclass(hint, enum.Enum):
-            try:
-                return hint(value)
-            except ValueError:
-                raise BadItem(f"{where}: {str(value)[:40]!r} is not a {hint.__name__}") from None
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, dict):
-                raise BadItem(f"{where}: expected an object")
-            return self._build(hint, value, depth + 1)
-        ok = {bool: lambda v: isinstance(v, bool),
-              int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              str: lambda v: isinstance(v, str)}.get(hint)
-        if ok is None or not ok(value):
-            raise BadItem(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
-        return float(value) if hint is float else value
-
-    def _key(self, key_t, key: str, where: str):
-        if key_t is int:
-            try:
-                return int(key)
-            except ValueError:
-                raise BadItem(f"{where}: key {key[:20]!r} is not an integer") from None
-        return key
-
-    def _generic(self, value, depth: int, where: str):
+    def generic(self, value, depth: int):
         """A field typed `object` (a ServerSample's facts, a ClientOutput's output): a registered class by
         its `_t`, else plain JSON with lists as tuples."""
+        if depth > MAX_DEPTH:
+            raise BadItem("nested too deep")
         if isinstance(value, dict):
             name = value.get("_t")
             if name is not None:
                 cls = REGISTRY.get(name) if isinstance(name, str) else None
                 if cls is None:
-                    raise BadItem(f"{where}: unknown class {str(name)[:40]!r}")
+                    raise BadItem(f"unknown class {str(name)[:40]!r}")
                 return self._build(cls, value, depth + 1)
-            return {k: self._generic(v, depth + 1, where) for k, v in value.items()}
+            return {k: self.generic(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list):
-            return tuple(self._generic(v, depth + 1, where) for v in value)
+            return tuple(self.generic(v, depth + 1) for v in value)
         return value
+
+
+Converter = typing.Callable[[Decoder, object, int], object]
+_FIELDS: dict[type, dict[str, Converter]] = {}
+
+
+def _field_converters(cls: type) -> dict[str, Converter]:
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        hints = typing.get_type_hints(cls)
+        fields = _FIELDS[cls] = {f.name: _converter(hints[f.name], f"{cls.__name__}.{f.name}")
+                                 for f in dataclasses.fields(cls)}
+    return fields
+
+
+def _bad(where: str, what: str):
+    raise BadItem(f"{where}: {what}")
+
+
+_PRIMITIVE_OK = {bool: lambda v: type(v) is bool, int: lambda v: type(v) is int,
+                 float: lambda v: type(v) in (float, int), str: lambda v: type(v) is str}
+
+
+def _converter(hint, where: str) -> Converter:  # noqa: C901 (one branch per kind of hint)
+    """A function (decoder, JSON value, depth) -> the field's value, checked against `hint`."""
+    if hint in (object, typing.Any):
+        return lambda d, v, depth: d.generic(v, depth)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [_converter(a, where) for a in args if a is not type(None)]
+        nullable = type(None) in args
+
+        def union(d, v, depth):
+            if v is None and nullable:
+                return None
+            for convert in options[:-1]:
+                try:
+                    return convert(d, v, depth)
+                except BadItem:
+                    continue
+            return options[-1](d, v, depth)
+        return union
+    if origin is frozenset or origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        each, make = _converter(args[0], where), frozenset if origin is frozenset else tuple
+        return lambda d, v, depth: (make(each(d, x, depth + 1) for x in v) if type(v) is list
+                                    else _bad(where, "expected a list"))
+    if origin is tuple:
+        parts = [_converter(a, where) for a in args]
+
+        def fixed(d, v, depth):
+            if type(v) is not list or len(v) != len(parts):
+                _bad(where, f"expected a list of {len(parts)}")
+            return tuple(c(d, x, depth + 1) for c, x in zip(parts, v))
+        return fixed
+    if origin in (dict, Mapping) or hint is dict:
+        key_t, val_t = args or (str, object)
+        value = _converter(val_t, where)
+        key = (lambda k: int(k) if k.lstrip("-").isdigit() else _bad(where, "a key that is no integer")) \
+            if key_t is int else (lambda k: k)
+        return lambda d, v, depth: {key(k): value(d, x, depth + 1) for k, x in v.items()} if type(v) is dict \
+            else _bad(where, "expected an object")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        by_value = {m.value: m for m in hint}
+        return lambda d, v, depth: by_value[v] if isinstance(v, str) and v in by_value else \
+            _bad(where, f"{str(v)[:40]!r} is not a {hint.__name__}")
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return lambda d, v, depth: (d._build(hint, v, depth + 1) if type(v) is dict
+                                    else _bad(where, "expected an object"))
+    ok = _PRIMITIVE_OK.get(hint)
+    if ok is None:
+        raise TypeError(f"{where}: a recording cannot hold a {hint!r}")
+    if hint is float:
+        return lambda d, v, depth: float(v) if ok(v) else _bad(where, f"expected a number, got {type(v).__name__}")
+    return lambda d, v, depth: v if ok(v) else _bad(where, f"expected {hint.__name__}, got {type(v).__name__}")

@@ -19,6 +19,7 @@ import gzip
 import io
 import json
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -36,10 +37,12 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_HEADER = 1 * 2**20
 MAX_LINE = 64 * 2**20  # one item: a block map of 100k blocks is ~9 MB
-MAX_RATIO = 1000  # decompressed / compressed; recordings run 5-40x, a bomb of zeros 1000x and more
-RATIO_AFTER = 64 * 2**20  # checked once this much has been inflated
+MAX_RATIO = 10_000  # decompressed / compressed: an idle run's snapshots compress a few hundred times, zeros 30,000x
+RATIO_AFTER = 256 * 2**20  # checked once this much has been inflated
 MAX_WINDOW = 2**27  # zstd's window: what a frame may ask the decoder to keep (ours use 2 MiB)
 READ_CHUNK = 2**20
+MAX_BAD_IN_A_ROW = 100_000  # lines that are no items, one after another: not a recording (a bomb of newlines)
+_HEAD = re.compile(rb'\{"t":(-?[0-9][0-9.eE+-]{0,30}),"k":"([A-Za-z]{1,40})"')
 
 
 class RecordingError(ValueError):
@@ -151,11 +154,10 @@ class Recording:
             raise RecordingError(self.path, f"refused: it inflates more than {MAX_RATIO}x (a decompression bomb)")
         return line
 
-    def items(self, decoder: Decoder | None = None) -> Iterator[tuple[float, object]]:
-        """(seconds since the start, item) for each whole item, streamed; stops at the end line or where the
-        file was cut short (then `cut_short` says so). RecordingError for a bomb found on the way."""
-        decoder = decoder or Decoder()
-        n = 0
+    def lines(self) -> Iterator[tuple[float, str, bytes]]:
+        """(seconds, kind, the raw line) for each whole line up to the end line, without decoding the item
+        (a seek skips through a file at the speed of decompression). Stops where the file was cut short."""
+        n = bad_in_a_row = 0
         while True:
             try:
                 line = self._line(MAX_LINE)
@@ -165,23 +167,50 @@ class Recording:
             if not line.endswith(b"\n"):  # the end of the file, mid-line or at a line's end
                 self._cut(n, "it ends mid-item" if line else "no end line")
                 return
-            obj = _json(line)
-            if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
-                self._skip("a line that is not an item")
-                continue
-            t = obj.get("t")
-            t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t == t else self.last_t
-            if obj["k"] == "end":
-                self.ended = obj.get("d") if isinstance(obj.get("d"), dict) else {}
+            head = _HEAD.match(line)
+            t = _number(head.group(1)) if head is not None else None
+            if t is not None:
+                kind = head.group(2).decode()
+            else:  # not as the writer writes it: the whole line parsed
+                obj = _json(line)
+                if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
+                    bad_in_a_row += 1
+                    if bad_in_a_row > MAX_BAD_IN_A_ROW:
+                        raise RecordingError(self.path, f"refused: {MAX_BAD_IN_A_ROW:,} lines in a row that are no "
+                                                        "items (not a recording, or a decompression bomb)")
+                    self._skip("a line that is not an item")
+                    continue
+                t, kind = obj.get("t"), obj["k"]
+                t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t == t else self.last_t
+            bad_in_a_row = 0
+            if kind == "end":
+                obj = _json(line)
+                self.ended = obj.get("d") if isinstance(obj, dict) and isinstance(obj.get("d"), dict) else {}
                 return
-            try:
-                item = decoder.item(obj["k"], obj.get("d"))
-            except (BadItem, RecursionError, ValueError) as exc:
-                self._skip(str(exc) if not isinstance(exc, RecursionError) else "nested too deep")
-                continue
             self.last_t = max(self.last_t, t)
             n += 1
-            yield t, item
+            yield t, kind, line
+
+    def decode(self, line: bytes, decoder: Decoder):
+        """The item on a line from lines(); None (counted in `skipped`) where it is not one."""
+        obj = _json(line)
+        if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
+            self._skip("a line that is not an item")
+            return None
+        try:
+            return decoder.item(obj["k"], obj.get("d"))
+        except (BadItem, RecursionError, ValueError, TypeError) as exc:
+            self._skip(str(exc) if not isinstance(exc, RecursionError) else "nested too deep")
+            return None
+
+    def items(self, decoder: Decoder | None = None) -> Iterator[tuple[float, object]]:
+        """(seconds since the start, item) for each whole item, streamed; stops at the end line or where the
+        file was cut short (then `cut_short` says so). RecordingError for a bomb found on the way."""
+        decoder = decoder or Decoder()
+        for t, _kind, line in self.lines():
+            item = self.decode(line, decoder)
+            if item is not None:
+                yield t, item
 
     def _cut(self, n: int, why: str) -> None:
         self.cut_short = (f"recording cut short ({why}): played up to its last whole item "
@@ -209,6 +238,14 @@ def _json(line: bytes):
         return json.loads(line)
     except (ValueError, RecursionError):
         return None
+
+
+def _number(text: bytes) -> float | None:
+    try:
+        t = float(text)
+    except ValueError:
+        return None
+    return t if t == t else None
 
 
 def _why(exc: BaseException) -> str:
