@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
+    parser.add_argument("--replay", metavar="FILE", default=None,
+                        help="play a recording (.inferlab-run, from --record, File → Record or prepare) in the "
+                             "panels instead of running an engine: 1x/2x/4x, a scrubber, jumps to knob changes")
+    parser.add_argument("--speed", type=float, choices=(1.0, 2.0, 4.0), default=1.0,
+                        help="with --replay: the pace, in times the recorded one")
+    from app.record.args import add_record_args
+
+    add_record_args(parser, "what the app's panels show")
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="show the measured comparisons `inferlab prepare --profile NAME` stored (default: "
                              "$INFERLAB_PROFILE, else the shared store)")

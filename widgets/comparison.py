@@ -65,6 +65,7 @@ class ComparisonPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._result: dict | None = None
+        self._panels_note = ""  # where the other panels' run comes from, when not live (a recorded run)
         self.title = _label(POINT_SIZE + 2, bold=True)
         self.provenance = _label(POINT_SIZE - 1)
         self.notes = _label(POINT_SIZE - 1)
@@ -199,8 +200,7 @@ class ComparisonPanel(QWidget):
         self.flag.setText(flag)
         self.flag.setToolTip(flag_details)
         self.flag.setVisible(bool(self.flag.text()))
-        self.provenance.setText(measured_line(result))
-        self.provenance.show()
+        self._show_provenance()
         self.headline.setText(headline_line(result) if self._compact else "")
         self.headline.setVisible(bool(self.headline.text()))
         self.regime.setText(result.get("regime") or "")
@@ -222,6 +222,18 @@ class ComparisonPanel(QWidget):
         self.notes.setVisible(bool(notes))
         self.sigShown.emit()
         self._fit_compact()
+
+    def set_panels_note(self, text: str) -> None:
+        """Say which run the other panels show when it is not the live one ("" : live): the comparison is
+        the stored measurement either way, and the room is told which of the two it is watching."""
+        self._panels_note = text
+        if self._result and not self._result.get("not_built"):
+            self._show_provenance()
+
+    def _show_provenance(self) -> None:
+        line = measured_line(self._result)
+        self.provenance.setText(f"{line}\n{self._panels_note}" if self._panels_note else line)
+        self.provenance.show()
 
     def chart_height(self) -> int:
         """The panel's height that shows its title, its whole chart (bars, curve, time split) and the

@@ -22,8 +22,31 @@ GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span styl
                        "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
 
 
+RECORDED_CONTROLS = (*FEATURE_CONTROLS, *KNOB_CONTROLS, "serve_budget", "reset", "ttft_budget_s", "tpot_budget_s",
+                     "max_num_batched_tokens")
+
+
+def recorded_control_values(knobs: dict) -> dict:
+    """A recording's knobs as the controls show them (the KV cache's dtype as its bits)."""
+    values = {k: knobs[k] for k in ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
+              if isinstance(knobs.get(k), int) and not isinstance(knobs.get(k), bool)}
+    if "kv_cache_dtype" in knobs:
+        values["kv_cache_bits"] = 8 if knobs["kv_cache_dtype"] == "int8" else 16
+    return values
+
+
+def grey_out_recorded(panels: Panels, source: str) -> None:
+    """A recording: every control shows the run as it was, greyed, "recorded"."""
+    for name in dict.fromkeys(RECORDED_CONTROLS):
+        panels.controls.set_feature_available(name, False, f"recorded: as the run had it ({source})")
+
+
 def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_ready: bool) -> None:
     controls = panels.controls
+    if caps.recorded:
+        grey_out_recorded(panels, source)
+        _panels_available(panels, caps, source)
+        return
     for name, (cap, what) in FEATURE_CONTROLS.items():
         on = cap in caps or name in caps.restartable  # a managed server: by restarting it
         controls.set_feature_available(name, on, _by_restart(what, name, caps, source) if on
@@ -36,10 +59,20 @@ def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_re
         on = "ttft_budget_ms" in caps.reconfigurable
         controls.set_feature_available("serve_budget", on, "" if on else
                                        f"Serving toward the budget: the scheduler of {source} is not changeable here")
-    for spec in PANEL_SPECS if engine_ready else ():
+        _panels_available(panels, caps, source)
+
+
+# what a recording shows of the run's acting features: the points its steps made, the errors and comparisons it
+# carries (nothing is run again)
+RECORDED_SHOWS = frozenset({"sweep", "quantization"})
+
+
+def _panels_available(panels: Panels, caps: Capabilities, source: str) -> None:
+    shown = caps.names() | (RECORDED_SHOWS if caps.recorded else frozenset())
+    for spec in PANEL_SPECS:
         if not spec.needs:
             continue
-        missing = [what for cap, what in spec.needs if cap not in caps]
+        missing = [what for cap, what in spec.needs if cap not in shown]
         why = f"{' and '.join(missing)}: not exposed by {source}" if missing else ""
         why = why[:1].upper() + why[1:]
         panel = panels.named(spec.name)

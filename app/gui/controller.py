@@ -11,7 +11,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QMessageBox
 
-from app.gui.availability import grey_out_features
+from app.gui.availability import grey_out_features, recorded_control_values
 from app.gui.control_state import ControlState
 from app.gui.cue_player import CuePlayer
 from app.gui.live_scale import LiveScale
@@ -69,9 +69,16 @@ class AppController(QObject):
         panels.comparison.sigRerunRequested.connect(self.presets.measure_comparison)
         feeder.sigQuantized.connect(self._on_quantized)
         feeder.sigServerRestarted.connect(self.restarts.on_restarted)
+        feeder.sigKnobsRecorded.connect(self.show_recorded_knobs)
         self._grey_out_features()
 
     # --- engine lifecycle ---------------------------------------------------------------------
+    def show_recorded_knobs(self, knobs: dict) -> None:
+        """A recording's knobs as they were (greyed: app/gui/availability.py), not sent anywhere."""
+        values = recorded_control_values(knobs)
+        self.state.config.update(values)
+        self.panels.controls.set_values(values)
+
     def on_loaded(self, info) -> None:
         self.state.capabilities = info.capabilities
         self.state.source_name = info.source
@@ -88,6 +95,18 @@ class AppController(QObject):
             self.presets.apply_preset(self.state.preset.path)
         else:
             self.push_config()
+        self._keep_recorded_knobs()
+
+    def back_to_live(self) -> None:
+        """A recording played in this window is done: the source's own controls, the preset again."""
+        self._grey_out_features()
+        if self.state.preset is not None and self.state.engine_ready:
+            self.presets.apply_preset(self.state.preset.path)
+
+    def _keep_recorded_knobs(self) -> None:
+        """A preset shows its own knobs; a recording's controls show the recorded ones again."""
+        if self.state.capabilities.recorded:
+            self.show_recorded_knobs(getattr(self.host, "knobs", None) or self.host.info.config)
 
     def _on_quantized(self, bits: int, _num_kv_blocks: int) -> None:
         self.state.engine_bits = bits
@@ -126,10 +145,15 @@ class AppController(QObject):
         return self.state.measuring
 
     def apply_preset(self, name_or_path) -> bool:
-        return self.presets.apply_preset(name_or_path)
+        ok = self.presets.apply_preset(name_or_path)
+        if self.state.engine_ready:
+            self._keep_recorded_knobs()
+        return ok
 
     def step_preset(self, delta: int) -> None:
         self.presets.step_preset(delta)
+        if self.state.engine_ready:
+            self._keep_recorded_knobs()
 
     def measure_comparison(self, every_preset: bool = False) -> None:
         self.presets.measure_comparison(every_preset)
@@ -275,6 +299,9 @@ class AppController(QObject):
         self.cues.next_cue()
 
     def set_load_running(self, running: bool) -> None:
+        if self.state.capabilities.recorded:  # a recording's load is the recorded one: no cues, no generator
+            self.load_running = False
+            return
         if not running:
             self.cues.stop()
         elif self.state.preset is not None and self.state.preset.cues and not self.cues.running:

@@ -10,9 +10,11 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),
     ("S", "run the tradeoff sweep (the explorer: batch x weight bits x drafts on engines of its own)"),
+    ("P", "play this chapter's recorded run (recorded by `inferlab prepare`) instead of the live one; again: live"),
     ("PgDown / PgUp", "next / previous preset"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
     ("Ctrl+Enter", "send the prompt typed in the token stream"),
+    ("Ctrl+R", "record what the panels show to an .inferlab-run file; again: stop (drop one on the window to play it)"),
     ("Ctrl+T", "tune a server: sweep a managed server's flags onto the tradeoff plot"),
     ("Ctrl+Q", "quit"),
 )

@@ -61,7 +61,19 @@ def run_gui(args) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    if getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
+    replay_preset = None
+    if getattr(args, "replay", None):  # a recording in place of an engine
+        from app.record.reader import RecordingError, open_recording
+        from app.replay.source import ReplaySource
+
+        try:
+            with open_recording(args.replay) as rec:  # refused in one line before a window opens
+                replay_preset = rec.header.get("preset") if isinstance(rec.header.get("preset"), str) else None
+        except RecordingError as exc:
+            print(f"inferlab: error: --replay: {exc}", file=sys.stderr)
+            return 2
+        host = ReplaySource(args.replay, speed=args.speed)
+    elif getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
         from app.host.managed_args import managed_source
 
         try:
@@ -93,7 +105,10 @@ def run_gui(args) -> int:
     else:
         settings = QSettings()
         window = MainWindow(host, settings)
-    preset = args.preset or _last_preset(settings) or DEFAULT_PRESET
+    last = None if getattr(args, "replay", None) else _last_preset(settings)  # a replay: its own chapter
+    preset = args.preset or replay_preset or last or DEFAULT_PRESET
+    if getattr(args, "record", None):
+        window.recording.start(args.record, args.record_limit)
     window.show()
     host.start()  # after show(): the window is up before the model starts loading
     try:
@@ -185,6 +200,11 @@ async def screenshot(window, host, out: Path, run_seconds: float, report: str | 
         Path(report).parent.mkdir(parents=True, exist_ok=True)
         Path(report).write_text(json.dumps({"preset": preset, "run_seconds": run_seconds,
                                             **verdict(samples), "samples": samples}, indent=1))
+    elif getattr(host, "ended", None) is not None:  # a replay: its run, or the end of the recording if sooner
+        deadline = asyncio.get_running_loop().time() + run_seconds
+        while not host.ended and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # its last items drained into the panels
     else:
         await asyncio.sleep(run_seconds)
     window.flush_panels()

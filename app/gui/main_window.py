@@ -26,6 +26,7 @@ from app.gui.frame_governor import FrameGovernor
 from app.gui.panel_feeder import PanelFeeder
 from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
+from app.gui.recording_actions import RecordingActions
 from app.gui.server_control import ServerControl
 from app.gui.trace_recorder import TraceRecorder
 from app.gui.tune_actions import TuneActions
@@ -76,6 +77,8 @@ class MainWindow(QMainWindow):
         theme = self._setting("theme", "dark")
         self.theme = theme if theme in ("dark", "light") else "dark"  # an edited settings file: the default
         self.actions_by_name = build_menus(self)
+        self.recording = RecordingActions(self)  # File → Record; a recording played here (dropped, P)
+        self.setAcceptDrops(True)
         self._drain_timer = QTimer(self)
         self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
         self._drain_timer.timeout.connect(self._on_drain)
@@ -204,7 +207,7 @@ class MainWindow(QMainWindow):
         self._drain_timer.setInterval(max(DRAIN_INTERVAL_MS, round(500 / hz)))  # twice per repaint
 
     def _on_drain(self) -> None:
-        items = self.host.drain(DRAIN_LIMIT)
+        items = self.recording.source.drain(DRAIN_LIMIT)
         if items:
             self.feeder.feed(items)
 
@@ -347,7 +350,19 @@ class MainWindow(QMainWindow):
             return
         self.show_message(f"serving the OpenAI-compatible API at {url}; its requests show in the panels")
 
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if _dropped_file(event) is not None:
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """A recording dropped onto the window plays in it (File → Play a recording…, as a file)."""
+        path = _dropped_file(event)
+        if path is not None:
+            event.acceptProposedAction()
+            self.recording.play(path)
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.recording.shutdown()
         self.server.stop()
         self.tuning.shutdown()
         if self.presenter:
@@ -362,3 +377,9 @@ class MainWindow(QMainWindow):
             self._gc_held = False
             collector.release()
         super().closeEvent(event)
+
+
+def _dropped_file(event) -> str | None:
+    """The one local file a drag carries, else None."""
+    urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+    return urls[0].toLocalFile() if len(urls) == 1 and urls[0].isLocalFile() else None

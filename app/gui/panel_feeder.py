@@ -52,6 +52,7 @@ class PanelFeeder(QObject):
     sigComputeChanged = Signal(str)  # the engine's compute line, new (the native kernels took over)
     sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
     sigServerRestarted = Signal(object)  # a managed server's restart ended (channel.ServerRestarted)
+    sigKnobsRecorded = Signal(object)  # a recording's knobs changed (channel.KnobsChanged): the controls show them
 
     def __init__(self, panels: Panels, meter: TradeoffMeter, recorder: TraceRecorder, parent=None) -> None:
         super().__init__(parent)
@@ -97,7 +98,9 @@ class PanelFeeder(QObject):
             channel.ClientOutput: self._on_client_output,
             channel.ClientFinished: self._on_client_finished,
             channel.ServerRestarted: self.sigServerRestarted.emit,
+            channel.KnobsChanged: self._on_knobs_changed,
         }
+        self.taps: list = []  # called with every drained item list before the panels get it (File → Record)
 
     # --- streams ------------------------------------------------------------------------------
     def add_user_stream(self, request_id: str, title: str, prompt: str) -> None:
@@ -137,6 +140,8 @@ class PanelFeeder(QObject):
 
     # --- the drain ----------------------------------------------------------------------------
     def feed(self, items: list) -> None:
+        for tap in self.taps:
+            tap(items)
         handlers = self._handlers
         for item in items:
             handler = handlers.get(type(item))
@@ -147,6 +152,12 @@ class PanelFeeder(QObject):
         self._feed_plots()
         self._feed_memory()
         self._push_timings()
+
+    def _on_knobs_changed(self, item: channel.KnobsChanged) -> None:
+        """A recorded run turned knobs: marked on the timeline at that moment, shown on the (greyed) controls."""
+        self._feed_plots(force=True)  # the mark lands after the steps before it
+        self.panels.timeline.mark_config_change(item.text or ", ".join(f"{k} {v}" for k, v in item.values.items()))
+        self.sigKnobsRecorded.emit(dict(item.values))
 
     def _on_memory(self, snap: MemorySnapshot) -> None:
         self._memory = snap

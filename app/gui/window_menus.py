@@ -29,6 +29,9 @@ def build_menus(window) -> dict[str, QAction]:
     add(file, "attach", "Attach to server…", lambda: attach_dialog(window))
     add(file, "tune", "Tune a server…", lambda: window.tuning.open(), "Ctrl+T")
     file.addSeparator()
+    add(file, "record", "Record…", lambda on: window.recording.toggle(on), "Ctrl+R", checkable=True)
+    add(file, "replay", "Play a recording…", lambda: play_dialog(window))
+    file.addSeparator()
     add(file, "export-trace", "Export Chrome trace JSON…", lambda: export_trace(window))
     add(file, "export-png", "Export plots PNG…", lambda: export_png(window))
     add(file, "export-csv", "Export CSV…", lambda: export_csv(window))
@@ -68,6 +71,7 @@ def build_menus(window) -> dict[str, QAction]:
     add(load, "compile", "torch.compile the dense layers", lambda on: ctl.set_compiled(on), "K", checkable=True)
     add(load, "sweep", "Run tradeoff sweep (explorer)", lambda: ctl.run_sweep(), "S")
     add(load, "compare", "Measure this chapter's comparison", lambda: ctl.measure_comparison(), "M")
+    add(load, "recorded-run", "Play this chapter's recorded run / back to live", lambda: play_chapter(window), "P")
     add(load, "prepare", "Prepare the talk: measure every preset's comparison",
         lambda: ctl.measure_comparison(every_preset=True))
     load.addSeparator()
@@ -129,3 +133,31 @@ def attach_dialog(window) -> None:
     if not ok:
         return
     window.attach(url.strip(), key.strip() or None)
+
+
+def play_dialog(window) -> None:
+    path, _ = QFileDialog.getOpenFileName(window, "Play a recording", str(Path.home()),
+                                          "inferlab recording (*.inferlab-run);;any file (*)")
+    if path:
+        window.recording.play(path)
+
+
+def play_chapter(window) -> None:
+    """P: the chapter's run `prepare` recorded beside its comparison, played instead of the live one (a
+    laptop on stage that cannot hold it); again: back to live."""
+    from app.talk.compare.machine import machine_info
+    from app.talk.compare.store import recording_path
+
+    rec, ctl = window.recording, window.controller
+    if rec.playing is not None:
+        rec.back_to_live()
+        return
+    if ctl.preset is None:
+        window.show_message("no chapter: open a preset first")
+        return
+    path = recording_path(ctl.preset.name, window.host.config.model, machine_info())
+    if not path.is_file():
+        window.show_message(f"no recorded run of {ctl.preset.name} on this machine ({path}): `inferlab prepare` "
+                            "records one beside its comparison; or drop a recording onto the window")
+        return
+    rec.play(path, chapter_note="the panels: its recorded run ({recorded_on}), not live")

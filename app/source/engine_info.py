@@ -26,6 +26,7 @@ class Capabilities:
     lora: bool = False  # multi-LoRA serving: an adapter pool, requests that name an adapter
     server_metrics: bool = False  # an attached server's scraped /metrics (the Server panel)
     client_timings: bool = False  # per-request timings measured by the client as streams arrive (attached)
+    recorded: bool = False  # a recording (app/replay/): the run as it was, every control read-only
     reconfigurable: tuple[str, ...] = ()  # EngineConfig fields that change between steps
     restartable: tuple[str, ...] = ()  # knobs a managed server takes by restarting with new flags
 

@@ -41,6 +41,11 @@ def result_path(preset_name: str, model: str, machine: dict, root: Path | None =
     return (root or store_root()) / machine_key(machine) / model_key(model) / f"{preset_name}.json"
 
 
+def recording_path(preset_name: str, model: str, machine: dict, root: Path | None = None) -> Path:
+    """The chapter's runs `prepare` recorded (app/record/), beside its stored comparison."""
+    return result_path(preset_name, model, machine, root).with_suffix(".inferlab-run")
+
+
 def save_result(preset_name: str, model: str, result: dict, root: Path | None = None) -> Path:
     """Write one preset's result (atomically: a crash never leaves half a file)."""
     path = result_path(preset_name, model, result["machine"], root)

@@ -1,0 +1,1 @@
+"""The replaying engine source: a recording (app/record/) fed to the same panels as a live run."""
