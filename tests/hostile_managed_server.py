@@ -11,7 +11,8 @@ It serves tests/fake_openai_server.py's handler, changed by each --mode (repeata
 - metrics-nan / metrics-huge / metrics-endless: /metrics lies (NaN, -inf, 1e308 values and a string
   sample; a 12 MiB body; a body that never ends).
 - models-invalid / models-empty: /v1/models answers invalid JSON / {"data": []}.
-- stream-forever: a streamed completion never ends (a token every 10 ms, no finish).
+- stream-forever: a streamed completion never ends (one token, then an event without text every 10 ms,
+  no finish: more tokens than asked for would end it at its own limit).
 - greedy-huge: a non-streamed completion answers a 12 MiB body.
 - ready-after:S: /health says 200 at once, but /v1/models and completions answer 503 for S seconds.
 - refuse-completions: every completion answers 503 (/health 200 all along).
@@ -110,8 +111,9 @@ def hostile_handler(modes: set[str], log_path: str):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
+            self._event({"choices": [{"text": "tok", "finish_reason": None}]})
             while True:
-                self._event({"choices": [{"text": "tok", "finish_reason": None}]})
+                self._event({"choices": [{"text": "", "finish_reason": None}]})
                 time.sleep(0.01)
 
         def _raw(self, code: int, data: bytes) -> None:
