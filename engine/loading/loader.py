@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from engine.loading.errors import ModelLoadError, Progress, read_json
 from engine.loading.gguf_convert import convert_gguf
 from engine.loading.origin import MARKER, weights_origin
-from engine.loading.shapes import check_shapes, expected_shapes
+from engine.loading.shapes import check_weights, header_shapes
 from engine.loading.tokenizer import Tokenizer
 from engine.loading.user_dirs import user_dir
 from engine.models.model_config import ModelConfig
@@ -123,15 +123,20 @@ def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
         raise ModelLoadError(f"{config_file}: {why}") from e
 
     files = _weight_files(folder)
+    headers = {}
+    for file in files:  # the headers first: config and weights agree before anything is allocated
+        try:
+            headers[file] = header_shapes(file)
+        except Exception as e:  # safetensors raises its own error type (header, truncation), or OSError
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); {_remedy(folder)}") from e
+    check_weights(config, headers, config_file)
     state_dict: dict[str, torch.Tensor] = {}
-    shapes = expected_shapes(config)
     for i, file in enumerate(files):
         report(f"reading {file.name}", 0.9 * i / len(files))
         try:
             tensors = load_file(str(file))
-        except Exception as e:  # safetensors raises its own error type (header, truncation), or OSError
+        except Exception as e:  # (as above: a file cut short after its header)
             raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); {_remedy(folder)}") from e
-        check_shapes(tensors, shapes, file)
         state_dict.update(tensors)
     report("loading tokenizer", 0.95)
     try:
