@@ -45,6 +45,7 @@ def run_gui(args) -> int:
 
     from app.device_args import device_options, engine_threads
     from app.gui.main_window import MainWindow
+    from app.gui.settings_file import user_settings
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
 
@@ -83,8 +84,8 @@ def run_gui(args) -> int:
         window.controller.interactive = False
         window.resize(*(args.size or SCREENSHOT_SIZE))
     else:
-        settings = QSettings()
-        window = MainWindow(host, settings)
+        settings, persist = user_settings()  # (its file checked first: a FIFO there hung the start)
+        window = MainWindow(host, settings, persist=persist)
     preset = args.preset or _last_preset(settings) or DEFAULT_PRESET
     window.show()
     host.start()  # after show(): the window is up before the model starts loading

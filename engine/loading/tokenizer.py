@@ -25,9 +25,11 @@ try:
 except ImportError:  # tokenizers < 0.21: the detokenizer decodes windows itself
     DecodeStream = None
 
-from engine.loading.errors import ModelLoadError, read_json
+from engine import files
+from engine.loading.errors import MAX_CONFIG_BYTES, ModelLoadError, read_json
 
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+MAX_TOKENIZER_BYTES = 256 * 2**20  # tokenizer.json: ~2 MB for SmolLM2, ~33 MB for the largest vocabularies
 
 
 class Tokenizer:
@@ -56,7 +58,7 @@ class Tokenizer:
     def from_folder(cls, path: str | Path) -> Tokenizer:
         folder = Path(path)
         tok_file = folder / "tokenizer.json"
-        if not tok_file.is_file():
+        if not tok_file.exists():
             raise FileNotFoundError(f"no tokenizer.json in {folder} (only fast tokenizers are supported)")
         config = read_json(folder / "tokenizer_config.json")
         # Older folders keep the named special tokens in a separate file.
@@ -65,16 +67,17 @@ class Tokenizer:
         # transformers v5 prefers the standalone .jinja file over the config entry.
         jinja_file = folder / "chat_template.jinja"
         template_file = jinja_file if jinja_file.is_file() else folder / "tokenizer_config.json"
-        template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else config.get("chat_template")
+        template = _template_text(jinja_file) if jinja_file.exists() else config.get("chat_template")
         if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
         if template is not None and not isinstance(template, str):
             raise ModelLoadError(f"{template_file}: the chat template is not text ({type(template).__name__})")
         try:
+            files.check_regular(tok_file, MAX_TOKENIZER_BYTES)  # (the library would read a FIFO for ever)
             fast = FastTokenizer.from_file(str(tok_file))
         except Exception as e:  # noqa: BLE001 (the tokenizers library raises a bare Exception)
-            raise ModelLoadError(f"{tok_file}: not a readable tokenizer ({e})") from e
+            raise ModelLoadError(f"{tok_file}: not a readable tokenizer ({getattr(e, 'why', e)})") from e
         try:
             return cls(fast, config, template)
         except jinja2.exceptions.TemplateError as e:
@@ -145,6 +148,14 @@ class Tokenizer:
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
+
+
+def _template_text(path: Path) -> str:
+    """chat_template.jinja's text, read as every file inferlab reads (engine/files.py)."""
+    try:
+        return files.read_text(path, MAX_CONFIG_BYTES)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not a readable chat template ({getattr(e, 'why', e)})") from e
 
 
 def _token_text(value: Any) -> str:
