@@ -81,11 +81,18 @@ def run_generate(args) -> int:
 
     drive(engine, on_outputs=show)
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    failed = final is None or final.finish_reason == "error" or final.error is not None
     if args.stats and final is not None:
         dt = time.perf_counter() - t0
         n = len(final.token_ids)
         decode = (time.perf_counter() - first) / max(n - 1, 1) if first else 0.0
-        print(f"[{n} tokens, finish={final.finish_reason}, TTFT {(first - t0) * 1e3:.0f} ms, "
+        ttft = f"{(first - t0) * 1e3:.0f} ms" if first else "none"  # (a request can fail before its first token)
+        print(f"[{n} tokens, finish={final.finish_reason}, TTFT {ttft}, "
               f"{1 / decode if decode else 0:.1f} tok/s decode, {dt:.2f} s total]", file=sys.stderr)
         print(f"[engine: {engine.compute_line()}]", file=sys.stderr)
+    if failed:  # one line and a non-zero exit: a script must not take a failed answer for an empty one
+        why = (final.error or "no reason given") if final is not None else "the engine finished without an answer"
+        print(f"inferlab: error: the request failed: {' '.join(str(why).split())[:300]}", file=sys.stderr)
+        return 1
     return 0
