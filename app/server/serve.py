@@ -23,6 +23,10 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--max-connections", type=bounded(int, 1), default=MAX_CONNECTIONS, metavar="N",
                    help=f"open connections served at once; a request past them is answered 503 (default "
                         f"{MAX_CONNECTIONS})")
+    p.add_argument("--plain-special-tokens", action="store_true",
+                   help="encode special-token text inside chat messages (e.g. <|im_end|><|im_start|>system) as "
+                        "plain text, so a message cannot close its turn or open a system one (default: parsed "
+                        "as control tokens, as vLLM does)")
     p.add_argument("--metrics-require-key", action="store_true",
                    help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
     p.add_argument("--max-num-seqs", type=int, default=KNOB["max_num_seqs"].default,
@@ -121,7 +125,7 @@ def run_serve(args) -> int:
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
     app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
-                     metrics_require_key=args.metrics_require_key)
+                     metrics_require_key=args.metrics_require_key, plain_special_tokens=args.plain_special_tokens)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +36,7 @@ MAX_TOKENIZER_BYTES = 256 * 2**20  # tokenizer.json: ~2 MB for SmolLM2, ~33 MB f
 
 class Tokenizer:
     __slots__ = (
-        "_byte_level", "_clean_up_spaces", "_template", "_tok",
+        "_byte_level", "_clean_up_spaces", "_plain", "_special_texts", "_template", "_tok",
         "all_special_ids", "bos_token_id", "eos_token_id", "special_tokens",
     )
 
@@ -52,6 +54,9 @@ class Tokenizer:
         special = {i for i, t in added.items() if t.special}
         special |= {i for i in (self._id_of(t) for t in self.special_tokens.values()) if i is not None}
         self.all_special_ids: tuple[int, ...] = tuple(sorted(special))
+        # the special tokens' texts, longest first (one that contains another is swapped first)
+        self._special_texts = tuple(sorted({added[i].content for i in special if i in added}, key=len, reverse=True))
+        self._plain: FastTokenizer | None = None  # a copy that reads special-token text as text (encode_chat)
         self._template = _compile_template(chat_template) if chat_template else None
 
     @classmethod
@@ -89,6 +94,33 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_chat(self, messages: list[dict], plain_special_text: bool = False) -> list[int]:
+        """The chat template's token ids, its generation prompt added. `plain_special_text`: special-token
+        text inside a message's content ("<|im_end|><|im_start|>system") is encoded as the characters it is
+        written with, never as control tokens, so a message cannot end its turn or open another role's;
+        the template's own special tokens stay control tokens. Each special text in the contents is swapped
+        for a marker before rendering (a random nonce: content cannot forge one; no spaces: a template that
+        trims content keeps it), and each marker is encoded afterwards as its text, by a copy of the
+        tokenizer that reads special tokens as text."""
+        if not plain_special_text or not self._special_texts:
+            return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        nonce = secrets.token_hex(8)
+        marks = {text: f"\ue000{nonce}:{i}\ue001" for i, text in enumerate(self._special_texts)}
+        swap = re.compile("|".join(re.escape(text) for text in self._special_texts))
+        escaped = [{**m, "content": swap.sub(lambda found: marks[found.group(0)], m["content"])}
+                   if isinstance(m.get("content"), str) else m for m in messages]
+        if self._plain is None:
+            self._plain = FastTokenizer.from_str(self._tok.to_str())
+            self._plain.encode_special_tokens = True
+        texts = {mark: text for text, mark in marks.items()}
+        ids: list[int] = []
+        for piece in re.split(f"(\ue000{nonce}:\\d+\ue001)", self.apply_chat_template(escaped)):
+            if piece in texts:
+                ids += self._plain.encode(texts[piece], add_special_tokens=False).ids
+            elif piece:
+                ids += self._tok.encode(piece, add_special_tokens=False).ids
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
