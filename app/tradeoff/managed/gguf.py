@@ -34,12 +34,13 @@ def find_binary(name: str = BENCH, directory: Path | None = None) -> Path | None
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
-BUILD_KEYS = ("sdist", "built", "isa", "patch")
+BUILD_KEYS = ("sdist", "built", "isa", "opt", "patch")
 
 
 def llama_cpp_build(directory: Path | None = None) -> dict:
     """What scripts/build_llama_cpp.sh wrote in <dir>/VERSION (the sdist, when and with what it was built, the
-    ISA, the patch applied), for a bench's JSON to say which llama.cpp it measured. Only those keys, each
+    ISA, the optimization level (O1: a build for tests, not figures), the patch applied), for a bench's JSON
+    to say which llama.cpp it measured. Only those keys, each
     value cut to 200 characters, from the file's first 4 KiB: a stray or hostile file says nothing else."""
     path = (directory or llama_cpp_dir()) / "VERSION"
     try:
