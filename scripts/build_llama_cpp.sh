@@ -29,10 +29,9 @@ set -euo pipefail
 OUT_DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/inferlab/llama.cpp}"
 JOBS="${JOBS:-2}"
 read -r -a TARGETS <<< "${LLAMA_TARGETS:-llama-bench llama-batched-bench llama-server llama-cli llama-perplexity llama-quantize}"
-OPT_FLAGS=()
+# (always given: CMake keeps a cache variable, and a build folder made at -O1 would stay at -O1 when -O3 is asked)
 case "${LLAMA_OPT:-O3}" in
-  O3) ;;
-  O1) OPT_FLAGS=(-DCMAKE_C_FLAGS_RELEASE="-O1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG") ;;
+  O3|O1) OPT_FLAGS=(-DCMAKE_C_FLAGS_RELEASE="-${LLAMA_OPT:-O3} -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-${LLAMA_OPT:-O3} -DNDEBUG") ;;
   *) echo "error: LLAMA_OPT must be O3 or O1" >&2; exit 2 ;;
 esac
 ISA_FLAGS=()
