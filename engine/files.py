@@ -68,9 +68,10 @@ def check_regular(path: str | os.PathLike, max_bytes: int | None = None) -> int:
     return info.st_size
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_TEXT_BYTES, cut: bool = False) -> bytes:
-    """The bytes of the regular file `path`, at most `max_bytes` (`cut`: its first `max_bytes`, the rest
-    unread); UnreadableFile else (FileNotFoundError passes through: callers treat an absent file as absent)."""
+def open_regular(path: str | os.PathLike, buffering: int = 0):
+    """`path` opened for reading as a binary stream, a regular file only (opened without blocking: a FIFO
+    opens at once; checked on the descriptor, no window for a swap), for a caller that streams it (a
+    recording, read line by line, never whole); UnreadableFile else (FileNotFoundError passes through)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -83,7 +84,13 @@ def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_TEXT_BYTES, cut: bo
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise UnreadableFile(path, f"is {kind_of(mode)}, not a regular file")
-    with os.fdopen(fd, "rb", buffering=0) as f:
+    return os.fdopen(fd, "rb", buffering=buffering)
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_TEXT_BYTES, cut: bool = False) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes` (`cut`: its first `max_bytes`, the rest
+    unread); UnreadableFile else (FileNotFoundError passes through: callers treat an absent file as absent)."""
+    with open_regular(path) as f:
         data = bytearray()
         while len(data) <= max_bytes:
             piece = f.read(min(2**20, max_bytes + 1 - len(data)))

@@ -14,19 +14,17 @@ and counted (`skipped`, its first reason in `skip_reason`).
 """
 from __future__ import annotations
 
-import errno
 import gzip
 import io
 import json
-import os
 import re
-import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from app.record.codec import BadItem, Decoder
 from app.record.header import FORMAT, FORMAT_VERSION
+from engine.files import UnreadableFile, open_regular
 
 try:
     import zstandard
@@ -72,19 +70,13 @@ class _Counted(io.RawIOBase):
 
 
 def _open_regular(path: Path):
-    """The file opened without blocking (a FIFO opens at once), checked on its descriptor to be regular."""
+    """The project's bounded reader's open (engine/files.py): a regular file, opened without blocking."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_regular(path, buffering=READ_CHUNK)
     except FileNotFoundError:
         raise RecordingError(path, "no such file") from None
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            raise RecordingError(path, "a FIFO (named pipe), not a recording") from None
-        raise RecordingError(path, f"cannot be read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RecordingError(path, "not a regular file, not a recording")
-    return os.fdopen(fd, "rb", buffering=READ_CHUNK)
+    except UnreadableFile as exc:
+        raise RecordingError(path, f"not a recording: {exc.why}") from None
 
 
 class Recording:
