@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None, help="the model's context length when not given")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--no-compile", action="store_true", help="hf: leave the compiled static-cache setup out")
+    p.add_argument("--record", metavar="OUT", default=None,
+                   help="ours: record one more decode run per streams count and mode (after the measured rounds: "
+                        "recording costs the engine's thread time) and a serving run, to OUT (.inferlab-run): "
+                        "`inferlab --replay OUT` shows them in the app's panels on any machine")
+    p.add_argument("--serve-streams", type=int, default=64, help="with --record: the serving run's requests")
     return p.parse_args(argv)
 
 
@@ -138,6 +143,52 @@ def profile_steps(eng, prompts: list[str], steps: int) -> dict:
     return result
 
 
+def serving_run(eng, streams: int, tokens: int, spread_s: float = 1.0) -> dict:
+    """Requests arriving one after another over `spread_s` (prompts that repeat their text: n-gram drafts of
+    4 get accepted), stepped as a server would; for the recording (memory, the timeline, acceptance)."""
+    from engine import SamplingParams
+
+    prompts = [f"{i}: " + "one two three four five six seven eight. " * 3 for i in range(streams)]
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    eng.reconfigure(spec_method="ngram", num_speculative_tokens=4)
+    t0, sent, steps = time.perf_counter(), 0, 0
+    try:
+        while sent < streams or eng.has_unfinished():
+            due = min(streams, int((time.perf_counter() - t0) / spread_s * streams) + 1)
+            for p in prompts[sent:due]:
+                eng.add_request(p, params)
+            sent = max(sent, due)
+            if eng.has_unfinished():
+                eng.step()
+                steps += 1
+        totals = dict(eng.spec_totals)
+    finally:
+        eng.reconfigure(spec_method=None, num_speculative_tokens=0)
+    return {"requests": streams, "steps": steps, "seconds": round(time.perf_counter() - t0, 3), **totals}
+
+
+def record_runs(eng, args, path: str, modes: dict) -> dict:
+    """The recording (app/record/, no Qt): per streams count one decode run in each mode, then a serving run
+    with n-gram drafts. Run after the measured rounds: its figures are the runs', not the bench's."""
+    from app.record.engine_recorder import EngineRecorder
+
+    serving = {}
+    with EngineRecorder.for_engine(eng, path, what="the GPU check: decode runs and a serving run",
+                                   panels=["memory", "timeline", "spec"], preset="vram-bottleneck") as rec:
+        for streams in args.streams:
+            for mode, on in modes.items():
+                eng.reconfigure(cuda_graphs=on)
+                with rec.follow(eng, f"decode, {streams} streams, {mode}"):
+                    decode_run(eng, _prompts(streams, args.prompt_tokens), args.tokens)
+        eng.reconfigure(cuda_graphs=True)
+        with rec.follow(eng, f"serving: {args.serve_streams} requests arriving over a second, n-gram drafts of 4"):
+            serving = serving_run(eng, args.serve_streams, args.tokens)
+    return {"file": Path(path).name, "bytes": Path(path).stat().st_size, "items": rec.writer.items,
+            "dropped": rec.writer.dropped, "serving_run": serving,
+            "note": "recorded after the measured rounds (recording costs the engine thread's time): its runs are "
+                    "not the figures above; `inferlab --replay` plays them in the app's panels"}
+
+
 def run_ours(args, results: Results) -> None:
     from engine import EngineConfig, LLMEngine
 
@@ -171,6 +222,8 @@ def run_ours(args, results: Results) -> None:
                 med = statistics.median(r["tokens_per_s"] for r in runs[mode])
                 results.put("decode", f"{streams}_streams", mode,
                             value={"median_tokens_per_s": med, "runs": runs[mode], "measured": True})
+    if args.record:
+        results.put("recording", value=record_runs(eng, args, args.record, modes))
     for mode, on in modes.items():
         eng.reconfigure(cuda_graphs=on)
         results.put("profile", mode, value=profile_steps(eng, _prompts(1, args.prompt_tokens),

@@ -10,14 +10,18 @@ brings back every figure it reached:
   environment   torch, CUDA, the GPU (name, capability, memory, NVML), missing packages -> environment.json
   bench_decode  scripts/gpu_bench.py ours: 1 / 8 / 64 streams decoding, eager and CUDA graphs in alternating
                 rounds; per mode a profiled window (kernels a step, GPU-busy time, wall time) and one step's
-                launches counted from the code; the memory breakdown -> bench_decode.json
+                launches counted from the code; the memory breakdown -> bench_decode.json; then, recorded
+                (app/record/, no Qt), one more decode run per streams count and mode and a 64-stream serving
+                run with n-gram drafts -> run.inferlab-run (`inferlab --replay run.inferlab-run --screenshot
+                OUT.png` on any machine: the app's memory, timeline and acceptance panels of the GPU's run)
   bench_hf      scripts/gpu_bench.py hf: Hugging Face transformers on the same weights and GPU, eager and with
                 a static cache + torch.compile, the same streams -> bench_hf.json
   graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   cuda_tests    the CUDA tests and the Triton kernels' tests on the GPU (tests/test_cuda.py,
                 tests/test_gpu_kernels.py, tests/test_gpu_path.py) -> cuda_tests.xml
-  bench_compile one stream with compile=True (inductor's own kernels), 60 s at most -> bench_compile.json
+  bench_compile one stream with compile=True (inductor's own kernels), 60 s at most -> in results.json (its step's
+                "result": the device tool brings back 8 files, and the recording took a place)
   flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA), 60 s at most (results.json's log tail)
   screenshot    the app on the GPU, headless -> app.png; skipped, saying so, where PySide6 is missing
                 (the lent image has none, and its wheels are too large to carry)
@@ -65,6 +69,7 @@ class StepResult:
     missing_packages: list[str] = field(default_factory=list)  # why it was skipped: not a failure of the check
     files: list[str] = field(default_factory=list)
     log_tail: str = ""
+    result: dict | None = None  # a small step's JSON, folded in (FOLDED)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,8 +166,10 @@ def build_random_model(folder: Path, shapes: dict) -> None:
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
 
 
-def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple[str, list[str], dict, float]]:
+def step_commands(args: argparse.Namespace, model: str, out: Path,
+                  work: Path | None = None) -> list[tuple[str, list[str], dict, float]]:
     """(name, command, extra environment, time limit in seconds) of every step after the environment."""
+    work = work or out
     py, dev = sys.executable, args.device
     cli = [py, "-m", "app.cli"]
     dry = args.dry_run
@@ -178,6 +185,7 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                 "4", "--memory-budget-mib", "4"] if dry else [])
     return [
         ("bench_decode", bench + ["ours", "--device", dev, "--model", model, "--json", str(out / "bench_decode.json"),
+                                  "--record", str(out / RECORDING), *(["--serve-streams", "8"] if dry else []),
                                   *ours, *small], triton_cpu, 90 if dry else 150),
         ("bench_hf", bench + ["hf", "--device", dev, "--model", model, "--json", str(out / "bench_hf.json"), *small,
                               *(["--no-compile"] if dry else [])], {}, 60 if dry else 120),
@@ -185,8 +193,9 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
                             "--json", str(out / "graphs_startup.json"), *startup], triton_cpu, 60 if dry else 90),
         ("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda" if dry else "cuda or not cuda", *tests,
                         f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 120),
+        # its JSON goes into results.json (the device tool brings back 8 files; the recording took a place)
         *([] if dry else [("bench_compile", cli + ["bench", "decode", "--device", dev, "--model", model, "--json",
-                                                   str(out / "bench_compile.json"), "--modes", "compile",
+                                                   str(work / "bench_compile.json"), "--modes", "compile",
                                                    "--no-llama-cpp", "--no-baseline", "--rounds", "1",
                                                    "--max-tokens", "32"], {}, 60)]),
         # FlexAttention over the paged cache, compiled: on the first GPU run (H200, torch 2.11) its compile was
@@ -199,9 +208,11 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     ]
 
 
-RESULT_FILES = {"bench_decode": "bench_decode.json", "bench_hf": "bench_hf.json",
-                "graphs_startup": "graphs_startup.json", "cuda_tests": "cuda_tests.xml",
-                "bench_compile": "bench_compile.json", "screenshot": "app.png"}
+RECORDING = "run.inferlab-run"  # bench_decode's recording (app/record/): `inferlab --replay` shows it in the panels
+RESULT_FILES = {"bench_decode": ("bench_decode.json", RECORDING), "bench_hf": ("bench_hf.json",),
+                "graphs_startup": ("graphs_startup.json",), "cuda_tests": ("cuda_tests.xml",),
+                "screenshot": ("app.png",)}
+FOLDED = {"bench_compile": "bench_compile.json"}  # written in the work folder, brought back inside results.json
 
 
 def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:
@@ -233,12 +244,19 @@ def run_step(name: str, command: list[str], extra_env: dict, limit: float, work:
     return result
 
 
+def _folded(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_summary(out: Path, summary: dict, results: list[StepResult], start: float) -> None:
     """results.json as it stands: rewritten after every step (a run cut short keeps what it reached)."""
     produced = {p.name for p in out.iterdir()}
     for r in results:
-        if RESULT_FILES.get(r.name) in produced:
-            r.files = [RESULT_FILES[r.name]]
+        r.files = [f for f in RESULT_FILES.get(r.name, ()) if f in produced]
     summary["steps"] = [asdict(r) for r in results]
     summary["seconds"] = round(time.perf_counter() - start, 1)
     summary["ok"] = all(r.rc == 0 or r.missing_packages for r in results)
@@ -272,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": budget, "steps": []}
     write_summary(out, summary, results, start)
     wanted = set(args.steps.split(",")) if args.steps else None
-    for name, command, extra, limit in step_commands(args, model, out):
+    for name, command, extra, limit in step_commands(args, model, out, work):
         if wanted is not None and name not in wanted:
             continue
         left = budget - (time.perf_counter() - start)
@@ -287,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"[gpu_check] {name} (limit {min(limit, left - 10):.0f} s)…", flush=True)
             results.append(run_step(name, command, extra, min(limit, left - 10), work))
+            if name in FOLDED:
+                results[-1].result = _folded(work / FOLDED[name])
         write_summary(out, summary, results, start)
     for r in results:
         status = f"skipped: {r.skipped}" if r.skipped else f"rc {r.rc}, {r.seconds} s"

@@ -28,7 +28,8 @@ IMAGE_PACKAGES = (
 # What the image lacks and the check must do without: never linked, even where a local version of an
 # image package asks for it.
 ABSENT = ("pyside6", "pyside6-essentials", "shiboken6", "pyqtgraph", "qasync", "pytest-qt", "platformdirs", "gguf",
-          "fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core")
+          "fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core",
+          "zstandard")  # recordings there are gzip (app/record/writer.py), which every reader reads
 # Must be present here for the stand-in to mean anything.
 REQUIRED = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "jinja2", "pytest", "prometheus-client")
 

@@ -39,7 +39,7 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     assert steps["screenshot"]["missing_packages"] == ["PySide6", "pyqtgraph", "qasync"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["results.json", "environment.json", "cuda_tests.xml", "bench_decode.json", "bench_hf.json",
-         "graphs_startup.json"])
+         "graphs_startup.json", "run.inferlab-run"])
     missing = json.loads((out / "environment.json").read_text())["missing_packages"]
     assert {"PySide6", "platformdirs", "gguf", "fastapi"} <= set(missing) and "torch" not in missing
     assert "triton" not in missing  # the image has Triton: the CUDA path's kernels
@@ -60,6 +60,32 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     assert startup["graphs_bytes_at_capture_minus_before_kv"] == 0
     assert startup["decode"]["steps_in_graph_buffers"] > 0 and startup["decode"]["tokens_match_graphs_off"]
     assert "skipped" in steps["cuda_tests"]["log_tail"]
+    assert steps["bench_decode"]["files"] == ["bench_decode.json", "run.inferlab-run"]
+    _the_recording_replays(out / "run.inferlab-run", ours["recording"], tmp_path)
+
+
+def _the_recording_replays(path: Path, said: dict, tmp_path: Path) -> None:
+    """The GPU check's recording (gzip: the image has no zstandard), made without Qt, plays here: its decode
+    runs and its serving run with n-gram drafts, step for step, and the app draws its panels from it."""
+    from app.record.reader import open_recording
+    from app.source import channel
+    from engine.events import EngineStepEvent
+
+    assert path.read_bytes()[:2] == b"\x1f\x8b" and said["dropped"] == 0
+    with open_recording(path) as rec:
+        items = [item for _t, item in rec.items()]
+        assert rec.cut_short is None and rec.header["panels"] == ["memory", "timeline", "spec"]
+    runs = [i.text for i in items if isinstance(i, channel.Message)]
+    assert runs == [f"recorded run: decode, {n} streams, {m}" for n in (1, 2) for m in ("eager", "graphs")] + [
+        "recorded run: serving: 8 requests arriving over a second, n-gram drafts of 4"]
+    steps = [i for i in items if isinstance(i, EngineStepEvent)]
+    assert sum(len(s.finished) for s in steps) == 2 * (1 + 2) + 8  # every request of every recorded run
+    assert any(s.spec is not None for s in steps)  # the serving run's drafting steps
+    shot = tmp_path / "replay.png"
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "--replay", str(path), "--speed", "4", "--screenshot",
+                           str(shot), "--size", "1280x720", "--run-seconds", "30"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert proc.returncode == 0 and shot.stat().st_size > 10_000, proc.stderr[-1500:]
 
 
 def test_the_cache_and_data_folders_need_no_platformdirs(monkeypatch, tmp_path):

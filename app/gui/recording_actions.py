@@ -123,7 +123,17 @@ class RecordingActions(QObject):
             self.label.setText(f"● REC {_size_text(self.recorder.size)}")
             self.label.setToolTip(f"recording to {self.recorder.path} (File → Record to stop)")
 
+    def _emphasise_recorded(self, source: ReplaySource) -> None:
+        """The panels a recording says tell its story (the GPU check's: memory, timeline, acceptance)."""
+        from app.talk.panel_specs import PANEL_NAMES
+
+        names = source.header.get("panels")
+        if isinstance(names, list) and names and all(n in PANEL_NAMES for n in names):
+            self.window.emphasise(tuple(names))
+
     def _on_host_loaded(self, info) -> None:
+        if isinstance(self.window.host, ReplaySource):
+            self._emphasise_recorded(self.window.host)
         if self.recorder is not None:
             self.recorder.add_info(info)  # a rebuilt engine: its new info
         elif self._pending is not None:
@@ -156,6 +166,7 @@ class RecordingActions(QObject):
         w = self.window
         grey_out_features(w.panels, info.capabilities, info.source, True)
         w.controller.show_recorded_knobs(info.config)
+        self._emphasise_recorded(self.playing)
         if self.chapter_note:
             w.panels.comparison.set_panels_note(self.chapter_note.format(recorded_on=self.playing.recorded_on))
         w.show_message(f"playing {self.playing.path.name}: {self.playing.recorded_on} (P: back to live)")
