@@ -20,6 +20,7 @@ from app.bench.rounds import (
     kernels_used,
     median_run,
     memory_breakdown,
+    record_modes,
     warm_up,
 )
 from app.load.workload import corpus_tokens
@@ -35,6 +36,11 @@ def add_bench_args(p, engine_args) -> None:
     tp = sub.add_parser("throughput", help="mixed workload: inferlab vs HF generate in static batches")
     dec = sub.add_parser("decode", help="one stream: inferlab vs HF generate")
     bat = sub.add_parser("batch", help="batched decode, N streams: inferlab vs llama.cpp's llama-batched-bench")
+    from app.record.args import add_record_args
+
+    for q in (tp, dec):
+        add_record_args(q, "one more run per mode, after the measured rounds (recording costs the engine thread's "
+                           "time: the figures are from unrecorded rounds)")
     for q in (tp, dec, bat):
         engine_args(q)
         q.add_argument("--json", metavar="OUT", help="write the results here")
@@ -290,6 +296,9 @@ def _decode(args) -> dict:
     out["memory_bandwidth"] = bandwidth.decode_bandwidth(
         engine, {m: ours[m]["decode_tokens_per_s"] for m in modes},
         out.get("hf_transformers", {}).get("decode_tokens_per_s"))
+    if getattr(args, "record", None):
+        out["recording"] = record_modes(args, engine, modes, "bench decode", "one stream",
+                                        lambda: runs.engine_one_stream(engine, prompt, args.max_tokens))
     return out
 
 

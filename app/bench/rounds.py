@@ -89,3 +89,18 @@ def memory_breakdown(engine) -> dict:
 
 def median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:
     return sorted(results, key=lambda r: r[key])[len(results) // 2]
+
+
+def record_modes(args, engine, modes: tuple[str, ...], what: str, label: str, run) -> dict:
+    """--record: one more run of each mode, after the measured rounds, into args.record (app/record/):
+    recording costs the engine thread's time, so the bench's figures come from the unrecorded rounds."""
+    from app.record.engine_recorder import EngineRecorder
+
+    with EngineRecorder.for_engine(engine, args.record, what=what, max_bytes=args.record_limit) as rec:
+        for mode in modes:
+            engine.reconfigure(**MODE_KNOBS[mode])
+            with rec.follow(engine, f"{label}, {mode}"):
+                run()
+    return {"file": str(args.record), "bytes": rec.size, "items": rec.writer.items, "dropped": rec.writer.dropped,
+            "note": "one more run per mode after the measured rounds (not the figures above); "
+                    f"`inferlab --replay {args.record}` plays it in the app's panels"}

@@ -18,6 +18,7 @@ from app.bench.rounds import (
     kernels_used,
     median_run,
     memory_breakdown,
+    record_modes,
     warm_up,
 )
 from app.load.workload import mixed_workload
@@ -67,6 +68,9 @@ def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
     out["llama_cpp"] = _throughput_peer_summary(peer_info, peer_runs, out["inferlab"], key)
     out["memory_bandwidth"] = bandwidth.batch_bandwidth(
         engine, {m: median_run(r, key) for m, r in ours_runs.items()})
+    if getattr(args, "record", None):
+        out["recording"] = record_modes(args, engine, modes, "bench throughput", f"{len(reqs)} requests at once",
+                                        lambda: runs.engine_throughput(engine, reqs))
     _print_throughput(out, key)
     return out
 

@@ -15,7 +15,10 @@ from engine.knobs import KNOB
 
 
 def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
+    from app.record.args import add_record_args
+
     engine_args(p)
+    add_record_args(p, "every step the server runs (a little of the engine thread's time a step)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port of the API")
     p.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
@@ -144,6 +147,18 @@ def run_serve(args) -> int:
     except KeyboardInterrupt:  # Ctrl+C while loading: the loading thread is a daemon and ends with us
         print("\ninferlab: interrupted while loading the model", file=sys.stderr)
         return 130
+    recorder = None
+    if getattr(args, "record", None):  # every step the server's requests make, with snapshots (app/record/)
+        from app.record.engine_recorder import EngineRecorder
+
+        try:
+            recorder = EngineRecorder.for_engine(engine, args.record, what="inferlab serve",
+                                                 max_bytes=args.record_limit)
+        except (OSError, ValueError) as exc:
+            print(f"inferlab: error: --record {args.record}: {exc}", file=sys.stderr)
+            return 2
+        recorder.attach(engine)
+        print(f"inferlab: recording to {args.record} (at most {args.record_limit // 2**20} MB)", file=sys.stderr)
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
     app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
@@ -156,4 +171,7 @@ def run_serve(args) -> int:
                     **serving_options(max_connections=args.max_connections))
     finally:
         async_engine.shutdown()
+        if recorder is not None:
+            recorder.close()
+            print(f"inferlab: recording saved: {args.record} ({recorder.size:,} bytes)", file=sys.stderr)
     return 0

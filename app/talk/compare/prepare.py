@@ -9,7 +9,9 @@ import json
 import sys
 import time
 
+from app.record.args import _megabytes
 from app.result_file import write_or_print
+from app.talk.compare.chapter_recording import ChapterRecording
 from app.talk.compare.headline import headline_text
 from app.talk.compare.job import comparison_base
 from app.talk.compare.machine import machine_info
@@ -28,8 +30,18 @@ def add_prepare_args(p, engine_args) -> None:
     p.add_argument("--profile", default=None, metavar="NAME",
                    help="store the results in profile NAME (the app's --profile shows them; default: the shared "
                         "store), so another prepare on this machine does not overwrite a speaker's")
+    p.add_argument("--record", metavar="DIR", default=None,
+                   help="also copy each chapter's recorded runs here (they are always stored beside its comparison, "
+                        "where P plays them on stage; take this folder to the talk's laptop)")
+    p.add_argument("--no-record", dest="record_runs", action="store_false",
+                   help="do not record the chapters' runs (each recording costs the engine thread a little time)")
+    p.add_argument("--record-limit", metavar="MB", type=_megabytes, default=DEFAULT_CHAPTER_BYTES,
+                   help=f"each chapter's recording stops at this size (default {DEFAULT_CHAPTER_BYTES // 2**20} MB)")
     p.add_argument("--no-background-compile", dest="background_compile", action="store_false",
                    help="compile the torch.compile configurations in their chapter, not ahead on a spare core")
+
+
+DEFAULT_CHAPTER_BYTES = 64 * 2**20
 
 
 def _say(text: str, fraction: float | None = None) -> None:
@@ -97,8 +109,12 @@ def run_prepare(args) -> int:
             def progress(text: str, fraction: float, i=i) -> None:
                 _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
 
-            def run(spec, preset=preset, progress=progress) -> dict:
-                return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress)
+            recording = (ChapterRecording(preset.name, args.model, str(args.device), args.threads, args.record_limit)
+                         if getattr(args, "record_runs", True) else None)
+
+            def run(spec, preset=preset, progress=progress, recording=recording) -> dict:
+                return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress,
+                                      recorder=recording.recorder if recording is not None else None)
 
             chapter_conditions = conditions
             if preset.name in background:
@@ -111,11 +127,17 @@ def run_prepare(args) -> int:
             try:
                 result = run_checked(preset, run, chapter_conditions, _say)
             except Exception as exc:  # one broken comparison must not cost the others
+                if recording is not None:
+                    recording.discard()
                 failed.append(preset.name)
                 _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
                 continue
             path = save_result(preset.name, args.model, result)
             written[preset.name] = path
+            if recording is not None:
+                recorded = recording.keep(result, getattr(args, "record", None))
+                _say(f"[{i + 1}/{len(presets)}] {preset.name}: its runs recorded in {recorded} "
+                     f"({recorded.stat().st_size / 2**20:.1f} MB; P plays them on stage)")
             results[preset.name] = result
             _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
                  f"({time.perf_counter() - t0:.1f} s; stored in {path})")

@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -141,9 +142,11 @@ def _same_output(first: dict, rec: RunRecord, tag: str, first_tag: str) -> float
 
 
 def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | None = None,
-                   progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> dict:
+                   progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
+                   recorder=None) -> dict:
     """Run every configuration of `spec`; returns the result dict (see module doc of app/talk/compare/store.py).
-    Raises Cancelled when `cancelled()` turns true (between steps)."""
+    Raises Cancelled when `cancelled()` turns true (between steps). `recorder` (app/record/EngineRecorder):
+    each configuration's measured run is recorded, its engine followed while it runs."""
     progress = progress or (lambda text, fraction: None)
     cancelled = cancelled or (lambda: False)
     result = {"title": spec.title, "knob": spec.knob, "metrics": list(spec.metrics), "chart": list(spec.chart),
@@ -188,7 +191,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                     continue
                 # later rounds: the configuration's first-call costs (compiling) were paid in the first
                 entry, last_rec, engine = _run_one(spec, c, i, engines, planned[: served[i]], corpus, slo, cancelled,
-                                                   capacity, warmup=None if r == 0 else "short")
+                                                   capacity, warmup=None if r == 0 else "short", recorder=recorder)
                 if first_tokens is None:
                     first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
                 entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
@@ -242,7 +245,7 @@ def _capacity(spec: CompareSpec, engines: _Engines, corpus, slo, cancelled) -> C
 
 
 def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, slo, cancelled,
-             capacity: Capacity | None = None, warmup: str | None = None):
+             capacity: Capacity | None = None, warmup: str | None = None, recorder=None):
     cfg = _engine_config(engines.base, spec, c)
     label, note = c.label, None
     try:
@@ -260,7 +263,8 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
         spec = replace(spec, workload=replace(spec.workload, warmup=warmup))
     warm = _warm_up(engine, spec, planned, corpus, cancelled, loras)
     per_unit = capacity.requests_per_s if capacity is not None else 1.0
-    metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras, per_unit)
+    with recorder.follow(engine, f"{spec.title}: {label}") if recorder is not None else nullcontext():
+        metrics, rec = _measure(engine, spec, c, planned, f"c{i}", slo, cancelled, loras, per_unit)
     if random_ones:
         note = (f"{random_ones} of the {len(loras)} adapters are random ones of the same rank and targets as the "
                 "trained ones: the cost of mixing is measured, not their answers")
