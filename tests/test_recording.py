@@ -104,3 +104,37 @@ def test_a_recording_names_its_machine_and_date(engine, tmp_path):
     with open_recording(path) as rec:
         text = recorded_on(rec.header)
     assert text.startswith("recorded on ") and "UTC" in text and "unknown" not in text
+
+
+def test_prepare_records_each_chapters_runs_beside_its_comparison(tiny_llama, tmp_path, monkeypatch):
+    """The chapter's measured runs, stored beside its comparison (and copied to --record DIR), end with the
+    comparison itself: a replay elsewhere shows the figures measured with them."""
+    import argparse
+
+    from app.talk.compare import prepare
+    from app.talk.compare.profile import use_profile
+    from app.talk.compare.store import store_root
+
+    monkeypatch.setenv("INFERLAB_DATA_DIR", str(tmp_path / "data"))
+    use_profile(None)
+    args = argparse.Namespace(preset=["continuous-batching"], model=str(tiny_llama), dtype="float32", device="cpu",
+                              threads=1, json=None, background_compile=False, profile=None, record_runs=True,
+                              record=str(tmp_path / "copies"), record_limit=2**26)
+    assert prepare.run_prepare(args) == 0
+    stored = list(store_root().rglob("continuous-batching.json"))
+    recorded = [p.with_suffix(".inferlab-run") for p in stored]
+    assert len(stored) == 1 and recorded[0].is_file()
+    assert (tmp_path / "copies" / "continuous-batching.inferlab-run").read_bytes() == recorded[0].read_bytes()
+    with open_recording(recorded[0]) as rec:
+        assert rec.header["preset"] == "continuous-batching" and rec.cut_short is None
+        items = [item for _t, item in rec.items()]
+    labels = [i.text for i in items if isinstance(i, channel.Message)]
+    assert labels and all(text.startswith("recorded run: static batches vs continuous batching") for text in labels)
+    assert len(labels) == 2 * 3  # two configurations, three rounds each
+    result = items[-1]
+    assert isinstance(result, channel.ComparisonResult) and result.preset == "continuous-batching"
+    import json
+
+    assert result.result["comparison"] == json.loads(stored[0].read_text())["comparison"]
+    finished = sum(len(i.finished) for i in items if isinstance(i, EngineStepEvent))
+    assert finished == 6 * 8  # every measured request of every run

@@ -114,8 +114,8 @@ class Decoder:
         return {"token_ids": ids, "text": text}
 
     def generic(self, value, depth: int):
-        """A field typed `object` (a ServerSample's facts, a ClientOutput's output): a registered class by
-        its `_t`, else plain JSON with lists as tuples."""
+        """A field typed `object` (a ServerSample's facts, a ClientOutput's output) or a plain dict's value (a
+        config, a comparison's result): a registered class by its `_t`, else plain JSON as it was."""
         if depth > MAX_DEPTH:
             raise BadItem("nested too deep")
         if isinstance(value, dict):
@@ -127,7 +127,7 @@ class Decoder:
                 return self._build(cls, value, depth + 1)
             return {k: self.generic(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list):
-            return tuple(self.generic(v, depth + 1) for v in value)
+            return [self.generic(v, depth + 1) for v in value]
         return value
 
 

@@ -109,8 +109,9 @@ def run_prepare(args) -> int:
             def progress(text: str, fraction: float, i=i) -> None:
                 _say(f"[{i + 1}/{len(presets)}] {text}", (i + fraction) / len(presets))
 
-            recording = (ChapterRecording(preset.name, args.model, str(args.device), args.threads, args.record_limit)
-                         if getattr(args, "record_runs", True) else None)
+            recording = (ChapterRecording(preset.name, args.model, str(args.device), args.threads,
+                                          getattr(args, "record_limit", DEFAULT_CHAPTER_BYTES))
+                         if getattr(args, "record_runs", False) else None)  # the CLI's default: on
 
             def run(spec, preset=preset, progress=progress, recording=recording) -> dict:
                 return run_comparison(spec, loaded, base, slo=SLO(preset.ttft_s, preset.tpot_s), progress=progress,
