@@ -19,6 +19,9 @@ class Ctl:
         self.state.arrival_rate = rate
         self.said.append(said)
 
+    def cannot_hold_hint(self) -> str:  # the controller's: where the chapter's recorded run is (P plays it)
+        return " · cannot hold"
+
 
 class Clock:
     now = 0.0
@@ -56,6 +59,7 @@ def test_a_busy_machine_scales_the_rate_down_and_a_freed_one_back_up(qapp):
     scale.check()
     assert abs(ctl.state.arrival_rate - 0.4) < 1e-9  # 0.7 x 0.6 = 0.42, on the slider's 0.1 steps
     assert "0.60 req/s this engine serves now" in ctl.said[-1] and "the preset asks 1.0" in ctl.said[-1]
+    assert ctl.said[-1].endswith(" · cannot hold")  # below half the chapter's rate: its recorded run is offered
     t = feed(scale, t, 30.0, 1.0, busy=0.3, waiting=0)  # the machine freed up: up, to 70 % busy
     scale.check()
     assert abs(ctl.state.arrival_rate - 0.9) < 1e-9 and "raised to 0.9" in ctl.said[-1]  # 0.4 x 0.7 / 0.3
@@ -112,3 +116,10 @@ def test_the_controller_scales_and_the_slider_takes_over(qapp, tiny_llama):
         assert ctl.live_scale.preset_rate is None  # a load the user chose: not scaled
     finally:
         close_window(w)
+
+
+def test_a_chapter_scaled_a_little_is_not_said_to_fail_live(qapp):
+    ctl, scale = scaling_at(1.0)
+    feed(scale, 0.0, 30.0, 1.2)  # serves 1.2 req/s busy all the time with a queue: 0.84 -> 0.8, above half
+    scale.check()
+    assert abs(ctl.state.arrival_rate - 0.8) < 1e-9 and "cannot hold" not in ctl.said[-1]

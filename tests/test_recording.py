@@ -61,7 +61,8 @@ def test_an_engine_run_reads_back_item_for_item(engine, tmp_path, compression):
     info = next(i for i in items if isinstance(i, EngineInfo))
     assert info.capabilities.step_events and info.num_kv_blocks == 64
     changes = [i for i in items if isinstance(i, channel.KnobsChanged)]
-    assert [dict(c.values) for c in changes] == [{"max_num_seqs": 2}] and "4 → 2" in changes[0].text
+    assert [(dict(c.values), c.text) for c in changes] == [({}, "run: four at a time"),  # the run's mark
+                                                          ({"max_num_seqs": 2}, "max_num_seqs 4 → 2")]
     engine.reconfigure(max_num_seqs=4)
     _run(engine, n=1)  # applied at the top of a step
 

@@ -97,6 +97,19 @@ class AppController(QObject):
             self.push_config()
         self._keep_recorded_knobs()
 
+    def cannot_hold_hint(self) -> str:
+        """Said when the live load had to drop below half the chapter's: its recorded run, where prepare made one."""
+        from app.gui.window_menus import chapter_recording
+
+        if self.state.preset is None or self.state.capabilities.recorded:
+            return ""
+        try:
+            found = chapter_recording(self.window).is_file()
+        except Exception:  # noqa: BLE001 (a hint: a store that cannot be read gives none)
+            return ""
+        return (" · this machine cannot hold the chapter live: P plays the run prepare recorded" if found else
+                " · this machine cannot hold the chapter live (`inferlab prepare` records a run to play instead)")
+
     def back_to_live(self) -> None:
         """A recording played in this window is done: the source's own controls, the preset again."""
         self._grey_out_features()

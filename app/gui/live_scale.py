@@ -29,6 +29,7 @@ MIN_BUSY_S = 3.0  # seconds of engine work in the window, likewise
 SATURATED = 0.9  # busy share of the wall clock (with requests waiting) that says arrivals outrun the engine
 RELAXED = 0.6  # busy share under which a scaled-down rate may go back up
 RATE_STEP = 0.1  # the arrival-rate slider's step
+CANNOT_HOLD = 0.5  # scaled below this share of the preset's rate: the chapter does not hold live here
 
 
 class LiveScale(QObject):
@@ -111,5 +112,8 @@ class LiveScale(QObject):
         if rate > self._ctl.state.arrival_rate:
             return (f"live load raised to {rate:.1f} req/s: the engine has room again (the preset asks "
                     f"{self.preset_rate:.1f})")
-        return (f"live load scaled to {rate:.1f} req/s: {100 * SHARE:.0f} % of the {self.last_capacity:.2f} req/s "
+        said = (f"live load scaled to {rate:.1f} req/s: {100 * SHARE:.0f} % of the {self.last_capacity:.2f} req/s "
                 f"this engine serves now (the preset asks {self.preset_rate:.1f}; the slider takes over)")
+        if rate < CANNOT_HOLD * (self.preset_rate or 0):
+            said += self._ctl.cannot_hold_hint()
+        return said

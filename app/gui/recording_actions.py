@@ -132,8 +132,10 @@ class RecordingActions(QObject):
             self.window.emphasise(tuple(names))
 
     def _on_host_loaded(self, info) -> None:
-        if isinstance(self.window.host, ReplaySource):
+        if isinstance(self.window.host, ReplaySource):  # inferlab --replay: the whole window is a recording
             self._emphasise_recorded(self.window.host)
+            self.window.panels.comparison.set_panels_note(
+                f"the panels: a recorded run ({self.window.host.recorded_on}), not live")
         if self.recorder is not None:
             self.recorder.add_info(info)  # a rebuilt engine: its new info
         elif self._pending is not None:

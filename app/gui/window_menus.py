@@ -142,12 +142,17 @@ def play_dialog(window) -> None:
         window.recording.play(path)
 
 
-def play_chapter(window) -> None:
-    """P: the chapter's run `prepare` recorded beside its comparison, played instead of the live one (a
-    laptop on stage that cannot hold it); again: back to live."""
+def chapter_recording(window) -> Path:
+    """Where `prepare` stored the runs of the window's chapter on this machine (for its model)."""
     from app.talk.compare.machine import machine_info
     from app.talk.compare.store import recording_path
 
+    return recording_path(window.controller.preset.name, window.host.config.model, machine_info())
+
+
+def play_chapter(window) -> None:
+    """P: the chapter's run `prepare` recorded beside its comparison, played instead of the live one (a
+    laptop on stage that cannot hold it); again: back to live."""
     rec, ctl = window.recording, window.controller
     if rec.playing is not None:
         rec.back_to_live()
@@ -155,7 +160,7 @@ def play_chapter(window) -> None:
     if ctl.preset is None:
         window.show_message("no chapter: open a preset first")
         return
-    path = recording_path(ctl.preset.name, window.host.config.model, machine_info())
+    path = chapter_recording(window)
     if not path.is_file():
         window.show_message(f"no recorded run of {ctl.preset.name} on this machine ({path}): `inferlab prepare` "
                             "records one beside its comparison; or drop a recording onto the window")

@@ -8,12 +8,14 @@ While it follows an engine, every step event is recorded as it is published (the
 any knob that changed (a channel.KnobsChanged), and every SNAPSHOT_INTERVAL_S, from inside the same
 listener, its memory and block-map snapshots. A snapshot that costs much (a block map of
 thousands of blocks) stretches the interval so snapshots take at most SNAPSHOT_MAX_SHARE of the engine's
-time. Following an engine first writes its EngineInfo (capabilities, config) and a Reset, so a replay
-clears its panels between one engine's run and the next.
+time. Following an engine first writes its EngineInfo (capabilities, config), a Reset where it is another
+engine than the last (a replay clears its panels: another block map), and the run's label as a mark on the
+timeline (a replay jumps to it).
 """
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,6 +46,7 @@ class EngineRecorder:
         self.path = self.writer.path
         self.source = f"recording of {what}" if what else "recording"
         self._engine = None
+        self._last_engine: weakref.ref | None = None
         self._knobs: dict = {}
         self._interval = SNAPSHOT_INTERVAL_S
         self._next_snapshot = 0.0
@@ -70,9 +73,12 @@ class EngineRecorder:
         self._engine = engine
         self._knobs = dict(engine.config.knob_values())
         self.writer.put(make_info(engine, self.source))
-        self.writer.put(channel.Reset())
+        if self._last_engine is None or self._last_engine() is not engine:  # another engine: panels start over
+            self.writer.put(channel.Reset())
+        self._last_engine = weakref.ref(engine)  # (a strong one would keep a finished engine's KV cache alive)
         if label:
             self.writer.put(channel.Message(f"recorded run: {label}"))
+            self.writer.put(channel.KnobsChanged({}, f"run: {label}"))  # a mark on the timeline, a jump
         self._snapshot(time.perf_counter())
         engine.add_listener(self._on_step)
 

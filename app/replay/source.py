@@ -41,6 +41,7 @@ STATE_EVERY_S = 0.25
 KEPT_KINDS = ("EngineInfo", "MemorySnapshot", "BlockMapSnapshot", "LoraAdapters", "Perplexity", "QuantError",
               "Quantized", "ComputeChanged")  # the latest of each is what a panel shows at any moment
 MAX_KNOB_MARKS = 1000
+MAX_COMPARISON_BYTES = 4 * 2**20  # the comparisons a recording carries, shown from its start
 READ_ONLY = "a recording plays as it was recorded"
 
 
@@ -96,6 +97,7 @@ class ReplaySource(QObject):
         self._lock = threading.Lock()
         self._seek: float | None = None
         self._seek_taken: float | None = None
+        self._comparisons: dict[str, bytes] = {}  # preset -> its ComparisonResult line (prepare puts it last)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -202,6 +204,11 @@ class ReplaySource(QObject):
                     item = rec.decode(line, decoder)
                     if item is not None:
                         marks.append((t, item.text or ", ".join(f"{k} {v}" for k, v in item.values.items())))
+                elif kind == "ComparisonResult" and sum(map(len, self._comparisons.values())) + len(line) \
+                        <= MAX_COMPARISON_BYTES:
+                    item = rec.decode(line, decoder)
+                    if item is not None:
+                        self._comparisons[item.preset] = line
             self.duration, self.knob_marks = rec.last_t, marks
             notes = [rec.cut_short or ""]
             if rec.skipped:
@@ -250,8 +257,11 @@ class ReplaySource(QObject):
         return None
 
     def _publish_kept(self, rec, decoder: Decoder, kept: dict, knobs: list) -> None:
+        """The state at the replay's start or a seek's target: the engine's info, the knobs, the latest
+        snapshots, and the comparisons the recording carries (shown from the start: they were measured
+        with these runs)."""
         for line in ([kept["EngineInfo"]] if "EngineInfo" in kept else []) + knobs[-MAX_KNOB_MARKS:] + [
-                v for k, v in kept.items() if k != "EngineInfo"]:
+                v for k, v in kept.items() if k != "EngineInfo"] + list(self._comparisons.values()):
             item = rec.decode(line, decoder)
             if item is not None:
                 self._publish(item)
