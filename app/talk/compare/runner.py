@@ -145,8 +145,8 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                    progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
                    recorder=None) -> dict:
     """Run every configuration of `spec`; returns the result dict (see module doc of app/talk/compare/store.py).
-    Raises Cancelled when `cancelled()` turns true (between steps). `recorder` (app/record/EngineRecorder):
-    each configuration's measured run is recorded, its engine followed while it runs."""
+    Raises Cancelled when `cancelled()` turns true (between steps). `recorder` (an EngineRecorder,
+    app/record/engine_recorder.py): each configuration's measured run is recorded, its engine followed."""
     progress = progress or (lambda text, fraction: None)
     cancelled = cancelled or (lambda: False)
     result = {"title": spec.title, "knob": spec.knob, "metrics": list(spec.metrics), "chart": list(spec.chart),
