@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--no-compile", action="store_true", help="hf: leave the compiled static-cache setup out")
     p.add_argument("--record", metavar="OUT", default=None,
-                   help="ours: record one more decode run per streams count and mode (after the measured rounds: "
+                   help="ours: record one more decode run per streams count (graphs mode; after the measured rounds: "
                         "recording costs the engine's thread time) and a serving run, to OUT (.inferlab-run): "
                         "`inferlab --replay OUT` shows them in the app's panels on any machine")
     p.add_argument("--serve-streams", type=int, default=64, help="with --record: the serving run's requests")
@@ -143,12 +143,13 @@ def profile_steps(eng, prompts: list[str], steps: int) -> dict:
     return result
 
 
-def serving_run(eng, streams: int, tokens: int, spread_s: float = 1.0) -> dict:
-    """Requests arriving one after another over `spread_s` (prompts that repeat their text: n-gram drafts of
-    4 get accepted), stepped as a server would; for the recording (memory, the timeline, acceptance)."""
+def serving_run(eng, streams: int, tokens: int, prompt_words: int, spread_s: float = 1.0) -> dict:
+    """Requests arriving one after another over `spread_s` (prompts that repeat their words: n-gram drafts of
+    4 find matches), stepped as a server would; for the recording (memory, the timeline, acceptance)."""
     from engine import SamplingParams
 
-    prompts = [f"{i}: " + "one two three four five six seven eight. " * 3 for i in range(streams)]
+    words = ("one two three four. " * (1 + prompt_words // 4)).split()[:max(8, prompt_words)]
+    prompts = [f"{i}: " + " ".join(words) for i in range(streams)]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     eng.reconfigure(spec_method="ngram", num_speculative_tokens=4)
     t0, sent, steps = time.perf_counter(), 0, 0
@@ -168,23 +169,22 @@ def serving_run(eng, streams: int, tokens: int, spread_s: float = 1.0) -> dict:
 
 
 def record_runs(eng, args, path: str, modes: dict) -> dict:
-    """The recording (app/record/, no Qt): per streams count one decode run in each mode, then a serving run
-    with n-gram drafts. Run after the measured rounds: its figures are the runs', not the bench's."""
+    """The recording (app/record/, no Qt): per streams count one decode run in the mode a GPU user gets (CUDA
+    graphs), then a serving run with n-gram drafts. Run after the measured rounds and profiles: its figures
+    are the runs', not the bench's."""
     from app.record.engine_recorder import EngineRecorder
 
-    serving = {}
+    serving, t0 = {}, time.perf_counter()
+    eng.reconfigure(cuda_graphs=modes["graphs"])
     with EngineRecorder.for_engine(eng, path, what="the GPU check: decode runs and a serving run",
                                    panels=["memory", "timeline", "spec"], preset="vram-bottleneck") as rec:
         for streams in args.streams:
-            for mode, on in modes.items():
-                eng.reconfigure(cuda_graphs=on)
-                with rec.follow(eng, f"decode, {streams} streams, {mode}"):
-                    decode_run(eng, _prompts(streams, args.prompt_tokens), args.tokens)
-        eng.reconfigure(cuda_graphs=True)
+            with rec.follow(eng, f"decode, {streams} streams, graphs"):
+                decode_run(eng, _prompts(streams, args.prompt_tokens), args.tokens)
         with rec.follow(eng, f"serving: {args.serve_streams} requests arriving over a second, n-gram drafts of 4"):
-            serving = serving_run(eng, args.serve_streams, args.tokens)
+            serving = serving_run(eng, args.serve_streams, args.tokens, args.prompt_tokens)
     return {"file": Path(path).name, "bytes": Path(path).stat().st_size, "items": rec.writer.items,
-            "dropped": rec.writer.dropped, "serving_run": serving,
+            "dropped": rec.writer.dropped, "seconds": round(time.perf_counter() - t0, 1), "serving_run": serving,
             "note": "recorded after the measured rounds (recording costs the engine thread's time): its runs are "
                     "not the figures above; `inferlab --replay` plays them in the app's panels"}
 
@@ -222,8 +222,6 @@ def run_ours(args, results: Results) -> None:
                 med = statistics.median(r["tokens_per_s"] for r in runs[mode])
                 results.put("decode", f"{streams}_streams", mode,
                             value={"median_tokens_per_s": med, "runs": runs[mode], "measured": True})
-    if args.record:
-        results.put("recording", value=record_runs(eng, args, args.record, modes))
     for mode, on in modes.items():
         eng.reconfigure(cuda_graphs=on)
         results.put("profile", mode, value=profile_steps(eng, _prompts(1, args.prompt_tokens),
@@ -232,6 +230,8 @@ def run_ours(args, results: Results) -> None:
     results.put("engine", "graphs_after", value={"replays": g.num_replays if g else 0,
                                                  "captures": g.num_captures if g else 0,
                                                  "pool_bytes": g.pool_bytes if g else 0})
+    if args.record:  # last: the figures first, a run cut short keeps them
+        results.put("recording", value=record_runs(eng, args, args.record, modes))
 
 
 def run_hf(args, results: Results) -> None:

@@ -11,7 +11,7 @@ brings back every figure it reached:
   bench_decode  scripts/gpu_bench.py ours: 1 / 8 / 64 streams decoding, eager and CUDA graphs in alternating
                 rounds; per mode a profiled window (kernels a step, GPU-busy time, wall time) and one step's
                 launches counted from the code; the memory breakdown -> bench_decode.json; then, recorded
-                (app/record/, no Qt), one more decode run per streams count and mode and a 64-stream serving
+                (app/record/, no Qt), one more decode run per streams count (graphs) and a 64-stream serving
                 run with n-gram drafts -> run.inferlab-run (`inferlab --replay run.inferlab-run --screenshot
                 OUT.png` on any machine: the app's memory, timeline and acceptance panels of the GPU's run)
   bench_hf      scripts/gpu_bench.py hf: Hugging Face transformers on the same weights and GPU, eager and with
@@ -185,8 +185,8 @@ def step_commands(args: argparse.Namespace, model: str, out: Path,
                 "4", "--memory-budget-mib", "4"] if dry else [])
     return [
         ("bench_decode", bench + ["ours", "--device", dev, "--model", model, "--json", str(out / "bench_decode.json"),
-                                  "--record", str(out / RECORDING), *(["--serve-streams", "8"] if dry else []),
-                                  *ours, *small], triton_cpu, 90 if dry else 150),
+                                  "--record", str(out / RECORDING), *(["--serve-streams", "3"] if dry else []),
+                                  *ours, *small], triton_cpu, 150),  # the dry run's recording: ~35 s at load 6
         ("bench_hf", bench + ["hf", "--device", dev, "--model", model, "--json", str(out / "bench_hf.json"), *small,
                               *(["--no-compile"] if dry else [])], {}, 60 if dry else 120),
         ("graphs_startup", [py, "scripts/graphs_startup.py", "--device", dev, "--model", model,

@@ -138,8 +138,9 @@ def test_a_decompression_bomb_is_refused_in_one_line(tmp_path, compress, payload
 def test_items_that_lie_about_their_fields_are_skipped_and_counted(tmp_path):
     path = tmp_path / "lies.inferlab-run"
     good = channel.Message("fine")
+    lying = {**encode(_step(1).stats), "num_running": "many"}  # a whole item, one field a string: panels add it
     lines = [json.dumps(make_header("lies")),
-             '{"t":0.1,"k":"StepStats","d":{"step":"one"}}',  # a string where a panel adds numbers
+             json.dumps({"t": 0.1, "k": "StepStats", "d": lying}),
              '{"t":0.2,"k":"os.system","d":{}}',  # a class by any other name: never built
              '{"t":0.3,"k":"Message","d":{"text":"fine","extra":1}}',
              '{"t":0.4,"k":"Message","d":' + "[" * 5000 + "]" * 5000 + "}",
