@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the dry run's budget (400 s) and the recording's replay, over the suite's 300 s
 def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_path):
     """A venv with only the image's packages (this machine's CPU torch standing in for its CUDA torch):
     every step writes its result with figures; none fails on a missing package; the screenshot, which
