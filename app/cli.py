@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="show the measured comparisons `inferlab prepare --profile NAME` stored (default: "
                              "$INFERLAB_PROFILE, else the shared store)")
-    from app.host.managed_args import add_manage_args
+    from app.managed.args import add_manage_args
 
     add_manage_args(parser)
     add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="start a real server (llama-server, vLLM, SGLang, inferlab) per configuration "
                                        "point, measure speed, cost, memory and quality; frontier as JSON/CSV/PNG")
-    from app.tradeoff.managed.tune_cli import add_tune_args
+    from app.tradeoff.tune_cli import add_tune_args
 
     add_tune_args(tune)
 
@@ -199,9 +199,9 @@ def _run(args) -> int:
 
         return run_train_lora(args)
     if args.command == "tune":
-        from app.tradeoff.managed.tune_cli import run_tune_cli
+        from app.tradeoff.tune_cli import run_tune_cli
 
-        return run_tune_cli(args)
+        return run_tune_cli(args, draw_png=_tune_png)
     if args.command == "bench":
         from app.bench.cli import run_bench
 
@@ -209,6 +209,13 @@ def _run(args) -> int:
     from app.gui.launch import run_gui
 
     return run_gui(args)
+
+
+def _tune_png(result: dict, path: str) -> bool:
+    """`tune --png`: drawn by the tradeoff panel, so Qt is imported only when a PNG is asked for."""
+    from app.gui.tune_png import write_png
+
+    return write_png(result, path)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Hostile servers against the managed-server layer (app/tradeoff/managed/child.py, server.py): a log of
+"""Hostile servers against the managed-server layer (app/managed/child.py, server.py): a log of
 tens of MiB, a server that ignores SIGTERM and forks a child keeping the port, someone else's server on
 our port answering /health, two restarts of one ManagedServer at once, a stop while it starts."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ import psutil
 import pytest
 from fake_openai_server import make_handler
 
-from app.tradeoff.managed.child import ChildServer, free_port
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
+from app.managed.child import ChildServer, free_port
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 HOSTILE = Path(__file__).parent / "hostile_managed_server.py"
 MODEL = ServedModel({16: "/models/m-bf16.gguf", 8: "/models/m-q8_0.gguf"}, name="m")
@@ -106,7 +106,7 @@ def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
 
 
 def test_a_free_port_taken_before_the_server_binds_it_is_retried_once_on_another(tmp_path, monkeypatch):
-    from app.tradeoff.managed import server as server_module
+    from app.managed import server as server_module
 
     taken = free_port()
     impostor = ThreadingHTTPServer(("127.0.0.1", taken), make_handler(str(tmp_path / "impostor.jsonl")))
@@ -185,7 +185,7 @@ def test_a_stop_from_another_thread_ends_a_server_that_is_still_starting(tmp_pat
 def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
     """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
     script = (f"import sys; sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-              "from app.tradeoff.managed.child import ChildServer, free_port\n"
+              "from app.managed.child import ChildServer, free_port\n"
               "port = free_port()\n"
               f"ChildServer('hostile', [sys.executable, {str(HOSTILE)!r}, '--port', str(port), '--mode', 'ignore-term',"
               f" '--mode', 'fork-child', '--pid-file', {str(tmp_path / 'child.pid')!r}], port).start(60)\n"

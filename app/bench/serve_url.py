@@ -24,7 +24,7 @@ def add_url_args(p) -> None:
 
 
 def run_url_bench(args) -> dict:
-    from app.remote.source import base_url  # here, not at import: the bench parser builds without Qt
+    from app.remote.source import base_url  # here, not at import: the bench parser stays light (httpx)
 
     url = base_url(args.url)
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)

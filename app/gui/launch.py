@@ -62,7 +62,7 @@ def run_gui(args) -> int:
     asyncio.set_event_loop(loop)
 
     if getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
-        from app.host.managed_args import managed_source
+        from app.managed.args import managed_source
 
         try:
             host = managed_source(args)

@@ -27,6 +27,7 @@ from app.gui.panel_feeder import PanelFeeder
 from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
 from app.gui.server_control import ServerControl
+from app.gui.source_signals import SourceSignals
 from app.gui.trace_recorder import TraceRecorder
 from app.gui.tune_actions import TuneActions
 from app.gui.window_docks import build_docks, hide_stale_tab_bars, size_compact
@@ -82,11 +83,12 @@ class MainWindow(QMainWindow):
         self._drain_timer.start()
         self.governor = FrameGovernor(self.panels.values(), self)
         self.governor.sigRateChanged.connect(self._on_frame_rate)
-        host.sigLoadProgress.connect(self._on_load_progress)
-        host.sigLoaded.connect(self._on_loaded)
+        self.source_signals = SourceSignals(host)  # the source's load notices, delivered in this thread
+        self.source_signals.sigLoadProgress.connect(self._on_load_progress)
+        self.source_signals.sigLoaded.connect(self._on_loaded)
+        self.source_signals.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigQuantized.connect(self._on_quantized)
         self.feeder.sigComputeChanged.connect(self._on_compute_changed)
-        host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
         self.presenting = PresenterMode(self, STATE_VERSION)

@@ -220,7 +220,7 @@ def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
     engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")
     tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
-    if capabilities.restartable:  # a server inferlab started (app/host/managed_source.py)
+    if capabilities.restartable:  # a server inferlab started (app/managed/source.py)
         tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weight-bits and draft "
                 "sliders restart it with its own flags; its other engine settings are the server's own.")
     if lacking:

@@ -6,7 +6,7 @@ with `ignore_eos`, so every server does the same work per request; each request 
 (app/remote/client.py): TTFT from the due time to the first content chunk, TPOT from the first to the
 last over the output tokens the server's `usage` reports. Goodput is the requests/s that met both SLO
 targets. Used by `inferlab bench serve --url` (app/bench/serve_url.py), its llama-server peer and the
-tuning sweep on managed servers (app/tradeoff/managed/tune.py).
+tuning sweep on managed servers (app/tradeoff/tune.py).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
 from engine.quant_formats import QUANT_BITS
 
 # app/knob_args.py's --kv-cache-dtype choices (kept here: this table spells the server's flags as it read them);
