@@ -54,6 +54,7 @@ def run_gui(args) -> int:
     from app.gui.main_window import MainWindow
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
+    from engine.events import KernelBuild
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("inferlab")
@@ -81,7 +82,7 @@ def run_gui(args) -> int:
         # the native kernels' first build runs in the background: live tokens on torch's kernels meanwhile
         host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
                                        num_threads=getattr(args, "threads", None) or engine_threads(),
-                                       kernel_build="background",
+                                       kernel_build=KernelBuild.BACKGROUND,
                                        **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")

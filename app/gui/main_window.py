@@ -36,6 +36,7 @@ from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
 from app.talk.panel_specs import PANEL_BY_NAME, PANEL_SPECS
 from app.tradeoff.tradeoff_meter import TradeoffMeter
+from engine.events import KvCacheDtype
 from widgets import CaptionBanner, apply_theme
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
@@ -166,7 +167,7 @@ class MainWindow(QMainWindow):
             state = getattr(self.host, "status", ("connected", ""))[0]
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return
-        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == KvCacheDtype.INT8 else ""
         compute = f" · {info.compute_short}" if info.compute_short else ""  # compute path, threads; why: tooltip
         self.engine_label.setToolTip(info.compute)
         if self.compact:  # the status bar's width is the window's least width: the short form on a small screen

@@ -32,6 +32,7 @@ from app.talk.compare.spec import CompareSpec, CompareSpecError, parse_compare
 from app.talk.compare.toml_lines import compare_line
 from app.talk.cues import Cue, parse_cues
 from app.talk.panel_specs import PANEL_NAMES
+from engine.events import SpecMethod
 from engine.knobs import KNOB
 
 try:
@@ -172,7 +173,7 @@ class Preset:
         for key, (cap, why) in FEATURES.items():
             if self.engine.get(key) != FEATURE_OFF[key] and cap not in capabilities and why not in out:
                 out.append(why)
-        if self.engine["spec_method"] == "mtp" and "mtp" not in capabilities and "speculative" in capabilities:
+        if self.engine["spec_method"] == SpecMethod.MTP and "mtp" not in capabilities and "speculative" in capabilities:
             out.append("this model has no multi-token prediction heads yet: train them with `inferlab train-mtp` "
                        "(a few minutes on the CPU) and open this preset again; until then it runs without "
                        "speculation (the n-gram and draft-model proposers need no training: see 'speculative')")
