@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import files
 from engine.events import SpecMethod
 from engine.models.layers.linear import STREAM_MAX_ROWS
 
@@ -150,6 +151,7 @@ def load_heads(path: Path, hidden_size: int, vocab_size: int | None = None,
 def _read_heads(path: Path, hidden_size: int, vocab_size: int | None, min_draft_vocab: int) -> tuple[MtpHeads, dict]:
     from safetensors import safe_open
 
+    files.check_regular(path)  # (safetensors would wait for ever on a FIFO)
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
