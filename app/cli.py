@@ -36,11 +36,15 @@ def _size(text: str) -> tuple[int, int]:
 
 def _epilog() -> str:
     from app.gui.keys import keys_help
-    from app.talk.presets import PRESETS_DIR, available
+    from app.talk.presets import PRESETS_DIR
+    from app.talk.talk_order import load_talk_or_files
 
-    names = available(PRESETS_DIR)
-    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ")
-    return (f"presets (--preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
+    said: list[str] = []  # a talk.toml that lies: said under the list, which is then in file-name order
+    names = load_talk_or_files(PRESETS_DIR, said.append).names
+    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ",
+                           break_on_hyphens=False)
+    listed += "".join(f"\n  ({line})" for line in said)
+    return (f"presets in the talk's order (presets/talk.toml; --preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
             f"keys in the app:\n{keys_help()}\n\n"
             "subcommands have their own --help, e.g. `inferlab bench --help`.")
 
