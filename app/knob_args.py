@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from engine.events import KvCacheDtype, SpecMethod
 from engine.knobs import KNOB
 from engine.quant_formats import QUANT_FORMATS, quant_format
 from engine.spec.draft_length import MAX_DRAFT
 
-SPEC_METHODS = ("ngram", "draft", "mtp")
+SPEC_METHODS = tuple(SpecMethod)
 # weights per scale of 8- and 4-bit weights: the explorer's sweep quantizes in groups of 64 (not the engine's
 # 32, the grid of the built-in model's Q4_1 file, where requantizing measures none of 4 bits' loss), so
 # `serve` and `generate` take 64 too: the command a measured point gives serves what was measured
@@ -59,9 +60,9 @@ def knob_settings(args: argparse.Namespace) -> dict:
     k = DEFAULT_DRAFT_TOKENS if k is None else k
     if not 1 <= k <= MAX_DRAFT_TOKENS:
         raise ValueError(f"--num-draft-tokens must be 1-{MAX_DRAFT_TOKENS}, got {k}")
-    if args.spec_method == "draft" and not args.draft_model:
+    if args.spec_method == SpecMethod.DRAFT and not args.draft_model:
         raise ValueError("--spec-method draft needs --draft-model")
-    if args.draft_model and args.spec_method != "draft":
+    if args.draft_model and args.spec_method != SpecMethod.DRAFT:
         raise ValueError(f"--draft-model is for --spec-method draft, not {args.spec_method}")
     out.update(spec_method=args.spec_method, num_speculative_tokens=k)
     if args.draft_model:
@@ -80,9 +81,9 @@ def serve_command(config: dict, model: str) -> str:
         argv += ["--quant-bits", str(bits)]
         if config.get("quant_group_size"):
             argv += ["--quant-group-size", str(config["quant_group_size"])]
-    if config.get("kv_cache_dtype", "auto") != "auto":
+    if config.get("kv_cache_dtype", KvCacheDtype.AUTO) != KvCacheDtype.AUTO:
         argv += ["--kv-cache-dtype", str(config["kv_cache_dtype"])]
     k = int(config.get("num_speculative_tokens") or 0)
     if k:
-        argv += ["--spec-method", str(config.get("spec_method") or "ngram"), "--num-draft-tokens", str(k)]
+        argv += ["--spec-method", str(config.get("spec_method") or SpecMethod.NGRAM), "--num-draft-tokens", str(k)]
     return shlex.join(argv)

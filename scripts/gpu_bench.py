@@ -147,11 +147,12 @@ def serving_run(eng, streams: int, tokens: int, prompt_words: int, spread_s: flo
     """Requests arriving one after another over `spread_s` (prompts that repeat their words: n-gram drafts of
     4 find matches), stepped as a server would; for the recording (memory, the timeline, acceptance)."""
     from engine import SamplingParams
+    from engine.events import SpecMethod
 
     words = ("one two three four. " * (1 + prompt_words // 4)).split()[:max(8, prompt_words)]
     prompts = [f"{i}: " + " ".join(words) for i in range(streams)]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    eng.reconfigure(spec_method="ngram", num_speculative_tokens=4)
+    eng.reconfigure(spec_method=SpecMethod.NGRAM, num_speculative_tokens=4)
     t0, sent, steps = time.perf_counter(), 0, 0
     try:
         while sent < streams or eng.has_unfinished():

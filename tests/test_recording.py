@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 
-from app.record.codec import Decoder, encode
+from app.record.codec import BadItem, Decoder, encode
 from app.record.engine_recorder import EngineRecorder
 from app.record.reader import open_recording
 from app.source import channel
@@ -69,13 +69,15 @@ def test_an_engine_run_reads_back_item_for_item(engine, tmp_path, compression):
 
 def test_every_channel_item_kind_round_trips():
     """Each item a source publishes comes back equal (the attached server's too)."""
+    from app.load.kinds import ArrivalKind
     from app.remote.facts import BucketPercentiles, ServerFacts
     from engine.events import RequestOutput, RequestTimeline
 
     facts = ServerFacts(t=1.5, kind="vllm", running=3.0, kv_blocks=(100, 16),
                         latency={"ttft": BucketPercentiles({50: 0.1, 99: 0.4}, frozenset({99}), 12, 30.0), "e2e": None})
     out = RequestOutput("r1", (5,), "hi", (5,), "hi", False, sources=(TokenSource.DECODED,))
-    items = [channel.LoadStream("r1", "chat", "tail", "pirate"), channel.Message("note"), channel.Busy("q", 0.5),
+    items = [channel.LoadStream("r1", ArrivalKind.BURST, "tail", "pirate"), channel.Message("note"),
+             channel.Busy("q", 0.5),
              channel.Perplexity({16: 9.5, 4: 10.25}), channel.LoraAdapters(({"name": "a", "rank": 8},)),
              channel.SideBySide({"r1": None, "r2": "shout"}, "p"), channel.ServerSample(facts),
              channel.ServerStatus("slow", "slow"), channel.ClientSent("r1", 2.0),
@@ -93,6 +95,10 @@ def test_every_channel_item_kind_round_trips():
             continue
         assert back == item, kind
     assert dataclasses.is_dataclass(items[0])
+    back = Decoder().item("LoadStream", json.loads(json.dumps(encode(items[0]))))
+    assert type(back.kind) is ArrivalKind  # the member, rebuilt by its type hint (a plain string would pass ==)
+    with pytest.raises(BadItem, match="is not a ArrivalKind"):  # a kind the enum lacks: the line refused
+        Decoder().item("LoadStream", {**encode(items[0]), "kind": "chat"})
 
 
 def test_a_recording_names_its_machine_and_date(engine, tmp_path):

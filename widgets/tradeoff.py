@@ -167,7 +167,7 @@ class TradeoffPanel(Panel):
         self._mark_dirty()
 
     def add_server_point(self, p: dict) -> None:
-        """One measured point of a managed server's tuning sweep (app/tradeoff/managed/tune.py's dict:
+        """One measured point of a managed server's tuning sweep (app/tradeoff/tune.py's dict:
         engine, model, label, flags, command and the explorer's figures) as it arrives."""
         label = server_label(p["engine"], p["model"], p["label"])
         self._points[label] = {**p, "label": label, "source": "server", "config": None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from app.gui.panels import Panels
 from app.source.engine_info import Capabilities
 from app.talk.panel_specs import PANEL_SPECS
+from engine.events import KvCacheDtype
 from widgets.theme import phase_color
 
 FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
@@ -31,7 +32,7 @@ def recorded_control_values(knobs: dict) -> dict:
     values = {k: knobs[k] for k in ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
               if isinstance(knobs.get(k), int) and not isinstance(knobs.get(k), bool)}
     if "kv_cache_dtype" in knobs:
-        values["kv_cache_bits"] = 8 if knobs["kv_cache_dtype"] == "int8" else 16
+        values["kv_cache_bits"] = 8 if knobs["kv_cache_dtype"] == KvCacheDtype.INT8 else 16
     return values
 
 

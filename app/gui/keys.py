@@ -11,7 +11,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("K", "torch.compile of the dense layers on / off"),
     ("S", "run the tradeoff sweep (the explorer: batch x weight bits x drafts on engines of its own)"),
     ("P", "play this chapter's recorded run (recorded by `inferlab prepare`) instead of the live one; again: live"),
-    ("PgDown / PgUp", "next / previous preset"),
+    ("PgDown / PgUp", "next / previous chapter of the talk (presets/talk.toml)"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
     ("Ctrl+Enter", "send the prompt typed in the token stream"),
     ("Ctrl+R", "record what the panels show to an .inferlab-run file; again: stop (drop one on the window to play it)"),

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel
 
 from app.gui.availability import grey_out_features
 from app.gui.replay_bar import ReplayBar
+from app.gui.source_signals import SourceSignals
 from app.record.reader import RecordingError
 from app.record.tap import ChannelRecorder
 from app.record.writer import DEFAULT_MAX_BYTES, SUFFIX
@@ -30,6 +31,7 @@ class RecordingActions(QObject):
         self.window = window
         self.recorder: ChannelRecorder | None = None
         self.playing: ReplaySource | None = None
+        self._playing_signals: SourceSignals | None = None  # its load notices, delivered in the GUI thread
         self.chapter_note = ""
         self.max_bytes = DEFAULT_MAX_BYTES
         self._pending: str | None = None  # --record before the source has loaded
@@ -44,7 +46,7 @@ class RecordingActions(QObject):
         self._timer.setInterval(1000)
         self._timer.timeout.connect(self._show_size)
         window.feeder.taps.append(self._tap)
-        window.host.sigLoaded.connect(self._on_host_loaded)
+        window.source_signals.sigLoaded.connect(self._on_host_loaded)  # before the window's own slot
 
     @property
     def source(self):
@@ -147,7 +149,7 @@ class RecordingActions(QObject):
         """Feed the panels from the recording at `path` instead of the live source (whose load stops)."""
         w = self.window
         try:
-            source = ReplaySource(path, parent=self)
+            source = ReplaySource(path)
         except (OSError, RecordingError) as exc:
             w.show_message(f"not played: {exc}")
             return False
@@ -156,8 +158,9 @@ class RecordingActions(QObject):
         if w.controller.load_running:
             w.controller.set_load_running(False)
         self.playing, self.chapter_note = source, chapter_note
-        source.sigLoaded.connect(self._on_play_loaded)
-        source.sigLoadFailed.connect(self._on_play_failed)
+        self._playing_signals = SourceSignals(source)
+        self._playing_signals.sigLoaded.connect(self._on_play_loaded)
+        self._playing_signals.sigLoadFailed.connect(self._on_play_failed)
         w.feeder.clear()
         self.bar.follow(source)
         source.start()

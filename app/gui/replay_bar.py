@@ -2,7 +2,7 @@
 and what the recording is ("recorded on <machine>, <date>"). Shown while a ReplaySource feeds the panels."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QLabel, QMenu, QSlider, QToolBar, QToolButton
 
@@ -12,8 +12,11 @@ SLIDER_STEPS_PER_S = 10
 
 
 class ReplayBar(QToolBar):
+    sigState = Signal(object)  # ReplayState, delivered in the GUI thread whichever thread the source emits from
+
     def __init__(self, window) -> None:
         super().__init__("Replay", window)
+        self.sigState.connect(self.show_state)
         self.setObjectName("replay-bar")
         self.setMovable(False)
         self.source = None
@@ -48,12 +51,16 @@ class ReplayBar(QToolBar):
     def follow(self, source) -> None:
         """Show and drive `source` (a ReplaySource); None hides the bar."""
         if self.source is not None:
-            self.source.sigReplayState.disconnect(self.show_state)
+            self.source.sigReplayState.disconnect(self._state_from_source)
         self.source = source
         self.setVisible(source is not None)
         if source is not None:
-            source.sigReplayState.connect(self.show_state)
+            source.sigReplayState.connect(self._state_from_source)
             self.show_state(source.state())
+
+    def _state_from_source(self, state) -> None:
+        """The source's notice, in its worker's thread: queued to this bar's thread as a signal."""
+        self.sigState.emit(state)
 
     def show_state(self, state) -> None:
         self.speed_actions.get(state.speed, self.speed_actions[1.0]).setChecked(True)

@@ -2,8 +2,10 @@
 engine (app/host/) and an attached server (app/remote/): the same panels, fed from the file.
 
 Threads
-  GUI thread     owns the source (a QObject): speed, seek and jump post to the worker and return at once;
-                 `drain()` hands over what the worker published, as for a live source.
+  GUI thread     owns the source (Qt-free: its notices, app/source/notice.py, are emitted from the worker and
+                 reach the window through app/gui/source_signals.py and the replay bar's own signal):
+                 speed, seek and jump post to the worker and return at once; `drain()` hands over what the
+                 worker published, as for a live source.
   replay worker  reads the file line by line (never whole: app/record/reader.py), first through to its end
                  without decoding (its length, its knob changes, whether it was cut short), then again,
                  publishing each item when the replay's clock reaches its time (app/replay/clock.py). A seek
@@ -24,14 +26,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
-
 from app.record.codec import Decoder
 from app.record.header import recorded_on
 from app.record.reader import RecordingError, open_recording
 from app.replay.clock import ReplayClock
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
+from app.source.notice import Notice
 from engine.config import EngineConfig
 
 MAX_EVENTS = 200_000
@@ -70,14 +71,12 @@ class _Seek:
     kept: dict = field(default_factory=dict)
 
 
-class ReplaySource(QObject):
-    sigLoadProgress = Signal(str, float)
-    sigLoaded = Signal(object)  # EngineInfo
-    sigLoadFailed = Signal(str)
-    sigReplayState = Signal(object)  # ReplayState
-
-    def __init__(self, path: str | Path, speed: float = 1.0, parent: QObject | None = None) -> None:
-        super().__init__(parent)
+class ReplaySource:
+    def __init__(self, path: str | Path, speed: float = 1.0) -> None:
+        self.sigLoadProgress = Notice()  # (message, fraction); the load notices, from the replay worker
+        self.sigLoaded = Notice()  # (EngineInfo)
+        self.sigLoadFailed = Notice()  # (message)
+        self.sigReplayState = Notice()  # (ReplayState), for the replay bar
         self.path = Path(path)
         self.name = f"the recording {self.path.name}"
         self.config = EngineConfig()  # the knobs' defaults; the recorded ones come with its info

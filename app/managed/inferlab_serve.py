@@ -17,12 +17,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from engine.events import KvCacheDtype
 from engine.quant_formats import QUANT_BITS
 
 # app/knob_args.py's --kv-cache-dtype choices (kept here: this table spells the server's flags as it read them);
 # a draft length out of its range is refused by `inferlab serve` itself (a failed point with its message)
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = tuple(KvCacheDtype)
 
 ROWS = (
     FlagRow("batch", "--max-num-seqs N", "requests running at once"),

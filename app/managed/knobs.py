@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from app.tradeoff.managed.table import ServerPoint
+from app.managed.table import ServerPoint
 
 # the app's knob (its slider's name, engine/knobs.py) -> the ServerPoint field it moves
 KNOB_FIELDS = {"max_num_seqs": "batch", "quant_bits": "bits", "num_speculative_tokens": "draft"}
