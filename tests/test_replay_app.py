@@ -2,6 +2,7 @@
 replay is read-only (knobs shown as recorded, greyed), seeks, and a recording dropped on a window plays there."""
 from __future__ import annotations
 
+import threading
 import time
 
 from app_helpers import close_window, open_window, run_for, wait_until
@@ -45,7 +46,24 @@ def _replay_window(path, speed: float) -> tuple[MainWindow, ReplaySource]:
     return window, source
 
 
-def test_a_replay_at_4x_feeds_the_panels_the_live_runs_figures(qapp, tiny_llama, tmp_path):
+def _threads_of(monkeypatch, cls, slot: str, seen: list) -> None:
+    """Note the thread `cls.slot` runs in (the wrapper's name is no attribute of the receiver: PySide looks a
+    slot's __name__ up on it)."""
+    original = getattr(cls, slot)
+
+    def in_which_thread(self, *args, _original=original):
+        seen.append((slot, threading.current_thread()))
+        return _original(self, *args)
+    monkeypatch.setattr(cls, slot, in_which_thread)
+
+
+def test_a_replay_at_4x_feeds_the_panels_the_live_runs_figures(qapp, tiny_llama, tmp_path, monkeypatch):
+    from app.gui.recording_actions import RecordingActions
+    from app.gui.replay_bar import ReplayBar
+
+    seen: list = []  # the sources' notices come from their worker threads; these slots touch widgets
+    _threads_of(monkeypatch, RecordingActions, "_on_host_loaded", seen)
+    _threads_of(monkeypatch, ReplayBar, "show_state", seen)
     app = QApplication.instance()
     path = tmp_path / "live.inferlab-run"
     live, live_latency, live_s = _record_live(tiny_llama, path)
@@ -69,6 +87,9 @@ def test_a_replay_at_4x_feeds_the_panels_the_live_runs_figures(qapp, tiny_llama,
     assert [text for _t, text in source.knob_marks if "max_num_seqs" in text]
     assert window.recording.bar.isVisible() and source.recorded_on in window.recording.bar.about.text()
     close_window(window)
+    slots = {slot for slot, _thread in seen}
+    assert slots == {"_on_host_loaded", "show_state"}, seen  # the live host's load, the replay's, its bar
+    assert all(thread is threading.main_thread() for _slot, thread in seen), seen
 
 
 def test_a_replay_seeks_and_a_dropped_recording_plays_in_a_live_window(qapp, tiny_llama, tmp_path, monkeypatch):
