@@ -44,6 +44,7 @@ class GanttView(HoverTips, QWidget):
         self._now = 0.0
         self._adapters_seen = False  # any row ran with a LoRA adapter: rows carry their adapter's colour
         self._pruned_at = 0.0
+        self._reused = 0  # finished rows moved aside when their id came back
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(80)
 
@@ -62,8 +63,22 @@ class GanttView(HoverTips, QWidget):
         self.update()
 
     def request_arrived(self, request_id: str, t: float) -> None:
-        self._rows.setdefault(request_id, _Row(request_id, t))
+        self._live_row(request_id, t)
         self._advance(t)
+
+    def _live_row(self, request_id: str, t: float) -> _Row:
+        """The request's row. A finished request's id seen again is another request (a recording of a
+        comparison's rounds, prepare's, reuses its ids round after round): it gets a row of its own, and the
+        finished one stays under another key until it scrolls out, instead of drawing the gap between the
+        rounds as a preemption."""
+        row = self._rows.get(request_id)
+        if row is not None and row.finished is not None:
+            self._reused += 1
+            self._rows[f"{request_id}#{self._reused}"] = self._rows.pop(request_id)
+            row = None
+        if row is None:
+            row = self._rows[request_id] = _Row(request_id, t)
+        return row
 
     def request_preempted(self, request_id: str, t: float) -> None:
         row = self._rows.get(request_id)
@@ -80,7 +95,7 @@ class GanttView(HoverTips, QWidget):
         t0, t1 = stats.t_start, stats.t_start + stats.wall_time_s
         loras = stats.scheduled_loras or (None,) * len(stats.scheduled)
         for (request_id, _num_tokens, kind), adapter in zip(stats.scheduled, loras, strict=False):
-            row = self._rows.setdefault(request_id, _Row(request_id, t0))
+            row = self._live_row(request_id, t0)
             if adapter:
                 row.adapter = adapter
                 self._adapters_seen = True

@@ -134,6 +134,23 @@ def test_explicit_preemption_and_window(panel):
     assert g.snapshot_data()["rows"] == ["z"]
 
 
+def test_a_finished_requests_id_used_again_is_a_new_row_not_a_preemption(panel):
+    """A recording of a comparison's rounds (prepare's) reuses its request ids round after round: the second
+    round's request gets a row of its own; the gap between the rounds is no preemption."""
+    g = panel.gantt
+    for t0 in (0.0, 2.0):  # two rounds of the same request id
+        panel.request_arrived("c0-0", t0)
+        panel.add_step(step(0, t0 + 0.1, [("c0-0", 16, "prefill")], prefill=16))
+        panel.add_step(step(1, t0 + 0.2, [("c0-0", 1, "decode")], decode=1))
+        panel.request_finished("c0-0", t0 + 0.3, "length")
+    panel.add_step(step(2, 4.1, [("c0-1", 16, "prefill")], prefill=16))  # a step names an id it never saw arrive
+    data = g.snapshot_data()
+    assert data["rows"] == ["c0-0", "c0-0", "c0-1"]  # both rounds' rows, in order of arrival
+    rows = g.visible_rows()
+    assert [[s[2] for s in r.segments] for r in rows[:2]] == [["prefill", "decode"]] * 2  # no "preempted"
+    assert rows[0].arrival == 0.0 and rows[1].arrival == 2.0 and rows[1].finished == pytest.approx(2.3)
+
+
 def test_simulated_trace_and_reset(panel):
     sim = TrafficSim(seed=3)
     for _ in range(200):
