@@ -19,6 +19,12 @@ from widgets.theme import PHASE_COLORS, TOKEN_SOURCE_COLORS, style_plot
 
 DEFAULT_WINDOW_STEPS = 50  # the rolling window of the acceptance numbers
 OFF_TEXT = "Speculative decoding: off"
+
+
+def no_drafts_text(method) -> str:
+    return f"Speculative decoding: {method}, no draft proposed yet (nothing to verify)"
+
+
 _ACCEPT = TOKEN_SOURCE_COLORS["dark"][TokenSource.ACCEPTED]
 
 
@@ -142,7 +148,9 @@ class SpecPanel(Panel):
 
     # --- painting -----------------------------------------------------------------------------
     def _off_text(self) -> str:
-        return OFF_TEXT if self._method is None or not self._stats else ""
+        if self._method is not None and not self._stats:  # on, but no step has drafted: not "off"
+            return no_drafts_text(self._method)
+        return OFF_TEXT if self._method is None else ""
 
     def _repaint(self) -> None:
         self._update_overlay()
@@ -181,7 +189,7 @@ class SpecPanel(Panel):
 
     def _summary_text(self, m: dict) -> str:
         if self._method is None or not self._stats:
-            return f"<b>{OFF_TEXT}</b>"
+            return f"<b>{self._off_text()}</b>"
         rate = "—" if m["acceptance_rate"] is None else f"{100 * m['acceptance_rate']:.0f}%"
         pred = "n/a" if m["predicted_speedup"] is None else f"{m['predicted_speedup']:.2f}×"
         meas = "n/a" if m["measured_speedup"] is None else f"{m['measured_speedup']:.2f}×"

@@ -5,7 +5,7 @@ import pytest
 from widget_fakes import spec_stats
 
 from engine.events import SpecDecodeStats
-from widgets.spec_panel import OFF_TEXT, SpecPanel, rolling_ratio
+from widgets.spec_panel import OFF_TEXT, SpecPanel, no_drafts_text, rolling_ratio
 
 
 @pytest.fixture
@@ -27,6 +27,16 @@ def test_off_when_method_is_none(panel):
                                          num_emitted_tokens=0, num_verify_passes=0))
     panel.flush()
     assert panel.overlay_text() == OFF_TEXT and panel.snapshot_data()["num_steps"] == 0
+
+
+def test_on_without_a_draft_says_so_not_off(panel):
+    """n-gram drafting on, but no step found a match to draft from (the GPU check's dry run on a tiny model):
+    the panel says drafting is on and has nothing to verify yet, never "off"."""
+    panel.add_spec_stats(SpecDecodeStats(step=0, method="ngram", num_draft_tokens=0, num_accepted_tokens=0,
+                                         num_emitted_tokens=0, num_verify_passes=0))
+    panel.flush()
+    assert panel.overlay_text() == no_drafts_text("ngram") != OFF_TEXT
+    assert "ngram, no draft proposed yet" in panel._summary.text() and panel.snapshot_data()["num_steps"] == 0
 
 
 def test_acceptance_numbers(panel):
