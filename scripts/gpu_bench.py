@@ -152,17 +152,20 @@ def serving_run(eng, streams: int, tokens: int, prompt_words: int, spread_s: flo
     words = ("one two three four. " * (1 + prompt_words // 4)).split()[:max(8, prompt_words)]
     prompts = [f"{i}: " + " ".join(words) for i in range(streams)]
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    eng.reconfigure(spec_method=SpecMethod.NGRAM, num_speculative_tokens=4)  # the caller switches it off
+    eng.reconfigure(spec_method=SpecMethod.NGRAM, num_speculative_tokens=4)
     t0, sent, steps = time.perf_counter(), 0, 0
-    while sent < streams or eng.has_unfinished():
-        due = min(streams, int((time.perf_counter() - t0) / spread_s * streams) + 1)
-        for p in prompts[sent:due]:
-            eng.add_request(p, params)
-        sent = max(sent, due)
-        if eng.has_unfinished():
-            eng.step()
-            steps += 1
-    totals = dict(eng.spec_totals)
+    try:
+        while sent < streams or eng.has_unfinished():
+            due = min(streams, int((time.perf_counter() - t0) / spread_s * streams) + 1)
+            for p in prompts[sent:due]:
+                eng.add_request(p, params)
+            sent = max(sent, due)
+            if eng.has_unfinished():
+                eng.step()
+                steps += 1
+        totals = dict(eng.spec_totals)
+    finally:
+        eng.reconfigure(spec_method=None, num_speculative_tokens=0)
     return {"requests": streams, "steps": steps, "seconds": round(time.perf_counter() - t0, 3), **totals}
 
 
@@ -179,11 +182,8 @@ def record_runs(eng, args, path: str, modes: dict) -> dict:
         for streams in args.streams:
             with rec.follow(eng, f"decode, {streams} streams, graphs"):
                 decode_run(eng, _prompts(streams, args.prompt_tokens), args.tokens)
-        try:
-            with rec.follow(eng, f"serving: {args.serve_streams} requests arriving over a second, n-gram drafts of 4"):
-                serving = serving_run(eng, args.serve_streams, args.tokens, args.prompt_tokens)
-        finally:  # outside the recording: its replay ends on the drafting run's acceptance, not "speculation off"
-            eng.reconfigure(spec_method=None, num_speculative_tokens=0)
+        with rec.follow(eng, f"serving: {args.serve_streams} requests arriving over a second, n-gram drafts of 4"):
+            serving = serving_run(eng, args.serve_streams, args.tokens, args.prompt_tokens)
     return {"file": Path(path).name, "bytes": Path(path).stat().st_size, "items": rec.writer.items,
             "dropped": rec.writer.dropped, "seconds": round(time.perf_counter() - t0, 1), "serving_run": serving,
             "note": "recorded after the measured rounds (recording costs the engine thread's time): its runs are "
