@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
-from engine.knobs import KNOB, KNOBS, check_knobs, knob_default
+from engine.knobs import ENGINE_KNOBS, KNOB, check_knobs, knob_default
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -132,7 +132,7 @@ class EngineConfig:
     kernel_build: str = knob_default("kernel_build")
 
     # Later features (quantization, speculation, LoRA) read these
-    quant_bits: int = knob_default("quant_bits")
+    quant_format: str = knob_default("quant_format")  # a name from engine/quant_formats.py
     # 32 keeps int4 closest to 16 bits; 64 and 128 store fewer scales
     quant_group_size: int = knob_default("quant_group_size")
     quant_embeddings: bool = False  # also the embedding table and lm_head (int8 per row; see quant_embed)
@@ -141,7 +141,7 @@ class EngineConfig:
     spec_method: str | None = knob_default("spec_method")
     num_speculative_tokens: int = knob_default("num_speculative_tokens")
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
-    draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
+    draft_quant_format: str | None = None  # the draft's weight format; with no draft_model, a quantized target copy
     # pick the draft length each step (at most num_speculative_tokens) for the most tokens per second, from
     # measured step times and acceptance (engine/spec/draft_length.py); False: always num_speculative_tokens
     adaptive_draft_length: bool = True
@@ -174,7 +174,7 @@ class EngineConfig:
         if given:
             self.scheduler = replace(self.scheduler, **given)
         # every knob of the table, against its range or list (engine/knobs.py)
-        check_knobs({k.name: getattr(self, k.name) for k in KNOBS})
+        check_knobs({k.name: getattr(self, k.name) for k in ENGINE_KNOBS})
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
 

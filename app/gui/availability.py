@@ -6,17 +6,17 @@ from __future__ import annotations
 from app.gui.panels import Panels
 from app.source.engine_info import Capabilities
 from app.talk.panel_specs import PANEL_SPECS
+from engine.knobs import Box, slider_knobs
 from widgets.theme import phase_color
 
-FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
-    "quant_bits": ("quantization", "Weight bits"),
-    "num_speculative_tokens": ("speculative", "Draft length"),
-    "kv_cache_bits": ("rebuild", "KV cache bits"),
-    "arrival_rate": ("load_generator", "The load generator"),
+_SLIDERS = [row for box in Box for row in slider_knobs(box)]
+FEATURE_CONTROLS = {  # control -> (capability, what is greyed out): the sliders whose knob needs one (engine/knobs.py)
+    **{row.name: (row.needs, row.label[:1].upper() + row.label[1:]) for row in _SLIDERS if row.needs},
     "load": ("load_generator", "The load generator"),
     "burst": ("load_generator", "The load generator"),
 }
-KNOB_CONTROLS = {"max_num_seqs": "max batch size", "max_num_batched_tokens": "token budget"}
+# the engine's sliders that need no feature: changeable where the source reconfigures (or restarts) them
+KNOB_CONTROLS = {row.name: row.label for row in slider_knobs(Box.ENGINE) if not row.needs}
 GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span style='color:{queued}'>■</span> sent → "
                        "first token (queue and prefill: the server does not tell them apart) &nbsp; "
                        "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")

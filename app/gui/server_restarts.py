@@ -1,4 +1,4 @@
-"""The sliders on a managed server (app/host/managed_source.py): batch, weight bits and draft length take
+"""The sliders on a managed server (app/host/managed_source.py): batch, weight format and draft length take
 a restart of the server with its own flags. A part of AppController: it hands the restartable knobs to the
 source (which coalesces a burst of moves into one restart, off the GUI thread), marks the change on the
 timeline, and when the restart ends shows what runs now: the sliders go back to the last good point
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
+from engine.knobs import KNOB, KnobValues
 
-KNOB_LABELS = {"max_num_seqs": "max batch", "quant_bits": "weight bits", "num_speculative_tokens": "draft length"}
 LOG_TAIL_LINES = 12
 
 
@@ -16,7 +16,7 @@ class ServerRestarts:
     def __init__(self, window, host, panels: Panels, state: ControlState, verbs: ControllerVerbs) -> None:
         self.window, self.host, self.panels, self.state, self.verbs = window, host, panels, state, verbs
 
-    def take(self, values: dict) -> dict:
+    def take(self, values: KnobValues) -> KnobValues:
         """Send the restartable knobs among `values` to the source; returns the others."""
         restartable = self.state.capabilities.restartable if self.state.engine_ready else ()
         if not restartable:
@@ -29,9 +29,10 @@ class ServerRestarts:
                 self.verbs.error(str(exc))
             else:
                 self.panels.timeline.mark_config_change(", ".join(
-                    f"{KNOB_LABELS.get(k, k)} {self.state.config.get(k)} → {v}" for k, v in changes.items()))
+                    f"{KNOB[k].label} {KNOB[k].text(self.state.config.get(k))} → {KNOB[k].text(v)}"
+                    for k, v in changes.items()))
                 self.state.config.update(changes)
-        return {k: v for k, v in values.items() if k not in restartable}
+        return KnobValues({k: v for k, v in values.items() if k not in restartable})  # type: ignore[misc]
 
     def on_loaded(self, info) -> None:
         """The server's own point is what the sliders show (a preset's engine settings do not restart it)."""

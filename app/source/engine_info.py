@@ -6,6 +6,9 @@ publishes). `Capabilities` is declared by the source, never found by probing the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import cast
+
+from engine.knobs import KnobValues
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +20,7 @@ class Capabilities:
     block_map: bool = False  # BlockMapSnapshots (the KV block map)
     load_generator: bool = False  # the built-in load generator runs next to the engine
     sweep: bool = False  # the tradeoff sweep runs in the engine's thread
-    quantization: bool = False  # weight bits change at run time
+    quantization: bool = False  # the weight format changes at run time
     perplexity: bool = False  # quality is measured on held-out text
     speculative: bool = False  # n-gram / draft-model speculative decoding
     mtp: bool = False  # multi-token prediction heads are trained for this model
@@ -53,7 +56,7 @@ class EngineInfo:
     block_size: int
     has_chat_template: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
-    config: dict = field(default_factory=dict)
+    config: KnobValues = field(default_factory=lambda: KnobValues())  # the knobs by name (and the other fields)
     weights_origin: str = ""  # where the weights came from, in words ("" for weights as a folder stores them)
     compute: str = ""  # dtype, compute path, kernel tier and threads, and why (LLMEngine.compute_line)
     compute_short: str = ""  # the same without the reasons (the status bar; the reasons in its tooltip)
@@ -87,5 +90,5 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config=cfg.knob_values(), weights_origin=e.weights_origin,
+                      config=cast(KnobValues, cfg.knob_values()), weights_origin=e.weights_origin,
                       compute=e.compute_line(), compute_short=e.compute_line(short=True))
