@@ -74,7 +74,7 @@ def test_json_output_holds_the_text_and_tokens(tiny_llama, engine, capsys):
 
 
 def test_quant_and_speculation_flags_reach_the_engine(tiny_llama, capsys):
-    q8 = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", quant_bits=8, quant_group_size=64))
+    q8 = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", quant_format="int8", quant_group_size=64))
     assert q8.config.quant_bits == 8
     expected = q8.generate(["Hello world"], SamplingParams(max_tokens=6, temperature=0.0))[0].text
     code, out, err = generate([*base(tiny_llama), "--raw", "--prompt", "Hello world", "--quant", "8"], capsys)

@@ -92,8 +92,8 @@ def test_int4_uses_the_packed_cuda_kernel_and_matches_the_reference():
         pytest.skip("torch's int4 matmul needs compute capability 8.0+")
     torch.manual_seed(0)
     w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16).cuda()
-    fast = QuantLinear(w, None, 4, 32)
-    ref = QuantLinear(w, None, 4, 32, reference=True)
+    fast = QuantLinear(w, None, "int4", 32)
+    ref = QuantLinear(w, None, "int4", 32, reference=True)
     assert fast.packed is not None
     x = torch.randn(5, 512, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(fast(x).float(), ref(x).float(), atol=2e-2, rtol=2e-2)
@@ -105,7 +105,7 @@ def test_int8_takes_the_fused_kernel_for_decode_rows_and_matches_the_reference()
 
     torch.manual_seed(0)
     w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16).cuda()
-    fast, ref = QuantLinear(w, None, 8, 32), QuantLinear(w, None, 8, 32, reference=True)
+    fast, ref = QuantLinear(w, None, "int8", 32), QuantLinear(w, None, "int8", 32, reference=True)
     if not fast.int8_fused:
         pytest.skip(f"torch {torch.__version__} has no CUDA _weight_int8pack_mm: int8 casts its weight per call")
     for rows in (1, 4, 64):  # the fused kernel, then (64 rows) the cast-and-GEMM path

@@ -162,7 +162,7 @@ def test_quantizing_at_start_swaps_layer_by_layer(tiny_llama):
         alive.append(sum(1 for n, m in model.named_modules()
                          if n.split(".")[-1] in QUANTIZABLE and type(m) is Linear))
 
-    quantize_model(model, originals, 4, 32, progress=progress, install=True)
+    quantize_model(model, originals, "int4", 32, progress=progress, install=True)
     total = len(alive)
     assert alive == list(range(total - 1, -1, -1))  # one fewer 16-bit layer after each step
 
@@ -461,10 +461,10 @@ def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llam
 
     folder = str(tiny_llama_8_layers)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    cfg = EngineConfig(model=folder, quant_bits=4, memory_budget_bytes=8 * 2**20)
+    cfg = EngineConfig(model=folder, quant_format="int4", memory_budget_bytes=8 * 2**20)
     late = LLMEngine(cfg)
     assert not at_load.applies(cfg, torch.device("cpu")) and at_load.applies(cfg, CUDA0)
-    assert not at_load.applies(EngineConfig(quant_bits=4, quant_outlier_channels=4), CUDA0)
+    assert not at_load.applies(EngineConfig(quant_format="int4", quant_outlier_channels=4), CUDA0)
     monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_bits != 16)
     early = LLMEngine(cfg)
     assert early.generate(["Hello"], params)[0].token_ids == late.generate(["Hello"], params)[0].token_ids
@@ -472,7 +472,7 @@ def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llam
     assert early.weights.originals.keys() == late.weights.originals.keys()
     assert all(torch.equal(early.weights.originals[n], w) for n, w in late.weights.originals.items())
     plain = LLMEngine(EngineConfig(model=folder, num_kv_blocks=16))
-    early.set_quantization(16)
+    early.set_quantization("bf16")
     assert early.generate(["Hello"], params)[0].token_ids == plain.generate(["Hello"], params)[0].token_ids
 
 
@@ -496,8 +496,8 @@ def test_decode_graph_buffers_give_the_ordinary_paths_tokens(tiny_llama):
     assert used > 30 and graphs.runner.graphs.num_replays == 0  # no capture without CUDA
     for eng in (plain, graphs):
         eng.weights.fit_kv(eng.block_manager, eng.runner)
-    plain.set_quantization(8)
-    graphs.set_quantization(8)
+    plain.set_quantization("int8")
+    graphs.set_quantization("int8")
     want = [o.token_ids for o in plain.generate(prompts[:3], params)]
     assert [o.token_ids for o in graphs.generate(prompts[:3], params)] == want
     assert graphs.runner.graphs.num_runs > used

@@ -160,7 +160,7 @@ def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
     for e in (fused, layers):
         e.generate(prompts, p)
         assert e.runner.last_path == (PATH_FUSED if e is fused else PATH_LAYERS)
-        e.set_quantization(4)
+        e.set_quantization("int4")
     a = [o.token_ids for o in fused.generate(prompts, p)]
     assert fused.runner.last_path == PATH_FUSED
     assert fused.runner.fused.plan(fused.runner.kv_caches) is not None

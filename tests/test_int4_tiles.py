@@ -45,18 +45,18 @@ def test_packing_round_trips_and_keeps_the_shapes():
 def test_which_layers_take_the_tiles_layout(monkeypatch):
     w = torch.randn(64, 128).bfloat16()
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: True)
-    assert QuantLinear(w, None, 4, 32).int4_tiles
-    assert not QuantLinear(w, None, 4, 32, reference=True).int4_tiles  # the reference keeps the readable one
-    assert not QuantLinear(w, None, 4, 32, int4_layout="chunks").int4_tiles
+    assert QuantLinear(w, None, "int4", 32).int4_tiles
+    assert not QuantLinear(w, None, "int4", 32, reference=True).int4_tiles  # the reference keeps the readable one
+    assert not QuantLinear(w, None, "int4", 32, int4_layout="chunks").int4_tiles
     assert not QuantLinear(torch.randn(48, 128).bfloat16(), None, 4, 32).int4_tiles  # not whole pairs of tiles
-    assert not QuantLinear(w, None, 8, 32).int4_tiles  # int8 rows have one layout
+    assert not QuantLinear(w, None, "int8", 32).int4_tiles  # int8 rows have one layout
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: False)
-    assert not QuantLinear(w, None, 4, 32).int4_tiles
-    assert QuantLinear(w, None, 4, 32, int4_layout="tiles").int4_tiles  # forced
+    assert not QuantLinear(w, None, "int4", 32).int4_tiles
+    assert QuantLinear(w, None, "int4", 32, int4_layout="tiles").int4_tiles  # forced
     with pytest.raises(ValueError, match="tiles layout takes"):
         QuantLinear(torch.randn(40, 128).bfloat16(), None, 4, 32, int4_layout="tiles")
     with pytest.raises(ValueError, match="int4_layout"):
-        QuantLinear(w, None, 4, 32, int4_layout="rows")
+        QuantLinear(w, None, "int4", 32, int4_layout="rows")
     assert tiles_fit(4096, 4096, 128) and not tiles_fit(4096, 4096, 16) and not tiles_fit(4096, 100, 32)
 
 
@@ -85,8 +85,8 @@ def test_both_products_on_every_tier(kernel, n, k, g):
     bias added before rounding."""
     torch.manual_seed(1)
     w = (torch.randn(n, k) * 0.05).bfloat16()
-    tiles = QuantLinear(w, None, 4, g, int4_layout="tiles")
-    chunks = QuantLinear(w, None, 4, g, int4_layout="chunks")
+    tiles = QuantLinear(w, None, "int4", g, int4_layout="tiles")
+    chunks = QuantLinear(w, None, "int4", g, int4_layout="chunks")
     assert torch.equal(tiles.dequantize(), chunks.dequantize())
     bias = torch.randn(n).bfloat16()
     for m in (1, 2, 3, 4, 5, 9):

@@ -57,7 +57,8 @@ _FIGURES = ("tokens_per_s_user", "tokens_per_s_total", "agreement", "kl", "usd_p
 def _configuration(p: dict) -> bool:
     """Whether `p` names its configuration as the sweep writes it: whole numbers and a known format (a sweep
     stored before formats had names, with "bits", is no stored sweep: it runs again)."""
-    return all(whole(p.get(k)) for k in _KEYS) and p.get("quant_format") in QUANT_FORMAT_BY_NAME
+    fmt = p.get("quant_format")
+    return all(whole(p.get(k)) for k in _KEYS) and isinstance(fmt, str) and fmt in QUANT_FORMAT_BY_NAME
 
 
 def _figure(v) -> bool:
