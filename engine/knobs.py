@@ -15,10 +15,10 @@ a test's 1000 sequences, a GPU's 64k-token budget).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from engine.events import SpecMethod, StrEnum
 from engine.knob_check import number_problem
@@ -238,6 +238,18 @@ def knobs_for(use: Use, layer: Layer | None = None) -> tuple[Knob, ...]:
 def slider_knobs(box: Box) -> tuple[Knob, ...]:
     """The Controls panel's sliders in `box`, top to bottom."""
     return tuple(k for k in KNOBS if k.slider == box)
+
+
+def knob_items(values: KnobValues) -> Mapping[str, Any]:
+    """`values` as a plain mapping, for code that walks knobs by a computed name (a TypedDict takes literal
+    keys only)."""
+    return cast(Mapping[str, Any], values)
+
+
+def knob_subset(values: Mapping[str, Any] | KnobValues, names: Iterable[str]) -> KnobValues:
+    """The knobs of `values` named in `names` (those it has), as KnobValues."""
+    plain = cast(Mapping[str, Any], values)
+    return cast(KnobValues, {k: plain[k] for k in names if k in plain})
 
 
 def check_knobs(values: Mapping[str, Any], *, app: bool = False) -> None:

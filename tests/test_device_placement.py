@@ -138,11 +138,11 @@ def test_requantization_builds_each_layer_on_the_models_device(tiny_llama):
             return dict.__getitem__(self, name)
 
     meta = torch.device("meta")
-    for bits in (8, 4, 16):
+    for fmt in ("int8", "int4", "bf16"):
         moved.clear()
-        modules = quantize_model(eng.model, Watched(originals), bits, 32, device=meta)
+        modules = quantize_model(eng.model, Watched(originals), fmt, 32, device=meta)
         devices = {t.device for m in modules.values() for t in list(m.parameters()) + list(m.buffers())}
-        assert devices == {meta}, bits
+        assert devices == {meta}, fmt
         assert {t.device.type for t in originals.values()} == {"cpu"}
         assert len(moved) == len(set(moved))  # each original fetched once, in turn
 
@@ -214,7 +214,7 @@ def test_release_and_restore_keep_an_engine_serving(tiny_llama):
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_loras": 2}, {"spec_method": "draft", "num_speculative_tokens": 2},
-                                   {"quant_bits": 4}, {"cuda_graphs": True, "attention_backend": "fast"}],
+                                   {"quant_format": "int4"}, {"cuda_graphs": True, "attention_backend": "fast"}],
                          ids=["plain", "lora", "draft", "int4", "graphs"])
 def test_a_dropped_engine_frees_its_model_without_the_garbage_collector(tiny_llama, extra):
     gc.disable()
@@ -445,7 +445,7 @@ def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tiny_l
             seen.append(_materialized_bytes(model))  # this layer filled in 16 bits, not yet quantized
             super().__call__(model, index)
 
-    hook = Accounted(4, 32)
+    hook = Accounted("int4", 32)
     model = build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16, on_layer=hook)
     int4 = _materialized_bytes(model)
     assert all(isinstance(model.get_submodule(n), QuantLinear) for n in hook.originals)
@@ -465,7 +465,7 @@ def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llam
     late = LLMEngine(cfg)
     assert not at_load.applies(cfg, torch.device("cpu")) and at_load.applies(cfg, CUDA0)
     assert not at_load.applies(EngineConfig(quant_format="int4", quant_outlier_channels=4), CUDA0)
-    monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_bits != 16)
+    monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_format != "bf16")
     early = LLMEngine(cfg)
     assert early.generate(["Hello"], params)[0].token_ids == late.generate(["Hello"], params)[0].token_ids
     assert (early.weights_bytes, early.block_manager.num_blocks) == (late.weights_bytes, late.block_manager.num_blocks)

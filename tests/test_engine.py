@@ -238,7 +238,7 @@ def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     eng.set_quantization("int8")
     eng.reconfigure(compile=True)
     int8 = eng.generate(PROMPTS[:2], GREEDY)
-    assert eng.model.compiled and eng.config.quant_bits == 8
+    assert eng.model.compiled and eng.config.quant_format == "int8"
     eng.reconfigure(compile=False)
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]
 

@@ -32,7 +32,7 @@ def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 def _dequant(kernel, layer: QuantLinear) -> torch.Tensor:
     out = torch.full((layer.out_features, layer.in_features), float("nan"), dtype=torch.bfloat16)
-    if layer.bits == 8:
+    if layer.format.name == "int8":
         return kernel.dequant_int8(layer.qweight, layer.scales, out)
     fn = kernel.dequant_int4_tiles if layer.int4_tiles else kernel.dequant_int4
     return fn(layer.codes, layer.scale_zero, layer.group_size, out)
@@ -111,9 +111,9 @@ def native_bf16(monkeypatch):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: not forced)
 
 
-@pytest.mark.parametrize("bits,layout", [(4, "tiles"), (4, "chunks"), (8, "auto")])
-def test_prompt_rows_take_the_gemm_and_equal_the_reference_path(kernel, native_bf16, bits, layout):
-    layer = QuantLinear(_weight(256, 128), None, bits, 32, int4_layout=layout)
+@pytest.mark.parametrize("fmt,layout", [("int4", "tiles"), ("int4", "chunks"), ("int8", "auto")])
+def test_prompt_rows_take_the_gemm_and_equal_the_reference_path(kernel, native_bf16, fmt, layout):
+    layer = QuantLinear(_weight(256, 128), None, fmt, 32, int4_layout=layout)
     layer.stream = spy = _Spy(kernel)
     x = torch.randn(40, 128).bfloat16()
     reference = F.linear(x, layer.dequantize().bfloat16())
@@ -165,8 +165,8 @@ def test_the_scratch_is_one_buffer_per_shape_and_thread():
     assert other[0] is not a and other[0].data_ptr() != a.data_ptr()
 
 
-@pytest.mark.parametrize("native,bits", [(True, 4), (True, 8), (False, 4), (False, 8)])
-def test_an_engine_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native, bits):
+@pytest.mark.parametrize("native,fmt", [(True, "int4"), (True, "int8"), (False, "int4"), (False, "int8")])
+def test_an_engine_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatch, native, fmt):
     """Both routes (the GEMM with native bf16, else int8 activations), 4 and 8 bits: a prompt's K/V the same
     computed cold or after a prefix-cache hit, so a greedy answer is the same."""
     monkeypatch.delenv("INFERLAB_EMULATED_BF16", raising=False)
@@ -176,7 +176,7 @@ def test_an_engine_answers_the_same_on_a_prefix_cache_hit(tiny_llama, monkeypatc
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
     def make(**kw):
-        return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_bits=bits, block_size=4,
+        return LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_format=fmt, block_size=4,
                                       num_kv_blocks=64, int8_activations=True, **kw))
     expected = [make(enable_prefix_caching=False).generate([p], greedy)[0].token_ids for p in prompts]
     eng = make()
@@ -192,12 +192,12 @@ def no_native_bf16(monkeypatch):
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: False)
 
 
-@pytest.mark.parametrize("bits,layout", [(4, "tiles"), (4, "chunks"), (8, "auto")])
-def test_without_native_bf16_prompt_rows_take_the_int8_activation_kernel(kernel, no_native_bf16, bits, layout):
-    layer = QuantLinear(_weight(256, 128), None, bits, 32, int4_layout=layout)
+@pytest.mark.parametrize("fmt,layout", [("int4", "tiles"), ("int4", "chunks"), ("int8", "auto")])
+def test_without_native_bf16_prompt_rows_take_the_int8_activation_kernel(kernel, no_native_bf16, fmt, layout):
+    layer = QuantLinear(_weight(256, 128), None, fmt, 32, int4_layout=layout)
     layer.stream = spy = _Spy(kernel)
     x = torch.randn(40, 128).bfloat16()
-    if bits == 8:
+    if fmt == "int8":
         want8 = kernel.stream_linear_int8_q8(x, layer.qweight, layer.scales)
         exact = torch._weight_int8pack_mm(x, layer.qweight, layer.scales)
     else:
@@ -230,7 +230,7 @@ def test_the_engine_line_names_the_route_of_quantized_weights(tiny_llama, monkey
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: False)
     eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", quant_format="int4", num_kv_blocks=16,
                                  block_size=4, int8_activations=False))
-    assert eng.compute_line().endswith("; 4-bit prompt rows: weight-streaming kernels (no native bf16; "
+    assert eng.compute_line().endswith("; int4 prompt rows: weight-streaming kernels (no native bf16; "
                                        "int8_activations off)")
     assert "prompt rows" not in eng.compute_line(short=True)
     eng.set_quantization("bf16")
@@ -239,7 +239,7 @@ def test_the_engine_line_names_the_route_of_quantized_weights(tiny_llama, monkey
     monkeypatch.setattr(schemes, "_native_bf16_gemm", lambda forced: True)
     eng.set_quantization("int8")
     eng.generate([[5, 6, 7]], SamplingParams(max_tokens=1))
-    assert eng.compute_line().endswith("; 8-bit prompt rows: dequantize + library GEMM (native bf16)")
+    assert eng.compute_line().endswith("; int8 prompt rows: dequantize + library GEMM (native bf16)")
 
 
 def test_the_bench_json_names_the_route(monkeypatch):

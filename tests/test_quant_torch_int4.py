@@ -46,7 +46,7 @@ def test_where_the_packed_matmul_applies():
     assert not int4_torch.applies(cpu, torch.bfloat16, 192, 200, 8)  # group size and k tiling
     assert [int4_torch.inner_k_tiles(k) for k in (128, 576, 96, 40)] == [8, 4, 2, None]
     # fp16 falls back to the native layout (the dequantize path on a GPU); "auto" on the CPU: native
-    assert QuantLinear(_weight().half(), None, 4, 32, int4_layout="torch").packed is None
+    assert QuantLinear(_weight().half(), None, "int4", 32, int4_layout="torch").packed is None
     assert QuantLinear(_weight(), None, "int4", 32).packed is None
 
 
@@ -60,11 +60,11 @@ def test_a_self_draft_is_4_bit_only_where_a_fast_int4_kernel_runs(monkeypatch, t
     mc = load_hf_folder(str(tiny_llama), lambda message, fraction: None).config
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == 4
-    assert self_draft_format(cuda, torch.float16, mc, 32) == 8
+    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == "int4"
+    assert self_draft_format(cuda, torch.float16, mc, 32) == "int8"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == 8
-    assert self_draft_format(torch.device("cpu"), torch.bfloat16, mc, 32) == 4  # the native int4 kernel
+    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == "int8"
+    assert self_draft_format(torch.device("cpu"), torch.bfloat16, mc, 32) == "int4"  # the native int4 kernel
 
 
 def test_a_packing_that_disagrees_with_the_rule_is_not_used(monkeypatch):

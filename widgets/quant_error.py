@@ -49,7 +49,8 @@ class QuantErrorPanel(Panel):
         errors = self._errors
         worst = max(errors, key=errors.get) if errors else None
         grid = grid_of(errors)
-        return {"quant_format": self._format, "off": not errors, "num_cells": len(errors), "num_layers": len(grid.layers),
+        return {"quant_format": self._format, "off": not errors, "num_cells": len(errors),
+                "num_layers": len(grid.layers),
                 "columns": [k.removesuffix("_proj") for k in grid.columns], "extra_rows": grid.top + grid.bottom,
                 "mean_error": sum(errors.values()) / len(errors) if errors else None,
                 "max_error": errors[worst] if worst else None, "worst": worst, "overlay": self.overlay_text()}

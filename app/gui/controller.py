@@ -22,7 +22,7 @@ from app.gui.tradeoff_actions import connect_tradeoff
 from app.talk.knob_defaults import engine_knob_defaults, knob_defaults
 from app.tradeoff.sweep import Sweep, SweepSpec
 from engine.events import SpecMethod
-from engine.knobs import KNOB, KnobValues
+from engine.knobs import KNOB, KnobValues, knob_items, knob_subset
 from engine.quant_formats import DENSE
 from engine.sampling_params import SamplingParams
 
@@ -75,7 +75,7 @@ class AppController(QObject):
         self.state.capabilities = info.capabilities
         self.state.source_name = info.source
         self.state.engine_ready = True
-        self.state.engine_format = info.config.get("quant_format", DENSE)
+        self.state.engine_format = info.knobs.get("quant_format", DENSE)
         self.panels.controls.setEnabled(True)
         self._grey_out_features()
         self.restarts.on_loaded(info)
@@ -134,7 +134,8 @@ class AppController(QObject):
         self.presets.measure_comparison(every_preset)
 
     def push_config(self) -> None:
-        knobs = {k: self.state.config[k] for k in SCHEDULING_KEYS if k in self.state.capabilities.reconfigurable}
+        live = self.state.capabilities.reconfigurable
+        knobs = knob_subset(self.state.config, [k for k in SCHEDULING_KEYS if k in live])
         if self.presets.spec_live():
             knobs.update(spec_method=self.state.spec_method,
                          num_speculative_tokens=self.state.config["num_speculative_tokens"])
@@ -184,12 +185,13 @@ class AppController(QObject):
         values = self.restarts.take(values)  # a managed server's batch / weights / draft: a restart
         if self.state.engine_ready:
             self._on_feature_knobs(values)
-        changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.state.config.get(k) != v}
+        asked, now = knob_items(values), knob_items(self.state.config)
+        changes = knob_subset(asked, [k for k in SCHEDULING_KEYS if k in asked and now.get(k) != asked[k]])
         fixed = [k for k in changes if self.state.engine_ready and k not in self.state.capabilities.reconfigurable]
         if fixed:  # a preset's cue on an attached server: say so, change nothing there
             self.window.show_message(f"{', '.join(KNOB[k].label for k in fixed)}: set when {self.state.source_name} "
                                      "starts; not changeable from a client")
-            changes = {k: v for k, v in changes.items() if k not in fixed}
+            changes = knob_subset(asked, [k for k in changes if k not in fixed])
         if not changes:
             return
         if not self.state.engine_ready:  # loading: on_loaded sends the whole configuration
@@ -201,8 +203,8 @@ class AppController(QObject):
         except (ValueError, RuntimeError) as exc:
             self.error(str(exc))
             return
-        text = ", ".join(f"{KNOB[k].label} {KNOB[k].text(self.state.config[k])} → {KNOB[k].text(v)}"
-                         for k, v in changes.items())
+        text = ", ".join(f"{KNOB[k].label} {KNOB[k].text(now.get(k))} → {KNOB[k].text(v)}"
+                         for k, v in knob_items(changes).items())
         self.state.config.update(changes)
         self.sync_actions()
         self.panels.timeline.mark_config_change(text)
@@ -248,7 +250,7 @@ class AppController(QObject):
         """The Load generator's sliders (LoadConfig fields by name): the arrival rate by its own verb (the
         Poisson clock keeps its phase), any other field in a new LoadConfig for the source."""
         self.set_arrival_rate(values["arrival_rate"])
-        others = {k: v for k, v in values.items() if k != "arrival_rate"}
+        others = knob_subset(values, [k for k in values if k != "arrival_rate"])
         if others:
             self.state.load_values.update(others)
             self.host.set_load_config(self.presets.load_config())

@@ -15,7 +15,7 @@ from app.talk.compare.headline import speculation_speedup
 from app.talk.compare_run import ComparisonRun, stored_result
 from app.talk.panel_specs import PANEL_BY_NAME
 from engine.events import SpecMethod
-from engine.knobs import KNOB
+from engine.knobs import KNOB, knob_subset
 from engine.quant_formats import DENSE
 
 # switched between steps by reconfigure(): a preset's engine knobs that run_time and need no feature (the
@@ -51,7 +51,7 @@ class PresetActions:
         self.window.emphasise(preset.panels + attached + (("comparison",) if shows_comparison else ()))
         self._show_comparison(preset)
         self.window.setWindowTitle(f"inferlab — {preset.title}")
-        self.state.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
+        self.state.config.update(knob_subset(preset.engine, SCHEDULING_KEYS))
         self.state.config["quant_format"] = preset.engine["quant_format"] if caps.quantization else DENSE
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)

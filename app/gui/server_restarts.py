@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
-from engine.knobs import KNOB, KnobValues
+from engine.knobs import KNOB, KnobValues, knob_items, knob_subset
 
 LOG_TAIL_LINES = 12
 
@@ -21,7 +21,8 @@ class ServerRestarts:
         restartable = self.state.capabilities.restartable if self.state.engine_ready else ()
         if not restartable:
             return values
-        changes = {k: v for k, v in values.items() if k in restartable and self.state.config.get(k) != v}
+        asked, now = knob_items(values), knob_items(self.state.config)
+        changes = knob_subset(asked, [k for k in restartable if k in asked and now.get(k) != asked[k]])
         if changes:
             try:
                 self.host.reconfigure(**changes)
@@ -29,19 +30,19 @@ class ServerRestarts:
                 self.verbs.error(str(exc))
             else:
                 self.panels.timeline.mark_config_change(", ".join(
-                    f"{KNOB[k].label} {KNOB[k].text(self.state.config.get(k))} → {KNOB[k].text(v)}"
-                    for k, v in changes.items()))
+                    f"{KNOB[k].label} {KNOB[k].text(now.get(k))} → {KNOB[k].text(v)}"
+                    for k, v in knob_items(changes).items()))
                 self.state.config.update(changes)
-        return KnobValues({k: v for k, v in values.items() if k not in restartable})  # type: ignore[misc]
+        return knob_subset(asked, [k for k in asked if k not in restartable])
 
     def on_loaded(self, info) -> None:
         """The server's own point is what the sliders show (a preset's engine settings do not restart it)."""
         restartable = info.capabilities.restartable
-        self.state.server_point = {k: info.config[k] for k in restartable if k in info.config}
+        self.state.server_point = knob_subset(info.knobs, restartable)
         self._show_point()
 
     def on_restarted(self, item) -> None:
-        self.state.server_point = dict(item.knobs)
+        self.state.server_point = knob_subset(item.knobs, item.knobs)
         self._show_point()
         name = self.host.engine_name
         if not item.failed:

@@ -39,12 +39,12 @@ def apply_config(controller, config: KnobValues) -> None:
         controller.window.show_message("the model is still loading")
         return
     if controller.state.capabilities.quantization:  # (an attached server cannot requantize)
-        known = reusable_perplexity(controller.panels.tradeoff.sweep_points(), config,
+        known = reusable_perplexity(controller.panels.tradeoff.sweep_points(), dict(config),
                                     controller.state.config["quant_format"])
         if known:  # posted before the requantization: the engine thread takes them first
             controller.host.adopt_perplexity(known)
     controller.panels.controls.set_values(config)  # the sliders show it, without emitting
-    controller._on_config_changed(KnobValues(config))
+    controller._on_config_changed(config)
     controller.window.show_message("applied from the tradeoff plot: " + ", ".join(
         f"{k} {v}" for k, v in config.items()))
 

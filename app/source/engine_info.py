@@ -6,9 +6,8 @@ publishes). `Capabilities` is declared by the source, never found by probing the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import cast
 
-from engine.knobs import KnobValues
+from engine.knobs import KNOB, KnobValues, knob_subset
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +55,15 @@ class EngineInfo:
     block_size: int
     has_chat_template: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
-    config: KnobValues = field(default_factory=lambda: KnobValues())  # the knobs by name (and the other fields)
+    config: dict = field(default_factory=dict)  # the engine's settings by name (the knobs, the model, ...)
     weights_origin: str = ""  # where the weights came from, in words ("" for weights as a folder stores them)
     compute: str = ""  # dtype, compute path, kernel tier and threads, and why (LLMEngine.compute_line)
     compute_short: str = ""  # the same without the reasons (the status bar; the reasons in its tooltip)
+
+    @property
+    def knobs(self) -> KnobValues:
+        """The knob table's values among `config`, typed: what the GUI reads of them."""
+        return knob_subset(self.config, KNOB)
 
     @property
     def reconfigurable(self) -> tuple[str, ...]:
@@ -90,5 +94,5 @@ def make_info(e, source: str) -> EngineInfo:
                       num_kv_blocks=e.memory().kv_blocks_total, block_size=cfg.block_size,
                       has_chat_template=bool(e.tokenizer.has_chat_template),
                       capabilities=embedded_capabilities(e),
-                      config=cast(KnobValues, cfg.knob_values()), weights_origin=e.weights_origin,
+                      config=cfg.knob_values(), weights_origin=e.weights_origin,
                       compute=e.compute_line(), compute_short=e.compute_line(short=True))

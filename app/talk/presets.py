@@ -144,8 +144,8 @@ NOT_AVAILABLE = {
             "base model",
 }
 # engine keys of features that are not part of the scheduler: (capability name, "not available" text)
-FEATURES = {name: (KNOB[name].needs, NOT_AVAILABLE[KNOB[name].needs]) for name in SCHEMA["engine"]
-            if KNOB[name].needs in NOT_AVAILABLE}
+FEATURES = {name: (cap, NOT_AVAILABLE[cap]) for name in SCHEMA["engine"]
+            if (cap := KNOB[name].needs) is not None and cap in NOT_AVAILABLE}
 FEATURE_OFF = {name: SCHEMA["engine"][name][1] for name in FEATURES}  # each feature's preset default: off
 # fixed when the engine is built: changing one rebuilds it
 RELOAD_KEYS = tuple(name for name in SCHEMA["engine"] if name not in FEATURES and not KNOB[name].run_time)
