@@ -20,7 +20,9 @@ def number_problem(value: Any, integer: bool, low: float | None, high: float | N
         ok = value <= high
     if ok:
         return None
-    show = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
+    def show(x: float) -> str:
+        return str(int(x)) if integer else f"{x:g}"
+
     if low is not None and high is not None:
         rng = f"in {'(' if low_exclusive else '['}{show(low)}, {show(high)}]"
     elif low is not None:

@@ -58,7 +58,7 @@ class Knob:
     type: type  # bool, int, float or str
     default: Any
     run_time: bool = False  # True: reconfigure() changes it between steps; False: fixed when the engine is built
-    choices: tuple = ()  # the values it takes, where they are a list
+    choices: tuple[Any, ...] = ()  # the values it takes, where they are a list
     low: float | None = None  # the least value (numbers), inclusive unless low_exclusive
     high: float | None = None  # the largest value, inclusive
     low_exclusive: bool = False
@@ -71,7 +71,7 @@ class Knob:
     unit: str = ""  # after a number: "tok", "req/s", "ms"
     digits: int = 0  # decimals shown for a float
     value_names: tuple[tuple[Any, str], ...] = ()  # values shown by a name: ((0, "off"),)
-    stops: tuple = ()  # the slider's positions, where it has one
+    stops: tuple[Any, ...] = ()  # the slider's positions, where it has one
     slider: Box | None = None  # the Controls panel's box it sits in (None: no slider)
     layer: Layer = Layer.ENGINE
     flag: str | None = None  # its command-line flag (Use.SERVE / Use.GENERATE)

@@ -113,8 +113,8 @@ def test_bench_decode_and_quant_write_their_json(tiny_llama, tmp_path):
     for mode, rate in roof["achieved_bandwidth_bytes_per_s"].items():
         assert rate == pytest.approx(roof["fraction_of_probed_bandwidth"][mode] * roof["probed_bandwidth_bytes_per_s"])
     assert result["llama_cpp"] == {"skipped": "--no-llama-cpp"}
-    run, result = bench(["quant", "--quant-format", "bf16", "fp8-e4m3", "--streams", "2", "--max-tokens", "4", "--memory-budget-mib",
-                         "64"], tiny_llama, tmp_path)
+    run, result = bench(["quant", "--quant-format", "bf16", "fp8-e4m3", "--streams", "2", "--max-tokens", "4",
+                         "--memory-budget-mib", "64"], tiny_llama, tmp_path)
     assert run.returncode == 0, run.stderr
     assert result["benchmark"] == "quant" and result["memory_budget_mib"] == 64
     q16, q8 = result["results"]["bf16"], result["results"]["fp8-e4m3"]  # the quality figures every format gets

@@ -127,7 +127,8 @@ _GUI_WALK = textwrap.dedent("""
 
 
 MIN_P_ROW = ('    Knob("min_p", _FLOAT, 0.0, low=0, high=1, label="min p", help="throwaway", digits=2,\n'
-             '         stops=tuple(i / 100 for i in range(51)), slider=Box.LOAD, layer=Layer.LOAD, uses=frozenset({_P})),\n')
+             '         stops=tuple(i / 100 for i in range(51)), slider=Box.LOAD, layer=Layer.LOAD,\n'
+             '         uses=frozenset({_P})),\n')
 
 
 def test_a_new_sampling_field_with_its_slider_walks_the_list(tmp_path):

@@ -45,7 +45,8 @@ def test_points_are_measured_and_carry_every_field(sweep_result):
     json.dumps(result)  # plain JSON
     for p in result["points"]:
         assert p["predicted"] is False
-        for key in ("max_num_seqs", "quant_format", "num_speculative_tokens", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
+        for key in ("max_num_seqs", "quant_format", "num_speculative_tokens", "tokens_per_s_user", "tokens_per_s_total",
+                    "usd_per_mtok",
                     "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
                     "p99_tpot_ms", "weights_bytes", "kv_blocks"):
             assert key in p

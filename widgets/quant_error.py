@@ -47,7 +47,7 @@ class QuantErrorPanel(Panel):
 
     def snapshot_data(self) -> dict:
         errors = self._errors
-        worst = max(errors, key=errors.get) if errors else None
+        worst = max(errors, key=lambda name: errors[name]) if errors else None
         grid = grid_of(errors)
         return {"quant_format": self._format, "off": not errors, "num_cells": len(errors),
                 "num_layers": len(grid.layers),

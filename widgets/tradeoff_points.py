@@ -76,6 +76,8 @@ def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], pr
             continue
         x, y = (math.log10(v) for v in pos[label])
         dear, cheap = cost_per_million_tokens(price, totals[0]), cost_per_million_tokens(price, totals[1])
+        if dear is None or cheap is None:  # (not with positive totals: the check above)
+            continue
         out["x"].append(x)
         out["y"].append(y)
         out["left"].append(max(0.0, x - math.log10(users[0])))

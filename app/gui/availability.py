@@ -3,10 +3,13 @@ loading nothing is known yet, so they wait greyed out). Read from the source's d
 (app/source/engine_info.py) and each panel's needs (app/talk/panel_specs.py)."""
 from __future__ import annotations
 
+from typing import cast
+
 from app.gui.panels import Panels
 from app.source.engine_info import Capabilities
 from app.talk.panel_specs import PANEL_SPECS
 from engine.knobs import Box, slider_knobs
+from widgets.panel_base import Panel
 from widgets.theme import phase_color
 
 _SLIDERS = [row for box in Box for row in slider_knobs(box)]
@@ -50,7 +53,7 @@ def grey_out_features(panels: Panels, caps: Capabilities, source: str, engine_re
             continue
         if panel is panels.timeline:
             panels.timeline.set_steps_note("")
-        panel.set_available(not missing, why)
+        cast(Panel, panel).set_available(not missing, why)
 
 
 def _by_restart(what: str, name: str, caps: Capabilities, source: str) -> str:

@@ -137,14 +137,14 @@ class AppController(QObject):
         live = self.state.capabilities.reconfigurable
         knobs = knob_subset(self.state.config, [k for k in SCHEDULING_KEYS if k in live])
         if self.presets.spec_live():
-            knobs.update(spec_method=self.state.spec_method,
-                         num_speculative_tokens=self.state.config["num_speculative_tokens"])
+            knobs["spec_method"] = self.state.spec_method
+            knobs["num_speculative_tokens"] = self.state.config["num_speculative_tokens"]
         if "ttft_budget_ms" in self.state.capabilities.reconfigurable:
             knobs.update(self._budget_knobs())
         self.host.reconfigure(**knobs)
         self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
-    def _budget_knobs(self) -> dict:
+    def _budget_knobs(self) -> KnobValues:
         """The engine's latency-budget knobs: the sliders' budget while the scheduler serves toward it."""
         if not self.state.serve_budget or self.state.budget_s is None:
             return {"ttft_budget_ms": None, "tpot_budget_ms": None}
@@ -179,7 +179,7 @@ class AppController(QObject):
         for name, key in (("chunked", "enable_chunked_prefill"), ("compile", "compile")):
             action = self.window.actions_by_name.get(name)
             if action is not None:
-                action.setChecked(bool(self.state.config[key]))
+                action.setChecked(bool(knob_items(self.state.config)[key]))
 
     def _on_config_changed(self, values: KnobValues) -> None:
         values = self.restarts.take(values)  # a managed server's batch / weights / draft: a restart

@@ -96,7 +96,7 @@ class PresetActions:
             result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
         seen = self.seen.note(result)
-        if seen:  # another prepare wrote this store since the app last showed it
+        if seen and result is not None:  # another prepare wrote this store since the app last showed it
             result["store_note"] = "\n".join(filter(None, (seen, result.get("store_note"))))
             self.window.show_message(seen)
         try:

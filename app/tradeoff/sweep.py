@@ -78,7 +78,9 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
     report = progress or (lambda text, fraction: None)
     texts, corpus = heldout_texts(), corpus_tokens(loaded.tokenizer)
     order = sorted(spec.quant_format, key=lambda f: f != DENSE)  # the 16-bit engine first: the quality reference
-    points, steps, reference, ppl16 = [], [], None, None
+    points: list[dict] = []
+    steps: list = []
+    reference, ppl16 = None, None
     t0 = time.perf_counter()
     for fmt in order:
         if cancelled():
@@ -160,7 +162,7 @@ def verdict_summary(roofs: Roofs, steps: list) -> dict:
         intensities = sorted(v.intensity for v in verdicts)
         out[kind] = {"steps": len(verdicts), **counts, "median_fraction_of_roof": fractions[len(fractions) // 2],
                      "median_intensity_flops_per_byte": intensities[len(intensities) // 2],
-                     "verdict": max(counts, key=counts.get)}
+                     "verdict": max(counts, key=lambda bound: counts[bound])}
     return out
 
 

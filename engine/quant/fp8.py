@@ -17,6 +17,8 @@ path is not built.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -35,29 +37,30 @@ def fp8_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
 
 
 class Fp8Rows:
-    """fp8 e4m3 codes (out, in) in `qweight` + one scale per row in `scales` (QuantLinear's buffers)."""
+    """fp8 e4m3 codes (out, in) in `qweight` + one scale per row in `scales` (QuantLinear's buffers; `layer` is
+    the QuantLinear, typed Any: its buffers are registered at run time)."""
     name = "fp8-e4m3"
 
     @staticmethod
-    def quantize(layer, w: torch.Tensor) -> None:
+    def quantize(layer: Any, w: torch.Tensor) -> None:
         q, scale = fp8_rows(w, layer.dtype)
         layer.register_buffer("qweight", q)
         layer.register_buffer("scales", scale)
 
     @staticmethod
-    def dequantize(layer) -> torch.Tensor:
+    def dequantize(layer: Any) -> torch.Tensor:
         return layer.qweight.float() * layer.scales.float()[:, None]
 
     @staticmethod
-    def fast_ok(layer, x: torch.Tensor) -> bool:
+    def fast_ok(layer: Any, x: torch.Tensor) -> bool:
         return x.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
     @staticmethod
-    def matmul(layer, x2: torch.Tensor) -> torch.Tensor:
+    def matmul(layer: Any, x2: torch.Tensor) -> torch.Tensor:
         """x2 (rows, in) -> (rows, out), without outliers and bias: the codes cast to x2's dtype (exact), one
         GEMM, the row scales on the product's columns."""
         return F.linear(x2, layer.qweight.to(x2.dtype)) * layer.scales.to(x2.dtype)
 
     @staticmethod
-    def kernel_operands(layer) -> tuple | str:
+    def kernel_operands(layer: Any) -> tuple[Any, ...] | str:
         return "fp8 weights (no native fp8 kernel: the layer-by-layer path multiplies them)"

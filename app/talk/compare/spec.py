@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from app.talk.compare.metrics_catalog import METRICS
 from engine.knobs import Layer, Use, knobs_for
@@ -155,7 +156,7 @@ def _workload(d: dict) -> WorkloadSpec:
     t = "compare.workload"
     if not isinstance(d, dict):
         raise CompareSpecError(t, None, "expected a table")
-    out = {}
+    out: dict[str, Any] = {}
     for key, v in d.items():
         if key in ("prompt_tokens", "output_tokens", "burst_prompt_tokens"):
             out[key] = _range(t, key, v)
