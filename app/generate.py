@@ -107,18 +107,26 @@ def run_generate(args) -> int:
     drive(engine, on_outputs=show)
     t_end = time.perf_counter()
     n = len(final.token_ids) if final is not None else 0
-    ttft_s = (first - t0) if first else None
+    ttft_s = (first - t0) if first else None  # (a request can fail before its first token)
     decode = (t_end - first) / max(n - 1, 1) if first else 0.0
+    failed = final is None or final.finish_reason == "error" or final.error is not None
     if as_json:
         print(json.dumps({"text": final.text if final else "", "token_ids": list(final.token_ids) if final else [],
                           "finish_reason": final.finish_reason if final else None, "prompt_tokens":
                           len(engine.tokenizer.encode(prompt)) if prompt else 0, "ttft_s": ttft_s,
                           "decode_tokens_per_s": (1 / decode) if decode else None, "total_s": t_end - t0,
-                          "lora": lora_name, "engine": engine.compute_line()}))
+                          "lora": lora_name, "engine": engine.compute_line(),
+                          "error": final.error if final is not None else "no answer"}))
     else:
         sys.stdout.write("\n")
+    sys.stdout.flush()
     if args.stats and final is not None:
-        print(f"[{n} tokens, finish={final.finish_reason}, TTFT {(ttft_s or 0) * 1e3:.0f} ms, "
+        ttft = f"{ttft_s * 1e3:.0f} ms" if ttft_s is not None else "none"
+        print(f"[{n} tokens, finish={final.finish_reason}, TTFT {ttft}, "
               f"{1 / decode if decode else 0:.1f} tok/s decode, {t_end - t0:.2f} s total]", file=sys.stderr)
         print(f"[engine: {engine.compute_line()}]", file=sys.stderr)
+    if failed:  # one line and a non-zero exit: a script must not take a failed answer for an empty one
+        why = (final.error or "no reason given") if final is not None else "the engine finished without an answer"
+        print(f"inferlab: error: the request failed: {' '.join(str(why).split())[:300]}", file=sys.stderr)
+        return 1
     return 0

@@ -168,8 +168,8 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     dry = args.dry_run
     bench = [py, "scripts/gpu_bench.py"]
     # the dry run: the CUDA path's Triton kernels under Triton's interpreter, a tiny model, a few tokens
-    small = (["--streams", "1", "2", "--tokens", "4", "--prompt-tokens", "6", "--rounds", "1",
-              "--profile-steps", "2"] if dry else [])
+    small = (["--streams", "1", "2", "--tokens", "3", "--prompt-tokens", "6", "--rounds", "1",
+              "--profile-steps", "1"] if dry else [])
     triton_cpu = {"TRITON_INTERPRET": "1"} if dry else {}
     ours = ["--attention-backend", "triton", "--max-model-len", "256"] if dry else []
     tests = ["tests/test_cuda.py", "tests/test_gpu_kernels.py", "tests/test_gpu_path.py"]

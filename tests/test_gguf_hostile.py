@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import llama_cpp_peer
 import pytest
 
 from app.tradeoff.managed import gguf
@@ -63,9 +64,7 @@ def test_a_real_llama_server_on_a_lying_gguf_is_a_failed_point_with_its_error(tm
     from app.tradeoff.managed.server import ManagedServer, PointFailed
     from app.tradeoff.managed.table import ServedModel, ServerPoint
 
-    binary = gguf.find_binary("llama-server")
-    if binary is None:
-        pytest.skip("llama-server is not built (scripts/build_llama_cpp.sh)")
+    binary = llama_cpp_peer.tool("llama-server")
     lying = tmp_path / "m.bf16.gguf"
     lying.write_bytes(content)
     server = ManagedServer(LlamaServer(ctx_per_slot=256), str(binary), ServedModel({16: str(lying)}, name="m"),

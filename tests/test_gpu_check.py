@@ -13,30 +13,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_the_dry_run_writes_every_result_to_one_folder(tmp_path):
+    """The dry run in this venv (the GUI stack installed: the screenshot step runs). The Triton path's steps
+    (bench_decode, graphs_startup), slow under the interpreter, run in tests/test_gpu_image.py's dry run, in
+    a venv of the GPU image's packages; here the rest, in the same order."""
     out = tmp_path / "check"
+    steps = "bench_hf,cuda_tests,flex,screenshot"
     proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out),
-                           "--work", str(tmp_path / "work"), "--budget-s", "400"],
+                           "--work", str(tmp_path / "work"), "--budget-s", "400", "--steps", steps],
                           capture_output=True, text=True, timeout=420)
     assert sorted(p.name for p in out.iterdir()) == sorted(  # no more than the device tool brings back
-        ["results.json", "environment.json", "bench_decode.json", "bench_hf.json", "graphs_startup.json",
-         "cuda_tests.xml", "app.png"])
+        ["results.json", "environment.json", "bench_hf.json", "cuda_tests.xml", "app.png"])
     results = json.loads((out / "results.json").read_text())
     steps = {s["name"]: s for s in results["steps"]}
-    assert list(steps) == ["environment", "bench_decode", "bench_hf", "graphs_startup", "cuda_tests", "flex",
-                           "screenshot"]  # the figures first, the compilers last, no CPU suite
+    assert list(steps) == ["environment", "bench_hf", "cuda_tests", "flex", "screenshot"]
     failed = {n: s["log_tail"][-600:] for n, s in steps.items() if s["rc"] != 0}
     assert not failed and proc.returncode == 0, failed
     assert results["dry_run"] and results["device"] == "cpu" and "random" in results["model_is"]
     env = json.loads((out / "environment.json").read_text())
     assert env["torch"] and "missing_packages" in env
-    ours = json.loads((out / "bench_decode.json").read_text())
-    assert ours["engine"]["triton_kernels"] and ours["finished"]
-    for streams in ("1_streams", "2_streams"):
-        assert set(ours["decode"][streams]) == {"eager", "graphs"}
-        assert all(m["median_tokens_per_s"] > 0 for m in ours["decode"][streams].values())
-    launches = ours["profile"]["graphs"]["launches_counted_from_the_code"]
-    assert launches["by_kernel"]["triton:sample"] == 1 and launches["total"] > 0
-    assert ours["memory"]["weights_bytes"] > 0 and ours["memory"]["kv_blocks_total"] > 0
     hf = json.loads((out / "bench_hf.json").read_text())
     assert hf["hf"]["eager_dynamic_cache"]["2_streams"]["median_tokens_per_s"] > 0
     assert (out / "app.png").stat().st_size > 10_000

@@ -43,10 +43,16 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     missing = json.loads((out / "environment.json").read_text())["missing_packages"]
     assert {"PySide6", "platformdirs", "gguf", "fastapi"} <= set(missing) and "torch" not in missing
     assert "triton" not in missing  # the image has Triton: the CUDA path's kernels
+    assert [s["name"] for s in results["steps"]] == ["environment", "bench_decode", "bench_hf", "graphs_startup",
+                                                     "cuda_tests", "flex", "screenshot"]  # figures first
     ours = json.loads((out / "bench_decode.json").read_text())
-    assert ours["device"] == "cpu" and ours["engine"]["triton_kernels"]  # under Triton's interpreter here
-    assert all(m["median_tokens_per_s"] > 0 for m in ours["decode"]["1_streams"].values())
-    assert ours["profile"]["graphs"]["launches_counted_from_the_code"]["total"] > 0
+    assert ours["device"] == "cpu" and ours["engine"]["triton_kernels"] and ours["finished"]  # the interpreter
+    for streams in ("1_streams", "2_streams"):
+        assert set(ours["decode"][streams]) == {"eager", "graphs"}
+        assert all(m["median_tokens_per_s"] > 0 for m in ours["decode"][streams].values())
+    launches = ours["profile"]["graphs"]["launches_counted_from_the_code"]
+    assert launches["by_kernel"]["triton:sample"] == 1 and launches["total"] > 0
+    assert ours["memory"]["weights_bytes"] > 0 and ours["memory"]["kv_blocks_total"] > 0
     assert json.loads((out / "bench_hf.json").read_text())["hf"]["eager_dynamic_cache"]
     startup = json.loads((out / "graphs_startup.json").read_text())  # built at engine build, before the KV sizing
     assert startup["kv_sizing"]["order"] == ["graphs", "kv"] and startup["kv_sizing"]["kv_blocks"] > 0

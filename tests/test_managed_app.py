@@ -2,6 +2,7 @@
 with the new flags, off the GUI thread (the stand-in of tests/managed_standin.py is the server)."""
 from __future__ import annotations
 
+import llama_cpp_peer
 import pytest
 from app_helpers import run_for, wait_until
 from managed_helpers import argv_lines, request_count, standin_server
@@ -166,12 +167,9 @@ def test_a_real_llama_server_restarts_with_its_own_flags(qapp, tmp_path):
     """`inferlab --manage llama-server`: the batch slider restarts the real server with -np/-c."""
     from app.cli import build_parser
     from app.host.managed_args import managed_source
-    from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
-
-    ggufs = sorted((llama_cpp_dir() / "models").glob("*.bf16.gguf"))
-    if find_binary("llama-server") is None or not ggufs:
-        pytest.skip("llama-server or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
-    (tmp_path / ggufs[0].name).symlink_to(ggufs[0])
+    llama_cpp_peer.tool("llama-server")
+    bf16 = llama_cpp_peer.bf16_gguf()
+    (tmp_path / bf16.name).symlink_to(bf16)
     source = managed_source(build_parser().parse_args(["--manage", "llama-server", "--gguf-dir", str(tmp_path),
                                                        "--threads", "1"]))
     window = MainWindow(source, None, persist=False)

@@ -3,6 +3,8 @@ tens of MiB, a server that ignores SIGTERM and forks a child keeping the port, s
 our port answering /health, two restarts of one ManagedServer at once, a stop while it starts."""
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -86,6 +88,38 @@ def test_stop_ends_a_server_that_ignores_sigterm_and_the_child_that_keeps_its_po
     server.stop()
     assert time.monotonic() - t0 < 5.0  # the grace (1 s here) and a SIGKILL, not a hang
     assert gone(pid) and gone(grandchild), "a process of the stopped server is still running"
+
+
+def _orphan(tmp_path: Path) -> int:
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text():
+        assert time.monotonic() < deadline, "the server's child never wrote its pid"
+        time.sleep(0.05)
+    return int((tmp_path / "child.pid").read_text())
+
+
+@pytest.mark.parametrize("mode", ["setsid-child", "daemon-child"])
+def test_stop_ends_a_child_that_left_the_servers_group_or_tree(tmp_path, mode):
+    """A child that called setsid() (or a daemon, forked twice and reparented to init) outlived stop()."""
+    server = child(tmp_path, mode).start(60)
+    orphan = _orphan(tmp_path)
+    try:
+        assert os.getpgid(orphan) != os.getpgid(server.proc.pid)  # (it left the group)
+        server.stop()
+        assert gone(server.proc.pid) and gone(orphan), f"{mode}: the server's child {orphan} outlived stop()"
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(orphan).kill()
+
+
+def test_at_exit_a_daemon_the_server_left_is_killed_too(tmp_path):
+    exit_without_stop(tmp_path, "daemon-child")
+    orphan = _orphan(tmp_path)
+    try:
+        assert gone(orphan)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(orphan).kill()
 
 
 def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
@@ -182,18 +216,23 @@ def test_a_stop_from_another_thread_ends_a_server_that_is_still_starting(tmp_pat
     assert len(failures) == 1 and "stopped" in str(failures[0])  # it cannot come up after the stop
 
 
-def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
-    """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
+def exit_without_stop(tmp_path: Path, *modes: str) -> None:
+    """A Python that starts the hostile server with `modes` and exits without stopping it."""
+    argv = [sys.executable, str(HOSTILE), "--pid-file", str(tmp_path / "child.pid"),
+            *(a for m in modes for a in ("--mode", m))]
     script = (f"import sys; sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
               "from app.tradeoff.managed.child import ChildServer, free_port\n"
               "port = free_port()\n"
-              f"ChildServer('hostile', [sys.executable, {str(HOSTILE)!r}, '--port', str(port), '--mode', 'ignore-term',"
-              f" '--mode', 'fork-child', '--pid-file', {str(tmp_path / 'child.pid')!r}], port).start(60)\n"
-              "print(ChildServer.__name__)\n")  # exits without stop()
+              f"ChildServer('hostile', {argv!r} + ['--port', str(port)], port).start(60)\n")
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
+    """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
+    exit_without_stop(tmp_path, "ignore-term", "fork-child")
     deadline = time.monotonic() + 10
     while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

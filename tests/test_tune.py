@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+import llama_cpp_peer
 import pytest
 
 from app.cli import main
@@ -193,16 +194,14 @@ def test_draft_acceptance_comes_from_the_servers_own_counters():
 
 @pytest.mark.llama_cpp
 def test_a_real_two_point_sweep_on_llama_server(tmp_path):
-    from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
-
-    binary, ggufs = find_binary("llama-server"), sorted((llama_cpp_dir() / "models").glob("*.bf16.gguf"))
-    if binary is None or not ggufs or find_binary("llama-quantize") is None:
-        pytest.skip("llama-server, llama-quantize or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
     from app.tradeoff.managed.gguf import quantized_gguf
 
+    llama_cpp_peer.tool("llama-server")
+    llama_cpp_peer.tool("llama-quantize")
+    bf16 = llama_cpp_peer.bf16_gguf()
     folder = tmp_path / "ggufs"
     folder.mkdir()
-    for path in (ggufs[0], quantized_gguf(ggufs[0], 8)):
+    for path in (bf16, quantized_gguf(bf16, 8)):
         (folder / path.name).symlink_to(path)
     out = tmp_path / "real.json"
     assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--bits", "16", "8",

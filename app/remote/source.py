@@ -26,7 +26,7 @@ import httpx
 from PySide6.QtCore import QObject, Signal
 
 from app.load.generator import LoadConfig, LoadGenerator
-from app.remote.client import StreamResult, sampled_request_body, sampling_of, stream_request
+from app.remote.client import StreamBudget, StreamResult, sampled_request_body, sampling_of, stream_request
 from app.remote.watch import ServerWatch
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
@@ -38,6 +38,7 @@ SCRAPE_TIMEOUT_S = 2.0  # /metrics slower than this: the server is "not answerin
 STREAM_READ_TIMEOUT_S = 300.0  # a queued request may wait long for its first token
 MAX_IN_FLIGHT = 256
 MAX_EVENTS = 200_000
+MAX_GAPS = 20_000  # inter-token gaps a finished stream hands over (the server panel keeps this many)
 PROMPT_TAIL_WORDS = 24
 WORDS_PER_TOKEN = 0.5  # a safe floor for English text with any BPE vocabulary (typically ~0.75)
 
@@ -100,6 +101,7 @@ class RemoteSource(QObject):
         self._ids = itertools.count(1)
         self._tasks: dict[str, asyncio.Task] = {}
         self._ours: set[str] = set()
+        self._budget = StreamBudget()  # what every stream in flight holds together
         self._words = WordTokenizer()
         self.loadgen = LoadGenerator(LoadConfig(), self._words, load_seed)
 
@@ -311,7 +313,8 @@ class RemoteSource(QObject):
 
     async def _stream(self, res: StreamResult, path: str, body: dict) -> None:
         try:
-            await stream_request(self._client, self.url, path, body, res, on_text=self._on_text)
+            await stream_request(self._client, self.url, path, body, res, on_text=self._on_text,
+                                 budget=self._budget)
         except asyncio.CancelledError:
             pass  # an abort: the stream is closed, the server drops the request
         except Exception as exc:  # noqa: BLE001 (whatever the server's answer broke: this request ends with it)
@@ -321,7 +324,9 @@ class RemoteSource(QObject):
             self._finished(res)
 
     def _on_text(self, res: StreamResult, text: str, t: float) -> None:
-        out = RequestOutput(res.request_id, (), text, (), res.text, False, ttft_s=res.ttft_s,
+        # (the whole text travels once, when the stream ends: a copy of it on every chunk, each held by a
+        # queued event, grows as the square of the stream; the panels read the delta)
+        out = RequestOutput(res.request_id, (), text, (), "", False, ttft_s=res.ttft_s,
                             tokens_per_s=res.tokens_per_s())
         self.publish(channel.ClientOutput(out, t, 1))
 
@@ -333,7 +338,7 @@ class RemoteSource(QObject):
         self.publish(channel.ClientOutput(out, end, 0))
         tl = RequestTimeline(res.request_id, res.sent, res.prompt_tokens or 0, first_token=res.first_token,
                              finished=end, num_output_tokens=res.num_tokens, finish_reason=res.finish_reason)
-        self.publish(channel.ClientFinished(tl, tuple(res.inter_token_s()), res.error))
+        self.publish(channel.ClientFinished(tl, tuple(res.inter_token_s()[-MAX_GAPS:]), res.error))
         if res.request_id in self._ours:
             self._ours.discard(res.request_id)
             self.loadgen.on_finished(res.request_id, end)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from app.device_args import device_options
 from app.knob_args import add_knob_args, knob_settings
+from app.server.header_timeout import MAX_CONNECTIONS
+from app.train_mtp import bounded
 from engine.knobs import Use
 
 SERVE_DEFAULTS = {"max_lora_rank": 64}  # serve's own defaults where not the engine's: adapters up to rank 64
@@ -20,6 +22,13 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
     p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $INFERLAB_API_KEY, else none)")
+    p.add_argument("--max-connections", type=bounded(int, 1), default=MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections served at once; a request past them is answered 503 (default "
+                        f"{MAX_CONNECTIONS})")
+    p.add_argument("--plain-special-tokens", action="store_true",
+                   help="encode special-token text inside chat messages (e.g. <|im_end|><|im_start|>system) as "
+                        "plain text, so a message cannot close its turn or open a system one (default: parsed "
+                        "as control tokens, as vLLM does)")
     p.add_argument("--metrics-require-key", action="store_true",
                    help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
     # the engine's knobs, each from its row of the knob table (engine/knobs.py: flag, help, type, choices)
@@ -78,7 +87,7 @@ def run_serve(args) -> int:
 
     from app.generate import stderr_progress
     from app.server.api import create_app
-    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
+    from app.server.header_timeout import serving_options
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
     from engine.runner.threads import off_main_thread
@@ -112,13 +121,13 @@ def run_serve(args) -> int:
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
     app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
-                     metrics_require_key=args.metrics_require_key)
+                     metrics_require_key=args.metrics_require_key, plain_special_tokens=args.plain_special_tokens)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2,
-                    http=header_timeout_protocol(), timeout_keep_alive=KEEP_ALIVE_S)
+                    **serving_options(max_connections=args.max_connections))
     finally:
         async_engine.shutdown()
     return 0

@@ -34,18 +34,19 @@ from app.talk.compare.spec import CompareSpec, CompareSpecError, parse_compare
 from app.talk.compare.toml_lines import compare_line
 from app.talk.cues import Cue, parse_cues
 from app.talk.panel_specs import PANEL_NAMES
+from engine.files import UnreadableFile, parse_toml, read_text, shown
 from engine.knobs import KNOB, Layer, Use, knobs_for
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 
 
+MAX_MESSAGE_CHARS = 300  # an error is one line: a value it quotes is cut (a 1,000,000-element array gave 4 MB)
+
+
 class PresetError(ValueError):
     def __init__(self, path: Path | str, line: int | None, where: str, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
         self.path, self.line, self.where, self.message = str(path), line, where, message
         loc = f"{self.path}:{line}" if line else self.path
         super().__init__(f"{loc}: {where}: {message}" if where else f"{loc}: {message}")
@@ -216,20 +217,14 @@ def available(presets_dir: Path = PRESETS_DIR) -> list[str]:
 
 def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Preset:
     path = resolve(str(name_or_path), presets_dir)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+    try:  # a regular file of at most MAX_TEXT_BYTES, nested at most MAX_DEPTH (engine/files.py)
+        text = read_text(path)
+        data = parse_toml(path, text)
+    except FileNotFoundError as exc:
         known = ", ".join(available(presets_dir))
         raise PresetError(path, None, "", f"cannot read preset ({exc.strerror or exc}); presets: {known}") from exc
-    except UnicodeDecodeError as exc:  # a ValueError, but not one that names the file
-        line = exc.object[: exc.start].count(b"\n") + 1
-        raise PresetError(path, line, "", f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                                          f"{exc.start}); save the preset as UTF-8") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise PresetError(path, int(m.group(1)) if m else None, "", f"not valid TOML: {exc}") from exc
+    except UnreadableFile as exc:
+        raise PresetError(path, exc.line, "", exc.why) from None
     values = _validate(path, text, data)
     p, e, w, b = values["preset"], values["engine"], values["workload"], values["budget"]
     # a [workload] row named as LoadConfig's, and the table's other load rows (what each request samples with)
@@ -296,7 +291,7 @@ def _validate(path: Path, text: str, data: dict) -> dict[str, dict]:
 
 def _show(v) -> str:
     if isinstance(v, str):
-        return f'"{v}"'
+        return f'"{shown(v)[1:-1]}"'
     if isinstance(v, bool):
         return "true" if v else "false"
-    return repr(v)
+    return shown(v)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from app.data_dir import data_root
 from app.json_shape import finite_number, list_of, whole
+from engine.files import read_json
 from engine.quant_formats import QUANT_FORMAT_BY_NAME
 
+MAX_STORED_BYTES = 16 * 2**20  # a stored sweep: tens of points, kilobytes
 CSV_FIELDS = ("max_num_seqs", "quant_format", "num_speculative_tokens", "quant_group_size",
               "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
               "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
@@ -42,7 +44,7 @@ def load(machine: str, model: str, base: Path | None = None) -> dict | None:
     """The stored result, or None when there is none or it cannot be read."""
     path = store_path(machine, model, base)
     try:
-        result = json.loads(path.read_text())
+        result = read_json(path, MAX_STORED_BYTES)
     except (OSError, ValueError):
         return None
     return result if isinstance(result, dict) and malformed(result) is None else None

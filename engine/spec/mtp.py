@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import files
 from engine.models.layers.linear import STREAM_MAX_ROWS
 
 DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
@@ -149,6 +150,7 @@ def load_heads(path: Path, hidden_size: int, vocab_size: int | None = None,
 def _read_heads(path: Path, hidden_size: int, vocab_size: int | None, min_draft_vocab: int) -> tuple[MtpHeads, dict]:
     from safetensors import safe_open
 
+    files.check_regular(path)  # (safetensors would wait for ever on a FIFO)
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}

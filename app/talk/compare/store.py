@@ -25,8 +25,10 @@ from pathlib import Path
 from app.json_shape import finite_number, list_of, text_or_none
 from app.talk.compare.machine import machine_key
 from app.talk.compare.profile import profile_root
+from engine.files import read_json
 
 SUBDIR = "comparisons"
+MAX_STORED_BYTES = 16 * 2**20  # a stored comparison: a few configurations' figures, kilobytes
 
 
 def store_root() -> Path:
@@ -61,7 +63,7 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
         machine = machine_info()
     path = result_path(preset_name, model, machine, root)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, MAX_STORED_BYTES)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or "comparison" not in data or malformed(data):

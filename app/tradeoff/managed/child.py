@@ -3,7 +3,11 @@
 Used by the benches' peers (llama-server, `inferlab serve`) and by the managed servers a tuning sweep
 starts. Its log goes to a temporary file; every error carries the log's tail (read from the file's end:
 a server may log gigabytes). The server runs in a session of its own, so `stop()` ends its whole process
-group (a server that ignores SIGTERM, or forked workers that keep the port) within a bounded time. A
+group (a server that ignores SIGTERM, or forked workers that keep the port) within a bounded time, and
+with it every descendant that left the group: a child that called setsid() outlived `tune` and
+`--manage` before. Those are found by psutil, in the server's process tree (taken before any signal:
+an orphan leaves it) and by a token in the environment every process the server starts inherits (a
+daemon reparented to init is in no tree; the way Jenkins finds a build's strays). A
 /health 200 counts only when the listening socket is our process's (or its children's): someone else's
 server that took the port first is not mistaken for ours.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,15 +31,19 @@ LOG_TAIL_CHARS = 600
 STOP_GRACE_S = 10.0  # SIGTERM, then this long for a clean exit, then SIGKILL to the whole group
 
 
-_RUNNING: set[int] = set()  # process groups of the servers started and not yet stopped
+TOKEN_ENV = "INFERLAB_SERVER_TOKEN"  # set for each server; its descendants inherit it
+_RUNNING: dict[int, str] = {}  # process group (the server's pid) -> token, of servers started and not stopped
 
 
 @atexit.register
 def _kill_running() -> None:
     """At interpreter exit (a window closed while a sweep's thread still waited on a server that ignores
-    SIGTERM, say), every server still running is killed with its group: none outlives inferlab."""
-    for pgid in list(_RUNNING):
+    SIGTERM, say), every server still running is killed with its group and its descendants: none outlives
+    inferlab."""
+    for pgid, token in list(_RUNNING.items()):
+        family = _family(pgid, token)
         _signal_group(pgid, signal.SIGKILL)
+        _signal_each(family, signal.SIGKILL)
 
 
 class PeerError(RuntimeError):
@@ -79,6 +88,7 @@ class ChildServer:
     _log: object = None
     _ended: bool = False
     _stop_asked: bool = False  # stop() from another thread while this one starts it
+    _token: str = ""  # in the environment of the server and all it starts (TOKEN_ENV)
 
     @property
     def url(self) -> str:
@@ -86,13 +96,15 @@ class ChildServer:
 
     def start(self, timeout_s: float = 300.0) -> ChildServer:
         self._log = tempfile.TemporaryFile()  # binary: the tail is read by seeking from the end
+        self._token = secrets.token_hex(8)
         try:
             self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, TOKEN_ENV: self._token})
         except BaseException:  # no such program, a NUL byte in the argv: nothing runs, the log is closed
             self.stop()
             raise
-        _RUNNING.add(self.proc.pid)
+        _RUNNING[self.proc.pid] = self._token
         try:
             if self._stop_asked:
                 raise PeerError(f"{self.name} was stopped while it started")
@@ -146,21 +158,27 @@ class ChildServer:
             return ""
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL to what is left of it after `stop_grace_s`.
-        Safe from another thread while start() waits (that start then fails: stopped while starting)."""
+        """SIGTERM to the server's process group and every descendant (_family), SIGKILL to what is left of
+        them after `stop_grace_s`. Safe from another thread while start() waits (that start then fails:
+        stopped while starting)."""
         self._stop_asked = True
         if self.proc is not None and not self._ended:
             self._ended = True  # the group's id is not signalled again once it may have been reused
+            family = _family(self.proc.pid, self._token)  # before any signal: an orphan leaves the tree
             if self.proc.poll() is None:
                 _signal_group(self.proc.pid, signal.SIGTERM)
+                _signal_each(family, signal.SIGTERM)
                 try:
                     self.proc.wait(self.stop_grace_s)
                 except subprocess.TimeoutExpired:
                     pass
+            family += _family(self.proc.pid, self._token)  # and any started during the grace
             _signal_group(self.proc.pid, signal.SIGKILL)  # children that outlived it (a worker keeping the port)
-            _RUNNING.discard(self.proc.pid)
+            _signal_each(family, signal.SIGKILL)
+            _RUNNING.pop(self.proc.pid, None)
             if self.proc.poll() is None:
                 self.proc.wait(5)
+            psutil.wait_procs([p for p in family if p.pid != self.proc.pid], timeout=5)
         log, self._log = self._log, None
         if log is not None:
             log.close()
@@ -196,6 +214,36 @@ def _listeners(port: int) -> set[int | None]:
                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
     except psutil.Error:
         return set()
+
+
+def _family(pid: int, token: str) -> list[psutil.Process]:
+    """The server `pid`, its descendants, and every process of this user whose environment carries its
+    `token` (one that left the tree); the server's own pid first."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(pid)
+        found = {p.pid: p for p in (root, *root.children(recursive=True))}
+    except psutil.Error:  # gone already: only the token finds what it left
+        pass
+    if token:
+        uid = os.getuid()
+        for proc in psutil.process_iter(["uids", "environ"]):
+            try:
+                if proc.info["uids"] and proc.info["uids"].real == uid and \
+                        (proc.info["environ"] or {}).get(TOKEN_ENV) == token:
+                    found.setdefault(proc.pid, proc)
+            except (psutil.Error, AttributeError):
+                continue
+    return list(found.values())
+
+
+def _signal_each(procs: list[psutil.Process], sig: int) -> None:
+    """`sig` to each process still running (psutil checks the pid was not reused since it was found)."""
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -12,12 +12,12 @@ engine holds); the 8- and 4-bit variants are llama.cpp's `llama-quantize` of tha
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from engine.files import read_bytes, read_json
 from engine.loading.loader import cache_root
 
 BENCH = "llama-bench"
@@ -34,18 +34,18 @@ def find_binary(name: str = BENCH, directory: Path | None = None) -> Path | None
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
-BUILD_KEYS = ("sdist", "built", "isa", "patch")
+BUILD_KEYS = ("sdist", "built", "isa", "opt", "patch")
 
 
 def llama_cpp_build(directory: Path | None = None) -> dict:
     """What scripts/build_llama_cpp.sh wrote in <dir>/VERSION (the sdist, when and with what it was built, the
-    ISA, the patch applied), for a bench's JSON to say which llama.cpp it measured. Only those keys, each
+    ISA, the optimization level (O1: a build for tests, not figures), the patch applied), for a bench's JSON
+    to say which llama.cpp it measured. Only those keys, each
     value cut to 200 characters, from the file's first 4 KiB: a stray or hostile file says nothing else."""
     path = (directory or llama_cpp_dir()) / "VERSION"
     try:
-        with path.open("rb") as fh:
-            text = fh.read(4096).decode("utf-8", "replace")
-    except OSError:
+        text = read_bytes(path, 4096, cut=True).decode("utf-8", "replace")
+    except (OSError, ValueError):
         return {"version_file": f"no {path}"}
     out = {}
     for line in text.splitlines():
@@ -59,7 +59,7 @@ def source_gguf(model_path: str) -> Path | None:
     """The GGUF the engine's folder was converted from (engine/loading/gguf_convert.py records it)."""
     record = Path(model_path) / "inferlab_conversion.json"
     try:
-        source = Path(json.loads(record.read_text())["source"])
+        source = Path(read_json(record)["source"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return source if source.is_file() else None
@@ -139,9 +139,8 @@ def is_gguf(path: Path) -> bool:
     """Whether `path` is a file that begins with GGUF's magic (a cached file may be garbage: it is then
     made again; one cut short after its magic fails the server's load, a failed point with its log)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
-    except OSError:
+        return read_bytes(path, len(GGUF_MAGIC), cut=True) == GGUF_MAGIC
+    except (OSError, ValueError):
         return False
 
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from app.load.generator import corpus_text
-from app.remote.bounded import ReadLimit, fetch
+from app.remote.bounded import ReadLimit, fetch, fetch_json
 from app.remote.http_load import client_for, make_text_schedule, run_rate, run_seed, warm_up
 from app.remote.metrics import MetricsError, parse_metrics
 from engine.core.metrics import SLO
@@ -134,17 +133,8 @@ async def _greedy(client: httpx.AsyncClient, url: str, model: str, prompts: list
     async def one(prompt: str) -> tuple[list[str], str]:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "logprobs": 1, "stream": False}
-        try:
-            status, data = await fetch(client, url + "/v1/completions", method="POST", json=body,
-                                       max_bytes=MAX_REPLY_BYTES, total_s=GREEDY_TOTAL_S)
-        except ReadLimit as exc:
-            raise ValueError(f"a greedy completion: {exc}") from None
-        if status != 200:
-            raise ValueError(f"a greedy completion answered HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
-        try:
-            reply = json.loads(data)
-        except (ValueError, RecursionError):
-            raise ValueError(f"a greedy completion is not JSON: {data[:120].decode('utf-8', 'replace')!r}") from None
+        reply = await fetch_json(client, url + "/v1/completions", what="a greedy completion", method="POST",
+                                 json=body, max_bytes=MAX_REPLY_BYTES, total_s=GREEDY_TOTAL_S)
         return _reply_tokens(reply)
 
     return [await one(p) for p in prompts]  # one at a time: each reply is the batch-of-one greedy output
