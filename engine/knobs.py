@@ -124,7 +124,7 @@ class Knob:
 _INT, _FLOAT, _BOOL, _STR = int, float, bool, str
 _P, _C, _X, _R, _S, _G = Use.PRESET, Use.CUE, Use.COMPARE, Use.RESTART, Use.SERVE, Use.GENERATE
 TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
-_FORMAT_NAMES = tuple((f.name, f.short if f.dense else f.label) for f in QUANT_FORMATS)
+_FORMAT_NAMES = tuple((f.name, f.short) for f in QUANT_FORMATS)  # the slider's few characters (the label: its tooltip)
 KNOBS: tuple[Knob, ...] = (
     # scheduling (SchedulerConfig), all switched between steps
     Knob("max_num_seqs", _INT, 64, run_time=True, low=1, app_range=(1, 256), label="max batch size",
@@ -192,8 +192,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("pack_weights", _BOOL, False, label="packed weights", uses=frozenset({_X})),
     # changed at run time by set_quantization (a requantization), not by reconfigure
     Knob("quant_format", _STR, DENSE, choices=tuple(f.name for f in QUANT_FORMATS), label="weights",
-         help="the weight format: bf16, or weight-only int8, fp8 e4m3 or int4 (requantized from the 16-bit "
-         "weights)", value_names=_FORMAT_NAMES, stops=tuple(f.name for f in QUANT_FORMATS), slider=Box.ENGINE,
+         help="the weight format: bf16; int8 or fp8 e4m3 (a byte per weight, a scale per row); int4 (a scale and "
+         "zero per group of weights); requantized from the 16-bit weights", value_names=_FORMAT_NAMES,
+         stops=tuple(f.name for f in QUANT_FORMATS), slider=Box.ENGINE,
          flag="--quant-format", uses=frozenset({_P, _X, _R, _S, _G}), needs="quantization"),
     Knob("quant_group_size", _INT, 32, choices=(32, 64, 128), label="group size",
          help="weights per scale of a grouped format (int4)", flag="--quant-group-size",

@@ -41,7 +41,7 @@ QUANT_FORMATS: tuple[QuantFormat, ...] = (  # from most bytes per weight to fewe
     # weight-only fp8 (OCP e4m3: 4 exponent bits, 3 mantissa bits, largest 448) with a 16-bit scale per output
     # row, the layout GPU servers deploy (vLLM's fp8 weight-only); the same byte per weight as int8, spent on
     # range instead of even steps
-    QuantFormat("fp8-e4m3", 8, dense=False, grouped=False, scale_bits=16, short="fp8",
+    QuantFormat("fp8-e4m3", 8, dense=False, grouped=False, scale_bits=16, short="fp8 e4m3",
                 label="fp8 e4m3, a scale per row"),
     QuantFormat("int4", 4, dense=False, grouped=True, scale_bits=32, short="int4",
                 label="int4, a scale and zero per group"),
