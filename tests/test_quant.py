@@ -216,6 +216,11 @@ def test_fp8_stores_e4m3_codes_and_a_scale_per_row():
     assert layer.scales.dtype == torch.bfloat16 and layer.scales.shape == (W.shape[0],)
     assert float(layer.qweight.float().abs().amax()) == pytest.approx(448, rel=0.01)
     assert layer.format.bits == QuantLinear(W, None, "int8", 32).format.bits == 8
+    from engine.quant.fp8 import widen  # the CPU's table lookup: torch's own cast, bit for bit
+    assert torch.equal(widen(layer.qweight, torch.bfloat16), layer.qweight.to(torch.bfloat16))
+    all_bytes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    widened, cast = widen(all_bytes, torch.float32), all_bytes.to(torch.float32)
+    assert torch.equal(widened.nan_to_num(7.0), cast.nan_to_num(7.0))  # every byte, its two NaNs as NaNs
     assert layer.kernel_operands() == "fp8 weights (no native fp8 kernel: the layer-by-layer path multiplies them)"
     row = W[0].float()  # e4m3's relative step: 2**-3 at most, so every weight within 1/16 of itself (+ tiny ones)
     deq = layer.dequantize()[0]

@@ -24,6 +24,18 @@ import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
+# every e4m3 byte's bf16 bit pattern: on the CPU a table lookup (numpy's gather of uint8 indices) widens the codes
+# 2.9x as fast as torch's element-by-element cast (a 1536 x 576 matrix, 1 thread, Zen 4: 2.4 vs 7.0 ms), the
+# same bits (tests/test_quant.py)
+_BF16_OF_BYTE = torch.arange(256, dtype=torch.uint8).view(FP8).to(torch.bfloat16).view(torch.int16).numpy()
+
+
+def widen(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 e4m3 codes as `dtype` (exact for bf16, float16 and float32: every e4m3 value is one of theirs)."""
+    if q.device.type != "cpu":
+        return q.to(dtype)
+    bf16 = torch.from_numpy(_BF16_OF_BYTE[q.view(torch.uint8).numpy()]).view(torch.bfloat16)
+    return bf16 if dtype == torch.bfloat16 else bf16.to(dtype)
 
 
 def fp8_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +71,7 @@ class Fp8Rows:
     def matmul(layer: Any, x2: torch.Tensor) -> torch.Tensor:
         """x2 (rows, in) -> (rows, out), without outliers and bias: the codes cast to x2's dtype (exact), one
         GEMM, the row scales on the product's columns."""
-        return F.linear(x2, layer.qweight.to(x2.dtype)) * layer.scales.to(x2.dtype)
+        return F.linear(x2, widen(layer.qweight, x2.dtype)) * layer.scales.to(x2.dtype)
 
     @staticmethod
     def kernel_operands(layer: Any) -> tuple[Any, ...] | str:
