@@ -36,11 +36,15 @@ def _size(text: str) -> tuple[int, int]:
 
 def _epilog() -> str:
     from app.gui.keys import keys_help
-    from app.talk.presets import PRESETS_DIR, available
+    from app.talk.presets import PRESETS_DIR
+    from app.talk.talk_order import load_talk_or_files
 
-    names = available(PRESETS_DIR)
-    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ")
-    return (f"presets (--preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
+    said: list[str] = []  # a talk.toml that lies: said under the list, which is then in file-name order
+    names = load_talk_or_files(PRESETS_DIR, said.append).names
+    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ",
+                           break_on_hyphens=False)
+    listed += "".join(f"\n  ({line})" for line in said)
+    return (f"presets in the talk's order (presets/talk.toml; --preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
             f"keys in the app:\n{keys_help()}\n\n"
             "subcommands have their own --help, e.g. `inferlab bench --help`.")
 
@@ -70,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="show the measured comparisons `inferlab prepare --profile NAME` stored (default: "
                              "$INFERLAB_PROFILE, else the shared store)")
-    from app.host.managed_args import add_manage_args
+    from app.managed.args import add_manage_args
 
     add_manage_args(parser)
     add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
@@ -104,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="start a real server (llama-server, vLLM, SGLang, inferlab) per configuration "
                                        "point, measure speed, cost, memory and quality; frontier as JSON/CSV/PNG")
-    from app.tradeoff.managed.tune_cli import add_tune_args
+    from app.tradeoff.tune_cli import add_tune_args
 
     add_tune_args(tune)
 
@@ -199,9 +203,9 @@ def _run(args) -> int:
 
         return run_train_lora(args)
     if args.command == "tune":
-        from app.tradeoff.managed.tune_cli import run_tune_cli
+        from app.tradeoff.tune_cli import run_tune_cli
 
-        return run_tune_cli(args)
+        return run_tune_cli(args, draw_png=_tune_png)
     if args.command == "bench":
         from app.bench.cli import run_bench
 
@@ -209,6 +213,13 @@ def _run(args) -> int:
     from app.gui.launch import run_gui
 
     return run_gui(args)
+
+
+def _tune_png(result: dict, path: str) -> bool:
+    """`tune --png`: drawn by the tradeoff panel, so Qt is imported only when a PNG is asked for."""
+    from app.gui.tune_png import write_png
+
+    return write_png(result, path)
 
 
 if __name__ == "__main__":

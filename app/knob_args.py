@@ -9,6 +9,7 @@ import argparse
 import shlex
 from typing import Any
 
+from engine.events import SpecMethod
 from engine.knobs import Knob, KnobValues, Use, knobs_for
 from engine.quant_formats import QUANT_FORMATS, quant_format
 from engine.spec.draft_length import MAX_DRAFT
@@ -83,9 +84,9 @@ def _speculation(out: dict, draft_model: str | None) -> dict:
     k = DEFAULT_DRAFT_TOKENS if k is None else k
     if not 1 <= k <= MAX_DRAFT_TOKENS:
         raise ValueError(f"--num-draft-tokens must be 1-{MAX_DRAFT_TOKENS}, got {k}")
-    if method == "draft" and not draft_model:
+    if method == SpecMethod.DRAFT and not draft_model:
         raise ValueError("--spec-method draft needs --draft-model")
-    if draft_model and method != "draft":
+    if draft_model and method != SpecMethod.DRAFT:
         raise ValueError(f"--draft-model is for --spec-method draft, not {method}")
     return {"num_speculative_tokens": k, **({"draft_model": draft_model} if draft_model else {})}
 
@@ -96,7 +97,7 @@ def serve_command(config: KnobValues, model: str) -> str:
     argv = ["inferlab", "serve", "--model", model]
     values: dict[str, Any] = dict(config)
     if values.get("num_speculative_tokens"):
-        values.setdefault("spec_method", "ngram")
+        values.setdefault("spec_method", SpecMethod.NGRAM)
     grouped = quant_format(values.get("quant_format", "bf16")).grouped
     for row in knobs_for(Use.SERVE):
         value = values.get(row.name)

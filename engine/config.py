@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
-from engine.knobs import ENGINE_KNOBS, KNOB, check_knobs, knob_default
+from engine.events import AttentionBackendName, KernelBuild, KvCacheDtype, SchedulingPolicy, SpecMethod
+from engine.knobs import ENGINE_KNOBS, KIND_KNOBS, KNOB, check_knobs, knob_default
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -18,7 +19,7 @@ class SchedulerConfig:
     max_num_seqs: int = knob_default("max_num_seqs")
     max_num_batched_tokens: int = knob_default("max_num_batched_tokens")  # the token budget of one step
     enable_chunked_prefill: bool = knob_default("enable_chunked_prefill")
-    policy: str = knob_default("policy")
+    policy: SchedulingPolicy = knob_default("policy")
     # distinct LoRA adapters the running batch may hold: the adapter pool's device slots
     # (0: no LoRA support, no wrappers in the model)
     max_loras: int = knob_default("max_loras")
@@ -32,6 +33,9 @@ class SchedulerConfig:
     # output token stays within it (engine/core/scheduler.py).
     ttft_budget_ms: float | None = knob_default("ttft_budget_ms")
     tpot_budget_ms: float | None = knob_default("tpot_budget_ms")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", KNOB["policy"].check(self.policy))  # "spf" -> SchedulingPolicy.SPF
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:
@@ -64,7 +68,7 @@ class EngineConfig:
     # "auto": K/V in the model's dtype; "int8": 8-bit rows with a float32 scale per (token, KV head)
     # (engine/models/layers/kv_quant.py): 1.88x the blocks in the same memory at head_dim 64, decoded
     # through the eager attention path. Fixed for the engine's life (the cache is allocated with it).
-    kv_cache_dtype: str = knob_default("kv_cache_dtype")
+    kv_cache_dtype: KvCacheDtype = knob_default("kv_cache_dtype")
     # Explicit budgets are honoured on every device (CPU and GPU alike). A KV budget: with a draft model,
     # the target's and the draft's KV blocks share it. None: 512 MiB on the CPU; on a GPU the KV cache
     # gets what a profiled warm-up step leaves (total x gpu_memory_utilization - in use - peak of a step).
@@ -93,7 +97,7 @@ class EngineConfig:
     # only when asked for: on the first GPU run its compile had not finished minutes into the first step).
     # "reference": the readable one-sequence-at-a-time path the tests hold the others to. What runs is
     # chosen once, by engine/runner/attention_backend.py.
-    attention_backend: str = knob_default("attention_backend")
+    attention_backend: AttentionBackendName = knob_default("attention_backend")
     # torch.compile each decode step's forward pass as one call (the attention an opaque op in it; steps with
     # prompt rows run eager; the same numbers as eager, engine/models/llama.py), run single 16-bit rows on
     # the CPU (decode of one stream, where the native kernel is not built) through a compiled matrix-vector
@@ -129,7 +133,7 @@ class EngineConfig:
     # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels
     # until the build is done, then switches to the native ones between two steps (the app: live tokens
     # within seconds of a first start).
-    kernel_build: str = knob_default("kernel_build")
+    kernel_build: KernelBuild = knob_default("kernel_build")
 
     # Later features (quantization, speculation, LoRA) read these
     quant_format: str = knob_default("quant_format")  # a name from engine/quant_formats.py
@@ -138,7 +142,7 @@ class EngineConfig:
     quant_embeddings: bool = False  # also the embedding table and lm_head (int8 per row; see quant_embed)
     quant_outlier_channels: int = 0  # input channels per layer kept in 16 bits (LLM.int8 style)
     quant_reference: bool = False  # dequantize-then-matmul instead of the fast kernels
-    spec_method: str | None = knob_default("spec_method")
+    spec_method: SpecMethod | None = knob_default("spec_method")
     num_speculative_tokens: int = knob_default("num_speculative_tokens")
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
     draft_quant_format: str | None = None  # the draft's weight format; with no draft_model, a quantized target copy
@@ -163,7 +167,7 @@ class EngineConfig:
     max_num_seqs: InitVar[int | None] = None
     max_num_batched_tokens: InitVar[int | None] = None
     enable_chunked_prefill: InitVar[bool | None] = None
-    policy: InitVar[str | None] = None
+    policy: InitVar[SchedulingPolicy | str | None] = None
     max_loras: InitVar[int | None] = None
     max_step_ms: InitVar[float | None] = None
     ttft_budget_ms: InitVar[float | None] = None
@@ -175,6 +179,9 @@ class EngineConfig:
             self.scheduler = replace(self.scheduler, **given)
         # every knob of the table, against its range or list (engine/knobs.py)
         check_knobs({k.name: getattr(self, k.name) for k in ENGINE_KNOBS})
+        for name in KIND_KNOBS:  # a kind given as its string is stored as its enum member ("none": None)
+            if name not in SCHEDULER_FIELDS:  # SchedulerConfig stores its own
+                setattr(self, name, KNOB[name].check(getattr(self, name)))
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
 

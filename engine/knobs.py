@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, TypedDict, cast
 
-from engine.events import SpecMethod, StrEnum
+from engine.events import AttentionBackendName, KernelBuild, KvCacheDtype, SchedulingPolicy, SpecMethod, StrEnum
 from engine.knob_check import number_problem
 from engine.quant_formats import DENSE, QUANT_FORMATS
 
@@ -39,7 +40,7 @@ class Use(StrEnum):
     PRESET = "preset"  # a preset's [engine] (engine knobs) or [workload] (load knobs) key
     CUE = "cue"  # a cue's `set = {...}` (app/talk/cues.py)
     COMPARE = "compare"  # a [compare] configuration's knob (app/talk/compare/spec.py)
-    RESTART = "restart"  # a managed server restarts with it (app/tradeoff/managed/knobs.py)
+    RESTART = "restart"  # a managed server restarts with it (app/managed/knobs.py)
     SERVE = "serve"  # an `inferlab serve` flag (`flag`)
     GENERATE = "generate"  # an `inferlab generate` flag too
 
@@ -112,11 +113,16 @@ class Knob:
 
     def check(self, value: Any, *, app: bool = False) -> Any:
         """`value` as the engine stores it when it is fine (a number as a plain int or float: a numpy
-        integer or a Fraction is stored as one); else ValueError naming the knob."""
+        integer or a Fraction is stored as one; a kind as its enum member, "ngram" as SpecMethod.NGRAM; a
+        spelling of none as None); else ValueError naming the knob."""
         why = self.problem(value, app=app)
         if why:
             raise ValueError(f"{self.name}: {why}, got {value!r}")
-        if value is not None and self.type in (int, float) and not self.choices:
+        if value is None or (self.optional and value in self.none_spellings):
+            return None
+        if self.choices and isinstance(self.choices[0], Enum):
+            return type(self.choices[0])(value)
+        if self.type in (int, float) and not self.choices:
             return self.type(value)
         return value
 
@@ -136,7 +142,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("enable_chunked_prefill", _BOOL, True, run_time=True, label="chunked prefill",
          help="cut long prompts into chunks that share a step with the decodes", flag="--chunked-prefill",
          uses=frozenset({_P, _C, _X, _S})),
-    Knob("policy", _STR, "fcfs", run_time=True, choices=("fcfs", "spf", "priority"), label="policy",  # core/policies.py
+    # which waiting request goes first (engine/core/policies.py)
+    Knob("policy", _STR, SchedulingPolicy.FCFS, run_time=True, choices=tuple(SchedulingPolicy), label="policy",
          help="which waiting request goes next", flag="--policy", uses=frozenset({_P, _C, _X, _S})),
     # while requests decode, prompt chunks are cut to keep a step within this many ms (engine/core/step_time.py)
     Knob("max_step_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(10, 2000), label="step time cap",
@@ -176,13 +183,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("cuda_graphs", _BOOL, None, run_time=True, optional=True, label="CUDA graphs"),
     # fixed when the engine is built
     Knob("dtype", _STR, "auto", choices=("auto", "bfloat16", "float16", "float32"), label="dtype"),
-    Knob("attention_backend", _STR, "native", choices=("fast", "compiled", "native", "flex", "triton", "reference"),
+    Knob("attention_backend", _STR, AttentionBackendName.NATIVE, choices=tuple(AttentionBackendName),
          label="attention", uses=frozenset({_X})),
-    Knob("kv_cache_dtype", _STR, "auto", choices=("auto", "int8"), label="KV cache",
+    Knob("kv_cache_dtype", _STR, KvCacheDtype.AUTO, choices=tuple(KvCacheDtype), label="KV cache",
          help="int8 stores the KV cache in 8 bits with a scale per row (twice the tokens in the same memory)",
-         value_names=(("auto", "16-bit"), ("int8", "int8 + row scales")), stops=("auto", "int8"), slider=Box.ENGINE,
-         flag="--kv-cache-dtype", uses=frozenset({_S, _G}), needs="rebuild"),
-    Knob("kernel_build", _STR, "wait", choices=("wait", "background"), label="kernel build"),
+         value_names=((KvCacheDtype.AUTO, "16-bit"), (KvCacheDtype.INT8, "int8 + row scales")),
+         stops=tuple(KvCacheDtype), slider=Box.ENGINE, flag="--kv-cache-dtype", uses=frozenset({_S, _G}),
+         needs="rebuild"),
+    Knob("kernel_build", _STR, KernelBuild.WAIT, choices=tuple(KernelBuild), label="kernel build"),
     Knob("gpu_memory_utilization", _FLOAT, 0.90, low=0.0, high=1.0, low_exclusive=True, label="GPU memory share"),
     Knob("num_kv_blocks", _INT, None, low=1, optional=True, app_range=(16, 1_000_000), label="KV blocks",
          uses=frozenset({_P, _X})),  # a preset's None: what the app started with; else a rebuild
@@ -217,6 +225,8 @@ KNOBS: tuple[Knob, ...] = (
 KNOB: Mapping[str, Knob] = MappingProxyType({k.name: k for k in KNOBS})
 ENGINE_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.layer == Layer.ENGINE)  # EngineConfig's fields
 RECONFIGURABLE: tuple[str, ...] = tuple(k.name for k in ENGINE_KNOBS if k.run_time)  # what reconfigure() may change
+# knobs whose values are a kind (an enum of engine/events.py): stored as the member, "ngram" as SpecMethod.NGRAM
+KIND_KNOBS: tuple[str, ...] = tuple(k.name for k in ENGINE_KNOBS if k.choices and isinstance(k.choices[0], Enum))
 
 
 def knob(name: str) -> Knob:

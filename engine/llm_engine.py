@@ -28,7 +28,15 @@ from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerOutput
-from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
+from engine.events import (
+    BlockMapSnapshot,
+    EngineStepEvent,
+    KernelBuild,
+    LoraAdapterInfo,
+    MemorySnapshot,
+    RequestOutput,
+    SpecMethod,
+)
 from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
@@ -109,7 +117,7 @@ class LLMEngine:
         # a draft model is built before the KV cache is sized: its weights and its KV blocks (as many as
         # the target's) come out of the same budget
         draft = build_draft_model(config, loaded, mc, self.device, self.dtype, wide) \
-            if config.spec_method == "draft" else None
+            if config.spec_method == SpecMethod.DRAFT else None
         draft_block_bytes = draft.block_bytes(config.block_size, self.dtype) if draft else 0
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes + draft_block_bytes,
                                       calibrate=_calibrator(weakref.ref(self)),
@@ -133,7 +141,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
-                                  config.int8_activations, wait_kernels=config.kernel_build == "wait")
+                                  config.int8_activations, wait_kernels=config.kernel_build == KernelBuild.WAIT)
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.tradeoff.managed import gguf
+from app.managed import gguf
 
 DEFAULT_MODEL = "smollm2-135m"
 HOW = "scripts/build_llama_cpp.sh; INFERLAB_LLAMA_CPP_DIR"

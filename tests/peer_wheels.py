@@ -22,7 +22,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WHEELS = {"vllm": "0.33.0", "sglang": "0.5.23"}  # the releases the tables name (app/tradeoff/managed/*.py)
+WHEELS = {"vllm": "0.33.0", "sglang": "0.5.23"}  # the releases the tables name (app/managed/*.py)
 
 
 def wheel_dir() -> Path:

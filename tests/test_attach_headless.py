@@ -54,8 +54,8 @@ def test_metrics_that_never_parse_end_a_headless_run_within_seconds(qapp, metric
 
 
 def test_a_server_that_is_not_there_ends_the_run_with_its_error(qapp):
+    from app.managed.child import free_port
     from app.remote.source import RemoteSource
-    from app.tradeoff.managed.child import free_port
 
     source = RemoteSource(f"https://127.0.0.1:{free_port()}", scrape_hz=4.0)
     source.start()

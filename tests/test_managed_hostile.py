@@ -1,4 +1,4 @@
-"""Hostile servers against the managed-server layer (app/tradeoff/managed/child.py, server.py): a log of
+"""Hostile servers against the managed-server layer (app/managed/child.py, server.py): a log of
 tens of MiB, a server that ignores SIGTERM and forks a child keeping the port, someone else's server on
 our port answering /health, two restarts of one ManagedServer at once, a stop while it starts."""
 from __future__ import annotations
@@ -17,9 +17,9 @@ import psutil
 import pytest
 from fake_openai_server import make_handler
 
-from app.tradeoff.managed.child import ChildServer, free_port
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
+from app.managed.child import ChildServer, free_port
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 HOSTILE = Path(__file__).parent / "hostile_managed_server.py"
 MODEL = ServedModel({16: "/models/m-bf16.gguf", 8: "/models/m-q8_0.gguf"}, name="m")
@@ -140,7 +140,7 @@ def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
 
 
 def test_a_free_port_taken_before_the_server_binds_it_is_retried_once_on_another(tmp_path, monkeypatch):
-    from app.tradeoff.managed import server as server_module
+    from app.managed import server as server_module
 
     taken = free_port()
     impostor = ThreadingHTTPServer(("127.0.0.1", taken), make_handler(str(tmp_path / "impostor.jsonl")))
@@ -221,7 +221,7 @@ def exit_without_stop(tmp_path: Path, *modes: str) -> None:
     argv = [sys.executable, str(HOSTILE), "--pid-file", str(tmp_path / "child.pid"),
             *(a for m in modes for a in ("--mode", m))]
     script = (f"import sys; sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-              "from app.tradeoff.managed.child import ChildServer, free_port\n"
+              "from app.managed.child import ChildServer, free_port\n"
               "port = free_port()\n"
               f"ChildServer('hostile', {argv!r} + ['--port', str(port)], port).start(60)\n")
     import subprocess

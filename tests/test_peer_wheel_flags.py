@@ -1,4 +1,4 @@
-"""The vLLM and SGLang flag tables (app/tradeoff/managed/vllm.py, sglang.py) against what the published
+"""The vLLM and SGLang flag tables (app/managed/vllm.py, sglang.py) against what the published
 wheels declare (issue 48, point 10): every flag a table emits or documents, every value it passes where the
 engine has a fixed list, and the lists themselves, read from the pinned wheels' source with ast
 (tests/peer_wheels.py; nothing imported). Before, the tables were checked against the app's own constants
@@ -12,8 +12,8 @@ import pytest
 from peer_wheels import WHEELS, find_wheel, sglang_declared, vllm_declared, wheel_dir
 from test_managed_flag_tables import EVERY_KNOB, MODEL, NO_DRAFT, PORT
 
-from app.tradeoff.managed import sglang, vllm
-from app.tradeoff.managed.table import FlagError, ServerPoint
+from app.managed import sglang, vllm
+from app.managed.table import FlagError, ServerPoint
 
 POINTS = [ServerPoint(), ServerPoint(batch=3), ServerPoint(bits=8), ServerPoint(bits=4), ServerPoint(draft=3),
           *(ServerPoint(kv_dtype=k) for k in ("fp8", "f16", "bf16", "auto")), *EVERY_KNOB]

@@ -1,4 +1,4 @@
-"""`inferlab tune` (app/tradeoff/managed): the llama-server and inferlab flag tables, the sweep against the
+"""`inferlab tune` (app/managed): the llama-server and inferlab flag tables, the sweep against the
 stand-in server (tests/fake_openai_server.py run behind llama-server's own argv) with a refused flag and a
 crash each recorded as a failed point while the sweep goes on, the JSON/CSV/PNG, the CLI's one-line
 errors; the test marked `llama_cpp` runs a real two-point sweep and skips where llama.cpp is not built."""
@@ -14,11 +14,11 @@ import llama_cpp_peer
 import pytest
 
 from app.cli import main
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.inferlab_serve import InferlabServe
-from app.tradeoff.managed.llama_server import LlamaServer
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
-from app.tradeoff.managed.tune_measure import agreement
+from app.managed.engines import ENGINES
+from app.managed.inferlab_serve import InferlabServe
+from app.managed.llama_server import LlamaServer
+from app.managed.table import FlagError, ServedModel, ServerPoint
+from app.tradeoff.tune_measure import agreement
 
 FAKE = str(Path(__file__).parent / "fake_openai_server.py")
 GGUFS = ServedModel(by_bits={16: "m.bf16.gguf", 8: "m.q8_0.gguf", 4: "m.q4_1.gguf"}, draft="m.q4_1.gguf", name="m")
@@ -56,8 +56,9 @@ def test_inferlab_serve_argv_quantizes_the_same_weights_and_drafts_by_ngram_with
     model = ServedModel(by_bits={16: "smollm2-135m"}, name="smollm2-135m")
     argv = table.argv("/bin/inferlab", model, ServerPoint(batch=8, bits=4, kv_dtype="int8", draft=4,
                                                           chunked_prefill=False), 9001, threads=2)
-    assert argv == ["/bin/inferlab", "serve", "--model", "smollm2-135m", "--max-num-seqs", "8", "--quant-bits", "4",
-                    "--kv-cache-dtype", "int8", "--spec-method", "ngram", "--num-draft-tokens", "4",
+    assert argv == ["/bin/inferlab", "serve", "--model", "smollm2-135m", "--max-num-seqs", "8",
+                    "--quant-format", "int4", "--kv-cache-dtype", "int8", "--spec-method", "ngram",
+                    "--num-draft-tokens", "4",
                     "--no-chunked-prefill", "--host", "127.0.0.1", "--port", "9001", "--log-level", "warning",
                     "--threads", "2"]
     drafted = ServedModel(by_bits={16: "m"}, draft="d", name="m")
@@ -167,7 +168,7 @@ def test_the_time_limit_leaves_the_remaining_points_not_run(tmp_path):
 
 
 def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monkeypatch):
-    from app.tradeoff.managed import gguf
+    from app.managed import gguf
 
     monkeypatch.setenv("INFERLAB_LLAMA_CPP_DIR", str(tmp_path))
     bf16 = tmp_path / "m-abc.bf16.gguf"
@@ -183,7 +184,7 @@ def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monke
 
 
 def test_draft_acceptance_comes_from_the_servers_own_counters():
-    from app.tradeoff.managed.tune_measure import draft_acceptance
+    from app.tradeoff.tune_measure import draft_acceptance
 
     assert draft_acceptance({"llamacpp:spec_decode_num_accepted_tokens": 30.0,
                              "llamacpp:spec_decode_num_draft_tokens": 40.0}) == 0.75
@@ -194,7 +195,7 @@ def test_draft_acceptance_comes_from_the_servers_own_counters():
 
 @pytest.mark.llama_cpp
 def test_a_real_two_point_sweep_on_llama_server(tmp_path):
-    from app.tradeoff.managed.gguf import quantized_gguf
+    from app.managed.gguf import quantized_gguf
 
     llama_cpp_peer.tool("llama-server")
     llama_cpp_peer.tool("llama-quantize")

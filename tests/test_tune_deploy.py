@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.tradeoff.managed.llama_server import LlamaServer
-from app.tradeoff.managed.tune_measure import TuneLoad, headline
+from app.managed.llama_server import LlamaServer
+from app.tradeoff.tune_measure import TuneLoad, headline
 from tests.test_tune import gguf_dir, stand_in
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_png_without_a_display_falls_back_to_offscreen(tmp_path):
     result = tmp_path / "tune.json"
     result.write_text(json.dumps(RESULT))
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    code = ("import json, sys; from app.tradeoff.managed.tune_export import write_png; "
+    code = ("import json, sys; from app.gui.tune_png import write_png; "
             "sys.exit(0 if write_png(json.load(open(sys.argv[1])), sys.argv[2]) else 3)")
     run = subprocess.run([sys.executable, "-c", code, str(result), str(tmp_path / "t.png")], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -91,8 +91,8 @@ def test_repeated_runs_give_the_median_run_and_its_spread():
 
 def test_weights_overrides_apply_before_converting(monkeypatch, tmp_path):
     """`tune --weights 16=… 8=… 4=…` converted the model first and failed ("convert_hf_to_gguf.py is missing")."""
-    from app.tradeoff.managed import gguf
-    from app.tradeoff.managed.tune_cli import served_model
+    from app.managed import gguf
+    from app.managed.setup import served_model
 
     def no_conversion(*_a, **_k):
         raise AssertionError("converted although every bit width was given")
@@ -140,15 +140,15 @@ def test_the_chosen_command_says_the_context_each_slot_holds(tmp_path, capsys):
 
 def test_port_reaches_the_tuned_servers_and_the_managed_one(tmp_path):
     from app.cli import build_parser
-    from app.tradeoff.managed.child import free_port
-    from app.tradeoff.managed.tune_cli import make_spec
+    from app.managed.child import free_port
+    from app.tradeoff.tune_cli import make_spec
 
     port = free_port()
     args = build_parser().parse_args(["tune", "--engine", "llama-server", "--server-bin", str(stand_in(tmp_path)),
                                       "--gguf-dir", str(gguf_dir(tmp_path)), "--port", str(port), "--json", "x"])
     spec = make_spec(args, lambda line: None)
     assert spec.port == port
-    from app.tradeoff.managed.tune import run_point
+    from app.tradeoff.tune import run_point
 
     result = run_point(spec, spec.points[0], None, lambda text: None)
     assert f"--port {port}" in result["command"]

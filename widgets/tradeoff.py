@@ -34,6 +34,7 @@ from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PR
     cost_per_million_tokens,
     free_spot,
     gap_text,
+    point_batch,
     predicted_label,
     quality_color,
     server_label,
@@ -168,7 +169,7 @@ class TradeoffPanel(Panel):
         self._mark_dirty()
 
     def add_server_point(self, p: dict) -> None:
-        """One measured point of a managed server's tuning sweep (app/tradeoff/managed/tune.py's dict:
+        """One measured point of a managed server's tuning sweep (app/tradeoff/tune.py's dict:
         engine, model, label, flags, command and the explorer's figures) as it arrives."""
         label = server_label(p["engine"], p["model"], p["label"])
         self._points[label] = {**p, "label": label, "source": "server", "config": None}
@@ -217,8 +218,9 @@ class TradeoffPanel(Panel):
 
     def _on_sweep_load(self) -> None:
         p = self._points.get(self._applied or "")
-        if p is not None and isinstance(p.get("max_num_seqs"), int):
-            self.sigSweepLoad.emit(p["max_num_seqs"])
+        batch = point_batch(p) if p is not None else None
+        if batch is not None:
+            self.sigSweepLoad.emit(batch)
 
     def set_price_per_hour(self, price: float) -> None:
         self._price.setValue(price)
@@ -312,7 +314,7 @@ class TradeoffPanel(Panel):
         shown = swept is not None and live is not None and bool(live.get("tokens_per_s_total"))
         self._gap.setText(gap_text(live, swept) if shown else "")
         self._gap.setVisible(shown)
-        self._sweep_load.setVisible(shown and isinstance(swept.get("max_num_seqs"), int))
+        self._sweep_load.setVisible(shown and point_batch(swept) is not None)
 
     def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
         """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:

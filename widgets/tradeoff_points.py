@@ -56,13 +56,23 @@ def sweep_config(p: dict) -> KnobValues:
     return config
 
 
+def point_batch(p: dict) -> int | None:
+    """The batch size a measured point ran at: the explorer's sweep names it by knob (max_num_seqs), a managed
+    server's tuning sweep (app/tradeoff/tune.py) by its ServerPoint field (batch)."""
+    batch = p.get("max_num_seqs", p.get("batch"))
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
 def short_label(p: dict) -> str | None:
     """A measured point's label where its full one is not shown (off the frontier): batch, format, drafts;
-    None for a point without them (a live configuration's)."""
-    if not isinstance(p.get("max_num_seqs"), int) or not isinstance(p.get("quant_format"), str):
-        return None
-    draft = p.get("num_speculative_tokens")
-    return f"b{p['max_num_seqs']} {_format_short(p['quant_format'])}" + (f" k{draft}" if draft else "")
+    a managed server's point by its bit width (its engine's own files: app/managed/knobs.py); None for a point
+    without them (a live configuration's)."""
+    if isinstance(p.get("max_num_seqs"), int) and isinstance(p.get("quant_format"), str):
+        draft = p.get("num_speculative_tokens")
+        return f"b{p['max_num_seqs']} {_format_short(p['quant_format'])}" + (f" k{draft}" if draft else "")
+    if all(isinstance(p.get(k), int) for k in ("batch", "bits")):
+        return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+    return None
 
 
 def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], price: float) -> dict[str, list]:

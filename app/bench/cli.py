@@ -104,13 +104,14 @@ def add_bench_args(p, engine_args) -> None:
 
     add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
                         engine_args)
-    from app.bench import gui_overhead, host_bench, kv_bench, tradeoff_bench
+    from app.bench import host_bench, kv_bench, tradeoff_bench
+    from app.gui import overhead_bench
 
     kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
     tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x weight format x draft sweep, frontier, roofline"),
                             engine_args)
-    gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
+    overhead_bench.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
                           engine_args)
     host_bench.add_args(sub.add_parser("host", help="the engine's host work a decode step, the model made free "
                                                     "(1 / 8 / 64 streams, greedy and sampled)"), engine_args)
@@ -184,9 +185,9 @@ def _run_bench(args) -> int:
 
         result.update(run_lora_bench(args))
     elif args.bench == "gui":
-        from app.bench import gui_overhead
+        from app.gui import overhead_bench
 
-        result.update(gui_overhead.run(args))
+        result.update(overhead_bench.run(args))
     elif args.bench == "kv":
         from app.bench import kv_bench
 

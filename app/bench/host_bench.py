@@ -28,6 +28,7 @@ import torch
 from app.bench.rounds import bench_engine
 from app.load.workload import corpus_tokens
 from engine import LLMEngine, SamplingParams
+from engine.drive import drive
 
 HOT_LOGIT = 10.0  # the one non-zero logit of each row: greedy picks it, sampling picks it ~1/3 of the time
 # (e^10 against ~49,000 zeros); the other draws spread over the vocabulary and reach the detokenizer too
@@ -99,18 +100,16 @@ def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, 
     engine.block_manager.reset_prefix_cache()
     ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=steps + 4, ignore_eos=True, seed=i))
            for i, p in enumerate(prompts)]
-    while any(not r.output_token_ids for r in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
-    for _ in range(2):  # the first decode steps (a fresh batch shape) stay out of the timing
-        engine.step()
+    drive(engine, until=lambda: not (any(not r.output_token_ids for r in engine.scheduler.running)
+                                      or engine.scheduler.waiting))
+    drive(engine, until=lambda: False, max_steps=2)  # the first decode steps (a fresh batch shape) stay out
     return ids
 
 
 def _finish(engine: LLMEngine, ids: list[str]) -> None:
     for i in ids:
         engine.abort(i)
-    while engine.has_unfinished():
-        engine.step()
+    drive(engine)
 
 
 def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
@@ -118,13 +117,16 @@ def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingPar
     """(wall-clock µs, this thread's CPU µs) of each of `steps` decode steps of len(prompts) streams. The CPU
     time leaves out the time other processes held the core (a shared machine's load)."""
     ids = _start(engine, prompts, params, steps)
-    wall, cpu = [], []
-    step, clock, cpu_clock = engine.step, time.perf_counter, time.thread_time
-    for _ in range(steps):
-        t, c = clock(), cpu_clock()
-        step()
+    wall, cpu, started = [], [], []
+    clock, cpu_clock = time.perf_counter, time.thread_time
+
+    def after(_outputs) -> None:
+        t, c = started.pop()
         cpu.append((cpu_clock() - c) * 1e6)
         wall.append((clock() - t) * 1e6)
+
+    drive(engine, until=lambda: False, max_steps=steps, before_step=lambda: started.append((clock(), cpu_clock())),
+          on_outputs=after)
     _finish(engine, ids)
     return wall, cpu
 
@@ -171,8 +173,7 @@ def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: Sampling
     try:
         for label in spent:
             spent[label] = 0.0
-        for _ in range(steps):
-            engine.step()
+        drive(engine, until=lambda: False, max_steps=steps)
     finally:
         for obj, attr, before in reversed(patched):
             if before is None:
@@ -189,8 +190,7 @@ def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
     ids = _start(engine, prompts, params, steps)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(steps):
-        engine.step()
+    drive(engine, until=lambda: False, max_steps=steps)
     prof.disable()
     _finish(engine, ids)
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)

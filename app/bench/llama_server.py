@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 
 from app.load.workload import BenchRequest
+from app.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
 from app.remote.bounded import fetch_json
 from app.remote.client import request_body
-from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
 
 
 def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_slot: int,

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from app.source.engine_info import Capabilities
 from app.talk import presets
+from engine.events import SpecMethod
 from engine.knobs import KnobValues
 from engine.quant_formats import DENSE
 
@@ -24,7 +25,7 @@ class ControlState:
     capabilities: Capabilities = field(default_factory=Capabilities)  # none until the source says
     preset: presets.Preset | None = None
     presets_dir: Path = presets.PRESETS_DIR
-    spec_method: str | None = None
+    spec_method: SpecMethod | None = None
     engine_format: str = DENSE  # the format the engine's weights are in now (engine/quant_formats.py)
     engine_ready: bool = False  # on_loaded ran: presets and controls reach the engine
     measuring: bool = False  # a comparison runs in the engine thread

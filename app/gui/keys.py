@@ -10,7 +10,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),
     ("S", "run the tradeoff sweep (the explorer: batch x weight bits x drafts on engines of its own)"),
-    ("PgDown / PgUp", "next / previous preset"),
+    ("PgDown / PgUp", "next / previous chapter of the talk (presets/talk.toml)"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
     ("Ctrl+Enter", "send the prompt typed in the token stream"),
     ("Ctrl+T", "tune a server: sweep a managed server's flags onto the tradeoff plot"),

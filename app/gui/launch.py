@@ -56,6 +56,7 @@ def run_gui(args) -> int:
     from app.gui.settings_file import user_settings
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
+    from engine.events import KernelBuild
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("inferlab")
@@ -64,7 +65,7 @@ def run_gui(args) -> int:
     asyncio.set_event_loop(loop)
 
     if getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
-        from app.host.managed_args import managed_source
+        from app.managed.args import managed_source
 
         try:
             host = managed_source(args)
@@ -83,7 +84,7 @@ def run_gui(args) -> int:
         # the native kernels' first build runs in the background: live tokens on torch's kernels meanwhile
         host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
                                        num_threads=getattr(args, "threads", None) or engine_threads(),
-                                       kernel_build="background",
+                                       kernel_build=KernelBuild.BACKGROUND,
                                        **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")

@@ -27,6 +27,7 @@ from app.gui.panel_feeder import PanelFeeder
 from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
 from app.gui.server_control import ServerControl
+from app.gui.source_signals import SourceSignals
 from app.gui.trace_recorder import TraceRecorder
 from app.gui.tune_actions import TuneActions
 from app.gui.window_docks import build_docks, hide_stale_tab_bars, size_compact
@@ -35,6 +36,7 @@ from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
 from app.talk.panel_specs import PANEL_BY_NAME, PANEL_SPECS
 from app.tradeoff.tradeoff_meter import TradeoffMeter
+from engine.events import KvCacheDtype
 from widgets import CaptionBanner, apply_theme
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
@@ -82,11 +84,12 @@ class MainWindow(QMainWindow):
         self._drain_timer.start()
         self.governor = FrameGovernor(self.panels.values(), self)
         self.governor.sigRateChanged.connect(self._on_frame_rate)
-        host.sigLoadProgress.connect(self._on_load_progress)
-        host.sigLoaded.connect(self._on_loaded)
+        self.source_signals = SourceSignals(host)  # the source's load notices, delivered in this thread
+        self.source_signals.sigLoadProgress.connect(self._on_load_progress)
+        self.source_signals.sigLoaded.connect(self._on_loaded)
+        self.source_signals.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigQuantized.connect(self._on_quantized)
         self.feeder.sigComputeChanged.connect(self._on_compute_changed)
-        host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
         self.presenting = PresenterMode(self, STATE_VERSION)
@@ -164,7 +167,7 @@ class MainWindow(QMainWindow):
             state = getattr(self.host, "status", ("connected", ""))[0]
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return
-        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == KvCacheDtype.INT8 else ""
         compute = f" · {info.compute_short}" if info.compute_short else ""  # compute path, threads; why: tooltip
         self.engine_label.setToolTip(info.compute)
         if self.compact:  # the status bar's width is the window's least width: the short form on a small screen

@@ -14,6 +14,7 @@ from app.talk import presets
 from app.talk.compare.headline import speculation_speedup
 from app.talk.compare_run import ComparisonRun, stored_result
 from app.talk.panel_specs import PANEL_BY_NAME
+from app.talk.talk_order import Talk, load_talk_or_files
 from engine.events import SpecMethod
 from engine.knobs import KNOB, knob_subset
 from engine.quant_formats import DENSE
@@ -118,7 +119,7 @@ class PresetActions:
             self.window.show_message("the model is still loading" if not self.host.loaded
                                      else "a measurement is already running")
             return
-        chosen = [presets.load_preset(n, self.state.presets_dir) for n in presets.available(self.state.presets_dir)] \
+        chosen = [presets.load_preset(n, self.state.presets_dir) for n in self.talk().names] \
             if every_preset else [self.state.preset] if self.state.preset is not None else []
         chosen = [p for p in chosen if p.compare is not None and not p.compare.not_built]
         if not chosen:
@@ -139,13 +140,13 @@ class PresetActions:
         when = (result or {}).get("measured_at", "")[:10]
         self.panels.spec.set_compared_speedup(speedup, f"comparison {when}".strip())
 
-    def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
+    def _spec_of(self, preset: presets.Preset) -> tuple[SpecMethod | None, int]:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
         if not self.state.capabilities.speculative or method not in SPEC_METHODS or not k:
             return None, 0
         if method == SpecMethod.MTP and not self.state.capabilities.mtp:
             return None, 0  # heads not trained for this model: the caption says how to train them
-        return method, k
+        return SpecMethod(method), k
 
     def rebuild(self, changes: dict, knob: bool) -> None:
         """Build a new engine with changed construction-time fields; on_loaded continues."""
@@ -208,8 +209,14 @@ class PresetActions:
                    "(the rest of the preset applies to it)", title="Preset not applied in full")
         return {k: config.get(k) for k in wants}
 
+    def talk(self) -> Talk:
+        """The presets in the talk's order (presets/talk.toml); a talk.toml that lies is said in one line and
+        the presets go in file-name order meanwhile."""
+        return load_talk_or_files(self.state.presets_dir, lambda line: self.verbs.error(line, title="Broken talk"))
+
     def step_preset(self, delta: int) -> None:
-        names = presets.available(self.state.presets_dir)
+        """PgDown / PgUp: the next or previous chapter of the talk."""
+        names = self.talk().names
         if not names:
             return
         current = self.state.preset.name if self.state.preset is not None else None
@@ -225,7 +232,7 @@ def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
     engine = ", ".join(f"{KNOB[k].label} {KNOB[k].text(preset.engine[k])}" for k in SCHEDULING_KEYS if k != "compile")
     tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
-    if capabilities.restartable:  # a server inferlab started (app/host/managed_source.py)
+    if capabilities.restartable:  # a server inferlab started (app/managed/source.py)
         tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weights and draft "
                 "sliders restart it with its own flags; its other engine settings are the server's own.")
     if lacking:

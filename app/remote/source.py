@@ -1,7 +1,7 @@
 """RemoteSource: an OpenAI-compatible server (vLLM, SGLang, llama.cpp, inferlab) as an engine source.
 
 Threads
-  GUI thread      owns the source (a QObject): command methods post to the worker and return at once;
+  GUI thread      owns the source: command methods post to the worker and return at once;
                   `drain()` hands over what the worker published (app/source/channel.py items).
   attach worker   one thread running an asyncio loop with one httpx client: scrapes /metrics at
                   SCRAPE_HZ (parsed, rates and bucket percentiles computed here, app/remote/facts.py),
@@ -23,13 +23,13 @@ from collections import deque
 from urllib.parse import urlsplit
 
 import httpx
-from PySide6.QtCore import QObject, Signal
 
 from app.load.generator import LoadConfig, LoadGenerator
 from app.remote.client import StreamBudget, StreamResult, sampled_request_body, sampling_of, stream_request
 from app.remote.watch import ServerWatch
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
+from app.source.notice import Notice
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
 
@@ -77,14 +77,12 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-class RemoteSource(QObject):
-    sigLoadProgress = Signal(str, float)
-    sigLoaded = Signal(object)  # EngineInfo
-    sigLoadFailed = Signal(str)
-
+class RemoteSource:
     def __init__(self, url: str, api_key: str | None = None, *, load_seed: int = 0,
-                 scrape_hz: float = SCRAPE_HZ, timeout_s: float = SCRAPE_TIMEOUT_S, parent=None) -> None:
-        super().__init__(parent)
+                 scrape_hz: float = SCRAPE_HZ, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        self.sigLoadProgress = Notice()  # (message, fraction); load notices: app/source/notice.py
+        self.sigLoaded = Notice()  # (EngineInfo), from the worker at the server's first answer
+        self.sigLoadFailed = Notice()  # (message)
         self.url = base_url(url)
         self.api_key = api_key
         self.config = EngineConfig()  # the knobs' defaults; the server keeps its own settings

@@ -134,10 +134,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
         prompts, params = body.prompts(), body.sampling_params()
         state.check_fits_queue(len(prompts))
         ids = await asyncio.to_thread(_encode_prompts, async_engine.tokenizer, prompts)
-        meta = formats.ResponseMeta("completion", lora or state.model_name)
+        meta = formats.ResponseMeta(formats.Endpoint.COMPLETION, lora or state.model_name)
         streams = state.submit(ids, params, meta, body.priority, "prompt", lora)
-        return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
-                              body.logprobs is not None)
+        return await _respond(request, meta, streams, body.stream, body.include_usage, body.logprobs is not None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -148,17 +147,17 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
         ids = await asyncio.to_thread(_render_chat, tok, body.chat_messages(), state.plain_special_tokens)
         params = body.sampling_params(len(ids), async_engine.max_model_len)
-        meta = formats.ResponseMeta("chat", lora or state.model_name)
+        meta = formats.ResponseMeta(formats.Endpoint.CHAT, lora or state.model_name)
         streams = state.submit([ids], params, meta, body.priority, "messages", lora)
-        return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)
+        return await _respond(request, meta, streams, body.stream, body.include_usage, body.logprobs)
 
-    async def _respond(request: Request, kind: str, meta, streams, stream: bool, include_usage: bool,
+    async def _respond(request: Request, meta: formats.ResponseMeta, streams, stream: bool, include_usage: bool,
                        want_logprobs: bool):
         piece = async_engine.tokenizer.id_to_piece
         if stream:
-            events = stream_sse(kind, meta, streams, piece, include_usage, want_logprobs)
+            events = stream_sse(meta, streams, piece, include_usage, want_logprobs)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        return await _unless_disconnected(request, collect(kind, meta, streams, piece, want_logprobs), streams)
+        return await _unless_disconnected(request, collect(meta, streams, piece, want_logprobs), streams)
 
     return app
 

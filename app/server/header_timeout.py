@@ -17,10 +17,7 @@ import asyncio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-HEADER_TIMEOUT_S = 10.0  # a client on a slow link sends a request head in well under a second
-BODY_TIMEOUT_S = 60.0  # the largest body allowed (4 MiB, app/server/limits.py) at ~0.5 Mbit/s
-KEEP_ALIVE_S = 5  # uvicorn's default: an idle keep-alive connection is closed after this
-MAX_CONNECTIONS = 512  # open connections; a request past them is answered 503 (half a common fd limit)
+from app.server.deadlines import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS
 
 
 class HeaderTimeoutProtocol(H11Protocol):

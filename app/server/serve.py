@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.device_args import device_options
 from app.knob_args import add_knob_args, knob_settings
-from app.server.header_timeout import MAX_CONNECTIONS
+from app.server.deadlines import MAX_CONNECTIONS
 from app.train_mtp import bounded
 from engine.knobs import Use
 

@@ -25,6 +25,7 @@ from app.source.channel import SweepDone, SweepPoint, SweepProgress
 from app.tradeoff.frontier import frontiers
 from app.tradeoff.sweep_point import Workload, measure_point, point_figures
 from engine.config import EngineConfig
+from engine.events import SpecMethod
 from engine.perf.cost_model import calibrate, predicted_points
 from engine.perf.roofline import Roofs, step_verdict
 from engine.quant_formats import DENSE, QUANT_FORMAT_NAMES, quant_format
@@ -99,7 +100,7 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
             quality = quality_pass(engine, texts, reference, ppl16)
         mem = engine.memory()
         for draft in spec.num_speculative_tokens:
-            engine.reconfigure(spec_method="ngram" if draft else None, num_speculative_tokens=draft)
+            engine.reconfigure(spec_method=SpecMethod.NGRAM if draft else None, num_speculative_tokens=draft)
             for batch in spec.max_num_seqs:
                 if cancelled():
                     break

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.events import AttentionBackendName as Name
 from engine.kernels import gpu as gpu_kernels
 from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.models.layers import flex_paged
@@ -46,30 +47,30 @@ def _compiled_decode_attention():
     return torch.compile(decode_attention_math, dynamic=True)
 
 
-def select_backend(name: str, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
+def select_backend(name: Name, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
                    compile: bool, progress: Callable[[str, float], None] | None = None,
                    previous: AttentionBackend | None = None, wait: bool = True) -> AttentionBackend:
     """The backend for `name` (EngineConfig.attention_backend) on this model, device and dtype.
     `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off (a previous
     of another kind, e.g. a bare runner's EAGER, has none to keep). `wait=False`: the native kernel only if
     it is built already (its build goes on in the background; engine/kernels)."""
-    if name == "reference":
+    if name == Name.REFERENCE:
         return AttentionBackend(name, reference=True)
-    if not compile and (name == "triton" or (name == "native" and device.type == "cuda")):
-        triton = triton_kernels(device, warn=name == "triton")
+    if not compile and (name == Name.TRITON or (name == Name.NATIVE and device.type == "cuda")):
+        triton = triton_kernels(device, warn=name == Name.TRITON)
         if triton is not None:
             return AttentionBackend(name, triton=triton)
     compiled = None
-    if name == "compiled" or compile:
+    if name == Name.COMPILED or compile:
         compiled = (previous.compiled_decode if previous is not None and previous.compiled_decode is not None
                     else CompiledDecode(_compiled_decode_attention()))
     native = None
-    if name == "native" and native_decode_applies(model_config, device, dtype):
+    if name == Name.NATIVE and native_decode_applies(model_config, device, dtype):
         native = paged_decode_kernel(progress, wait=wait)  # None where it cannot be built (after one warning)
     flex = None
     # FlexAttention only when asked for: on the first GPU run (an H200, torch 2.11) its compile spent minutes in
     # inductor at the first decode step and never served one; "native" on CUDA is the batched eager path
-    if name == "flex" and flex_paged.available():
+    if name == Name.FLEX and flex_paged.available():
         flex = (previous.flex if previous is not None and previous.flex is not None
                 else flex_paged.FlexPaged(compiled=device.type == "cuda"))
     return AttentionBackend(name, compiled_decode=compiled, native_decode=native, flex=flex)
@@ -95,6 +96,6 @@ def for_model(backend: AttentionBackend, model_config: ModelConfig, device: torc
     return backend
 
 
-def eager_backend(name: str) -> AttentionBackend:
+def eager_backend(name: Name) -> AttentionBackend:
     """The backend's choice of layer path with no kernel (a throw-away runner, e.g. calibration)."""
-    return AttentionBackend(name, reference=name == "reference")
+    return AttentionBackend(name, reference=name == Name.REFERENCE)

@@ -47,6 +47,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest
 from engine.events import StepKind
 from engine.models.layers.attention import AttentionMetadata, DecodeGroup
+from engine.kernels.gpu.launches import on_host
 from engine.runner.input_batch import DecodeInputs, decode_inputs, host_ints
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -184,12 +185,14 @@ class DecodeGraphs:
         """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
         bs = runner.block_size
         n = len(order)
-        d = decode_inputs([s.request for s in order], runner.block_tables, bm)  # from tables kept across steps
+        with on_host():  # host tensors: no launch on a GPU
+            d = decode_inputs([s.request for s in order], runner.block_tables, bm)  # from tables kept across steps
         b = batch_bucket(n)
         c = self._context_for(runner, b, context_bucket(-(-max(d.lens) // bs)))
         st = self._steps.get((b, c)) or self._new_step(runner, b, c)
         self.num_runs += 1
-        _fill_inputs(st, d, n, b, c)
+        with on_host():
+            _fill_inputs(st, d, n, b, c)
         st.inputs.copy_(st.host, non_blocking=True)  # the step's one copy in
         if st.mask is not None:  # the gathering attention's mask, from the lengths, on the device
             valid = torch.arange(c * bs, device=st.inputs.device).unsqueeze(0) < st.ctx_lens.unsqueeze(1)

@@ -13,7 +13,7 @@ import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
-from engine.events import ForwardPath, StepKind
+from engine.events import AttentionBackendName, ForwardPath, KvCacheDtype, StepKind
 from engine.models.layers.attention import (
     EAGER,
     AttentionBackend,
@@ -71,7 +71,7 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
-                 kv_cache_dtype: str = "auto", matmul_dtype: torch.dtype | None = None) -> None:
+                 kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO, matmul_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
@@ -92,7 +92,7 @@ class ModelRunner:
         self.int8_activations = False
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
-        self.kv_int8 = kv_cache_dtype == "int8"
+        self.kv_int8 = kv_cache_dtype == KvCacheDtype.INT8
         # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
         # [+ the scale's bytes when int8]).
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -100,7 +100,7 @@ class ModelRunner:
         self.block_tables = BlockTables()  # decode rows' tables kept across steps (engine/runner/input_batch.py)
         self._positions = torch.arange(0)  # the eager decode masks' column positions (_decode_groups)
 
-    def set_execution(self, attention_backend: str, compile: bool,
+    def set_execution(self, attention_backend: AttentionBackendName, compile: bool,
                       progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
                       int8_activations: bool = False, wait_kernels: bool = True) -> None:
         """How the model runs (at start-up, and again when compile switches): compile=True compiles the
@@ -267,7 +267,7 @@ class ModelRunner:
             return self.graphs.run(self, order, bm)
         input_ids, positions, md = self._prepare(order, bm)
         # prompt rows take the library GEMM however few (engine/models/layers/linear.py PROMPT_ROWS)
-        prompt_rows = PROMPT_ROWS.set(any(s.kind == "prefill" for s in order))
+        prompt_rows = PROMPT_ROWS.set(any(s.kind == StepKind.PREFILL for s in order))
         int8_rows = INT8_ROWS.set(self.int8_activations)
         try:
             if self.lora is None:

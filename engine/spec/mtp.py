@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import files
+from engine.events import SpecMethod
 from engine.models.layers.linear import STREAM_MAX_ROWS
 
 DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
@@ -202,7 +203,7 @@ def head_logits(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
 class MtpProposer:
     """Proposes a tree of drafts per request from its last hidden state."""
 
-    name = "mtp"
+    name = SpecMethod.MTP
 
     def __init__(self, heads: MtpHeads, model: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
                  meta: dict | None = None) -> None:

@@ -24,7 +24,7 @@ def add_prepare_args(p, engine_args) -> None:
     engine_args(p)
     p.add_argument("--json", metavar="OUT", help="also write every result to one JSON file")
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
-                   help="only this preset (repeatable); default: all presets")
+                   help="only this preset (repeatable); default: every preset, in the talk's order (presets/talk.toml)")
     p.add_argument("--profile", default=None, metavar="NAME",
                    help="store the results in profile NAME (the app's --profile shows them; default: the shared "
                         "store), so another prepare on this machine does not overwrite a speaker's")
@@ -59,9 +59,8 @@ def run_prepare(args) -> int:
     if bad:  # said before the chapters' minutes, not after them
         _say(f"error: {bad}")
         return 2
-    names = args.preset or available()
     try:
-        presets = [load_preset(n) for n in names]
+        presets = [load_preset(n) for n in args.preset or available()]  # available(): presets/talk.toml's order
     except PresetError as exc:
         _say(f"error: {exc}")
         return 2

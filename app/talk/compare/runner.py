@@ -27,6 +27,7 @@ from app.talk.compare.capacity import Capacity, capacity_label, measure_capacity
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.computed import contiguous_reservation
 from app.talk.compare.drive import Cancelled, Driver
+from app.talk.compare.kinds import RateUnit, RunMode, Warmup
 from app.talk.compare.knee import knee_label, measure_knee
 from app.talk.compare.machine import machine_info
 from app.talk.compare.metrics import bandwidth_metrics, request_split, run_metrics
@@ -37,6 +38,7 @@ from app.talk.compare.spec import KNEE_KNOB, WORKLOAD_KNOBS, CompareSpec, Config
 from app.talk.compare.workload import plan
 from engine.config import EngineConfig
 from engine.core.metrics import SLO
+from engine.events import SpecMethod
 from engine.llm_engine import LLMEngine
 
 Progress = Callable[[str, float], None]
@@ -62,7 +64,7 @@ class _Engines:
     @staticmethod
     def _build_key(cfg: EngineConfig) -> tuple:
         fixed = [(k, v) for k, v in cfg.knob_values().items() if k not in LLMEngine.RECONFIGURABLE]
-        if cfg.spec_method not in (None, "ngram"):  # a draft model or MTP heads load only at start-up
+        if cfg.spec_method not in (None, SpecMethod.NGRAM):  # a draft model or MTP heads load only at start-up
             fixed.append(("spec_method", cfg.spec_method))
         return tuple(fixed)
 
@@ -87,7 +89,7 @@ class _Engines:
 
 def _engine_config(base: EngineConfig, spec: CompareSpec, c: ConfigSpec) -> EngineConfig:
     knobs = {**spec.engine, **{k: v for k, v in c.knobs.items() if k not in WORKLOAD_KNOBS and k != KNEE_KNOB}}
-    if c.mode == "recompute":
+    if c.mode == RunMode.RECOMPUTE:
         knobs["enable_prefix_caching"] = False  # a cached prefix would be a KV cache by another name
     return replace(base, **knobs)
 
@@ -97,13 +99,13 @@ def _warm_up(engine: LLMEngine, spec: CompareSpec, planned, corpus, cancelled, l
     one small request; "workload": the whole workload with other prompts of the same lengths."""
     w = spec.workload
     t0 = time.perf_counter()
-    if w.warmup == "workload":
+    if w.warmup == Warmup.WORKLOAD:
         others = plan(replace(w, seed=w.seed + 1000), corpus, engine.max_model_len)
         Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run(
-            "continuous", [replace(p, at_unit=0.0) for p in others], 1.0)
+            RunMode.CONTINUOUS, [replace(p, at_unit=0.0) for p in others], 1.0)
     else:
         first = [replace(p, at_unit=0.0, max_tokens=min(4, p.max_tokens)) for p in planned[: max(1, len(loras))]]
-        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run("continuous", first, 1.0)
+        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run(RunMode.CONTINUOUS, first, 1.0)
     engine.block_manager.reset_prefix_cache()  # the timed run starts with a cold prefix cache
     return time.perf_counter() - t0
 
@@ -118,7 +120,7 @@ def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: 
     Driver(engine, rec, cancelled, tag, spec.workload.stop, loras).run(c.mode, planned, rate)
     outputs = sum(len(t) for t in rec.token_ids.values())
     m = run_metrics(rec, slo, outputs)
-    if c.mode == "recompute":  # each one-token request recomputed the tokens before it
+    if c.mode == RunMode.RECOMPUTE:  # each one-token request recomputed the tokens before it
         m["tokens_computed_per_output_token"] = (sum(s.num_tokens for s in rec.steps)) / max(outputs, 1)
     mem = engine.memory()
     m.update(weights_bytes=mem.weights_bytes, kv_blocks=mem.kv_blocks_total,
@@ -160,7 +162,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     n = len(spec.configs)
     try:
         capacity = None
-        if spec.workload.rate_unit == "capacity":
+        if spec.workload.rate_unit == RateUnit.CAPACITY:
             progress(f"{spec.title}: measuring this machine's capacity", 0.0)
             capacity = _capacity(spec, engines, corpus, slo, cancelled)
             result["capacity"] = capacity.as_dict()
@@ -183,7 +185,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 step = r * n + i
                 of_rounds = f", round {r + 1}/{rounds}" if rounds > 1 else ""
                 progress(f"{spec.title}: {c.label} ({i + 1}/{n}{of_rounds})", step / (n * rounds))
-                if c.mode == "contiguous":
+                if c.mode == RunMode.CONTIGUOUS:
                     by_config[i].append(contiguous_reservation(c, last, spec.metrics))
                     continue
                 # later rounds: the configuration's first-call costs (compiling) were paid in the first
@@ -200,7 +202,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 if r == 0 and any(m in QUALITY for m in spec.metrics):  # the weights', not the round's: once
                     progress(f"{spec.title}: {c.label}: quality on held-out text", (step + 0.8) / (n * rounds))
                     entry["metrics"].update(quality.measure(engine))
-                if c.mode == "continuous":  # what a computed counterfactual is computed from
+                if c.mode == RunMode.CONTINUOUS:  # what a computed counterfactual is computed from
                     last = (entry, last_rec, engine.max_model_len, engine.config.block_size,
                             engine.memory().kv_block_bytes)
                 entry["metrics"] = _keep(entry["metrics"], spec.metrics)
@@ -248,10 +250,10 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     try:
         engine, _ = engines.get(cfg)
     except ValueError as exc:
-        if cfg.spec_method != "mtp":
+        if cfg.spec_method != SpecMethod.MTP:
             raise
         # no MTP heads for this model: compare n-gram speculation instead, and say so
-        engine, _ = engines.get(replace(cfg, spec_method="ngram"))
+        engine, _ = engines.get(replace(cfg, spec_method=SpecMethod.NGRAM))
         label, note = f"{c.label} → n-gram (no MTP heads)", f"multi-token heads are missing ({exc}); n-gram ran instead"
     loras, random_ones = (), 0
     if c.knobs.get("adapters"):

@@ -32,11 +32,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from app.talk.compare.kinds import ArrivalMode, RateUnit, RunMode, Warmup
 from app.talk.compare.metrics_catalog import METRICS
 from engine.knobs import Layer, Use, knobs_for
 
-MODES = ("continuous", "static", "recompute", "contiguous")
-ARRIVALS = ("all", "poisson", "burst")
+MODES = tuple(RunMode)
+ARRIVALS = tuple(ArrivalMode)
 # EngineConfig fields a configuration may set: the knob table's engine rows offered to comparisons, each value
 # checked against its row (engine/knobs.py)
 COMPARE_KNOBS = {row.name: row for row in knobs_for(Use.COMPARE, Layer.ENGINE)}
@@ -58,16 +59,16 @@ class WorkloadSpec:
     requests: int = 8
     prompt_tokens: tuple[int, int] = (32, 64)
     output_tokens: tuple[int, int] = (16, 32)
-    arrival: str = "all"
+    arrival: ArrivalMode = ArrivalMode.ALL
     rate: float = 4.0  # Poisson arrivals per second ("poisson"; the background stream of "burst")
     burst_requests: int = 0  # long prompts arriving at once, after the first `requests` began ("burst")
     burst_prompt_tokens: tuple[int, int] = (256, 384)
     shared_prefix_tokens: int = 0
     seed: int = 0
     stop: tuple[str, ...] = ()
-    warmup: str = "short"  # "short": one small request per engine; "workload": the whole workload once
+    warmup: Warmup = Warmup.SHORT
     # "per_s": rates in requests/s; "capacity": multiples of the capacity measured first (app/talk/compare/capacity.py)
-    rate_unit: str = "per_s"
+    rate_unit: RateUnit = RateUnit.PER_S
     # the configurations run in turn (A B C A B C ...) this many times and each figure is the median of its
     # rounds: a shared machine's speed drifts by tens of per cent over a minute, and a lone run of each
     # configuration puts that drift between them (app/talk/compare/runner.py)
@@ -81,7 +82,7 @@ class WorkloadSpec:
 class ConfigSpec:
     label: str
     knobs: dict = field(default_factory=dict)  # EngineConfig fields and workload knobs (rate)
-    mode: str = "continuous"
+    mode: RunMode = RunMode.CONTINUOUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,8 @@ class CompareSpec:
         configuration."""
         shape = {k: v for k, v in asdict(self).items()
                  if k not in ("title", "checks", "fallback", "fallback_reason", "headline_metric")}
-        if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
+        # defaults added later are left out: results stored before they existed still match
+        if shape["workload"]["rate_unit"] == RateUnit.PER_S:
             del shape["workload"]["rate_unit"]
         if shape["workload"]["rounds"] == 1:  # likewise
             del shape["workload"]["rounds"]
@@ -169,10 +171,10 @@ def _workload(d: dict) -> WorkloadSpec:
         elif key == "rate":
             out[key] = _knob_value(t, key, v)
         elif key in ("arrival", "warmup", "rate_unit"):
-            options = {"arrival": ARRIVALS, "warmup": ("short", "workload"), "rate_unit": ("per_s", "capacity")}[key]
-            if v not in options:
-                raise _err(t, key, f"expected one of {', '.join(options)}", v)
-            out[key] = v
+            kind = {"arrival": ArrivalMode, "warmup": Warmup, "rate_unit": RateUnit}[key]
+            if v not in tuple(kind):
+                raise _err(t, key, f"expected one of {', '.join(kind)}", v)
+            out[key] = kind(v)
         elif key == "stop":
             if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
                 raise _err(t, key, "expected a list of non-empty strings", v)
@@ -200,12 +202,12 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
             t = f"compare.configs #{i + 1}"
             if not isinstance(c, dict) or not isinstance(c.get("label"), str) or not c["label"].strip():
                 raise CompareSpecError(t, "label", "missing (a non-empty string)")
-            mode = c.get("mode", "continuous")
+            mode = c.get("mode", RunMode.CONTINUOUS)
             if mode not in MODES:
                 raise _err(t, "mode", f"expected one of {', '.join(MODES)}", mode)
             knobs = {k: _knob_value(t, k, v) for k, v in c.items() if k not in ("label", "mode")}
-            out.append(ConfigSpec(c["label"].strip(), knobs, mode))
-        if out[0].mode == "contiguous":
+            out.append(ConfigSpec(c["label"].strip(), knobs, RunMode(mode)))
+        if out[0].mode == RunMode.CONTIGUOUS:
             raise CompareSpecError("compare.configs #1", "mode",
                                    "a computed configuration needs a measured one before it")
         return tuple(out)

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 @dataclass
 class LaunchCount:
     kernels: Counter = field(default_factory=Counter)  # name -> launches (Triton kernels and torch ops)
-    inside_kernel: int = 0  # > 0 while a Triton kernel runs: the ops it runs are its own, not launches
+    inside_kernel: int = 0  # > 0 while a Triton kernel or host work runs: its ops are not launches
 
     @property
     def total(self) -> int:
@@ -63,6 +63,20 @@ def counting():
             yield count
     finally:
         _COUNT.reset(token)
+
+
+@contextlib.contextmanager
+def on_host():
+    """Work on host tensors (a step's inputs gathered into pinned memory): on a GPU these torch ops run on the CPU
+    and launch no kernel, so a count leaves them out (on the CPU the host and the device are one)."""
+    count = _COUNT.get()
+    if count is not None:
+        count.inside_kernel += 1
+    try:
+        yield
+    finally:
+        if count is not None:
+            count.inside_kernel -= 1
 
 
 def transfer(name: str) -> None:

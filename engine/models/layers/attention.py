@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.events import AttentionBackendName
 from engine.models.layers.kv_quant import dequantize_kv, is_quantized, quantize_kv
 
 QUERY_SLICE = 256  # prefill queries attended at once: bounds the scores, and skips most of the masked
@@ -72,7 +73,7 @@ class CompiledDecode:
 class AttentionBackend:
     """The attention path of every layer, chosen once (engine/runner/attention_backend.py)."""
 
-    name: str = "fast"  # as configured: "native", "fast", "compiled" or "reference"
+    name: AttentionBackendName = AttentionBackendName.FAST  # as configured (EngineConfig.attention_backend)
     reference: bool = False  # the readable one-sequence-at-a-time path
     compiled_decode: CompiledDecode | None = None  # decode through the compiled gather-fused kernel
     native_decode: object = None  # the C++ paged-decode module, only where it applies to the model

@@ -17,12 +17,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from app.tradeoff.managed.knobs import SERVER_FORMATS
-from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.knobs import SERVER_FORMATS
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from engine.events import KvCacheDtype
 
 # app/knob_args.py's --kv-cache-dtype choices (kept here: this table spells the server's flags as it read them);
 # a draft length out of its range is refused by `inferlab serve` itself (a failed point with its message)
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = tuple(KvCacheDtype)
 
 ROWS = (
     FlagRow("batch", "--max-num-seqs N", "requests running at once"),
@@ -49,7 +50,7 @@ class InferlabServe:
         if point.batch < 1:
             raise FlagError(f"--max-num-seqs must be at least 1, got {point.batch}")
         by_width = {bits: name for name, bits in SERVER_FORMATS.items()}
-        if point.bits not in by_width:  # the formats a point's width names (app/tradeoff/managed/knobs.py)
+        if point.bits not in by_width:  # the formats a point's width names (app/managed/knobs.py)
             raise FlagError(f"--quant-format takes {', '.join(SERVER_FORMATS)}; no format of {point.bits} bits")
         weights = model.weights(point.bits if point.bits in model.by_bits else 16)
         flags = ["--model", weights, "--max-num-seqs", str(point.batch)]

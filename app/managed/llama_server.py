@@ -8,7 +8,7 @@ rather than guessed from the draft GGUF's metadata.
 
 - batch: `-np N` slots, `-c` = N x the context per slot and `--no-kv-unified`, so every slot holds the
   longest request (as the benches run it: no request can run out of cache in a shared pool).
-- weight bits: a GGUF per bit width (`-m`): 16 -> bf16, 8 -> Q8_0, 4 -> Q4_1 (app/tradeoff/managed/gguf.py).
+- weight bits: a GGUF per bit width (`-m`): 16 -> bf16, 8 -> Q8_0, 4 -> Q4_1 (app/managed/gguf.py).
 - KV cache dtype: `-ctk T -ctv T`, T one of arg.cpp's kv_cache_types.
 - draft: `--spec-type draft-simple -md DRAFT.gguf --spec-draft-n-max N --spec-draft-n-min 0`.
 - chunked prefill: llama-server has no switch for it. It always splits a prompt into `-b`-token batches
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
 
 LLAMA_CPP_SOURCE = "llama.cpp from llama-cpp-python 0.3.36's sdist: common/arg.cpp, tools/server/README.md"
 # common/arg.cpp: kv_cache_types (the names ggml_type_name gives them)

@@ -71,11 +71,12 @@ from datetime import datetime, timezone
 
 import httpx
 
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
+from app.managed.watchdog import Watchdog
 from app.remote.bounded import ReadLimit
 from app.tradeoff.frontier import cheapness, pareto, speed
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
-from app.tradeoff.managed.tune_measure import (
+from app.tradeoff.tune_measure import (
     TuneLoad,
     agreement,
     draft_acceptance,
@@ -84,7 +85,6 @@ from app.tradeoff.managed.tune_measure import (
     process_memory,
     server_metrics,
 )
-from app.tradeoff.managed.watchdog import Watchdog
 from engine.core.metrics import SLO
 
 USER_PORT = 8080  # the port in the command line of a point that never ran (a measured one shows its own)

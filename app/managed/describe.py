@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from app.tradeoff.managed.table import ServedModel, ServerEngine, ServerPoint
+from app.managed.table import ServedModel, ServerEngine, ServerPoint
 
 EXAMPLE_PORT = 8000
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
+from app.managed.table import FlagError, ServedModel, ServerPoint
 
 
 def checked_choice(engine: str, flag: str, value: str, accepted: Sequence[str]) -> str:

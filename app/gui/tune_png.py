@@ -1,31 +1,20 @@
-"""A tuning sweep's CSV and PNG, as the explorer exports its own (issue 13): the CSV through the sweep
-store's writer, the PNG as the tradeoff panel draws it in the app (speed per user against cost, the
-frontier, the chosen point ringed with its command line under the plot), rendered off screen."""
+"""`inferlab tune --png`: a tuning sweep's points as the tradeoff panel draws them in the app (speed per
+user against cost, the frontier, the chosen point ringed with its command line under the plot), rendered
+off screen. Here, with the Qt code, so the sweep (app/tradeoff/tune_cli.py) runs without Qt: app/cli.py
+hands this writer to it."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.tradeoff.sweep_store import export_csv
+from PySide6.QtWidgets import QApplication
 
-TUNE_CSV_FIELDS = ("engine", "model", "label", "batch", "bits", "kv_dtype", "draft", "chunked_prefill",
-                   "prefix_caching", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok", "p50_ttft_ms",
-                   "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "goodput_rps", "slo_attainment", "agreement",
-                   "rss_bytes", "on_frontier", "failed", "stage", "reason", "command")
-
-
-def write_csv(result: dict, path: str | Path) -> None:
-    """Measured points, then the failed ones (with the reason), one row each."""
-    export_csv(result, path, TUNE_CSV_FIELDS, ("points", "failed"))
+from widgets.tradeoff import TradeoffPanel
+from widgets.tradeoff_points import server_label
 
 
 def write_png(result: dict, path: str | Path, size: tuple[int, int] = (900, 620)) -> bool:
     """The frontier plot of `result` as a PNG (a QApplication is made when there is none: on Qt's offscreen
     platform, which needs no display; on a machine without one the default platform aborted the process)."""
-    from PySide6.QtWidgets import QApplication
-
-    from widgets.tradeoff import TradeoffPanel
-    from widgets.tradeoff_points import server_label
-
     app = QApplication.instance() or QApplication(["inferlab-tune", "-platform", "offscreen"])
     panel = TradeoffPanel()
     panel.resize(*size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from app.tradeoff.managed.table import ServerPoint
+from app.managed.table import ServerPoint
 from engine.knobs import KnobValues, Use, knobs_for
 
 # the app's knob (its slider's name, engine/knobs.py: the rows offered to a restart) -> the ServerPoint field it moves

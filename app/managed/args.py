@@ -1,21 +1,21 @@
 """`inferlab --manage ENGINE --model M`: the app on a server that inferlab starts and restarts (its
 batch / weight-bits / draft sliders restart it with the engine's own flags).
 
-What the server loads comes from `inferlab tune`'s own rules (app/tradeoff/managed/tune_cli.py): for
+What the server loads comes from the rules `inferlab tune` uses too (app/managed/setup.py): for
 llama-server a GGUF per bit width (--gguf-dir's files, else --model's weights converted once, with their
 Q8_0 / Q4_1 variants) and the 4-bit GGUF as the draft model; --weights BITS=PATH overrides. Finding or
 converting those files runs in the source's worker thread, before the server's first start, so the
-window is up and says what it is doing meanwhile. (This module stays free of Qt: the CLI's parser reads
-its options.)"""
+window is up and says what it is doing meanwhile. (The CLI's parser reads this module's options: it
+imports the source itself only when one is made.)"""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.server import ManagedServer
-from app.tradeoff.managed.table import ServedModel, ServerPoint
-from app.tradeoff.managed.tune_cli import find_executable, served_model
+from app.managed.engines import ENGINES
+from app.managed.server import ManagedServer
+from app.managed.setup import find_executable, served_model
+from app.managed.table import ServedModel, ServerPoint
 
 SLIDER_BITS = (16, 8, 4)  # the weight-bits slider's stops: each gets its weights
 DRAFT_ON = (4,)  # any draft length: llama-server gets the 4-bit GGUF as its draft model
@@ -36,10 +36,10 @@ def add_manage_args(p: argparse.ArgumentParser) -> None:
 def managed_source(args):
     """The source for `--manage` (a ManagedSource); ValueError (one line) when the server's executable is
     not found."""
-    from app.host.managed_source import ManagedSource  # Qt: only once the app runs
+    from app.managed.source import ManagedSource  # httpx and the worker: only once the app runs
 
     engine = ENGINES[args.manage]
-    exe = find_executable(engine, args.server_bin)  # TuneSetupError is a ValueError
+    exe = find_executable(engine, args.server_bin)  # SetupError is a ValueError
     choice = argparse.Namespace(model=args.model, gguf_dir=args.gguf_dir, weights=args.weights,
                                 bits=list(SLIDER_BITS), draft=list(DRAFT_ON))
     server = ManagedServer(engine, exe, ServedModel(name=Path(args.model).name or args.model), ServerPoint(),

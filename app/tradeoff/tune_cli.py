@@ -1,33 +1,24 @@
 """`inferlab tune --engine E --model M ...`: the tuning sweep on a real server, from the command line.
 
-The parser's options and what they become (TuneSpec); app/cli.py only adds the subcommand. What the
-server loads per bit width: llama-server gets a GGUF per bit width (--gguf-dir's files, else the bf16
-GGUF of --model's weights and its Q8_0 / Q4_1 variants made once with llama-quantize), the draft model
-being the 4-bit GGUF of the same model (the same vocabulary); other engines get --model (their table
-decides how to quantize it) unless --weights BITS=PATH says otherwise. A bad engine, a missing
-executable or a model that cannot be found is one line on stderr and exit status 2.
+The parser's options and what they become (TuneSpec); app/cli.py only adds the subcommand (and --png's
+drawing, which needs Qt: app/gui/tune_png.py). What the server loads per bit width and where its
+executable is: app/managed/setup.py (`--manage` uses the same rules). A bad engine, a missing executable
+or a model that cannot be found is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import signal
 import sys
-from pathlib import Path
+from collections.abc import Callable
 
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.table import ServedModel, ServerEngine, ServerPoint
-from app.tradeoff.managed.tune_measure import TuneLoad
+from app.managed.engines import ENGINES
+from app.managed.setup import SetupError, find_executable, served_model
+from app.managed.table import ServerEngine, ServerPoint
+from app.tradeoff.tune_measure import TuneLoad
 from engine.config import DEFAULT_MODEL
 from engine.core.metrics import SLO
-
-GGUF_NAMES = {16: ("bf16", "f16"), 8: ("q8_0",), 4: ("q4_1", "q4_0")}  # in --gguf-dir: bits -> name parts
-
-
-class TuneSetupError(ValueError):
-    """What stops the sweep before any server starts (one line)."""
 
 
 def add_tune_args(p) -> None:
@@ -78,102 +69,23 @@ def add_tune_args(p) -> None:
     p.add_argument("--png", metavar="OUT", help="also draw the points and the frontier as a PNG (no display needed)")
 
 
-def find_executable(engine: ServerEngine, given: str | None) -> str:
-    if given:
-        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
-            raise TuneSetupError(f"--server-bin {given}: not an executable file")
-        return given
-    if engine.name == "llama-server":
-        from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
-
-        built = find_binary("llama-server")
-        if built is not None:
-            return str(built)
-        found = shutil.which(engine.executable)
-        if found is None:
-            raise TuneSetupError(f"no llama-server in {llama_cpp_dir() / 'bin'} or on PATH: run "
-                                 "scripts/build_llama_cpp.sh (or set INFERLAB_LLAMA_CPP_DIR to its build), or give "
-                                 "--server-bin")
-        return found
-    if os.path.isabs(engine.executable):
-        return engine.executable
-    found = shutil.which(engine.executable)
-    if found is None:
-        raise TuneSetupError(f"{engine.executable} is not on PATH: install {engine.name} or give --server-bin")
-    return found
-
-
-def gguf_dir_files(folder: str) -> dict[int, str]:
-    files = sorted(Path(folder).glob("*.gguf"))
-    if not files:
-        raise TuneSetupError(f"--gguf-dir {folder}: no .gguf files")
-    out: dict[int, str] = {}
-    for bits, parts in GGUF_NAMES.items():
-        match = next((f for part in parts for f in files if part in f.name.lower()), None)
-        if match is not None:
-            out[bits] = str(match)
-    from app.tradeoff.managed.gguf import is_gguf
-
-    bad = [Path(f).name for f in out.values() if not is_gguf(Path(f))]
-    if bad:  # said now, not as every point's failed load
-        raise TuneSetupError(f"--gguf-dir {folder}: not a GGUF file (no GGUF magic): {', '.join(bad)}")
-    return out
-
-
-def served_model(args, engine: ServerEngine, say) -> tuple[ServedModel, str]:
-    """(what the server loads per bit width and as draft, a note on the draft model)."""
-    from engine.loading.errors import ModelLoadError
-
-    given = parse_weights(args.weights)  # before any conversion: what they name is not converted
-    drafting = engine.name == "llama-server" and any(args.draft)
-    needed = (set(args.bits) | ({4} if drafting else set())) - set(given)
-    if engine.name == "llama-server" and args.gguf_dir:
-        by_bits = gguf_dir_files(args.gguf_dir)
-    elif engine.name == "llama-server" and needed:
-        from app.tradeoff.managed.gguf import gguf_variants
-        from engine.loading.loader import resolve_model_folder
-
-        try:
-            folder = resolve_model_folder(args.model, lambda message, fraction: None)
-            by_bits = {b: str(p) for b, p in gguf_variants(str(folder), tuple(sorted(needed)), say=say).items()}
-        except (ModelLoadError, OSError, ValueError) as exc:
-            raise TuneSetupError(f"model {args.model}: {exc}") from None
-    else:
-        by_bits = {} if engine.name == "llama-server" else {16: args.model}
-    by_bits.update(given)
-    draft = by_bits.get(4) if engine.name == "llama-server" and any(args.draft) else None
-    note = (f"the 4-bit GGUF of the same model (same vocabulary): {Path(draft).name}" if draft else
-            "no draft model" if engine.name == "llama-server" else "the engine's own draft method (its table)")
-    return ServedModel(by_bits=by_bits, draft=draft, name=Path(args.model).name or args.model), note
-
-
-def parse_weights(items: list[str]) -> dict[int, str]:
-    out = {}
-    for item in items:
-        bits, sep, path = item.partition("=")
-        if not sep or not bits.isdigit() or not path:
-            raise TuneSetupError(f"--weights {item!r}: expected BITS=PATH, e.g. 8=/models/m-q8_0.gguf")
-        out[int(bits)] = path
-    return out
-
-
 def make_spec(args, say):
-    from app.tradeoff.managed.tune import TuneSpec
+    from app.tradeoff.tune import TuneSpec
 
     base = ENGINES.get(args.engine)
     if base is None:
-        raise TuneSetupError(f"unknown engine {args.engine!r} (have: {', '.join(ENGINES)})")
+        raise SetupError(f"unknown engine {args.engine!r} (have: {', '.join(ENGINES)})")
     exe = find_executable(base, args.server_bin)
     model, note = served_model(args, base, say)
     if getattr(args, "repeats", 1) < 1:
-        raise TuneSetupError(f"--repeats {args.repeats}: at least 1")
+        raise SetupError(f"--repeats {args.repeats}: at least 1")
     load = TuneLoad(num_requests=args.num_requests, rates=tuple(args.rates), chat_max_tokens=tuple(args.max_tokens),
                     long_max_tokens=tuple(args.max_tokens), seed=args.seed, quality_prompts=args.quality_prompts,
                     quality_tokens=args.quality_tokens, repeats=getattr(args, "repeats", 1))
     try:
         extra = tuple(shlex.split(args.server_args))
     except ValueError as exc:  # e.g. an unclosed quote
-        raise TuneSetupError(f"--server-args {args.server_args!r}: {exc}") from None
+        raise SetupError(f"--server-args {args.server_args!r}: {exc}") from None
     engine = sized_engine(base, load, extra, getattr(args, "ctx_per_slot", None))
     points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
                    for q in args.bits for d in args.draft for b in args.batch
@@ -206,37 +118,41 @@ def sized_engine(engine: ServerEngine, load: TuneLoad, extra: tuple[str, ...],
     table that takes them)."""
     from dataclasses import replace
 
-    from app.tradeoff.managed.llama_server import LlamaServer
-    from app.tradeoff.managed.sglang import SglangEngine
-    from app.tradeoff.managed.vllm import VllmEngine
+    from app.managed.llama_server import LlamaServer
+    from app.managed.sglang import SglangEngine
+    from app.managed.vllm import VllmEngine
 
     if isinstance(engine, (VllmEngine, SglangEngine)):  # e.g. --tensor-parallel-size 2
         return replace(engine, extra=extra)
     if not isinstance(engine, LlamaServer):
         if extra:
-            raise TuneSetupError(f"--server-args: the {engine.name} table takes no extra flags")
+            raise SetupError(f"--server-args: the {engine.name} table takes no extra flags")
         return engine
     longest = longest_request(load)
     if ctx_per_slot is not None and ctx_per_slot < longest:
-        raise TuneSetupError(f"--ctx-per-slot {ctx_per_slot}: shorter than the sweep's longest request (about "
+        raise SetupError(f"--ctx-per-slot {ctx_per_slot}: shorter than the sweep's longest request (about "
                              f"{longest} tokens); its points would fail")
     return replace(engine, ctx_per_slot=ctx_per_slot or -(-longest // 256) * 256, extra=extra)
 
 
-def run_tune_cli(args) -> int:
+def run_tune_cli(args, draw_png: Callable[[dict, str], bool] | None = None) -> int:
+    """draw_png(result, path): --png's writer (it needs Qt, which this layer does not import: app/cli.py
+    passes app/gui/tune_png.py's); None refuses --png before the sweep."""
     from app.result_file import unwritable, write_or_print
-    from app.tradeoff.managed.tune import run_tune
-    from app.tradeoff.managed.tune_export import write_csv, write_png
+    from app.tradeoff.tune import run_tune
+    from app.tradeoff.tune_export import write_csv
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.show_flags or not args.json:
         return show_flags(args.engine) if args.show_flags else _usage("--json OUT is required")
+    if args.png and draw_png is None:
+        return _usage("--png: no PNG writer here (it draws with Qt)")
     bad = unwritable({"json": args.json, "csv": args.csv, "png": args.png})
     if bad:  # said before the sweep, not after its minutes
         return _usage(bad)
     try:
         spec = make_spec(args, say)
-    except TuneSetupError as exc:
+    except SetupError as exc:
         print(f"inferlab tune: {exc}", file=sys.stderr)
         return 2
     say(f"tune: {spec.engine.name} ({spec.exe}), {len(spec.points)} points, model {spec.model.name}")
@@ -248,8 +164,8 @@ def run_tune_cli(args) -> int:
         f"{len(result['not_run'])} not run, {result['wall_seconds']} s")
     if args.csv:
         write_csv(result, args.csv)
-    if args.png and result["points"]:
-        write_png(result, args.png)
+    if args.png and draw_png is not None and result["points"]:  # None was refused above
+        draw_png(result, args.png)
     if result["chosen"]:
         chosen = result["chosen"]
         say(f"chosen: {chosen['label']} ({chosen['why']}):\n  {chosen['command']}")
@@ -264,7 +180,7 @@ def _exit_on_sigterm(signum, _frame) -> None:
 
 
 def show_flags(engine_name: str) -> int:
-    from app.tradeoff.managed.describe import describe_table
+    from app.managed.describe import describe_table
 
     engine = ENGINES.get(engine_name)
     if engine is None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
-from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
+from app.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
+from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 VLLM_SOURCE = ("vLLM 0.33.0 (PyPI wheel, commit g4ba787ec9): vllm/engine/arg_utils.py, "
                "vllm/config/{cache,scheduler,speculative,model}.py, vllm/entrypoints/common/cli_args.py")

@@ -1,12 +1,12 @@
 """A tuning point's watchdog: the sweep's cancel and time limits, kept while the point's own thread waits
-on its server (app/tradeoff/managed/tune.py)."""
+on its server (app/tradeoff/tune.py)."""
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
 
-from app.tradeoff.managed.server import ManagedServer
+from app.managed.server import ManagedServer
 
 WATCH_INTERVAL_S = 0.1  # how often it looks at the clock and the cancel flag
 

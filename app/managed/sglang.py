@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
-from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
+from app.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
+from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 SGLANG_SOURCE = ("SGLang 0.5.23 (PyPI wheel): python/sglang/srt/server_args.py, "
                  "python/sglang/srt/arg_groups/{fields/*.py,choices.py,speculative_hook.py}, "

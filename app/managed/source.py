@@ -2,7 +2,7 @@
 batch / weight bits / draft sliders work by restarting it with that engine's own flags.
 
 It is the attach source (app/remote/source.py: scrape, streams, load generator, all in its worker thread)
-plus a `ManagedServer` (app/tradeoff/managed/server.py) on a fixed port, so the URL survives restarts.
+plus a `ManagedServer` (app/managed/server.py) on a fixed port, so the URL survives restarts.
 Its Capabilities declare those knobs `restartable`; the controller sends them through `reconfigure()`.
 
 Threads: `reconfigure()` (GUI thread) only posts the wish to the worker. The worker coalesces a burst
@@ -19,13 +19,13 @@ import shlex
 import time
 from collections.abc import Callable
 
+from app.managed.child import free_port
+from app.managed.knobs import RESTARTABLE, changed_flags, knob_values, point_with
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagError, ServedModel, ServerPoint
 from app.remote.source import RemoteSource
 from app.source import channel
 from app.source.engine_info import Capabilities
-from app.tradeoff.managed.child import free_port
-from app.tradeoff.managed.knobs import RESTARTABLE, changed_flags, knob_values, point_with
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
 
 DEBOUNCE_S = 0.8  # slider moves closer together than this are one restart
 

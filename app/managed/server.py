@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
+from app.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
+from app.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
 
 
 class PointFailed(RuntimeError):
