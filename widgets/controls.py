@@ -99,6 +99,9 @@ class ControlsPanel(QWidget):
         self._reset_button = QPushButton("Reset")
         self._reset_button.clicked.connect(self.sigReset)
         self._busy_label = QLabel()
+        # its own line, wrapped: one line of a long text ("measuring perplexity of ... weights") beside the reset
+        # button widened the panel past its dock and hid the sliders' values behind a horizontal scroll bar
+        self._busy_label.setWordWrap(True)
         self._busy_bar = QProgressBar()
         self._busy_bar.setMaximumWidth(220)
         self._feature_why: dict[str, str] = {}
@@ -124,13 +127,13 @@ class ControlsPanel(QWidget):
         bottom = QHBoxLayout()
         bottom.addWidget(self._reset_button)
         bottom.addStretch(1)
-        bottom.addWidget(self._busy_label)
         bottom.addWidget(self._busy_bar)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         for box in (engine, load, budget):
             layout.addWidget(box)
         layout.addLayout(bottom)
+        layout.addWidget(self._busy_label)
         layout.addStretch(1)
 
     # --- setters ------------------------------------------------------------------------------

@@ -120,3 +120,14 @@ def test_every_slider_is_a_row_of_the_knob_table(show):
         row, slider = KNOB[name], panel.row(name)
         assert slider.values() == row.stops and slider.toolTip() == row.help
         assert slider.value_text() == row.text(slider.value())
+
+
+def test_a_long_busy_text_wraps_instead_of_widening_the_panel(panel, qtbot):
+    """The busy text ("measuring perplexity of fp8-e4m3 weights on the held-out text…") wraps under the reset
+    button: on one line beside it, it widened the panel past a 1280x720 window's dock and pushed every slider's
+    value behind a horizontal scroll bar."""
+    idle = panel.minimumSizeHint().width()
+    panel.set_busy("measuring perplexity of fp8-e4m3 weights on the held-out text (about a minute on a CPU)…", 0.5)
+    qtbot.wait(50)  # the layout takes the label's new size on its next pass
+    assert panel.minimumSizeHint().width() <= idle
+    assert panel.snapshot_data()["busy"].startswith("measuring perplexity")
