@@ -11,7 +11,8 @@ sweep and `inferlab bench quant` measure them side by side).
 How it multiplies: dequantize-then-GEMM on every device. The codes are cast to the activations' dtype (fp8 ->
 bf16 is exact: e4m3's values are all bf16 values), multiplied by the library GEMM, and the row scales applied
 to the product's columns. No native kernel reads fp8 here, so a CPU decode step writes and reads a 16-bit copy
-of each weight: it saves memory, not time (measured in docs/engine.md). GPUs with fp8 tensor cores
+of each weight: it saves memory and costs time (decode 14-17x slower than bf16 on a 2-core Zen 4:
+docs/measurements/kernels.md). GPUs with fp8 tensor cores
 (compute capability 8.9+) would multiply the codes directly (`torch._scaled_mm` with fp8 activations); that
 path is not built.
 """
