@@ -1,5 +1,5 @@
 """`inferlab generate`'s flags and what they become: the prompt (from --prompt, --prompt-file or stdin),
-the messages sent through the chat template (--system), the engine knobs shared with `serve` (weight bits,
+the messages sent through the chat template (--system), the engine knobs shared with `serve` (the weight format,
 KV dtype, speculation: app/knob_args.py) and one LoRA adapter (--lora NAME or NAME=PATH)."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def add_generate_args(gen: argparse.ArgumentParser, engine_args) -> None:
     gen.add_argument("--lora", default=None, metavar="NAME[=PATH]",
                      help="answer with a LoRA adapter: a name `inferlab train-lora` saved or shipped for this "
                           "model (shout, pirate, bullets for the built-in one), or NAME=PATH of a PEFT folder")
-    add_knob_args(gen)  # --quant-bits (--quant), --quant-group-size, --kv-cache-dtype, --spec-method, ...
+    add_knob_args(gen)  # the knob table's Use.GENERATE rows: --quant-format (--quant), --quant-group-size, ...
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object at the end (text, token ids, finish reason, timings) instead "
                           "of streaming the text")

@@ -6,7 +6,7 @@ from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
 from engine.events import AttentionBackendName, KernelBuild, KvCacheDtype, SchedulingPolicy, SpecMethod
-from engine.knobs import KIND_KNOBS, KNOB, KNOBS, check_knobs, knob_default
+from engine.knobs import ENGINE_KNOBS, KIND_KNOBS, KNOB, check_knobs, knob_default
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -136,7 +136,7 @@ class EngineConfig:
     kernel_build: KernelBuild = knob_default("kernel_build")
 
     # Later features (quantization, speculation, LoRA) read these
-    quant_bits: int = knob_default("quant_bits")
+    quant_format: str = knob_default("quant_format")  # a name from engine/quant_formats.py
     # 32 keeps int4 closest to 16 bits; 64 and 128 store fewer scales
     quant_group_size: int = knob_default("quant_group_size")
     quant_embeddings: bool = False  # also the embedding table and lm_head (int8 per row; see quant_embed)
@@ -145,7 +145,7 @@ class EngineConfig:
     spec_method: SpecMethod | None = knob_default("spec_method")
     num_speculative_tokens: int = knob_default("num_speculative_tokens")
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
-    draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
+    draft_quant_format: str | None = None  # the draft's weight format; with no draft_model, a quantized target copy
     # pick the draft length each step (at most num_speculative_tokens) for the most tokens per second, from
     # measured step times and acceptance (engine/spec/draft_length.py); False: always num_speculative_tokens
     adaptive_draft_length: bool = True
@@ -178,7 +178,7 @@ class EngineConfig:
         if given:
             self.scheduler = replace(self.scheduler, **given)
         # every knob of the table, against its range or list (engine/knobs.py)
-        check_knobs({k.name: getattr(self, k.name) for k in KNOBS})
+        check_knobs({k.name: getattr(self, k.name) for k in ENGINE_KNOBS})
         for name in KIND_KNOBS:  # a kind given as its string is stored as its enum member ("none": None)
             if name not in SCHEDULER_FIELDS:  # SchedulerConfig stores its own
                 setattr(self, name, KNOB[name].check(getattr(self, name)))

@@ -6,12 +6,13 @@ that widgets/ may import.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 
-try:
+if sys.version_info >= (3, 11):  # a version check (not try/except) the type checker follows
     from enum import StrEnum
-except ImportError:  # Python 3.10: the same behaviour, spelled out
+else:  # Python 3.10: the same behaviour, spelled out
     class StrEnum(str, Enum):  # noqa: UP042 (3.10 has no enum.StrEnum)
         """Members are their string values: equal to them, formatted and JSON-encoded as them."""
 

@@ -215,12 +215,12 @@ class LLMEngine:
         """A queue of its own again (the loop that ran it moved on to a rebuilt engine)."""
         self.commands = cmd.CommandQueue()
 
-    def set_quantization(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
+    def set_quantization(self, fmt: str, group_size: int | None = None, outlier_channels: int | None = None,
                          progress: Progress | None = None, embeddings: bool | None = None) -> dict[str, float]:
         """Requantize from the original weights (slow: in the caller's thread) and swap the new layers in
         at the top of the next step; queued and running requests carry on. Returns the per-layer
         relative weight error."""
-        command, report = self.weights.prepare_swap(self.config, bits, group_size, outlier_channels, progress,
+        command, report = self.weights.prepare_swap(self.config, fmt, group_size, outlier_channels, progress,
                                                     embeddings)
         self.commands.put(command)
         return report
@@ -576,9 +576,9 @@ class LLMEngine:
             return fresh_hidden_states_many(self.runner, self.block_manager,
                                             lambda: self.intake.next_id("__score-"), texts, self.max_model_len)
 
-    def build_quantized(self, bits: int, group_size: int | None = None, outlier_channels: int | None = None,
+    def build_quantized(self, fmt: str, group_size: int | None = None, outlier_channels: int | None = None,
                         progress: Progress | None = None, embeddings: bool | None = None) -> dict:
-        return self.weights.build_quantized(self.config, bits, group_size, outlier_channels, progress, embeddings)
+        return self.weights.build_quantized(self.config, fmt, group_size, outlier_channels, progress, embeddings)
 
     def perplexity(self, texts: Sequence[str] | None = None) -> float:
         """Perplexity of the current weights on `texts` (default: the held-out text in assets/)."""
@@ -591,14 +591,14 @@ class LLMEngine:
         """What the engine computes in and on how many threads, and why: the engine line of the app,
         `generate --stats` and the benches, e.g. "bf16 weights, fp32 prefill: this CPU has no native
         bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)";
-        with quantized weights, what their prompt rows run through ("4-bit prompt rows: int8-activation
+        with quantized weights, what their prompt rows run through ("int4 prompt rows: int8-activation
         kernels (no native bf16; int8_activations on)")."""
         line = compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
                             self.kernels_line())
-        if short or self.device.type != "cpu" or not quant_format(self.config.quant_bits).quantized:
+        if short or self.device.type != "cpu" or not quant_format(self.config.quant_format).quantized:
             return line
         route = prompt_rows_in_words(self.config.int8_activations)
-        return f"{line}; {self.config.quant_bits}-bit prompt rows: {route}"
+        return f"{line}; {self.config.quant_format} prompt rows: {route}"
 
     def memory(self) -> MemorySnapshot:
         bm = self.block_manager

@@ -2,7 +2,7 @@
 sources (A/B), in one process on one engine, in alternating rounds: the two builds read the same weights
 and caches, so only the kernels differ. Prints the median native-call time per step of each (median
 of the rounds' medians), the 10th percentile over all steps, and their ratios.
-    python scripts/fused_ab.py --other /work/main/engine/kernels [--bits 4] [--threads 2]
+    python scripts/fused_ab.py --other /work/main/engine/kernels [--quant-format int4] [--threads 2]
         [--rounds 7] [--tokens 64] [--rows 1] [--json OUT]
 Run it at low load (`uptime`): the machine is shared, and alternating rounds only even out slow drift."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", required=True, help="the kernels folder to compare with (B)")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--bits", type=int, choices=[16, 8, 4], default=4)
+    ap.add_argument("--quant-format", choices=["bf16", "int8", "fp8-e4m3", "int4"], default="int4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=64)
@@ -60,8 +60,8 @@ def main() -> None:
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.quant.quality import heldout_texts
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype="bfloat16", quant_bits=args.bits,
-                                    quant_embeddings=args.bits == 4, num_threads=args.threads))
+    engine = LLMEngine(EngineConfig(model=args.model, dtype="bfloat16", quant_format=args.quant_format,
+                                    quant_embeddings=args.quant_format == "int4", num_threads=args.threads))
     runner = engine.runner
     kernels = {"this": runner.fused.kernel, "other": load_other(Path(args.other), args.threads)}
     texts = heldout_texts()
@@ -103,7 +103,7 @@ def main() -> None:
     # The 10th percentile of all steps: on a shared machine the fastest steps are the ones no other
     # process interrupted, a steadier figure than the median when the load is high.
     p10 = {k: statistics.quantiles(v, n=10)[0] for k, v in steps.items()}
-    out = {"bits": args.bits, "threads": args.threads, "rows": args.rows, "rounds": args.rounds,
+    out = {"quant_format": args.quant_format, "threads": args.threads, "rows": args.rows, "rounds": args.rounds,
            "native_call_ms_median_each_round": per, "native_call_ms_median": med,
            "speedup_this_over_other": med["other"] / med["this"],
            "native_call_ms_p10_all_steps": p10, "speedup_p10": p10["other"] / p10["this"],

@@ -1,6 +1,6 @@
 """Decode speed with the weights on huge pages and without, side by side in one process.
 
-    python scripts/huge_pages_bench.py [--bits 16 4] [--threads 1] [--tokens 64] [--rounds 5]
+    python scripts/huge_pages_bench.py [--quant-format bf16 int4] [--threads 1] [--tokens 64] [--rounds 5]
 
 Two engines on the same weights, one built with INFERLAB_HUGE_PAGES=0 (torch's own allocation), one
 without (engine/runner/huge_pages.py); they take turns, one greedy stream each round. Prints tok/s per
@@ -20,7 +20,7 @@ import torch
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 4])
+    p.add_argument("--quant-format", nargs="+", default=["bf16", "int4"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
@@ -34,14 +34,14 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     out = {"cpu": platform.processor() or platform.machine(), "tier": cpu_tier(), "thp": thp_mode(),
            "threads": args.threads, "tokens": args.tokens, "runs": []}
-    for bits in args.bits:
+    for fmt in args.quant_format:
         engines = {}
         for side, flag in (("4k_pages", "0"), ("huge_pages", "1")):
             os.environ["INFERLAB_HUGE_PAGES"] = flag
             before = huge_page_bytes_in_use() or 0
-            engines[side] = LLMEngine(EngineConfig(model=args.model, quant_bits=bits, num_threads=args.threads))
+            engines[side] = LLMEngine(EngineConfig(model=args.model, quant_format=fmt, num_threads=args.threads))
             engines[side].generate(["Hello"], params)  # warm-up (and the kernels, built once)
-            print(side, bits, "bits: +", ((huge_page_bytes_in_use() or 0) - before) >> 20, "MiB on huge pages")
+            print(side, fmt, ": +", ((huge_page_bytes_in_use() or 0) - before) >> 20, "MiB on huge pages")
         rates = {side: [] for side in engines}
         for r in range(args.rounds):
             order = list(engines) if r % 2 == 0 else list(engines)[::-1]
@@ -50,7 +50,7 @@ def main() -> None:
                 engines[side].generate(["The history of the city"], params)
                 rates[side].append(args.tokens / (time.perf_counter() - t))
         med = {side: statistics.median(v) for side, v in rates.items()}
-        run = {"bits": bits, "tok_s": {s: [round(x, 1) for x in v] for s, v in rates.items()},
+        run = {"quant_format": fmt, "tok_s": {s: [round(x, 1) for x in v] for s, v in rates.items()},
                "median_tok_s": {s: round(v, 1) for s, v in med.items()},
                "ratio_huge_over_4k": round(med["huge_pages"] / med["4k_pages"], 3),
                "load_average": os.getloadavg()[0]}

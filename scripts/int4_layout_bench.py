@@ -64,7 +64,7 @@ def engines(args) -> list[dict]:
     built = {}
     for name in LAYOUTS:
         os.environ[INT4_LAYOUT_ENV] = name
-        built[name] = LLMEngine(EngineConfig(model=args.model, quant_bits=4, quant_embeddings=True,
+        built[name] = LLMEngine(EngineConfig(model=args.model, quant_format="int4", quant_embeddings=True,
                                              num_threads=args.threads, max_num_seqs=max(args.streams)))
         built[name].generate(["Hello"], params)  # warm-up
     os.environ.pop(INT4_LAYOUT_ENV)

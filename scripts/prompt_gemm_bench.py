@@ -3,7 +3,7 @@ engine/quant/schemes.py (the dequantize-then-GEMM route where the CPU multiplies
 the int8-activation kernel) against the exact weight-streaming kernels it replaces (every layer's
 `prompt_gemm` turned off), taking turns. "route" in the JSON says which route ran.
 
-    python scripts/prompt_gemm_bench.py [--bits 4 8] [--threads 1] [--prompt-tokens 64 512] [--rounds 5]
+    python scripts/prompt_gemm_bench.py [--quant-format int4 int8] [--threads 1] [--prompt-tokens 64 512] [--rounds 5]
 
 One prompt of N tokens to its first token (a fresh prompt each time: no prefix-cache hit), medians of
 alternating rounds, prefill tokens/s and the ratio. Prints JSON with the CPU, tier and load average.
@@ -20,7 +20,7 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--quant-format", nargs="+", default=["int4", "int8"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--rounds", type=int, default=5)
@@ -39,8 +39,8 @@ def main() -> None:
            "load_average_before": os.getloadavg()[0], "runs": {}}
     text = " ".join(heldout_texts()) * 8
     once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    for bits in args.bits:
-        engine = LLMEngine(EngineConfig(model=args.model, quant_bits=bits, quant_embeddings=bits == 4,
+    for fmt in args.quant_format:
+        engine = LLMEngine(EngineConfig(model=args.model, quant_format=fmt, quant_embeddings=fmt == "int4",
                                         num_threads=args.threads))
         ids = engine.tokenizer.encode(text)
         layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.prompt_gemm]
@@ -58,7 +58,7 @@ def main() -> None:
             for m in layers:
                 m.prompt_gemm = True
             med = {k: statistics.median(v) for k, v in times.items()}
-            out["runs"][f"{bits} bits, {n} tokens"] = {
+            out["runs"][f"{fmt}, {n} tokens"] = {
                 "first_token_ms": {k: round(v * 1e3, 1) for k, v in med.items()},
                 "prefill_tokens_per_s": {k: round(n / v, 1) for k, v in med.items()},
                 "route_speedup": round(med["kernels"] / med["route"], 2)}

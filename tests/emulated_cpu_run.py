@@ -22,11 +22,11 @@ def main(folder: str, threads: int = 1) -> None:
            "plan": plan_compute("auto", torch.device("cpu")).describe(), "tokens": {},
            "build": kernels._build_name(kernels.cpu_tier()), "described": kernels.describe_tier(),
            "flags": sorted(kernels.cpu_flags())}
-    for bits in (16, 8, 4):
-        eng = LLMEngine(EngineConfig(model=folder, quant_bits=bits, num_kv_blocks=32, num_threads=threads))
+    for fmt in ("bf16", "int8", "int4"):
+        eng = LLMEngine(EngineConfig(model=folder, quant_format=fmt, num_kv_blocks=32, num_threads=threads))
         out["fused"] = eng.runner.fused is not None
         done = eng.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0.0))
-        out["tokens"][str(bits)] = [list(o.token_ids) for o in done]
+        out["tokens"][str(fmt)] = [list(o.token_ids) for o in done]
     module = kernels.kernel_module(tier=out["tier"])
     out["openmp"], out["pool_threads"] = bool(module.openmp()), int(module.pool_threads())
     print("RESULT " + json.dumps(out), flush=True)

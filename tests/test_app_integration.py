@@ -61,7 +61,7 @@ def test_panels_receive_data_under_load(qapp, window):
     spec = data(window, "spec")
     assert spec["off"] and spec["overlay"].startswith("Speculative decoding")  # this preset does not speculate
     controls = data(window, "controls")
-    assert ("quant_bits" in controls["unavailable"]) == ("quantization" not in caps)
+    assert ("quant_format" in controls["unavailable"]) == ("quantization" not in caps)
     assert ("num_speculative_tokens" in controls["unavailable"]) == ("speculative" not in caps)
     assert controls["load_running"]
 
@@ -78,7 +78,7 @@ def test_controls_reconfigure_the_engine(qapp, window):
     before = window.controller.config["max_num_seqs"]
     window.panels.controls.sigConfigChanged.emit({**window.panels.controls.config_values(), "max_num_seqs": 3})
     wait_until(qapp, lambda: window.host.engine.config.max_num_seqs == 3, 10)
-    assert f"max batch {before} → 3" in data(window, "timeline")["config_changes"]
+    assert f"max batch size {before} → 3" in data(window, "timeline")["config_changes"]
     wait_until(qapp, lambda: data(window, "timeline")["last"]["running"] <= 3, 10)
     window.controller.set_chunked_prefill(False)
     wait_until(qapp, lambda: window.host.engine.config.enable_chunked_prefill is False, 10)
@@ -93,7 +93,7 @@ def test_the_scheduler_serves_toward_the_budget_on_the_sliders(qapp, window):
     wait_until(qapp, lambda: window.host.engine.config.ttft_budget_ms == ttft_s * 1000, 10)
     assert window.host.engine.config.tpot_budget_ms == tpot_s * 1000
     assert any("scheduler serves the budget" in c for c in data(window, "timeline")["config_changes"])
-    controls.sigBudgetChanged.emit(0.8, 0.12)  # the budget sliders moved: the scheduler follows
+    controls.sigBudgetChanged.emit(800.0, 120.0)  # the budget sliders moved (ms): the scheduler follows
     wait_until(qapp, lambda: (window.host.engine.config.ttft_budget_ms, window.host.engine.config.tpot_budget_ms)
                == (800, 120), 10)
     window.controller.push_config()  # a preset's push keeps it too
@@ -104,13 +104,14 @@ def test_the_scheduler_serves_toward_the_budget_on_the_sliders(qapp, window):
 
 def test_sweep_runs_in_the_background_and_restores_the_config(qapp, window):
     before = window.host.engine.config.max_num_seqs
-    window.controller.run_sweep(SweepSpec(batches=(1, 4), bits=(16,), drafts=(0,), warmup_s=0.05, measure_s=0.5,
+    window.controller.run_sweep(SweepSpec(max_num_seqs=(1, 4), quant_format=("bf16",), num_speculative_tokens=(0,),
+                                          warmup_s=0.05, measure_s=0.5,
                                           memory_budget_bytes=32 * 2**20,
                                           workload=Workload(prompt_tokens=(8, 16), output_tokens=(8, 16))))
     assert window.controller.sweeping
     wait_until(qapp, lambda: not window.controller.sweeping, 60)
     points = {p["label"]: p for p in data(window, "tradeoff")["points"]}
-    sweep = [points.get(f"batch {b} · 16-bit · k=0") for b in (1, 4)]
+    sweep = [points.get(f"batch {b} · bf16 · k=0") for b in (1, 4)]
     assert all(p is not None and p["tokens_per_s_per_user"] > 0 and not p["hollow"] for p in sweep)
     wait_until(qapp, lambda: window.host.engine.config.max_num_seqs == before, 10)
     assert window.host.loadgen.running  # the load generator resumed
@@ -120,16 +121,16 @@ def test_weight_bits_slider_requantizes_and_measures_quality(qapp, window):
     if "quantization" not in window.host.info.capabilities:
         pytest.skip("this engine has no weight quantization")
     controls = window.panels.controls
-    controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 8})
+    controls.sigConfigChanged.emit({**controls.config_values(), "quant_format": "int8"})
     # the swap lands in the engine before the per-layer error reaches the heatmap through the GUI's queue
-    wait_until(qapp, lambda: (window.host.engine.config.quant_bits == 8 and not window.controller.engine_busy
-                              and data(window, "quant")["bits"] == 8), 60)
-    assert "weights 16 → 8-bit" in data(window, "timeline")["config_changes"]
+    wait_until(qapp, lambda: (window.host.engine.config.quant_format == "int8" and not window.controller.engine_busy
+                              and data(window, "quant")["quant_format"] == "int8"), 60)
+    assert "weights bf16 → int8" in data(window, "timeline")["config_changes"]
     quant = data(window, "quant")  # the engine's per-layer weight error reached the heatmap
-    assert quant["bits"] == 8 and quant["num_cells"] > 0 and 0 < quant["max_error"] < 0.1, quant
+    assert quant["quant_format"] == "int8" and quant["num_cells"] > 0 and 0 < quant["max_error"] < 0.1, quant
     if "perplexity" in window.host.info.capabilities:
-        assert set(window.meter.perplexity) == {16, 8}
-        wait_until(qapp, lambda: any(p["perplexity_delta_pct"] is not None and "8-bit" in p["label"]
+        assert set(window.meter.perplexity) == {"bf16", "int8"}
+        wait_until(qapp, lambda: any(p["perplexity_delta_pct"] is not None and "int8" in p["label"]
                                      for p in data(window, "tradeoff")["points"]), 30)
 
 
@@ -178,20 +179,20 @@ def test_exports(qapp, window, tmp_path):
         assert data_[:8] == b"\x89PNG\r\n\x1a\n" and len(data_) > 1000
 
 
-def test_kv_cache_bits_slider_rebuilds_with_an_int8_cache(qapp, window):
+def test_kv_cache_slider_rebuilds_with_an_int8_cache(qapp, window):
     # after the tests that read the panels: the rebuild clears them
     if "rebuild" not in window.host.info.capabilities:
         pytest.skip("this engine source cannot be rebuilt")
     controls = window.panels.controls
     blocks16 = window.host.info.num_kv_blocks
-    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_bits": 8})
+    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_dtype": "int8"})
     wait_until(qapp, lambda: window.controller.engine_ready and window.host.info is not None
                and window.host.engine.config.kv_cache_dtype == "int8", 60)
     assert window.host.engine.runner.kv_caches[0][0].dtype == torch.int8
     assert "(int8)" in window.engine_label.text()
     if window.host.engine.config.num_kv_blocks is None:  # a budget in bytes buys more int8 blocks
         assert window.host.info.num_kv_blocks > blocks16
-    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_bits": 16})
+    controls.sigConfigChanged.emit({**controls.config_values(), "kv_cache_dtype": "auto"})
     wait_until(qapp, lambda: window.controller.engine_ready and window.host.info is not None
                and window.host.engine.config.kv_cache_dtype == "auto", 60)
 
@@ -229,8 +230,8 @@ def test_requantizing_in_the_app_grows_the_kv_cache(qapp, tiny_llama):
             pytest.skip("this engine has no weight quantization")
         before = w.host.engine.block_manager.num_blocks
         controls = w.panels.controls
-        controls.sigConfigChanged.emit({**controls.config_values(), "quant_bits": 4})
-        wait_until(qapp, lambda: w.host.engine.config.quant_bits == 4 and not w.controller.engine_busy, 60)
+        controls.sigConfigChanged.emit({**controls.config_values(), "quant_format": "int4"})
+        wait_until(qapp, lambda: w.host.engine.config.quant_format == "int4" and not w.controller.engine_busy, 60)
         after = w.host.engine.block_manager.num_blocks
         assert after > before  # the bytes the weights freed became KV blocks
         assert f"{after} KV blocks" in w.engine_label.text()

@@ -69,7 +69,7 @@ def test_knee_values_parse_only_for_the_batch_knob():
                           "workload": {"requests_per_batch": 1}})
     assert [c.label for c in spec.configs] == ["0.01x knee", "1x knee", "4x knee"]
     with pytest.raises(CompareSpecError, match="values_unit"):
-        parse_compare({"title": "t", "knob": "quant_bits", "values_unit": "knee", "values": [1]})
+        parse_compare({"title": "t", "knob": "quant_format", "values_unit": "knee", "values": [1]})
     with pytest.raises(CompareSpecError, match="headline"):
         parse_compare({"title": "t", "knob": "max_num_seqs", "values": [1], "headline": "steps"})
 

@@ -113,11 +113,11 @@ def test_bench_decode_and_quant_write_their_json(tiny_llama, tmp_path):
     for mode, rate in roof["achieved_bandwidth_bytes_per_s"].items():
         assert rate == pytest.approx(roof["fraction_of_probed_bandwidth"][mode] * roof["probed_bandwidth_bytes_per_s"])
     assert result["llama_cpp"] == {"skipped": "--no-llama-cpp"}
-    run, result = bench(["quant", "--bits", "16", "8", "--streams", "2", "--max-tokens", "4", "--memory-budget-mib",
-                         "64"], tiny_llama, tmp_path)
+    run, result = bench(["quant", "--quant-format", "bf16", "fp8-e4m3", "--streams", "2", "--max-tokens", "4",
+                         "--memory-budget-mib", "64"], tiny_llama, tmp_path)
     assert run.returncode == 0, run.stderr
     assert result["benchmark"] == "quant" and result["memory_budget_mib"] == 64
-    q16, q8 = result["results"]["16"], result["results"]["8"]
+    q16, q8 = result["results"]["bf16"], result["results"]["fp8-e4m3"]  # the quality figures every format gets
     assert q8["weights_bytes"] < q16["weights_bytes"] and q8["kv_blocks"] >= q16["kv_blocks"]  # bytes buy KV
     assert q16["kl_divergence"] == 0.0 and 0 < q8["kl_divergence"] and q8["greedy_agreement"] <= 1.0
 

@@ -1,5 +1,5 @@
 """`generate` and `serve` flags of issue 49 (point 7): the prompt from stdin or a file, a system message,
-JSON output, weight bits / speculation / a LoRA adapter as `serve` takes them (each output equal to the
+JSON output, weight formats / speculation / a LoRA adapter as `serve` takes them (each output equal to the
 engine's own for the same settings); `serve --compile --max-model-len --chat-template`; the group size
 `serve` quantizes in is the explorer's; every option of every command shows its default in --help."""
 from __future__ import annotations
@@ -74,13 +74,13 @@ def test_json_output_holds_the_text_and_tokens(tiny_llama, engine, capsys):
 
 
 def test_quant_and_speculation_flags_reach_the_engine(tiny_llama, capsys):
-    q8 = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", quant_bits=8, quant_group_size=64))
-    assert q8.config.quant_bits == 8
+    q8 = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", quant_format="int8", quant_group_size=64))
+    assert q8.config.quant_format == "int8"
     expected = q8.generate(["Hello world"], SamplingParams(max_tokens=6, temperature=0.0))[0].text
-    code, out, err = generate([*base(tiny_llama), "--raw", "--prompt", "Hello world", "--quant", "8"], capsys)
+    code, out, err = generate([*base(tiny_llama), "--raw", "--prompt", "Hello world", "--quant", "int8"], capsys)
     assert code == 0 and out == expected + "\n", err
     # speculation is exact: n-gram drafts give the greedy text of the same weights
-    code, spec_out, err = generate([*base(tiny_llama), "--raw", "--prompt", "Hello world", "--quant", "8",
+    code, spec_out, err = generate([*base(tiny_llama), "--raw", "--prompt", "Hello world", "--quant", "int8",
                                     "--spec-method", "ngram", "--json"], capsys)
     assert code == 0 and json.loads(spec_out)["text"] == expected, err
 
@@ -111,8 +111,8 @@ def test_serve_compile_max_model_len_and_the_explorers_group_size():
     from app.tradeoff.sweep import SweepSpec
 
     cfg = engine_config(build_parser().parse_args(["serve", "--compile", "--max-model-len", "512",
-                                                   "--quant-bits", "4"]))
-    assert cfg.compile is True and cfg.max_model_len == 512 and cfg.quant_bits == 4
+                                                   "--quant-format", "int4"]))
+    assert cfg.compile is True and cfg.max_model_len == 512 and cfg.quant_format == "int4"
     assert cfg.quant_group_size == SweepSpec().group_size  # what the explorer measured is what serve runs
     plain = engine_config(build_parser().parse_args(["serve"]))
     assert plain.compile is False and plain.max_model_len is None

@@ -28,7 +28,7 @@ def _error(tmp_path, body: str) -> PresetError:
      "metric names"),
     ('[compare]\ntitle = "x"\nknob = "colour"\nvalues = [1, 2]\n', 7, "[compare] knob", "unknown knob"),
     ('[compare]\ntitle = "x"\nknob = "max_num_seqs"\nvalues = ["many"]\n', 8, "[compare] values",
-     "max_num_seqs: expected int"),
+     "max_num_seqs: expected an integer >= 1"),
     ('[compare]\ntitle = "x"\nknob = "max_num_seqs"\nvalues = [1]\n\n[compare.workload]\nrequests = 8\n'
      'arrival = "sometimes"\n', 12, "[compare.workload] arrival", "all, poisson, burst"),
     ('[compare]\ntitle = "x"\nknob = "max_num_seqs"\nvalues = [1]\n\n[compare.workload]\nprompt_tokens = [9, 2]\n',

@@ -47,8 +47,8 @@ def test_explicit_budget_is_honoured_and_auto_is_profiled(tiny_llama):
 def test_requantizing_at_run_time_on_the_gpu(tiny_llama):
     eng = _engine(tiny_llama, quant_outlier_channels=2)
     ref = eng.generate(PROMPTS[:1], GREEDY)[0].token_ids
-    for bits in (8, 4, 16):
-        report = eng.set_quantization(bits)
+    for fmt in ("int8", "int4", "bf16"):
+        report = eng.set_quantization(fmt)
         out = eng.generate(PROMPTS[:1], GREEDY)[0].token_ids
         assert len(out) == 8 and all(v == v for v in report.values())
         devices = {b.device.type for m in eng.model.modules() for b in m.buffers(recurse=False)}
@@ -92,8 +92,8 @@ def test_int4_uses_the_packed_cuda_kernel_and_matches_the_reference():
         pytest.skip("torch's int4 matmul needs compute capability 8.0+")
     torch.manual_seed(0)
     w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16).cuda()
-    fast = QuantLinear(w, None, 4, 32)
-    ref = QuantLinear(w, None, 4, 32, reference=True)
+    fast = QuantLinear(w, None, "int4", 32)
+    ref = QuantLinear(w, None, "int4", 32, reference=True)
     assert fast.packed is not None
     x = torch.randn(5, 512, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(fast(x).float(), ref(x).float(), atol=2e-2, rtol=2e-2)
@@ -105,7 +105,7 @@ def test_int8_takes_the_fused_kernel_for_decode_rows_and_matches_the_reference()
 
     torch.manual_seed(0)
     w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16).cuda()
-    fast, ref = QuantLinear(w, None, 8, 32), QuantLinear(w, None, 8, 32, reference=True)
+    fast, ref = QuantLinear(w, None, "int8", 32), QuantLinear(w, None, "int8", 32, reference=True)
     if not fast.int8_fused:
         pytest.skip(f"torch {torch.__version__} has no CUDA _weight_int8pack_mm: int8 casts its weight per call")
     for rows in (1, 4, 64):  # the fused kernel, then (64 rows) the cast-and-GEMM path
@@ -116,7 +116,7 @@ def test_int8_takes_the_fused_kernel_for_decode_rows_and_matches_the_reference()
 def test_the_self_draft_is_4_bit_on_the_packed_int4_kernel(tiny_llama):
     eng = _engine(tiny_llama, spec_method="draft", num_speculative_tokens=3)
     layers = [m for m in eng.proposer.model.modules() if hasattr(m, "packed")]
-    assert layers and all(m.bits == 4 and m.packed is not None for m in layers)
+    assert layers and all(m.format.name == "int4" and m.packed is not None for m in layers)
 
 
 def test_mtp_heads_train_on_the_gpu(tiny_llama):

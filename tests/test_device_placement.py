@@ -138,11 +138,11 @@ def test_requantization_builds_each_layer_on_the_models_device(tiny_llama):
             return dict.__getitem__(self, name)
 
     meta = torch.device("meta")
-    for bits in (8, 4, 16):
+    for fmt in ("int8", "int4", "bf16"):
         moved.clear()
-        modules = quantize_model(eng.model, Watched(originals), bits, 32, device=meta)
+        modules = quantize_model(eng.model, Watched(originals), fmt, 32, device=meta)
         devices = {t.device for m in modules.values() for t in list(m.parameters()) + list(m.buffers())}
-        assert devices == {meta}, bits
+        assert devices == {meta}, fmt
         assert {t.device.type for t in originals.values()} == {"cpu"}
         assert len(moved) == len(set(moved))  # each original fetched once, in turn
 
@@ -162,7 +162,7 @@ def test_quantizing_at_start_swaps_layer_by_layer(tiny_llama):
         alive.append(sum(1 for n, m in model.named_modules()
                          if n.split(".")[-1] in QUANTIZABLE and type(m) is Linear))
 
-    quantize_model(model, originals, 4, 32, progress=progress, install=True)
+    quantize_model(model, originals, "int4", 32, progress=progress, install=True)
     total = len(alive)
     assert alive == list(range(total - 1, -1, -1))  # one fewer 16-bit layer after each step
 
@@ -214,7 +214,7 @@ def test_release_and_restore_keep_an_engine_serving(tiny_llama):
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_loras": 2}, {"spec_method": "draft", "num_speculative_tokens": 2},
-                                   {"quant_bits": 4}, {"cuda_graphs": True, "attention_backend": "fast"}],
+                                   {"quant_format": "int4"}, {"cuda_graphs": True, "attention_backend": "fast"}],
                          ids=["plain", "lora", "draft", "int4", "graphs"])
 def test_a_dropped_engine_frees_its_model_without_the_garbage_collector(tiny_llama, extra):
     gc.disable()
@@ -445,7 +445,7 @@ def test_quantizing_while_loading_keeps_the_peak_at_4_bits_plus_one_layer(tiny_l
             seen.append(_materialized_bytes(model))  # this layer filled in 16 bits, not yet quantized
             super().__call__(model, index)
 
-    hook = Accounted(4, 32)
+    hook = Accounted("int4", 32)
     model = build_model(loaded.config, loaded.state_dict, cpu, torch.bfloat16, on_layer=hook)
     int4 = _materialized_bytes(model)
     assert all(isinstance(model.get_submodule(n), QuantLinear) for n in hook.originals)
@@ -461,18 +461,18 @@ def test_an_engine_quantized_while_loading_runs_as_one_quantized_after(tiny_llam
 
     folder = str(tiny_llama_8_layers)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    cfg = EngineConfig(model=folder, quant_bits=4, memory_budget_bytes=8 * 2**20)
+    cfg = EngineConfig(model=folder, quant_format="int4", memory_budget_bytes=8 * 2**20)
     late = LLMEngine(cfg)
     assert not at_load.applies(cfg, torch.device("cpu")) and at_load.applies(cfg, CUDA0)
-    assert not at_load.applies(EngineConfig(quant_bits=4, quant_outlier_channels=4), CUDA0)
-    monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_bits != 16)
+    assert not at_load.applies(EngineConfig(quant_format="int4", quant_outlier_channels=4), CUDA0)
+    monkeypatch.setattr(at_load, "applies", lambda config, device: config.quant_format != "bf16")
     early = LLMEngine(cfg)
     assert early.generate(["Hello"], params)[0].token_ids == late.generate(["Hello"], params)[0].token_ids
     assert (early.weights_bytes, early.block_manager.num_blocks) == (late.weights_bytes, late.block_manager.num_blocks)
     assert early.weights.originals.keys() == late.weights.originals.keys()
     assert all(torch.equal(early.weights.originals[n], w) for n, w in late.weights.originals.items())
     plain = LLMEngine(EngineConfig(model=folder, num_kv_blocks=16))
-    early.set_quantization(16)
+    early.set_quantization("bf16")
     assert early.generate(["Hello"], params)[0].token_ids == plain.generate(["Hello"], params)[0].token_ids
 
 
@@ -496,8 +496,8 @@ def test_decode_graph_buffers_give_the_ordinary_paths_tokens(tiny_llama):
     assert used > 30 and graphs.runner.graphs.num_replays == 0  # no capture without CUDA
     for eng in (plain, graphs):
         eng.weights.fit_kv(eng.block_manager, eng.runner)
-    plain.set_quantization(8)
-    graphs.set_quantization(8)
+    plain.set_quantization("int8")
+    graphs.set_quantization("int8")
     want = [o.token_ids for o in plain.generate(prompts[:3], params)]
     assert [o.token_ids for o in graphs.generate(prompts[:3], params)] == want
     assert graphs.runner.graphs.num_runs > used

@@ -235,10 +235,10 @@ def test_compiled_engine_gives_the_same_tokens(tiny_llama, reference):
     eng.reconfigure(compile=False)
     assert [o.token_ids for o in eng.generate(PROMPTS[2:4], GREEDY)] == reference[2:4]
     assert not eng.model.compiled
-    eng.set_quantization(8)
+    eng.set_quantization("int8")
     eng.reconfigure(compile=True)
     int8 = eng.generate(PROMPTS[:2], GREEDY)
-    assert eng.model.compiled and eng.config.quant_bits == 8
+    assert eng.model.compiled and eng.config.quant_format == "int8"
     eng.reconfigure(compile=False)
     assert [o.token_ids for o in eng.generate(PROMPTS[:2], GREEDY)] == [o.token_ids for o in int8]
 

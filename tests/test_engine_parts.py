@@ -18,12 +18,12 @@ def make(folder, **kw) -> LLMEngine:
 def test_a_failing_command_is_reported_and_loses_none_of_the_others(tiny_llama):
     eng = make(tiny_llama)
     first = eng.add_request([5, 6, 7], GREEDY)
-    eng.commands.put(SwapWeights({"layers.99.mlp": None}, {"quant_bits": 8}))  # no such module
+    eng.commands.put(SwapWeights({"layers.99.mlp": None}, {"quant_format": "int8"}))  # no such module
     eng.reconfigure(max_num_seqs=3)
     second = eng.add_request([8, 9, 10, 11], GREEDY)
     with pytest.warns(RuntimeWarning, match="SwapWeights failed"):
         eng.step()
-    assert eng.config.quant_bits == 16  # the failed swap changed nothing
+    assert eng.config.quant_format == "bf16"  # the failed swap changed nothing
     assert eng.config.max_num_seqs == 3 and eng.scheduler.config.max_num_seqs == 3
     finished = {}
     while eng.has_unfinished():

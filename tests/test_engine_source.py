@@ -36,8 +36,8 @@ class FakeRemoteSource:
     def abort(self, request_id: str) -> None: ...
     def reconfigure(self, **knobs) -> None: self.knobs.append(knobs)
     def reload(self, **config_changes) -> None: raise AssertionError("this source cannot rebuild")
-    def quantize(self, bits: int) -> None: raise AssertionError("this source cannot quantize")
-    def adopt_perplexity(self, by_bits) -> None: raise AssertionError("this source cannot quantize")
+    def quantize(self, fmt: str) -> None: raise AssertionError("this source cannot quantize")
+    def adopt_perplexity(self, by_format) -> None: raise AssertionError("this source cannot quantize")
     def start_load(self) -> None: ...
     def stop_load(self) -> None: ...
     def burst(self, n: int) -> None: ...
@@ -71,14 +71,14 @@ def test_the_gui_says_what_a_source_does_not_expose(qapp):
         assert "block map" in memory.overlay_text()
         assert window.panels.timeline.is_available()  # step events are exposed
         unavailable = window.panels.controls.snapshot_data()["unavailable"]
-        assert unavailable["quant_bits"] == "Weight bits: not offered by remote-fake"
+        assert unavailable["quant_format"] == "Weights: not offered by remote-fake"
         assert "arrival_rate" in unavailable and "max_num_seqs" not in unavailable
         values = window.panels.controls.snapshot_data()["values"]  # the knobs start at EngineConfig's defaults
         assert values["max_num_seqs"] == EngineConfig().max_num_seqs
         assert values["max_num_batched_tokens"] == EngineConfig().max_num_batched_tokens
         assert source.knobs  # the controller pushed its knobs to this source, through the interface
-        window.controller._on_config_changed({"quant_bits": 4})  # a knob the source lacks changes nothing
-        assert window.controller.config["quant_bits"] == 16
+        window.controller._on_config_changed({"quant_format": "int4"})  # a knob the source lacks changes nothing
+        assert window.controller.config["quant_format"] == "bf16"
     finally:
         window.close()
         window.deleteLater()

@@ -63,8 +63,8 @@ def tiny(request, tmp_path_factory):
     return _build(tmp_path_factory, request.param, model_type, **over)
 
 
-def _engine(folder, bits=16, fused=True, **kw):
-    return LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=64, quant_bits=bits,
+def _engine(folder, fmt="bf16", fused=True, **kw):
+    return LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=64, quant_format=fmt,
                                   fused_decode=fused, **kw))
 
 
@@ -104,9 +104,9 @@ def _compare_every_fused_step(engine, kernel, int8_activations=False):
     return pairs
 
 
-@pytest.mark.parametrize("bits", [16, 8, 4])
-def test_fused_logits_match_the_layer_path(tiny, kernel, bits):
-    engine = _engine(tiny, bits, quant_embeddings=bits < 16, int8_activations=False)  # exact, prompt rows too
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_fused_logits_match_the_layer_path(tiny, kernel, fmt):
+    engine = _engine(tiny, fmt, quant_embeddings=fmt != "bf16", int8_activations=False)  # exact, prompt rows too
     pairs = _compare_every_fused_step(engine, kernel)
     assert pairs, "no step took the fused path"
     assert {n for _, _, n, _ in pairs} >= {1, len(PROMPTS)}  # one row and several rows
@@ -124,11 +124,11 @@ def test_fused_logits_match_the_layer_path(tiny, kernel, bits):
     assert agree >= 0.97 * total
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_int8_activations_stay_close_to_the_layer_path(tiny, kernel, bits):
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_int8_activations_stay_close_to_the_layer_path(tiny, kernel, fmt):
     """The 4- and 8-bit products with the activations rounded to int8 per 32 columns: the logits move
     by that rounding only."""
-    engine = _engine(tiny, bits, quant_embeddings=True)
+    engine = _engine(tiny, fmt, quant_embeddings=True)
     pairs = _compare_every_fused_step(engine, kernel, int8_activations=True)
     assert pairs
     rel = max(((f - r).norm() / r.norm()).item() for f, r, _, _ in pairs)
@@ -160,7 +160,7 @@ def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
     for e in (fused, layers):
         e.generate(prompts, p)
         assert e.runner.last_path == (PATH_FUSED if e is fused else PATH_LAYERS)
-        e.set_quantization(4)
+        e.set_quantization("int4")
     a = [o.token_ids for o in fused.generate(prompts, p)]
     assert fused.runner.last_path == PATH_FUSED
     assert fused.runner.fused.plan(fused.runner.kv_caches) is not None
@@ -168,7 +168,7 @@ def test_a_requantization_at_run_time_reaches_the_fused_step(tiny_llama_hd64):
 
 
 def test_the_fused_step_switches_at_run_time(tiny_llama_hd64):
-    engine = _engine(tiny_llama_hd64, bits=4)
+    engine = _engine(tiny_llama_hd64, fmt="int4")
     p = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     for fused, q8, want in [(False, True, PATH_LAYERS), (True, False, PATH_FUSED), (True, True, PATH_FUSED)]:
         engine.reconfigure(fused_decode=fused, int8_activations=q8)
@@ -207,11 +207,11 @@ def test_a_model_the_kernel_does_not_take_runs_layer_by_layer(tiny_llama):
 
 
 @pytest.mark.parametrize("over", [{"kv_cache_dtype": "int8"}, {"attention_backend": "reference"},
-                                  {"fused_decode": False}, {"quant_bits": 8, "quant_outlier_channels": 4}])
+                                  {"fused_decode": False}, {"quant_format": "int8", "quant_outlier_channels": 4}])
 def test_cases_it_does_not_cover_run_layer_by_layer(tiny_llama_hd64, over):
     cfg = {"fused": over.pop("fused_decode", True), **over}
-    bits = cfg.pop("quant_bits", 16)
-    engine = _engine(tiny_llama_hd64, bits, fused=cfg.pop("fused"), **cfg)
+    fmt = cfg.pop("quant_format", "bf16")
+    engine = _engine(tiny_llama_hd64, fmt, fused=cfg.pop("fused"), **cfg)
     out = engine.generate(["Hello world"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 4 and engine.runner.last_path == PATH_LAYERS
 
@@ -259,8 +259,8 @@ def _fused_logits(engine, kernel, int8_activations):
     return seen
 
 
-@pytest.mark.parametrize("bits,q8", [(16, False), (4, False), (4, True), (8, True)])
-def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, bits, q8):
+@pytest.mark.parametrize("fmt,q8", [("bf16", False), ("int4", False), ("int4", True), ("int8", True)])
+def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, fmt, q8):
     """The step runs in one parallel region, each thread taking its static share of every product's
     rows and of the attention's jobs: 1, 2 and 3 threads (more than this machine may have) must give
     the same hidden states and logits, bit for bit (each output row is summed the same way whoever
@@ -270,7 +270,7 @@ def test_the_threads_share_of_the_step_does_not_change_a_number(tiny, kernel, bi
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            runs[threads] = _fused_logits(_engine(tiny, bits, quant_embeddings=bits < 16), kernel, q8)
+            runs[threads] = _fused_logits(_engine(tiny, fmt, quant_embeddings=fmt != "bf16"), kernel, q8)
     finally:
         torch.set_num_threads(before)
     assert runs[1], "no step took the fused path"
@@ -306,12 +306,12 @@ def test_nonfinite_logits_in_the_fused_step_fail_the_request(tiny_llama_hd64, va
 REPEATS = [list(range(10, 20)) * 3, [5, 6, 7, 8] * 6, list(range(30, 37)) * 4]
 
 
-@pytest.mark.parametrize("bits", [16, 4])
-def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, bits):
+@pytest.mark.parametrize("fmt", ["bf16", "int4"])
+def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, fmt):
     """Speculative decoding with n-gram drafts: a verify run's rows (the last token and its drafts, at
     consecutive positions) go through the fused step, each attending over the K/V its own earlier rows
     wrote in the same step; its logits are the layer path's."""
-    engine = _engine(tiny_llama_hd64, bits, spec_method="ngram", num_speculative_tokens=3, int8_activations=False)
+    engine = _engine(tiny_llama_hd64, fmt, spec_method="ngram", num_speculative_tokens=3, int8_activations=False)
     runner = engine.runner
     runner.fused = FusedDecode(kernel, engine.model, runner.block_size)
     pairs, run = [], runner.fused.run
@@ -337,11 +337,11 @@ def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, bits)
     assert agree >= 0.9 * total
 
 
-@pytest.mark.parametrize("bits,q8", [(16, False), (4, True)])
-def test_chained_rows_equal_single_row_steps(tiny_llama_hd64, kernel, bits, q8):
+@pytest.mark.parametrize("fmt,q8", [("bf16", False), ("int4", True)])
+def test_chained_rows_equal_single_row_steps(tiny_llama_hd64, kernel, fmt, q8):
     """Eight consecutive positions of one sequence in one step (each row attending over the K/V the rows
     before it wrote in the same step, whichever thread wrote them) give the logits of eight one-row steps."""
-    engine = _engine(tiny_llama_hd64, bits, quant_embeddings=bits < 16)
+    engine = _engine(tiny_llama_hd64, fmt, quant_embeddings=fmt != "bf16")
     fused = FusedDecode(kernel, engine.model, engine.runner.block_size, q8)
     plan = fused.plan(engine.runner.kv_caches)
     ids = torch.tensor([11, 42, 7, 99, 3, 64, 5, 17])

@@ -176,11 +176,11 @@ def test_a_peer_whose_gguf_cannot_be_made_is_skipped_not_fatal(monkeypatch, tmp_
 
     from app.bench import cli, llama_cpp
 
-    def no_gguf(model_path, bits):
+    def no_gguf(model_path, fmt):
         raise ValueError("convert_hf_to_gguf.py failed: no sentencepiece")
 
     monkeypatch.setattr(llama_cpp, "find_binary", lambda: tmp_path / "llama-bench")
-    monkeypatch.setattr(llama_cpp, "gguf_for", no_gguf)
+    monkeypatch.setattr(llama_cpp, "gguf_for_format", no_gguf)
     engine = Namespace(model_path=str(tmp_path))
     peer, info = cli._llama_cpp_peer(Namespace(no_llama_cpp=False), engine, 16)
     assert peer is None and "sentencepiece" in info["skipped"]

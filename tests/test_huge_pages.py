@@ -84,7 +84,7 @@ def test_engine_tokens_are_the_same_with_and_without_huge_pages(tmp_path, monkey
         moved = w.untyped_storage().nbytes() > w.nbytes  # a view into an arena
         plain = [o.token_ids for o in eng.generate(prompts, p)]
         sizes = [eng.weights_bytes]
-        eng.set_quantization(8)  # a runtime requantization: the new layers move too
+        eng.set_quantization("int8")  # a runtime requantization: the new layers move too
         eng.step()  # the swap lands between steps
         q = eng.model.layers[0].mlp.gate_up_proj.qweight  # (2 * 1024, 512) int8: 1 MiB
         eight = [o.token_ids for o in eng.generate(prompts, p)]

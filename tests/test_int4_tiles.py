@@ -45,18 +45,18 @@ def test_packing_round_trips_and_keeps_the_shapes():
 def test_which_layers_take_the_tiles_layout(monkeypatch):
     w = torch.randn(64, 128).bfloat16()
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: True)
-    assert QuantLinear(w, None, 4, 32).int4_tiles
-    assert not QuantLinear(w, None, 4, 32, reference=True).int4_tiles  # the reference keeps the readable one
-    assert not QuantLinear(w, None, 4, 32, int4_layout="chunks").int4_tiles
-    assert not QuantLinear(torch.randn(48, 128).bfloat16(), None, 4, 32).int4_tiles  # not whole pairs of tiles
-    assert not QuantLinear(w, None, 8, 32).int4_tiles  # int8 rows have one layout
+    assert QuantLinear(w, None, "int4", 32).int4_tiles
+    assert not QuantLinear(w, None, "int4", 32, reference=True).int4_tiles  # the reference keeps the readable one
+    assert not QuantLinear(w, None, "int4", 32, int4_layout="chunks").int4_tiles
+    assert not QuantLinear(torch.randn(48, 128).bfloat16(), None, "int4", 32).int4_tiles  # not whole pairs of tiles
+    assert not QuantLinear(w, None, "int8", 32).int4_tiles  # int8 rows have one layout
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: False)
-    assert not QuantLinear(w, None, 4, 32).int4_tiles
-    assert QuantLinear(w, None, 4, 32, int4_layout="tiles").int4_tiles  # forced
+    assert not QuantLinear(w, None, "int4", 32).int4_tiles
+    assert QuantLinear(w, None, "int4", 32, int4_layout="tiles").int4_tiles  # forced
     with pytest.raises(ValueError, match="tiles layout takes"):
-        QuantLinear(torch.randn(40, 128).bfloat16(), None, 4, 32, int4_layout="tiles")
+        QuantLinear(torch.randn(40, 128).bfloat16(), None, "int4", 32, int4_layout="tiles")
     with pytest.raises(ValueError, match="int4_layout"):
-        QuantLinear(w, None, 4, 32, int4_layout="rows")
+        QuantLinear(w, None, "int4", 32, int4_layout="rows")
     assert tiles_fit(4096, 4096, 128) and not tiles_fit(4096, 4096, 16) and not tiles_fit(4096, 100, 32)
 
 
@@ -85,8 +85,8 @@ def test_both_products_on_every_tier(kernel, n, k, g):
     bias added before rounding."""
     torch.manual_seed(1)
     w = (torch.randn(n, k) * 0.05).bfloat16()
-    tiles = QuantLinear(w, None, 4, g, int4_layout="tiles")
-    chunks = QuantLinear(w, None, 4, g, int4_layout="chunks")
+    tiles = QuantLinear(w, None, "int4", g, int4_layout="tiles")
+    chunks = QuantLinear(w, None, "int4", g, int4_layout="chunks")
     assert torch.equal(tiles.dequantize(), chunks.dequantize())
     bias = torch.randn(n).bfloat16()
     for m in (1, 2, 3, 4, 5, 9):
@@ -111,7 +111,7 @@ def test_both_products_on_every_tier(kernel, n, k, g):
 
 def test_bad_operands_are_refused(kernel):
     x = torch.randn(2, 128).bfloat16()
-    good = QuantLinear(torch.randn(64, 128).bfloat16(), None, 4, 32, int4_layout="tiles")
+    good = QuantLinear(torch.randn(64, 128).bfloat16(), None, "int4", 32, int4_layout="tiles")
     with pytest.raises(RuntimeError, match="multiple of 16"):  # rows not whole tiles
         kernel.stream_linear_int4_tiles(x, good.codes[:40], good.scale_zero[:40], 32, None)
     with pytest.raises(RuntimeError, match="int4 tiles"):  # K does not match the codes
@@ -133,8 +133,8 @@ def fused_kernel(request):
 def test_the_fused_step_in_either_layout(tiny, fused_kernel, monkeypatch, tiles, q8):  # noqa: F811
     monkeypatch.setattr(schemes, "tiles_by_default", lambda: tiles)
     # the engine's int8_activations as the fused step's: without native bf16 it also rounds the prompt rows
-    engine = _engine(tiny, 4, quant_embeddings=True, int8_activations=q8)
-    layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.bits == 4]
+    engine = _engine(tiny, "int4", quant_embeddings=True, int8_activations=q8)
+    layers = [m for m in engine.model.modules() if isinstance(m, QuantLinear) and m.format.name == "int4"]
     assert layers and all(m.int4_tiles == tiles for m in layers)
     pairs = _compare_every_fused_step(engine, fused_kernel, int8_activations=q8)
     assert pairs

@@ -82,13 +82,13 @@ def test_batched_update_equals_per_row_reference(tiny_llama, adapters):
 def test_quantized_base_with_adapter(tiny_llama, adapters):
     """The update wraps whatever projection is there: int8 base + adapter runs, and a requantization at
     run time keeps the adapter (the wrapper's base is swapped, not the wrapper)."""
-    eng = engine(tiny_llama, dtype="bfloat16", quant_bits=8, max_loras=1)
+    eng = engine(tiny_llama, dtype="bfloat16", quant_format="int8", max_loras=1)
     eng.add_lora("all", adapters["all"])
     p = SamplingParams(max_tokens=6, temperature=0.0)
     with_adapter = eng.generate([PROMPTS[0]], p, lora_names=["all"])[0].token_ids
     base = eng.generate([PROMPTS[0]], p)[0].token_ids
     assert with_adapter != base
-    eng.set_quantization(8)
+    eng.set_quantization("int8")
     assert eng.generate([PROMPTS[0]], p, lora_names=["all"])[0].token_ids == with_adapter
 
 

@@ -104,11 +104,11 @@ def test_engine_packs_counts_and_repacks_after_requantization(tiny_llama):
         assert agree >= 3  # bf16 near-ties may flip later tokens
         assert lp_p[:agree] == pytest.approx(lp_q[:agree], abs=0.05)
     before = packed.memory().weights_bytes
-    packed.set_quantization(8)
+    packed.set_quantization("int8")
     packed.step()  # the swap lands between steps
     assert not any(isinstance(m, Linear) and m.packed is not None and m is not packed.model.lm_head
                    for m in packed.model.modules())
-    packed.set_quantization(16)
+    packed.set_quantization("bf16")
     packed.step()
     assert all(m.packed is not None for m in packed.model.modules() if isinstance(m, Linear))
     assert packed.memory().weights_bytes == before

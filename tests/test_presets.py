@@ -31,7 +31,8 @@ def test_the_talk_lists_every_preset_once_and_all_parse():
 
 
 def test_unbuilt_features_say_so():
-    for name, word in (("quantization", "issue 5"), ("speculative", "issue 4"), ("multi-token", "issue 4"),
+    for name, word in (("quantization", "requantizing"), ("speculative", "speculative decoding"),
+                       ("multi-token", "speculative decoding"),
                        ("multi-lora", "LoRA")):  # capabilities a source may lack
         missing = presets.load_preset(name).unavailable(capabilities=frozenset())
         assert missing and word in " ".join(missing), name

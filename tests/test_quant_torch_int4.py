@@ -18,8 +18,8 @@ def _weight(out_features: int = 192, in_features: int = 256) -> torch.Tensor:
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_the_packed_layer_matches_the_reference_and_keeps_one_layout(group_size):
     w = _weight()
-    packed = QuantLinear(w, None, 4, group_size, int4_layout="torch")
-    ref = QuantLinear(w, None, 4, group_size, reference=True)
+    packed = QuantLinear(w, None, "int4", group_size, int4_layout="torch")
+    ref = QuantLinear(w, None, "int4", group_size, reference=True)
     assert packed.packed is not None and not hasattr(packed, "codes") and not hasattr(packed, "scale_zero")
     assert ref.packed is None and ref.codes is not None  # the reference keeps the readable layout
     for rows in (1, 5, 64):
@@ -33,8 +33,8 @@ def test_the_packed_layer_matches_the_reference_and_keeps_one_layout(group_size)
 def test_outliers_and_bias_ride_along_with_the_packed_matmul():
     w, bias = _weight(), torch.randn(192).to(torch.bfloat16)
     idx = torch.tensor([3, 77])
-    packed = QuantLinear(w, bias, 4, 32, outlier_idx=idx, int4_layout="torch")
-    ref = QuantLinear(w, bias, 4, 32, outlier_idx=idx, reference=True)
+    packed = QuantLinear(w, bias, "int4", 32, outlier_idx=idx, int4_layout="torch")
+    ref = QuantLinear(w, bias, "int4", 32, outlier_idx=idx, reference=True)
     x = torch.randn(3, 256).to(torch.bfloat16)
     torch.testing.assert_close(packed(x).float(), ref(x).float(), atol=3e-2, rtol=2e-2)
 
@@ -46,8 +46,8 @@ def test_where_the_packed_matmul_applies():
     assert not int4_torch.applies(cpu, torch.bfloat16, 192, 200, 8)  # group size and k tiling
     assert [int4_torch.inner_k_tiles(k) for k in (128, 576, 96, 40)] == [8, 4, 2, None]
     # fp16 falls back to the native layout (the dequantize path on a GPU); "auto" on the CPU: native
-    assert QuantLinear(_weight().half(), None, 4, 32, int4_layout="torch").packed is None
-    assert QuantLinear(_weight(), None, 4, 32).packed is None
+    assert QuantLinear(_weight().half(), None, "int4", 32, int4_layout="torch").packed is None
+    assert QuantLinear(_weight(), None, "int4", 32).packed is None
 
 
 def test_a_self_draft_is_4_bit_only_where_a_fast_int4_kernel_runs(monkeypatch, tiny_llama):
@@ -55,16 +55,16 @@ def test_a_self_draft_is_4_bit_only_where_a_fast_int4_kernel_runs(monkeypatch, t
     simulated: only its capability is asked); elsewhere in CUDA the 4-bit layer would dequantize its
     whole weight on every call, slower than the target, so the self-draft takes 8 bits."""
     from engine.loading.loader import load_hf_folder
-    from engine.spec.draft import self_draft_bits
+    from engine.spec.draft import self_draft_format
 
     mc = load_hf_folder(str(tiny_llama), lambda message, fraction: None).config
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert self_draft_bits(cuda, torch.bfloat16, mc, 32) == 4
-    assert self_draft_bits(cuda, torch.float16, mc, 32) == 8
+    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == "int4"
+    assert self_draft_format(cuda, torch.float16, mc, 32) == "int8"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    assert self_draft_bits(cuda, torch.bfloat16, mc, 32) == 8
-    assert self_draft_bits(torch.device("cpu"), torch.bfloat16, mc, 32) == 4  # the native int4 kernel
+    assert self_draft_format(cuda, torch.bfloat16, mc, 32) == "int8"
+    assert self_draft_format(torch.device("cpu"), torch.bfloat16, mc, 32) == "int4"  # the native int4 kernel
 
 
 def test_a_packing_that_disagrees_with_the_rule_is_not_used(monkeypatch):
@@ -73,5 +73,5 @@ def test_a_packing_that_disagrees_with_the_rule_is_not_used(monkeypatch):
     real_pack = int4_torch.pack
     monkeypatch.setattr(int4_torch, "pack", lambda q: real_pack(15 - q))  # codes mirrored: a wrong layout
     with pytest.warns(UserWarning, match="packed int4 matmul not used"):
-        layer = QuantLinear(_weight(), None, 4, 32, int4_layout="torch")
+        layer = QuantLinear(_weight(), None, "int4", 32, int4_layout="torch")
     assert layer.packed is None and layer.codes is not None

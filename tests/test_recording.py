@@ -78,12 +78,12 @@ def test_every_channel_item_kind_round_trips():
     out = RequestOutput("r1", (5,), "hi", (5,), "hi", False, sources=(TokenSource.DECODED,))
     items = [channel.LoadStream("r1", ArrivalKind.BURST, "tail", "pirate"), channel.Message("note"),
              channel.Busy("q", 0.5),
-             channel.Perplexity({16: 9.5, 4: 10.25}), channel.LoraAdapters(({"name": "a", "rank": 8},)),
+             channel.Perplexity({"bf16": 9.5, "int4": 10.25}), channel.LoraAdapters(({"name": "a", "rank": 8},)),
              channel.SideBySide({"r1": None, "r2": "shout"}, "p"), channel.ServerSample(facts),
              channel.ServerStatus("slow", "slow"), channel.ClientSent("r1", 2.0),
              channel.ClientOutput(out, 2.5, 1), channel.ClientFinished(RequestTimeline("r1", 2.0, 7, finished=3.0),
                                                                        (0.1, 0.2)),
-             channel.QuantError(4, {"layers.0.q_proj": 0.01}), channel.Quantized(4, 120),
+             channel.QuantError("int4", {"layers.0.q_proj": 0.01}), channel.Quantized("int4", 120),
              channel.KnobsChanged({"max_num_seqs": 8}, "max batch 4 → 8"), channel.ComputeChanged("a", "b")]
     import json
 

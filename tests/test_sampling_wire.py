@@ -87,12 +87,12 @@ _GUI_WALK = textwrap.dedent("""
     from app.remote.client import sampled_request_body
     from app.server.protocol import CompletionRequest
     from app.talk import presets
-    from app.talk.knob_defaults import engine_knob_defaults, knob_defaults, knob_stops
+    from app.talk.knob_defaults import engine_knob_defaults, knob_defaults
     from engine.sampling_params import SamplingParams
     from widgets.controls import ControlsPanel
 
     preset = presets.load_preset("p.toml")  # a preset sets it
-    assert preset.load.min_p == 0.25
+    assert preset.load.sampling()["min_p"] == 0.25
     gen = LoadGenerator(preset.load, corpus_ids=list(range(1000, 3000)), rng_seed=0)
     gen.start(0.0)
     arrival = gen.due(0.0)[0]  # every generated request samples with it
@@ -100,7 +100,7 @@ _GUI_WALK = textwrap.dedent("""
     _, body = sampled_request_body("m", "Hi", arrival.sampling, chat=False)  # attached: sent to the server
     assert CompletionRequest.model_validate(body).sampling_params().min_p == 0.25
 
-    panel = ControlsPanel(defaults=knob_defaults(), stops=knob_stops())  # its slider, in the Load generator box
+    panel = ControlsPanel(defaults=knob_defaults())  # its slider, in the Load generator box
     assert panel.row("min_p").value() == 0.0
     got = []
     panel.sigLoadChanged.connect(got.append)
@@ -121,24 +121,27 @@ _GUI_WALK = textwrap.dedent("""
     ctl.set_arrival_rate = lambda rate: AppController.set_arrival_rate(ctl, rate)
     ctl._set_rate = lambda rate: AppController._set_rate(ctl, rate)
     AppController.set_load(ctl, got[-1])
-    assert sent[-1].min_p == 0.05 and sent[-1].prompt_tokens == preset.load.prompt_tokens, sent
+    assert sent[-1].sampling()["min_p"] == 0.05 and sent[-1].prompt_tokens == preset.load.prompt_tokens, sent
     print("walked")
 """)
 
 
+MIN_P_ROW = ('    Knob("min_p", _FLOAT, 0.0, low=0, high=1, label="min p", help="throwaway", digits=2,\n'
+             '         stops=tuple(i / 100 for i in range(51)), slider=Box.LOAD, layer=Layer.LOAD,\n'
+             '         uses=frozenset({_P})),\n')
+
+
 def test_a_new_sampling_field_with_its_slider_walks_the_list(tmp_path):
     """The newcomer's list for a sampling field with its GUI control, walked in a copy: SamplingParams'
-    field, LoadConfig's, the preset key and the slider's row. A preset sets it, every generated request
+    field and one load row of the knob table (engine/knobs.py). A preset sets it, every generated request
     carries it (embedded or attached), the Load generator slider shows it and reaches the source's
-    LoadConfig through the controller. (Reshaping the distribution is shape_logits' in sampler.py.)"""
+    LoadConfig through the controller. (Reshaping the distribution is shape_logits' in sampler.py, the
+    third file of the list.)"""
     root = copy_code(tmp_path)
     edit(root / "engine" / "sampling_params.py", "    top_k: int = 0  # 0 means off\n",
          "    min_p: float = 0.0  # throwaway\n")
-    edit(root / "app" / "load" / "generator.py", "    temperature: float = 0.8\n", "    min_p: float = 0.0\n")
-    edit(root / "app" / "talk" / "presets.py", '"temperature": (_number(0.0), 0.8), ', '"min_p": (_number(0.0), 0.0), ')
-    controls = root / "widgets" / "controls.py"
-    edit(controls, 'LOAD_KEYS = ("arrival_rate",', ' "min_p"')
-    edit(controls, '    "arrival_rate": ("arrival rate", [i / 10 for i in range(201)], lambda v: f"{v:.1f} req/s"),\n',
-         '    "min_p": ("min p", [i / 100 for i in range(51)], lambda v: f"{v:.2f}"),\n')
+    knobs = root / "engine" / "knobs.py"
+    edit(knobs, "    # what every generated request samples with\n", MIN_P_ROW)
+    edit(knobs, "    arrival_rate: float\n", "    min_p: float\n")  # its KnobValues key
     (root / "p.toml").write_text('[preset]\ntitle = "T"\ncaption = "C"\n[workload]\nmin_p = 0.25\n')
     assert "walked" in run_script(root, _GUI_WALK)

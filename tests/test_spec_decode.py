@@ -32,8 +32,8 @@ def test_ngram_proposer_continues_the_latest_match():
     assert p.propose([7, 1, 7, 2, 7], 2) == [2, 7]  # the latest occurrence wins
 
 
-@pytest.mark.parametrize("method,extra", [("ngram", {}), ("draft", {"draft_quant_bits": 8}),
-                                          ("draft", {"draft_quant_bits": 16})])
+@pytest.mark.parametrize("method,extra", [("ngram", {}), ("draft", {"draft_quant_format": "int8"}),
+                                          ("draft", {"draft_quant_format": "bf16"})])
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_speculation_equals_plain_decoding(tiny_llama, method, extra, k):
     plain = make(tiny_llama).generate(PROMPTS, GREEDY)
@@ -44,7 +44,7 @@ def test_greedy_speculation_equals_plain_decoding(tiny_llama, method, extra, k):
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     st = eng.stats()
     assert st.num_draft_tokens > 0 and st.num_verify_passes > 0
-    if extra.get("draft_quant_bits") == 16:  # the draft is the target itself: everything is accepted
+    if extra.get("draft_quant_format") == "bf16":  # the draft is the target itself: everything is accepted
         assert st.num_accepted_tokens == st.num_draft_tokens
     assert eng.block_manager.num_used_blocks == 0  # rejected drafts gave their blocks back
     assert any(e.spec and e.spec.num_draft_tokens for e in events)
@@ -52,7 +52,7 @@ def test_greedy_speculation_equals_plain_decoding(tiny_llama, method, extra, k):
 
 
 def test_provenance_marks_accepted_and_bonus(tiny_llama):
-    eng = make(tiny_llama, spec_method="draft", draft_quant_bits=16, num_speculative_tokens=3)
+    eng = make(tiny_llama, spec_method="draft", draft_quant_format="bf16", num_speculative_tokens=3)
     eng.add_request(PROMPTS[2], GREEDY)
     sources = []
     while eng.has_unfinished():

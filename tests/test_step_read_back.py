@@ -21,7 +21,7 @@ def test_sampling_and_every_verify_of_a_step_share_one_read_back(tiny_llama, mon
     greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=16, temperature=0.9, seed=1, ignore_eos=True, logprobs=2)
     want = [list(o.token_ids) for o in LLMEngine(EngineConfig(**kw)).generate(PROMPTS, greedy)]
-    eng = LLMEngine(EngineConfig(**kw, spec_method="draft", draft_quant_bits=8,
+    eng = LLMEngine(EngineConfig(**kw, spec_method="draft", draft_quant_format="int8",
                                  num_speculative_tokens=3))  # a draft every step for every request
     copies: list[int] = []
     kinds: list[set[bool]] = []  # per step: the greedy flags of the requests it verified

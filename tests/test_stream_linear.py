@@ -126,8 +126,8 @@ def test_compiled_regions_call_the_kernels_without_a_graph_break():
         pytest.skip("no C++ toolchain")
     lin = bf16_linear(128, 128)
     torch.manual_seed(0)
-    q4 = QuantLinear(torch.randn(32, 128).bfloat16(), None, 4, 32)
-    q8 = QuantLinear(torch.randn(16, 32).bfloat16(), None, 8, 32)
+    q4 = QuantLinear(torch.randn(32, 128).bfloat16(), None, "int4", 32)
+    q8 = QuantLinear(torch.randn(16, 32).bfloat16(), None, "int8", 32)
     set_stream_kernel(torch.nn.ModuleList([lin, q4, q8]), mod)
 
     def region(x):
@@ -140,18 +140,18 @@ def test_compiled_regions_call_the_kernels_without_a_graph_break():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bits", [16, 8, 4])
-def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_llama_hd64, bits):
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_engine_with_the_kernel_decodes_the_same_tokens_and_keeps_one_copy(tiny_llama_hd64, fmt):
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.runner.memory import weights_bytes
 
     def make(stream):
         return LLMEngine(EngineConfig(model=str(tiny_llama_hd64), dtype="bfloat16", num_kv_blocks=64,
-                                      quant_bits=bits, stream_linear=stream, quant_reference=not stream))
+                                      quant_format=fmt, stream_linear=stream, quant_reference=not stream))
 
     fast, ref = make(True), make(False)
     assert fast.model.lm_head.stream is not None and ref.model.lm_head.stream is None
-    if bits == 16:  # the same bf16 products, rounded once each: the same greedy tokens
+    if fmt == "bf16":  # the same bf16 products, rounded once each: the same greedy tokens
         p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         prompts = ["Hello world", "The quick brown fox"]
         assert [o.token_ids for o in fast.generate(prompts, p)] == [o.token_ids for o in ref.generate(prompts, p)]

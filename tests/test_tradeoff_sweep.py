@@ -26,7 +26,9 @@ def sweep_result(tiny_llama):
     while live.has_unfinished():
         live.step()
     before = len(seen)
-    spec = SweepSpec(batches=(1, 2), bits=(16, 8), drafts=(0, 2), warmup_s=0.05, measure_s=0.3,
+    # bf16 and fp8-e4m3: a format named, not a bit count (fp8 shares int8's), carried through the sweep
+    spec = SweepSpec(max_num_seqs=(1, 2), quant_format=("bf16", "fp8-e4m3"), num_speculative_tokens=(0, 2),
+                     warmup_s=0.05, measure_s=0.3,
                      memory_budget_bytes=32 * 2**20, workload=Workload(prompt_tokens=(8, 24), output_tokens=(4, 8)))
     result = run_sweep(load_model(str(tiny_llama)), live.config, spec, ROOFS)
     return result, seen, before
@@ -43,16 +45,17 @@ def test_points_are_measured_and_carry_every_field(sweep_result):
     json.dumps(result)  # plain JSON
     for p in result["points"]:
         assert p["predicted"] is False
-        for key in ("batch", "bits", "draft", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
+        for key in ("max_num_seqs", "quant_format", "num_speculative_tokens", "tokens_per_s_user", "tokens_per_s_total",
+                    "usd_per_mtok",
                     "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
                     "p99_tpot_ms", "weights_bytes", "kv_blocks"):
             assert key in p
         assert p["tokens_per_s_total"] > 0 and p["tokens_per_s_user"] > 0
-    eight = [p for p in result["points"] if p["bits"] == 8]
-    sixteen = [p for p in result["points"] if p["bits"] == 16]
+    eight = [p for p in result["points"] if p["quant_format"] == "fp8-e4m3"]
+    sixteen = [p for p in result["points"] if p["quant_format"] == "bf16"]
     assert all(p["kl"] == 0.0 and p["agreement"] == 1.0 for p in sixteen)
     assert all(p["kl"] > 0 and p["agreement"] <= 1.0 for p in eight)
-    assert len({p["kl"] for p in eight}) == 1  # measured once per bits setting, reused
+    assert len({p["kl"] for p in eight}) == 1  # measured once per format, reused
     assert eight[0]["weights_bytes"] < sixteen[0]["weights_bytes"]
 
 
@@ -62,7 +65,8 @@ def test_predicted_points_are_kept_apart(sweep_result):
     assert all(p["predicted"] is True for p in result["predicted"])
     assert not any(p.get("predicted") for p in result["points"])
     assert {p["device"] for p in result["predicted"]} == {"A100", "H100", "H200"}
-    measured_keys = [{k: p[k] for k in ("batch", "bits", "draft")} for p in result["points"]]
+    measured_keys = [{k: p[k] for k in ("max_num_seqs", "quant_format", "num_speculative_tokens")}
+                     for p in result["points"]]
     assert all(f in measured_keys for f in result["frontier"])  # the frontier holds measured points only
     assert result["roofline"]["how"] == "synthetic (test)"
 

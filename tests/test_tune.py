@@ -56,8 +56,9 @@ def test_inferlab_serve_argv_quantizes_the_same_weights_and_drafts_by_ngram_with
     model = ServedModel(by_bits={16: "smollm2-135m"}, name="smollm2-135m")
     argv = table.argv("/bin/inferlab", model, ServerPoint(batch=8, bits=4, kv_dtype="int8", draft=4,
                                                           chunked_prefill=False), 9001, threads=2)
-    assert argv == ["/bin/inferlab", "serve", "--model", "smollm2-135m", "--max-num-seqs", "8", "--quant-bits", "4",
-                    "--kv-cache-dtype", "int8", "--spec-method", "ngram", "--num-draft-tokens", "4",
+    assert argv == ["/bin/inferlab", "serve", "--model", "smollm2-135m", "--max-num-seqs", "8",
+                    "--quant-format", "int4", "--kv-cache-dtype", "int8", "--spec-method", "ngram",
+                    "--num-draft-tokens", "4",
                     "--no-chunked-prefill", "--host", "127.0.0.1", "--port", "9001", "--log-level", "warning",
                     "--threads", "2"]
     drafted = ServedModel(by_bits={16: "m"}, draft="d", name="m")

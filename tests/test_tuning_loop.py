@@ -22,22 +22,24 @@ def serve_config(*flags: str):
 
 
 def test_serve_takes_every_knob_the_sweep_varies():
-    cfg = serve_config("--quant-bits", "4", "--quant-group-size", "64", "--kv-cache-dtype", "int8",
+    cfg = serve_config("--quant-format", "int4", "--quant-group-size", "64", "--kv-cache-dtype", "int8",
                        "--spec-method", "ngram", "--num-draft-tokens", "3", "--max-num-seqs", "8")
-    assert (cfg.quant_bits, cfg.quant_group_size, cfg.kv_cache_dtype) == (4, 64, "int8")
+    assert (cfg.quant_format, cfg.quant_group_size, cfg.kv_cache_dtype) == ("int4", 64, "int8")
+    assert serve_config("--quant", "fp8-e4m3").quant_format == "fp8-e4m3"  # a format that shares int8's width
     assert (cfg.spec_method, cfg.num_speculative_tokens, cfg.max_num_seqs) == ("ngram", 3, 8)
     plain = serve_config()
-    assert (plain.quant_bits, plain.kv_cache_dtype, plain.spec_method, plain.num_speculative_tokens) == (
-        16, "auto", None, 0)
+    assert (plain.quant_format, plain.kv_cache_dtype, plain.spec_method, plain.num_speculative_tokens) == (
+        "bf16", "auto", None, 0)
     assert serve_config("--spec-method", "ngram").num_speculative_tokens == 4  # the documented default
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--num-draft-tokens", "4"], "--num-draft-tokens needs --spec-method"),
-    (["--spec-method", "ngram", "--num-draft-tokens", "9"], "--num-draft-tokens must be 1-8"),
+    (["--spec-method", "ngram", "--num-draft-tokens", "9"], "--num-draft-tokens: expected an integer in [0, 8]"),
     (["--spec-method", "ngram", "--num-draft-tokens", "0"], "--num-draft-tokens must be 1-8"),
     (["--spec-method", "draft"], "--spec-method draft needs --draft-model"),
-    (["--quant-group-size", "64"], "--quant-group-size needs --quant-bits 8 or 4"),
+    (["--quant-group-size", "64"], "--quant-group-size needs --quant-format int4 (bf16 has no groups)"),
+    (["--quant-format", "fp8-e4m3", "--quant-group-size", "64"], "--quant-group-size needs --quant-format int4"),
     (["--draft-model", "x"], "--draft-model needs --spec-method draft"),
 ])
 def test_bad_knob_flags_are_one_error_line(capsys, flags, says):
@@ -48,43 +50,46 @@ def test_bad_knob_flags_are_one_error_line(capsys, flags, says):
 
 def test_out_of_range_values_are_refused_by_argparse(capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--quant-bits", "3"])
-    assert "--quant-bits" in capsys.readouterr().err
+        build_parser().parse_args(["serve", "--quant-format", "8"])  # a bit count names no format
+    assert "--quant-format" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("config", [
-    {"max_num_seqs": 32, "quant_bits": 4, "quant_group_size": 64, "num_speculative_tokens": 4},
-    {"max_num_seqs": 1, "quant_bits": 16, "num_speculative_tokens": 0},
-    {"max_num_seqs": 8, "quant_bits": 8, "quant_group_size": 64, "num_speculative_tokens": 0,
-     "kv_cache_dtype": "int8"},
+    {"max_num_seqs": 32, "quant_format": "int4", "quant_group_size": 64, "num_speculative_tokens": 4},
+    {"max_num_seqs": 1, "quant_format": "bf16", "num_speculative_tokens": 0},
+    {"max_num_seqs": 8, "quant_format": "int8", "num_speculative_tokens": 0, "kv_cache_dtype": "int8"},
+    {"max_num_seqs": 8, "quant_format": "fp8-e4m3", "num_speculative_tokens": 2},
 ])
 def test_a_points_command_deploys_that_point(config):
     line = serve_command(config, "smollm2-135m")
     argv = shlex.split(line)
     assert argv[:2] == ["inferlab", "serve"]
     cfg = engine_config(build_parser().parse_args(argv[1:]))
-    assert (cfg.model, cfg.max_num_seqs, cfg.quant_bits) == ("smollm2-135m", config["max_num_seqs"],
-                                                             config["quant_bits"])
+    assert (cfg.model, cfg.max_num_seqs, cfg.quant_format) == ("smollm2-135m", config["max_num_seqs"],
+                                                               config["quant_format"])
     assert cfg.num_speculative_tokens == config["num_speculative_tokens"]
     assert cfg.spec_method == ("ngram" if config["num_speculative_tokens"] else None)
     assert cfg.quant_group_size == config.get("quant_group_size", 32)
     assert cfg.kv_cache_dtype == config.get("kv_cache_dtype", "auto")
 
 
-SWEEP = [{"bits": 16, "group_size": None, "perplexity": 10.0},
-         {"bits": 8, "group_size": 64, "perplexity": 10.1},
-         {"bits": 4, "group_size": 64, "perplexity": 11.0},
-         {"bits": 4, "group_size": 64, "perplexity": 11.0}]
+SWEEP = [{"quant_format": "bf16", "quant_group_size": None, "perplexity": 10.0},
+         {"quant_format": "int8", "quant_group_size": None, "perplexity": 10.1},
+         {"quant_format": "fp8-e4m3", "quant_group_size": None, "perplexity": 10.3},
+         {"quant_format": "int4", "quant_group_size": 64, "perplexity": 11.0},
+         {"quant_format": "int4", "quant_group_size": 64, "perplexity": 11.0}]
 
 
 def test_an_applied_point_reuses_the_sweeps_perplexity():
-    point = {"quant_bits": 4, "quant_group_size": 64, "max_num_seqs": 8, "num_speculative_tokens": 0}
-    assert reusable_perplexity(SWEEP, point, live_bits=16) == {16: 10.0, 4: 11.0}
-    # live weights already at 4 bits: not requantized, their group size may differ: only 16 carries over
-    assert reusable_perplexity(SWEEP, point, live_bits=4) == {16: 10.0}
+    point = {"quant_format": "int4", "quant_group_size": 64, "max_num_seqs": 8, "num_speculative_tokens": 0}
+    assert reusable_perplexity(SWEEP, point, live_format="bf16") == {"bf16": 10.0, "int4": 11.0}
+    # live weights already int4: not requantized, their group size may differ: only bf16 carries over
+    assert reusable_perplexity(SWEEP, point, live_format="int4") == {"bf16": 10.0}
     # a different group size than the sweep measured: not the same weights
-    assert reusable_perplexity(SWEEP, {**point, "quant_group_size": 32}, live_bits=16) == {16: 10.0}
-    assert reusable_perplexity([{"bits": 16, "perplexity": None}], point, live_bits=16) == {}
+    assert reusable_perplexity(SWEEP, {**point, "quant_group_size": 32}, live_format="bf16") == {"bf16": 10.0}
+    assert reusable_perplexity([{"quant_format": "bf16", "perplexity": None}], point, live_format="bf16") == {}
+    fp8 = {"quant_format": "fp8-e4m3", "max_num_seqs": 8, "num_speculative_tokens": 0}  # same width as int8
+    assert reusable_perplexity(SWEEP, fp8, live_format="bf16") == {"bf16": 10.0, "fp8-e4m3": 10.3}
 
 
 class FakeEngine:
@@ -149,15 +154,15 @@ def test_applying_a_point_hands_the_sweeps_perplexity_over_before_requantizing()
 
     calls: list = []
     tradeoff = Recorder(calls, "tradeoff", sweep_points=lambda: SWEEP)
-    state = SimpleNamespace(capabilities=Capabilities(quantization=True), config={"quant_bits": 16})
+    state = SimpleNamespace(capabilities=Capabilities(quantization=True), config={"quant_format": "bf16"})
     controller = Recorder(calls, "controller", engine_ready=True, state=state, host=Recorder(calls, "host"),
                           window=Recorder(calls, "window"),
                           panels=SimpleNamespace(tradeoff=tradeoff, controls=Recorder(calls, "controls")))
-    point = {"max_num_seqs": 8, "quant_bits": 4, "quant_group_size": 64, "num_speculative_tokens": 0}
+    point = {"max_num_seqs": 8, "quant_format": "int4", "quant_group_size": 64, "num_speculative_tokens": 0}
     apply_config(controller, point)
     verbs = [c[0] for c in calls]
     assert verbs.index("host.adopt_perplexity") < verbs.index("controller._on_config_changed")
-    assert ("host.adopt_perplexity", {16: 10.0, 4: 11.0}) in calls
+    assert ("host.adopt_perplexity", {"bf16": 10.0, "int4": 11.0}) in calls
     assert ("controller._on_config_changed", point) in calls
 
 
@@ -174,7 +179,8 @@ def test_run_sweep_in_the_app_never_aborts_the_load_generators_requests(qapp, ti
     try:
         latency = w.panels.latency
         w.host.burst(4)  # in the engine's hands when the sweep's command arrives (one queue, in order)
-        w.controller.run_sweep(SweepSpec(batches=(1,), bits=(16,), drafts=(0,), warmup_s=0.05, measure_s=0.2,
+        w.controller.run_sweep(SweepSpec(max_num_seqs=(1,), quant_format=("bf16",), num_speculative_tokens=(0,),
+                                         warmup_s=0.05, measure_s=0.2,
                                          memory_budget_bytes=32 * 2**20,
                                          workload=Workload(prompt_tokens=(8, 16), output_tokens=(4, 8))))
         wait_until(qapp, lambda: not w.controller.sweeping, 120)
@@ -195,8 +201,8 @@ def test_copy_as_command_puts_the_points_serve_line_on_the_clipboard(qapp):
     calls: list = []
     controller = Recorder(calls, "controller", window=Recorder(calls, "window"),
                           host=Recorder(calls, "host", info=SimpleNamespace(model="smollm2-135m")))
-    line = copy_command(controller, {"max_num_seqs": 8, "quant_bits": 4, "quant_group_size": 64,
+    line = copy_command(controller, {"max_num_seqs": 8, "quant_format": "int4", "quant_group_size": 64,
                                      "num_speculative_tokens": 4})
-    assert line == ("inferlab serve --model smollm2-135m --max-num-seqs 8 --quant-bits 4 --quant-group-size 64 "
-                    "--spec-method ngram --num-draft-tokens 4")
+    assert line == ("inferlab serve --model smollm2-135m --max-num-seqs 8 --num-draft-tokens 4 --spec-method ngram "
+                    "--quant-format int4 --quant-group-size 64")
     assert QGuiApplication.clipboard().text() == line and ("window.show_message", "copied: " + line) in calls

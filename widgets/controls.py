@@ -1,14 +1,17 @@
 """ControlsPanel: the knobs. Emits what the user asked for; the app decides what happens.
 
+Every slider is a row of the knob table (engine/knobs.py: label, help, unit, stops, the box it sits in): the
+panel draws the table's Engine, Load generator and Latency budget rows in table order, each value shown by
+its row (`Knob.text`). A new knob with a `slider` is a new slider here, with no line of this file changed.
 Slider drags are debounced (DEBOUNCE_MS after the last move) so a drag across 200 positions becomes
 one reconfigure, not 200. `set_values` loads a preset silently and cancels pending emissions.
-The starting values and the engine knobs' stops are data from the app (`defaults`, `stops`: the engine's
-knob table and the like, app/talk/knob_defaults.py); the panel does not know them itself. `reset()` goes
-back to the defaults.
+The starting values are data from the app (`defaults`: app/talk/knob_defaults.py; else each row's default or
+first stop). `reset()` goes back to the defaults.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
@@ -23,33 +26,26 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.knobs import Box, Knob, KnobValues, slider_knobs
 from widgets.slider_row import SliderRow
 
 DEBOUNCE_MS = 300
-CONFIG_KEYS = ("max_num_seqs", "quant_bits", "kv_cache_bits", "num_speculative_tokens", "max_num_batched_tokens")
-# the Load generator box's sliders, each a LoadConfig field by name (app/load/generator.py): the app puts every
-# value sigLoadChanged carries into the load generator's config, so a slider for what each generated request
-# samples with (a SamplingParams field LoadConfig has) is a row in _STOPS and its name here
-LOAD_KEYS = ("arrival_rate",)
-TOKEN_BUDGETS = (*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 4097, 256))
-_STOPS = {  # key -> (title, slider stops unless given, format); a row starts on its first stop unless given a default
-    "max_num_seqs": ("max batch size", range(1, 257), str),
-    "quant_bits": ("weight bits", (16, 8, 4), lambda v: f"{v}-bit"),
-    "kv_cache_bits": ("KV cache bits", (16, 8), lambda v: "16-bit" if v == 16 else "int8 + row scales"),
-    "num_speculative_tokens": ("draft length", range(0, 9), lambda v: "off" if v == 0 else f"{v} tokens"),
-    "max_num_batched_tokens": ("token budget / chunk", TOKEN_BUDGETS, lambda v: f"{v} tok"),
-    "arrival_rate": ("arrival rate", [i / 10 for i in range(201)], lambda v: f"{v:.1f} req/s"),
-    "ttft_budget_s": ("TTFT budget", [i / 1000 for i in range(50, 5001, 50)], lambda v: f"{v * 1e3:.0f} ms"),
-    "tpot_budget_s": ("TPOT budget", [i / 1000 for i in range(5, 501, 5)], lambda v: f"{v * 1e3:.0f} ms"),
-}
+# the sliders of each box, in the table's order; the Load generator's are LoadConfig fields or what each
+# generated request samples with (app/load/generator.py), the app hands every value sigLoadChanged carries
+# to the load generator's config
+CONFIG_KEYS = tuple(k.name for k in slider_knobs(Box.ENGINE))
+LOAD_KEYS = tuple(k.name for k in slider_knobs(Box.LOAD))
+BUDGET_KEYS = tuple(k.name for k in slider_knobs(Box.BUDGET))  # (TTFT ms, TPOT ms)
 
 
-def _rows(defaults: Mapping, given_stops: Mapping) -> dict[str, SliderRow]:
-    rows = {}
-    for key, (title, stops, fmt) in _STOPS.items():
-        stops = tuple(given_stops.get(key, stops))
-        rows[key] = SliderRow(title, stops, defaults.get(key, stops[0]), fmt)
-    return rows
+def _start(row: Knob, defaults: Mapping[str, Any]) -> Any:
+    value = defaults.get(row.name, row.default)
+    return row.stops[0] if value is None else value
+
+
+def _rows(defaults: Mapping[str, Any]) -> dict[str, SliderRow]:
+    return {row.name: SliderRow(row.label, row.stops, _start(row, defaults), row.text, help_text=row.help)
+            for box in Box for row in slider_knobs(box)}
 
 
 def _debouncer(parent: QWidget, slot) -> QTimer:
@@ -61,28 +57,26 @@ def _debouncer(parent: QWidget, slot) -> QTimer:
 
 
 class ControlsPanel(QWidget):
-    sigConfigChanged = Signal(dict)  # the CONFIG_KEYS
-    sigLoadChanged = Signal(dict)  # the LOAD_KEYS: {"arrival_rate": req/s, ...}
-    sigBudgetChanged = Signal(float, float)  # (ttft_s, tpot_s)
+    sigConfigChanged = Signal(dict)  # KnobValues of the CONFIG_KEYS
+    sigLoadChanged = Signal(dict)  # KnobValues of the LOAD_KEYS: {"arrival_rate": req/s, ...}
+    sigBudgetChanged = Signal(float, float)  # (TTFT ms, TPOT ms): the BUDGET_KEYS
     sigServeBudget = Signal(bool)  # the scheduler serves toward the budget (on) or ignores it (off)
     sigStartLoad = Signal()
     sigStopLoad = Signal()
     sigBurst = Signal(int)  # number of long prompts
     sigReset = Signal()
 
-    def __init__(self, parent: QWidget | None = None, defaults: Mapping | None = None,
-                 stops: Mapping | None = None) -> None:
-        """defaults: the values to start from and reset to (CONFIG_KEYS, LOAD_KEYS, "burst_size",
-        "ttft_budget_s", "tpot_budget_s"); a missing one starts on its slider's first stop. stops: a key's
-        slider stops, where the app's knob table gives them (else the panel's own)."""
+    def __init__(self, parent: QWidget | None = None, defaults: Mapping[str, Any] | None = None) -> None:
+        """defaults: the values to start from and reset to (the sliders' knobs by name, "burst_size"); a
+        missing one starts at its row's default (or first stop)."""
         super().__init__(parent)
         self._defaults = dict(defaults or {})
-        self._rows = _rows(self._defaults, stops or {})
+        self._rows = _rows(self._defaults)
         self._config_timer = _debouncer(self, self._on_config_timeout)
         self._load_timer = _debouncer(self, self._on_load_timeout)
         self._budget_timer = _debouncer(self, self._on_budget_timeout)
         timers = {**dict.fromkeys(CONFIG_KEYS, self._config_timer), **dict.fromkeys(LOAD_KEYS, self._load_timer),
-                  "ttft_budget_s": self._budget_timer, "tpot_budget_s": self._budget_timer}
+                  **dict.fromkeys(BUDGET_KEYS, self._budget_timer)}
         for key, timer in timers.items():
             # (re)start: the signal fires once, DEBOUNCE_MS after the last move
             self._rows[key].sigValueChanged.connect(lambda _value, t=timer: t.start())
@@ -105,44 +99,45 @@ class ControlsPanel(QWidget):
         self._reset_button = QPushButton("Reset")
         self._reset_button.clicked.connect(self.sigReset)
         self._busy_label = QLabel()
+        # its own line, wrapped: one line of a long text ("measuring perplexity of ... weights") beside the reset
+        # button widened the panel past its dock and hid the sliders' values behind a horizontal scroll bar
+        self._busy_label.setWordWrap(True)
         self._busy_bar = QProgressBar()
         self._busy_bar.setMaximumWidth(220)
         self._feature_why: dict[str, str] = {}
         self._build_layout()
         self.reset()
 
+    def _box(self, box: Box) -> tuple[QGroupBox, QVBoxLayout]:
+        group = QGroupBox(box.value)
+        rows = QVBoxLayout(group)
+        for row in slider_knobs(box):
+            rows.addWidget(self._rows[row.name])
+        return group, rows
+
     def _build_layout(self) -> None:
-        engine = QGroupBox("Engine")
-        el = QVBoxLayout(engine)
-        for key in CONFIG_KEYS:
-            el.addWidget(self._rows[key])
-        load = QGroupBox("Load generator")
-        ll = QVBoxLayout(load)
-        for key in LOAD_KEYS:
-            ll.addWidget(self._rows[key])
+        engine, _ = self._box(Box.ENGINE)
+        load, ll = self._box(Box.LOAD)
         buttons = QHBoxLayout()
         for w in (self._load_button, self._burst_button, self._burst_size):
             buttons.addWidget(w)
         ll.addLayout(buttons)
-        budget = QGroupBox("Latency budget")
-        bl = QVBoxLayout(budget)
-        bl.addWidget(self._rows["ttft_budget_s"])
-        bl.addWidget(self._rows["tpot_budget_s"])
+        budget, bl = self._box(Box.BUDGET)
         bl.addWidget(self._serve_budget)
         bottom = QHBoxLayout()
         bottom.addWidget(self._reset_button)
         bottom.addStretch(1)
-        bottom.addWidget(self._busy_label)
         bottom.addWidget(self._busy_bar)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         for box in (engine, load, budget):
             layout.addWidget(box)
         layout.addLayout(bottom)
+        layout.addWidget(self._busy_label)
         layout.addStretch(1)
 
     # --- setters ------------------------------------------------------------------------------
-    def set_values(self, values: dict) -> None:
+    def set_values(self, values: Mapping[str, Any]) -> None:
         """Show a preset's values without emitting anything (unknown keys are ignored)."""
         for key, value in values.items():
             if key in self._rows:
@@ -176,8 +171,8 @@ class ControlsPanel(QWidget):
             self._busy_bar.setValue(round(1000 * min(1.0, max(0.0, fraction))))
 
     def set_feature_available(self, name: str, available: bool, why: str = "") -> None:
-        """Grey out one control with the reason as its tooltip: a CONFIG_KEYS or LOAD_KEYS name,
-        "ttft_budget_s", "tpot_budget_s", "serve_budget", "load", "burst" or "reset"."""
+        """Grey out one control with the reason as its tooltip: a slider's knob name (CONFIG_KEYS, LOAD_KEYS,
+        BUDGET_KEYS), "serve_budget", "load", "burst" or "reset"."""
         buttons = {"load": (self._load_button,), "burst": (self._burst_button, self._burst_size),
                    "reset": (self._reset_button,), "serve_budget": (self._serve_budget,)}
         if name in self._rows:
@@ -201,8 +196,8 @@ class ControlsPanel(QWidget):
     def row(self, name: str) -> SliderRow:
         return self._rows[name]
 
-    def config_values(self) -> dict:
-        return {key: self._rows[key].value() for key in CONFIG_KEYS}
+    def config_values(self) -> KnobValues:
+        return KnobValues({key: self._rows[key].value() for key in CONFIG_KEYS})  # type: ignore[misc]
 
     def snapshot_data(self) -> dict:
         return {"values": {**{k: r.value() for k, r in self._rows.items()},
@@ -217,10 +212,11 @@ class ControlsPanel(QWidget):
         self.sigConfigChanged.emit(self.config_values())
 
     def _on_load_timeout(self) -> None:
-        self.sigLoadChanged.emit({key: self._rows[key].value() for key in LOAD_KEYS})
+        self.sigLoadChanged.emit(KnobValues({key: self._rows[key].value() for key in LOAD_KEYS}))  # type: ignore[misc]
 
     def _on_budget_timeout(self) -> None:
-        self.sigBudgetChanged.emit(self._rows["ttft_budget_s"].value(), self._rows["tpot_budget_s"].value())
+        ttft, tpot = (float(self._rows[key].value()) for key in BUDGET_KEYS)
+        self.sigBudgetChanged.emit(ttft, tpot)
 
     def _on_load_clicked(self, checked: bool) -> None:
         self._load_button.setText("Stop load" if checked else "Start load")

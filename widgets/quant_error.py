@@ -2,7 +2,7 @@
 
 The numbers are the engine's: LLMEngine.set_quantization returns {module name: ||W - Ŵ|| / ||W||},
 the app hands that report to `set_report`; nothing here is estimated. The grid itself (layers x
-projections, embedding and head rows, colour bar, tooltips) is widgets/quant_heatmap.py. At 16 bits
+projections, embedding and head rows, colour bar, tooltips) is widgets/quant_heatmap.py. With bf16 weights
 the report is empty and the panel says that nothing is quantized.
 """
 from __future__ import annotations
@@ -10,16 +10,17 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from engine.quant_formats import DENSE
 from widgets.panel_base import Panel
 from widgets.quant_heatmap import HeatmapView, grid_of, pct
 
-OFF_TEXT = "16-bit weights: nothing is quantized.\nDrag 'weight bits' to 8 or 4 to see each layer's error."
+OFF_TEXT = "bf16 weights: nothing is quantized.\nDrag 'weights' to a quantized format to see each layer's error."
 
 
 class QuantErrorPanel(Panel):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._bits: int | None = None
+        self._format: str | None = None  # the weights' format (engine/quant_formats.py)
         self._errors: dict[str, float] = {}
         self._title = QLabel()
         self._title.setTextFormat(Qt.TextFormat.RichText)
@@ -32,23 +33,24 @@ class QuantErrorPanel(Panel):
         self.reset()
 
     # --- setters ------------------------------------------------------------------------------
-    def set_report(self, bits: int, errors: dict[str, float]) -> None:
-        """The engine's report after a requantization: {module name: relative weight error}."""
-        self._bits = int(bits)
+    def set_report(self, fmt: str, errors: dict[str, float]) -> None:
+        """The engine's report after a requantization to `fmt`: {module name: relative weight error}."""
+        self._format = str(fmt)
         self._errors = {str(k): float(v) for k, v in errors.items()}
         self._mark_dirty()
 
     def reset(self) -> None:
-        self._bits = None
+        self._format = None
         self._errors = {}
         self._mark_dirty()
         self.flush()
 
     def snapshot_data(self) -> dict:
         errors = self._errors
-        worst = max(errors, key=errors.get) if errors else None
+        worst = max(errors, key=lambda name: errors[name]) if errors else None
         grid = grid_of(errors)
-        return {"bits": self._bits, "off": not errors, "num_cells": len(errors), "num_layers": len(grid.layers),
+        return {"quant_format": self._format, "off": not errors, "num_cells": len(errors),
+                "num_layers": len(grid.layers),
                 "columns": [k.removesuffix("_proj") for k in grid.columns], "extra_rows": grid.top + grid.bottom,
                 "mean_error": sum(errors.values()) / len(errors) if errors else None,
                 "max_error": errors[worst] if worst else None, "worst": worst, "overlay": self.overlay_text()}
@@ -57,9 +59,9 @@ class QuantErrorPanel(Panel):
     def _off_text(self) -> str:
         if self._errors:
             return ""
-        if self._bits in (None, 16):
+        if self._format in (None, DENSE):
             return OFF_TEXT
-        return f"{self._bits}-bit weights: the engine reported no per-layer errors."
+        return f"{self._format} weights: the engine reported no per-layer errors."
 
     def _repaint(self) -> None:
         self._update_overlay()
@@ -69,6 +71,6 @@ class QuantErrorPanel(Panel):
     def _title_text(self) -> str:
         s = self.snapshot_data()
         if not self._errors:
-            return "<b>Quantization error</b>: " + ("16-bit weights" if self._bits in (None, 16) else "no report")
-        return (f"<b>{self._bits}-bit weights</b>: relative weight error ‖W−Ŵ‖/‖W‖ per layer · mean "
+            return "<b>Quantization error</b>: " + ("bf16 weights" if self._format in (None, DENSE) else "no report")
+        return (f"<b>{self._format} weights</b>: relative weight error ‖W−Ŵ‖/‖W‖ per layer · mean "
                 f"<b>{pct(s['mean_error'])}</b> · worst <b>{s['worst']}</b> {pct(s['max_error'])}")

@@ -1,7 +1,9 @@
-"""SliderRow: a labelled QSlider over an explicit list of values, with the current value shown."""
+"""SliderRow: a labelled QSlider over an explicit list of values (numbers, or names such as weight formats),
+with the current value shown."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
@@ -10,11 +12,13 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
 class SliderRow(QWidget):
     sigValueChanged = Signal(object)  # the mapped value (not the slider position)
 
-    def __init__(self, title: str, values: Sequence[float], default: float,
-                 fmt: Callable[[float], str] = str, parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, values: Sequence[Any], default: Any,
+                 fmt: Callable[[Any], str] = str, parent: QWidget | None = None, help_text: str = "") -> None:
         super().__init__(parent)
         self._values = tuple(values)
         self._fmt = fmt
+        self._help = help_text  # the tooltip while it works (the knob's help)
+        self.setToolTip(help_text)
         self._title = QLabel(title)
         self._title.setMinimumWidth(150)
         self._slider = QSlider(Qt.Orientation.Horizontal)
@@ -35,18 +39,24 @@ class SliderRow(QWidget):
     def slider(self) -> QSlider:
         return self._slider
 
-    def values(self) -> tuple[float, ...]:
+    def values(self) -> tuple[Any, ...]:
         return self._values
 
-    def value(self) -> float:
+    def value(self) -> Any:
         return self._values[self._slider.value()]
 
     def value_text(self) -> str:
         return self._value.text()
 
-    def set_value(self, value: float) -> None:
-        """Move to the nearest available value without emitting sigValueChanged."""
-        index = min(range(len(self._values)), key=lambda i: abs(self._values[i] - value))
+    def set_value(self, value: Any) -> None:
+        """Move to the nearest available value (a name: that name; one not among the values: stay) without
+        emitting sigValueChanged."""
+        if all(isinstance(v, (int, float)) for v in self._values) and isinstance(value, (int, float)):
+            index = min(range(len(self._values)), key=lambda i: abs(self._values[i] - value))
+        elif value in self._values:
+            index = self._values.index(value)
+        else:
+            return
         blocked = self._slider.blockSignals(True)
         self._slider.setValue(index)
         self._slider.blockSignals(blocked)
@@ -54,7 +64,7 @@ class SliderRow(QWidget):
 
     def set_available(self, available: bool, why: str = "") -> None:
         self.setEnabled(available)
-        self.setToolTip(why)  # available: how it works (e.g. "by restart"); not: why not
+        self.setToolTip(why or self._help)  # available: how it works (e.g. "by restart"); not: why not
         self._value.setText(self._fmt(self.value()) if available else "n/a")
 
     def _on_slider(self, index: int) -> None:

@@ -5,7 +5,7 @@ top-1 agreement with the 16-bit model (measured; grey when not measured). Measur
 predicted points (a cost model's, for other models and devices) are hollow and say "predicted".
 Hovering shows a point's configuration; clicking a measured point emits sigApply(config), right-clicking
 it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Frontier points and one point
-per predicted group get a full label, every other measured point a short one (batch, bits, drafts), placed
+per predicted group get a full label, every other measured point a short one (batch, weight format, drafts), placed
 so that no two overlap (where none fits, hover names it). A point measured several times shows the least
 and the most of its runs as bars.
 """
@@ -34,6 +34,7 @@ from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PR
     cost_per_million_tokens,
     free_spot,
     gap_text,
+    point_batch,
     predicted_label,
     quality_color,
     server_label,
@@ -76,7 +77,8 @@ class TradeoffPanel(Panel):
         self._price.setValue(DEFAULT_PRICE_PER_HOUR)
         self._price.valueChanged.connect(self._on_price_changed)
         self._sweep = QPushButton("Run sweep (S)")
-        self._sweep.setToolTip("batch 1/8/32 x 16/8/4 bits x draft 0/4 on separate engines (a few minutes); "
+        self._sweep.setToolTip("batch 1/8/32 x bf16/int8/fp8/int4 weights x draft 0/4 on separate engines (a few "
+                               "minutes); "
                                "the live requests finish first (new load pauses, nothing is aborted) and the "
                                "live panels are not touched")
         self._sweep.clicked.connect(self.sigSweep)
@@ -216,8 +218,9 @@ class TradeoffPanel(Panel):
 
     def _on_sweep_load(self) -> None:
         p = self._points.get(self._applied or "")
-        if p is not None and isinstance(p.get("batch"), int):
-            self.sigSweepLoad.emit(p["batch"])
+        batch = point_batch(p) if p is not None else None
+        if batch is not None:
+            self.sigSweepLoad.emit(batch)
 
     def set_price_per_hour(self, price: float) -> None:
         self._price.setValue(price)
@@ -311,7 +314,7 @@ class TradeoffPanel(Panel):
         shown = swept is not None and live is not None and bool(live.get("tokens_per_s_total"))
         self._gap.setText(gap_text(live, swept) if shown else "")
         self._gap.setVisible(shown)
-        self._sweep_load.setVisible(shown and isinstance(swept.get("batch"), int))
+        self._sweep_load.setVisible(shown and point_batch(swept) is not None)
 
     def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
         """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:

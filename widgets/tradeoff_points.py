@@ -8,6 +8,8 @@ import math
 from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QColor
 
+from engine.knobs import KnobValues
+from engine.quant_formats import QUANT_FORMAT_BY_NAME
 from widgets.theme import blend
 
 AGREEMENT_BAD = 0.80  # top-1 agreement drawn fully red
@@ -31,24 +33,46 @@ def quality_color(agreement: float | None) -> QColor:
     return blend(_GOOD, _MID, 2 * t) if t < 0.5 else blend(_MID, _BAD, 2 * t - 1)
 
 
+# a sweep point is named by the knobs it sets (app/tradeoff/sweep.py), in the knob table's words
+POINT_KNOBS = ("max_num_seqs", "quant_format", "num_speculative_tokens", "quant_group_size")
+
+
 def sweep_label(p: dict) -> str:
-    return f"batch {p['batch']} · {p['bits']}-bit · k={p['draft']}"
+    return (f"batch {p['max_num_seqs']} · {_format_short(p['quant_format'])} · "
+            f"k={p['num_speculative_tokens']}")
 
 
-def sweep_config(p: dict) -> dict:
+def _format_short(name: str) -> str:
+    fmt = QUANT_FORMAT_BY_NAME.get(name)
+    return fmt.short if fmt is not None else str(name)
+
+
+def sweep_config(p: dict) -> KnobValues:
     """The engine settings a sweep point was measured with (its weights' group size when it has one)."""
-    config = {"max_num_seqs": p["batch"], "quant_bits": p["bits"], "num_speculative_tokens": p["draft"]}
-    if p.get("group_size") and p["bits"] != 16:
-        config["quant_group_size"] = p["group_size"]
+    config: KnobValues = {"max_num_seqs": p["max_num_seqs"], "quant_format": p["quant_format"],
+                          "num_speculative_tokens": p["num_speculative_tokens"]}
+    if p.get("quant_group_size"):
+        config["quant_group_size"] = p["quant_group_size"]
     return config
 
 
+def point_batch(p: dict) -> int | None:
+    """The batch size a measured point ran at: the explorer's sweep names it by knob (max_num_seqs), a managed
+    server's tuning sweep (app/tradeoff/tune.py) by its ServerPoint field (batch)."""
+    batch = p.get("max_num_seqs", p.get("batch"))
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
 def short_label(p: dict) -> str | None:
-    """A measured point's label where its full one is not shown (off the frontier): batch, bits, drafts;
-    None for a point without them (a live configuration's)."""
-    if not all(isinstance(p.get(k), int) for k in ("batch", "bits")):
-        return None
-    return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+    """A measured point's label where its full one is not shown (off the frontier): batch, format, drafts;
+    a managed server's point by its bit width (its engine's own files: app/managed/knobs.py); None for a point
+    without them (a live configuration's)."""
+    if isinstance(p.get("max_num_seqs"), int) and isinstance(p.get("quant_format"), str):
+        draft = p.get("num_speculative_tokens")
+        return f"b{p['max_num_seqs']} {_format_short(p['quant_format'])}" + (f" k{draft}" if draft else "")
+    if all(isinstance(p.get(k), int) for k in ("batch", "bits")):
+        return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+    return None
 
 
 def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], price: float) -> dict[str, list]:
@@ -62,6 +86,8 @@ def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], pr
             continue
         x, y = (math.log10(v) for v in pos[label])
         dear, cheap = cost_per_million_tokens(price, totals[0]), cost_per_million_tokens(price, totals[1])
+        if dear is None or cheap is None:  # (not with positive totals: the check above)
+            continue
         out["x"].append(x)
         out["y"].append(y)
         out["left"].append(max(0.0, x - math.log10(users[0])))
@@ -72,7 +98,7 @@ def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], pr
 
 
 def predicted_label(p: dict) -> str:
-    return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
+    return f"{p['model']} {_format_short(p['quant_format'])} {p['device']} batch {p['max_num_seqs']} ({PREDICTED})"
 
 def free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: QRectF,
               taken: list[QRectF]) -> tuple[tuple[float, float], QRectF] | None:
@@ -103,7 +129,7 @@ def server_label(engine: str, model: str, point_label: str) -> str:
 def gap_text(live: dict, swept: dict) -> str:
     """Why the live point sits off the sweep's point of the same configuration: the sweep kept its batch
     full (a closed loop, no waiting), the live load is Poisson arrivals at the slider's rate."""
-    batch = swept.get("batch", "?")
+    batch = swept.get("max_num_seqs", "?")
     ratio = swept["tokens_per_s_total"] / live["tokens_per_s_total"] if live.get("tokens_per_s_total") else None
     rate = (live.get("config") or {}).get("arrival_rate")
     arrivals = f"arrivals at {rate:g} req/s" if isinstance(rate, (int, float)) else "the live arrivals"

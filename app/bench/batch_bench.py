@@ -72,14 +72,14 @@ def batched_bench(binary: Path, gguf: Path, threads: int, streams: int, n_prompt
 
 
 def run_batch_bench(args) -> dict:
-    bits = args.bits
+    fmt = args.quant_format
     streams = sorted(set(args.streams))
-    engine = bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4, max_num_seqs=max(streams),
+    engine = bench_engine(args, quant_format=fmt, quant_embeddings=fmt == "int4", max_num_seqs=max(streams),
                           max_num_batched_tokens=max(512, max(streams) * args.prompt_tokens))
     corpus = corpus_tokens(engine.tokenizer)
     prompts = [corpus[i * args.prompt_tokens:(i + 1) * args.prompt_tokens] for i in range(max(streams))]
-    peer, peer_info = _peer(args, engine, bits)
-    out: dict = {"bits": bits, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+    peer, peer_info = _peer(args, engine, fmt)
+    out: dict = {"quant_format": fmt, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                  "rounds": args.rounds, "llama_cpp": peer_info, "streams": {}}
     for n in streams:
         engine_batch(engine, prompts[:n], 8)  # warm-up (and a first fused step of this width)
@@ -106,18 +106,18 @@ def run_batch_bench(args) -> dict:
     return out
 
 
-def _peer(args, engine, bits: int):
+def _peer(args, engine, fmt: str):
     if args.no_llama_cpp:
         return None, {"skipped": "--no-llama-cpp"}
     binary = llama_cpp.find_binary(BATCHED)
     if binary is None:
         return None, {"skipped": f"no {BATCHED} under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
     try:
-        gguf = llama_cpp.gguf_for(engine.model_path, bits)
+        gguf = llama_cpp.gguf_for_format(engine.model_path, fmt)
     except ValueError as exc:  # the conversion failed (its script's own needs missing): said, not fatal
         return None, {"skipped": str(exc)}
     if gguf is None:
-        return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
+        return None, {"skipped": f"no GGUF of these weights in {fmt}"}
     threads = torch.get_num_threads()
     return (lambda n: batched_bench(binary, gguf, threads, n, args.prompt_tokens, args.max_tokens),
             {"binary": str(binary), "build": llama_cpp.llama_cpp_build(), "gguf": str(gguf), "threads": threads})

@@ -27,6 +27,7 @@ from app.load.workload import corpus_tokens
 from app.result_file import write_or_print
 from engine.perf.probe import cpu_description
 from engine.quant.schemes import int4_layout_in_words, prompt_rows_in_words
+from engine.quant_formats import DENSE, QUANT_FORMAT_NAMES
 from engine.runner import huge_pages
 from engine.runner.threads import choose_threads
 
@@ -65,26 +66,27 @@ def add_bench_args(p, engine_args) -> None:
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
-    dec.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
-                     help="weights: bf16, or int8 / int4 weight-only (4: the head in int8 too, as the Q4_1 GGUF's "
-                          "Q8_0 table); llama.cpp runs the bf16 GGUF at 16, the source GGUF at 4")
+    dec.add_argument("--quant-format", choices=QUANT_FORMAT_NAMES, default=DENSE,
+                     help="weights: bf16, or a weight-only format (int4: the head in int8 too, as the Q4_1 GGUF's "
+                          "Q8_0 table); llama.cpp runs the bf16 GGUF for bf16, the source GGUF for int4")
     dec.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     bat.add_argument("--streams", type=int, nargs="+", default=[4, 8], help="streams decoding at once (default 4 8)")
     bat.add_argument("--prompt-tokens", type=int, default=32, help="each stream's own prompt")
     bat.add_argument("--max-tokens", type=int, default=64, help="tokens each stream generates")
     bat.add_argument("--rounds", type=int, default=3, help="alternating inferlab / llama.cpp rounds (median)")
-    bat.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
-                     help="weights (llama.cpp: the bf16 GGUF at 16, the source GGUF at 4)")
+    bat.add_argument("--quant-format", choices=QUANT_FORMAT_NAMES, default=DENSE,
+                     help="weights (llama.cpp: the bf16 GGUF for bf16, the source GGUF for int4)")
     bat.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
     dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
                      help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
                           "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
     dec.add_argument("--background-load", type=int, default=0, metavar="N",
                      help="run N busy processes during the measurement (a busy laptop); recorded in the JSON")
-    qb = sub.add_parser("quant", help="16 / 8 / 4 bits in one run: bytes, KV blocks, speed, quality")
+    qb = sub.add_parser("quant", help="the weight formats in one run: bytes, KV blocks, speed, quality")
     engine_args(qb)
     qb.add_argument("--json", metavar="OUT", help="write the results here")
-    qb.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4])
+    qb.add_argument("--quant-format", nargs="+", choices=QUANT_FORMAT_NAMES, default=list(QUANT_FORMAT_NAMES),
+                    help="the formats, each measured against bf16 (default: all)")
     qb.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128])
     qb.add_argument("--outliers", type=int, default=0, help="input channels per layer kept in 16 bits")
     qb.add_argument("--embeddings", action="store_true", help="also quantize the embedding table and lm_head")
@@ -113,7 +115,7 @@ def add_bench_args(p, engine_args) -> None:
 
     kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
-    tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
+    tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x weight format x draft sweep, frontier, roofline"),
                             engine_args)
     overhead_bench.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
                           engine_args)
@@ -215,14 +217,14 @@ def _run_bench(args) -> int:
     return _emit(args, result)
 
 
-def _engine_on_tier(args, tier: str, bits: int):
+def _engine_on_tier(args, tier: str, fmt: str):
     """An engine like the bench's whose native kernels are `tier`'s (INFERLAB_CPU_TIER while it is built)."""
     import os
 
     before = os.environ.get("INFERLAB_CPU_TIER")
     os.environ["INFERLAB_CPU_TIER"] = tier
     try:
-        return bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4)
+        return bench_engine(args, quant_format=fmt, quant_embeddings=fmt == "int4")
     finally:
         if before is None:
             os.environ.pop("INFERLAB_CPU_TIER")
@@ -242,9 +244,9 @@ def _decode(args) -> dict:
     """One stream: HF, inferlab eager and inferlab with compile=True (dense code between attentions
     compiled), and llama.cpp's llama-bench on the same weights where it is built; medians over
     alternating rounds, and each side's share of the measured memory bandwidth (the roofline)."""
-    bits = getattr(args, "bits", 16)
+    fmt = getattr(args, "quant_format", DENSE)
     modes = tuple(getattr(args, "modes", MODES))
-    engine = bench_engine(args, quant_bits=bits, quant_embeddings=bits == 4)
+    engine = bench_engine(args, quant_format=fmt, quant_embeddings=fmt == "int4")
     prompt = corpus_tokens(engine.tokenizer)[: args.prompt_tokens]
     paths = warm_up(engine, lambda: runs.engine_one_stream(engine, prompt, args.max_tokens), modes)
     model = hf = None
@@ -252,12 +254,12 @@ def _decode(args) -> dict:
         model = hf_model(engine)
         hf_baseline.hf_one_stream(model, prompt, 8)  # warm-up
         hf = lambda: hf_baseline.hf_one_stream(model, prompt, args.max_tokens)  # noqa: E731
-    peer, peer_info = _llama_cpp_peer(args, engine, bits)
+    peer, peer_info = _llama_cpp_peer(args, engine, fmt)
     peers = {"llama.cpp": peer} if peer else {}
     tiers = [t for t in dict.fromkeys(getattr(args, "tiers", [])) if t in kernels.supported_tiers()
              and t != kernels.cpu_tier()]
     for tier in tiers:  # the same engine on another tier's kernels: its own engine, alternating with the rest
-        other = _engine_on_tier(args, tier, bits)
+        other = _engine_on_tier(args, tier, fmt)
         runs.engine_one_stream(other, prompt, args.max_tokens)  # warm-up
         peers[f"tier:{tier}"] = lambda e=other: runs.engine_one_stream(e, prompt, args.max_tokens)
     ours_runs, hf_runs = alternate(engine, args.rounds,
@@ -266,7 +268,7 @@ def _decode(args) -> dict:
     peer_runs = ours_runs.pop("peer:llama.cpp", [])
     tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
-    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
+    out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "quant_format": fmt,
            "engine": engine.compute_line(), "kernels": kernels_used(engine), "memory": memory_breakdown(engine),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
@@ -307,20 +309,20 @@ def _no_tokens(d: dict) -> dict:
     return {k: v for k, v in d.items() if k != "tokens"}
 
 
-def _llama_cpp_peer(args, engine, bits: int):
+def _llama_cpp_peer(args, engine, fmt: str):
     """(one measured llama-bench run, what it runs) where llama.cpp is built and a GGUF of the same
-    weights exists at these bits; (None, {"skipped": why}) otherwise."""
+    weights exists in this format; (None, {"skipped": why}) otherwise."""
     if getattr(args, "no_llama_cpp", True):
         return None, {"skipped": "--no-llama-cpp"}
     binary = llama_cpp.find_binary()
     if binary is None:
         return None, {"skipped": f"no llama-bench under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)"}
     try:
-        gguf = llama_cpp.gguf_for(engine.model_path, bits)
+        gguf = llama_cpp.gguf_for_format(engine.model_path, fmt)
     except ValueError as exc:  # the conversion failed (e.g. its script's own needs are missing): said, not fatal
         return None, {"skipped": str(exc)}
     if gguf is None:
-        return None, {"skipped": f"no GGUF of these weights at {bits} bits"}
+        return None, {"skipped": f"no GGUF of these weights in {fmt}"}
     threads = torch.get_num_threads()
     run = lambda: llama_cpp.llama_bench(binary, gguf, threads, args.max_tokens)  # noqa: E731
     run()  # warm-up: loads the file into the page cache

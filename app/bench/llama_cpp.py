@@ -12,13 +12,14 @@ from app.managed.gguf import (
     bf16_gguf,
     find_binary,
     gguf_for,
+    gguf_for_format,
     llama_cpp_build,
     llama_cpp_dir,
     source_gguf,
 )
 
-__all__ = ["BENCH", "BUILD_KEYS", "bf16_gguf", "find_binary", "gguf_for", "llama_bench", "llama_cpp_build",
-           "llama_cpp_dir", "source_gguf"]
+__all__ = ["BENCH", "BUILD_KEYS", "bf16_gguf", "find_binary", "gguf_for", "gguf_for_format", "llama_bench",
+           "llama_cpp_build", "llama_cpp_dir", "source_gguf"]
 
 
 def llama_bench(binary: Path, gguf: Path, threads: int, n_gen: int, n_prompt: int = 0,

@@ -1,4 +1,5 @@
-"""`inferlab bench quant`: 16 / 8 / 4 bits side by side in one run — bytes, KV blocks, speed, quality."""
+"""`inferlab bench quant`: the weight formats (bf16, int8, fp8-e4m3, int4) side by side in one run — bytes, KV
+blocks, speed, and quality against bf16 on the held-out text (perplexity change, KL, top-1 agreement)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.drive import drive
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
+from engine.quant_formats import DENSE
 
 
 def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: int) -> float:
@@ -29,10 +31,11 @@ def decode_rate(engine: LLMEngine, prompt: list[int], streams: int, max_tokens: 
 def run_quant_bench(args) -> dict:
     texts = heldout_texts()
     results, reference, ppl16 = {}, None, None
-    for bits in args.bits:
+    formats = sorted(args.quant_format, key=lambda f: f != DENSE)  # bf16 first: the quality reference
+    for fmt in formats:
         cfg = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
-                           quant_bits=bits, quant_group_size=args.group_size,
-                           quant_outlier_channels=args.outliers if bits != 16 else 0,
+                           quant_format=fmt, quant_group_size=args.group_size,
+                           quant_outlier_channels=args.outliers if fmt != DENSE else 0,
                            quant_embeddings=getattr(args, "embeddings", False),
                            memory_budget_bytes=args.memory_budget_mib * 2**20, max_num_seqs=64)
         engine = LLMEngine(cfg)
@@ -42,9 +45,9 @@ def run_quant_bench(args) -> dict:
         one = engine_one_stream(engine, prompt, args.max_tokens)
         many = decode_rate(engine, prompt, args.streams, args.max_tokens)
         if reference is None:
-            reference = reference_logits(engine, texts) if bits == 16 else None
+            reference = reference_logits(engine, texts) if fmt == DENSE else None
         ppl = engine.perplexity(texts)
-        ppl16 = ppl if bits == 16 else ppl16
+        ppl16 = ppl if fmt == DENSE else ppl16
         row = {"weights_bytes": mem.weights_bytes, "kv_blocks": mem.kv_blocks_total,
                "kv_tokens": mem.kv_blocks_total * cfg.block_size,
                "decode_tokens_per_s_1_stream": one["decode_tokens_per_s"],
@@ -53,16 +56,16 @@ def run_quant_bench(args) -> dict:
             row["perplexity_change_pct"] = 100 * (ppl / ppl16 - 1)
         if reference is not None:
             row.update(compare_logits(engine, texts, reference))
-        if bits != 16:
-            errs = engine.set_quantization(bits)  # same modules again, to read the per-layer error
+        if fmt != DENSE:
+            errs = engine.set_quantization(fmt)  # same modules again, to read the per-layer error
             row["layer_error_mean"] = sum(errs.values()) / len(errs)
             row["layer_error_max"] = max(errs.values())
-        results[str(bits)] = row
+        results[fmt] = row
         del engine
-    base = results.get("16")
+    base = results.get(DENSE)
     if base:
         for row in results.values():
-            row["speedup_1_stream_vs_16"] = row["decode_tokens_per_s_1_stream"] / base["decode_tokens_per_s_1_stream"]
+            row["speedup_1_stream_vs_bf16"] = row["decode_tokens_per_s_1_stream"] / base["decode_tokens_per_s_1_stream"]
     return {"group_size": args.group_size, "outlier_channels": args.outliers,
             "embeddings_quantized": getattr(args, "embeddings", False),
             "memory_budget_mib": args.memory_budget_mib, "heldout_text": "assets/heldout.txt",

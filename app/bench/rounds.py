@@ -67,14 +67,14 @@ def kernels_used(engine) -> dict:
     """Which kernels the engine ran with, read after the rounds: what a GPU run must say before its
     figures mean anything (a kernel that failed and turned itself off says why)."""
     backend, graphs = engine.runner.backend, engine.runner.graphs
-    layers = [m for m in engine.model.modules() if hasattr(m, "bits") and hasattr(m, "packed")]
+    layers = [m for m in engine.model.modules() if hasattr(m, "format") and hasattr(m, "packed")]
     flex = backend.flex
     return {"attention_backend": backend.name, "native_decode": backend.native_decode is not None,
             "triton_kernels": backend.triton is not None,
             "flex_attention": flex is not None and flex.fn is not None, "flex_compiled": bool(flex and flex.compiled),
             "flex_error": flex.error if flex is not None else None,
-            "int4_packed_layers": sum(m.bits == 4 and m.packed is not None for m in layers),
-            "int8_fused_layers": sum(m.bits == 8 and bool(getattr(m, "int8_fused", False)) for m in layers),
+            "int4_packed_layers": sum(m.format.name == "int4" and m.packed is not None for m in layers),
+            "int8_fused_layers": sum(m.format.name == "int8" and bool(getattr(m, "int8_fused", False)) for m in layers),
             "quantized_layers": len(layers),
             "graphs_capture_error": graphs.capture_error if graphs is not None else None}
 

@@ -7,7 +7,7 @@ from app.device_args import device_options
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.quant.quality import heldout_texts
 
-METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_method="draft", draft_quant_bits=4),
+METHODS = {"ngram": dict(spec_method="ngram"), "draft-int4-self": dict(spec_method="draft", draft_quant_format="int4"),
            "mtp": dict(spec_method="mtp")}
 
 

@@ -7,14 +7,16 @@ import time
 from app.device_args import device_options
 from app.tradeoff.sweep import SweepSpec, run_sweep
 from app.tradeoff.sweep_point import Workload
+from engine.quant_formats import QUANT_FORMAT_NAMES
 
 
 def add_args(p, engine_args) -> None:
     engine_args(p)
     p.add_argument("--json", metavar="OUT", help="write the results here")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4])
-    p.add_argument("--drafts", type=int, nargs="+", default=[0, 4], help="n-gram draft lengths")
+    p.add_argument("--max-num-seqs", "--batches", type=int, nargs="+", default=[1, 8, 32], help="batch sizes")
+    p.add_argument("--quant-format", nargs="+", default=list(QUANT_FORMAT_NAMES), choices=QUANT_FORMAT_NAMES,
+                   help="weight formats (default: all)")
+    p.add_argument("--num-draft-tokens", "--drafts", type=int, nargs="+", default=[0, 4], help="n-gram draft lengths")
     p.add_argument("--warmup-s", type=float, default=1.0, help="per point, before measuring")
     p.add_argument("--measure-s", type=float, default=4.0, help="per point")
     p.add_argument("--price", type=float, default=2.50, help="$ per GPU-hour")
@@ -35,7 +37,8 @@ def run(args) -> dict:
     probe_s = time.perf_counter() - t0
     loaded = load_model(args.model)
     base = EngineConfig(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads)
-    spec = SweepSpec(batches=tuple(args.batches), bits=tuple(args.bits), drafts=tuple(args.drafts),
+    spec = SweepSpec(max_num_seqs=tuple(args.max_num_seqs), quant_format=tuple(args.quant_format),
+                     num_speculative_tokens=tuple(args.num_draft_tokens),
                      warmup_s=args.warmup_s, measure_s=args.measure_s, price_per_hour=args.price,
                      memory_budget_bytes=args.memory_budget_mib * 2**20, workload=Workload())
     result = run_sweep(loaded, base, spec, roofs,

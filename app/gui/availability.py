@@ -3,37 +3,34 @@ loading nothing is known yet, so they wait greyed out). Read from the source's d
 (app/source/engine_info.py) and each panel's needs (app/talk/panel_specs.py)."""
 from __future__ import annotations
 
+from typing import cast
+
 from app.gui.panels import Panels
 from app.source.engine_info import Capabilities
 from app.talk.panel_specs import PANEL_SPECS
-from engine.events import KvCacheDtype
+from engine.knobs import Box, slider_knobs
+from widgets.panel_base import Panel
 from widgets.theme import phase_color
 
-FEATURE_CONTROLS = {  # control -> (capability, what is greyed out)
-    "quant_bits": ("quantization", "Weight bits"),
-    "num_speculative_tokens": ("speculative", "Draft length"),
-    "kv_cache_bits": ("rebuild", "KV cache bits"),
-    "arrival_rate": ("load_generator", "The load generator"),
+_SLIDERS = [row for box in Box for row in slider_knobs(box)]
+FEATURE_CONTROLS = {  # control -> (capability, what is greyed out): the sliders whose knob needs one (engine/knobs.py)
+    **{row.name: (row.needs, row.label[:1].upper() + row.label[1:]) for row in _SLIDERS if row.needs},
     "load": ("load_generator", "The load generator"),
     "burst": ("load_generator", "The load generator"),
 }
-KNOB_CONTROLS = {"max_num_seqs": "max batch size", "max_num_batched_tokens": "token budget"}
+# the engine's sliders that need no feature: changeable where the source reconfigures (or restarts) them
+KNOB_CONTROLS = {row.name: row.label for row in slider_knobs(Box.ENGINE) if not row.needs}
 GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span style='color:{queued}'>■</span> sent → "
                        "first token (queue and prefill: the server does not tell them apart) &nbsp; "
                        "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
 
 
-RECORDED_CONTROLS = (*FEATURE_CONTROLS, *KNOB_CONTROLS, "serve_budget", "reset", "ttft_budget_s", "tpot_budget_s",
-                     "max_num_batched_tokens")
+RECORDED_CONTROLS = (*FEATURE_CONTROLS, *(row.name for row in _SLIDERS), "serve_budget", "reset")
 
 
 def recorded_control_values(knobs: dict) -> dict:
-    """A recording's knobs as the controls show them (the KV cache's dtype as its bits)."""
-    values = {k: knobs[k] for k in ("max_num_seqs", "quant_bits", "num_speculative_tokens", "max_num_batched_tokens")
-              if isinstance(knobs.get(k), int) and not isinstance(knobs.get(k), bool)}
-    if "kv_cache_dtype" in knobs:
-        values["kv_cache_bits"] = 8 if knobs["kv_cache_dtype"] == KvCacheDtype.INT8 else 16
-    return values
+    """A recording's knobs as the controls show them: each slider's own knob, by its name in the table."""
+    return {row.name: knobs[row.name] for row in _SLIDERS if knobs.get(row.name) is not None}
 
 
 def grey_out_recorded(panels: Panels, source: str) -> None:
@@ -84,7 +81,7 @@ def _panels_available(panels: Panels, caps: Capabilities, source: str) -> None:
             continue
         if panel is panels.timeline:
             panels.timeline.set_steps_note("")
-        panel.set_available(not missing, why)
+        cast(Panel, panel).set_available(not missing, why)
 
 
 def _by_restart(what: str, name: str, caps: Capabilities, source: str) -> str:

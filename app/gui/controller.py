@@ -19,15 +19,14 @@ from app.gui.panels import Panels
 from app.gui.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.gui.server_restarts import ServerRestarts
 from app.gui.tradeoff_actions import connect_tradeoff
-from app.talk.knob_defaults import engine_knob_defaults, knob_defaults, kv_cache_dtype
+from app.talk.knob_defaults import engine_knob_defaults, knob_defaults
 from app.tradeoff.sweep import Sweep, SweepSpec
 from engine.events import SpecMethod
+from engine.knobs import KNOB, KnobValues, knob_items, knob_subset
+from engine.quant_formats import DENSE
 from engine.sampling_params import SamplingParams
 
 USER_MAX_TOKENS = 128
-_LABELS = {"max_num_seqs": "max batch", "max_num_batched_tokens": "token budget",
-           "enable_chunked_prefill": "chunked prefill", "policy": "policy", "arrival_rate": "arrivals",
-           "compile": "torch.compile"}
 
 
 class AppController(QObject):
@@ -38,7 +37,7 @@ class AppController(QObject):
         self.state = ControlState(config=engine_knob_defaults(), arrival_rate=knob_defaults()["arrival_rate"],
                                   source_name=host.name, start_kv_blocks=host.config.num_kv_blocks)
         defaults = knob_defaults()
-        self.state.budget_s = (defaults["ttft_budget_s"], defaults["tpot_budget_s"])  # until a preset or slider
+        self.state.budget_s = (defaults["ttft_budget_ms"] / 1e3, defaults["tpot_budget_ms"] / 1e3)  # until a preset
         self.engine_busy = False  # requantizing / measuring in the engine thread
         self.load_running = False
         self.sweeping = False
@@ -75,7 +74,7 @@ class AppController(QObject):
     # --- engine lifecycle ---------------------------------------------------------------------
     def show_recorded_knobs(self, knobs: dict) -> None:
         """A recording's knobs as they were (greyed: app/gui/availability.py), not sent anywhere."""
-        values = recorded_control_values(knobs)
+        values = knob_subset(recorded_control_values(knobs), KNOB)
         self.state.config.update(values)
         self.panels.controls.set_values(values)
 
@@ -83,7 +82,7 @@ class AppController(QObject):
         self.state.capabilities = info.capabilities
         self.state.source_name = info.source
         self.state.engine_ready = True
-        self.state.engine_bits = info.config.get("quant_bits", 16)
+        self.state.engine_format = info.knobs.get("quant_format", DENSE)
         self.panels.controls.setEnabled(True)
         self._grey_out_features()
         self.restarts.on_loaded(info)
@@ -121,9 +120,9 @@ class AppController(QObject):
         if self.state.capabilities.recorded:
             self.show_recorded_knobs(getattr(self.host, "knobs", None) or self.host.info.config)
 
-    def _on_quantized(self, bits: int, _num_kv_blocks: int) -> None:
-        self.state.engine_bits = bits
-        self.window.show_message(f"weights are now {bits}-bit")
+    def _on_quantized(self, fmt: str, _num_kv_blocks: int) -> None:
+        self.state.engine_format = fmt
+        self.window.show_message(f"weights are now {KNOB['quant_format'].text(fmt)}")
 
     def on_load_failed(self, message: str) -> None:
         self.error(f"the model could not be loaded: {message}")
@@ -150,7 +149,7 @@ class AppController(QObject):
         return self.state.engine_ready
 
     @property
-    def config(self) -> dict:
+    def config(self) -> KnobValues:
         return self.state.config
 
     @property
@@ -172,16 +171,17 @@ class AppController(QObject):
         self.presets.measure_comparison(every_preset)
 
     def push_config(self) -> None:
-        knobs = {k: self.state.config[k] for k in SCHEDULING_KEYS if k in self.state.capabilities.reconfigurable}
+        live = self.state.capabilities.reconfigurable
+        knobs = knob_subset(self.state.config, [k for k in SCHEDULING_KEYS if k in live])
         if self.presets.spec_live():
-            knobs.update(spec_method=self.state.spec_method,
-                         num_speculative_tokens=self.state.config["num_speculative_tokens"])
+            knobs["spec_method"] = self.state.spec_method
+            knobs["num_speculative_tokens"] = self.state.config["num_speculative_tokens"]
         if "ttft_budget_ms" in self.state.capabilities.reconfigurable:
             knobs.update(self._budget_knobs())
         self.host.reconfigure(**knobs)
         self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
-    def _budget_knobs(self) -> dict:
+    def _budget_knobs(self) -> KnobValues:
         """The engine's latency-budget knobs: the sliders' budget while the scheduler serves toward it."""
         if not self.state.serve_budget or self.state.budget_s is None:
             return {"ttft_budget_ms": None, "tpot_budget_ms": None}
@@ -216,18 +216,19 @@ class AppController(QObject):
         for name, key in (("chunked", "enable_chunked_prefill"), ("compile", "compile")):
             action = self.window.actions_by_name.get(name)
             if action is not None:
-                action.setChecked(bool(self.state.config[key]))
+                action.setChecked(bool(knob_items(self.state.config)[key]))
 
-    def _on_config_changed(self, values: dict) -> None:
-        values = self.restarts.take(values)  # a managed server's batch / bits / draft: a restart
+    def _on_config_changed(self, values: KnobValues) -> None:
+        values = self.restarts.take(values)  # a managed server's batch / weights / draft: a restart
         if self.state.engine_ready:
             self._on_feature_knobs(values)
-        changes = {k: v for k, v in values.items() if k in SCHEDULING_KEYS and self.state.config.get(k) != v}
+        asked, now = knob_items(values), knob_items(self.state.config)
+        changes = knob_subset(asked, [k for k in SCHEDULING_KEYS if k in asked and now.get(k) != asked[k]])
         fixed = [k for k in changes if self.state.engine_ready and k not in self.state.capabilities.reconfigurable]
         if fixed:  # a preset's cue on an attached server: say so, change nothing there
-            self.window.show_message(f"{', '.join(_LABELS[k] for k in fixed)}: set when {self.state.source_name} "
+            self.window.show_message(f"{', '.join(KNOB[k].label for k in fixed)}: set when {self.state.source_name} "
                                      "starts; not changeable from a client")
-            changes = {k: v for k, v in changes.items() if k not in fixed}
+            changes = knob_subset(asked, [k for k in changes if k not in fixed])
         if not changes:
             return
         if not self.state.engine_ready:  # loading: on_loaded sends the whole configuration
@@ -239,26 +240,29 @@ class AppController(QObject):
         except (ValueError, RuntimeError) as exc:
             self.error(str(exc))
             return
-        text = ", ".join(f"{_LABELS[k]} {_show(self.state.config[k])} → {_show(v)}" for k, v in changes.items())
+        text = ", ".join(f"{KNOB[k].label} {KNOB[k].text(now.get(k))} → {KNOB[k].text(v)}"
+                         for k, v in knob_items(changes).items())
         self.state.config.update(changes)
         self.sync_actions()
         self.panels.timeline.mark_config_change(text)
         self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
-    def _on_feature_knobs(self, values: dict) -> None:
-        """Weight bits requantize in the engine thread; KV cache bits and a new draft length rebuild
+    def _on_feature_knobs(self, values: KnobValues) -> None:
+        """A weight format requantizes in the engine thread; the KV cache's dtype and a new draft length rebuild
         the engine (the KV cache is allocated with its dtype)."""
-        kv_bits = values.get("kv_cache_bits", self.state.config["kv_cache_bits"])
-        if kv_bits != self.state.config["kv_cache_bits"] and self.state.capabilities.rebuild:
-            self.panels.timeline.mark_config_change(f"KV cache {self.state.config['kv_cache_bits']} → {kv_bits}-bit")
-            self.state.config["kv_cache_bits"] = kv_bits
-            self.presets.rebuild({"kv_cache_dtype": kv_cache_dtype(kv_bits)}, knob=True)
+        kv = values.get("kv_cache_dtype", self.state.config["kv_cache_dtype"])
+        if kv != self.state.config["kv_cache_dtype"] and self.state.capabilities.rebuild:
+            row = KNOB["kv_cache_dtype"]
+            self.panels.timeline.mark_config_change(
+                f"{row.label} {row.text(self.state.config['kv_cache_dtype'])} → {row.text(kv)}")
+            self.state.config["kv_cache_dtype"] = kv
+            self.presets.rebuild({"kv_cache_dtype": kv}, knob=True)
             return
-        bits = values.get("quant_bits", self.state.config["quant_bits"])
-        if bits != self.state.config["quant_bits"] and self.state.capabilities.quantization:
-            self.panels.timeline.mark_config_change(f"weights {self.state.config['quant_bits']} → {bits}-bit")
-            self.state.config["quant_bits"] = bits
-            self.host.quantize(bits, values.get("quant_group_size"))  # a tradeoff point's own group size
+        fmt = values.get("quant_format", self.state.config["quant_format"])
+        if fmt != self.state.config["quant_format"] and self.state.capabilities.quantization:
+            self.panels.timeline.mark_config_change(f"weights {self.state.config['quant_format']} → {fmt}")
+            self.state.config["quant_format"] = fmt
+            self.host.quantize(fmt, values.get("quant_group_size"))  # a tradeoff point's own group size
             self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
         k = values.get("num_speculative_tokens", self.state.config["num_speculative_tokens"])
         before = self.state.config["num_speculative_tokens"]
@@ -272,17 +276,18 @@ class AppController(QObject):
             self.panels.timeline.mark_config_change(f"draft length {before} → {k}")
             self.meter.set_config({**self.state.config, "arrival_rate": self.state.arrival_rate})
 
-    def _on_budget_changed(self, ttft_s: float, tpot_s: float) -> None:
+    def _on_budget_changed(self, ttft_ms: float, tpot_ms: float) -> None:
+        ttft_s, tpot_s = ttft_ms / 1e3, tpot_ms / 1e3
         self.panels.latency.set_budget(ttft_s, tpot_s)
         self.state.budget_s = (ttft_s, tpot_s)
         if self.state.serve_budget and self.state.engine_ready:
             self._on_serve_budget(True)  # the scheduler follows the new budget
 
-    def set_load(self, values: dict) -> None:
+    def set_load(self, values: KnobValues) -> None:
         """The Load generator's sliders (LoadConfig fields by name): the arrival rate by its own verb (the
         Poisson clock keeps its phase), any other field in a new LoadConfig for the source."""
         self.set_arrival_rate(values["arrival_rate"])
-        others = {k: v for k, v in values.items() if k != "arrival_rate"}
+        others = knob_subset(values, [k for k in values if k != "arrival_rate"])
         if others:
             self.state.load_values.update(others)
             self.host.set_load_config(self.presets.load_config())
@@ -303,7 +308,7 @@ class AppController(QObject):
         self.host.set_arrival_rate(rate)
         self.meter.set_config({**self.state.config, "arrival_rate": rate})
 
-    def apply_knobs(self, knobs: dict) -> None:
+    def apply_knobs(self, knobs: KnobValues) -> None:
         """Turn knobs as the sliders would (a preset's cue), and show the sliders where they now are."""
         self._on_config_changed(knobs)
         self.panels.controls.set_values({k: v for k, v in self.state.config.items() if k in knobs})
@@ -409,6 +414,3 @@ class AppController(QObject):
             box.setModal(False)
             box.open()
 
-
-def _show(value) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)

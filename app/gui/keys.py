@@ -9,7 +9,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("R", "reset: stop the load, abort every request, clear the panels"),
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),
-    ("S", "run the tradeoff sweep (the explorer: batch x weight bits x drafts on engines of its own)"),
+    ("S", "run the tradeoff sweep (the explorer: batch x weight format x drafts on engines of its own)"),
     ("P", "play this chapter's recorded run (recorded by `inferlab prepare`) instead of the live one; again: live"),
     ("PgDown / PgUp", "next / previous chapter of the talk (presets/talk.toml)"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),

@@ -173,7 +173,7 @@ def run(args) -> dict:
         "workload": {"requests": len(arrivals), "prompt_tokens": sum(len(a.prompt_token_ids) for a in arrivals),
                      "output_tokens": sum(a.sampling["max_tokens"] for a in arrivals),
                      "max_num_seqs": engine.config.max_num_seqs},
-        "qt_platform": app.platformName(), "engine_threads": threads,
+        "qt_platform": QApplication.platformName(), "engine_threads": threads,
         "runs": runs, "tokens_per_s_median": {m: round(v, 2) for m, v in med.items()},
         "ratio_gui_vs_bare": round(med["gui"] / med["bare"], 3),
         "ratio_gui_vs_host": round(med["gui"] / med["host"], 3),

@@ -48,7 +48,7 @@ class PanelFeeder(QObject):
     sigReset = Signal()  # the engine finished a reset: panels were cleared
     sigComparison = Signal(str, object)  # preset name, its measured comparison (app/talk/compare_run.py)
     sigBusy = Signal(str, object)  # background work in the engine thread: text ("" when done), fraction
-    sigQuantized = Signal(int, int)  # the weights now have this many bits; the KV cache this many blocks
+    sigQuantized = Signal(str, int)  # the weights' format now (engine/quant_formats.py); the KV cache's blocks
     sigComputeChanged = Signal(str)  # the engine's compute line, new (the native kernels took over)
     sigServerStatus = Signal(str, str)  # an attached server's connection: state, text
     sigServerRestarted = Signal(object)  # a managed server's restart ended (channel.ServerRestarted)
@@ -85,8 +85,8 @@ class PanelFeeder(QObject):
             channel.Message: lambda m: self.sigMessage.emit(m.text),
             channel.Busy: lambda b: self.sigBusy.emit(b.text, b.fraction),
             # kept across resets and rebuilds: the weights keep their bits
-            channel.QuantError: lambda q: self.panels.quant.set_report(q.bits, dict(q.errors)),
-            channel.Quantized: lambda q: self.sigQuantized.emit(q.bits, q.num_kv_blocks),
+            channel.QuantError: lambda q: self.panels.quant.set_report(q.quant_format, dict(q.errors)),
+            channel.Quantized: lambda q: self.sigQuantized.emit(q.quant_format, q.num_kv_blocks),
             channel.ComputeChanged: lambda c: self.sigComputeChanged.emit(c.compute),
             channel.Perplexity: self._on_perplexity,
             channel.LoraAdapters: lambda a: self.panels.lora.set_adapters([AdapterRow(**r) for r in a.adapters]),
@@ -176,9 +176,9 @@ class PanelFeeder(QObject):
         self.sigSweepProgress.emit("", 1.0)
 
     def _on_perplexity(self, item: channel.Perplexity) -> None:
-        self.meter.perplexity.update(item.by_bits)
+        self.meter.perplexity.update(item.by_format)
         self.sigMessage.emit("perplexity on the held-out text: " + ", ".join(
-            f"{bits}-bit {ppl:.3f}" for bits, ppl in sorted(item.by_bits.items(), reverse=True)))
+            f"{fmt} {ppl:.3f}" for fmt, ppl in item.by_format.items()))
 
     def _on_step(self, event: EngineStepEvent) -> None:
         self.num_steps += 1

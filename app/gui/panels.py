@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 from PySide6.QtWidgets import QWidget
 
-from app.talk.knob_defaults import knob_defaults, knob_stops
+from app.talk.knob_defaults import knob_defaults
 from app.talk.panel_specs import PANEL_BY_NAME, PANEL_SPECS
 from widgets import (
     ControlsPanel,
@@ -60,7 +60,7 @@ if tuple(f.name for f in fields(Panels)) != tuple(spec.name for spec in PANEL_SP
 
 
 def make_panels() -> Panels:
-    return Panels(controls=ControlsPanel(defaults=knob_defaults(), stops=knob_stops()),
+    return Panels(controls=ControlsPanel(defaults=knob_defaults()),
                   tokens=TokenStreamPanel(max_streams=16), memory=MemoryPanel(), timeline=TimelinePanel(),
                   latency=LatencyPanel(), spec=SpecPanel(), tradeoff=TradeoffPanel(), quant=QuantErrorPanel(),
                   comparison=ComparisonPanel(), roofline=RooflinePanel(), lora=LoraPanel(), server=ServerPanel())

@@ -3,7 +3,7 @@ steps, or the engine rebuilt when a construction-time field such as the KV cache
 quantization, the workload and the latency budget. A part of AppController, given what it uses."""
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from app.gui.control_state import ControllerVerbs, ControlState
@@ -16,10 +16,13 @@ from app.talk.compare_run import ComparisonRun, stored_result
 from app.talk.panel_specs import PANEL_BY_NAME
 from app.talk.talk_order import Talk, load_talk_or_files
 from engine.events import SpecMethod
+from engine.knobs import KNOB, knob_subset
+from engine.quant_formats import DENSE
 
-# switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
-# steps after switching on pay for the compilation, which the step-time plot shows
-SCHEDULING_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "compile")
+# switched between steps by reconfigure(): a preset's engine knobs that run_time and need no feature (the
+# knob table's rows: scheduling, and "compile", whose first steps after switching on pay for the compilation,
+# which the step-time plot shows)
+SCHEDULING_KEYS = tuple(name for name in presets.SCHEMA["engine"] if KNOB[name].run_time and not KNOB[name].needs)
 SPEC_METHODS = tuple(SpecMethod)  # what a preset or the draft-length slider may switch on
 
 
@@ -49,8 +52,8 @@ class PresetActions:
         self.window.emphasise(preset.panels + attached + (("comparison",) if shows_comparison else ()))
         self._show_comparison(preset)
         self.window.setWindowTitle(f"inferlab — {preset.title}")
-        self.state.config.update({k: preset.engine[k] for k in SCHEDULING_KEYS})
-        self.state.config["quant_bits"] = preset.engine["quant_bits"] if caps.quantization else 16
+        self.state.config.update(knob_subset(preset.engine, SCHEDULING_KEYS))
+        self.state.config["quant_format"] = preset.engine["quant_format"] if caps.quantization else DENSE
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
@@ -59,8 +62,9 @@ class PresetActions:
         self.state.load_values = {}  # the preset's workload, until a slider moves
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, **asdict(preset.load),  # the Load generator's rows
-                                         "burst_size": preset.burst_size, "ttft_budget_s": preset.ttft_s,
-                                         "tpot_budget_s": preset.tpot_s, "load_running": preset.autostart})
+                                         **preset.load.sampled, "burst_size": preset.burst_size,
+                                         "ttft_budget_ms": preset.ttft_s * 1e3, "tpot_budget_ms": preset.tpot_s * 1e3,
+                                         "load_running": preset.autostart})
         self.panels.latency.set_budget(preset.ttft_s, preset.tpot_s)
         self.state.budget_s = (preset.ttft_s, preset.tpot_s)  # push_config gives it to a scheduler serving it
         if self.state.engine_ready:
@@ -74,7 +78,8 @@ class PresetActions:
         if self.state.engine_ready and self.state.capabilities.client_timings:  # attached to a server
             text += "\n" + needs_embedded(preset, self.state.capabilities, self.state.source_name)
         info = self.host.info
-        if info is not None and info.weights_origin and (preset.engine["quant_bits"] != 16 or "quant" in preset.panels):
+        quantized = preset.engine["quant_format"] != DENSE
+        if info is not None and info.weights_origin and (quantized or "quant" in preset.panels):
             text += f"\nWeights: {info.weights_origin}."  # the quality figures depend on it
         self.caption.set_caption(preset.title, text)
 
@@ -92,7 +97,7 @@ class PresetActions:
             result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
         seen = self.seen.note(result)
-        if seen:  # another prepare wrote this store since the app last showed it
+        if seen and result is not None:  # another prepare wrote this store since the app last showed it
             result["store_note"] = "\n".join(filter(None, (seen, result.get("store_note"))))
             self.window.show_message(seen)
         try:
@@ -135,13 +140,13 @@ class PresetActions:
         when = (result or {}).get("measured_at", "")[:10]
         self.panels.spec.set_compared_speedup(speedup, f"comparison {when}".strip())
 
-    def _spec_of(self, preset: presets.Preset) -> tuple[str | None, int]:
+    def _spec_of(self, preset: presets.Preset) -> tuple[SpecMethod | None, int]:
         method, k = preset.engine["spec_method"], preset.engine["num_speculative_tokens"]
         if not self.state.capabilities.speculative or method not in SPEC_METHODS or not k:
             return None, 0
         if method == SpecMethod.MTP and not self.state.capabilities.mtp:
             return None, 0  # heads not trained for this model: the caption says how to train them
-        return method, k
+        return SpecMethod(method), k
 
     def rebuild(self, changes: dict, knob: bool) -> None:
         """Build a new engine with changed construction-time fields; on_loaded continues."""
@@ -174,8 +179,8 @@ class PresetActions:
         self.host.cancel_measurement()
         self.host.reset()
         self.verbs.push_config()
-        if self.state.config["quant_bits"] != self.state.engine_bits:
-            self.host.quantize(self.state.config["quant_bits"], preset.engine["quant_group_size"])
+        if self.state.config["quant_format"] != self.state.engine_format:
+            self.host.quantize(self.state.config["quant_format"], preset.engine["quant_group_size"])
         self.host.set_load_config(self.load_config())
         if self.state.capabilities.lora and preset.load.lora_mix:
             self.host.use_loras(preset.load.lora_mix)
@@ -188,7 +193,7 @@ class PresetActions:
         """The load generator's config: the preset's workload (LoadConfig() before one), the sliders' values
         over it (the arrival rate, and the other Load generator rows: state.load_values)."""
         base = self.state.preset.load if self.state.preset is not None else LoadConfig()
-        return replace(base, arrival_rate=self.state.arrival_rate, **self.state.load_values)
+        return base.with_values({"arrival_rate": self.state.arrival_rate, **self.state.load_values})
 
     def _unless_failed_before(self, preset: presets.Preset, wants: dict) -> dict:
         """`wants`, or (when a rebuild for exactly these changes just failed) the engine's own values,
@@ -225,10 +230,10 @@ def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
     gantt_only = capabilities.client_timings  # the timeline keeps its Gantt chart, timed by the client
     lacking = [what for panel in preset.panels if not (panel == "timeline" and gantt_only)
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
-    engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")
+    engine = ", ".join(f"{KNOB[k].label} {KNOB[k].text(preset.engine[k])}" for k in SCHEDULING_KEYS if k != "compile")
     tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
     if capabilities.restartable:  # a server inferlab started (app/managed/source.py)
-        tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weight-bits and draft "
+        tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weights and draft "
                 "sliders restart it with its own flags; its other engine settings are the server's own.")
     if lacking:
         return f"⚠ This preset needs the embedded engine: {'; '.join(dict.fromkeys(lacking))}: not exposed. {tail}"

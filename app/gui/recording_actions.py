@@ -171,10 +171,13 @@ class RecordingActions(QObject):
         w = self.window
         grey_out_features(w.panels, info.capabilities, info.source, True)
         w.controller.show_recorded_knobs(info.config)
-        self._emphasise_recorded(self.playing)
+        playing = self.playing
+        if playing is None:  # stopped while loading
+            return
+        self._emphasise_recorded(playing)
         if self.chapter_note:
-            w.panels.comparison.set_panels_note(self.chapter_note.format(recorded_on=self.playing.recorded_on))
-        w.show_message(f"playing {self.playing.path.name}: {self.playing.recorded_on} (P: back to live)")
+            w.panels.comparison.set_panels_note(self.chapter_note.format(recorded_on=playing.recorded_on))
+        w.show_message(f"playing {playing.path.name}: {playing.recorded_on} (P: back to live)")
 
     def _on_play_failed(self, message: str) -> None:
         self.back_to_live()

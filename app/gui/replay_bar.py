@@ -2,6 +2,8 @@
 and what the recording is ("recorded on <machine>, <date>"). Shown while a ReplaySource feeds the panels."""
 from __future__ import annotations
 
+from functools import partial
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QLabel, QMenu, QSlider, QToolBar, QToolButton
@@ -77,11 +79,14 @@ class ReplayBar(QToolBar):
             menu = self.jumps.menu()
             menu.clear()
             for t, text in state.knob_marks:
-                menu.addAction(f"{t:.1f} s: {text}", lambda t=t: self.source and self.source.seek(t))
+                menu.addAction(f"{t:.1f} s: {text}", partial(self._seek, t))
             self.jumps.setEnabled(bool(state.knob_marks))
             self.jumps.setText(f"knob changes ({len(state.knob_marks)})")
 
     def _on_released(self) -> None:
         self._dragging = False
+        self._seek(self.slider.value() / SLIDER_STEPS_PER_S)
+
+    def _seek(self, t: float) -> None:
         if self.source is not None:
-            self.source.seek(self.slider.value() / SLIDER_STEPS_PER_S)
+            self.source.seek(t)

@@ -1,4 +1,4 @@
-"""The sliders on a managed server (app/managed/source.py): batch, weight bits and draft length take
+"""The sliders on a managed server (app/managed/source.py): batch, weight format and draft length take
 a restart of the server with its own flags. A part of AppController: it hands the restartable knobs to the
 source (which coalesces a burst of moves into one restart, off the GUI thread), marks the change on the
 timeline, and when the restart ends shows what runs now: the sliders go back to the last good point
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
+from engine.knobs import KNOB, KnobValues, knob_items, knob_subset
 
-KNOB_LABELS = {"max_num_seqs": "max batch", "quant_bits": "weight bits", "num_speculative_tokens": "draft length"}
 LOG_TAIL_LINES = 12
 
 
@@ -16,12 +16,13 @@ class ServerRestarts:
     def __init__(self, window, host, panels: Panels, state: ControlState, verbs: ControllerVerbs) -> None:
         self.window, self.host, self.panels, self.state, self.verbs = window, host, panels, state, verbs
 
-    def take(self, values: dict) -> dict:
+    def take(self, values: KnobValues) -> KnobValues:
         """Send the restartable knobs among `values` to the source; returns the others."""
         restartable = self.state.capabilities.restartable if self.state.engine_ready else ()
         if not restartable:
             return values
-        changes = {k: v for k, v in values.items() if k in restartable and self.state.config.get(k) != v}
+        asked, now = knob_items(values), knob_items(self.state.config)
+        changes = knob_subset(asked, [k for k in restartable if k in asked and now.get(k) != asked[k]])
         if changes:
             try:
                 self.host.reconfigure(**changes)
@@ -29,18 +30,19 @@ class ServerRestarts:
                 self.verbs.error(str(exc))
             else:
                 self.panels.timeline.mark_config_change(", ".join(
-                    f"{KNOB_LABELS.get(k, k)} {self.state.config.get(k)} → {v}" for k, v in changes.items()))
+                    f"{KNOB[k].label} {KNOB[k].text(now.get(k))} → {KNOB[k].text(v)}"
+                    for k, v in knob_items(changes).items()))
                 self.state.config.update(changes)
-        return {k: v for k, v in values.items() if k not in restartable}
+        return knob_subset(asked, [k for k in asked if k not in restartable])
 
     def on_loaded(self, info) -> None:
         """The server's own point is what the sliders show (a preset's engine settings do not restart it)."""
         restartable = info.capabilities.restartable
-        self.state.server_point = {k: info.config[k] for k in restartable if k in info.config}
+        self.state.server_point = knob_subset(info.knobs, restartable)
         self._show_point()
 
     def on_restarted(self, item) -> None:
-        self.state.server_point = dict(item.knobs)
+        self.state.server_point = knob_subset(item.knobs, item.knobs)
         self._show_point()
         name = self.host.engine_name
         if not item.failed:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.knob_args import serve_command
 from app.tradeoff.point_quality import reusable_perplexity
+from engine.knobs import KnobValues
 
 
 def connect_tradeoff(controller) -> None:
@@ -33,22 +34,22 @@ def run_sweep_load(controller, batch: int) -> None:
                                    f"{wl.output_tokens[0]}-{wl.output_tokens[1]}")
 
 
-def apply_config(controller, config: dict) -> None:
+def apply_config(controller, config: KnobValues) -> None:
     if not controller.engine_ready:
         controller.window.show_message("the model is still loading")
         return
     if controller.state.capabilities.quantization:  # (an attached server cannot requantize)
-        known = reusable_perplexity(controller.panels.tradeoff.sweep_points(), config,
-                                    controller.state.config["quant_bits"])
+        known = reusable_perplexity(controller.panels.tradeoff.sweep_points(), dict(config),
+                                    controller.state.config["quant_format"])
         if known:  # posted before the requantization: the engine thread takes them first
             controller.host.adopt_perplexity(known)
     controller.panels.controls.set_values(config)  # the sliders show it, without emitting
-    controller._on_config_changed(dict(config))
+    controller._on_config_changed(config)
     controller.window.show_message("applied from the tradeoff plot: " + ", ".join(
         f"{k} {v}" for k, v in config.items()))
 
 
-def copy_command(controller, config: dict) -> str:
+def copy_command(controller, config: KnobValues) -> str:
     """Put the point's `inferlab serve` line on the clipboard (and say it in the status bar)."""
     from PySide6.QtGui import QGuiApplication
 

@@ -34,6 +34,7 @@ from app.tradeoff.roofline_feed import RoofProbe
 from engine.config import EngineConfig
 from engine.core.admission import RequestRejected
 from engine.events import EngineStepEvent
+from engine.quant_formats import quant_format
 from engine.serving.commands import Rebuild
 from engine.serving.loop import EngineLoop, FailureKind, LoopFailure, Subscriber
 
@@ -75,7 +76,7 @@ class EngineHost:
         self.loadgen: LoadGenerator | None = None
         self.snapshot_interval_s = SNAPSHOT_INTERVAL_S
         self._next_snapshot = 0.0
-        self.perplexity: dict[int, float] = {}  # weight bits -> perplexity on the held-out text
+        self.perplexity: dict[str, float] = {}  # weight format -> perplexity on the held-out text
         self.loop = EngineLoop(engine, config=config, progress=self.sigLoadProgress.emit, name="inferlab-engine")
         self.loop.subscribe(_HostSubscriber(self))
         self.loop.subscribe(RoofProbe(self.publish))  # the roofs, off the engine thread (after self's info)
@@ -88,8 +89,8 @@ class EngineHost:
             cmd.SetLoadConfig: lambda c: self.loadgen.set_config(c.config, now()),
             cmd.SetArrivalRate: lambda c: self.loadgen.set_rate(c.rate, now()),
             cmd.SubmitArrivals: lambda c: [self.submit(a) for a in c.arrivals],
-            cmd.Quantize: lambda c: engine_work.quantize(self, c.bits, c.group_size),
-            cmd.AdoptPerplexity: lambda c: engine_work.adopt_perplexity(self, dict(c.by_bits)),
+            cmd.Quantize: lambda c: engine_work.quantize(self, c.quant_format, c.group_size),
+            cmd.AdoptPerplexity: lambda c: engine_work.adopt_perplexity(self, dict(c.by_format)),
             cmd.Reset: lambda c: self._reset(),
             cmd.RunMeasurement: lambda c: c.job(self),
             cmd.UseLoras: lambda c: lora_host.use_loras(self, c),
@@ -179,14 +180,15 @@ class EngineHost:
         self.info = None  # commands are refused ("still loading") until the new engine is up
         self.loop.post(Rebuild(dict(config_changes)))
 
-    def quantize(self, bits: int, group_size: int | None = None) -> None:
+    def quantize(self, fmt: str, group_size: int | None = None) -> None:
         """Requantize the weights from the originals (engine thread, with channel.Busy progress), then
-        measure perplexity on the held-out text for this and for 16 bits if not known yet."""
-        self.loop.post(cmd.Quantize(int(bits), group_size))
+        measure perplexity on the held-out text for this format and for bf16 if not known yet (a name that is
+        no format: ValueError)."""
+        self.loop.post(cmd.Quantize(quant_format(fmt).name, group_size))
 
-    def adopt_perplexity(self, by_bits: dict[int, float]) -> None:
+    def adopt_perplexity(self, by_format: dict[str, float]) -> None:
         """Take these perplexities (a sweep's, same held-out text and weights settings) as measured."""
-        self.loop.post(cmd.AdoptPerplexity(tuple(sorted(by_bits.items()))))
+        self.loop.post(cmd.AdoptPerplexity(tuple(sorted(by_format.items()))))
 
     def reset(self) -> None:
         """Stop the load, abort every request; a channel.Reset follows their last events."""

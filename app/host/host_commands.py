@@ -62,17 +62,17 @@ class SetArrivalRate:
 
 @dataclass(frozen=True, slots=True)
 class Quantize:
-    """Requantize the weights to `bits` from the originals, measuring perplexity around it."""
+    """Requantize the weights to `quant_format` from the originals, measuring perplexity around it."""
 
-    bits: int
-    group_size: int | None = None  # weights per scale for 4 bits (None: the engine's setting)
+    quant_format: str
+    group_size: int | None = None  # weights per scale of a grouped format (None: the engine's setting)
 
 
 @dataclass(frozen=True, slots=True)
 class AdoptPerplexity:
-    """Perplexities a sweep measured (weight bits -> perplexity), known from now on (no new measurement)."""
+    """Perplexities a sweep measured (weight format -> perplexity), known from now on (no new measurement)."""
 
-    by_bits: tuple[tuple[int, float], ...]
+    by_format: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.load.closed_loop import ClosedLoopUsers
 from app.load.kinds import ArrivalKind
@@ -64,6 +65,9 @@ class LoadConfig:
     # prompts are instructions (the generator's `instructions`, chat-formatted by the caller) instead of
     # windows of text: what fine-tuned adapters answer in their style
     instructions: bool = False
+    # what each request samples with beyond the fields above: a load row of the knob table (engine/knobs.py)
+    # named as a SamplingParams field (a preset's [workload] key, a Load generator slider) -> its value
+    sampled: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_rate, (int, float)) and math.isfinite(self.arrival_rate)
@@ -87,13 +91,23 @@ class LoadConfig:
             raise ValueError(f"lora_mix must be adapter names (or 'base'), got {list(self.lora_mix)!r}")
         self.lora_mix = tuple(self.lora_mix)
 
-
     def sampling(self) -> dict:
         """What every generated request samples with: the fields above that SamplingParams has too
-        (SAMPLED_FIELDS: temperature, ignore_eos; a field added here by a SamplingParams name travels)."""
-        return {name: getattr(self, name) for name in SAMPLED_FIELDS}
+        (SAMPLED_FIELDS: temperature, ignore_eos), and `sampled` (the table's other load rows)."""
+        return {**{name: getattr(self, name) for name in SAMPLED_FIELDS}, **self.sampled}
+
+    def with_values(self, values: Mapping[str, Any]) -> LoadConfig:
+        """This config with `values` (load knobs by name: a LoadConfig field, or a SamplingParams field that
+        goes into `sampled`); ValueError for a name that is neither."""
+        own = {k: v for k, v in values.items() if k in LOAD_CONFIG_FIELDS}
+        sampled = {k: v for k, v in values.items() if k not in own}
+        unknown = set(sampled) - set(REQUEST_FIELDS)
+        if unknown:
+            raise ValueError(f"not a load knob: {', '.join(sorted(unknown))}")
+        return replace(self, **own, sampled={**self.sampled, **sampled})
 
 
+LOAD_CONFIG_FIELDS = frozenset(f.name for f in fields(LoadConfig))
 SAMPLED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LoadConfig) if f.name in REQUEST_FIELDS)
 
 

@@ -98,6 +98,14 @@ def gguf_for(model_path: str, bits: int, directory: Path | None = None) -> Path 
     return source_gguf(model_path) if bits == 4 else None
 
 
+def gguf_for_format(model_path: str, fmt: str, directory: Path | None = None) -> Path | None:
+    """The GGUF llama.cpp runs against the engine's weights in format `fmt`: the bf16 GGUF for bf16, the source
+    GGUF (Q4_1) for int4; None for the others (no same-weights file of theirs to compare with)."""
+    if fmt == "bf16":
+        return bf16_gguf(model_path, directory)
+    return source_gguf(model_path) if fmt == "int4" else None
+
+
 QUANT_TYPES = {8: "Q8_0", 4: "Q4_1"}  # weight bits -> the llama-quantize type of that variant
 
 

@@ -6,15 +6,22 @@ import os
 from dataclasses import replace
 
 from app.managed.table import ServerPoint
+from engine.knobs import KnobValues, Use, knobs_for
 
-# the app's knob (its slider's name, engine/knobs.py) -> the ServerPoint field it moves
-KNOB_FIELDS = {"max_num_seqs": "batch", "quant_bits": "bits", "num_speculative_tokens": "draft"}
-RESTARTABLE = tuple(KNOB_FIELDS)
+# the app's knob (its slider's name, engine/knobs.py: the rows offered to a restart) -> the ServerPoint field it moves
+KNOB_FIELDS = {"max_num_seqs": "batch", "quant_format": "bits", "num_speculative_tokens": "draft"}
+RESTARTABLE = tuple(row.name for row in knobs_for(Use.RESTART))
+# the weight formats a managed server's files come in, by the width its ServedModel keys them with: each engine's
+# own variant at that width (llama.cpp's bf16 / Q8_0 / Q4_1 GGUF, a checkpoint for vLLM / SGLang); formats
+# without one (fp8-e4m3) are refused with a clear error
+SERVER_FORMATS = {"bf16": 16, "int8": 8, "int4": 4}
 
 
-def knob_values(point: ServerPoint) -> dict:
+def knob_values(point: ServerPoint) -> KnobValues:
     """The sliders' values for `point`."""
-    return {knob: getattr(point, name) for knob, name in KNOB_FIELDS.items()}
+    by_width = {bits: name for name, bits in SERVER_FORMATS.items()}
+    return KnobValues(max_num_seqs=point.batch, quant_format=by_width.get(point.bits, str(point.bits)),
+                      num_speculative_tokens=point.draft)
 
 
 def point_with(point: ServerPoint, knobs: dict) -> ServerPoint:
@@ -25,6 +32,10 @@ def point_with(point: ServerPoint, knobs: dict) -> ServerPoint:
         if knob not in KNOB_FIELDS:
             raise ValueError(f"{knob} does not change by restarting the server (restartable: "
                              f"{', '.join(RESTARTABLE)})")
+        if knob == "quant_format":
+            if value not in SERVER_FORMATS:
+                raise ValueError(f"a managed server's weights come as {', '.join(SERVER_FORMATS)}, not {value!r}")
+            value = SERVER_FORMATS[value]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{knob} must be a whole number ≥ 0, not {value!r}")
         fields[KNOB_FIELDS[knob]] = value

@@ -17,6 +17,7 @@ import types
 import typing
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import cast
 
 from app.remote import facts as remote_facts
 from app.source import channel
@@ -201,5 +202,6 @@ def _converter(hint, where: str) -> Converter:  # noqa: C901 (one branch per kin
     if ok is None:
         raise TypeError(f"{where}: a recording cannot hold a {hint!r}")
     if hint is float:
-        return lambda d, v, depth: float(v) if ok(v) else _bad(where, f"expected a number, got {type(v).__name__}")
+        return lambda d, v, depth: (float(cast(float, v)) if ok(v)
+                                    else _bad(where, f"expected a number, got {type(v).__name__}"))
     return lambda d, v, depth: v if ok(v) else _bad(where, f"expected {hint.__name__}, got {type(v).__name__}")

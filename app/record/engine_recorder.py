@@ -18,6 +18,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from app.record.header import machine_of, make_header
 from app.record.writer import DEFAULT_MAX_BYTES, RecordingWriter
@@ -45,7 +46,7 @@ class EngineRecorder:
         self.writer = RecordingWriter(path, header, max_bytes=max_bytes, compression=compression)
         self.path = self.writer.path
         self.source = f"recording of {what}" if what else "recording"
-        self._engine = None
+        self._engine: Any = None  # the engine followed now (torch-free: typed loosely)
         self._last_engine: weakref.ref | None = None
         self._knobs: dict = {}
         self._interval = SNAPSHOT_INTERVAL_S

@@ -39,7 +39,8 @@ def make_header(what: str, *, model: str = "", device: str = "", threads: int | 
 
 def recorded_on(header: dict) -> str:
     """"recorded on NVIDIA H100 80GB HBM3, 2026-12-07 14:03 UTC" (the GPU where there was one, else the CPU)."""
-    machine = header.get("machine") if isinstance(header.get("machine"), dict) else {}
+    found = header.get("machine")
+    machine: dict = found if isinstance(found, dict) else {}
     name = str(machine.get("gpu") or machine.get("cpu") or machine.get("host") or "an unknown machine")[:80]
     created = str(header.get("created", ""))[:25]
     try:

@@ -21,6 +21,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from app.record.codec import BadItem, Decoder
 from app.record.header import FORMAT, FORMAT_VERSION
@@ -29,7 +30,7 @@ from engine.files import UnreadableFile, open_regular
 try:
     import zstandard
 except ImportError:
-    zstandard = None
+    zstandard = None  # type: ignore[assignment]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -99,7 +100,8 @@ class Recording:
                 raw.close()
                 raise RecordingError(self.path, "zstd-compressed, and the zstandard package is not installed")
             dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
-            inner = dctx.stream_reader(self._counted, read_size=READ_CHUNK, read_across_frames=True)
+            inner: Any = dctx.stream_reader(self._counted,  # type: ignore[arg-type]
+                                            read_size=READ_CHUNK, read_across_frames=True)
         elif magic.startswith(GZIP_MAGIC):
             inner = gzip.GzipFile(fileobj=self._counted, mode="rb")
         else:
@@ -161,7 +163,7 @@ class Recording:
                 return
             head = _HEAD.match(line)
             t = _number(head.group(1)) if head is not None else None
-            if t is not None:
+            if head is not None and t is not None:
                 kind = head.group(2).decode()
             else:  # not as the writer writes it: the whole line parsed
                 obj = _json(line)

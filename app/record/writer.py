@@ -26,7 +26,7 @@ from app.record.codec import encode
 try:
     import zstandard
 except ImportError:  # the GPU image has no zstandard: gzip, which every reader reads too
-    zstandard = None
+    zstandard = None  # type: ignore[assignment]
 
 SUFFIX = ".inferlab-run"
 DEFAULT_MAX_BYTES = 512 * 2**20

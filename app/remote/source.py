@@ -169,10 +169,10 @@ class RemoteSource:
     def reload(self, **config_changes) -> None:
         raise RuntimeError(f"rebuilding the engine is not offered by {self.name}")
 
-    def quantize(self, bits: int, group_size: int | None = None) -> None:
+    def quantize(self, fmt: str, group_size: int | None = None) -> None:
         raise RuntimeError(f"requantizing is not offered by {self.name}")
 
-    def adopt_perplexity(self, by_bits: dict[int, float]) -> None:
+    def adopt_perplexity(self, by_format: dict[str, float]) -> None:
         raise RuntimeError(f"requantizing is not offered by {self.name}")
 
     def start_load(self) -> None:

@@ -195,7 +195,7 @@ class ReplaySource:
             self.recorded_on = recorded_on(rec.header)
             self.name = f"recording: {self.recorded_on}"
             self.sigLoadProgress.emit(f"reading {self.path.name}", 0.5)
-            marks = []
+            marks: list[tuple[float, str]] = []
             for t, kind, line in rec.lines():
                 if self._stopping.is_set():
                     return

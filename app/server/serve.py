@@ -10,8 +10,9 @@ from app.device_args import device_options
 from app.knob_args import add_knob_args, knob_settings
 from app.server.deadlines import MAX_CONNECTIONS
 from app.train_mtp import bounded
-from engine.core.policies import POLICIES
-from engine.knobs import KNOB
+from engine.knobs import Use
+
+SERVE_DEFAULTS = {"max_lora_rank": 64}  # serve's own defaults where not the engine's: adapters up to rank 64
 
 
 def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
@@ -33,42 +34,20 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
                         "as control tokens, as vLLM does)")
     p.add_argument("--metrics-require-key", action="store_true",
                    help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
-    p.add_argument("--max-num-seqs", type=int, default=KNOB["max_num_seqs"].default,
-                   help="requests in the running batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=KNOB["max_num_batched_tokens"].default,
-                   help="token budget of one step")
-    p.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one piece")
-    p.add_argument("--max-step-ms", type=float, default=KNOB["max_step_ms"].default, metavar="MS",
-                   help="while requests decode, cut prompt chunks so a step (their time per output token) is "
-                        "predicted to stay within MS (default: the token budget alone)")
-    p.add_argument("--ttft-budget-ms", type=float, default=None, metavar="MS",
-                   help="serve toward this time to first token: prompts that can still make it go first, "
-                        "shortest first; late ones wait behind them (default: off)")
-    p.add_argument("--tpot-budget-ms", type=float, default=None, metavar="MS",
-                   help="serve toward this time per output token: prompt chunks are sized so every decoding "
-                        "request stays within it (default: off)")
-    p.add_argument("--policy", default=KNOB["policy"].default, choices=sorted(POLICIES),
-                   help="which waiting request goes next")
-    p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
-    p.add_argument("--max-predicted-wait", type=float, default=None, metavar="SECONDS",
-                   help="refuse (429) when the predicted queue wait exceeds this")
+    # the engine's knobs, each from its row of the knob table (engine/knobs.py: flag, help, type, choices)
+    add_knob_args(p, Use.SERVE, defaults=SERVE_DEFAULTS)
     p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB (default: the engine's "
                    "own sizing from the free memory)")
     p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                    help="the longest request (prompt + answer) served (default: the model's context length)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile each decode step (the first steps stall while it compiles)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template for /v1/chat/completions instead of the model's own")
-    add_knob_args(p)  # the knobs a tradeoff point varies: weight bits, KV dtype, speculation
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a PEFT LoRA adapter as model NAME (repeatable)")
     p.add_argument("--max-loras", type=int, default=None,
                    help="adapters in device slots at once (default: the number of --lora, at most 4)")
-    p.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank a slot holds")
-    p.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host memory beyond the slots")
     p.add_argument("--lora-dir", default=None, metavar="DIR",
                    help="allow POST /v1/load_lora_adapter for adapter folders inside DIR (off by default)")
 
@@ -77,16 +56,11 @@ def engine_config(args):
     from engine.config import EngineConfig
 
     kw = dict(model=args.model, dtype=args.dtype, **device_options(args), num_threads=args.threads,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, max_step_ms=args.max_step_ms,
-              ttft_budget_ms=args.ttft_budget_ms, tpot_budget_ms=args.tpot_budget_ms,
-              max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait,
-              max_model_len=args.max_model_len, compile=args.compile, **knob_settings(args))
+              max_model_len=args.max_model_len, **knob_settings(args, Use.SERVE))
     if args.kv_cache_mib:
         kw["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
     if args.lora or args.lora_dir:
-        kw.update(max_loras=args.max_loras or min(max(len(args.lora), 1), 4), max_lora_rank=args.max_lora_rank,
-                  max_cpu_loras=args.max_cpu_loras)
+        kw.update(max_loras=args.max_loras or min(max(len(args.lora), 1), 4))
     return EngineConfig(**kw)
 
 

@@ -98,23 +98,23 @@ class RooflineAtLoad:
 class QuantError:
     """The per-layer relative weight error after requantizing: {module: ||W - Ŵ|| / ||W||}."""
 
-    bits: int
+    quant_format: str  # the format the weights were requantized to (engine/quant_formats.py)
     errors: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Quantized:
-    """The weights now have `bits` bits; the KV cache was resized to `num_kv_blocks` (the bytes freed)."""
+    """The weights are now in `quant_format`; the KV cache was resized to `num_kv_blocks` (the bytes freed)."""
 
-    bits: int
+    quant_format: str
     num_kv_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
 class Perplexity:
-    """Measured perplexity on the held-out text, by weight bits."""
+    """Measured perplexity on the held-out text, by weight format."""
 
-    by_bits: Mapping[int, float] = field(default_factory=dict)
+    by_format: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

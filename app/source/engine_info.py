@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from engine.knobs import KNOB, KnobValues, knob_subset
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -17,7 +19,7 @@ class Capabilities:
     block_map: bool = False  # BlockMapSnapshots (the KV block map)
     load_generator: bool = False  # the built-in load generator runs next to the engine
     sweep: bool = False  # the tradeoff sweep runs in the engine's thread
-    quantization: bool = False  # weight bits change at run time
+    quantization: bool = False  # the weight format changes at run time
     perplexity: bool = False  # quality is measured on held-out text
     speculative: bool = False  # n-gram / draft-model speculative decoding
     mtp: bool = False  # multi-token prediction heads are trained for this model
@@ -54,10 +56,15 @@ class EngineInfo:
     block_size: int
     has_chat_template: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
-    config: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # the engine's settings by name (the knobs, the model, ...)
     weights_origin: str = ""  # where the weights came from, in words ("" for weights as a folder stores them)
     compute: str = ""  # dtype, compute path, kernel tier and threads, and why (LLMEngine.compute_line)
     compute_short: str = ""  # the same without the reasons (the status bar; the reasons in its tooltip)
+
+    @property
+    def knobs(self) -> KnobValues:
+        """The knob table's values among `config`, typed: what the GUI reads of them."""
+        return knob_subset(self.config, KNOB)
 
     @property
     def reconfigurable(self) -> tuple[str, ...]:

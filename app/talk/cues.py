@@ -25,14 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.knobs import KNOB
+from engine.knobs import Use, knobs_for
 
-# knobs a cue may set, with the check of their values (the controller applies them like the sliders do)
-CUE_KNOBS = {
-    **{name: KNOB[name].type for name in ("enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens", "policy",
-                                          "num_speculative_tokens")},
-    "arrival_rate": float, "compile": KNOB["compile"].type,
-}
+# knobs a cue may set: the knob table's rows offered to cues (engine/knobs.py, Use.CUE), each value checked
+# against its row in the range the app offers (the controller applies them like the sliders do)
+CUE_KNOBS = {row.name: row for row in knobs_for(Use.CUE)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +80,12 @@ def _parse_one(entry: dict) -> Cue:
     if not isinstance(knobs, dict):
         raise ValueError("set: expected a table of knobs, e.g. set = { enable_chunked_prefill = true }")
     for key, value in knobs.items():
-        kind = CUE_KNOBS.get(key)
-        if kind is None:
+        row = CUE_KNOBS.get(key)
+        if row is None:
             raise ValueError(f"set.{key}: not a knob a cue can turn; one of {', '.join(CUE_KNOBS)}")
-        ok = isinstance(value, bool) if kind is bool else (
-            not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
-        if not ok:
-            raise ValueError(f"set.{key}: expected {kind.__name__}, got {value!r}")
+        why = row.problem(value, app=True)
+        if why:
+            raise ValueError(f"set.{key}: {why}, got {value!r}")
     note, ask = entry.get("note", ""), entry.get("ask", "")
     if not isinstance(note, str):
         raise ValueError("note: expected a string")
@@ -97,7 +93,8 @@ def _parse_one(entry: dict) -> Cue:
         raise ValueError("ask: expected the prompt, a string")
     if not burst and not knobs and not note and not ask.strip():
         raise ValueError("a cue needs a burst, a set, an ask or a note")
-    return Cue(at_s=float(at), burst=burst, set=dict(knobs), note=note.strip(), ask=ask.strip())
+    turned = {k: CUE_KNOBS[k].check(v, app=True) for k, v in knobs.items()}
+    return Cue(at_s=float(at), burst=burst, set=turned, note=note.strip(), ask=ask.strip())
 
 
 class CueTimeline:

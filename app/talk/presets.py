@@ -2,12 +2,14 @@
 order, the talk's, is presets/talk.toml (app/talk/talk_order.py).
 
     [preset]    title, caption, panels = [names of the panels to emphasise]
-    [engine]    scheduling knobs (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, policy),
+    [engine]    the knob table's engine rows offered to presets (engine/knobs.py, Use.PRESET): scheduling
+                knobs (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, policy, compile),
                 num_kv_blocks (the KV cache size: the engine is rebuilt in the background), and knobs
-                of features that may not exist yet (quant_bits, num_speculative_tokens, spec_method,
-                compile, max_loras): the app says when one is not available
-    [workload]  arrival_rate, burst, prompt_tokens / output_tokens / burst_prompt_tokens /
-                burst_output_tokens = [lo, hi], shared_prefix_tokens, temperature, ignore_eos, autostart,
+                of features a source may not have (quant_format, num_speculative_tokens, spec_method,
+                max_loras: a row's `needs`): the app says when one is not available
+    [workload]  the table's load rows offered to presets (arrival_rate, temperature, ignore_eos, ...),
+                burst, prompt_tokens / output_tokens / burst_prompt_tokens /
+                burst_output_tokens = [lo, hi], shared_prefix_tokens, autostart,
                 lora_mix = [adapter names, "base"] (each request runs with one, drawn uniformly; the
                 adapters are found by name: engine/lora/shipped.py), instructions (prompts are chat
                 instructions instead of windows of text)
@@ -37,7 +39,7 @@ from app.talk.preset_error import PresetError
 from app.talk.talk_order import TALK_FILE, load_talk, preset_files
 from engine.events import SpecMethod
 from engine.files import UnreadableFile, parse_toml, read_text, shown
-from engine.knobs import KNOB
+from engine.knobs import KNOB, Layer, Use, knobs_for
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 
@@ -106,37 +108,42 @@ def _panels(v):
 
 
 LOAD_FIELDS = frozenset(f.name for f in fields(LoadConfig))  # the [workload] keys that go to the load generator
+PRESET_DEFAULTS = {"quant_group_size": None}  # a preset's default where not the table's (None: the engine's own)
+
+
+def _table_keys(layer: Layer) -> dict[str, tuple[Callable, object]]:
+    """The knob table's rows offered to presets (Use.PRESET) of `layer`: checked against the table, in the
+    ranges the app offers."""
+    return {row.name: (_knob(row.name), PRESET_DEFAULTS.get(row.name, row.default))
+            for row in knobs_for(Use.PRESET, layer)}
+
+
 SCHEMA: dict[str, dict[str, tuple[Callable, object]]] = {  # section -> key -> (check, default)
     "preset": {"title": (_text, None), "caption": (_text, None), "panels": (_panels, ())},
-    "engine": {  # checked against the engine's knob table (engine/knobs.py), in the ranges the app offers
-        **{name: (_knob(name), KNOB[name].default) for name in (
-            "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "quant_bits",
-            "num_speculative_tokens", "spec_method", "compile", "max_loras",
-            "num_kv_blocks")},  # num_kv_blocks None: what the app started with; else a reload
-        "quant_group_size": (_knob("quant_group_size"), None),  # None: the engine's own
-    },
+    "engine": _table_keys(Layer.ENGINE),  # num_kv_blocks None: what the app started with; else a reload
     "workload": {
-        "arrival_rate": (_number(0.0), 2.0), "burst": (_int(0, 256), 0), "burst_size": (_int(1, 256), 16),
+        **_table_keys(Layer.LOAD), "burst": (_int(0, 256), 0), "burst_size": (_int(1, 256), 16),
         "prompt_tokens": (_range, (32, 256)), "output_tokens": (_range, (16, 128)),
         "burst_prompt_tokens": (_range, (512, 1024)), "burst_output_tokens": (_range, (16, 64)),
-        "shared_prefix_tokens": (_int(0, 8192), 0), "temperature": (_number(0.0), 0.8), "ignore_eos": (_bool, False),
+        "shared_prefix_tokens": (_int(0, 8192), 0),
         "autostart": (_bool, True), "lora_mix": (_adapter_names, ()), "instructions": (_bool, False),
     },
     "budget": {"ttft_ms": (_number(0.0, strict=True), 1000.0), "tpot_ms": (_number(0.0, strict=True), 100.0)},
 }
 REQUIRED = {("preset", "title"), ("preset", "caption")}
-# engine keys of features that are not part of the scheduler: (capability name, "not available" text)
-FEATURES = {
-    "quant_bits": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
-    "quant_group_size": ("quantization", "weight quantization arrives with issue 5; this runs with 16-bit weights"),
-    "num_speculative_tokens": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
-    "spec_method": ("speculative", "speculative decoding arrives with issue 4; this runs without it"),
-    "max_loras": ("lora", "multi-LoRA serving (an adapter pool) is not offered by this engine source; every "
-                          "request uses the base model"),
+# what a preset's engine knob of a feature says where the source lacks the capability its row `needs`
+NOT_AVAILABLE = {
+    "quantization": "requantizing the weights is not offered by this engine source; this runs with its own weights",
+    "speculative": "speculative decoding is not offered by this engine source; this runs without it",
+    "lora": "multi-LoRA serving (an adapter pool) is not offered by this engine source; every request uses the "
+            "base model",
 }
-RELOAD_KEYS = ("num_kv_blocks",)  # fixed when the engine is built: changing one rebuilds it
-FEATURE_OFF = {"quant_bits": 16, "quant_group_size": None, "num_speculative_tokens": 0, "spec_method": None,
-               "max_loras": 0}
+# engine keys of features that are not part of the scheduler: (capability name, "not available" text)
+FEATURES = {name: (cap, NOT_AVAILABLE[cap]) for name in SCHEMA["engine"]
+            if (cap := KNOB[name].needs) is not None and cap in NOT_AVAILABLE}
+FEATURE_OFF = {name: SCHEMA["engine"][name][1] for name in FEATURES}  # each feature's preset default: off
+# fixed when the engine is built: changing one rebuilds it
+RELOAD_KEYS = tuple(name for name in SCHEMA["engine"] if name not in FEATURES and not KNOB[name].run_time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +225,9 @@ def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Pr
         raise PresetError(path, exc.line, "", exc.why) from None
     values = _validate(path, text, data)
     p, e, w, b = values["preset"], values["engine"], values["workload"], values["budget"]
-    load = LoadConfig(**{k: v for k, v in w.items() if k in LOAD_FIELDS})  # a [workload] row named as LoadConfig's
+    # a [workload] row named as LoadConfig's, and the table's other load rows (what each request samples with)
+    load = LoadConfig(**{k: v for k, v in w.items() if k in LOAD_FIELDS},
+                      sampled={k: w[k] for k in _table_keys(Layer.LOAD) if k not in LOAD_FIELDS})
     return Preset(name=path.stem, path=str(path), title=p["title"], caption=p["caption"], panels=p["panels"],
                   engine=e, load=load, burst=w["burst"], burst_size=w["burst_size"], autostart=w["autostart"],
                   ttft_s=b["ttft_ms"] / 1e3, tpot_s=b["tpot_ms"] / 1e3, compare=_compare(path, text, data),

@@ -1,10 +1,12 @@
-"""The tradeoff sweep: batch size x weight bits x draft length, measured on the sweep's own engines.
+"""The tradeoff sweep: batch size x weight format x draft length, measured on the sweep's own engines. A point
+is named by the knobs it sets, in the knob table's words (engine/knobs.py): max_num_seqs, quant_format,
+num_speculative_tokens (and quant_group_size for a grouped format).
 
-Isolation: the sweep never touches the live engine or its listeners. It builds one engine per bits
-setting from the same loaded weights (`LLMEngine(config, loaded=loaded)`), changes batch size and
+Isolation: the sweep never touches the live engine or its listeners. It builds one engine per weight
+format from the same loaded weights (`LLMEngine(config, loaded=loaded)`), changes batch size and
 draft length (n-gram speculation) with `reconfigure`, and listens to that engine only. The live
 panels therefore see none of its load. Quality against the 16-bit model on the held-out text
-(perplexity change, KL divergence, top-1 agreement) is measured once per bits setting and reused by
+(perplexity change, KL divergence, top-1 agreement) is measured once per format and reused by
 every batch and draft point of it (speculative verification is exact, batching changes no logits).
 
 The result is plain JSON (see `run_sweep`); predicted points for larger models and GPUs come from
@@ -26,86 +28,90 @@ from engine.config import EngineConfig
 from engine.events import SpecMethod
 from engine.perf.cost_model import calibrate, predicted_points
 from engine.perf.roofline import Roofs, step_verdict
-from engine.quant_formats import QUANT_BITS
+from engine.quant_formats import DENSE, QUANT_FORMAT_NAMES, quant_format
 
 DEFAULT_PRICE_PER_HOUR = 2.50
-POINT_KEYS = ("batch", "bits", "draft")
+POINT_KEYS = ("max_num_seqs", "quant_format", "num_speculative_tokens")  # a point's configuration
 LIVE_WAIT_S = 60.0  # the longest the sweep waits for the live requests to finish before it starts
 
 
 @dataclass(frozen=True, slots=True)
 class SweepSpec:
-    batches: tuple[int, ...] = (1, 8, 32)
-    bits: tuple[int, ...] = QUANT_BITS
-    drafts: tuple[int, ...] = (0, 4)
-    # weights per 4-bit scale: 64, not 32. The default model comes from a Q4_1 GGUF (32-weight blocks):
-    # requantizing onto that same grid measures almost no loss (ppl -0.0004 %), which is the file's, not 4 bits'
+    # the axes, each named by its knob
+    max_num_seqs: tuple[int, ...] = (1, 8, 32)
+    quant_format: tuple[str, ...] = QUANT_FORMAT_NAMES
+    num_speculative_tokens: tuple[int, ...] = (0, 4)
+    # weights per int4 scale: 64, not 32. The default model comes from a Q4_1 GGUF (32-weight blocks):
+    # requantizing onto that same grid measures almost no loss (ppl -0.0004 %), which is the file's, not int4's
     # (`serve` and `generate` default to the same: app/knob_args.py)
     group_size: int = GROUP_SIZE
     warmup_s: float = 1.0
     measure_s: float = 4.0
     price_per_hour: float = DEFAULT_PRICE_PER_HOUR
-    memory_budget_bytes: int = 2**30  # weights + KV of each sweep engine: fewer weight bits, more KV blocks
+    memory_budget_bytes: int = 2**30  # weights + KV of each sweep engine: smaller weights, more KV blocks
     workload: Workload = field(default_factory=Workload)
 
     @property
     def num_points(self) -> int:
-        return len(self.batches) * len(self.bits) * len(self.drafts)
+        return len(self.max_num_seqs) * len(self.quant_format) * len(self.num_speculative_tokens)
 
 
 Progress = Callable[[str, float], None]
 
 
-def sweep_config(base: EngineConfig, spec: SweepSpec, bits: int) -> EngineConfig:
+def sweep_config(base: EngineConfig, spec: SweepSpec, fmt: str) -> EngineConfig:
     """The live engine's execution settings, with the sweep's memory budget and no speculation yet."""
-    return replace(base, quant_bits=bits, quant_group_size=spec.group_size, max_num_seqs=max(spec.batches),
+    return replace(base, quant_format=fmt, quant_group_size=spec.group_size, max_num_seqs=max(spec.max_num_seqs),
                    spec_method=None,
                    num_speculative_tokens=0, num_kv_blocks=None, memory_budget_bytes=spec.memory_budget_bytes,
                    max_queue_len=None, max_predicted_wait_s=None, compile=False, draft_model=None,
-                   draft_quant_bits=None)
+                   draft_quant_format=None)
 
 
 def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, *,
               progress: Progress | None = None, on_point: Callable[[dict], None] | None = None,
               cancelled: Callable[[], bool] = lambda: False) -> dict:
-    """Measure every (bits, draft, batch) point; returns {"points", "frontier", "predicted", ...}."""
+    """Measure every (format, draft, batch) point; returns {"points", "frontier", "predicted", ...}."""
     from app.tradeoff.sweep_quality import quality_pass, reference_pass
     from engine.llm_engine import LLMEngine
     from engine.quant.quality import heldout_texts
 
     report = progress or (lambda text, fraction: None)
     texts, corpus = heldout_texts(), corpus_tokens(loaded.tokenizer)
-    order = sorted(spec.bits, key=lambda b: b != 16)  # the 16-bit engine first: the quality reference
-    points, steps, reference, ppl16 = [], [], None, None
+    order = sorted(spec.quant_format, key=lambda f: f != DENSE)  # the 16-bit engine first: the quality reference
+    points: list[dict] = []
+    steps: list = []
+    reference, ppl16 = None, None
     t0 = time.perf_counter()
-    for bits in order:
+    for fmt in order:
         if cancelled():
             break
-        report(f"sweep: building the {bits}-bit engine", len(points) / spec.num_points)
-        engine = LLMEngine(sweep_config(base, spec, bits), loaded=loaded)
-        report(f"sweep: quality of {bits}-bit weights on the held-out text", len(points) / spec.num_points)
-        if reference is None:  # the 16-bit reference (its own engine when no 16-bit point was asked for)
-            ref_engine = engine if bits == 16 else LLMEngine(sweep_config(base, spec, 16), loaded=loaded)
+        grouped = quant_format(fmt).grouped
+        report(f"sweep: building the {fmt} engine", len(points) / spec.num_points)
+        engine = LLMEngine(sweep_config(base, spec, fmt), loaded=loaded)
+        report(f"sweep: quality of {fmt} weights on the held-out text", len(points) / spec.num_points)
+        if reference is None:  # the 16-bit reference (its own engine when no bf16 point was asked for)
+            ref_engine = engine if fmt == DENSE else LLMEngine(sweep_config(base, spec, DENSE), loaded=loaded)
             reference, ppl16 = reference_pass(ref_engine, texts)
             del ref_engine
-        if bits == 16:
+        if fmt == DENSE:
             quality = {"perplexity": ppl16, "ppl_delta_pct": 0.0, "kl": 0.0, "agreement": 1.0}
         else:
             quality = quality_pass(engine, texts, reference, ppl16)
         mem = engine.memory()
-        for draft in spec.drafts:
+        for draft in spec.num_speculative_tokens:
             engine.reconfigure(spec_method=SpecMethod.NGRAM if draft else None, num_speculative_tokens=draft)
-            for batch in spec.batches:
+            for batch in spec.max_num_seqs:
                 if cancelled():
                     break
-                report(f"sweep: {bits}-bit, draft {draft}, batch {batch} ({len(points) + 1}/{spec.num_points})",
+                report(f"sweep: {fmt}, draft {draft}, batch {batch} ({len(points) + 1}/{spec.num_points})",
                        len(points) / spec.num_points)
                 engine.reconfigure(max_num_seqs=batch)
                 meter = measure_point(engine, batch, corpus, spec.workload, spec.warmup_s, spec.measure_s,
                                       cancelled)
                 steps.extend(meter.steps)
-                point = {"batch": batch, "bits": bits, "draft": draft, "predicted": False,
-                         "group_size": spec.group_size if bits != 16 else None,
+                point = {"max_num_seqs": batch, "quant_format": fmt, "num_speculative_tokens": draft,
+                         "predicted": False, "quant_group_size": spec.group_size if grouped else None,
                          **point_figures(meter, spec.price_per_hour), **quality,
                          "weights_bytes": mem.weights_bytes, "kv_blocks": mem.kv_blocks_total}
                 points.append(point)
@@ -133,7 +139,8 @@ def assemble(points: list[dict], steps: list, roofs: Roofs | None, spec: SweepSp
         "machine": None if roofs is None else roofs.machine,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "sweep_seconds": seconds, "price_per_hour": spec.price_per_hour,
-        "spec": {"batches": list(spec.batches), "bits": list(spec.bits), "drafts": list(spec.drafts),
+        "spec": {"max_num_seqs": list(spec.max_num_seqs), "quant_format": list(spec.quant_format),
+                 "num_speculative_tokens": list(spec.num_speculative_tokens), "quant_group_size": spec.group_size,
                  "warmup_s": spec.warmup_s, "measure_s": spec.measure_s,
                  "memory_budget_bytes": spec.memory_budget_bytes,
                  "prompt_tokens": list(spec.workload.prompt_tokens),
@@ -156,7 +163,7 @@ def verdict_summary(roofs: Roofs, steps: list) -> dict:
         intensities = sorted(v.intensity for v in verdicts)
         out[kind] = {"steps": len(verdicts), **counts, "median_fraction_of_roof": fractions[len(fractions) // 2],
                      "median_intensity_flops_per_byte": intensities[len(intensities) // 2],
-                     "verdict": max(counts, key=counts.get)}
+                     "verdict": max(counts, key=lambda bound: counts[bound])}
     return out
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 from app.data_dir import data_root
 from app.json_shape import finite_number, list_of, whole
 from engine.files import read_json
+from engine.quant_formats import QUANT_FORMAT_BY_NAME
 
 MAX_STORED_BYTES = 16 * 2**20  # a stored sweep: tens of points, kilobytes
-CSV_FIELDS = ("batch", "bits", "draft", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
+CSV_FIELDS = ("max_num_seqs", "quant_format", "num_speculative_tokens", "quant_group_size",
+              "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
               "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
               "weights_bytes", "kv_blocks", "on_frontier", "predicted", "model", "device")
 
@@ -48,10 +50,17 @@ def load(machine: str, model: str, base: Path | None = None) -> dict | None:
     return result if isinstance(result, dict) and malformed(result) is None else None
 
 
-_KEYS = ("batch", "bits", "draft")  # a point's configuration: whole numbers
+_KEYS = ("max_num_seqs", "num_speculative_tokens")  # a point's configuration: whole numbers, and its format
 _FIGURES = ("tokens_per_s_user", "tokens_per_s_total", "agreement", "kl", "usd_per_mtok",
             "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "weights_bytes", "kv_blocks",
-            "kv_capacity_tokens", "group_size")
+            "kv_capacity_tokens", "quant_group_size")
+
+
+def _configuration(p: dict) -> bool:
+    """Whether `p` names its configuration as the sweep writes it: whole numbers and a known format (a sweep
+    stored before formats had names, with "bits", is no stored sweep: it runs again)."""
+    fmt = p.get("quant_format")
+    return all(whole(p.get(k)) for k in _KEYS) and isinstance(fmt, str) and fmt in QUANT_FORMAT_BY_NAME
 
 
 def _figure(v) -> bool:
@@ -61,8 +70,8 @@ def _figure(v) -> bool:
 def _point_problem(p, predicted_list: bool) -> str | None:
     if not isinstance(p, dict):
         return "a point that is not an object"
-    if not all(whole(p.get(k)) for k in _KEYS):
-        return f"a point whose {'/'.join(_KEYS)} are not whole numbers"
+    if not _configuration(p):
+        return f"a point whose {'/'.join(_KEYS)} are not whole numbers or whose quant_format is not a format"
     if not all(k in p for k in ("tokens_per_s_user", "tokens_per_s_total")):
         return "a point without its tokens per second"
     delta = p.get("ppl_delta_pct")  # a change: below zero too
@@ -89,7 +98,7 @@ def malformed(result: dict) -> str | None:
             if (why := _point_problem(p, name == "predicted")) is not None:
                 return f"{name}: {why}"
     frontier = result.get("frontier", [])
-    if not list_of(frontier, lambda f: isinstance(f, dict) and all(whole(f.get(k)) for k in _KEYS)):
+    if not list_of(frontier, lambda f: isinstance(f, dict) and _configuration(f)):
         return "a frontier that is not a list of configurations"
     return None
 

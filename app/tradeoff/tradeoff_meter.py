@@ -11,6 +11,7 @@ not make a configuration look slow, and the numbers are the engine's, not the ar
 from __future__ import annotations
 
 from engine.events import EngineStepEvent, TradeoffPoint
+from engine.quant_formats import DENSE
 
 IDLE_GAP_S = 0.25
 
@@ -65,8 +66,8 @@ class RateMeter:
 def config_label(config: dict) -> str:
     """A short, stable label for a configuration point."""
     parts = [f"batch {config.get('max_num_seqs', '?')}", f"budget {config.get('max_num_batched_tokens', '?')}"]
-    if config.get("quant_bits", 16) != 16:
-        parts.append(f"{config['quant_bits']}-bit")
+    if config.get("quant_format", DENSE) != DENSE:
+        parts.append(str(config["quant_format"]))
     if config.get("num_speculative_tokens", 0):
         parts.append(f"k={config['num_speculative_tokens']}")
     if config.get("compile"):
@@ -76,19 +77,19 @@ def config_label(config: dict) -> str:
     return " · ".join(parts)
 
 
-def perplexity_delta_pct(perplexity: dict[int, float], bits: int) -> float | None:
-    """Perplexity change vs 16 bits in %, when both were measured (never guessed)."""
-    if bits not in perplexity or 16 not in perplexity:
+def perplexity_delta_pct(perplexity: dict[str, float], fmt: str) -> float | None:
+    """Perplexity change vs the 16-bit weights in %, when both were measured (never guessed)."""
+    if fmt not in perplexity or DENSE not in perplexity:
         return None
-    return (perplexity[bits] / perplexity[16] - 1.0) * 100.0
+    return (perplexity[fmt] / perplexity[DENSE] - 1.0) * 100.0
 
 
 def make_point(label: str, config: dict, meter: RateMeter,
-               perplexity: dict[int, float] | None = None) -> TradeoffPoint | None:
+               perplexity: dict[str, float] | None = None) -> TradeoffPoint | None:
     total, per_user = meter.total_tokens_per_s(), meter.tokens_per_s_per_user()
     if total is None or per_user is None:
         return None
-    delta = perplexity_delta_pct(perplexity or {}, int(config.get("quant_bits", 16)))
+    delta = perplexity_delta_pct(perplexity or {}, str(config.get("quant_format", DENSE)))
     return TradeoffPoint(label=label, config=dict(config), tokens_per_s_per_user=per_user,
                          total_tokens_per_s=total, perplexity_delta_pct=delta)
 
@@ -104,7 +105,7 @@ class TradeoffMeter:
         self._label: str | None = None
         self._last_publish = 0.0
         self.paused = False
-        self.perplexity: dict[int, float] = {}  # weight bits -> measured perplexity (from the engine)
+        self.perplexity: dict[str, float] = {}  # weight format -> measured perplexity (from the engine)
 
     @property
     def label(self) -> str | None:

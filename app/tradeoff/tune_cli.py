@@ -164,7 +164,7 @@ def run_tune_cli(args, draw_png: Callable[[dict, str], bool] | None = None) -> i
         f"{len(result['not_run'])} not run, {result['wall_seconds']} s")
     if args.csv:
         write_csv(result, args.csv)
-    if args.png and result["points"]:
+    if args.png and draw_png is not None and result["points"]:  # None was refused above
         draw_png(result, args.png)
     if result["chosen"]:
         chosen = result["chosen"]

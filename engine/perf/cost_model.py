@@ -4,9 +4,9 @@ The calibration is this machine's measured efficiency against its own probed roo
 fraction of the measured bandwidth that decode steps achieved, and of the measured peak FLOP/s that
 prefill steps achieved (both from the counted FLOPs and bytes of the sweep's steps). The prediction
 assumes the same efficiencies on the target device, which is the weakest link and why every point
-says "predicted". Per (model, device, bits, batch), at a context of CONTEXT_TOKENS per request:
+says "predicted". Per (model, device, weight format, batch), at a context of CONTEXT_TOKENS per request:
 
-    weights   = linear params x bits / 8 (+ scales: int8 one 16-bit scale per row, int4 group 32 a
+    weights   = linear params x the format's bits / 8 (+ scales: int8 and fp8 one 16-bit scale per row, int4 group 32 a
                 16-bit scale and zero per 32 weights, i.e. +1 bit) + 16-bit embeddings and lm_head
     KV        = (device memory x MEMORY_SHARE - weights) / KV bytes per token (16-bit KV)
     decode step = max((weights + batch x context x KV/token) / (bandwidth x eff_mem),
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from engine.events import StepKind
 from engine.perf.roofline import Roofs
-from engine.quant_formats import QUANT_BITS, quant_format
+from engine.quant_formats import QUANT_FORMAT_NAMES, quant_format
 
 CONTEXT_TOKENS = 1024
 MEMORY_SHARE = 0.90
@@ -95,18 +95,20 @@ def calibrate(roofs: Roofs, steps: list[tuple[str, int, int, float]]) -> Efficie
     return Efficiency(min(1.0, statistics.median(mem)), min(1.0, statistics.median(comp)), len(mem), len(comp))
 
 
-def weights_bytes(model: ModelSpec, bits: int) -> int:
-    extra_bits = quant_format(bits).overhead_bits(model.hidden)  # scales (see the module docstring)
-    return int(model.linear_params * (bits + extra_bits) / 8) + model.embed_params * 2
+def weights_bytes(model: ModelSpec, fmt: str) -> int:
+    form = quant_format(fmt)
+    extra_bits = form.overhead_bits(model.hidden)  # scales (see the module docstring)
+    return int(model.linear_params * (form.bits + extra_bits) / 8) + model.embed_params * 2
 
 
-def predict(model: ModelSpec, device: DeviceSpec, bits: int, batch: int, eff: Efficiency,
+def predict(model: ModelSpec, device: DeviceSpec, fmt: str, batch: int, eff: Efficiency,
             price_per_hour: float) -> dict:
     """One predicted point (plain JSON-able dict, "predicted": True)."""
-    weights = weights_bytes(model, bits)
+    weights = weights_bytes(model, fmt)
     free = device.memory_bytes * MEMORY_SHARE - weights
     kv_tokens = int(free // model.kv_bytes_per_token) if free > 0 else 0
-    point = {"model": model.name, "device": device.name, "bits": bits, "batch": batch, "draft": 0,
+    point = {"model": model.name, "device": device.name, "quant_format": fmt, "max_num_seqs": batch,
+             "num_speculative_tokens": 0,
              "predicted": True, "weights_bytes": weights, "kv_capacity_tokens": kv_tokens,
              "context_tokens": CONTEXT_TOKENS, "fits": kv_tokens >= batch * CONTEXT_TOKENS,
              "efficiency_memory": eff.memory, "efficiency_compute": eff.compute,
@@ -126,5 +128,5 @@ def predict(model: ModelSpec, device: DeviceSpec, bits: int, batch: int, eff: Ef
 
 
 def predicted_points(eff: Efficiency, price_per_hour: float, batches: tuple[int, ...] = (1, 32)) -> list[dict]:
-    return [predict(m, d, bits, b, eff, price_per_hour)
-            for m in MODELS for d in DEVICES for bits in QUANT_BITS for b in batches]
+    return [predict(m, d, fmt, b, eff, price_per_hour)
+            for m in MODELS for d in DEVICES for fmt in QUANT_FORMAT_NAMES for b in batches]

@@ -17,14 +17,14 @@ from engine.quant_formats import quant_format
 
 
 def applies(config: EngineConfig, device: torch.device) -> bool:
-    return device.type != "cpu" and quant_format(config.quant_bits).quantized and not config.quant_outlier_channels
+    return device.type != "cpu" and quant_format(config.quant_format).quantized and not config.quant_outlier_channels
 
 
 class QuantizeAtLoad:
     """on_layer for build_model. `originals`: the host copies of the 16-bit weights it quantized."""
 
-    def __init__(self, bits: int, group_size: int, reference: bool = False) -> None:
-        self.bits, self.group_size, self.reference = bits, group_size, reference
+    def __init__(self, fmt: str, group_size: int, reference: bool = False) -> None:
+        self.fmt, self.group_size, self.reference = fmt, group_size, reference
         self.originals: dict[str, torch.Tensor] = {}
         self.bytes_16bit = 0  # what those layers took on the device before quantizing
         self.peak_layer_bytes = 0  # the largest 16-bit layer held at once
@@ -37,7 +37,7 @@ class QuantizeAtLoad:
         self.bytes_16bit += layer_bytes
         self.peak_layer_bytes = max(self.peak_layer_bytes, layer_bytes)
         self.originals.update({n: self._to_host(w) for n, w in weights.items()})
-        quantize_model(model, weights, self.bits, self.group_size, reference=self.reference, install=True,
+        quantize_model(model, weights, self.fmt, self.group_size, reference=self.reference, install=True,
                        names=names)
         del weights  # the 16-bit layer goes with its last reference
 
@@ -46,5 +46,5 @@ class QuantizeAtLoad:
 
 
 def quantizer_for(config: EngineConfig, device: torch.device) -> QuantizeAtLoad | None:
-    return QuantizeAtLoad(config.quant_bits, config.quant_group_size, config.quant_reference) \
+    return QuantizeAtLoad(config.quant_format, config.quant_group_size, config.quant_reference) \
         if applies(config, device) else None

@@ -43,25 +43,25 @@ class Int8Embedding(nn.Module):
         return self.qweight.float() * self.scales.float()[:, None]
 
 
-def embedding_modules(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
+def embedding_modules(model: nn.Module, originals: dict[str, torch.Tensor], fmt: str, group_size: int,
                       quantize: bool, quant_linear: Callable[..., nn.Module],
                       reference: bool = False) -> dict[str, nn.Module]:
     """New embedding and head modules built from the original 16-bit tables: quantized when `quantize`
-    and `bits` name a quantized format, else the originals restored (tied again where the model ties them).
+    and `fmt` names a quantized format, else the originals restored (tied again where the model ties them).
     `quant_linear`: the quantized head's class (weight_only.QuantLinear, handed in by the caller, so this
     module never imports weight_only, which imports it)."""
     tied = model.config.tie_word_embeddings
     emb_w = originals[EMBED]
-    if not quantize or quant_format(bits).dense:
+    if not quantize or quant_format(fmt).dense:
         emb = nn.Embedding.from_pretrained(emb_w, freeze=True)
         head = Linear(emb_w.shape[1], emb_w.shape[0])
         head.weight = emb.weight if tied else nn.Parameter(originals[HEAD], requires_grad=False)
         return {EMBED: emb, HEAD: head}
     if tied:
-        head = quant_linear(emb_w, None, 8, group_size, reference=reference)
+        head = quant_linear(emb_w, None, "int8", group_size, reference=reference)
         embedding = Int8Embedding(head.qweight, head.scales)
     else:
-        head = quant_linear(originals[HEAD], None, bits, group_size, reference=reference)
+        head = quant_linear(originals[HEAD], None, fmt, group_size, reference=reference)
         embedding = Int8Embedding(*int8_rows(emb_w, emb_w.dtype))
     head.prompt_gemm = False  # a prompt step asks it for one row per sequence: its own kernels (schemes.py)
     return {EMBED: embedding, HEAD: head}

@@ -64,8 +64,8 @@ class WeightsManager:
                                        for n, w in original_weights(model, skip=set(done)).items()}
         weights16 = weights_bytes(model) + (at_load.bytes_16bit - _module_bytes(model, done) if at_load else 0)
         # layer by layer, each swapped in
-        if config.quant_embeddings or (quant_format(config.quant_bits).quantized and not at_load):
-            self.build_quantized(config, config.quant_bits, install=True)
+        if config.quant_embeddings or (quant_format(config.quant_format).quantized and not at_load):
+            self.build_quantized(config, config.quant_format, install=True)
         weights_saved = weights16 - weights_bytes(model)
         self.packed_bytes = pack_linears(model, config.pack_weights)
         set_stream_kernel(model, stream_kernel)
@@ -91,7 +91,7 @@ class WeightsManager:
         self.stream_kernel = kernel
         set_stream_kernel(self.model, kernel)
 
-    def build_quantized(self, config: EngineConfig, bits: int, group_size: int | None = None,
+    def build_quantized(self, config: EngineConfig, fmt: str, group_size: int | None = None,
                         outlier_channels: int | None = None, progress: Progress | None = None,
                         embeddings: bool | None = None, install: bool = False) -> dict:
         """Quantized modules built from the original 16-bit weights (slow: run it off the GUI thread),
@@ -100,21 +100,21 @@ class WeightsManager:
         group_size = group_size or config.quant_group_size
         n_out = config.quant_outlier_channels if outlier_channels is None else outlier_channels
         outliers = None
-        if n_out and quant_format(bits).quantized:
+        if n_out and quant_format(fmt).quantized:
             if self._act_absmax is None:
                 self._act_absmax = {n: a.to("cpu") for n, a in self._calibrate().items()}
             outliers = outlier_channels_for(self._act_absmax, self.originals, n_out)
         embeddings = config.quant_embeddings if embeddings is None else embeddings
-        return quantize_model(self.model, self.originals, bits, group_size, outliers, config.quant_reference,
+        return quantize_model(self.model, self.originals, fmt, group_size, outliers, config.quant_reference,
                               progress, embeddings, device=self.device, install=install)
 
-    def prepare_swap(self, config: EngineConfig, bits: int, group_size: int | None = None,
+    def prepare_swap(self, config: EngineConfig, fmt: str, group_size: int | None = None,
                      outlier_channels: int | None = None, progress: Progress | None = None,
                      embeddings: bool | None = None) -> tuple[SwapWeights, dict[str, float]]:
         """The SwapWeights command for a requantization, and the per-layer relative weight error."""
-        quant_format(bits)  # ValueError naming the formats there are
-        modules = self.build_quantized(config, bits, group_size, outlier_channels, progress, embeddings)
-        settings = dict(quant_bits=bits, quant_group_size=group_size or config.quant_group_size,
+        fmt = quant_format(fmt).name  # ValueError naming the formats there are
+        modules = self.build_quantized(config, fmt, group_size, outlier_channels, progress, embeddings)
+        settings = dict(quant_format=fmt, quant_group_size=group_size or config.quant_group_size,
                         quant_embeddings=config.quant_embeddings if embeddings is None else embeddings,
                         quant_outlier_channels=config.quant_outlier_channels
                         if outlier_channels is None else outlier_channels)

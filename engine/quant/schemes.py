@@ -4,6 +4,7 @@ the parts every format shares (outlier columns, bias, reference mode) and asks i
 so a new format is one class here plus one row in quant_formats.py.
 
     int8: w ≈ scale * q               one scale per output row, q in [-127, 127]
+    fp8-e4m3: w ≈ scale * q           one scale per output row, q an e4m3 value (engine/quant/fp8.py)
     int4: w ≈ (q - 8) * scale + zero  one (scale, zero) per group of input columns, q in [0, 15]
 
 Each method takes the layer (its buffers are registered on it, so .to(), state_dict and the huge-page
@@ -21,6 +22,7 @@ from engine.kernels import cpu_flags
 from engine.models.layers.linear import INT8_ROWS, few_rows
 from engine.quant import int4_torch
 from engine.quant.embeddings import int8_rows
+from engine.quant.fp8 import Fp8Rows
 from engine.runner.cpu_compute import emulated_bf16_forced, native_bf16_flags
 
 
@@ -375,4 +377,4 @@ class Int4Groups:
         return (kind, layer.codes, layer.scale_zero, layer.group_size)
 
 
-SCHEMES = {scheme.name: scheme for scheme in (Int8Rows, Int4Groups)}
+SCHEMES = {scheme.name: scheme for scheme in (Int8Rows, Fp8Rows, Int4Groups)}

@@ -1,6 +1,8 @@
-"""Weight-only quantization as a module swap: int8 per output channel, int4 with group-wise scales.
+"""Weight-only quantization as a module swap: int8 and fp8 e4m3 per output channel, int4 with group-wise
+scales (one scheme class per format: engine/quant/schemes.py).
 
     w ≈ scale * q                      int8: one scale per output row, q in [-127, 127]
+    w ≈ scale * e4m3(q)                fp8-e4m3: one scale per output row, q an fp8 e4m3 value (|q| <= 448)
     w ≈ (q - 8) * scale + zero         int4: one (scale, zero) per group of input columns, q in [0, 15]
 
 Activations stay in 16 bits. On the CPU the fast paths are the native weight-streaming kernels for
@@ -35,18 +37,19 @@ QUANTIZABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 class QuantLinear(nn.Module):
-    """A Linear whose weight is stored in 8 or 4 bits (+ scales), with optional 16-bit outlier columns.
+    """A Linear whose weight is stored in a quantized format (engine/quant_formats.py: codes + scales), with
+    optional 16-bit outlier columns.
     `stream`: the native weight-streaming module (set by set_stream_kernel), which int4 runs on."""
 
     stream = None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, group_size: int,
                  outlier_idx: torch.Tensor | None = None, reference: bool = False, int4_layout: str = "auto") -> None:
         """`int4_layout`: "auto" packs int4 for torch's int4 matmul on CUDA where it applies, in the native
         kernel's tiles layout where its avx512 or avx2 tier runs, its chunk layout elsewhere; "torch", "tiles" and
         "chunks" force one (the tests)."""
         super().__init__()
-        self.bits, self.group_size, self.reference = bits, group_size, reference
+        self.group_size, self.reference = group_size, reference
         if int4_layout not in ("auto", "torch", "tiles", "chunks"):
             raise ValueError(f"int4_layout: auto, torch, tiles or chunks, not {int4_layout!r}")
         self.int4_layout = int4_layout
@@ -64,7 +67,8 @@ class QuantLinear(nn.Module):
         else:
             self.outlier_idx = None
         self.bias = bias
-        self.format = quant_format(bits)
+        self.format = quant_format(fmt)
+        self.bits = self.format.bits  # bits per weight (memory figures)
         self.scheme = SCHEMES.get(self.format.name)  # engine/quant/schemes.py: storage and products
         if self.scheme is None:
             raise ValueError(f"QuantLinear takes a quantized format, got {self.format.name}")
@@ -103,7 +107,7 @@ class QuantLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: int, group_size: int,
+def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], fmt: str, group_size: int,
                    outliers: dict[str, torch.Tensor] | None = None, reference: bool = False,
                    progress=None, embeddings: bool = False, device: torch.device | None = None,
                    install: bool = False, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -117,7 +121,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
     the next is made (start-up; a requantization at run time builds aside while the old layers serve).
     `names`: only these layers (engine/quant/at_load.py: one decoder layer as it is loaded)."""
     names = names or [n for n, m in model.named_modules() if n.split(".")[-1] in QUANTIZABLE]
-    fmt = quant_format(bits)
+    form = quant_format(fmt)
     new: dict[str, nn.Module] = {}
     for i, name in enumerate(names):
         mod = model.get_submodule(name)
@@ -125,7 +129,7 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             mod = mod.base
         weight = originals[name] if device is None else originals[name].to(device)
         bias = mod.bias
-        if fmt.dense:
+        if form.dense:
             lin = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             lin.weight = nn.Parameter(weight, requires_grad=False)
             lin.bias = bias
@@ -134,15 +138,15 @@ def quantize_model(model: nn.Module, originals: dict[str, torch.Tensor], bits: i
             idx = outliers.get(name) if outliers else None
             if idx is not None:
                 idx = idx.to(weight.device)
-            new[name] = QuantLinear(weight, bias, bits, group_size, idx, reference)
+            new[name] = QuantLinear(weight, bias, form.name, group_size, idx, reference)
             del weight
         if install:
             swap_modules(model, {name: new[name]})
         if progress:
-            progress(f"quantizing to {bits} bits", (i + 1) / len(names))
+            progress(f"quantizing to {form.name}", (i + 1) / len(names))
     if EMBED in originals:
         tables = {k: originals[k] if device is None else originals[k].to(device) for k in (EMBED, HEAD)}
-        table_modules = embedding_modules(model, tables, bits, group_size, embeddings, QuantLinear, reference)
+        table_modules = embedding_modules(model, tables, form.name, group_size, embeddings, QuantLinear, reference)
         if install:
             swap_modules(model, table_modules)
         new.update(table_modules)

@@ -24,7 +24,7 @@ from engine.models.model_config import ModelConfig
 from engine.quant import int4_torch
 from engine.quant.at_load import QuantizeAtLoad
 from engine.quant.weight_only import original_weights, quantize_model
-from engine.quant_formats import quant_format
+from engine.quant_formats import DENSE, quant_format
 from engine.runner.huge_pages import move_to_huge_pages
 from engine.runner.model_runner import ModelRunner
 from engine.runner.setup import kv_block_bytes, stream_kernel_for
@@ -44,21 +44,21 @@ class DraftModel:
 def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfig, device: torch.device,
                       dtype: torch.dtype, matmul_dtype: torch.dtype | None = None) -> DraftModel:
     """The draft model on the device, quantized layer by layer (a self-draft: a copy of the target, at
-    self_draft_bits unless draft_quant_bits says). Built before the target's KV cache is sized: its
+    self_draft_format unless draft_quant_format says). Built before the target's KV cache is sized: its
     weights and KV share the budget."""
     loaded = load_model(cfg.draft_model) if cfg.draft_model else target_loaded
     if loaded.config.vocab_size != target_config.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({loaded.config.vocab_size}) differs from the "
                          f"target's ({target_config.vocab_size}); they must share a tokenizer")
     mc = loaded.config
-    bits = cfg.draft_quant_bits or (16 if cfg.draft_model
-                                    else self_draft_bits(device, dtype, mc, cfg.quant_group_size))
+    fmt = cfg.draft_quant_format or (DENSE if cfg.draft_model
+                                     else self_draft_format(device, dtype, mc, cfg.quant_group_size))
     # on a GPU each layer is quantized as it loads; on the CPU each is swapped in as it is made
-    quantized = quant_format(bits).quantized
-    at_load = QuantizeAtLoad(bits, cfg.quant_group_size) if quantized and device.type != "cpu" else None
+    quantized = quant_format(fmt).quantized
+    at_load = QuantizeAtLoad(fmt, cfg.quant_group_size) if quantized and device.type != "cpu" else None
     model = build_model(mc, loaded.state_dict, device, dtype, on_layer=at_load)
     if quantized and at_load is None:
-        quantize_model(model, original_weights(model), bits, cfg.quant_group_size, install=True)
+        quantize_model(model, original_weights(model), fmt, cfg.quant_group_size, install=True)
     pack_linears(model, cfg.pack_weights)  # (a quantized draft keeps only its lm_head packed)
     if device.type == "cpu":  # its weights are streamed every draft step, as the target's
         move_to_huge_pages(model)
@@ -67,16 +67,16 @@ def build_draft_model(cfg, target_loaded: LoadedModel, target_config: ModelConfi
     return DraftModel(model, mc)
 
 
-def self_draft_bits(device: torch.device, dtype: torch.dtype, mc: ModelConfig, group_size: int) -> int:
-    """A self-draft pays only when it is cheaper to run than the target: 4 bits where a fast int4 kernel
+def self_draft_format(device: torch.device, dtype: torch.dtype, mc: ModelConfig, group_size: int) -> str:
+    """A self-draft pays only when it is cheaper to run than the target: int4 where a fast int4 kernel
     runs (the CPU's native kernel; on CUDA torch's packed int4 matmul, bf16 on compute capability 8.0+),
-    else 8 bits (torch's fused int8 kernel), never the 4-bit dequantize-every-call fallback."""
+    else int8 (torch's fused int8 kernel), never the int4 dequantize-every-call fallback."""
     if device.type != "cuda":
-        return 4
+        return "int4"
     shapes = ((mc.hidden_size, mc.hidden_size), (mc.intermediate_size, mc.hidden_size),
               (mc.hidden_size, mc.intermediate_size))
     fast = all(int4_torch.applies(device, dtype, out, inp, group_size) for out, inp in shapes)
-    return 4 if fast else 8
+    return "int4" if fast else "int8"
 
 
 class DraftModelProposer:

@@ -65,7 +65,7 @@ def feed(panels: dict[str, QWidget]) -> None:
     panels["caption"].set_caption("Speculative decoding", "A cheap n-gram drafter proposes 4 tokens; the model "
                                   "verifies them in one pass. Green tokens were accepted drafts.")
     panels["controls"].set_busy("requantizing to 4-bit…", 0.4)
-    panels["controls"].set_feature_available("quant_bits", False, "quantization is not implemented yet")
+    panels["controls"].set_feature_available("quant_format", False, "quantization is not implemented yet")
     tokens = panels["tokens"]
     tokens.add_stream("req-1", "Second request")
     tokens.add_stream("req-0", "Tell me a story", prompt="Tell me a story about a fox.")

@@ -1,15 +1,17 @@
-"""ControlsPanel: debounced config signals, silent presets, load/burst/reset, busy and unavailable states."""
+"""ControlsPanel: drawn from the knob table, debounced config signals, silent presets, load/burst/reset, busy and
+unavailable states."""
 from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
 
+from engine.knobs import KNOB, KNOBS
 from widgets.controls import CONFIG_KEYS, DEBOUNCE_MS, ControlsPanel
 
 # what the app hands the panel (app/talk/knob_defaults.py: EngineConfig's defaults and the like)
-DEFAULTS = {"max_num_seqs": 64, "quant_bits": 16, "kv_cache_bits": 16, "num_speculative_tokens": 0,
+DEFAULTS = {"max_num_seqs": 64, "quant_format": "bf16", "kv_cache_dtype": "auto", "num_speculative_tokens": 0,
             "max_num_batched_tokens": 512,
-            "arrival_rate": 2.0, "burst_size": 16, "ttft_budget_s": 1.0, "tpot_budget_s": 0.1}
+            "arrival_rate": 2.0, "burst_size": 16, "ttft_budget_ms": 1000.0, "tpot_budget_ms": 100.0}
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def test_slider_drag_is_debounced_into_one_signal(panel, qtbot):
         for v in range(10, 40):  # a drag: 30 moves
             slider.setValue(v)
     assert len(emitted) == 1
-    assert blocker.args[0] == {"max_num_seqs": 40, "quant_bits": 16, "kv_cache_bits": 16,
+    assert blocker.args[0] == {"max_num_seqs": 40, "quant_format": "bf16", "kv_cache_dtype": "auto",
                                "num_speculative_tokens": 0, "max_num_batched_tokens": 512}
     assert set(blocker.args[0]) == set(CONFIG_KEYS)
     qtbot.wait(DEBOUNCE_MS + 100)
@@ -33,14 +35,16 @@ def test_slider_drag_is_debounced_into_one_signal(panel, qtbot):
     assert panel.row("max_num_seqs").value_text() == "40"
 
 
-def test_quant_and_budget_sliders(panel, qtbot):
+def test_format_and_budget_sliders(panel, qtbot):
+    row = panel.row("quant_format")
+    assert row.values() == ("bf16", "int8", "fp8-e4m3", "int4")  # a format slider: two of them are 8 bits
     with qtbot.waitSignal(panel.sigConfigChanged, timeout=2000) as blocker:
-        panel.row("quant_bits").slider.setValue(2)
-    assert blocker.args[0]["quant_bits"] == 4
+        row.slider.setValue(2)
+    assert blocker.args[0]["quant_format"] == "fp8-e4m3" and row.value_text() == "fp8 e4m3"
     with qtbot.waitSignal(panel.sigBudgetChanged, timeout=2000) as blocker:
-        panel.row("ttft_budget_s").set_value(0.25)  # silent
-        panel.row("tpot_budget_s").slider.setValue(panel.row("tpot_budget_s").slider.value() + 1)
-    assert blocker.args == [pytest.approx(0.25), pytest.approx(0.105)]
+        panel.row("ttft_budget_ms").set_value(250)  # silent
+        panel.row("tpot_budget_ms").slider.setValue(panel.row("tpot_budget_ms").slider.value() + 1)
+    assert blocker.args == [pytest.approx(250), pytest.approx(105)]  # ms, as the knobs
     with qtbot.waitSignal(panel.sigLoadChanged, timeout=2000) as blocker:
         panel.row("arrival_rate").slider.setValue(55)
     assert blocker.args[0] == {"arrival_rate": pytest.approx(5.5)}
@@ -48,11 +52,11 @@ def test_quant_and_budget_sliders(panel, qtbot):
 
 def test_set_values_is_silent(panel, qtbot):
     with qtbot.assertNotEmitted(panel.sigConfigChanged, wait=DEBOUNCE_MS + 100):
-        panel.set_values({"max_num_seqs": 8, "quant_bits": 8, "num_speculative_tokens": 4,
+        panel.set_values({"max_num_seqs": 8, "quant_format": "int8", "num_speculative_tokens": 4,
                           "max_num_batched_tokens": 1000, "arrival_rate": 1.5, "burst_size": 32,
                           "model": "ignored"})
     v = panel.snapshot_data()["values"]
-    assert v["max_num_seqs"] == 8 and v["quant_bits"] == 8 and v["num_speculative_tokens"] == 4
+    assert v["max_num_seqs"] == 8 and v["quant_format"] == "int8" and v["num_speculative_tokens"] == 4
     assert v["max_num_batched_tokens"] == 1024  # nearest slider stop
     assert v["arrival_rate"] == pytest.approx(1.5) and v["burst_size"] == 32
 
@@ -85,15 +89,15 @@ def test_busy_and_unavailable(panel):
     assert panel.snapshot_data()["busy_fraction"] is None
     panel.set_busy(None)
     assert panel.snapshot_data()["busy"] is None
-    panel.set_feature_available("quant_bits", False, "quantization is not implemented yet")
-    row = panel.row("quant_bits")
+    panel.set_feature_available("quant_format", False, "quantization is not implemented yet")
+    row = panel.row("quant_format")
     assert not row.isEnabled() and row.toolTip() == "quantization is not implemented yet"
     assert row.value_text() == "n/a"
-    assert panel.snapshot_data()["unavailable"] == {"quant_bits": "quantization is not implemented yet"}
+    assert panel.snapshot_data()["unavailable"] == {"quant_format": "quantization is not implemented yet"}
     panel.set_feature_available("burst", False, "no load generator")
     assert not panel._burst_button.isEnabled()
-    panel.set_feature_available("quant_bits", True)
-    assert row.isEnabled() and row.value_text() == "16-bit"
+    panel.set_feature_available("quant_format", True)
+    assert row.isEnabled() and row.value_text() == "bf16" and row.toolTip() == KNOB["quant_format"].help
     with pytest.raises(KeyError):
         panel.set_feature_available("warp_drive", False)
 
@@ -104,3 +108,26 @@ def test_reset_goes_back_to_the_defaults_it_was_given(show):
     panel.reset()
     values = panel.snapshot_data()["values"]
     assert values["max_num_seqs"] == 32 and values["burst_size"] == 4 and values["max_num_batched_tokens"] == 512
+
+
+def test_every_slider_is_a_row_of_the_knob_table(show):
+    """The panel draws the table: each row with a `slider` is a slider with the row's label, stops, help and
+    words for its value, and there is no slider the table does not have."""
+    panel = show(ControlsPanel(), 500, 500)
+    drawn = {row.name for row in KNOBS if row.slider is not None}
+    assert set(panel.snapshot_data()["values"]) - {"burst_size"} == drawn
+    for name in drawn:
+        row, slider = KNOB[name], panel.row(name)
+        assert slider.values() == row.stops and slider.toolTip() == row.help
+        assert slider.value_text() == row.text(slider.value())
+
+
+def test_a_long_busy_text_wraps_instead_of_widening_the_panel(panel, qtbot):
+    """The busy text ("measuring perplexity of fp8-e4m3 weights on the held-out text…") wraps under the reset
+    button: on one line beside it, it widened the panel past a 1280x720 window's dock and pushed every slider's
+    value behind a horizontal scroll bar."""
+    idle = panel.minimumSizeHint().width()
+    panel.set_busy("measuring perplexity of fp8-e4m3 weights on the held-out text (about a minute on a CPU)…", 0.5)
+    qtbot.wait(50)  # the layout takes the label's new size on its next pass
+    assert panel.minimumSizeHint().width() <= idle
+    assert panel.snapshot_data()["busy"].startswith("measuring perplexity")

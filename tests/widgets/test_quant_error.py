@@ -1,4 +1,4 @@
-"""QuantErrorPanel: a per-layer heatmap of the engine's relative weight error, an honest 16-bit state."""
+"""QuantErrorPanel: a per-layer heatmap of the engine's relative weight error, an honest bf16 state."""
 from __future__ import annotations
 
 import pyqtgraph as pg
@@ -31,39 +31,39 @@ def panel(show):
 def test_off_until_a_report_arrives(panel):
     panel.flush()
     assert panel.overlay_text() == OFF_TEXT
-    assert OFF_TEXT.startswith("16-bit weights: nothing is quantized.") and "'weight bits'" in OFF_TEXT
+    assert OFF_TEXT.startswith("bf16 weights: nothing is quantized.") and "'weights'" in OFF_TEXT
     data = panel.snapshot_data()
-    assert data["off"] and data["bits"] is None and data["num_cells"] == 0 and data["worst"] is None
+    assert data["off"] and data["quant_format"] is None and data["num_cells"] == 0 and data["worst"] is None
     assert data["mean_error"] is None and data["max_error"] is None
 
 
 def test_snapshot_of_a_full_report(panel):
     errors = report()
-    panel.set_report(4, errors)
+    panel.set_report("int4", errors)
     panel.flush()
     assert panel.overlay_text() == "" and not panel._overlay.isVisible()
     data = panel.snapshot_data()
-    assert data["bits"] == 4 and not data["off"]
+    assert data["quant_format"] == "int4" and not data["off"]
     assert data["num_cells"] == 30 * 4 + 2 and data["num_layers"] == 30
     assert data["columns"] == ["qkv", "o", "gate_up", "down"]
     assert data["extra_rows"] == ["embed_tokens", "lm_head"]
     assert data["worst"] == "layers.3.mlp.down_proj" and data["max_error"] == pytest.approx(0.04)
     assert data["mean_error"] == pytest.approx(sum(errors.values()) / len(errors))
     title = panel._title.text()
-    assert "4-bit weights" in title and "‖W−Ŵ‖/‖W‖" in title
+    assert "int4 weights" in title and "‖W−Ŵ‖/‖W‖" in title
     assert "layers.3.mlp.down_proj" in title and "4.0 %" in title and pct(data["mean_error"]) in title
 
 
 def test_back_to_16_bits_is_off_again(panel):
-    panel.set_report(4, report())
+    panel.set_report("int4", report())
     panel.flush()
-    panel.set_report(16, {})
+    panel.set_report("bf16", {})
     panel.flush()
     assert panel.overlay_text() == OFF_TEXT
-    assert panel.snapshot_data()["bits"] == 16 and panel.snapshot_data()["num_cells"] == 0
-    panel.set_report(8, report(2, embeddings=False))
+    assert panel.snapshot_data()["quant_format"] == "bf16" and panel.snapshot_data()["num_cells"] == 0
+    panel.set_report("int8", report(2, embeddings=False))
     panel.reset()
-    assert panel.snapshot_data()["bits"] is None and panel.overlay_text() == OFF_TEXT
+    assert panel.snapshot_data()["quant_format"] is None and panel.overlay_text() == OFF_TEXT
 
 
 def test_grid_layout_from_names():
@@ -75,7 +75,7 @@ def test_grid_layout_from_names():
 
 
 def test_cells_in_rows_and_columns_and_tooltips(panel):
-    panel.set_report(4, report())
+    panel.set_report("int4", report())
     panel.flush()
     view = panel.view
     rects = view.cell_rects()
@@ -98,7 +98,7 @@ def test_cells_in_rows_and_columns_and_tooltips(panel):
 
 
 def test_colour_scale_runs_from_zero_to_the_worst(panel):
-    panel.set_report(4, report())
+    panel.set_report("int4", report())
     panel.flush()
     view = panel.view
     assert view.color_of(0.04) == view.color_of(1.0)  # the worst is the top of the scale
@@ -114,12 +114,12 @@ def test_renders_in_both_themes(qapp, show, theme):
     try:
         for errors in (report(), report(2, embeddings=False), {}):
             panel = show(QuantErrorPanel(), 560, 490)
-            panel.set_report(4 if errors else 16, errors)
+            panel.set_report("int4" if errors else "bf16", errors)
             panel.flush()
             img = panel.grab().toImage()
             assert not img.isNull() and img.width() == 560
             small = show(QuantErrorPanel(), 240, 170)  # tiny dock: no numbers in cells, still paints
-            small.set_report(4, errors)
+            small.set_report("int4", errors)
             small.flush()
             assert not small.grab().toImage().isNull()
     finally:  # leave the application as it was for the next test

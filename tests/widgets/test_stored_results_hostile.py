@@ -99,8 +99,10 @@ def test_a_lying_sweep_is_no_stored_sweep_and_whatever_passes_the_panel_shows(sh
     assert sweep_store.malformed(better) is None
     sweep_store.save(base, "m", "model", tmp_path)
     assert sweep_store.load("m", "model", tmp_path)["points"]
-    for lie in ({"points": [{**base["points"][0], "batch": "8"}]}, {"points": "many"},
-                {"frontier": [{"batch": 1}]}, {"predicted": [{**base["predicted"][0], "model": None}]},
+    for lie in ({"points": [{**base["points"][0], "max_num_seqs": "8"}]}, {"points": "many"},
+                {"points": [{**base["points"][0], "quant_format": 8}]},  # a bit count names no format
+                {"points": [{**{k: v for k, v in base["points"][0].items() if k != "quant_format"}, "bits": 8}]},
+                {"frontier": [{"max_num_seqs": 1}]}, {"predicted": [{**base["predicted"][0], "model": None}]},
                 {"points": [{**base["points"][0], "tokens_per_s_total": float("inf")}]}):
         sweep_store.save({**base, **lie}, "m", "model", tmp_path)
         assert sweep_store.load("m", "model", tmp_path) is None, lie

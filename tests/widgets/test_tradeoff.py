@@ -18,20 +18,22 @@ def panel(show):
 
 def _sweep() -> dict:
     pts = []
-    for bits, agree in ((16, 1.0), (8, 0.97), (4, 0.85)):
+    for fmt, bits, agree in (("bf16", 16, 1.0), ("int8", 8, 0.97), ("int4", 4, 0.85)):
         for batch in (1, 8, 32):
             for draft in (0, 4):
-                pts.append({"batch": batch, "bits": bits, "draft": draft, "predicted": False,
+                pts.append({"max_num_seqs": batch, "quant_format": fmt, "num_speculative_tokens": draft,
+                            "predicted": False,
                             "tokens_per_s_user": 40.0 / batch ** 0.3 * (1 + 0.1 * (16 - bits) / 4) * (1 + 0.05 * draft),
                             "tokens_per_s_total": 40.0 * batch ** 0.7, "ppl_delta_pct": (1 - agree) * 30,
                             "kl": (1 - agree) / 2, "agreement": agree, "p50_tpot_ms": 30.0, "p99_tpot_ms": 50.0,
                             "p50_ttft_ms": 80.0, "p99_ttft_ms": 120.0, "weights_bytes": 1, "kv_blocks": 1})
-    predicted = [{"model": m, "device": d, "bits": 4, "batch": 1, "draft": 0, "predicted": True,
+    predicted = [{"model": m, "device": d, "quant_format": "int4", "max_num_seqs": 1, "num_speculative_tokens": 0,
+                  "predicted": True,
                   "tokens_per_s_user": 100.0 * i, "tokens_per_s_total": 100.0 * i, "weights_bytes": 4e9,
                   "kv_capacity_tokens": 10_000, "agreement": None}
                  for i, (m, d) in enumerate((("7B", "A100"), ("7B", "H100"), ("70B", "H200")), start=1)]
-    return {"points": pts, "frontier": [{"batch": 1, "bits": 4, "draft": 4}, {"batch": 32, "bits": 4, "draft": 4},
-                                        {"batch": 8, "bits": 4, "draft": 4}], "predicted": predicted}
+    frontier = [{"max_num_seqs": b, "quant_format": "int4", "num_speculative_tokens": 4} for b in (1, 32, 8)]
+    return {"points": pts, "frontier": frontier, "predicted": predicted}
 
 
 def test_cost_math():
@@ -68,13 +70,13 @@ def test_labels_never_overlap(panel):
 def test_hover_and_click_apply(panel, qtbot):
     panel.set_sweep(_sweep())
     panel.flush()
-    tip = panel._tip(x=0, y=0, data="batch 8 · 8-bit · k=4")  # as pyqtgraph 0.14 calls it: by keyword
+    tip = panel._tip(x=0, y=0, data="batch 8 · int8 · k=4")  # as pyqtgraph 0.14 calls it: by keyword
     assert "top-1 agreement 97.0 %" in tip and "TPOT p50 30 ms" in tip
     assert "not measured" in panel._tip(x=0, y=0, data=panel.snapshot_data()["predicted"][0]["label"])
-    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · 8-bit · k=4")
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · int8 · k=4")
     with qtbot.waitSignal(panel.sigApply, timeout=1000) as blocker:
         panel._on_clicked(panel._scatter, [spot])
-    assert blocker.args == [{"max_num_seqs": 8, "quant_bits": 8, "num_speculative_tokens": 4}]
+    assert blocker.args == [{"max_num_seqs": 8, "quant_format": "int8", "num_speculative_tokens": 4}]
 
 
 def test_hovering_a_point_shows_its_tooltip(panel, qtbot):
@@ -92,13 +94,13 @@ def test_hovering_a_point_shows_its_tooltip(panel, qtbot):
 
     panel.set_sweep(_sweep())
     panel.flush()
-    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · 8-bit · k=4")
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 8 · int8 · k=4")
     vb = panel._plot.getPlotItem().vb
     at = QPointF(panel._plot.mapFromScene(vb.mapViewToScene(QPointF(spot.pos()))))
 
     def hovered() -> bool:  # pyqtgraph drops mouse moves closer together than its rate limit: move again
         move_to(at)
-        return "batch 8 · 8-bit · k=4" in vb.toolTip()
+        return "batch 8 · int8 · k=4" in vb.toolTip()
 
     qtbot.waitUntil(hovered, timeout=5000)
     assert "top-1 agreement 97.0 %" in vb.toolTip() and "copy as an `inferlab serve` command" in vb.toolTip()
@@ -113,12 +115,12 @@ def test_right_click_copies_a_point_as_a_command(panel, qtbot):
 
     panel.set_sweep(_sweep())
     panel.flush()
-    spot = next(s for s in panel._scatter.points() if s.data() == "batch 32 · 4-bit · k=0")
+    spot = next(s for s in panel._scatter.points() if s.data() == "batch 32 · int4 · k=0")
     applied = []
     panel.sigApply.connect(applied.append)
     with qtbot.waitSignal(panel.sigCopyCommand, timeout=1000) as blocker:
         panel._on_clicked(panel._scatter, [spot], RightClick())
-    assert blocker.args == [{"max_num_seqs": 32, "quant_bits": 4, "num_speculative_tokens": 0}] and not applied
+    assert blocker.args == [{"max_num_seqs": 32, "quant_format": "int4", "num_speculative_tokens": 0}] and not applied
 
 
 def test_live_points_price_and_current(panel, qtbot):
@@ -164,7 +166,7 @@ def test_labels_meet_no_marker_and_stay_inside(panel, qtbot):
     for i, p in enumerate(sweep["predicted"]):  # crowd the plot: predicted points among the measured ones
         p["tokens_per_s_user"] = p["tokens_per_s_total"] = 30.0 + 3 * i
     panel.set_sweep(sweep)
-    panel.set_current("batch 8 · 16-bit · k=0")
+    panel.set_current("batch 8 · bf16 · k=0")
     panel.flush()
     qtbot.wait(50)  # a text item takes its place on screen when it is painted
     view = panel._plot.getPlotItem().vb.sceneBoundingRect()

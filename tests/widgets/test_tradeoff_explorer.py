@@ -27,10 +27,10 @@ def _click(panel, label: str) -> None:
 
 
 def test_the_ring_moves_to_an_applied_point_and_the_gap_is_said(panel, qtbot):
-    target = sweep_label({"batch": 8, "bits": 16, "draft": 0})
+    target = sweep_label({"max_num_seqs": 8, "quant_format": "bf16", "num_speculative_tokens": 0})
     with qtbot.waitSignal(panel.sigApply) as applied:
         _click(panel, target)
-    assert applied.args[0] == {"max_num_seqs": 8, "quant_bits": 16, "num_speculative_tokens": 0}
+    assert applied.args[0] == {"max_num_seqs": 8, "quant_format": "bf16", "num_speculative_tokens": 0}
     panel.flush()
     assert panel.snapshot_data()["current"] == target
     live = TradeoffPoint(label="batch 8 · budget 512 · 1 req/s", config={"max_num_seqs": 8, "arrival_rate": 1.0},

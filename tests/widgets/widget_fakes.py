@@ -152,9 +152,9 @@ class TrafficSim:
 
 def tradeoff_points() -> list[TradeoffPoint]:
     return [
-        TradeoffPoint("bits=16 batch=8", {"quant_bits": 16, "max_num_seqs": 8}, 42.0, 320.0, 0.0),
-        TradeoffPoint("bits=16 batch=32", {"quant_bits": 16, "max_num_seqs": 32}, 25.0, 800.0, 0.0),
-        TradeoffPoint("bits=8 batch=32", {"quant_bits": 8, "max_num_seqs": 32}, 31.0, 990.0, 0.4),
-        TradeoffPoint("bits=4 batch=32", {"quant_bits": 4, "max_num_seqs": 32}, 38.0, 1200.0, 6.5),
-        TradeoffPoint("bits=4 batch=64", {"quant_bits": 4, "max_num_seqs": 64}, 21.0, 1350.0, None),
+        TradeoffPoint("bits=16 batch=8", {"quant_format": "bf16", "max_num_seqs": 8}, 42.0, 320.0, 0.0),
+        TradeoffPoint("bits=16 batch=32", {"quant_format": "bf16", "max_num_seqs": 32}, 25.0, 800.0, 0.0),
+        TradeoffPoint("bits=8 batch=32", {"quant_format": "int8", "max_num_seqs": 32}, 31.0, 990.0, 0.4),
+        TradeoffPoint("bits=4 batch=32", {"quant_format": "int4", "max_num_seqs": 32}, 38.0, 1200.0, 6.5),
+        TradeoffPoint("bits=4 batch=64", {"quant_format": "int4", "max_num_seqs": 64}, 21.0, 1350.0, None),
     ]

@@ -30,19 +30,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from app.talk.compare.kinds import ArrivalMode, RateUnit, RunMode, Warmup
 from app.talk.compare.metrics_catalog import METRICS
-from engine.knobs import KNOB
+from engine.knobs import Layer, Use, knobs_for
 
 MODES = tuple(RunMode)
 ARRIVALS = tuple(ArrivalMode)
-# EngineConfig fields a configuration may set, with the check of each value
-ENGINE_KNOBS = {name: KNOB[name].type for name in (
-    "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "enable_prefix_caching", "quant_bits",
-    "quant_group_size", "compile", "fused_decode", "spec_method", "num_speculative_tokens", "num_kv_blocks",
-    "memory_budget_bytes", "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras",
-    "max_step_ms", "ttft_budget_ms", "tpot_budget_ms")}
+# EngineConfig fields a configuration may set: the knob table's engine rows offered to comparisons, each value
+# checked against its row (engine/knobs.py)
+COMPARE_KNOBS = {row.name: row for row in knobs_for(Use.COMPARE, Layer.ENGINE)}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
 # LoRA adapters named by the requests, round-robin; 0: the base model); streamed (false: the answer is
 # delivered whole, so the first text a user sees comes at its end: "first_text" metrics)
@@ -134,11 +132,17 @@ def _range(table: str, key: str, v) -> tuple[int, int]:
 
 
 def _knob_value(table: str, key: str, v):
-    want = ENGINE_KNOBS.get(key) or WORKLOAD_KNOBS.get(key)
-    if want is None:
-        raise _err(table, key, f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}", key)
+    row = COMPARE_KNOBS.get(key)
+    if row is None and key not in WORKLOAD_KNOBS:
+        raise _err(table, key, f"unknown knob; expected one of {', '.join([*COMPARE_KNOBS, *WORKLOAD_KNOBS])}", key)
     if key == "spec_method" and v in ("none", ""):
         return None
+    if row is not None:
+        why = row.problem(v)
+        if why:
+            raise _err(table, key, why, v)
+        return row.check(v)
+    want = WORKLOAD_KNOBS[key]
     ok = isinstance(v, want) and not (want is not bool and isinstance(v, bool))
     if want is float:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
@@ -154,7 +158,7 @@ def _workload(d: dict) -> WorkloadSpec:
     t = "compare.workload"
     if not isinstance(d, dict):
         raise CompareSpecError(t, None, "expected a table")
-    out = {}
+    out: dict[str, Any] = {}
     for key, v in d.items():
         if key in ("prompt_tokens", "output_tokens", "burst_prompt_tokens"):
             out[key] = _range(t, key, v)
@@ -211,8 +215,8 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
         raise CompareSpecError("compare", "knob", "missing: give knob + values or [[compare.configs]]")
     if not isinstance(values, list) or len(values) < 1:
         raise _err("compare", "values", "expected a list of one or more values", values)
-    if knob not in ENGINE_KNOBS and knob not in WORKLOAD_KNOBS:
-        raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}",
+    if knob not in COMPARE_KNOBS and knob not in WORKLOAD_KNOBS:
+        raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*COMPARE_KNOBS, *WORKLOAD_KNOBS])}",
                    knob)
     unit = d.get("values_unit", "value")
     if unit not in ("value", "knee"):
