@@ -55,7 +55,7 @@ from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_graph_bytes, profile_peak_bytes
 from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
-from engine.runner.threads import choose_threads
+from engine.runner.threads import ThreadGovernor, choose_threads
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -80,7 +80,10 @@ class LLMEngine:
                  progress: Progress | None = None) -> None:
         self.config = config = config or EngineConfig()  # replaced (never mutated) by reconfigure
         self.device = resolve_device(config.device)
-        self.threads = choose_threads(config.num_threads)  # None: the cores free now (engine/runner/threads.py)
+        # on the CPU the thread count follows the free cores while the engine runs (engine/runner/threads.py)
+        self.thread_governor = ThreadGovernor(config.num_threads) if self.device.type == "cpu" else None
+        self.threads = self.thread_governor.choice if self.thread_governor else choose_threads(config.num_threads,
+                                                                                              busy=None)
         if config.num_threads or self.device.type == "cpu":
             torch.set_num_threads(self.threads.count)
         self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
@@ -154,6 +157,8 @@ class LLMEngine:
         self._device_memory: DeviceMemory | None = None
         self._released: tuple | None = None  # release_memory: what restore_memory gives back
         self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
+        if self.thread_governor is not None:  # the load took a window: the first count is a measured one
+            self._follow_threads()
         if progress is not None:
             progress("engine ready", 1.0)
 
@@ -259,6 +264,8 @@ class LLMEngine:
         arrived = self._drain_commands(outputs, finished)
         if self._kernels_pending:
             self._attach_built_kernels()
+        if self.thread_governor is not None:
+            self._follow_threads()
         self.weights.fit_kv(self.block_manager, self.runner)
         self.spec.begin_step()
         t_propose = time.perf_counter()
@@ -283,6 +290,14 @@ class LLMEngine:
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
+
+    def _follow_threads(self) -> None:
+        """The thread count the governor says now, in the thread that steps (torch's count is per OS thread):
+        another process that takes or frees a core changes it between two steps."""
+        if self.thread_governor.poll():
+            self.threads = self.thread_governor.choice
+        if torch.get_num_threads() != self.threads.count:
+            torch.set_num_threads(self.threads.count)
 
     def kernels_line(self) -> str:
         """The native CPU kernels in words for the engine line: their ISA tier, a build in progress, or

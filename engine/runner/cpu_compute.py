@@ -130,7 +130,7 @@ def compute_line(plan: ComputePlan, threads=None, short: bool = False, kernels: 
         state = ("" if not kernels else " building" if kernels.startswith("building")
                  else " unavailable" if kernels.startswith("unavailable") else "")
         parts = [plan.what, *([f"{tier} kernels{state}"] if tier else []),
-                 *([f"{threads.count} thread{'s' if threads.count != 1 else ''}"] if threads is not None else [])]
+                 *([threads.short()] if threads is not None else [])]
         return " · ".join(parts)
     parts = [plan.describe(), *([f"native kernels: {kernels or tier}"] if tier else []),
              *([threads.describe()] if threads is not None else [])]
