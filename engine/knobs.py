@@ -106,6 +106,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compile", _BOOL, False, run_time=True),
     Knob("fused_decode", _BOOL, True, run_time=True),
     Knob("int8_activations", _BOOL, True, run_time=True),
+    # every bf16 step through the fused step, one order of sums per row whatever its company (engine/runner/fused.py)
+    Knob("batch_invariant", _BOOL, True, run_time=True),
     Knob("cuda_graphs", _BOOL, False, run_time=True),  # CUDA graphs for all-decode steps (engine/runner/graphs.py)
     # fixed when the engine is built
     Knob("dtype", _STR, "auto", choices=("auto", "bfloat16", "float16", "float32")),

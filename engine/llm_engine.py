@@ -29,6 +29,7 @@ from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
+from engine.kernels.tier_choice import family_for_bits
 from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
@@ -135,8 +136,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
+        self.runner.kernel_family = family_for_bits(config.quant_bits)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
-                                  config.int8_activations, wait_kernels=config.kernel_build == "wait")
+                                  config.int8_activations, wait_kernels=config.kernel_build == "wait",
+                                  batch_invariant=config.batch_invariant)
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
@@ -304,7 +307,8 @@ class LLMEngine:
         why they are not there ("torch's kernels" on a GPU, where they do not apply)."""
         if self.device.type != "cpu":
             return "none on this device (torch's kernels)"
-        return kernels.status() + (", weights on huge pages" if self.weights.on_huge_pages else "")
+        return (kernels.status(family=family_for_bits(self.config.quant_bits))
+                + (", weights on huge pages" if self.weights.on_huge_pages else ""))
 
     def _attach_built_kernels(self) -> None:
         """kernel_build "background": once the native kernels' build is done, the weight-streaming products,
@@ -316,7 +320,8 @@ class LLMEngine:
         cfg = self.config
         self.weights.set_stream_kernel(stream_kernel_for(cfg, self.device, self.dtype))
         self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
-                                  int8_activations=cfg.int8_activations, wait_kernels=False)
+                                  int8_activations=cfg.int8_activations, wait_kernels=False,
+                                  batch_invariant=cfg.batch_invariant)
 
     def _drain_commands(self, outputs: Outputs, finished: list[Request]) -> list:
         """Apply every queued engine command; one that fails is reported (a warning; a request that cannot
@@ -391,9 +396,10 @@ class LLMEngine:
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
         if (("compile" in changes and bool(cfg.compile) != self.model.compiled)
-                or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
+                or (old.fused_decode, old.int8_activations, old.batch_invariant)
+                != (cfg.fused_decode, cfg.int8_activations, cfg.batch_invariant)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
-                                      int8_activations=cfg.int8_activations)
+                                      int8_activations=cfg.int8_activations, batch_invariant=cfg.batch_invariant)
         self._use_graphs(bool(cfg.cuda_graphs))
 
     def _use_graphs(self, enabled: bool, startup: bool = False, progress: Progress | None = None) -> None:
@@ -547,7 +553,8 @@ class LLMEngine:
         self.spec.restore_kv(draft_blocks)
         if compiled:
             self.runner.set_execution(self.config.attention_backend, True, fused_decode=self.config.fused_decode,
-                                      int8_activations=self.config.int8_activations)
+                                      int8_activations=self.config.int8_activations,
+                                      batch_invariant=self.config.batch_invariant)
 
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],

@@ -14,8 +14,8 @@ import torch
 from app.bench.background_load import background_load
 from app.cli import build_parser
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.kernels.cpu_times import CpuTimes, read_cpu_times
 from engine.runner import threads as threads_mod
-from engine.runner.cpu_times import CpuTimes, read_cpu_times
 from engine.runner.threads import ThreadGovernor, choose_threads
 
 

@@ -14,6 +14,7 @@ from app.bench.background_load import background_load
 from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
 from app.load.workload import corpus_tokens
 from app.result_file import write_or_print
+from engine.kernels.tier_choice import family_for_bits
 from engine.perf.probe import cpu_description
 from engine.quant.schemes import int4_layout_in_words, prompt_rows_in_words
 from engine.runner import huge_pages
@@ -60,6 +61,9 @@ def add_bench_args(p, engine_args) -> None:
     bat.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
                      help="weights (llama.cpp: the bf16 GGUF at 16, the source GGUF at 4)")
     bat.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    bat.add_argument("--invariance", action="store_true",
+                     help="also run every round with batch invariance off (the library GEMM for prompt rows and "
+                          "past 16 decode rows), alternating: what invariance costs")
     dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
                      help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
                           "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
@@ -146,7 +150,8 @@ def _run_bench(args) -> int:
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
               "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
-              "cpu_tier": kernels.describe_tier(), "int4_layout": int4_layout_in_words(),
+              "cpu_tier": kernels.describe_choice(family_for_bits(getattr(args, "bits", 16))),
+              "kernel_tiers": kernels.choice_summary(), "int4_layout": int4_layout_in_words(),
               "quantized_prompt_rows": prompt_rows_in_words(), "torch": torch.__version__,
               "huge_pages": huge_pages.describe(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":

@@ -10,9 +10,11 @@ ISA tier, like ggml's CPU variants. It holds:
   one native call and one OpenMP parallel region (EngineConfig.fused_decode, engine/runner/fused.py).
 
 Tiers (core/isa.h): "avx512" (AVX-512 with bf16 dot products and VNNI), "avx2" (AVX2 + FMA + F16C),
-"neon" (AArch64, sdot where the CPU has it) and "portable" (plain C++). `cpu_tier()` is the best tier this
-CPU runs; INFERLAB_CPU_TIER=portable|avx2|avx512|neon forces a lower one. Each tier is its own build
-(its compiler flags, its name), so the tests build and check every tier the test machine can run.
+"neon" (AArch64, sdot where the CPU has it) and "portable" (plain C++). Each tier is its own build (its
+compiler flags, its name), so the tests build and check every tier the test machine can run. Which one
+runs is measured, per kernel family (bf16 rows, 4-bit rows, 8-bit rows, attention): at the first build
+every tier this CPU runs is built and timed, and the fastest of each family is kept beside the builds
+(tier_choice.py); `cpu_tier(family)` says it. INFERLAB_CPU_TIER=portable|avx2|avx512|neon forces one.
 
 Where the compiler has no OpenMP (macOS's Apple clang) the kernels are built without it and split their
 work over a small pool of their own threads (threads.h); INFERLAB_KERNELS_OPENMP=0 builds them so anywhere.
@@ -33,6 +35,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
+from engine.kernels import tier_choice as _tier_choice
+
 TIERS = ("portable", "avx2", "avx512", "neon")
 _X86_NEEDS = {"avx2": {"avx2", "fma", "f16c"},
               "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
@@ -51,6 +55,7 @@ _PENDING: dict[str, Future] = {}  # build name -> its background build
 _FAILED: dict[str, str] = {}  # build name -> the first line of why it failed
 _LOCK = threading.Lock()  # one build at a time in this process (background thread and callers)
 _PENDING_LOCK = threading.Lock()  # _PENDING only: never held during a build, so asking never waits on one
+_CHOICE_KEY = "tier-choice"  # _PENDING's key for the tiers' timing in the background (choose_tiers)
 
 
 # ---------------------------------------------------------------------------------------- the CPU's tier
@@ -196,17 +201,130 @@ def _torch_capability() -> str:
         return "DEFAULT"
 
 
-def cpu_tier() -> str:
-    """The tier the engine's kernels run: the best this CPU supports, or INFERLAB_CPU_TIER where it names
-    one this CPU supports (a tier it cannot run is refused with a warning: the best one runs)."""
+def forced_tier() -> str | None:
+    """The tier INFERLAB_CPU_TIER names where this CPU runs it; None where unset (a tier it cannot run is
+    refused with a warning: the best one runs)."""
     tiers = supported_tiers()
     forced = os.environ.get("INFERLAB_CPU_TIER", "").strip().lower()
-    if forced:
-        if forced in tiers:
-            return forced
-        warnings.warn(f"INFERLAB_CPU_TIER={forced!r}: this CPU runs {', '.join(tiers)}; using {tiers[-1]}",
-                      stacklevel=2)
+    if not forced:
+        return None
+    if forced in tiers:
+        return forced
+    warnings.warn(f"INFERLAB_CPU_TIER={forced!r}: this CPU runs {', '.join(tiers)}; using {tiers[-1]}",
+                  stacklevel=3)
     return tiers[-1]
+
+
+def cpu_tier(family: str | None = None) -> str:
+    """The tier `family`'s kernels run (tier_choice.FAMILIES; default "bf16"): INFERLAB_CPU_TIER where set,
+    else the tier measured fastest for the family on this CPU (tier_choice.py), else (not measured yet) the
+    best this CPU supports."""
+    forced = forced_tier()
+    if forced is not None:
+        return forced
+    choice = measured_choice()
+    return choice.tiers[family or "bf16"] if choice is not None else supported_tiers()[-1]
+
+
+def timed_tiers() -> tuple[str, ...]:
+    """The tiers whose bodies are timed against each other: every SIMD tier this CPU runs (on x86 with
+    AVX-512: avx2 and avx512). Not portable where a SIMD tier runs: its plain C++ is the fallback for CPUs
+    with none, slower than any SIMD body by construction, and one more build to wait for at the first start."""
+    tiers = supported_tiers()
+    return tiers if len(tiers) == 1 else tuple(t for t in tiers if t != "portable")
+
+
+def measured_choice():
+    """The measured choice (tier_choice.py's TierChoice) stored for this CPU's builds, None where there is
+    none yet or only one tier to choose from."""
+    tiers = timed_tiers()
+    if len(tiers) < 2:
+        return None
+    builds = [_build_name(t) for t in tiers]
+    try:
+        path = _choice_path(builds)
+    except Exception:  # noqa: BLE001 (torch's extension folder unknown: nothing stored)
+        return None
+    return _tier_choice.known(path, builds, tiers)
+
+
+def _choice_path(builds: list[str]) -> Path:
+    """The choice's file, beside the builds in torch's extension cache, named after all of them."""
+    import hashlib
+
+    key = hashlib.sha256(" ".join(builds).encode()).hexdigest()[:12]
+    return _build_dir(builds[-1]).parent / f"inferlab_tier_choice_{key}.json"
+
+
+def choice_pending() -> bool:
+    """Whether the tiers are being built and timed in the background right now."""
+    future = _PENDING.get(_CHOICE_KEY)
+    return future is not None and not future.done()
+
+
+def choose_tiers(progress: Callable[[str, float], None] | None = None):
+    """Build every tier timed_tiers names and time them (tier_choice.py), once per machine and build; the
+    choice, or None where fewer than two tiers build (then each family runs the best that did)."""
+    tiers = timed_tiers()
+    if forced_tier() is not None or len(tiers) < 2:
+        return None
+    stored = measured_choice()
+    if stored is not None:
+        return stored
+    if progress is not None:
+        progress(f"building the native kernels for {', '.join(tiers)} to time them (once per machine)", 0.95)
+    modules = {t: m for t in tiers if (m := _build(_build_name(t), t, None)) is not None}
+    if len(modules) < 2:
+        return None
+    builds = [_build_name(t) for t in tiers]
+    return _tier_choice.make_choice(_choice_path(builds), builds, modules)
+
+
+def _in_background(key: str, work: Callable[[], object], name: str) -> Future:
+    """work() in a daemon thread, once per key (_PENDING holds its future: its result, or its exception)."""
+    with _PENDING_LOCK:
+        if key in _PENDING:
+            return _PENDING[key]
+        future: Future = Future()
+        _PENDING[key] = future
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on the future)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def _choose_in_background() -> Future:
+    """Every timed tier built (each its own future, one at a time) and timed, in a thread (once); the
+    future's result is the choice or None."""
+    def work():
+        try:
+            for build in [build_in_background(t) for t in timed_tiers()]:
+                build.result()
+            return choose_tiers()
+        except Exception as exc:  # noqa: BLE001 (a failed timing: the best tier runs; say why)
+            warnings.warn(f"native kernels: timing the tiers failed ({_first_line(exc)}); the best tier runs",
+                          stacklevel=2)
+            return None
+
+    return _in_background(_CHOICE_KEY, work, "inferlab-kernels-choice")
+
+
+def choice_summary() -> dict:
+    """For the bench JSON: each family's tier (and walk), and how it was chosen ("measured" with the timings,
+    "forced by INFERLAB_CPU_TIER", or "not timed")."""
+    choice = measured_choice()
+    forced = forced_tier()
+    families = {f: cpu_tier(f) for f in _tier_choice.FAMILIES}
+    if forced is None and choice is not None:
+        return {"how": "measured", "picks": choice.picks, "seconds_per_sweep": choice.seconds,
+                "measured": choice.measured, "tiers": families}
+    how = "forced by INFERLAB_CPU_TIER" if forced else "not timed (one tier, or not measured yet)"
+    return {"how": how, "tiers": families}
 
 
 def describe_tier(tier: str | None = None) -> str:
@@ -214,6 +332,25 @@ def describe_tier(tier: str | None = None) -> str:
     build uses sdot (the int8 dot products of the 4- and 8-bit kernels), "neon (Arm NEON + sdot)"."""
     tier = tier or cpu_tier()
     return f"{tier} ({_WHAT[tier]}{' + sdot' if _neon_sdot(tier) else ''})"
+
+
+def describe_choice(family: str | None = None) -> str:
+    """How `family`'s tier was chosen, for the engine line: "avx512 (AVX-512 bf16 + VNNI), measured fastest
+    for bf16 (avx2 1.31x its time, ...)", "forced by INFERLAB_CPU_TIER", or "the best this CPU supports"."""
+    family = family or "bf16"
+    tier = cpu_tier(family)
+    if forced_tier() is not None:
+        return f"{describe_tier(tier)}, forced by INFERLAB_CPU_TIER"
+    choice = measured_choice()
+    if choice is None:
+        one = len(timed_tiers()) < 2
+        only = f"the only {'SIMD ' if tier != 'portable' else ''}tier this CPU runs"
+        why = only if one else "the best this CPU supports (not timed yet)"
+        return f"{describe_tier(tier)}, {why}"
+    pick = choice.picks[family]
+    others = ", ".join(f"{c} {r:.2f}x" for c, r in choice.ratios(family).items() if c != pick)
+    body = f" in its {choice.body(family)} walk" if choice.body(family) else ""
+    return f"{describe_tier(tier)}{body}, measured fastest for {family}" + (f" ({others} its time)" if others else "")
 
 
 def _neon_sdot(tier: str) -> bool:
@@ -238,11 +375,17 @@ def native_decode_applies(model_config, device, dtype) -> bool:
 
 
 def kernel_module(progress: Callable[[str, float], None] | None = None, tier: str | None = None,
-                  wait: bool = True):
-    """The native module for `tier` (default: cpu_tier()), built once per machine; None where it cannot
-    be built (after one warning: callers run torch's kernels then). `wait=False`: the module if it is
-    built already, else None at once, with its build started in the background (`build_pending`)."""
-    tier = tier or cpu_tier()
+                  wait: bool = True, family: str | None = None):
+    """The native module for `tier` (default: cpu_tier(family), the tiers built and timed first where they
+    have not been: choose_tiers), built once per machine; None where it cannot be built (after one warning:
+    callers run torch's kernels then). `wait=False`: the module if it is built already, else None at once,
+    with its build (or the tiers' timing) started in the background (`build_pending`)."""
+    if tier is None and forced_tier() is None and len(timed_tiers()) > 1 and measured_choice() is None:
+        if not wait:
+            _choose_in_background()
+            return None
+        choose_tiers(progress)
+    tier = tier or cpu_tier(family)
     if tier not in TIERS:
         raise ValueError(f"unknown CPU tier {tier!r}; one of {', '.join(TIERS)}")
     name = _build_name(tier)
@@ -251,6 +394,7 @@ def kernel_module(progress: Callable[[str, float], None] | None = None, tier: st
     if not wait:
         built = _import_built(name)
         if built is not None:
+            _tier_choice.apply_bodies(measured_choice(), tier, built)
             _BUILT[name] = built
             return built
         build_in_background(tier)
@@ -260,57 +404,54 @@ def kernel_module(progress: Callable[[str, float], None] | None = None, tier: st
 
 # The three names callers use; one module holds all three since the kernels are one translation unit.
 def paged_decode_kernel(progress=None, tier: str | None = None, wait: bool = True):
-    """The module whose `paged_decode` runs decode attention over the paged cache (see kernel_module)."""
-    return kernel_module(progress, tier, wait)
+    """The module whose `paged_decode` runs decode attention over the paged cache (see kernel_module): the
+    attention family's tier."""
+    return kernel_module(progress, tier, wait, family="attention")
 
 
-def stream_linear_kernel(progress=None, tier: str | None = None, wait: bool = True):
-    """The module whose stream_linear_* run the weight-streaming products (see kernel_module)."""
-    return kernel_module(progress, tier, wait)
+def stream_linear_kernel(progress=None, tier: str | None = None, wait: bool = True, family: str | None = None):
+    """The module whose stream_linear_* run the weight-streaming products (see kernel_module): `family`'s
+    tier (the weights' family: bf16, int4, int8)."""
+    return kernel_module(progress, tier, wait, family)
 
 
-def fused_decode_kernel(progress=None, tier: str | None = None, wait: bool = True):
-    """The module whose FusedModel / Proj run the fused decode step (see kernel_module)."""
-    return kernel_module(progress, tier, wait)
+def fused_decode_kernel(progress=None, tier: str | None = None, wait: bool = True, family: str | None = None):
+    """The module whose FusedModel / Proj run the fused decode step (see kernel_module): `family`'s tier
+    (the weights': the step's attention runs in the same build)."""
+    return kernel_module(progress, tier, wait, family)
 
 
 def build_in_background(tier: str | None = None) -> Future:
     """Start building `tier`'s module in a thread (once); the future's result is the module or None."""
     tier = tier or cpu_tier()
     name = _build_name(tier)
-    with _PENDING_LOCK:
-        if name in _PENDING:
-            return _PENDING[name]
-        future: Future = Future()
-        _PENDING[name] = future
-
-    def run() -> None:
-        try:
-            future.set_result(_build(name, tier, None))
-        except BaseException as exc:  # noqa: BLE001 (_build warns and returns None; this is a last guard)
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=f"inferlab-kernels-{tier}", daemon=True).start()
-    return future
+    return _in_background(name, lambda: _build(name, tier, None), f"inferlab-kernels-{tier}")
 
 
 def build_pending(tier: str | None = None) -> bool:
-    """Whether `tier`'s module is being built in the background right now."""
+    """Whether `tier`'s module (default: the engine's) is being built in the background right now, or the
+    tiers are being built and timed (which builds it too)."""
+    if choice_pending():
+        return True
     future = _PENDING.get(_build_name(tier or cpu_tier()))
     return future is not None and not future.done()
 
 
-def status(tier: str | None = None) -> str:
-    """The kernels in words for the engine line: "avx2 (AVX2 + FMA)", "building avx2 (…)" or why not."""
-    tier = tier or cpu_tier()
+def status(tier: str | None = None, family: str | None = None) -> str:
+    """The kernels in words for the engine line: "avx512 (…), measured fastest for bf16 (avx2 1.31x its
+    time)", "building avx2 (…)" or why not."""
+    if tier is None and choice_pending():
+        return (f"building and timing {', '.join(timed_tiers())} in the background (once per machine); "
+                "torch's kernels meanwhile")
+    tier = tier or cpu_tier(family)
     name = _build_name(tier)
     if build_pending(tier):
         return f"building {describe_tier(tier)} in the background; torch's kernels meanwhile"
     if name in _BUILT and _BUILT[name] is None:
         return f"unavailable ({_FAILED.get(name, 'no C++ compiler')}); torch's kernels"
     if name in _BUILT and not built_with_openmp(_BUILT[name]):
-        return f"{describe_tier(tier)}, built without OpenMP: their own thread pool"
-    return describe_tier(tier)
+        return f"{describe_choice(family)}, built without OpenMP: their own thread pool"
+    return describe_choice(family)
 
 
 def built_with_openmp(module) -> bool:
@@ -368,6 +509,7 @@ def _build(name: str, tier: str, progress: Callable[[str, float], None] | None):
             built = _import_built(without)  # this machine's compiler had no OpenMP before: its build
         if built is None:
             built = _compile(name, tier)
+        _tier_choice.apply_bodies(measured_choice(), tier, built)
         _BUILT[name] = built
         return built
 

@@ -11,7 +11,7 @@ vector units: torch's own default).
 "Busy" is measured, not guessed from the 1-minute load average (which lags by a minute and counts our
 own start-up: issue 47 found the engine on 1 thread of an idle 2-core machine right after another
 process had run): the CPU time every allowed CPU spent busy over a short window, less this process's own
-(engine/runner/cpu_times.py). A thread of ours that is not the engine's, the app's GUI thread, counts as
+(engine/kernels/cpu_times.py). A thread of ours that is not the engine's, the app's GUI thread, counts as
 another process's (`count_as_other`): the app leaves it a core only while it actually keeps one busy.
 
 ThreadGovernor re-measures between steps, every WINDOW_S, and changes the count when another process
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.runner.cpu_times import CpuTimes, count_as_other, counted_as_other, other_busy_cores, read_cpu_times
+from engine.kernels.cpu_times import CpuTimes, count_as_other, counted_as_other, other_busy_cores, read_cpu_times
 
 __all__ = ["ThreadChoice", "ThreadGovernor", "allowed_cores", "choose_threads", "count_as_other", "measure_busy",
            "off_main_thread", "physical_cores"]

@@ -26,6 +26,7 @@
 //   portable: the same sums in plain C++.
 // The callers split output rows between threads (stream_linear.cpp, fused_decode.cpp).
 #pragma once
+#include <atomic>
 #include "isa.h"
 #include "simd8.h"
 
@@ -38,6 +39,17 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------- bf16
+// How the bodies below walk W for up to 8 rows of x, chosen per CPU by measurement at the first build
+// (engine/kernels/tier_choice.py, set_bf16_body): kBf16Tiles, R weight rows a tile with the next tile
+// prefetched (best on a Sapphire Rapids Xeon, below), or kBf16Rows, one weight row after the other with no
+// software prefetch: W read as one sequential stream, which a Zen 4's hardware prefetcher serves best (there
+// R rows a tile are R streams, and a decode step's bf16 sweep ran ~2x as long: SmolLM2-135M's matrices, one
+// row of x, 1 thread, scripts/bf16_body_ab.sh). Each (weight row, row of x) pair keeps its own accumulator
+// in both, summed along K in the same order: the two give the same numbers, bit for bit, so the choice
+// changes speed only. More than 8 rows of x (blocks of W in cache) always take the tiles.
+enum Bf16Body : int { kBf16Tiles = 0, kBf16Rows = 1 };
+inline std::atomic<int> g_bf16_body{kBf16Tiles};
+
 // Every body below works in tiles: R weight rows against G rows of x, one accumulator per (weight row, row
 // of x), summed along K in one order whatever R and G are, so a row's result does not depend on how many
 // rows share the call (a verify's rows, a batch's) and stays bit for bit the one-row result; R and G only
@@ -108,6 +120,13 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
   for (; n + 2 <= n1; n += 2) bf16_tile<2, M, true>(x, K, w, y, bias, K, N, n);
   if (n < n1) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
 }
+
+// kBf16Rows: one weight row after the other, every row of x in the one tile.
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
+}
 #elif defined(INFERLAB_SIMD8)
 // x (M, K) bf16 -> float32, once per call, into this thread's buffer (kept between calls).
 static inline const float* widen_rows(const uint16_t* x, int64_t n) {
@@ -177,6 +196,18 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
 }
+
+// kBf16Rows: one weight row after the other (its two tiles of x rows read it from L1 the second time).
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  const float* xf = widen_rows(x, M * K);
+  constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
+  for (int64_t n = n0; n < n1; ++n) {
+    bf16_tile<1, G1, false>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+  }
+}
 #else
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
@@ -194,14 +225,22 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     }
   }
 }
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  bf16_rows<M>(x, w, y, bias, K, N, n0, n1);  // one weight row at a time already
+}
 #endif
 
 using RowsFn = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t, int64_t,
                          int64_t);
-static RowsFn bf16_rows_for(int64_t m) {
-  static const RowsFn table[kMaxRows] = {bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,
-                                            bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
-  return table[m - 1];
+static RowsFn bf16_rows_for(int64_t m, int body = -1) {
+  static const RowsFn tiles[kMaxRows] = {bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,
+                                         bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
+  static const RowsFn rows[kMaxRows] = {bf16_rows_seq<1>, bf16_rows_seq<2>, bf16_rows_seq<3>, bf16_rows_seq<4>,
+                                        bf16_rows_seq<5>, bf16_rows_seq<6>, bf16_rows_seq<7>, bf16_rows_seq<8>};
+  if (body < 0) body = g_bf16_body.load(std::memory_order_relaxed);
+  return (body == kBf16Rows ? rows : tiles)[m - 1];
 }
 
 // Any number M of rows of x (a prompt's rows where bf16 is emulated, a large decode batch): blocks of
@@ -216,7 +255,7 @@ static void bf16_rows_any(const uint16_t* x, int64_t M, const uint16_t* w, uint1
   for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
     const int64_t ne = std::min(n1, nb + kRowBlock);
     for (int64_t m = 0; m < M; m += kMaxRows)
-      bf16_rows_for(std::min(kMaxRows, M - m))(x + m * K, w, y + m * N, bias, K, N, nb, ne);
+      bf16_rows_for(std::min(kMaxRows, M - m), kBf16Tiles)(x + m * K, w, y + m * N, bias, K, N, nb, ne);
   }
 }
 
