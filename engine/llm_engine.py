@@ -601,8 +601,9 @@ class LLMEngine:
         bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)";
         with quantized weights, what their prompt rows run through ("4-bit prompt rows: int8-activation
         kernels (no native bf16; int8_activations on)")."""
-        line = compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
-                            self.kernels_line())
+        cpu = self.device.type == "cpu"
+        line = compute_line(self.compute, self.threads if cpu else None, short, self.kernels_line(),
+                            kernels.cpu_tier(family_for_bits(self.config.quant_bits)) if cpu else None)
         if short or self.device.type != "cpu" or not quant_format(self.config.quant_bits).quantized:
             return line
         route = prompt_rows_in_words(self.config.int8_activations)

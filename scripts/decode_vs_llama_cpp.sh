@@ -28,7 +28,8 @@ for t in (1, 2):
         if not f.exists():
             continue
         d = json.loads(f.read_text())
-        cpu = d.get("cpu")
+        c = d.get("cpu") or {}
+        cpu = f"{c.get('model', '?')}, {c.get('logical_cpus', '?')} logical CPUs, {d.get('machine', '')}"
         ours = d["inferlab"]["decode_tokens_per_s"]
         each = d["inferlab_decode_tokens_per_s_each_round"]["eager"]
         ll = d.get("llama_cpp", {})

@@ -150,8 +150,7 @@ def _run_bench(args) -> int:
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
               "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
-              "cpu_tier": kernels.describe_choice(family_for_bits(getattr(args, "bits", 16))),
-              "kernel_tiers": kernels.choice_summary(), "int4_layout": int4_layout_in_words(),
+              "int4_layout": int4_layout_in_words(),
               "quantized_prompt_rows": prompt_rows_in_words(), "torch": torch.__version__,
               "huge_pages": huge_pages.describe(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
@@ -194,6 +193,9 @@ def _run_bench(args) -> int:
         with background_load(args.background_load) as load:
             result["background_load"] = load
             result.update(_decode(args))
+    # after the engines are built: the tiers were timed at the first build (engine/kernels/tier_choice.py)
+    result["cpu_tier"] = kernels.describe_choice(family_for_bits(getattr(args, "bits", 16)))
+    result["kernel_tiers"] = kernels.choice_summary()
     return _emit(args, result)
 
 

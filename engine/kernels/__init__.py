@@ -277,7 +277,10 @@ def choose_tiers(progress: Callable[[str, float], None] | None = None):
     if len(modules) < 2:
         return None
     builds = [_build_name(t) for t in tiers]
-    return _tier_choice.make_choice(_choice_path(builds), builds, modules)
+    choice = _tier_choice.make_choice(_choice_path(builds), builds, modules)
+    for tier, module in modules.items():  # the choice's walks of W (a stored one, read meanwhile, too)
+        _tier_choice.apply_bodies(choice, tier, module)
+    return choice
 
 
 def _in_background(key: str, work: Callable[[], object], name: str) -> Future:

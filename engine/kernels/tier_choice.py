@@ -2,14 +2,17 @@
 
 A CPU's features say which tiers it *can* run, not which is fastest: a Zen 4 runs AVX-512 as two 256-bit
 halves, and bf16 dot products cost differently by vendor (the tier picked by features ran the bf16 decode
-~1.7x slower than the AVX2 one there). So at the first build every tier this CPU runs is built and its hot
-kernels are timed (the bf16 family in both of its walks of the weights, "tiles" and "rows", which give the
-same numbers: core/linear.h): the bf16 rows, the 4-bit rows and the 8-bit rows (one row of x against ~64 MiB of weights,
-from memory, as a decode step reads them; int8 activations, the engine's default) and the paged decode
-attention, a few rounds each, alternating between tiers, median per tier. The fastest tier of each family
-is kept in a file beside the builds, named after them: it lives as long as they do (a new source or compiler
-flag is a new build name, so a new file, measured again), and a file that lies (names a tier this CPU does
-not run, does not match the builds, or whose pick is not its own fastest time) is ignored and measured anew.
+~1.7x slower than the AVX2 one there). So at the first build every SIMD tier this CPU runs is built and timed
+on what the engine runs: for each weight family (bf16, 4-bit, 8-bit) a whole fused decode step of a model of
+SmolLM2-135M's layer shapes (~96 M weights in one huge-page arena, read from memory; int8 activations for
+the quantized ones, the engine's default), the bf16 one in both walks of the weights ("tiles", "rows": the
+same numbers, core/linear.h); for the attention family the layer path's paged attention. Eleven rounds,
+candidates alternating, the fastest of each kept (another process only ever adds time). Each family keeps
+the highest tier among the candidates within MARGIN of the fastest (in it, the faster walk).
+The choice is kept in a file beside the builds, named after them: it lives as long as they do (a new source
+or compiler flag is a new build name, so a new file, measured again); one timed while other processes kept
+more than BUSY_LIMIT cores busy is used but not kept; and a file that lies (names a tier this CPU does not
+run, does not match the builds, or whose pick is not its own fastest time) is ignored and measured anew.
 INFERLAB_CPU_TIER still forces one tier for everything.
 
 The engine runs one build per family it uses: its weights' family (bf16, 4-bit or 8-bit) for the
@@ -28,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.kernels.cpu_times import other_busy_cores, read_cpu_times
+from engine.kernels.huge_arena import arena
 
 FAMILIES = ("bf16", "int4", "int8", "attention")
-MARGIN = 0.05  # a candidate replaces the default (the best tier the CPU supports, tiles) only this much faster
+MARGIN = 0.05  # candidates this close to the fastest count as fast as it (the highest tier among them runs)
 BUSY_LIMIT = 0.5  # cores other processes kept busy while timing, past which the choice is not stored
 BODIES = {"bf16": ("tiles", "rows")}  # families timed in several walks of the weights, within each tier
-VERSION = 2
-ROUNDS = 7  # sweeps per tier and family, alternating tiers (the fastest is kept: interference only adds time)
+VERSION = 5
+ROUNDS = 11  # sweeps per tier and family, alternating tiers (the fastest is kept: interference only adds time)
 MAX_FILE_BYTES = 64 * 1024
-_SWEEP_BYTES = 64 * 2**20  # weights a sweep reads: twice a 32 MiB L3, so they come from memory
 
 
 def family_for_bits(bits: int) -> str:
@@ -143,39 +146,98 @@ def write_choice(path: Path, choice: TierChoice) -> None:
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def _sweeps(tier_modules: dict[str, object]) -> dict[str, dict[str, Callable[[], None]]]:
-    """family -> candidate -> one sweep of that family's hot kernel on that tier's module (in that body)."""
+# SmolLM2-135M's shapes: hidden 576, intermediate 1536, 9 query heads on 3 KV heads of 64, its vocabulary (the
+# tied embedding its lm_head, bf16), 30 layers: every step reads them from memory (many times an L3)
+_H, _I, _HEADS, _KV, _D, _VOCAB, _LAYERS, _CTX = 576, 1536, 9, 3, 64, 49152, 30, 64
+_KINDS = {"bf16": 0, "int8": 1, "int4": 3}  # the fused step's Proj kinds (fused_decode.cpp); int4: tiles
+
+
+def _shapes() -> list[tuple[int, int]]:
+    """(N, K) of every projection, in the order a step reads them: qkv, o_proj, gate_up, down_proj a layer."""
+    return [(_HEADS * _D + 2 * _KV * _D, _H), (_H, _HEADS * _D), (2 * _I, _H), (_H, _I)] * _LAYERS
+
+
+def _model_weights(kind: int) -> tuple:
+    """(embedding table, [(a, b, group) per projection]) holding random values, the large tensors in one
+    huge-page arena in reading order, as the engine keeps its weights. Random: pages of one value may be
+    merged (a hypervisor's KSM) and then be read from cache, not memory."""
     import torch
 
-    k, n = 576, 1536  # SmolLM2-135M's hidden size and a projection's width
-    per = lambda nbytes: max(2, _SWEEP_BYTES // nbytes)  # noqa: E731 (matrices a sweep reads)
-    x = torch.full((1, k), 0.01, dtype=torch.bfloat16)
-    bf16 = [torch.full((n, k), 0.02, dtype=torch.bfloat16) for _ in range(per(n * k * 2))]
-    codes = [torch.full((n, k // 2), 0x5A, dtype=torch.uint8) for _ in range(per(n * k // 2))]
-    sz = torch.full((n, k // 32, 2), 0.01, dtype=torch.bfloat16)
-    q8 = [torch.full((n, k), 3, dtype=torch.int8) for _ in range(per(n * k))]
-    scales = torch.full((n,), 0.01, dtype=torch.bfloat16)
+    per = {0: 2.0, 1: 1.0, 2: 0.5, 3: 0.5}[kind]
+    flat = arena(_VOCAB * _H * 2 + int(sum(n * k for n, k in _shapes()) * per))
+    gen = torch.Generator().manual_seed(0)
+    at = [0]
+
+    def take(dtype, shape):
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        raw = flat[at[0]:at[0] + size]
+        at[0] += size
+        bits = raw.view(torch.int16).random_(generator=gen)  # 16 bits at a time (bytes: 3x as long)
+        if dtype == torch.bfloat16:  # 1/128 to 2: finite, not subnormal
+            bits.bitwise_and_(0x03ff).bitwise_or_(0x3c00)
+        return raw.view(dtype).view(shape)
+
+    table = take(torch.bfloat16, (_VOCAB, _H))
+    projs = []
+    for n, k in _shapes():
+        if kind == 0:
+            projs.append((take(torch.bfloat16, (n, k)), torch.empty(0), 0))
+        elif kind == 1:
+            projs.append((take(torch.int8, (n, k)), torch.full((n,), 0.01, dtype=torch.bfloat16), 0))
+        else:
+            projs.append((take(torch.uint8, (n, k // 2)), torch.full((n, k // 32, 2), 0.01, dtype=torch.bfloat16), 32))
+    return table, projs
+
+
+def _fused_step(m, kind: int, weights: tuple) -> Callable[[], None]:
+    """One decode step (one row, a 64-token context) of a model of SmolLM2-135M's shapes over `weights`
+    (_model_weights(kind)), run by module `m`'s fused step on this thread: what the engine runs (timing the
+    products one op call at a time hid a 13 % difference between two bf16 bodies under the dispatch)."""
+    import torch
+
+    table, proj_args = weights
+    projs = [m.Proj(kind, *args, None) for args in proj_args]
+    ones = torch.ones(_H, dtype=torch.bfloat16)
+    head = m.Proj(0, table, torch.empty(0), 0, None)
+    angles = torch.arange(256, dtype=torch.float32)[:, None] * torch.linspace(0, 1, _D)[None, :]
+    model = m.FusedModel(_H, _HEADS, _KV, _D, _I, 1e-5, table, None, ones, head, angles.cos(), angles.sin())
+    for i in range(_LAYERS):
+        cache = [torch.zeros(_KV, 256, _D, dtype=torch.bfloat16) for _ in range(2)]
+        model.add_layer(ones, ones, None, None, *projs[4 * i:4 * i + 4], *cache)
+    model.set_int8_activations(kind != 0)  # the engine's default (EngineConfig.int8_activations)
+    one = torch.tensor([1])
+    pos = torch.tensor([_CTX - 1])
+    blocks, lens = torch.arange(_CTX // 16).view(1, -1), torch.tensor([_CTX])
+    return lambda: model.step(one, pos, pos, blocks, lens, 16, False, None)
+
+
+def _family_sweeps(family: str, tier_modules: dict[str, object]) -> dict[str, Callable[[], None]]:
+    """candidate -> one run of `family`'s hot kernels on that tier's module (in that body); its data made now
+    (and dropped with the sweeps): a fused decode step for the weight families, the paged attention op for
+    the attention family (the layer path's)."""
+    import torch
+
+    out: dict[str, Callable[[], None]] = {}
+    if family in _KINDS:
+        # 4-bit: the tiles layout where the engine keeps it (engine/quant/schemes.py), else the chunks (the same
+        # bytes: only the kind the step reads them as differs)
+        kinds = {t: 2 if _KINDS[family] == 3 and t not in ("avx2", "avx512") else _KINDS[family] for t in tier_modules}
+        weights = _model_weights(next(iter(kinds.values())))  # one copy, read by every tier's step
+        for tier, m in tier_modules.items():
+            step = _fused_step(m, kinds[tier], weights)
+            for body in BODIES.get(family, ("",)):
+                cand = f"{tier}/{body}" if body else tier
+                out[cand] = (lambda m=m, body=body, step=step: (m.set_bf16_body(body), step())) if body else step
+        return out
     # attention: 8 sequences of 1024 tokens, 3 KV heads of 3 query heads each, head_dim 64, 16-token blocks
-    seqs, ctx, heads, group, d, bs = 8, 1024, 3, 3, 64, 16
-    kc = torch.full((heads, seqs * ctx, d), 0.01, dtype=torch.bfloat16)
+    seqs, ctx, bs = 8, 1024, 16
+    kc = torch.full((_KV, seqs * ctx, _D), 0.01, dtype=torch.bfloat16)
     vc = torch.full_like(kc, 0.02)
     blocks = torch.arange(seqs * ctx // bs, dtype=torch.int64).view(seqs, ctx // bs)
     lens = torch.full((seqs,), ctx, dtype=torch.int64)
-    q = torch.full((seqs, heads, group, d), 0.01, dtype=torch.bfloat16)
-
-    def run(fn, items, before=lambda: None):
-        return lambda: (before(), [fn(item) for item in items])
-
-    out: dict[str, dict[str, Callable[[], None]]] = {f: {} for f in FAMILIES}
+    q = torch.full((seqs, _KV, _HEADS // _KV, _D), 0.01, dtype=torch.bfloat16)
     for tier, m in tier_modules.items():
-        tiles = tier in ("avx2", "avx512")  # the 4-bit layout the engine takes there (engine/quant/schemes.py)
-        int4 = m.stream_linear_int4_tiles_q8 if tiles else m.stream_linear_int4_q8
-        for body in BODIES["bf16"]:
-            out["bf16"][f"{tier}/{body}"] = run(lambda w, m=m: m.stream_linear_bf16(x, w, None), bf16,
-                                                lambda m=m, body=body: m.set_bf16_body(body))
-        out["int4"][tier] = run(lambda c, int4=int4: int4(x, c, sz, 32), codes)
-        out["int8"][tier] = run(lambda w, m=m: m.stream_linear_int8_q8(x, w, scales), q8)
-        out["attention"][tier] = run(lambda _, m=m: m.paged_decode(q, kc, vc, blocks, lens, bs), range(16))
+        out[tier] = lambda m=m: [m.paged_decode(q, kc, vc, blocks, lens, bs) for _ in range(16)]
     return out
 
 
@@ -185,39 +247,36 @@ def measure(tier_modules: dict[str, object], rounds: int = ROUNDS) -> dict[str, 
     process only ever adds time), on one thread (the bodies, not how they split)."""
     import torch
 
-    sweeps = _sweeps(tier_modules)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    times: dict[str, dict[str, float]] = {}
     try:
-        times: dict[str, dict[str, list[float]]] = {f: {t: [] for t in sweeps[f]} for f in FAMILIES}
         for fam in FAMILIES:
-            for fn in sweeps[fam].values():
+            sweeps = _family_sweeps(fam, tier_modules)
+            for fn in sweeps.values():
                 fn()  # warm-up: page faults, first-call set-up
+            seen: dict[str, list[float]] = {c: [] for c in sweeps}
             for _ in range(rounds):
-                for tier, fn in sweeps[fam].items():
+                for cand, fn in sweeps.items():
                     t0 = time.perf_counter()
                     fn()
-                    times[fam][tier].append(time.perf_counter() - t0)
+                    seen[cand].append(time.perf_counter() - t0)
+            times[fam] = {c: min(v) for c, v in seen.items()}
     finally:
         torch.set_num_threads(before)
-    return {f: {t: min(v) for t, v in times[f].items()} for f in FAMILIES}
-
-
-def default_candidate(family: str, tiers) -> str:
-    """What runs without a measurement: the best tier the CPU supports, in its first body (tiles)."""
-    return candidates(family, [list(tiers)[-1]])[0]
+    return times
 
 
 def choose(seconds: dict[str, dict[str, float]], builds: list[str], busy_cores: float = 0.0) -> TierChoice:
-    """The fastest candidate of each family, where it beats the default by more than MARGIN (else the
-    default: a difference within the noise changes nothing)."""
+    """Each family's candidate: among those within MARGIN of the fastest (a difference within the noise
+    decides nothing), the highest tier (the one the CPU's features pick), and in it the fastest walk.
+    Candidates come in tier order, lowest first (tier_modules' order)."""
     picks = {}
     for fam in FAMILIES:
         times = seconds[fam]
-        best = min(times, key=times.get)
-        default = default_candidate(fam, dict.fromkeys(c.split("/")[0] for c in times))
-        keep = default in times and times[default] <= times[best] * (1 + MARGIN)
-        picks[fam] = default if keep else best
+        rank = {t: i for i, t in enumerate(dict.fromkeys(c.split("/")[0] for c in times))}
+        near = [c for c in times if times[c] <= min(times.values()) * (1 + MARGIN)]
+        picks[fam] = max(near, key=lambda c: (rank[c.split("/")[0]], -times[c]))
     return TierChoice(picks, seconds, builds, time.strftime("%Y-%m-%d %H:%M:%S"), busy_cores)
 
 
@@ -254,8 +313,6 @@ def make_choice(path: Path, builds: list[str], tier_modules: dict[str, object]) 
         after = read_cpu_times()
         busy = other_busy_cores(before, after) if before and after else 0.0
         choice = choose(seconds, builds, busy)
-        for tier, module in tier_modules.items():
-            apply_bodies(choice, tier, module)
         if busy <= BUSY_LIMIT:  # timed on a busy machine: used now, timed again at the next start
             write_choice(path, choice)
         _KNOWN[str(path)] = choice
