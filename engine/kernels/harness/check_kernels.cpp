@@ -354,7 +354,9 @@ int main() {
   }
   for (int64_t M : {2, 3, 4, 5, 6, 7, 8})  // every body sums each row as the row alone
     for (int64_t K : {576, 200, 1536, 13}) check_bf16_rows_alone(M, K, 23);
-  for (int64_t M : {13, 20}) check_bf16_rows_alone(M, 200, 150);  // chunks of 8 over blocks of 64 weight rows
+  for (int64_t M : {13, 20}) check_bf16_rows_alone(M, 200, 150);  // chunks over blocks of 64 weight rows
+  check_bf16_rows_alone(16, 576, 67);  // AVX-512: whole 4 x 4 tiles (their 16 sums at once), a tail of 3 rows
+  check_bf16_rows_alone(33, 1536, 130);
   for (int64_t M : {1, 2, 4, 5}) {
     check_int4(M, 576, 37, 32);
     check_int4(M, 320, 12, 64);  // a half 128-column block at the end; two groups per block
