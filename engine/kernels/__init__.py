@@ -338,7 +338,7 @@ def describe_tier(tier: str | None = None) -> str:
 
 
 def describe_choice(family: str | None = None) -> str:
-    """How `family`'s tier was chosen, for the engine line: "avx512 (AVX-512 bf16 + VNNI), measured fastest
+    """How `family`'s tier was chosen, for the engine line: "avx512 (AVX-512 bf16 + VNNI), timed fastest
     for bf16 (avx2 1.31x its time, ...)", "forced by INFERLAB_CPU_TIER", or "the best this CPU supports"."""
     family = family or "bf16"
     tier = cpu_tier(family)
@@ -353,7 +353,8 @@ def describe_choice(family: str | None = None) -> str:
     pick = choice.picks[family]
     others = ", ".join(f"{c} {r:.2f}x" for c, r in choice.ratios(family).items() if c != pick)
     body = f" in its {choice.body(family)} walk" if choice.body(family) else ""
-    return f"{describe_tier(tier)}{body}, measured fastest for {family}" + (f" ({others} its time)" if others else "")
+    return (f"{describe_tier(tier)}{body}, timed fastest for {family} within {_tier_choice.MARGIN:.0%}"
+            + (f" ({others} its time)" if others else ""))
 
 
 def _neon_sdot(tier: str) -> bool:
@@ -441,7 +442,7 @@ def build_pending(tier: str | None = None) -> bool:
 
 
 def status(tier: str | None = None, family: str | None = None) -> str:
-    """The kernels in words for the engine line: "avx512 (…), measured fastest for bf16 (avx2 1.31x its
+    """The kernels in words for the engine line: "avx512 (…), timed fastest for bf16 within 5 % (avx2 1.31x its
     time)", "building avx2 (…)" or why not."""
     if tier is None and choice_pending():
         return (f"building and timing {', '.join(timed_tiers())} in the background (once per machine); "
