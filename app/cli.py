@@ -37,11 +37,15 @@ def _size(text: str) -> tuple[int, int]:
 
 def _epilog() -> str:
     from app.gui.keys import keys_help
-    from app.talk.presets import PRESETS_DIR, available
+    from app.talk.presets import PRESETS_DIR
+    from app.talk.talk_order import load_talk_or_files
 
-    names = available(PRESETS_DIR)
-    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ")
-    return (f"presets (--preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
+    said: list[str] = []  # a talk.toml that lies: said under the list, which is then in file-name order
+    names = load_talk_or_files(PRESETS_DIR, said.append).names
+    listed = textwrap.fill(", ".join(names), width=100, initial_indent="  ", subsequent_indent="  ",
+                           break_on_hyphens=False)
+    listed += "".join(f"\n  ({line})" for line in said)
+    return (f"presets in the talk's order (presets/talk.toml; --preset NAME, PgDown / PgUp in the app):\n{listed}\n\n"
             f"keys in the app:\n{keys_help()}\n\n"
             "subcommands have their own --help, e.g. `inferlab bench --help`.")
 
@@ -53,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print inferlab's version, torch's, the CPU and the native kernels' ISA tier, and exit")
     parser.add_argument("--preset", help="open with a preset (a name under presets/ or a .toml path)")
     parser.add_argument("--screenshot", metavar="OUT.png", help="run headless and save the window")
-    parser.add_argument("--run-seconds", type=float, default=5.0)
+    parser.add_argument("--run-seconds", type=float, default=5.0,
+                        help="with --screenshot: how long the preset runs before the window is saved")
     parser.add_argument("--report", metavar="OUT.json", default=None,
                         help="with --screenshot: sample the queue, goodput and latency every 5 s of the run and "
                              "write them with a verdict (does the preset keep up with its arrivals?)")
@@ -67,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="watch and load-test an OpenAI-compatible server (vLLM, SGLang, llama.cpp's "
                              "llama-server, inferlab serve) instead of the embedded engine, e.g. http://host:8000")
     parser.add_argument("--api-key", default=None, help="with --attach: the server's API key (Bearer)")
-    from app.host.managed_args import add_manage_args
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="show the measured comparisons `inferlab prepare --profile NAME` stored (default: "
+                             "$INFERLAB_PROFILE, else the shared store)")
+    from app.managed.args import add_manage_args
 
     add_manage_args(parser)
     add_device_args(parser, APP_GPU_MEMORY_UTILIZATION)
@@ -75,18 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     gen = sub.add_parser("generate", help="generate text, streamed to stdout")
-    _engine_args(gen)
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--chat", action="store_true",
-                     help="require the model's chat template (the default where the model has one)")
-    gen.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
-    gen.add_argument("--stats", action="store_true", help="print timings to stderr at the end")
+    from app.generate_args import add_generate_args
+
+    add_generate_args(gen, _engine_args)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1, /metrics)")
     from app.server.serve import add_serve_args
@@ -110,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="start a real server (llama-server, vLLM, SGLang, inferlab) per configuration "
                                        "point, measure speed, cost, memory and quality; frontier as JSON/CSV/PNG")
-    from app.tradeoff.managed.tune_cli import add_tune_args
+    from app.tradeoff.tune_cli import add_tune_args
 
     add_tune_args(tune)
 
@@ -118,7 +117,36 @@ def build_parser() -> argparse.ArgumentParser:
     from app.bench.cli import add_bench_args
 
     add_bench_args(bench, _engine_args)
+    show_defaults(parser)
     return parser
+
+
+def _default_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's --help says its default, in every subcommand: "(default: X)" appended where the
+    help does not already say it in words (a default of None is described there, or there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases share one parser
+                show_defaults(sub)
+            continue
+        value = action.default
+        if not action.option_strings or action.help == argparse.SUPPRESS or value in (None, argparse.SUPPRESS):
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction)):
+            continue  # a switch: its default is "not given"
+        if value == [] and isinstance(action, argparse._AppendAction):
+            continue  # repeatable: none unless given
+        help_text = action.help or ""
+        if "default" in help_text.lower():
+            continue
+        shown = _default_text(value).replace("%", "%%")
+        action.help = f"{help_text} (default: {shown})".lstrip()
 
 
 def version_text() -> str:
@@ -176,9 +204,9 @@ def _run(args) -> int:
 
         return run_train_lora(args)
     if args.command == "tune":
-        from app.tradeoff.managed.tune_cli import run_tune_cli
+        from app.tradeoff.tune_cli import run_tune_cli
 
-        return run_tune_cli(args)
+        return run_tune_cli(args, draw_png=_tune_png)
     if args.command == "bench":
         from app.bench.cli import run_bench
 
@@ -186,6 +214,13 @@ def _run(args) -> int:
     from app.gui.launch import run_gui
 
     return run_gui(args)
+
+
+def _tune_png(result: dict, path: str) -> bool:
+    """`tune --png`: drawn by the tradeoff panel, so Qt is imported only when a PNG is asked for."""
+    from app.gui.tune_png import write_png
+
+    return write_png(result, path)
 
 
 if __name__ == "__main__":

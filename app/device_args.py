@@ -26,15 +26,16 @@ def add_device_args(p: argparse.ArgumentParser, utilization: float) -> None:
     p.add_argument("--gpu-memory-utilization", type=_share, default=utilization, metavar="SHARE",
                    help=f"share of the GPU's memory the engine may take when no KV budget is given; the rest "
                         f"stays free for other programs (default {utilization})")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="on CUDA, replay all-decode steps from captured CUDA graphs (EngineConfig.cuda_graphs); "
-                        "elsewhere the same static buffers run without capture")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay all-decode steps from CUDA graphs captured at start-up (EngineConfig.cuda_graphs; "
+                        "default: on where the engine runs on CUDA; --no-cuda-graphs turns them off; on the CPU "
+                        "--cuda-graphs runs the same static buffers without capture)")
 
 
 def device_options(args: argparse.Namespace) -> dict:
     """The EngineConfig fields these options set (a Namespace made by hand may lack all but --device)."""
     share = vars(args).get("gpu_memory_utilization") or HEADLESS_GPU_MEMORY_UTILIZATION
-    return {"device": args.device, "gpu_memory_utilization": share, "cuda_graphs": bool(vars(args).get("cuda_graphs"))}
+    return {"device": args.device, "gpu_memory_utilization": share, "cuda_graphs": vars(args).get("cuda_graphs")}
 
 
 def engine_threads() -> int:

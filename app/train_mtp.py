@@ -48,8 +48,8 @@ def add_train_mtp_args(p: argparse.ArgumentParser, engine_args) -> None:
                         "of its own kind, ~0.15 s of writing each on 2 cores (default 0; the shipped heads: 0)")
     p.add_argument("--sequential", action="store_true",
                    help="each head also reads the token the head before it drafted (a chain, as the verify checks "
-                        "it): heads 2 and 3 held out 29 / 25 %% right against 19 / 12 %% (README), for a second "
-                        "product per head when proposing")
+                        "it): heads 2 and 3 held out 29 / 25 %% right against 19 / 12 %% "
+                        "(docs/measurements/speculative.md), for a second product per head when proposing")
     p.add_argument("--text", default=None, metavar="PATH",
                    help="keep the written training text in this file and reuse it when it is there, written with the "
                         "same settings: train again with other options without writing it again")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
-from engine.knobs import KNOB, KNOBS, check_knobs, knob_default
+from engine.events import AttentionBackendName, KernelBuild, KvCacheDtype, SchedulingPolicy, SpecMethod
+from engine.knobs import KIND_KNOBS, KNOB, KNOBS, check_knobs, knob_default
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -18,7 +19,7 @@ class SchedulerConfig:
     max_num_seqs: int = knob_default("max_num_seqs")
     max_num_batched_tokens: int = knob_default("max_num_batched_tokens")  # the token budget of one step
     enable_chunked_prefill: bool = knob_default("enable_chunked_prefill")
-    policy: str = knob_default("policy")
+    policy: SchedulingPolicy = knob_default("policy")
     # distinct LoRA adapters the running batch may hold: the adapter pool's device slots
     # (0: no LoRA support, no wrappers in the model)
     max_loras: int = knob_default("max_loras")
@@ -32,6 +33,9 @@ class SchedulerConfig:
     # output token stays within it (engine/core/scheduler.py).
     ttft_budget_ms: float | None = knob_default("ttft_budget_ms")
     tpot_budget_ms: float | None = knob_default("tpot_budget_ms")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", KNOB["policy"].check(self.policy))  # "spf" -> SchedulingPolicy.SPF
 
     @classmethod
     def of(cls, config: EngineConfig) -> SchedulerConfig:
@@ -64,7 +68,7 @@ class EngineConfig:
     # "auto": K/V in the model's dtype; "int8": 8-bit rows with a float32 scale per (token, KV head)
     # (engine/models/layers/kv_quant.py): 1.88x the blocks in the same memory at head_dim 64, decoded
     # through the eager attention path. Fixed for the engine's life (the cache is allocated with it).
-    kv_cache_dtype: str = knob_default("kv_cache_dtype")
+    kv_cache_dtype: KvCacheDtype = knob_default("kv_cache_dtype")
     # Explicit budgets are honoured on every device (CPU and GPU alike). A KV budget: with a draft model,
     # the target's and the draft's KV blocks share it. None: 512 MiB on the CPU; on a GPU the KV cache
     # gets what a profiled warm-up step leaves (total x gpu_memory_utilization - in use - peak of a step).
@@ -93,7 +97,7 @@ class EngineConfig:
     # only when asked for: on the first GPU run its compile had not finished minutes into the first step).
     # "reference": the readable one-sequence-at-a-time path the tests hold the others to. What runs is
     # chosen once, by engine/runner/attention_backend.py.
-    attention_backend: str = knob_default("attention_backend")
+    attention_backend: AttentionBackendName = knob_default("attention_backend")
     # torch.compile each decode step's forward pass as one call (the attention an opaque op in it; steps with
     # prompt rows run eager; the same numbers as eager, engine/models/llama.py), run single 16-bit rows on
     # the CPU (decode of one stream, where the native kernel is not built) through a compiled matrix-vector
@@ -108,10 +112,11 @@ class EngineConfig:
     # bf16 on the CPU: keep each Linear's weight also in oneDNN's packed layout (engine/models/layers/linear.py;
     # ~15 % faster prefill GEMMs at 47 rows) at the price of a second copy of those weights.
     pack_weights: bool = knob_default("pack_weights")
-    # CUDA: replay all-decode steps from CUDA graphs captured per padded batch-size and context bucket
-    # over static buffers (engine/runner/graphs.py; not yet run on a GPU). On the CPU the same static
-    # buffers run without capture (what the tests check). Off by default.
-    cuda_graphs: bool = False
+    # CUDA: replay all-decode steps from CUDA graphs captured at engine build, one per padded batch-size
+    # bucket up to max_num_seqs, over static buffers (engine/runner/graphs.py). None (the default): on where
+    # the engine runs on CUDA, off elsewhere; False: off (--no-cuda-graphs). On the CPU, True runs the same
+    # static buffers without capture (what the tests check).
+    cuda_graphs: bool | None = knob_default("cuda_graphs")
     # bf16 on the CPU, 16-bit KV cache, compile off: a step of decodes and chain verifies (up to two calls of
     # 8 rows) without LoRA adapters runs the whole transformer (norms, q/k/v, RoPE, KV writes, paged
     # attention, MLP, lm_head) in one native call a batch (engine/runner/fused.py) instead of ~360 small
@@ -121,7 +126,8 @@ class EngineConfig:
     # In the fused decode step, 4- and 8-bit layers (and an int8 lm_head) quantize their activation row to
     # int8 (one scale per 32 columns, as llama.cpp's Q8 activations) and multiply with integer dot products
     # (AVX-512 VNNI where present): fewer instructions per weight. Off: the exact bf16-activation bodies.
-    # Its quality cost: `python scripts/q8_quality.py` (figures in the README). Switchable at run time.
+    # Its quality cost: `python scripts/q8_quality.py` (figures in docs/measurements/kernels.md). Switchable at run
+    # time.
     int8_activations: bool = knob_default("int8_activations")
     # on the CPU in bf16: each row's numbers, and so a greedy answer, the same whatever the batch, the chunking
     # or a preemption: every step the fused step can run goes through it (engine/runner/fused.py accepts)
@@ -130,7 +136,7 @@ class EngineConfig:
     # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels
     # until the build is done, then switches to the native ones between two steps (the app: live tokens
     # within seconds of a first start).
-    kernel_build: str = knob_default("kernel_build")
+    kernel_build: KernelBuild = knob_default("kernel_build")
 
     # Later features (quantization, speculation, LoRA) read these
     quant_bits: int = knob_default("quant_bits")
@@ -139,7 +145,7 @@ class EngineConfig:
     quant_embeddings: bool = False  # also the embedding table and lm_head (int8 per row; see quant_embed)
     quant_outlier_channels: int = 0  # input channels per layer kept in 16 bits (LLM.int8 style)
     quant_reference: bool = False  # dequantize-then-matmul instead of the fast kernels
-    spec_method: str | None = knob_default("spec_method")
+    spec_method: SpecMethod | None = knob_default("spec_method")
     num_speculative_tokens: int = knob_default("num_speculative_tokens")
     draft_model: str | None = None  # a name, folder or .gguf sharing the target's tokenizer
     draft_quant_bits: int | None = None  # quantize the draft; with no draft_model, a quantized target copy
@@ -164,7 +170,7 @@ class EngineConfig:
     max_num_seqs: InitVar[int | None] = None
     max_num_batched_tokens: InitVar[int | None] = None
     enable_chunked_prefill: InitVar[bool | None] = None
-    policy: InitVar[str | None] = None
+    policy: InitVar[SchedulingPolicy | str | None] = None
     max_loras: InitVar[int | None] = None
     max_step_ms: InitVar[float | None] = None
     ttft_budget_ms: InitVar[float | None] = None
@@ -176,6 +182,9 @@ class EngineConfig:
             self.scheduler = replace(self.scheduler, **given)
         # every knob of the table, against its range or list (engine/knobs.py)
         check_knobs({k.name: getattr(self, k.name) for k in KNOBS})
+        for name in KIND_KNOBS:  # a kind given as its string is stored as its enum member ("none": None)
+            if name not in SCHEDULER_FIELDS:  # SchedulerConfig stores its own
+                setattr(self, name, KNOB[name].check(getattr(self, name)))
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
 

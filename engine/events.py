@@ -46,6 +46,39 @@ class SpecMethod(StrEnum):
     MTP = "mtp"  # multi-token prediction heads: fixed when the engine is built
 
 
+class AttentionBackendName(StrEnum):
+    """How attention runs (EngineConfig.attention_backend; chosen once by engine/runner/attention_backend.py)."""
+
+    FAST = "fast"  # batched paged attention: whole-block gathers + matmuls
+    COMPILED = "compiled"  # decode attention through torch.compile, the block gather fused in
+    NATIVE = "native"  # the C++ kernel streaming each sequence's blocks (engine/kernels); else "fast"
+    FLEX = "flex"  # FlexAttention with a paged block mask
+    TRITON = "triton"  # the CUDA path's Triton kernels (engine/kernels/gpu)
+    REFERENCE = "reference"  # one sequence at a time, the readable path the others are held to
+
+
+class KvCacheDtype(StrEnum):
+    """The KV cache's element type (EngineConfig.kv_cache_dtype)."""
+
+    AUTO = "auto"  # the model's dtype
+    INT8 = "int8"  # 8-bit rows with a float32 scale per (token, KV head)
+
+
+class KernelBuild(StrEnum):
+    """When the native kernels' first build on a machine runs (EngineConfig.kernel_build)."""
+
+    WAIT = "wait"  # before the first step
+    BACKGROUND = "background"  # torch's kernels until the build is done, then the native ones
+
+
+class SchedulingPolicy(StrEnum):
+    """Which waiting request is admitted first (SchedulerConfig.policy; engine/core/policies.py)."""
+
+    FCFS = "fcfs"  # first come, first served
+    SPF = "spf"  # shortest prompt first
+    PRIORITY = "priority"  # lowest Request.priority first
+
+
 class LoraEventKind(StrEnum):
     """A change in where a LoRA adapter lives (LoraPoolEvent.kind)."""
 
@@ -153,6 +186,10 @@ class MemorySnapshot:
     # the captured CUDA graphs' memory pool, measured (torch's reserved bytes across each capture); 0 on the
     # CPU, where the static buffers run uncaptured; None with EngineConfig.cuda_graphs off
     graphs_bytes: int | None = None
+    # the most a step's activations take (logits and sampling included), measured by the start-up profile
+    # step on a GPU (the KV cache was sized to leave it free); None where not measured (the CPU: there
+    # activation_bytes is the last step's, computed from its shapes)
+    activation_peak_bytes: int | None = None
 
     @property
     def kv_bytes_total(self) -> int:
@@ -215,7 +252,7 @@ class SpecDecodeStats:
     """Speculative decoding counters for one step (all zero when speculation is off)."""
 
     step: int
-    method: str | None  # "draft" | "ngram" | "mtp" | None
+    method: SpecMethod | None
     num_draft_tokens: int
     num_accepted_tokens: int
     num_emitted_tokens: int  # accepted + corrected/bonus

@@ -14,10 +14,11 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from engine.events import SpecMethod
+from engine.events import AttentionBackendName, KernelBuild, KvCacheDtype, SchedulingPolicy, SpecMethod
 from engine.quant_formats import QUANT_BITS
 
 
@@ -73,11 +74,16 @@ class Knob:
 
     def check(self, value: Any, *, app: bool = False) -> Any:
         """`value` as the engine stores it when it is fine (a number as a plain int or float: a numpy
-        integer or a Fraction is stored as one); else ValueError naming the knob."""
+        integer or a Fraction is stored as one; a kind as its enum member, "ngram" as SpecMethod.NGRAM; a
+        spelling of none as None); else ValueError naming the knob."""
         why = self.problem(value, app=app)
         if why:
             raise ValueError(f"{self.name}: {why}, got {value!r}")
-        if value is not None and self.type in (int, float) and not self.choices:
+        if value is None or (self.optional and value in self.none_spellings):
+            return None
+        if self.choices and isinstance(self.choices[0], Enum):
+            return type(self.choices[0])(value)
+        if self.type in (int, float) and not self.choices:
             return self.type(value)
         return value
 
@@ -88,7 +94,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_num_seqs", _INT, 64, run_time=True, low=1, app_range=(1, 256)),
     Knob("max_num_batched_tokens", _INT, 512, run_time=True, low=1, app_range=(16, 8192)),
     Knob("enable_chunked_prefill", _BOOL, True, run_time=True),
-    Knob("policy", _STR, "fcfs", run_time=True, choices=("fcfs", "spf", "priority")),  # engine/core/policies.py
+    # which waiting request goes first (engine/core/policies.py)
+    Knob("policy", _STR, SchedulingPolicy.FCFS, run_time=True, choices=tuple(SchedulingPolicy)),
     # while requests decode, prompt chunks are cut to keep a step within this many ms (engine/core/step_time.py)
     Knob("max_step_ms", _FLOAT, None, run_time=True, low=1, optional=True, app_range=(10, 2000)),
     # serve toward a latency budget (engine/core/scheduler.py): prompts that can still meet the TTFT budget go
@@ -108,12 +115,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("int8_activations", _BOOL, True, run_time=True),
     # every bf16 step through the fused step, one order of sums per row whatever its company (engine/runner/fused.py)
     Knob("batch_invariant", _BOOL, True, run_time=True),
-    Knob("cuda_graphs", _BOOL, False, run_time=True),  # CUDA graphs for all-decode steps (engine/runner/graphs.py)
+    # CUDA graphs for all-decode steps (engine/runner/graphs.py); None: on where the engine runs on CUDA
+    Knob("cuda_graphs", _BOOL, None, run_time=True, optional=True),
     # fixed when the engine is built
     Knob("dtype", _STR, "auto", choices=("auto", "bfloat16", "float16", "float32")),
-    Knob("attention_backend", _STR, "native", choices=("fast", "compiled", "native", "flex", "reference")),
-    Knob("kv_cache_dtype", _STR, "auto", choices=("auto", "int8")),
-    Knob("kernel_build", _STR, "wait", choices=("wait", "background")),
+    Knob("attention_backend", _STR, AttentionBackendName.NATIVE, choices=tuple(AttentionBackendName)),
+    Knob("kv_cache_dtype", _STR, KvCacheDtype.AUTO, choices=tuple(KvCacheDtype)),
+    Knob("kernel_build", _STR, KernelBuild.WAIT, choices=tuple(KernelBuild)),
     Knob("gpu_memory_utilization", _FLOAT, 0.90, low=0.0, high=1.0, low_exclusive=True),
     Knob("num_kv_blocks", _INT, None, low=1, optional=True, app_range=(16, 1_000_000)),
     Knob("memory_budget_bytes", _INT, None, low=1, optional=True),
@@ -127,6 +135,8 @@ KNOBS: tuple[Knob, ...] = (
 )
 KNOB: Mapping[str, Knob] = MappingProxyType({k.name: k for k in KNOBS})
 RECONFIGURABLE: tuple[str, ...] = tuple(k.name for k in KNOBS if k.run_time)  # what reconfigure() may change
+# knobs whose values are a kind (an enum of engine/events.py): stored as the member, "ngram" as SpecMethod.NGRAM
+KIND_KNOBS: tuple[str, ...] = tuple(k.name for k in KNOBS if k.choices and isinstance(k.choices[0], Enum))
 
 
 def knob_default(name: str) -> Any:

@@ -28,7 +28,15 @@ from engine.core.output_processor import append_token, make_output, timeline
 from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler, SchedulerOutput
-from engine.events import BlockMapSnapshot, EngineStepEvent, LoraAdapterInfo, MemorySnapshot, RequestOutput
+from engine.events import (
+    BlockMapSnapshot,
+    EngineStepEvent,
+    KernelBuild,
+    LoraAdapterInfo,
+    MemorySnapshot,
+    RequestOutput,
+    SpecMethod,
+)
 from engine.kernels.tier_choice import family_for_bits
 from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
@@ -113,7 +121,7 @@ class LLMEngine:
         # a draft model is built before the KV cache is sized: its weights and its KV blocks (as many as
         # the target's) come out of the same budget
         draft = build_draft_model(config, loaded, mc, self.device, self.dtype, wide) \
-            if config.spec_method == "draft" else None
+            if config.spec_method == SpecMethod.DRAFT else None
         draft_block_bytes = draft.block_bytes(config.block_size, self.dtype) if draft else 0
         self.weights = WeightsManager(self.model, config, self.device, self.block_bytes + draft_block_bytes,
                                       calibrate=_calibrator(weakref.ref(self)),
@@ -125,7 +133,7 @@ class LLMEngine:
                                       stream_kernel=stream_kernel, matmul_dtype=wide,
                                       profile_graphs=(lambda: profile_graph_bytes(self.model, mc, config, self.device,
                                                                                   self.dtype))
-                                      if config.cuda_graphs else None)
+                                      if self.graphs_wanted(config) else None)
         del at_load
         # after the weights manager kept the 16-bit originals: the LoRA wrappers go around the projections
         self.lora = build_pool(self.model, mc, config, self.device, self.dtype)
@@ -138,12 +146,12 @@ class LLMEngine:
                                   kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
         self.runner.kernel_family = family_for_bits(config.quant_bits)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
-                                  config.int8_activations, wait_kernels=config.kernel_build == "wait",
+                                  config.int8_activations, wait_kernels=config.kernel_build == KernelBuild.WAIT,
                                   batch_invariant=config.batch_invariant)
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
-        self._use_graphs(config.cuda_graphs, startup=True, progress=progress)
+        self._use_graphs(self.graphs_wanted(config), startup=True, progress=progress)
         self.intake = RequestIntake(self.tokenizer, mc.vocab_size, self.max_model_len, config.seed)
         self.counters = EngineCounters()
         self.spec = SpeculativeDecoder(config, loaded, self.model, mc, self.runner, self.block_manager,
@@ -285,11 +293,10 @@ class LLMEngine:
             t_run = time.perf_counter()
             self._run(sched, outputs, finished)
             t_done = time.perf_counter()
-            self.scheduler.observe(sched.num_prefill_tokens, sum(s.num_tokens for s in sched.scheduled),
-                                   t_done - t_run)
-            if sched.num_prefill_tokens == 0:  # what a decode or verify step of this many rows costs here
-                rows = sched.num_decode_tokens + sched.num_verify_tokens
-                self.spec.observe_step(len(sched.scheduled), rows, t_done - t_propose)
+            prefill, decode, verify = sched.token_counts()
+            self.scheduler.observe(prefill, prefill + decode + verify, t_done - t_run)
+            if prefill == 0:  # what a decode or verify step of this many rows costs here
+                self.spec.observe_step(len(sched.scheduled), decode + verify, t_done - t_propose)
         self.counters.steps += 1
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
@@ -400,17 +407,23 @@ class LLMEngine:
                 != (cfg.fused_decode, cfg.int8_activations, cfg.batch_invariant)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
                                       int8_activations=cfg.int8_activations, batch_invariant=cfg.batch_invariant)
-        self._use_graphs(bool(cfg.cuda_graphs))
+        self._use_graphs(self.graphs_wanted(cfg))
+
+    def graphs_wanted(self, config: EngineConfig) -> bool:
+        """EngineConfig.cuda_graphs, with None (the default) read as: on where the engine runs on CUDA."""
+        return self.device.type == "cuda" if config.cuda_graphs is None else bool(config.cuda_graphs)
 
     def _use_graphs(self, enabled: bool, startup: bool = False, progress: Progress | None = None) -> None:
-        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA;
-        at start-up every batch bucket is captured at once (engine/runner/graphs.py), switched on at run
-        time they are captured as steps need them."""
-        if enabled != (self.runner.graphs is not None):
-            self.runner.invalidate_graphs()
-            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda") if enabled else None
-            if enabled and startup:
-                self.runner.graphs.build_all(self.runner, self.config.max_num_seqs, self.max_model_len, progress)
+        """EngineConfig.cuda_graphs: all-decode steps through static buffers, captured and replayed on CUDA.
+        Every batch bucket is captured at once (engine/runner/graphs.py) when they are first switched on: at
+        start-up, inside the memory the KV cache left for them, or between two steps (outside it: the cache
+        was sized without them). Switched off, they are kept, and switched on again they serve as captured."""
+        if enabled == (self.runner.graphs is not None):
+            return
+        if self.runner.park_graphs(enabled) is None and enabled:
+            self.runner.graphs = DecodeGraphs(capture=self.device.type == "cuda")
+            self.runner.graphs.build_all(self.runner, self.config.max_num_seqs, self.max_model_len,
+                                         progress if startup else None)
 
     def _prepare_loras(self, sched: SchedulerOutput, outputs: Outputs, finished: list[Request]) -> None:
         """Every adapter of the batch into a device slot; requests whose adapter cannot load fail alone."""
@@ -443,13 +456,14 @@ class LLMEngine:
     def _update(self, result: StepResult, outputs: Outputs, finished: list[Request]) -> None:
         """Each request's share of the step; one whose own processing raises (its detokenizer, its
         verification) fails alone, like one whose logits were not finite."""
+        now = time.perf_counter()  # when the step's tokens came: one time for all of them
         for i, s in enumerate(result.order):
             req = s.request
             if i in result.failed:
                 self._fail(req, result.failed[i], outputs, finished)
                 continue
             try:
-                self._update_one(i, s, result, outputs)
+                self._update_one(i, s, result, outputs, now)
             except Exception as exc:  # noqa: BLE001 (this request's own failure: the others go on)
                 self._fail(req, f"{type(exc).__name__}: {exc}", outputs, finished)
                 continue
@@ -457,7 +471,7 @@ class LLMEngine:
                 self._finish(req, req.status)
                 finished.append(req)
 
-    def _update_one(self, i: int, s, result: StepResult, outputs: Outputs) -> None:
+    def _update_one(self, i: int, s, result: StepResult, outputs: Outputs, now: float) -> None:
         req, bm, piece = s.request, self.block_manager, self.tokenizer.id_to_piece
         token, lp = result.sampled[i], result.logprobs[i]
         if i in result.verify_logits:
@@ -476,7 +490,7 @@ class LLMEngine:
         if req.num_computed_tokens - s.num_tokens < req.num_prompt_tokens:
             self.counters.prompt += req.num_prompt_tokens
             self.counters.cached += req.num_cached_tokens if req.num_preemptions == 0 else 0
-        text = append_token(req, token, self.eos_token_ids, self.max_model_len)
+        text = append_token(req, token, self.eos_token_ids, self.max_model_len, now)
         self.counters.generated += 1
         outputs[req.request_id] = make_output(req, [token], text, [lp] if lp is not None else None, piece)
 
@@ -617,7 +631,8 @@ class LLMEngine:
         return snapshot(self._device_memory, self.weights_bytes, self.block_bytes, bm.num_blocks, bm.num_used_blocks,
                         bm.num_cached_free_blocks, self._last_activation_bytes, self.packed_bytes,
                         lora.device_bytes if lora else 0, lora.host_bytes if lora else 0,
-                        self.runner.graphs.pool_bytes if self.runner.graphs is not None else None)
+                        self.runner.graphs.pool_bytes if self.runner.graphs is not None else None,
+                        self.weights.kv_sizing.peak_step_bytes or None if self.device.type == "cuda" else None)
 
     def block_map(self) -> BlockMapSnapshot:
         return self.block_manager.snapshot()

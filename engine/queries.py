@@ -138,13 +138,14 @@ def step_stats(step: int, t0: float, sched: SchedulerOutput, scheduler: Schedule
                cost: tuple[int, int] = (0, 0), forward_path: ForwardPath = ForwardPath.NONE) -> StepStats:
     """The counts of one step, its wall time measured from t0 to now, and its (FLOPs, bytes moved)
     counted from the shapes it ran (engine/perf/step_counter.py)."""
+    prefill, decode, verify = sched.token_counts()
     return StepStats(
         step=step,
         t_start=t0,
         wall_time_s=time.perf_counter() - t0,
-        num_prefill_tokens=sched.num_prefill_tokens,
-        num_decode_tokens=sched.num_decode_tokens,
-        num_verify_tokens=sched.num_verify_tokens,
+        num_prefill_tokens=prefill,
+        num_decode_tokens=decode,
+        num_verify_tokens=verify,
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
         num_preempted=len(sched.preempted),

@@ -71,6 +71,6 @@ def check_reconfigure(config, changes: Mapping[str, Any]) -> Mapping[str, Any]:
         raise ValueError(f"cannot change {sorted(unknown)} at run time; reconfigurable: {RECONFIGURABLE}")
     checked = {name: KNOB[name].check(value) for name, value in changes.items()}
     method = checked.get("spec_method", config.spec_method)
-    if method not in (None, "none", SpecMethod.NGRAM, config.spec_method):
+    if method not in (None, SpecMethod.NGRAM, config.spec_method):
         raise ValueError(f"cannot switch speculation to {method!r} at run time; start the engine with it")
     return MappingProxyType(checked)

@@ -1,35 +1,29 @@
-"""One prepared run on a GPU machine (scripts/gpu_check.sh): every result in one folder, in 10 minutes.
+"""One prepared run on a GPU machine (scripts/gpu_check.sh): every result in one folder, within the call's limit.
 
-    scripts/gpu_check.sh [--out DIR] [--model M] [--device cuda] [--budget-s 570]
+    scripts/gpu_check.sh [--out DIR] [--model M] [--device cuda] [--limit-s 600 | --budget-s 560]
     scripts/gpu_check.sh --dry-run     # the same steps on the CPU, small: checks the script itself
 
 Steps, each with its own time limit, in the order that matters most on a GPU day (a step that fails is
-recorded and the next one runs; what the deadline leaves no time for is recorded as skipped):
+recorded and the next one runs; what the deadline leaves no time for is recorded as skipped). results.json
+is rewritten after every step, and the benches rewrite their JSON after every figure, so a run cut short
+brings back every figure it reached:
   environment   torch, CUDA, the GPU (name, capability, memory, NVML), missing packages -> environment.json
-  cuda_tests    pytest -m cuda (tests/test_cuda.py) on the GPU -> cuda_tests.xml
-  bench_decode  `inferlab bench decode --device cuda`: one stream, inferlab (eager, CUDA graphs) vs HF on
-                the same GPU, achieved weight bandwidth vs a measured copy -> bench_decode.json
+  bench_decode  scripts/gpu_bench.py ours: 1 / 8 / 64 streams decoding, eager and CUDA graphs in alternating
+                rounds; per mode a profiled window (kernels a step, GPU-busy time, wall time) and one step's
+                launches counted from the code; the memory breakdown -> bench_decode.json
+  bench_hf      scripts/gpu_bench.py hf: Hugging Face transformers on the same weights and GPU, eager and with
+                a static cache + torch.compile, the same streams -> bench_hf.json
   graphs_startup  scripts/graphs_startup.py: decode graphs captured at engine build inside the measured
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
-  bench_64      `inferlab bench throughput --device cuda --max-num-seqs 64`: 64 streams -> bench_64.json
-  step_ops      scripts/step_ops.py: torch ops in one eager decode step (each a launch) and ms a token
-                (results.json's log tail; not in the dry run)
-  bench_compile one stream with compile=True, alone (its compile may take long) -> bench_compile.json
-                (not in the dry run)
-  flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA) timed from engine build to three
-                generations (results.json's log tail)
+  cuda_tests    the CUDA tests and the Triton kernels' tests on the GPU (tests/test_cuda.py,
+                tests/test_gpu_kernels.py, tests/test_gpu_path.py) -> cuda_tests.xml
+  bench_compile one stream with compile=True (inductor's own kernels), 60 s at most -> bench_compile.json
+  flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA), 60 s at most (results.json's log tail)
   screenshot    the app on the GPU, headless -> app.png; skipped, saying so, where PySide6 is missing
                 (the lent image has none, and its wheels are too large to carry)
-  cpu_suite     the CPU suite with CUDA hidden (CUDA_VISIBLE_DEVICES=''); tests that need a missing GUI or
-                HTTP package skip (tests/optional_stacks.py) -> cpu_suite.xml
-A step stopped at its limit is sent SIGABRT first: its log (and results.json) ends with every thread's stack.
-Every step runs on what the lent image has (torch, transformers, pytest, prometheus-client...: no Qt, no
-FastAPI, no platformdirs, no gguf); scripts/gpu_wheels.sh fetches a few pure-Python wheels into .whl/ that
-gpu_check.sh installs first, when they were carried, so that more of the CPU suite runs there.
-results.json lists each step: its command, exit status, seconds, the tail of its log, and its files;
-the whole logs, the built model and scratch data go to --work (a temporary folder by default), so the
-result folder holds 8 files (the device tool brings back 8 at most; on the lent image app.png is skipped,
-and bench_compile.json, a GPU run's alone, takes its place).
+No CPU suite runs there (CI runs it). A step stopped at its limit is sent SIGABRT first: its log (and
+results.json) ends with every thread's stack. --limit-s is the device call's own limit: the run ends
+40 s before it, for the results to be written and brought back.
 
 Model: --model auto takes the built-in SmolLM2-135M when its weights are on this machine (no network on
 the GPU machines); else a model of SmolLM2-135M's shapes with random weights is built (speed and memory
@@ -56,7 +50,8 @@ SMOLLM2_SHAPES = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers
                       num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
                       rms_norm_eps=1e-5, tie_word_embeddings=True)
 NEEDED = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "jinja2", "gguf", "platformdirs",
-          "pynvml", "PySide6", "pyqtgraph", "qasync", "pytest", "pytestqt", "hypothesis", "peft", "fastapi", "uvicorn")
+          "pynvml", "PySide6", "pyqtgraph", "qasync", "pytest", "pytestqt", "hypothesis", "peft", "fastapi", "uvicorn",
+          "triton")
 GUI_PACKAGES = ("PySide6", "pyqtgraph", "qasync")  # the screenshot step's needs
 
 
@@ -78,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="the folder for every result (default gpu-check-<time>)")
     p.add_argument("--model", default="auto")
     p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
-    p.add_argument("--budget-s", type=float, default=570.0, help="the whole run's deadline in seconds")
+    p.add_argument("--budget-s", type=float, default=None, help="the whole run's deadline in seconds")
+    p.add_argument("--limit-s", type=float, default=600.0,
+                   help="the device call's time limit: the run's deadline is 40 s before it (default 600)")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and quick")
     p.add_argument("--steps", default=None, help="comma-separated step names to run (default: all)")
     p.add_argument("--work", default=None,
@@ -169,50 +166,42 @@ def step_commands(args: argparse.Namespace, model: str, out: Path) -> list[tuple
     py, dev = sys.executable, args.device
     cli = [py, "-m", "app.cli"]
     dry = args.dry_run
-    suite = ["tests/test_device_placement.py", "-k", "nvml or block_snapshot"] if dry else []
-    # the dry run leaves compiling out: minutes of C++ builds on a CPU, and tests/test_model_equivalence.py
-    # covers compile=True; the graphs mode runs its static buffers uncaptured there
-    # eager and graphs first, compiling in a step of its own: a bench stopped at its limit writes nothing, and
-    # on the first GPU run a compile (FlexAttention's) took every step's time (the dry run compiles nothing:
-    # minutes of C++ builds on a CPU; tests/test_model_equivalence.py covers compile=True)
-    modes = ["--modes", "eager", "graphs", "--no-llama-cpp"]  # the peer is the CPU's llama.cpp: beside the point
-    # here, and a step that converts GGUFs could fail on packages this check does not need
-    decode = ["--max-tokens", "8", "--prompt-tokens", "8", "--rounds", "1"] if dry else ["--rounds", "3"]
-    batch = (["--num-chats", "4", "--num-docs", "1", "--max-num-seqs", "4", "--rounds", "1", "--kv-cache-mib", "16",
-              "--max-output-tokens", "24"]
-             if dry else ["--max-num-seqs", "64", "--rounds", "1"])
-    # the dry run: FlexAttention so that graphs apply (the native kernel takes the CPU's decodes); eager on the
-    # CPU, it masks every slot of the cache: a small one
-    startup = (["--attention-backend", "flex", "--max-num-seqs", "4", "--max-model-len", "256", "--max-tokens", "6",
-                "--memory-budget-mib", "4"] if dry else [])
-    hidden_cuda = {"CUDA_VISIBLE_DEVICES": "", "INFERLAB_DEVICE": "cpu"}
-    if not dry and importlib.util.find_spec("xdist") is not None:  # the GPU machine's many cores
-        suite = ["-n", "8", "--dist", "loadfile"]
+    bench = [py, "scripts/gpu_bench.py"]
+    # the dry run: the CUDA path's Triton kernels under Triton's interpreter, a tiny model, a few tokens
+    small = (["--streams", "1", "2", "--tokens", "3", "--prompt-tokens", "6", "--rounds", "1",
+              "--profile-steps", "1"] if dry else [])
+    triton_cpu = {"TRITON_INTERPRET": "1"} if dry else {}
+    ours = ["--attention-backend", "triton", "--max-model-len", "256"] if dry else []
+    tests = ["tests/test_cuda.py", "tests/test_gpu_kernels.py", "tests/test_gpu_path.py"]
+    # one stream, the CPU's suite-style tiny run in the dry run (no compile: minutes of C++ builds on a CPU)
+    startup = (["--attention-backend", "triton", "--max-num-seqs", "4", "--max-model-len", "256", "--max-tokens",
+                "4", "--memory-budget-mib", "4"] if dry else [])
     return [
-        ("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "tests/test_cuda.py",
-                        f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 90),
-        ("bench_decode", cli + ["bench", "decode", "--device", dev, "--model", model,
-                                "--json", str(out / "bench_decode.json"), *modes, *decode], {}, 150),
+        ("bench_decode", bench + ["ours", "--device", dev, "--model", model, "--json", str(out / "bench_decode.json"),
+                                  *ours, *small], triton_cpu, 90 if dry else 150),
+        ("bench_hf", bench + ["hf", "--device", dev, "--model", model, "--json", str(out / "bench_hf.json"), *small,
+                              *(["--no-compile"] if dry else [])], {}, 60 if dry else 120),
         ("graphs_startup", [py, "scripts/graphs_startup.py", "--device", dev, "--model", model,
-                            "--json", str(out / "graphs_startup.json"), *startup], {}, 60 if dry else 120),
-        ("bench_64", cli + ["bench", "throughput", "--device", dev, "--model", model,
-                            "--json", str(out / "bench_64.json"), *modes, *batch], {}, 150),
-        *([] if dry else [("step_ops", [py, "scripts/step_ops.py", "--device", dev, "--dtype", "bfloat16",
-                                        "--attention", "native", "--model", model], {}, 60)]),
+                            "--json", str(out / "graphs_startup.json"), *startup], triton_cpu, 60 if dry else 90),
+        ("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda" if dry else "cuda or not cuda", *tests,
+                        f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 120),
         *([] if dry else [("bench_compile", cli + ["bench", "decode", "--device", dev, "--model", model, "--json",
                                                    str(out / "bench_compile.json"), "--modes", "compile",
-                                                   "--no-llama-cpp", "--no-baseline", *decode], {}, 150)]),
+                                                   "--no-llama-cpp", "--no-baseline", "--rounds", "1",
+                                                   "--max-tokens", "32"], {}, 60)]),
         # FlexAttention over the paged cache, compiled: on the first GPU run (H200, torch 2.11) its compile was
-        # still in inductor minutes into the first decode step, so it is no longer the default on CUDA; a step
-        # of its own, bounded, so that it cannot take the other steps' time
+        # still in inductor minutes into the first decode step: a step of its own, last, bounded
         ("flex", [py, "scripts/cuda_probe.py", "flex:bfloat16:greedy", "--device", dev, "--model", model,
-                  "--tokens", "4" if dry else "8"], {}, 60 if dry else 120),
+                  "--tokens", "4" if dry else "8"], {}, 60),
         ("screenshot", cli + ["--device", dev, "--model", model, "--screenshot", str(out / "app.png"),
                               "--preset", "vram-bottleneck", "--run-seconds", "4" if dry else "8"],
          {"QT_QPA_PLATFORM": "offscreen"}, 90),
-        ("cpu_suite", [py, "-m", "pytest", "-q", "-x", *suite, f"--junitxml={out / 'cpu_suite.xml'}"],
-         hidden_cuda, 60 if dry else 280),
     ]
+
+
+RESULT_FILES = {"bench_decode": "bench_decode.json", "bench_hf": "bench_hf.json",
+                "graphs_startup": "graphs_startup.json", "cuda_tests": "cuda_tests.xml",
+                "bench_compile": "bench_compile.json", "screenshot": "app.png"}
 
 
 def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:
@@ -244,9 +233,24 @@ def run_step(name: str, command: list[str], extra_env: dict, limit: float, work:
     return result
 
 
+def write_summary(out: Path, summary: dict, results: list[StepResult], start: float) -> None:
+    """results.json as it stands: rewritten after every step (a run cut short keeps what it reached)."""
+    produced = {p.name for p in out.iterdir()}
+    for r in results:
+        if RESULT_FILES.get(r.name) in produced:
+            r.files = [RESULT_FILES[r.name]]
+    summary["steps"] = [asdict(r) for r in results]
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    summary["ok"] = all(r.rc == 0 or r.missing_packages for r in results)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out / "results.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
+    budget = args.budget_s if args.budget_s is not None else args.limit_s - 40
     start = time.perf_counter()
     out = Path(args.out or f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -265,39 +269,28 @@ def main(argv: list[str] | None = None) -> int:
     results.append(env_step)
     model, what = pick_model(args.model, work, args.dry_run)
     summary = {"dry_run": args.dry_run, "device": args.device, "model": model, "model_is": what, "logs": str(work),
-               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": args.budget_s, "steps": []}
+               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": budget, "steps": []}
+    write_summary(out, summary, results, start)
     wanted = set(args.steps.split(",")) if args.steps else None
     for name, command, extra, limit in step_commands(args, model, out):
         if wanted is not None and name not in wanted:
             continue
-        left = args.budget_s - (time.perf_counter() - start)
+        left = budget - (time.perf_counter() - start)
         missing = [m for m in GUI_PACKAGES if importlib.util.find_spec(m) is None] if name == "screenshot" else []
         if missing:
             results.append(StepResult(name, command, missing_packages=missing,
                                       skipped=f"not installed here: {', '.join(missing)} (the app's GUI stack; the "
                                               f"lent GPU image has none)"))
-            continue
-        if left < 20:
-            results.append(StepResult(name, command, skipped=f"the run's deadline ({args.budget_s:.0f} s) left "
+        elif left < 20:
+            results.append(StepResult(name, command, skipped=f"the run's deadline ({budget:.0f} s) left "
                                                                f"{max(left, 0):.0f} s"))
-            continue
-        print(f"[gpu_check] {name} (limit {min(limit, left - 10):.0f} s)…", flush=True)
-        results.append(run_step(name, command, extra, min(limit, left - 10), work))
-    produced = {p.name for p in out.iterdir() if p.suffix in (".json", ".png", ".xml")}
-    for r in results:
-        stem = {"cuda_tests": "cuda_tests.xml", "bench_decode": "bench_decode.json", "bench_64": "bench_64.json",
-                "bench_compile": "bench_compile.json",
-                "graphs_startup": "graphs_startup.json",
-                "screenshot": "app.png", "cpu_suite": "cpu_suite.xml"}.get(r.name)
-        if stem in produced:
-            r.files = [stem]
-    summary["steps"] = [asdict(r) for r in results]
-    summary["seconds"] = round(time.perf_counter() - start, 1)
-    summary["ok"] = all(r.rc == 0 or r.missing_packages for r in results)
-    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        else:
+            print(f"[gpu_check] {name} (limit {min(limit, left - 10):.0f} s)…", flush=True)
+            results.append(run_step(name, command, extra, min(limit, left - 10), work))
+        write_summary(out, summary, results, start)
     for r in results:
         status = f"skipped: {r.skipped}" if r.skipped else f"rc {r.rc}, {r.seconds} s"
-        print(f"[gpu_check] {r.name:13s} {status} {' '.join(r.files)}")
+        print(f"[gpu_check] {r.name:14s} {status} {' '.join(r.files)}")
     print(f"[gpu_check] results in {out} ({summary['seconds']} s)")
     return 0 if summary["ok"] else 1
 

@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16, help="start-up buckets: every one up to this")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--attention-backend", default="native",
-                   help="'native' is the eager gather on CUDA; 'flex' FlexAttention")
+                   help="'native': the Triton kernels on CUDA; 'flex' FlexAttention; 'fast' the eager gather")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--memory-budget-mib", type=int, default=None,
                    help="a whole-memory budget (weights, graphs, KV) instead of the device's profiled memory")

@@ -15,6 +15,20 @@ pytest_plugins = ["optional_stacks"]
 # device="cuda" themselves; they skip where torch sees no GPU.
 os.environ.setdefault("INFERLAB_DEVICE", "cpu")
 
+
+def _triton_interpreter_without_a_gpu() -> None:
+    """The CUDA path's Triton kernels are tested on the CPU under Triton's interpreter where torch sees no GPU
+    (tests/triton_setup.py). TRITON_INTERPRET is read when a kernel is defined, Triton's own library
+    functions included, and torch's compiler imports Triton early: so it is set here, before any test module
+    is imported. It changes nothing but Triton."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_triton_interpreter_without_a_gpu()
+
 _TRAIN_TEXT = [
     "The quick brown fox jumps over the lazy dog. " * 4,
     "Paged attention stores keys and values in blocks of sixteen tokens. ",

@@ -7,11 +7,16 @@ It serves tests/fake_openai_server.py's handler, changed by each --mode (repeata
 - --record FILE: each start appends its pid to FILE.
 - fork-child: forks a child that keeps the listening socket open and sleeps (its pid goes to --pid-file),
   so the port stays taken after the parent exits.
+- setsid-child: forks a child that leaves the process group (setsid()), ignores SIGTERM and sleeps up to
+  ORPHAN_S (its pid goes to --pid-file): a signal to the server's group does not reach it.
+- daemon-child: the same child forked twice (setsid() between), its parent gone at once: a daemon
+  reparented to init, in no process tree of the server's.
 - log:N: writes N MiB to stdout before serving (a server whose log is huge).
 - metrics-nan / metrics-huge / metrics-endless: /metrics lies (NaN, -inf, 1e308 values and a string
   sample; a 12 MiB body; a body that never ends).
 - models-invalid / models-empty: /v1/models answers invalid JSON / {"data": []}.
-- stream-forever: a streamed completion never ends (a token every 10 ms, no finish).
+- stream-forever: a streamed completion never ends (one token, then an event without text every 10 ms,
+  no finish: more tokens than asked for would end it at its own limit).
 - greedy-huge: a non-streamed completion answers a 12 MiB body.
 - ready-after:S: /health says 200 at once, but /v1/models and completions answer 503 for S seconds.
 - refuse-completions: every completion answers 503 (/health 200 all along).
@@ -110,8 +115,9 @@ def hostile_handler(modes: set[str], log_path: str):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
+            self._event({"choices": [{"text": "tok", "finish_reason": None}]})
             while True:
-                self._event({"choices": [{"text": "tok", "finish_reason": None}]})
+                self._event({"choices": [{"text": "", "finish_reason": None}]})
                 time.sleep(0.01)
 
         def _raw(self, code: int, data: bytes) -> None:
@@ -144,6 +150,26 @@ class QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+ORPHAN_S = 120.0  # a child that left the server's group lives at most this long whatever a test does
+
+
+def _leave_the_group(pid_file: str | None, twice: bool) -> None:
+    """Fork a child that calls setsid() (`twice`: which forks again and exits, as a daemon does) and sleeps
+    up to ORPHAN_S ignoring SIGTERM, its pid in `pid_file`; the server itself returns at once."""
+    if os.fork() != 0:
+        if twice:
+            os.wait()  # the middle process exits at once: the sleeper is reparented to init
+        return
+    os.setsid()
+    if twice and os.fork() != 0:
+        os._exit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if pid_file:
+        Path(pid_file).write_text(str(os.getpid()))
+    time.sleep(ORPHAN_S)
+    os._exit(0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
@@ -167,6 +193,9 @@ def main() -> None:
     for mode in modes:
         if mode.startswith("exit:"):
             sys.exit(int(mode[5:]))
+    for mode in ("setsid-child", "daemon-child"):  # (before the socket: the child does not hold the port)
+        if mode in modes:
+            _leave_the_group(args.pid_file, twice=mode == "daemon-child")
     server = QuietServer(("127.0.0.1", args.port), hostile_handler(modes, args.log))
     server.daemon_threads = True
     if "fork-child" in modes and os.fork() == 0:  # the child keeps the listening socket: the port stays taken

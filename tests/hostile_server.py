@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 
 MAX_BEHAVIOUR_S = 30.0
@@ -54,6 +56,24 @@ def trickle(data: bytes, every_s: float = 0.25, content_type: str = "text/plain"
     return send
 
 
+def packed(data: bytes, coding: str = "gzip", content_type: str = "text/plain") -> Behaviour:
+    """A whole answer whose body is sent as `data` under Content-Encoding `coding` (packed or not)."""
+    async def send(w: asyncio.StreamWriter) -> None:
+        w.write(head(content_type, len(data)).replace(b"\r\n\r\n", f"\r\nContent-Encoding: {coding}\r\n\r\n".encode())
+                + data)
+        await w.drain()
+    return send
+
+
+@functools.cache
+def gzip_of_zeros(n_bytes: int, wbits: int = 31) -> bytes:
+    """gzip (zlib's wrapping for `wbits` 15) of `n_bytes` zero bytes, made a MiB at a time (1 GiB packs to
+    ~1 MB)."""
+    pack = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    out = [pack.compress(bytes(2**20)) for _ in range(n_bytes // 2**20)]
+    return b"".join(out) + pack.compress(bytes(n_bytes % 2**20)) + pack.flush()
+
+
 def sse(*payloads, done: bool = True) -> Behaviour:
     """An SSE stream of these payloads (dicts are JSON-encoded, strings sent as they are)."""
     events = b"".join(f"data: {p if isinstance(p, str) else json.dumps(p)}\n\n".encode() for p in payloads)
@@ -63,6 +83,7 @@ def sse(*payloads, done: bool = True) -> Behaviour:
 class HostileServer:
     def __init__(self, routes: dict[str, Behaviour]) -> None:
         self.routes = dict(routes)
+        self.heads: list[bytes] = []  # every request's head, as it came
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -99,6 +120,7 @@ class HostileServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            self.heads.append(request)
             path = request.split(b" ", 2)[1].decode()
             length = next((int(line.split(b":")[1]) for line in request.split(b"\r\n")
                            if line.lower().startswith(b"content-length:")), 0)

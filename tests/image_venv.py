@@ -1,8 +1,8 @@
 """A virtual environment holding only what the lent GPU machine's image holds, built offline.
 
-The image (/work/.library/device/KINDS.md, "Python packages already there", read 2026-11-17) has torch,
-transformers, pytest, prometheus-client ... but no PySide6, pyqtgraph, qasync, pytest-qt, platformdirs,
-gguf, FastAPI, Starlette, uvicorn or pydantic. This venv links, from the running interpreter's
+The image (its list of "Python packages already there", as the lent machines' documentation gave it on
+2026-11-17) has torch, transformers, pytest, prometheus-client ... but no PySide6, pyqtgraph, qasync, pytest-qt,
+platformdirs, gguf, FastAPI, Starlette, uvicorn or pydantic. This venv links, from the running interpreter's
 site-packages, exactly the installed distributions that the image also has (the CPU torch standing in
 for the image's CUDA torch); everything else is absent, as it is there. Nothing is downloaded or copied:
 each distribution's top-level files are symlinked, so building it takes a second.
@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 # The image's packages that this project's code or its dependencies may import (a subset of the
-# KINDS.md list; names as pip spells them). Not here, on purpose: everything the image lacks.
+# image's list; names as pip spells them). Not here, on purpose: everything the image lacks.
 IMAGE_PACKAGES = (
     "accelerate", "annotated-doc", "anyio", "certifi", "charset-normalizer", "click", "colorama", "filelock",
     "fsspec", "h11", "hf-xet", "httpcore", "httpx", "huggingface-hub", "hypothesis", "idna", "iniconfig",
     "jinja2", "markdown-it-py", "markupsafe", "mdurl", "mpmath", "networkx", "ninja", "numpy", "nvidia-ml-py",
     "packaging", "peft", "pluggy", "prometheus-client", "psutil", "pygments", "pytest", "pytest-timeout",
     "pyyaml", "regex", "requests", "rich", "safetensors", "setuptools", "shellingham", "sortedcontainers",
-    "sympy", "tokenizers", "torch", "tqdm", "transformers", "typer", "typing-extensions", "urllib3",
+    "sympy", "tokenizers", "torch", "tqdm", "transformers", "triton", "typer", "typing-extensions", "urllib3",
 )
 # What the image lacks and the check must do without: never linked, even where a local version of an
 # image package asks for it.

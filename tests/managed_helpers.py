@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.tradeoff.managed.server import ManagedServer
-from app.tradeoff.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.server import ManagedServer
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
 
 STANDIN = Path(__file__).parent / "managed_standin.py"
 
@@ -56,10 +56,10 @@ def request_count(server: ManagedServer) -> int:
 
 
 def standin_tune(tmp_path: Path, batches, bits, drafts, rates):
-    """The app's tuning run (a TuneRun) of the real sweep (app/tradeoff/managed/tune.py run_tune) on the
+    """The app's tuning run (a TuneRun) of the real sweep (app/tradeoff/tune.py run_tune) on the
     stand-in: one server per point, a small seeded load and one greedy prompt each."""
-    from app.tradeoff.managed.tune import TuneSpec, run_tune
-    from app.tradeoff.managed.tune_measure import TuneLoad
+    from app.tradeoff.tune import TuneSpec, run_tune
+    from app.tradeoff.tune_measure import TuneLoad
 
     server = standin_server(tmp_path)
     points = tuple(ServerPoint(batch=n, bits=b, draft=d) for b in bits for d in drafts for n in batches)

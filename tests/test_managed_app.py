@@ -2,16 +2,17 @@
 with the new flags, off the GUI thread (the stand-in of tests/managed_standin.py is the server)."""
 from __future__ import annotations
 
+import llama_cpp_peer
 import pytest
 from app_helpers import run_for, wait_until
 from managed_helpers import argv_lines, request_count, standin_server
 from PySide6.QtCore import QElapsedTimer, QTimer
 
 from app.gui.main_window import MainWindow
-from app.host.managed_source import ManagedSource
-from app.tradeoff.managed.knobs import changed_flags, point_with
-from app.tradeoff.managed.server import ManagedServer
-from app.tradeoff.managed.table import ServerPoint
+from app.managed.knobs import changed_flags, point_with
+from app.managed.server import ManagedServer
+from app.managed.source import ManagedSource
+from app.managed.table import ServerPoint
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -133,15 +134,12 @@ def test_a_failed_restart_says_why_and_keeps_the_last_good_point(qapp, tmp_path,
 
 def test_manage_option_builds_a_managed_source_and_refuses_a_missing_server():
     from app.cli import build_parser
-    from app.host.managed_args import managed_source
+    from app.managed.args import managed_source
 
     source = managed_source(build_parser().parse_args(["--manage", "inferlab", "--model", "smollm2-135m",
                                                        "--threads", "1"]))
-    try:
-        assert source.engine_name == "inferlab" and source.setup is not None and source.server.threads == 1
-        assert source.url == f"http://127.0.0.1:{source.server.port}"  # fixed: restarts keep the URL
-    finally:
-        source.deleteLater()
+    assert source.engine_name == "inferlab" and source.setup is not None and source.server.threads == 1
+    assert source.url == f"http://127.0.0.1:{source.server.port}"  # fixed: restarts keep the URL
     with pytest.raises(ValueError, match="not an executable file"):
         managed_source(build_parser().parse_args(["--manage", "llama-server", "--server-bin", "/no/such/server"]))
     with pytest.raises(SystemExit):  # argparse names the engines it knows
@@ -165,13 +163,10 @@ def test_closing_the_window_during_a_restart_leaves_no_server_running(qapp, tmp_
 def test_a_real_llama_server_restarts_with_its_own_flags(qapp, tmp_path):
     """`inferlab --manage llama-server`: the batch slider restarts the real server with -np/-c."""
     from app.cli import build_parser
-    from app.host.managed_args import managed_source
-    from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
-
-    ggufs = sorted((llama_cpp_dir() / "models").glob("*.bf16.gguf"))
-    if find_binary("llama-server") is None or not ggufs:
-        pytest.skip("llama-server or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
-    (tmp_path / ggufs[0].name).symlink_to(ggufs[0])
+    from app.managed.args import managed_source
+    llama_cpp_peer.tool("llama-server")
+    bf16 = llama_cpp_peer.bf16_gguf()
+    (tmp_path / bf16.name).symlink_to(bf16)
     source = managed_source(build_parser().parse_args(["--manage", "llama-server", "--gguf-dir", str(tmp_path),
                                                        "--threads", "1"]))
     window = MainWindow(source, None, persist=False)

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.llama_server import LlamaServer
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
-from app.tradeoff.managed.tune_cli import sized_engine
-from app.tradeoff.managed.tune_measure import TuneLoad
+from app.managed.engines import ENGINES
+from app.managed.llama_server import LlamaServer
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagError, ServedModel, ServerPoint
+from app.tradeoff.tune_cli import sized_engine
+from app.tradeoff.tune_measure import TuneLoad
 
 NASTY = ["my model.gguf", "it's \"quoted\".gguf", "a;touch pwned;.gguf", "new\nline.gguf", "$(touch pwned).gguf",
          "`touch pwned`.gguf", "x|y&z>w.gguf", "ünï cödé.gguf"]

@@ -1,4 +1,4 @@
-"""vLLM's and SGLang's flag tables (app/tradeoff/managed/vllm.py, sglang.py): the argv each builds across
+"""vLLM's and SGLang's flag tables (app/managed/vllm.py, sglang.py): the argv each builds across
 the tuning knobs, the values each refuses before launching (FlagError naming what it takes), that every
 flag it emits is on its documented rows, and that the stand-in engine's parser (tests/standin_server.py)
 takes every argv the tables build; `inferlab tune --show-flags` prints a table."""
@@ -11,13 +11,13 @@ import pytest
 import standin_server
 
 from app.cli import main as cli_main
-from app.tradeoff.managed.describe import describe_table
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.sglang import SglangEngine
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
-from app.tradeoff.managed.tune_cli import sized_engine
-from app.tradeoff.managed.tune_measure import TuneLoad
-from app.tradeoff.managed.vllm import VllmEngine
+from app.managed.describe import describe_table
+from app.managed.engines import ENGINES
+from app.managed.sglang import SglangEngine
+from app.managed.table import FlagError, ServedModel, ServerPoint
+from app.managed.vllm import VllmEngine
+from app.tradeoff.tune_cli import sized_engine
+from app.tradeoff.tune_measure import TuneLoad
 
 MODEL = ServedModel({16: "org/m-16", 4: "org/m-awq"}, draft="org/m-draft", name="m")
 NO_DRAFT = ServedModel({16: "org/m-16"}, name="m")
@@ -187,9 +187,9 @@ def test_both_engines_are_registered_for_inferlab_tune():
 
 
 @pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
-def test_the_readme_shows_each_tables_current_description(engine):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert describe_table(engine) in readme  # regenerate the README's tables when a table changes
+def test_the_docs_show_each_tables_current_description(engine):
+    page = (Path(__file__).parents[1] / "docs" / "servers.md").read_text()
+    assert describe_table(engine) in page  # regenerate the docs' tables when a table changes
 
 
 def test_inferlab_tune_show_flags_prints_the_engines_table(capsys):

@@ -1,8 +1,10 @@
-"""Hostile servers against the managed-server layer (app/tradeoff/managed/child.py, server.py): a log of
+"""Hostile servers against the managed-server layer (app/managed/child.py, server.py): a log of
 tens of MiB, a server that ignores SIGTERM and forks a child keeping the port, someone else's server on
 our port answering /health, two restarts of one ManagedServer at once, a stop while it starts."""
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -15,9 +17,9 @@ import psutil
 import pytest
 from fake_openai_server import make_handler
 
-from app.tradeoff.managed.child import ChildServer, free_port
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.table import FlagRow, ServedModel, ServerPoint
+from app.managed.child import ChildServer, free_port
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 HOSTILE = Path(__file__).parent / "hostile_managed_server.py"
 MODEL = ServedModel({16: "/models/m-bf16.gguf", 8: "/models/m-q8_0.gguf"}, name="m")
@@ -88,6 +90,38 @@ def test_stop_ends_a_server_that_ignores_sigterm_and_the_child_that_keeps_its_po
     assert gone(pid) and gone(grandchild), "a process of the stopped server is still running"
 
 
+def _orphan(tmp_path: Path) -> int:
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text():
+        assert time.monotonic() < deadline, "the server's child never wrote its pid"
+        time.sleep(0.05)
+    return int((tmp_path / "child.pid").read_text())
+
+
+@pytest.mark.parametrize("mode", ["setsid-child", "daemon-child"])
+def test_stop_ends_a_child_that_left_the_servers_group_or_tree(tmp_path, mode):
+    """A child that called setsid() (or a daemon, forked twice and reparented to init) outlived stop()."""
+    server = child(tmp_path, mode).start(60)
+    orphan = _orphan(tmp_path)
+    try:
+        assert os.getpgid(orphan) != os.getpgid(server.proc.pid)  # (it left the group)
+        server.stop()
+        assert gone(server.proc.pid) and gone(orphan), f"{mode}: the server's child {orphan} outlived stop()"
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(orphan).kill()
+
+
+def test_at_exit_a_daemon_the_server_left_is_killed_too(tmp_path):
+    exit_without_stop(tmp_path, "daemon-child")
+    orphan = _orphan(tmp_path)
+    try:
+        assert gone(orphan)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(orphan).kill()
+
+
 def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
     port = free_port()
     impostor = ThreadingHTTPServer(("127.0.0.1", port), make_handler(str(tmp_path / "impostor.jsonl")))
@@ -106,7 +140,7 @@ def test_someone_elses_server_on_our_port_is_not_taken_for_ours(tmp_path):
 
 
 def test_a_free_port_taken_before_the_server_binds_it_is_retried_once_on_another(tmp_path, monkeypatch):
-    from app.tradeoff.managed import server as server_module
+    from app.managed import server as server_module
 
     taken = free_port()
     impostor = ThreadingHTTPServer(("127.0.0.1", taken), make_handler(str(tmp_path / "impostor.jsonl")))
@@ -182,18 +216,23 @@ def test_a_stop_from_another_thread_ends_a_server_that_is_still_starting(tmp_pat
     assert len(failures) == 1 and "stopped" in str(failures[0])  # it cannot come up after the stop
 
 
-def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
-    """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
+def exit_without_stop(tmp_path: Path, *modes: str) -> None:
+    """A Python that starts the hostile server with `modes` and exits without stopping it."""
+    argv = [sys.executable, str(HOSTILE), "--pid-file", str(tmp_path / "child.pid"),
+            *(a for m in modes for a in ("--mode", m))]
     script = (f"import sys; sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-              "from app.tradeoff.managed.child import ChildServer, free_port\n"
+              "from app.managed.child import ChildServer, free_port\n"
               "port = free_port()\n"
-              f"ChildServer('hostile', [sys.executable, {str(HOSTILE)!r}, '--port', str(port), '--mode', 'ignore-term',"
-              f" '--mode', 'fork-child', '--pid-file', {str(tmp_path / 'child.pid')!r}], port).start(60)\n"
-              "print(ChildServer.__name__)\n")  # exits without stop()
+              f"ChildServer('hostile', {argv!r} + ['--port', str(port)], port).start(60)\n")
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_servers_still_running_when_the_interpreter_exits_are_killed_with_their_group(tmp_path):
+    """As when a window closes while a sweep's thread still waits on a server that ignores SIGTERM."""
+    exit_without_stop(tmp_path, "ignore-term", "fork-child")
     deadline = time.monotonic() + 10
     while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

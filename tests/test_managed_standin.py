@@ -1,6 +1,6 @@
-"""ManagedServer (app/tradeoff/managed/server.py) running vLLM's and SGLang's flag tables against the
+"""ManagedServer (app/managed/server.py) running vLLM's and SGLang's flag tables against the
 stand-in engine (tests/standin_server.py): start waits for /health and runs exactly the table's argv,
-restart(point) replaces the process with one at the new flags, a sweep (app/tradeoff/managed/tune.py)
+restart(point) replaces the process with one at the new flags, a sweep (app/tradeoff/tune.py)
 records a point the engine refuses and goes on, and a refused flag, a crash at start or a
 server that never gets healthy each end as PointFailed with the server's last log line and nothing left
 running."""
@@ -13,12 +13,12 @@ import httpx
 import pytest
 from standin_helpers import pid_alive, standin
 
-from app.tradeoff.managed.server import ManagedServer, PointFailed
-from app.tradeoff.managed.sglang import SglangEngine
-from app.tradeoff.managed.table import ServedModel, ServerPoint
-from app.tradeoff.managed.tune import TuneSpec, run_tune
-from app.tradeoff.managed.tune_measure import TuneLoad
-from app.tradeoff.managed.vllm import VllmEngine
+from app.managed.server import ManagedServer, PointFailed
+from app.managed.sglang import SglangEngine
+from app.managed.table import ServedModel, ServerPoint
+from app.managed.vllm import VllmEngine
+from app.tradeoff.tune import TuneSpec, run_tune
+from app.tradeoff.tune_measure import TuneLoad
 
 MODEL = ServedModel({16: "org/m-16"}, draft="org/m-draft", name="m")
 ENGINES = pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])

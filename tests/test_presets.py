@@ -5,10 +5,9 @@ import pytest
 from app_helpers import close_window, open_window, run_for, wait_until
 
 from app.talk import presets
+from app.talk.talk_order import load_talk
 
-CONCEPTS = ("prefill-vs-decode", "latency-vs-throughput", "vram-bottleneck", "kv-cache", "continuous-batching",
-            "paged-attention", "quantization", "compilation", "speculative", "multi-token", "streaming",
-            "latency-budget", "traffic-jam", "multi-lora", "tradeoff")
+TALK = presets.available()  # the talk's order: presets/talk.toml (app/talk/talk_order.py)
 GOOD = """\
 [preset]
 title = "T"
@@ -19,9 +18,13 @@ max_num_seqs = 4
 """
 
 
-def test_one_preset_per_concept_and_all_parse():
-    assert set(presets.available()) == set(CONCEPTS)
-    for name in CONCEPTS:
+def test_the_talk_lists_every_preset_once_and_all_parse():
+    talk = load_talk(presets.PRESETS_DIR)
+    files = sorted(p.stem for p in presets.PRESETS_DIR.glob("*.toml") if p.name != "talk.toml")
+    assert sorted(talk.chapters) == files and talk.names == talk.chapters  # every preset is a chapter, once
+    assert TALK[0] == "prefill-vs-decode" and TALK[-1] == "tradeoff"  # the talk opens and ends as it says
+    assert all(talk.titles.get(name, "").endswith("?") for name in TALK)  # each chapter names its question
+    for name in TALK:
         p = presets.load_preset(name)
         assert p.title and p.caption and set(p.panels) <= set(presets.PANEL_NAMES)
         assert p.autostart or p.burst, f"{name} would show nothing until a key is pressed"
@@ -82,7 +85,7 @@ def test_every_preset_opens_and_runs_then_a_broken_one_leaves_the_app_up(qapp, t
     window = open_window(tiny_llama, preset="kv-cache")
     ctl = window.controller
     try:
-        for name in CONCEPTS:
+        for name in TALK:
             steps = window.feeder.num_steps
             assert ctl.apply_preset(name), ctl.last_error
             wait_until(qapp, lambda: ctl.engine_ready and not ctl.engine_busy, 30)  # rebuilds, requantizing
@@ -102,10 +105,10 @@ def test_every_preset_opens_and_runs_then_a_broken_one_leaves_the_app_up(qapp, t
         broken.write_text(GOOD.replace("max_num_seqs = 4", 'max_num_seqs = "many"'))
         assert not ctl.apply_preset(str(broken))
         assert f"{broken}:6: [engine] max_num_seqs" in window.status_label.text()
-        assert ctl.preset.name == CONCEPTS[-1]  # the previous preset stays
+        assert ctl.preset.name == TALK[-1]  # the previous preset stays
         steps = window.feeder.num_steps
         wait_until(qapp, lambda: window.feeder.num_steps > steps, 10)  # and the engine keeps going
         ctl.step_preset(+1)
-        assert ctl.preset.name == presets.available()[(presets.available().index(CONCEPTS[-1]) + 1) % 15]
+        assert ctl.preset.name == TALK[0]  # PgDown after the last chapter: the first, in the talk's order
     finally:
         close_window(window)

@@ -1,5 +1,5 @@
 """The roof probe never holds the engine up: sizes that adapt to a slow dtype, a time limit, and a
-thread of its own that starts after the first tokens (engine/perf/probe.py, app/roofline_feed.py)."""
+thread of its own that starts after the first tokens (engine/perf/probe.py, app/tradeoff/roofline_feed.py)."""
 from __future__ import annotations
 
 import threading

@@ -115,9 +115,11 @@ _GUI_WALK = textwrap.dedent("""
     host = types.SimpleNamespace(set_load_config=sent.append, set_arrival_rate=lambda rate: None, info=None)
     state = ControlState(config=engine_knob_defaults(), arrival_rate=1.0, source_name="t", start_kv_blocks=None)
     state.preset = preset
-    ctl = types.SimpleNamespace(state=state, host=host, meter=types.SimpleNamespace(set_config=lambda c: None))
+    ctl = types.SimpleNamespace(state=state, host=host, meter=types.SimpleNamespace(set_config=lambda c: None),
+                                live_scale=types.SimpleNamespace(user_set=lambda: None))  # the slider's own rate
     ctl.presets = PresetActions(window=None, host=host, panels=None, caption=None, cues=None, state=state, verbs=None)
     ctl.set_arrival_rate = lambda rate: AppController.set_arrival_rate(ctl, rate)
+    ctl._set_rate = lambda rate: AppController._set_rate(ctl, rate)
     AppController.set_load(ctl, got[-1])
     assert sent[-1].min_p == 0.05 and sent[-1].prompt_tokens == preset.load.prompt_tokens, sent
     print("walked")

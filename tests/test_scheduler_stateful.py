@@ -12,7 +12,6 @@ finished prefill, accepted drafts, commit, truncate, finish) with no model: coun
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import replace
 
@@ -43,6 +42,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched = Scheduler(SchedulerConfig(seqs, budget, chunked, policy, max_step_ms=step_ms,
                                                ttft_budget_ms=ttft_ms, tpot_budget_ms=tpot_ms), self.bm)
         self.sched.step_time.min_chunk = 1  # chunks as small as one token: the budgets here are tiny
+        # a logical clock, 1 ms a step, far later than the arrivals: what the budgets decide depends on the
+        # steps alone, never on how fast a loaded machine runs the rules (hypothesis replays must draw alike)
+        self.now = 1000.0
+        self.sched.clock = lambda: self.now
         for rows in (2, 9, 17):  # a step-time line (1 ms + 0.1 ms per row) for max_step_ms to cut chunks by
             self.sched.observe(rows, rows, 0.001 + 0.0001 * rows)
         for rows in (1, 4):  # and one for decode-only steps (0.2 ms + 0.05 ms per row): the TPOT budget's
@@ -100,6 +103,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.one_step(data)
 
     def one_step(self, data):
+        self.now += 1e-3
         before = {r.request_id for r in self.sched.running}
         out = self.sched.schedule()
         if {r.request_id for r in self.sched.running} - before:  # it admitted: within max_num_seqs
@@ -144,7 +148,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     # ---- the engine's side of a step --------------------------------------------------------------
     def emit(self, req: Request, token: int) -> None:
         if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()  # what the TPOT budget measures from
+            req.first_token_time = self.now  # what the TPOT budget measures from (the logical clock)
         req.output_token_ids.append(token)
         if req.num_output_tokens >= req.sampling_params.max_tokens:
             self.finish(req, RequestStatus.FINISHED_LENGTH)

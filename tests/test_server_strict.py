@@ -85,7 +85,8 @@ def test_the_same_fields_used_rightly_are_served(server):
 def quick_timeout_server(tiny_llama):
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4))
     aeng = AsyncEngine(engine).start()
-    server = ServerThread(create_app(aeng, model_name=MODEL_NAME), "127.0.0.1", 0, header_timeout_s=1.0).start()
+    server = ServerThread(create_app(aeng, model_name=MODEL_NAME), "127.0.0.1", 0, header_timeout_s=1.0,
+                          body_timeout_s=1.0).start()
     yield server
     server.stop()
     aeng.shutdown()
@@ -120,6 +121,15 @@ def test_an_idle_connection_is_closed_after_the_header_timeout(quick_timeout_ser
 def test_a_header_sent_a_byte_at_a_time_is_cut_off(quick_timeout_server):
     with socket.create_connection(("127.0.0.1", quick_timeout_server.port)) as sock:
         assert _closed_within(sock, 6.0, trickle=b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40)
+
+
+def test_a_completion_whose_body_stalls_is_closed_and_the_next_is_served(quick_timeout_server):
+    with socket.create_connection(("127.0.0.1", quick_timeout_server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200\r\n\r\n{")
+        assert _closed_within(sock, 6.0)
+    body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2}
+    assert httpx.post(f"{quick_timeout_server.url}/v1/completions", json=body, timeout=30).status_code == 200
 
 
 def test_a_prompt_request_on_the_same_server_is_served(quick_timeout_server):

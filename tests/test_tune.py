@@ -1,4 +1,4 @@
-"""`inferlab tune` (app/tradeoff/managed): the llama-server and inferlab flag tables, the sweep against the
+"""`inferlab tune` (app/managed): the llama-server and inferlab flag tables, the sweep against the
 stand-in server (tests/fake_openai_server.py run behind llama-server's own argv) with a refused flag and a
 crash each recorded as a failed point while the sweep goes on, the JSON/CSV/PNG, the CLI's one-line
 errors; the test marked `llama_cpp` runs a real two-point sweep and skips where llama.cpp is not built."""
@@ -10,14 +10,15 @@ import os
 import sys
 from pathlib import Path
 
+import llama_cpp_peer
 import pytest
 
 from app.cli import main
-from app.tradeoff.managed.engines import ENGINES
-from app.tradeoff.managed.inferlab_serve import InferlabServe
-from app.tradeoff.managed.llama_server import LlamaServer
-from app.tradeoff.managed.table import FlagError, ServedModel, ServerPoint
-from app.tradeoff.managed.tune_measure import agreement
+from app.managed.engines import ENGINES
+from app.managed.inferlab_serve import InferlabServe
+from app.managed.llama_server import LlamaServer
+from app.managed.table import FlagError, ServedModel, ServerPoint
+from app.tradeoff.tune_measure import agreement
 
 FAKE = str(Path(__file__).parent / "fake_openai_server.py")
 GGUFS = ServedModel(by_bits={16: "m.bf16.gguf", 8: "m.q8_0.gguf", 4: "m.q4_1.gguf"}, draft="m.q4_1.gguf", name="m")
@@ -166,7 +167,7 @@ def test_the_time_limit_leaves_the_remaining_points_not_run(tmp_path):
 
 
 def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monkeypatch):
-    from app.tradeoff.managed import gguf
+    from app.managed import gguf
 
     monkeypatch.setenv("INFERLAB_LLAMA_CPP_DIR", str(tmp_path))
     bf16 = tmp_path / "m-abc.bf16.gguf"
@@ -174,14 +175,15 @@ def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monke
     monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
     said = []
     assert gguf.gguf_variants("folder", (16, 8, 4), say=said.append) == {16: bf16}
-    assert said == [f"skipping 8-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q8_0 GGUF",
-                    f"skipping 4-bit: no llama-quantize under {tmp_path} (scripts/build_llama_cpp.sh): no Q4_1 GGUF"]
+    assert said == [f"skipping 8-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no Q8_0 "
+                    "GGUF", f"skipping 4-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no "
+                    "Q4_1 GGUF"]
     (tmp_path / "m-abc.q8_0.gguf").write_bytes(b"GGUF")  # made once: found by name, nothing is run
     assert gguf.quantized_gguf(bf16, 8) == tmp_path / "m-abc.q8_0.gguf"
 
 
 def test_draft_acceptance_comes_from_the_servers_own_counters():
-    from app.tradeoff.managed.tune_measure import draft_acceptance
+    from app.tradeoff.tune_measure import draft_acceptance
 
     assert draft_acceptance({"llamacpp:spec_decode_num_accepted_tokens": 30.0,
                              "llamacpp:spec_decode_num_draft_tokens": 40.0}) == 0.75
@@ -192,22 +194,20 @@ def test_draft_acceptance_comes_from_the_servers_own_counters():
 
 @pytest.mark.llama_cpp
 def test_a_real_two_point_sweep_on_llama_server(tmp_path):
-    from app.tradeoff.managed.gguf import find_binary, llama_cpp_dir
+    from app.managed.gguf import quantized_gguf
 
-    binary, ggufs = find_binary("llama-server"), sorted((llama_cpp_dir() / "models").glob("*.bf16.gguf"))
-    if binary is None or not ggufs or find_binary("llama-quantize") is None:
-        pytest.skip("llama-server, llama-quantize or a bf16 GGUF is not built (scripts/build_llama_cpp.sh)")
-    from app.tradeoff.managed.gguf import quantized_gguf
-
+    llama_cpp_peer.tool("llama-server")
+    llama_cpp_peer.tool("llama-quantize")
+    bf16 = llama_cpp_peer.bf16_gguf()
     folder = tmp_path / "ggufs"
     folder.mkdir()
-    for path in (ggufs[0], quantized_gguf(ggufs[0], 8)):
+    for path in (bf16, quantized_gguf(bf16, 8)):
         (folder / path.name).symlink_to(path)
     out = tmp_path / "real.json"
     assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--bits", "16", "8",
                  "--draft", "0", "--rates", "4", "--num-requests", "2", "--max-tokens", "4", "8", "--threads", "1",
-                 "--quality-prompts", "2", "--quality-tokens", "8", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+                 "--quality-prompts", "2", "--quality-tokens", "8", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())  # one run of the load per point: its tokens counted below
     assert result["failed"] == [] and [p["bits"] for p in result["points"]] == [16, 8]
     for p in result["points"]:
         assert p["tokens_per_s_total"] > 0 and p["errors"] == 0 and p["memory"]["rss_bytes"] > 0

@@ -1,4 +1,4 @@
-"""Hostile servers against `inferlab tune`'s sweep (app/tradeoff/managed/tune.py): a /metrics that lies
+"""Hostile servers against `inferlab tune`'s sweep (app/tradeoff/tune.py): a /metrics that lies
 (NaN, inf, 12 MiB, never ends), a /v1/models that is not JSON or lists nothing, a completion stream that
 never ends, a 12 MiB greedy reply, a cancel mid-point, an interrupt mid-point. Each point is recorded
 (measured or failed with a clear reason), the sweep goes on, finishes within its limits, its result is
@@ -12,9 +12,9 @@ import time
 import pytest
 from test_managed_hostile import HOSTILE, MODEL, HostileEngine, gone, pids
 
-from app.tradeoff.managed.table import ServerPoint
-from app.tradeoff.managed.tune import TuneSpec, run_tune
-from app.tradeoff.managed.tune_measure import TuneLoad
+from app.managed.table import ServerPoint
+from app.tradeoff.tune import TuneSpec, run_tune
+from app.tradeoff.tune_measure import TuneLoad
 
 LOAD = TuneLoad(num_requests=2, rates=(100.0,), chat_max_tokens=(6, 8), long_max_tokens=(6, 8), quality_prompts=1,
                 quality_tokens=4)

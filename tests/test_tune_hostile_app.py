@@ -12,10 +12,10 @@ from PySide6.QtWidgets import QPushButton
 from test_managed_hostile import MODEL, HostileEngine, gone, pids
 
 from app.gui.main_window import MainWindow
+from app.managed.table import ServerPoint
 from app.remote.source import RemoteSource
-from app.tradeoff.managed.table import ServerPoint
-from app.tradeoff.managed.tune import TuneSpec, run_tune
-from app.tradeoff.managed.tune_measure import TuneLoad
+from app.tradeoff.tune import TuneSpec, run_tune
+from app.tradeoff.tune_measure import TuneLoad
 
 pytestmark = pytest.mark.timeout(120)
 LOAD = TuneLoad(num_requests=2, rates=(100.0,), chat_max_tokens=(6, 8), long_max_tokens=(6, 8), quality_prompts=1,

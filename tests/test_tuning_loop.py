@@ -10,8 +10,8 @@ import pytest
 
 from app.cli import build_parser, main
 from app.host.engine_work import adopt_perplexity
+from app.knob_args import serve_command
 from app.server.serve import engine_config
-from app.server.serve_knobs import serve_command
 from app.source import channel
 from app.tradeoff.live_wait import finish_live_requests
 from app.tradeoff.point_quality import reusable_perplexity

@@ -12,6 +12,7 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -25,6 +26,7 @@ from widgets.comparison_bars import SERIES_COLORS, BarChart
 from widgets.comparison_format import (
     check_flag,
     format_value,
+    headline_line,
     is_predicted,
     measured_line,
     metric_label,
@@ -37,6 +39,8 @@ from widgets.comparison_table import fill_table
 from widgets.overlay import Overlay
 
 POINT_SIZE = 14  # readable from the back of a room on a projector
+COMPACT_POINT_SIZE = 10  # the normal window on a small screen: the chart and the headline first
+COMPACT_MIN_WIDTH = 400  # px: a panel growing elsewhere (the latency histograms' text) takes from the others
 QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
 CURVE_MAX_PX = 480  # the curve's height at most when fitted to its panel (pyqtgraph's own size hint)
 EMPTY_TEXT = ("not measured on this machine yet: press M to measure it here (about a minute), or run "
@@ -83,14 +87,33 @@ class ComparisonPanel(QWidget):
         self.rerun = QPushButton("Measure now (M)")
         self.rerun.setToolTip("run this comparison here, side by side on the same seeded workload")
         self.rerun.clicked.connect(self.sigRerunRequested.emit)
-        head = QHBoxLayout()
-        head.addWidget(self.title, 1)
-        head.addWidget(self.rerun, 0, Qt.AlignmentFlag.AlignTop)
+        self.headline = _label(POINT_SIZE, bold=True)  # the compact view: the chapter's number, over its chart
+        self.headline.hide()
+        self.regime = _label(POINT_SIZE - 2)  # "batch is nearly free up to ~6 here": the machine's regime
+        self.regime.hide()
+        self.show_table = QPushButton("Table")
+        self.show_table.setCheckable(True)
+        self.show_table.setToolTip("every metric of every configuration, with its ratio to the first")
+        self.show_table.toggled.connect(self._on_table_toggled)
+        self.show_table.hide()
+        self._compact = False
+        head = self._head = QGridLayout()  # title | buttons; compact: the title over its buttons, whole width
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.show_table)
+        buttons.addWidget(self.rerun)
+        self._buttons = QWidget()
+        self._buttons.setLayout(buttons)
+        buttons.setContentsMargins(0, 0, 0, 0)
+        head.addWidget(self.title, 0, 0)
+        head.addWidget(self._buttons, 0, 1, Qt.AlignmentFlag.AlignTop)
+        head.setColumnStretch(0, 1)
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.addLayout(head)
         layout.addWidget(self.flag)
-        for w in (self.provenance, self.table, self.bars, self.curve, self.split, self.notes):
+        for w in (self.headline, self.regime, self.provenance, self.table, self.bars, self.curve, self.split,
+                  self.notes):
             layout.addWidget(w)
         layout.addStretch(1)
         self._content_layout = layout
@@ -104,7 +127,35 @@ class ComparisonPanel(QWidget):
         outer.addWidget(scroll)
         self.set_result(None)
 
-    def set_chart_first(self, first: bool) -> None:
+    def set_compact(self, on: bool) -> None:
+        """The normal window on a small screen (~720 lines): a smaller title, the headline number and the
+        chart first, when and where it was measured under it, the table (and the time split) on demand."""
+        self._compact = on
+        self._head.removeWidget(self._buttons)
+        self._head.addWidget(self._buttons, 1 if on else 0, 0 if on else 1, Qt.AlignmentFlag.AlignTop)
+        size = COMPACT_POINT_SIZE if on else POINT_SIZE
+        for label, pt, bold in ((self.title, size + 1, True), (self.headline, size + 2, True),
+                                (self.regime, size - 1, False), (self.provenance, size - 1, False),
+                                (self.notes, size - 1, False), (self.flag, size - 1, False)):
+            f = QFont(label.font())
+            f.setPointSize(pt)
+            f.setBold(bold)
+            label.setFont(f)
+        self.bars.set_point_size(size)
+        self.split.set_point_size(size - 1)
+        self._table_point_size = size
+        self.set_chart_first(on, least_curve=140 if on else None)
+        self.setMinimumWidth(COMPACT_MIN_WIDTH if on else 0)  # the proof keeps its column's width
+        self.set_result(self._result)
+
+    def _on_table_toggled(self, on: bool) -> None:
+        r = self._result
+        has_rows = bool(r and not r.get("not_built") and r.get("comparison"))
+        self.table.setVisible(has_rows and (on or not self._compact))
+        split = has_rows and any(row.get("requests") for row in r.get("comparison", []))
+        self.split.setVisible(split and (on or not self._compact))
+
+    def set_chart_first(self, first: bool, least_curve: int | None = None) -> None:
         """Presenter mode: the chart (bars with their numbers) right under the title, when and where it was
         measured and the full table after it, so what a projector shows without scrolling is the picture."""
         layout = self._content_layout
@@ -113,7 +164,7 @@ class ComparisonPanel(QWidget):
         at = layout.indexOf(self.split) + 1 if first else layout.indexOf(self.flag) + 1  # after title + flag
         layout.insertWidget(at, self.provenance)
         layout.insertWidget(at + 1, self.table)
-        self._curve_least = 120 if first else 180  # what a 720-line projector has room for
+        self._curve_least = least_curve or (120 if first else 180)  # what a 720-line projector has room for
         self.curve.setMinimumHeight(self._curve_least)
         self.curve.setMaximumHeight(QWIDGETSIZE_MAX)  # no height fitted by fit_chart yet
 
@@ -123,6 +174,7 @@ class ComparisonPanel(QWidget):
         if not hasattr(self, "_unavailable"):
             self._unavailable = Overlay(self)
         self._unavailable.set_text("" if available else (why or "not available"))
+        self._scroll.setVisible(available)  # the message alone: its text was drawn over the panel's own
 
     def is_available(self) -> bool:
         return not (hasattr(self, "_unavailable") and self._unavailable.text())
@@ -149,13 +201,18 @@ class ComparisonPanel(QWidget):
         self.flag.setVisible(bool(self.flag.text()))
         self.provenance.setText(measured_line(result))
         self.provenance.show()
+        self.headline.setText(headline_line(result) if self._compact else "")
+        self.headline.setVisible(bool(self.headline.text()))
+        self.regime.setText(result.get("regime") or "")
+        self.regime.setVisible(bool(self.regime.text()))
+        self.show_table.setVisible(self._compact)
         self._fill_table(result, rows)
         self._fill_chart(result, rows)
         split = next((r for r in reversed(rows) if r.get("requests")), None)  # the busiest one, when ran last
-        self.split.setVisible(split is not None)
         if split is not None:
             self.split.set_requests(f"each request's time at {split['label']}: queue / prefill / decode",
                                     split["requests"])
+        self._on_table_toggled(self.show_table.isChecked())
         notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
         if mixed_units([m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]):
             notes.append("chart: each metric on its own scale (a bar's length compares configurations)")
@@ -164,6 +221,7 @@ class ComparisonPanel(QWidget):
         self.notes.setText("\n".join(notes))
         self.notes.setVisible(bool(notes))
         self.sigShown.emit()
+        self._fit_compact()
 
     def chart_height(self) -> int:
         """The panel's height that shows its title, its whole chart (bars, curve, time split) and the
@@ -214,21 +272,21 @@ class ComparisonPanel(QWidget):
             self.title.setText("Comparison")
         self.provenance.setText(text)
         self.provenance.show()
-        for w in (self.table, self.bars, self.curve, self.split, self.notes, self.flag):
+        for w in (self.table, self.bars, self.curve, self.split, self.notes, self.flag, self.headline, self.regime,
+                  self.show_table):
             w.hide()
         self.table.setRowCount(0)
         self.table.setColumnCount(0)
 
     def _fill_table(self, result: dict, rows: list[dict]) -> None:
         t = self.table
-        fill_table(t, result, rows, self._table_width(), POINT_SIZE)  # every column whole at its width
+        fill_table(t, result, rows, self._table_width(), getattr(self, "_table_point_size", POINT_SIZE))
         t.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         t.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         header = max(t.horizontalHeader().height(), t.horizontalHeader().sizeHint().height())
         height = header + t.verticalHeader().length() + 2 * t.frameWidth() + 4
         t.setMinimumHeight(height)
         t.setMaximumHeight(height)
-        t.show()
         self._table_fitted_to = self._table_width()
 
     def _table_width(self) -> int:
@@ -244,6 +302,14 @@ class ComparisonPanel(QWidget):
         r = self._result
         if r and not r.get("not_built") and getattr(self, "_table_fitted_to", None) != self._table_width():
             self._fill_table(r, r.get("comparison", []))  # a narrower dock: compact the table again
+            self._on_table_toggled(self.show_table.isChecked())
+        self._fit_compact()
+
+    def _fit_compact(self) -> None:
+        """The compact window: the curve as tall as the panel allows with the headline and the "measured"
+        line in view (down to its least height, then the panel scrolls)."""
+        if self._compact and self._result and not self.curve.isHidden():
+            self.fit_chart(self._scroll.viewport().height())
 
     def _fill_chart(self, result: dict, rows: list[dict]) -> None:
         chart = [m for m in result.get("chart", []) if any(m in r["metrics"] for r in rows)]
@@ -261,14 +327,15 @@ class ComparisonPanel(QWidget):
             return
         self.curve.clear()
         tick_font = QFont(self.font())
-        tick_font.setPointSize(POINT_SIZE - 2)
+        tick_font.setPointSize((COMPACT_POINT_SIZE if self._compact else POINT_SIZE) - 2)
         for side in ("left", "bottom"):
             self.curve.getAxis(side).setTickFont(tick_font)
         self.curve.getAxis("bottom").setTicks([[(x, f"{x:g}") for x in xs]])  # the knob's own values
-        self.curve.setLabel("bottom", result.get("knob", ""), **{"font-size": f"{POINT_SIZE - 1}pt"})
+        pt = COMPACT_POINT_SIZE if self._compact else POINT_SIZE
+        self.curve.setLabel("bottom", result.get("knob", ""), **{"font-size": f"{pt - 1}pt"})
         legend = []
         in_mib = any("bytes" in m.split("_") for m in chart)  # byte counts read better in MiB on an axis
-        self.curve.setLabel("left", "MiB" if in_mib else "", **{"font-size": f"{POINT_SIZE - 1}pt"})
+        self.curve.setLabel("left", "MiB" if in_mib else "", **{"font-size": f"{pt - 1}pt"})
         for s, m in enumerate(chart):
             color = SERIES_COLORS[s % len(SERIES_COLORS)]
             scale = 2**-20 if in_mib and "bytes" in m.split("_") else 1.0
@@ -277,4 +344,4 @@ class ComparisonPanel(QWidget):
             self.curve.plot([p[0] for p in pts], [p[1] for p in pts], pen=pg.mkPen(color, width=3, style=style),
                             symbol="o", symbolSize=10, symbolBrush=color)
             legend.append(f'<span style="color:{color}">■ {names[s]}</span>')
-        self.curve.setTitle("   ".join(legend), size=f"{POINT_SIZE}pt")  # the legend above the data
+        self.curve.setTitle("   ".join(legend), size=f"{pt}pt")  # the legend above the data

@@ -24,6 +24,11 @@ class BarChart(QWidget):
         self._font.setPointSize(point_size)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
+    def set_point_size(self, point_size: int) -> None:
+        self._font.setPointSize(point_size)
+        self.setFixedHeight(self._needed_height())
+        self.update()
+
     def set_data(self, series: list[str], rows: list[tuple[str, list[float | None], list[str], bool]],
                  own_scale: bool = False) -> None:
         """series: legend names; rows: (label, one value per series, its text, computed); own_scale: each
@@ -55,10 +60,11 @@ class BarChart(QWidget):
 
     def _labels_above(self, fm: QFontMetrics, w: int) -> bool:
         """Labels go on their own line above their bars (full width) where the label column would wrap
-        one of them onto more than two lines: a narrow panel (presenter mode at 720 lines) keeps its rows
-        short and its bars long."""
+        one of them onto more than two lines, or break a word ("torch.compil" / "e"): a narrow panel
+        (presenter mode, or the compact window at 720 lines) keeps its rows short and its bars long."""
         label_w = max(20, self._label_width(fm, w) - 8)
-        return any(self._label_height(fm, r[0], label_w) > 2.5 * fm.height() for r in self._rows)
+        return any(self._label_height(fm, r[0], label_w) > 2.5 * fm.height()
+                   or self._wrap_flag(fm, r[0], label_w) != Qt.TextFlag.TextWordWrap for r in self._rows)
 
     def _label_height(self, fm: QFontMetrics, label: str, width: int) -> int:
         return fm.boundingRect(0, 0, width, 10_000, self._wrap_flag(fm, label, width)

@@ -119,9 +119,14 @@ def check_flag(result: dict) -> tuple[str, str]:
     """The chapter check's word on the panel (app/talk/compare/prepare_chapter.py writes "checks"), short
     enough for a projector, and its full text for the tooltip: each claim the figures contradict, the
     likely reasons (their names on screen, the figures in the tooltip), a fallback measured instead.
-    ("", "") when every claim holds or none was checked."""
+    ("", "") when every claim holds or none was checked. A stored result that is not what the last
+    `inferlab prepare` wrote ("store_note", app/talk/compare/profile.py) says so first."""
     broken = [v for v in result.get("checks", []) if v.get("holds") is False]
-    short = [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    note = [result["store_note"]] if isinstance(result.get("store_note"), str) else []
+    close = [v for v in result.get("checks", []) if v.get("holds") is None and "too close" in str(v.get("figures"))]
+    short = note + [f"⚠ not so here: {v['claim']} ({v['figures']})" for v in broken]
+    short += [f"≈ too close to call here: {v['claim']} ({v['figures'].rpartition('(')[2].rstrip(')')})"
+              for v in close]  # the rounds disagreed: no verdict, said
     full = list(short)
     reasons = result.get("check_reasons") or ["no reason found on this machine"]
     if broken:
@@ -133,3 +138,33 @@ def check_flag(result: dict) -> tuple[str, str]:
         first = [v["claim"] for v in fallback.get("first_try", []) if v.get("holds") is False]
         full.append(short[-1] + (f" (the first try contradicted: {'; '.join(first)})" if first else ""))
     return "\n".join(short), "\n".join(full)
+
+
+def _pair(result: dict, name: str, rows: list[dict]) -> tuple[dict, dict]:
+    """The two configurations the headline compares: those of the chapter's first claim on the headline
+    metric (config vs than), else the last measured against the first."""
+    def find(label):
+        return next((r for r in rows if label in (r.get("label"), r.get("spec_label"))), None)
+    for check in result.get("checks", []):
+        if check.get("metric") == name and check.get("config") and check.get("than"):
+            a, b = find(check["config"]), find(check["than"])
+            if a is not None and b is not None and a is not b:
+                return a, b
+    return rows[-1], rows[0]
+
+
+def headline_line(result: dict) -> str:
+    """The chapter's number in one line: its headline metric for the two configurations it is about, with
+    their ratio ("decode tokens/s: max_num_seqs = 8 61.2 vs max_num_seqs = 1 21.0 (2.91x)")."""
+    metrics = result.get("metrics") or []
+    name = result.get("headline") if result.get("headline") in metrics else (metrics[0] if metrics else None)
+    rows = [r for r in result.get("comparison", []) if name and r["metrics"].get(name) is not None]
+    if not rows:
+        return ""
+    if len(rows) == 1:
+        return f"{metric_label(name)}: {rows[0]['label']} {value_with_unit(name, rows[0]['metrics'][name])}"
+    a, b = _pair(result, name, rows)
+    va, vb = a["metrics"][name], b["metrics"][name]
+    ratio = ratio_text(va, vb)
+    return (f"{metric_label(name)}: {a['label']} {format_value(name, va)} vs {b['label']} "
+            f"{format_value(name, vb)}" + (f" ({ratio})" if ratio else ""))

@@ -20,6 +20,10 @@ class SplitChart(QWidget):
         self._font.setPointSize(point_size)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
+    def set_point_size(self, point_size: int) -> None:
+        self._font.setPointSize(point_size)
+        self.set_requests(self._title, self._requests)
+
     def set_requests(self, title: str, requests: list[dict]) -> None:
         """requests: [{"id", "queue_ms", "prefill_ms", "decode_ms"}, ...] (one configuration)."""
         self._title, self._requests = title, list(requests)

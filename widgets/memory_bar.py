@@ -27,7 +27,8 @@ def memory_breakdown(snap: MemorySnapshot) -> dict[str, int]:
         "kv_used": snap.kv_blocks_used * snap.kv_block_bytes,
         "kv_cached": snap.kv_blocks_cached * snap.kv_block_bytes,
         "kv_free": kv_free_blocks * snap.kv_block_bytes,
-        "activations": snap.activation_bytes,
+        # a GPU: the peak a step may take, measured at start-up (what the KV cache left free for it)
+        "activations": snap.activation_peak_bytes or snap.activation_bytes,
     }
     if snap.graphs_bytes:
         parts["graphs"] = snap.graphs_bytes

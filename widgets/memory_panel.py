@@ -13,6 +13,7 @@ from widgets.theme import MEMORY_CATEGORIES, MEMORY_LABELS, blend, free_block_co
 
 _SOURCE_NAMES = {"nvml": "NVML", "torch.cuda": "torch.cuda", "budget": "CPU budget"}
 _LEGEND_COLUMNS = 2
+_WIDE_LEGEND_PX = 560  # at least this wide, the legend takes three columns (one row less to wrap)
 
 
 def _chip(color: str) -> str:
@@ -30,7 +31,8 @@ class MemoryPanel(Panel):
         self._header.setTextFormat(Qt.TextFormat.RichText)
         self._bar = MemoryBar()
         self._legend_labels: dict[str, QLabel] = {}
-        legend = QGridLayout()
+        legend = self._legend_grid = QGridLayout()
+        self._legend_columns = _LEGEND_COLUMNS
         legend.setHorizontalSpacing(16)
         legend.setVerticalSpacing(0)
         for i, cat in enumerate(MEMORY_CATEGORIES):
@@ -56,6 +58,15 @@ class MemoryPanel(Panel):
         layout.addWidget(self._block_map, 1)
         layout.addWidget(self._block_legend)
         self.reset()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        columns = 3 if event.size().width() >= _WIDE_LEGEND_PX else _LEGEND_COLUMNS
+        if columns != self._legend_columns:  # a wide dock (presenter mode): the legend's lines take less height
+            self._legend_columns = columns
+            for i, cat in enumerate(MEMORY_CATEGORIES):
+                self._legend_grid.removeWidget(self._legend_labels[cat])
+                self._legend_grid.addWidget(self._legend_labels[cat], i // columns, i % columns)
+        super().resizeEvent(event)
 
     # --- setters ------------------------------------------------------------------------------
     def set_memory(self, snap: MemorySnapshot) -> None:

@@ -36,7 +36,7 @@ class Overlay(QWidget):
     def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
         p = QPainter(self)
         bg = QColor(self.palette().color(QPalette.ColorRole.Window))
-        bg.setAlpha(215)
+        bg.setAlpha(240)  # the panel's data shows through, dimmed; its text must not read as a second text
         p.fillRect(self.rect(), bg)
         font = p.font()
         font.setPointSizeF(font.pointSizeF() * 1.4)

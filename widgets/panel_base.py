@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
 from widgets.overlay import Overlay
-from widgets.presenter import clipped_texts, fit_texts, scale_plots
+from widgets.presenter import clipped_texts, fit_texts, legends_outside, scale_plots
 
 REPAINT_INTERVAL_MS = 50  # 20 Hz
+
+
+def fit_wrapped_labels(root: QWidget) -> None:
+    """Each word-wrapped label in `root` at least as tall as its text at its width: a layout asks a label
+    only for its minimum size, not its height for the width it gets, so a short dock squeezed wrapped
+    lines into the next label (text over text); now the panel's least height is what its text needs."""
+    for label in root.findChildren(QLabel):
+        if label.wordWrap() and label.isVisibleTo(root) and label.width() > 0:
+            need = label.heightForWidth(label.width())
+            if need > 0 and label.minimumHeight() != need:
+                label.setMinimumHeight(need)
 
 
 class Panel(QWidget):
@@ -26,6 +37,7 @@ class Panel(QWidget):
         self._overlay = Overlay(self)
         self._unavailable_reason = ""
         self._presenter_scale = 1.0
+        self._legends_placed = False
         self._repaint_timer = QTimer(self)
         self._repaint_timer.setInterval(REPAINT_INTERVAL_MS)
         self._repaint_timer.timeout.connect(self._on_repaint_timer)
@@ -107,6 +119,9 @@ class Panel(QWidget):
         self.flush()
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if not self._legends_placed:  # the subclass has made its plots and named their curves by now
+            self._legends_placed = True
+            legends_outside(self)
         self._repaint_timer.start()
         self.flush()
         super().showEvent(event)
@@ -114,6 +129,9 @@ class Panel(QWidget):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self._mark_dirty()  # new room: titles (and at presenter scale axis labels) are fitted again
         super().resizeEvent(event)
+        if isinstance(self.parentWidget() and self.parentWidget().parentWidget(), QScrollArea):
+            fit_wrapped_labels(self)  # scrolled (the compact window): its height is its text's; elsewhere
+            # the panel keeps the least height its layout gives (presenter mode fits docks to the screen)
 
     def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self._repaint_timer.stop()

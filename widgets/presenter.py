@@ -61,7 +61,7 @@ def _scale_axes(plot: pg.PlotItem, scale: float) -> None:
         base = _base(axis, tick_pt=font.pointSizeF() if font.pointSizeF() > 0 else TICK_PT)
         font.setPointSizeF(base["tick_pt"] * scale)
         axis.setStyle(tickFont=font, tickTextOffset=max(2, int(round(3 * scale))))
-        _fit_ticks(axis, on=scale > 1.0)
+        _fit_ticks(axis, on=True)  # at every scale: a narrow plot's ticks ran together ("5001000 1500")
         axis.labelStyle["font-size"] = f"{LABEL_PT * scale:.1f}pt"
         axis._updateLabel()  # pyqtgraph re-renders the label HTML from labelStyle here
         if name in ("left", "right"):
@@ -116,18 +116,24 @@ def _fit_title_row(plot: pg.PlotItem) -> None:
     plot.layout.setRowFixedHeight(0, height)
 
 
+def legends_outside(root: QWidget) -> None:
+    """Every plot's legend in `root` as a line of coloured chips under its title, outside the data (a
+    legend box inside the plot covered the bars it explains, at every scale), and its ticks spaced so
+    that no two labels meet on a narrow axis."""
+    for plot in plot_items(root):
+        _legend_into_title(plot, 1.0)
+        _fit_title_row(plot)
+        for name in ("left", "bottom", "right", "top"):
+            _fit_ticks(plot.getAxis(name), on=True)
+
+
 def _legend_into_title(plot: pg.PlotItem, scale: float) -> None:
-    """Enlarged, a legend box covers the data it explains; above scale 1 its entries become a line of
-    coloured chips under the title (outside the data), and the box comes back at scale 1."""
+    """A legend box covers the data it explains (issue 49: the timeline's covered its bars): its entries
+    become a line of coloured chips under the title, outside the data, at the scale's size."""
     legend = plot.legend
-    if legend is None:
+    if legend is None or not legend.items:
         return
     base = _base(legend, title=plot.titleLabel.text)
-    if scale == 1.0:
-        plot.__dict__.pop(_CHIPS, None)
-        plot.setTitle(base["title"] or None)
-        legend.show()
-        return
     chips = [(f"<span style='color:{_item_color(sample.item)}'>■</span>&nbsp;{label.text}", f"■ {label.text}")
              for sample, label in legend.items]
     plot.__dict__[_CHIPS] = (base["title"], chips, scale)

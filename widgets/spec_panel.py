@@ -161,9 +161,21 @@ class SpecPanel(Panel):
             [[(i, str(i)) for i in range(1, len(per_pos) + 1)]])
         speeds = (m["predicted_speedup"], m["measured_speedup"])
         self._speed_bars.setOpts(height=[v or 0.0 for v in speeds])
-        for item, name, v in zip(self._speed_text, ("predicted", "measured"), speeds):
+        # the figures under their bars too: a short plot (the compact window) has no room above a bar for two
+        # lines of text, which then ran into the plot's title; there the labels above the bars are hidden
+        vb = self._speed_plot.getPlotItem().vb
+        room = vb.height() > 5 * self.fontMetrics().height()
+        # a bar's share of the axis; too narrow for "predicted 2.26×", the figures alone (in the bars' order,
+        # predicted then measured, as the summary line above says them)
+        wide = vb.width() / 2.2 > self.fontMetrics().horizontalAdvance("predicted 0.00× ") * 1.1
+        ticks = []
+        for i, (item, name, v) in enumerate(zip(self._speed_text, ("predicted", "measured"), speeds)):
             item.setText(f"{name}\n{v:.2f}×" if v is not None else f"{name}\nn/a")
             item.setPos(item.pos().x(), v or 0.0)
+            item.setVisible(room)
+            figure = f"{v:.2f}×" if v is not None else "n/a"
+            ticks.append((i, name if room else f"{name} {figure}" if wide else figure))
+        self._speed_plot.getPlotItem().getAxis("bottom").setTicks([ticks])
         self._speed_plot.setYRange(0, max(2.0, *(v or 0.0 for v in speeds)) * 1.25)
         self._summary.setText(self._summary_text(m))
 

@@ -4,17 +4,20 @@ x: tokens/s per user (log), y: $ per million tokens at the editable GPU-hour pri
 top-1 agreement with the 16-bit model (measured; grey when not measured). Measured points are filled;
 predicted points (a cost model's, for other models and devices) are hollow and say "predicted".
 Hovering shows a point's configuration; clicking a measured point emits sigApply(config), right-clicking
-it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Only
-frontier points and one point per predicted group get a label, placed so that no two overlap.
+it sigCopyCommand(config) (the app turns it into an `inferlab serve` line). Frontier points and one point
+per predicted group get a full label, every other measured point a short one (batch, bits, drafts), placed
+so that no two overlap (where none fits, hover names it). A point measured several times shows the least
+and the most of its runs as bars.
 """
 from __future__ import annotations
 
 import csv
 import math
 
+import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import TradeoffPoint
 from widgets.command_bar import CommandBar
@@ -22,6 +25,7 @@ from widgets.log_axis import set_log_ticks
 from widgets.overlay import Overlay
 from widgets.panel_base import Panel
 from widgets.theme import style_plot
+from widgets.tradeoff_labels import place_labels
 from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PREDICTED: this module's API too)
     _NONE,
     AGREEMENT_BAD,
@@ -29,9 +33,12 @@ from widgets.tradeoff_points import (  # noqa: F401 (cost_per_million_tokens, PR
     PREDICTED,
     cost_per_million_tokens,
     free_spot,
+    gap_text,
     predicted_label,
     quality_color,
     server_label,
+    short_label,
+    spread_bars,
     sweep_config,
     sweep_label,
 )
@@ -49,6 +56,7 @@ class TradeoffPanel(Panel):
     sigCopyCommand = Signal(dict)  # a measured point's engine configuration, as a `inferlab serve` line
     sigCopyText = Signal(str)  # a managed server's point: its command line, as it ran
     sigRunPoint = Signal(str)  # a managed server's point (its label): run it in a window of its own
+    sigSweepLoad = Signal(int)  # "Run the sweep's load": this many requests always in flight, live
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -56,6 +64,8 @@ class TradeoffPanel(Panel):
         self._predicted: dict[str, dict] = {}
         self._frontier: list[str] = []
         self._current: str | None = None
+        self._applied: str | None = None  # the sweep point last applied: the ring stays on it
+        self._live: str | None = None  # the live configuration's point meanwhile
         self._labels: dict[str, pg.TextItem] = {}
         self._price = QDoubleSpinBox()
         self._price.setRange(0.0, 1000.0)
@@ -65,13 +75,26 @@ class TradeoffPanel(Panel):
         self._price.setSuffix(" / GPU-hour")
         self._price.setValue(DEFAULT_PRICE_PER_HOUR)
         self._price.valueChanged.connect(self._on_price_changed)
-        self._sweep = QPushButton("Run sweep")
+        self._sweep = QPushButton("Run sweep (S)")
         self._sweep.setToolTip("batch 1/8/32 x 16/8/4 bits x draft 0/4 on separate engines (a few minutes); "
                                "the live requests finish first (new load pauses, nothing is aborted) and the "
                                "live panels are not touched")
         self._sweep.clicked.connect(self.sigSweep)
         self._export = QPushButton("Export…")
         self._export.clicked.connect(self.sigExport)
+        self._show_predicted = QCheckBox("7B/70B predicted")
+        self._show_predicted.setChecked(True)
+        self._show_predicted.setToolTip("the cost model's hollow squares for larger models on A100/H100/H200: "
+                                        "off, the plot's axes fit the measured points alone")
+        self._show_predicted.toggled.connect(lambda _on: self._mark_dirty())
+        self._gap = QLabel()  # why the live point sits off the applied sweep point
+        self._gap.setWordWrap(True)
+        self._gap.hide()
+        self._sweep_load = QPushButton("Run the sweep's load")
+        self._sweep_load.setToolTip("the live load as the sweep measured: the point's batch of requests always in "
+                                    "flight, no waiting (the arrival-rate slider takes it back)")
+        self._sweep_load.clicked.connect(self._on_sweep_load)
+        self._sweep_load.hide()
         self._legend = QLabel()
         self._legend.setWordWrap(True)
         self._legend.setTextFormat(Qt.TextFormat.RichText)
@@ -86,6 +109,8 @@ class TradeoffPanel(Panel):
         self._scatter = pg.ScatterPlotItem(size=13, hoverable=True, tip=self._tip)
         self._scatter.sigClicked.connect(self._on_clicked)
         self._ring = pg.ScatterPlotItem(size=26, symbol="o", brush=None, pen=pg.mkPen("#fdd663", width=3))
+        self._spread = pg.ErrorBarItem(x=np.zeros(0), y=np.zeros(0), pen=pg.mkPen("#9aa0a6", width=1.5), beam=0.0)
+        p.addItem(self._spread)  # a point measured several times: the least and the most of its runs
         p.addItem(self._scatter)
         p.addItem(self._ring)
         self._empty = Overlay(self._plot)
@@ -98,12 +123,19 @@ class TradeoffPanel(Panel):
         row.addStretch(1)
         row.addWidget(self._export)
         row.addWidget(self._sweep)
+        gap = QHBoxLayout()
+        gap.addWidget(self._gap, 1)
+        gap.addWidget(self._sweep_load, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(row)
         layout.addWidget(self._plot, 1)
+        layout.addLayout(gap)
         layout.addWidget(self._command)
-        layout.addWidget(self._legend)
+        legend = QHBoxLayout()
+        legend.addWidget(self._legend, 1)
+        legend.addWidget(self._show_predicted, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(legend)
         self._on_palette_changed()
         self.reset()
 
@@ -135,7 +167,7 @@ class TradeoffPanel(Panel):
         self._mark_dirty()
 
     def add_server_point(self, p: dict) -> None:
-        """One measured point of a managed server's tuning sweep (app/tradeoff/managed/tune.py's dict:
+        """One measured point of a managed server's tuning sweep (app/tradeoff/tune.py's dict:
         engine, model, label, flags, command and the explorer's figures) as it arrives."""
         label = server_label(p["engine"], p["model"], p["label"])
         self._points[label] = {**p, "label": label, "source": "server", "config": None}
@@ -164,8 +196,28 @@ class TradeoffPanel(Panel):
         return [dict(p) for p in self._points.values() if p["source"] == "sweep"]
 
     def set_current(self, label: str | None) -> None:
-        self._current = label
+        """The live configuration's point; while a sweep point applied is pinned, the ring stays on it and
+        the live point is compared with it under the plot."""
+        if self._applied is not None:
+            self._live = label
+        else:
+            self._current = label
         self._mark_dirty()
+
+    def set_applied(self, label: str | None) -> None:
+        """Pin the ring on an applied sweep point (None: the sliders moved; the ring follows the live point)."""
+        self._applied = label if label in self._points else None
+        if self._applied is not None:
+            self._current = self._applied
+        elif self._live is not None:
+            self._current = self._live
+        self._live = None if self._applied is None else self._live
+        self._mark_dirty()
+
+    def _on_sweep_load(self) -> None:
+        p = self._points.get(self._applied or "")
+        if p is not None and isinstance(p.get("batch"), int):
+            self.sigSweepLoad.emit(p["batch"])
 
     def set_price_per_hour(self, price: float) -> None:
         self._price.setValue(price)
@@ -177,7 +229,7 @@ class TradeoffPanel(Panel):
         self._points.clear()
         self._predicted.clear()
         self._frontier = []
-        self._current = None
+        self._current = self._applied = self._live = None
         self._command.set_command("", "")
         self._mark_dirty()
         self.flush()
@@ -218,7 +270,8 @@ class TradeoffPanel(Panel):
     # --- painting -----------------------------------------------------------------------------
     def _positions(self) -> dict[str, tuple[float, float]]:
         price, out = self.price_per_hour(), {}
-        for label, p in list(self._points.items()) + list(self._predicted.items()):
+        predicted = list(self._predicted.items()) if self._show_predicted.isChecked() else []
+        for label, p in list(self._points.items()) + predicted:
             cost = cost_per_million_tokens(price, p["tokens_per_s_total"])
             # log axes: only positive finite coordinates (a throughput near the float limit costs 0 $)
             if cost and math.isfinite(cost) and p["tokens_per_s_user"] and 0 < p["tokens_per_s_user"] < math.inf:
@@ -237,80 +290,28 @@ class TradeoffPanel(Panel):
                           "brush": None if predicted else pg.mkBrush(color),
                           "pen": pg.mkPen(_NONE if predicted else color.darker(130), width=2)})
         self._scatter.setData(spots)
+        bars = spread_bars(self._points, pos, self.price_per_hour())
+        self._spread.setData(**{k: np.asarray(v, dtype=float) for k, v in bars.items()})
         if pos:
             xs, ys = [x for x, _ in pos.values()], [y for _, y in pos.values()]
             set_log_ticks(self._plot.getAxis("bottom"), min(xs), max(xs))
             set_log_ticks(self._plot.getAxis("left"), min(ys), max(ys))
         front = sorted((pos[label] for label in self._frontier if label in pos), key=lambda xy: xy[0])
         self._frontier_curve.setData([x for x, _ in front], [y for _, y in front])
-        self._place_labels(pos)
+        place_labels(self, pos, bars)
         cur = pos.get(self._current or "")
         self._ring.setData([math.log10(cur[0])] if cur else [], [math.log10(cur[1])] if cur else [])
         self._plot.getPlotItem().setLabel("left", f"$/1M tokens at ${self.price_per_hour():.2f}/h")
-        self._empty.set_text("" if pos else "No measured points yet — press “Run sweep”.")
+        self._empty.set_text("" if pos else "No measured points yet — press “Run sweep” (S).")
         self._update_legend()
+        self._update_gap()
 
-    def _label_candidates(self, pos: dict) -> list[tuple[str, str]]:
-        """(label key, text): frontier points first, then one point per predicted (model, device)."""
-        out = [(label, label) for label in self._frontier if label in pos]
-        if self._current in pos and self._current not in self._frontier:
-            out.append((self._current, self._current))
-        groups: dict[tuple, str] = {}
-        for label, p in self._predicted.items():
-            if label in pos:
-                groups.setdefault((p["model"], p["device"]), label)
-        out += [(label, f"{m} on {d} ({PREDICTED})") for (m, d), label in groups.items()]
-        return out
-
-    def _place_labels(self, pos: dict) -> None:
-        """Greedy: each candidate (frontier points first, then the current configuration, then one per
-        predicted group) takes the first of a few spots around its point (above, below, beside; towards
-        the middle of the plot first) where its text, measured on screen, overlaps no label placed before
-        it, no marker and no edge of the plot; a label with no such spot is not shown (hover shows it)."""
-        fg = self.palette().color(self.palette().ColorRole.Text)
-        logs = {k: (math.log10(x), math.log10(y)) for k, (x, y) in pos.items()}
-        xs = [v[0] for v in logs.values()] or [0.0]
-        mid_x = (max(xs) + min(xs)) / 2
-        ys = [v[1] for v in logs.values()] or [0.0]
-        vb = self._plot.getPlotItem().vb
-        # the range the view shows, set now (auto-range would only follow at the next paint), so that a
-        # label's place on screen is known while placing it
-        x_range = (min(xs) - 0.08 * (max(xs) - min(xs) or 1), max(xs) + 0.08 * (max(xs) - min(xs) or 1))
-        y_range = (min(ys) - 0.08 * (max(ys) - min(ys) or 1), max(ys) + 0.25 * (max(ys) - min(ys) or 1))
-        vb.setRange(xRange=x_range, yRange=y_range, padding=0)
-        box = vb.sceneBoundingRect()
-
-        def on_screen(lx: float, ly: float) -> QPointF:
-            return QPointF(box.left() + (lx - x_range[0]) / (x_range[1] - x_range[0]) * box.width(),
-                           box.bottom() - (ly - y_range[0]) / (y_range[1] - y_range[0]) * box.height())
-
-        r = self._scatter.opts.get("size", 13) / 2 + 2  # a marker's half-size on screen, and a margin
-        centres = [on_screen(lx, ly) for lx, ly in logs.values()]
-        markers = [QRectF(c.x() - r, c.y() - r, 2 * r, 2 * r) for c in centres]
-        placed: list[QRectF] = []
-        shown = set()
-        for key, text in self._label_candidates(pos):
-            lx, ly = logs[key]
-            item = self._labels.get(key)
-            if item is None:
-                item = self._labels[key] = pg.TextItem()
-                self._plot.addItem(item)
-            item.setText(text)
-            size = item.textItem.boundingRect()  # as drawn: the label's own font (presenter sizes)
-            w, h = size.width(), size.height()
-            spot = free_spot(on_screen(lx, ly), w, h, r, lx > mid_x, box, placed + markers)
-            if spot is None:
-                item.setVisible(False)
-                continue
-            (ax, ay), rect = spot
-            placed.append(rect)
-            item.setColor(fg)
-            item.setAnchor((ax, ay))
-            item.setPos(lx, ly)  # log mode: text items sit in log10 coordinates
-            item.setVisible(True)
-            shown.add(key)
-        for key in set(self._labels) - shown:
-            self._plot.removeItem(self._labels.pop(key))
+    def _update_gap(self) -> None:
+        swept, live = self._points.get(self._applied or ""), self._points.get(self._live or "")
+        shown = swept is not None and live is not None and bool(live.get("tokens_per_s_total"))
+        self._gap.setText(gap_text(live, swept) if shown else "")
+        self._gap.setVisible(shown)
+        self._sweep_load.setVisible(shown and isinstance(swept.get("batch"), int))
 
     def _tip(self, x: float | None = None, y: float | None = None, data: object = None) -> str:
         """The hovered spot's text; pyqtgraph 0.14 calls tip(x=, y=, data=) by keyword (x, y unused:
@@ -350,6 +351,8 @@ class TradeoffPanel(Panel):
                 self.select_point(p["label"])
                 return
             if p is not None and p.get("config"):
+                if not copy and p["source"] == "sweep":
+                    self.set_applied(p["label"])  # the ring moves to it and stays (set_current: the live point)
                 (self.sigCopyCommand if copy else self.sigApply).emit(dict(p["config"]))
                 return
 

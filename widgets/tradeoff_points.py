@@ -3,6 +3,8 @@ point's label (a sweep's, a predicted one's, a managed server's: engine, model a
 label fits on screen."""
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QColor
 
@@ -41,6 +43,34 @@ def sweep_config(p: dict) -> dict:
     return config
 
 
+def short_label(p: dict) -> str | None:
+    """A measured point's label where its full one is not shown (off the frontier): batch, bits, drafts;
+    None for a point without them (a live configuration's)."""
+    if not all(isinstance(p.get(k), int) for k in ("batch", "bits")):
+        return None
+    return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+
+
+def spread_bars(points: dict[str, dict], pos: dict[str, tuple[float, float]], price: float) -> dict[str, list]:
+    """pyqtgraph ErrorBarItem arguments (log10 coordinates) for the points measured more than once: the
+    least and the most of their per-user tokens/s (x) and $/1M tokens (y, from the total tokens/s)."""
+    out: dict[str, list] = {k: [] for k in ("x", "y", "left", "right", "top", "bottom")}
+    for label, p in points.items():
+        spread = p.get("spread") or {}
+        users, totals = spread.get("tokens_per_s_user"), spread.get("tokens_per_s_total")
+        if label not in pos or not users or not totals or min(*users, *totals) <= 0:
+            continue
+        x, y = (math.log10(v) for v in pos[label])
+        dear, cheap = cost_per_million_tokens(price, totals[0]), cost_per_million_tokens(price, totals[1])
+        out["x"].append(x)
+        out["y"].append(y)
+        out["left"].append(max(0.0, x - math.log10(users[0])))
+        out["right"].append(max(0.0, math.log10(users[1]) - x))
+        out["top"].append(max(0.0, math.log10(dear) - y))
+        out["bottom"].append(max(0.0, y - math.log10(cheap)))
+    return out
+
+
 def predicted_label(p: dict) -> str:
     return f"{p['model']} {p['bits']}-bit {p['device']} batch {p['batch']} ({PREDICTED})"
 
@@ -68,3 +98,17 @@ def free_spot(at: QPointF, w: float, h: float, r: float, right_half: bool, box: 
 def server_label(engine: str, model: str, point_label: str) -> str:
     """A managed server's point (issue 29): its engine, its model and its point in the app's words."""
     return f"{engine} · {model} · {point_label}"
+
+
+def gap_text(live: dict, swept: dict) -> str:
+    """Why the live point sits off the sweep's point of the same configuration: the sweep kept its batch
+    full (a closed loop, no waiting), the live load is Poisson arrivals at the slider's rate."""
+    batch = swept.get("batch", "?")
+    ratio = swept["tokens_per_s_total"] / live["tokens_per_s_total"] if live.get("tokens_per_s_total") else None
+    rate = (live.get("config") or {}).get("arrival_rate")
+    arrivals = f"arrivals at {rate:g} req/s" if isinstance(rate, (int, float)) else "the live arrivals"
+    times = f" ({ratio:.1f}x the live {live['tokens_per_s_total']:.0f})" if ratio else ""
+    return (f"live: {live['tokens_per_s_user']:.1f} tok/s per user, {live['tokens_per_s_total']:.0f} total with "
+            f"{arrivals}. The sweep measured this configuration with {batch} requests always in flight (its "
+            f"batch full, nothing waiting): {swept['tokens_per_s_total']:.0f} tok/s total{times}. Fewer requests "
+            "in flight, fewer tokens per step.")

@@ -19,7 +19,7 @@ import torch
 from app.bench import llama_cpp
 from app.bench.rounds import bench_engine, median_run
 from app.load.workload import corpus_tokens
-from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, crash_retry_note
+from app.managed.child import LLAMA_CPP_CRASH_RETRY, crash_retry_note
 from engine import LLMEngine, SamplingParams
 from engine.drive import drive
 

@@ -11,7 +11,17 @@ import torch
 import engine.kernels as kernels
 from app.bench import bandwidth, hf_baseline, llama_cpp, llama_server, runs
 from app.bench.background_load import background_load
-from app.bench.rounds import MODE_KNOBS, MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
+from app.bench.rounds import (
+    MODE_KNOBS,
+    MODES,
+    alternate,
+    bench_engine,
+    hf_model,
+    kernels_used,
+    median_run,
+    memory_breakdown,
+    warm_up,
+)
 from app.load.workload import corpus_tokens
 from app.result_file import write_or_print
 from engine.kernels.tier_choice import family_for_bits
@@ -46,7 +56,7 @@ def add_bench_args(p, engine_args) -> None:
                     help="llama-server's parallel slots (-np, continuous batching) for the same requests")
     tp.add_argument("--llama-threads", type=int, default=None,
                     help="llama-server's threads (default: the engine's; on a busy machine its spinning threads "
-                         "stall with more threads than free cores, see the README)")
+                         "stall with more threads than free cores, see docs/llama-cpp.md)")
     dec.add_argument("--max-tokens", type=int, default=128)
     dec.add_argument("--prompt-tokens", type=int, default=32)
     dec.add_argument("--rounds", type=int, default=3, help="alternating inferlab / HF / llama.cpp rounds (median)")
@@ -96,14 +106,17 @@ def add_bench_args(p, engine_args) -> None:
 
     add_lora_bench_args(sub.add_parser("lora", help="multi-LoRA: base vs 1/4/16 adapters in the mix, ranks, merged"),
                         engine_args)
-    from app.bench import gui_overhead, kv_bench, tradeoff_bench
+    from app.bench import host_bench, kv_bench, tradeoff_bench
+    from app.gui import overhead_bench
 
     kv_bench.add_args(sub.add_parser("kv", help="16-bit vs 8-bit KV cache: blocks, quality, speed"), engine_args)
 
     tradeoff_bench.add_args(sub.add_parser("tradeoff", help="batch x bits x draft sweep, frontier, roofline"),
                             engine_args)
-    gui_overhead.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
+    overhead_bench.add_args(sub.add_parser("gui", help="engine tokens/s headless vs with the window open"),
                           engine_args)
+    host_bench.add_args(sub.add_parser("host", help="the engine's host work a decode step, the model made free "
+                                                    "(1 / 8 / 64 streams, greedy and sampled)"), engine_args)
 
 
 def run_bench(args) -> int:
@@ -143,7 +156,7 @@ def _run_bench(args) -> int:
     if args.bench == "gui" and args.threads is None:
         from app.device_args import engine_threads
 
-        args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
+        args.threads = engine_threads()  # as the app starts: the cores free now
     threads = choose_threads(args.threads)  # chosen before any background load starts
     args.threads = threads.count  # every engine of the bench runs this many
     torch.set_num_threads(threads.count)
@@ -174,9 +187,9 @@ def _run_bench(args) -> int:
 
         result.update(run_lora_bench(args))
     elif args.bench == "gui":
-        from app.bench import gui_overhead
+        from app.gui import overhead_bench
 
-        result.update(gui_overhead.run(args))
+        result.update(overhead_bench.run(args))
     elif args.bench == "kv":
         from app.bench import kv_bench
 
@@ -185,6 +198,10 @@ def _run_bench(args) -> int:
         from app.bench.batch_bench import run_batch_bench
 
         result.update(run_batch_bench(args))
+    elif args.bench == "host":
+        from app.bench import host_bench
+
+        result.update(host_bench.run(args))
     elif args.bench == "tradeoff":
         from app.bench import tradeoff_bench
 
@@ -251,7 +268,7 @@ def _decode(args) -> dict:
     tier_runs = {t: ours_runs.pop(f"peer:tier:{t}") for t in tiers}
     ours = {m: median_run(r) for m, r in ours_runs.items()}
     out = {"prompt_tokens": len(prompt), "max_tokens": args.max_tokens, "rounds": args.rounds, "bits": bits,
-           "engine": engine.compute_line(), "kernels": kernels_used(engine),
+           "engine": engine.compute_line(), "kernels": kernels_used(engine), "memory": memory_breakdown(engine),
            "stream_linear": engine.config.stream_linear, "decode_step_path": paths,
            "inferlab_decode_tokens_per_s_each_round": {m: [r["decode_tokens_per_s"] for r in ours_runs[m]]
                                                        for m in modes}}

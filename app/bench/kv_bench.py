@@ -7,9 +7,10 @@ from __future__ import annotations
 from app.bench.quant_bench import decode_rate
 from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.events import KvCacheDtype
 from engine.quant.quality import compare_logits, heldout_texts, reference_logits
 
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = tuple(KvCacheDtype)
 
 
 def add_args(p, engine_args) -> None:

@@ -1,12 +1,12 @@
 """llama.cpp as the peer in the benches: one llama-bench run. Where its binaries are and the GGUF of the same
-weights live in app/tradeoff/managed/gguf.py (the managed llama-server uses them too)."""
+weights live in app/managed/gguf.py (the managed llama-server uses them too)."""
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
 
-from app.tradeoff.managed.gguf import (
+from app.managed.gguf import (
     BENCH,
     BUILD_KEYS,
     bf16_gguf,

@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 
 from app.load.workload import BenchRequest
+from app.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
+from app.remote.bounded import fetch_json
 from app.remote.client import request_body
-from app.tradeoff.managed.child import LLAMA_CPP_CRASH_RETRY, ChildServer, PeerError, crash_retry_note, free_port
 
 
 def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_slot: int,
@@ -56,11 +57,20 @@ def token_request(model: str, r: BenchRequest) -> tuple[str, dict]:
     return path, {**body, "prompt": list(r.prompt_token_ids), "stream": False, "cache_prompt": False}
 
 
+MAX_REPLY_BYTES = 4 * 2**20  # one completion's JSON (its text and usage)
+REPLY_TOTAL_S = 3600.0
+
+
 async def _post(client: httpx.AsyncClient, url: str, path: str, body: dict) -> dict:
-    resp = await client.post(url + path, json=body)
-    if resp.status_code != 200:
-        raise PeerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-    return resp.json()
+    """One completion's JSON, read within MAX_REPLY_BYTES and REPLY_TOTAL_S (app/remote/bounded.py)."""
+    try:
+        reply = await fetch_json(client, url + path, what=path, method="POST", json=body, max_bytes=MAX_REPLY_BYTES,
+                                 total_s=REPLY_TOTAL_S)
+    except ValueError as exc:
+        raise PeerError(str(exc)) from None
+    if not isinstance(reply, dict):
+        raise PeerError(f"{path} answered JSON that is not an object: {str(reply)[:120]!r}")
+    return reply
 
 
 def server_throughput(url: str, requests: list[BenchRequest], model: str = "peer") -> dict:

@@ -55,7 +55,7 @@ def warm_up(engine, run, modes: tuple[str, ...] = MODES) -> dict[str, str]:
         engine.reconfigure(**MODE_KNOBS[mode])
         run()
         paths[mode] = engine.runner.last_path
-        graphs = engine.runner.graphs  # dropped when the next mode's first step switches them off
+        graphs = engine.runner.graphs  # parked (kept) when the next mode switches them off
         if mode == "graphs" and graphs is not None:
             paths[mode] += f"; {graphs.num_runs} steps in graph buffers, {graphs.num_replays} replayed"
             if graphs.capture_error:
@@ -70,12 +70,21 @@ def kernels_used(engine) -> dict:
     layers = [m for m in engine.model.modules() if hasattr(m, "bits") and hasattr(m, "packed")]
     flex = backend.flex
     return {"attention_backend": backend.name, "native_decode": backend.native_decode is not None,
+            "triton_kernels": backend.triton is not None,
             "flex_attention": flex is not None and flex.fn is not None, "flex_compiled": bool(flex and flex.compiled),
             "flex_error": flex.error if flex is not None else None,
             "int4_packed_layers": sum(m.bits == 4 and m.packed is not None for m in layers),
             "int8_fused_layers": sum(m.bits == 8 and bool(getattr(m, "int8_fused", False)) for m in layers),
             "quantized_layers": len(layers),
             "graphs_capture_error": graphs.capture_error if graphs is not None else None}
+
+
+def memory_breakdown(engine) -> dict:
+    """The engine's memory after the rounds, as the memory panel shows it (measured: on a GPU the graphs' pool
+    and the activations' peak of the start-up profile step; free from NVML where it answers)."""
+    import dataclasses
+
+    return dataclasses.asdict(engine.memory())
 
 
 def median_run(results: list[dict], key: str = "decode_tokens_per_s") -> dict:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from app.device_args import device_options
+from app.load.kinds import PromptKind
 from app.load.workload import corpus_tokens
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
@@ -32,7 +33,7 @@ class TimedRequest:
     due_s: float  # seconds after the start of the run
     prompt_token_ids: list[int]
     max_tokens: int
-    kind: str  # "chat" | "long"
+    kind: PromptKind
 
 
 def add_serve_bench_args(p, engine_args) -> None:
@@ -68,7 +69,7 @@ def make_schedule(tokenizer, args, rate: float, seed: int) -> list[TimedRequest]
         if rng.random() < args.long_share:
             n = rng.randint(*args.long_tokens)
             start = rng.randrange(0, max(1, len(corpus) - n))
-            out.append(TimedRequest(t, corpus[start:start + n], rng.randint(*args.long_max_tokens), "long"))
+            out.append(TimedRequest(t, corpus[start:start + n], rng.randint(*args.long_max_tokens), PromptKind.LONG))
             continue
         n = rng.randint(16, 64)
         start = rng.randrange(0, max(1, len(corpus) - n))
@@ -76,7 +77,7 @@ def make_schedule(tokenizer, args, rate: float, seed: int) -> list[TimedRequest]
         text = tokenizer.apply_chat_template([{"role": "user", "content": question}]) \
             if tokenizer.has_chat_template else question
         ids = tokenizer.encode(text, add_special_tokens=False)
-        out.append(TimedRequest(t, ids, rng.randint(*args.chat_max_tokens), "chat"))
+        out.append(TimedRequest(t, ids, rng.randint(*args.chat_max_tokens), PromptKind.CHAT))
     return out
 
 
@@ -112,7 +113,7 @@ def run_once(engine: LLMEngine, schedule: list[TimedRequest], slo: SLO) -> dict:
     end = max(tl.finished for tl in finished.values())
     report = latency_report(timings, end - t0, slo)
     by_kind = {k: latency_report([t for t in timings if kinds[t.request_id] == k], end - t0, slo).ttft
-               for k in ("chat", "long")}
+               for k in PromptKind}
     return {"report": report.as_dict(), "ttft_by_kind": by_kind, "steps": engine.stats().num_steps - steps0,
             "preemptions": engine.stats().num_preemptions - pre0, "busy_s": sum(step_s),
             "median_step_s": percentile(step_s, 50), "max_step_s": max(step_s, default=None),
@@ -143,8 +144,9 @@ def run_serve_bench(args) -> dict:
         "driver": "in-process: LLMEngine.step() loop, requests submitted at their Poisson due time, "
                   "latency measured from the due time (no HTTP)",
         "workload": {"requests_per_run": args.num_requests, "long_share": args.long_share,
-                     "long_prompt_tokens": args.long_tokens, "chat_prompt_tokens": [min(_lens(some, "chat"), default=0),
-                                                                                   max(_lens(some, "chat"), default=0)],
+                     "long_prompt_tokens": args.long_tokens,
+                     "chat_prompt_tokens": [min(_lens(some, PromptKind.CHAT), default=0),
+                                            max(_lens(some, PromptKind.CHAT), default=0)],
                      "chat_max_tokens": args.chat_max_tokens, "long_max_tokens": args.long_max_tokens,
                      "rates_rps": args.rates, "seed": args.seed},
         "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -155,7 +157,7 @@ def run_serve_bench(args) -> dict:
     }
 
 
-def _lens(schedule: list[TimedRequest], kind: str) -> list[int]:
+def _lens(schedule: list[TimedRequest], kind: PromptKind) -> list[int]:
     return [len(r.prompt_token_ids) for r in schedule if r.kind == kind]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from app.load.kinds import PromptKind
 from app.remote.http_load import LONG_WORDS, TimedText, client_for, make_text_schedule, run_rate, run_seed, warm_up
 from engine.core.metrics import SLO
 
@@ -24,7 +25,7 @@ def add_url_args(p) -> None:
 
 
 def run_url_bench(args) -> dict:
-    from app.remote.source import base_url  # here, not at import: the bench parser builds without Qt
+    from app.remote.source import base_url  # here, not at import: the bench parser stays light (httpx)
 
     url = base_url(args.url)
     slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_percentile)
@@ -56,6 +57,6 @@ def url_workload(args, schedule: list[TimedText]) -> dict:
             "long_max_tokens": args.long_max_tokens, "rates_rps": args.rates, "seed": args.seed,
             "prompts": "fresh per rate and round (seed + 7919 x rate index + 104729 x round): no run hits a prefix "
                        "cache an earlier run filled",
-            "long_requests": sum(r.kind == "long" for r in schedule)}
+            "long_requests": sum(r.kind == PromptKind.LONG for r in schedule)}
 
 

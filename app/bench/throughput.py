@@ -10,7 +10,16 @@ import sys
 import torch
 
 from app.bench import bandwidth, hf_baseline, llama_server, runs
-from app.bench.rounds import MODES, alternate, bench_engine, hf_model, kernels_used, median_run, warm_up
+from app.bench.rounds import (
+    MODES,
+    alternate,
+    bench_engine,
+    hf_model,
+    kernels_used,
+    median_run,
+    memory_breakdown,
+    warm_up,
+)
 from app.load.workload import mixed_workload
 
 
@@ -45,6 +54,7 @@ def _throughput_with(args, stack: contextlib.ExitStack) -> dict:
                         "prompt_tokens": sum(len(r.prompt_token_ids) for r in reqs),
                         "output_tokens": sum(r.max_tokens for r in reqs)},
            "rounds": args.rounds, "max_num_seqs": args.max_num_seqs, "kernels": kernels_used(engine),
+           "memory": memory_breakdown(engine),
            "max_num_batched_tokens": args.max_num_batched_tokens,
            "inferlab": {m: {**median_run(r, key), f"{key}_each_round": [x[key] for x in r],
                             f"{key}_median": statistics.median(x[key] for x in r)} for m, r in ours_runs.items()}}

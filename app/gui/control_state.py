@@ -9,6 +9,7 @@ from typing import Protocol
 
 from app.source.engine_info import Capabilities
 from app.talk import presets
+from engine.events import SpecMethod
 
 
 @dataclass(slots=True)
@@ -22,7 +23,7 @@ class ControlState:
     capabilities: Capabilities = field(default_factory=Capabilities)  # none until the source says
     preset: presets.Preset | None = None
     presets_dir: Path = presets.PRESETS_DIR
-    spec_method: str | None = None
+    spec_method: SpecMethod | None = None
     engine_bits: int = 16  # what the engine's weights are now
     engine_ready: bool = False  # on_loaded ran: presets and controls reach the engine
     measuring: bool = False  # a comparison runs in the engine thread

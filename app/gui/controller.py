@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 from app.gui.availability import grey_out_features
 from app.gui.control_state import ControlState
 from app.gui.cue_player import CuePlayer
+from app.gui.live_scale import LiveScale
 from app.gui.panels import Panels
 from app.gui.preset_actions import SCHEDULING_KEYS, PresetActions
 from app.gui.server_restarts import ServerRestarts
@@ -44,6 +45,8 @@ class AppController(QObject):
         self.interactive = True  # False: errors go to the status bar only (screenshots, tests)
         self.last_error: str | None = None
         self.cues = CuePlayer(self)  # the preset's scripted moments (bursts, knobs), N plays the next
+        self.live_scale = LiveScale(self)  # a preset's live rate within what the engine serves now
+        feeder.step_listeners.append(self.live_scale.add_step)
         self.presets = PresetActions(window, host, panels, caption, self.cues, self.state, self)
         self.restarts = ServerRestarts(window, host, panels, self.state, self)  # a managed server's sliders
         c = panels.controls
@@ -248,6 +251,17 @@ class AppController(QObject):
             self.host.set_load_config(self.presets.load_config())
 
     def set_arrival_rate(self, rate: float) -> None:
+        """The slider's or a cue's rate: theirs, not scaled (app/gui/live_scale.py) until the next preset."""
+        self.live_scale.user_set()
+        self._set_rate(rate)
+
+    def scale_arrival_rate(self, rate: float, said: str) -> None:
+        """The live scale's rate, shown on the slider and said in the status bar."""
+        self._set_rate(rate)
+        self.panels.controls.set_values({"arrival_rate": rate})
+        self.window.show_message(said)
+
+    def _set_rate(self, rate: float) -> None:
         self.state.arrival_rate = rate
         self.host.set_arrival_rate(rate)
         self.meter.set_config({**self.state.config, "arrival_rate": rate})

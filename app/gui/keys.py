@@ -1,4 +1,4 @@
-"""The app's keyboard shortcuts as data: the menus bind them, `inferlab --help` and the README list them."""
+"""The app's keyboard shortcuts as data: the menus bind them, `inferlab --help` and docs/app.md list them."""
 from __future__ import annotations
 
 KEYS: tuple[tuple[str, str], ...] = (
@@ -9,7 +9,8 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("R", "reset: stop the load, abort every request, clear the panels"),
     ("C", "chunked prefill on / off"),
     ("K", "torch.compile of the dense layers on / off"),
-    ("PgDown / PgUp", "next / previous preset"),
+    ("S", "run the tradeoff sweep (the explorer: batch x weight bits x drafts on engines of its own)"),
+    ("PgDown / PgUp", "next / previous chapter of the talk (presets/talk.toml)"),
     ("F11", "presenter mode: full screen, large fonts, only the preset's panels"),
     ("Ctrl+Enter", "send the prompt typed in the token stream"),
     ("Ctrl+T", "tune a server: sweep a managed server's flags onto the tradeoff plot"),

@@ -19,6 +19,7 @@ from pathlib import Path
 DEFAULT_PRESET = "continuous-batching"
 SCREENSHOT_SIZE = (1600, 1000)
 LOAD_TIMEOUT_S = 600.0
+ATTACH_GIVE_UP_S = 10.0  # a headless run attached to a server that is down or answers garbage this long ends
 EXIT_TIMEOUT_S = 60.0
 
 
@@ -34,7 +35,14 @@ def run_gui(args) -> int:
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.gui.qt_check import platform_problem
+    from app.talk.compare.profile import use_profile
 
+    try:
+        if getattr(args, "profile", None):
+            use_profile(args.profile)
+    except ValueError as exc:
+        print(f"inferlab: error: --profile: {exc}", file=sys.stderr)
+        return 2
     problem = platform_problem()
     if problem is not None:  # Qt would abort the process with a message that names one library at best
         print(f"inferlab: error: {problem}", file=sys.stderr)
@@ -45,8 +53,10 @@ def run_gui(args) -> int:
 
     from app.device_args import device_options
     from app.gui.main_window import MainWindow
+    from app.gui.settings_file import user_settings
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
+    from engine.events import KernelBuild
     from engine.runner.threads import count_as_other
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -56,7 +66,7 @@ def run_gui(args) -> int:
     asyncio.set_event_loop(loop)
 
     if getattr(args, "manage", None):  # a server inferlab starts, restarted by the sliders
-        from app.host.managed_args import managed_source
+        from app.managed.args import managed_source
 
         try:
             host = managed_source(args)
@@ -78,17 +88,18 @@ def run_gui(args) -> int:
         count_as_other(threading.get_native_id(), "the GUI")
         host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
                                        num_threads=getattr(args, "threads", None),
-                                       kernel_build="background",
+                                       kernel_build=KernelBuild.BACKGROUND,
                                        **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved
         scratch = tempfile.mkdtemp(prefix="inferlab-shot-")
         settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(host, settings, persist=False)
+        # a screenshot's --size stands for the screen it opens on: the window fits it as it would a real one
+        window = MainWindow(host, settings, persist=False, screen_size=args.size or SCREENSHOT_SIZE)
         window.controller.interactive = False
         window.resize(*(args.size or SCREENSHOT_SIZE))
     else:
-        settings = QSettings()
-        window = MainWindow(host, settings)
+        settings, persist = user_settings()  # (its file checked first: a FIFO there hung the start)
+        window = MainWindow(host, settings, persist=persist)
     preset = args.preset or _last_preset(settings) or DEFAULT_PRESET
     window.show()
     host.start()  # after show(): the window is up before the model starts loading
@@ -154,15 +165,22 @@ def _last_preset(settings) -> str | None:
     return str(value) if value and Path(str(value)).is_file() else None
 
 
-async def wait_loaded(window, host, timeout: float = LOAD_TIMEOUT_S) -> str | None:
-    """None once the model is loaded and the window knows it, else the error."""
+async def wait_loaded(window, host, timeout: float = LOAD_TIMEOUT_S, give_up_s: float = ATTACH_GIVE_UP_S) -> str | None:
+    """None once the model is loaded and the window knows it, else the error. An attached server that has
+    been down, or answering what is not metrics, for `give_up_s` on end is the error at once, in its
+    status's words (a /metrics that never parsed held a headless run for the whole `timeout`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    failing_since = None
     while not (host.loaded and window.controller.engine_ready):
         if host.load_error is not None:
             return host.load_error
         if loop.time() > deadline:
             return f"the model did not load within {timeout:.0f} s"
+        state, text = getattr(host, "status", ("", ""))  # (an attached server's connection)
+        failing_since = (failing_since or loop.time()) if state in ("down", "garbage") else None
+        if failing_since is not None and loop.time() - failing_since >= give_up_s:
+            return f"{text.split('; retrying')[0]} (for {give_up_s:.0f} s; giving up)"
         await asyncio.sleep(0.05)
     return None
 

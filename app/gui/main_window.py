@@ -27,13 +27,16 @@ from app.gui.panel_feeder import PanelFeeder
 from app.gui.panels import make_panels
 from app.gui.presenter_mode import PresenterMode
 from app.gui.server_control import ServerControl
+from app.gui.source_signals import SourceSignals
 from app.gui.trace_recorder import TraceRecorder
 from app.gui.tune_actions import TuneActions
-from app.gui.window_docks import build_docks
+from app.gui.window_docks import build_docks, hide_stale_tab_bars, size_compact
+from app.gui.window_fit import COMPACT_HEIGHT, DEFAULT_SIZE, available_size, fitted, keep_on_screen, layout_key
 from app.gui.window_menus import build_menus
 from app.source.engine_source import EngineSource
 from app.talk.panel_specs import PANEL_BY_NAME, PANEL_SPECS
 from app.tradeoff.tradeoff_meter import TradeoffMeter
+from engine.events import KvCacheDtype
 from widgets import CaptionBanner, apply_theme
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz
@@ -45,7 +48,7 @@ STATE_VERSION = len(PANEL_SPECS) - 8
 
 class MainWindow(QMainWindow):
     def __init__(self, host: EngineSource, settings: QSettings | None = None, *, persist: bool = True,
-                 tradeoff_seconds: float = 5.0) -> None:
+                 tradeoff_seconds: float = 5.0, screen_size: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.setWindowTitle("inferlab")
         self.setObjectName("inferlab-main")
@@ -64,7 +67,12 @@ class MainWindow(QMainWindow):
         self.server = ServerControl(host)
         self.tuning = TuneActions(self)  # File → Tune a server…: sweeps of managed servers
         self._emphasised: tuple[str, ...] = ()
-        self.docks = build_docks(self, self.panels)
+        self._sized_once = self._restored_layout = False
+        self.room = available_size(self, screen_size)  # the screen's available size (or the one given)
+        self.compact = self.room[1] < COMPACT_HEIGHT  # a laptop or a projector: the compact arrangement
+        self.docks = build_docks(self, self.panels, compact=self.compact)
+        self.panels.comparison.set_compact(self.compact)
+        self.caption.set_compact(self.compact)
         self._build_caption_bar()
         self._build_status_bar()
         theme = self._setting("theme", "dark")
@@ -76,22 +84,41 @@ class MainWindow(QMainWindow):
         self._drain_timer.start()
         self.governor = FrameGovernor(self.panels.values(), self)
         self.governor.sigRateChanged.connect(self._on_frame_rate)
-        host.sigLoadProgress.connect(self._on_load_progress)
-        host.sigLoaded.connect(self._on_loaded)
+        self.source_signals = SourceSignals(host)  # the source's load notices, delivered in this thread
+        self.source_signals.sigLoadProgress.connect(self._on_load_progress)
+        self.source_signals.sigLoaded.connect(self._on_loaded)
+        self.source_signals.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigQuantized.connect(self._on_quantized)
         self.feeder.sigComputeChanged.connect(self._on_compute_changed)
-        host.sigLoadFailed.connect(self._on_load_failed)
         self.feeder.sigMessage.connect(self.show_message)
         self.feeder.sigServerStatus.connect(self._on_server_status)
         self.presenting = PresenterMode(self, STATE_VERSION)
         self.attached_windows: list[MainWindow] = []  # File → Attach to server… opens these
-        self.resize(1600, 1000)
+        self.resize(*fitted(DEFAULT_SIZE, self.room))
+        if self.compact:
+            size_compact(self, self.docks)
         self.default_state = self.saveState(STATE_VERSION)  # presenter mode arranges from it
         self.set_theme(self.theme)
         if self.persist:
             self._restore_settings()
 
     # --- construction -------------------------------------------------------------------------
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        keep_on_screen(self, self.room)  # a restored geometry from another screen, or a minimum that grew
+        if self.compact and not self._sized_once:  # the columns' shares need the shown window's layout
+            self._sized_once = True
+            QTimer.singleShot(0, self._size_compact_columns)
+
+    def _size_compact_columns(self) -> None:
+        """Once shown: the compact columns' shares; the layout "Reset layout" and presenter mode start from."""
+        restored = self.saveState(STATE_VERSION)
+        size_compact(self, self.docks)
+        self.default_state = self.saveState(STATE_VERSION)
+        if self._restored_layout and not self.presenter:  # the user's own layout for this screen size
+            self.restoreState(restored, STATE_VERSION)
+        QTimer.singleShot(0, lambda: hide_stale_tab_bars(self))
+
     def _build_caption_bar(self) -> None:
         bar = QToolBar("Caption", self)
         bar.setObjectName("caption-bar")
@@ -103,6 +130,7 @@ class MainWindow(QMainWindow):
 
     def _build_status_bar(self) -> None:
         self.status_label = QLabel("starting…")
+        self.status_label.setWordWrap(True)  # a long message takes a second line, not the window's width
         self.engine_label = QLabel()
         self.rate_label = QLabel("panels 20 Hz")
         self.rate_label.setToolTip("How often the panels repaint: slowed while the GUI thread's CPU time would "
@@ -139,9 +167,12 @@ class MainWindow(QMainWindow):
             state = getattr(self.host, "status", ("connected", ""))[0]
             self.engine_label.setText(f"{info.model} · {info.source} · {state}")
             return
-        kv = " (int8)" if info.config.get("kv_cache_dtype") == "int8" else ""
+        kv = " (int8)" if info.config.get("kv_cache_dtype") == KvCacheDtype.INT8 else ""
         compute = f" · {info.compute_short}" if info.compute_short else ""  # compute path, threads; why: tooltip
         self.engine_label.setToolTip(info.compute)
+        if self.compact:  # the status bar's width is the window's least width: the short form on a small screen
+            self.engine_label.setText(f"{info.model} · {info.device} · {num_kv_blocks} KV blocks{kv}{compute}")
+            return
         self.engine_label.setText(f"{info.model} · {info.device} · {info.dtype} · {num_kv_blocks} KV blocks{kv} "
                                   f"× {info.block_size} · context {info.max_model_len}{compute}")
 
@@ -238,11 +269,15 @@ class MainWindow(QMainWindow):
         ignored = []
         for key, restore in (("geometry", self.restoreGeometry),
                              ("windowState", lambda state: self.restoreState(state, STATE_VERSION))):
-            value = self.settings.value(key)
+            # this screen size's layout; the one saved before layouts were kept per size only where it fits
+            value = self.settings.value(f"{layout_key(self.room)}/{key}")
+            if value is None and not self.compact:
+                value = self.settings.value(key)
             if value is None:
                 continue
             if isinstance(value, (QByteArray, bytes, bytearray)):
                 restore(value)
+                self._restored_layout = True
             else:
                 ignored.append(key)
         price = self.settings.value("price_per_hour")
@@ -264,8 +299,8 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         if not self.persist:
             return
-        self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("windowState", self.saveState(STATE_VERSION))
+        self.settings.setValue(f"{layout_key(self.room)}/geometry", self.saveGeometry())
+        self.settings.setValue(f"{layout_key(self.room)}/windowState", self.saveState(STATE_VERSION))
         self.settings.setValue("theme", self.theme)
         self.settings.setValue("price_per_hour", self.panels.tradeoff.price_per_hour())
         if self.controller.preset is not None:

@@ -66,6 +66,7 @@ class PanelFeeder(QObject):
         self._timeline_fed = self._latency_fed = self._memory_fed = 0.0
         self._memory = self._blocks = None  # the latest snapshots not yet shown
         self.num_steps = 0
+        self.step_listeners: list = []  # called with each step's stats (the controller's live scale)
         self._last_tab = 0.0
         self._points: dict = {}  # tradeoff label -> latest measured point
         self.roofline = RooflineFeed(panels.roofline)
@@ -170,6 +171,8 @@ class PanelFeeder(QObject):
 
     def _on_step(self, event: EngineStepEvent) -> None:
         self.num_steps += 1
+        for listener in self.step_listeners:  # the live load's scale (app/gui/live_scale.py)
+            listener(event.stats)
         tokens = self.panels.tokens
         self.recorder.add(event)
         self.roofline.add(event.stats)

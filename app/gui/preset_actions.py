@@ -8,11 +8,13 @@ from pathlib import Path
 
 from app.gui.control_state import ControllerVerbs, ControlState
 from app.gui.panels import Panels
+from app.gui.prepare_seen import PrepareSeen
 from app.load.generator import LoadConfig
 from app.talk import presets
 from app.talk.compare.headline import speculation_speedup
 from app.talk.compare_run import ComparisonRun, stored_result
 from app.talk.panel_specs import PANEL_BY_NAME
+from app.talk.talk_order import Talk, load_talk_or_files
 from engine.events import SpecMethod
 
 # switched between steps by reconfigure(); "compile" (torch.compile of the dense layers) too: its first
@@ -30,6 +32,7 @@ class PresetActions:
         # still differs, that rebuild failed (the loop keeps the previous engine): say so once and carry on
         # with it, instead of asking again on every on_loaded (the endless rebuild loop of issue 12).
         self._attempted_rebuild: dict | None = None
+        self.seen = PrepareSeen(window.settings if getattr(window, "persist", False) else None)
 
     def apply_preset(self, name_or_path: str | Path) -> bool:
         """Load, validate and apply a preset; on error say so (file:line: key: why) and change nothing."""
@@ -51,6 +54,8 @@ class PresetActions:
         self.state.spec_method, self.state.config["num_speculative_tokens"] = self._spec_of(preset)
         self.state.config.update(self.state.server_point)  # a managed server keeps its point (sliders restart it)
         self.state.arrival_rate = preset.load.arrival_rate
+        if hasattr(self.verbs, "live_scale"):  # the rate follows what the engine serves now (live_scale.py)
+            self.verbs.live_scale.start(preset.load.arrival_rate)
         self.state.load_values = {}  # the preset's workload, until a slider moves
         self.verbs.sync_actions()
         self.panels.controls.set_values({**self.state.config, **asdict(preset.load),  # the Load generator's rows
@@ -86,6 +91,10 @@ class PresetActions:
         except OSError as exc:  # an unreadable store: say so, the preset still runs
             result = None
             self.window.show_message(f"stored comparisons could not be read: {exc}")
+        seen = self.seen.note(result)
+        if seen:  # another prepare wrote this store since the app last showed it
+            result["store_note"] = "\n".join(filter(None, (seen, result.get("store_note"))))
+            self.window.show_message(seen)
         try:
             panel.set_result(result)
             self._show_compared_speedup(result)
@@ -105,7 +114,7 @@ class PresetActions:
             self.window.show_message("the model is still loading" if not self.host.loaded
                                      else "a measurement is already running")
             return
-        chosen = [presets.load_preset(n, self.state.presets_dir) for n in presets.available(self.state.presets_dir)] \
+        chosen = [presets.load_preset(n, self.state.presets_dir) for n in self.talk().names] \
             if every_preset else [self.state.preset] if self.state.preset is not None else []
         chosen = [p for p in chosen if p.compare is not None and not p.compare.not_built]
         if not chosen:
@@ -195,8 +204,14 @@ class PresetActions:
                    "(the rest of the preset applies to it)", title="Preset not applied in full")
         return {k: config.get(k) for k in wants}
 
+    def talk(self) -> Talk:
+        """The presets in the talk's order (presets/talk.toml); a talk.toml that lies is said in one line and
+        the presets go in file-name order meanwhile."""
+        return load_talk_or_files(self.state.presets_dir, lambda line: self.verbs.error(line, title="Broken talk"))
+
     def step_preset(self, delta: int) -> None:
-        names = presets.available(self.state.presets_dir)
+        """PgDown / PgUp: the next or previous chapter of the talk."""
+        names = self.talk().names
         if not names:
             return
         current = self.state.preset.name if self.state.preset is not None else None
@@ -212,7 +227,7 @@ def needs_embedded(preset: presets.Preset, capabilities, source: str) -> str:
                for cap, what in PANEL_BY_NAME[panel].needs if cap not in capabilities]
     engine = ", ".join(f"{k} {preset.engine[k]}" for k in SCHEDULING_KEYS if k != "compile")
     tail = f"Its traffic runs against {source}; its engine settings ({engine}) are the server's own."
-    if capabilities.restartable:  # a server inferlab started (app/host/managed_source.py)
+    if capabilities.restartable:  # a server inferlab started (app/managed/source.py)
         tail = (f"Its traffic runs against {source}, which inferlab started: the batch, weight-bits and draft "
                 "sliders restart it with its own flags; its other engine settings are the server's own.")
     if lacking:

@@ -1,4 +1,4 @@
-"""The sliders on a managed server (app/host/managed_source.py): batch, weight bits and draft length take
+"""The sliders on a managed server (app/managed/source.py): batch, weight bits and draft length take
 a restart of the server with its own flags. A part of AppController: it hands the restartable knobs to the
 source (which coalesces a burst of moves into one restart, off the GUI thread), marks the change on the
 timeline, and when the restart ends shows what runs now: the sliders go back to the last good point

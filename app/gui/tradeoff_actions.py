@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.server.serve_knobs import serve_command
+from app.knob_args import serve_command
 from app.tradeoff.point_quality import reusable_perplexity
 
 
@@ -14,6 +14,23 @@ def connect_tradeoff(controller) -> None:
     panel.sigApply.connect(lambda config: apply_config(controller, config))
     panel.sigExport.connect(lambda: export_dialog(controller))
     panel.sigCopyCommand.connect(lambda config: copy_command(controller, config))
+    panel.sigSweepLoad.connect(lambda batch: run_sweep_load(controller, batch))
+    # a slider moved: the ring leaves the applied sweep point and follows the live configuration again
+    controller.panels.controls.sigConfigChanged.connect(lambda _changes: panel.set_applied(None))
+
+
+def run_sweep_load(controller, batch: int) -> None:
+    """The live load as the sweep measured its points: `batch` requests always in flight (closed-loop users
+    who ask again at once), its prompt and answer lengths; the arrival-rate slider takes it back."""
+    from app.tradeoff.sweep_point import Workload
+
+    wl = Workload()
+    controller.set_load({"arrival_rate": 0.0, "num_users": batch, "think_time_s": 0.0,
+                         "prompt_tokens": wl.prompt_tokens, "output_tokens": wl.output_tokens})
+    controller.set_load_running(True)
+    controller.window.show_message(f"the sweep's load: {batch} requests always in flight, prompts of "
+                                   f"{wl.prompt_tokens[0]}-{wl.prompt_tokens[1]} tokens, answers of "
+                                   f"{wl.output_tokens[0]}-{wl.output_tokens[1]}")
 
 
 def apply_config(controller, config: dict) -> None:

@@ -1,5 +1,5 @@
 """File -> Tune a server…: what the dialog's buttons mean. The typed lists are parsed here (a bad one is
-said in the dialog, nothing starts); the sweep (app/tradeoff/managed/tune.py `run_tune`) runs in a
+said in the dialog, nothing starts); the sweep (app/tradeoff/tune.py `run_tune`) runs in a
 TuneWorker thread; its points go onto the tradeoff panel as they come, labelled with engine, model and
 flags, and the finished sweep's frontier is drawn there with its chosen point's command line."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from app.gui.tune_dialog import TuneDialog
 from app.gui.tune_worker import TuneRun, TuneWorker
-from app.tradeoff.managed.server import ManagedServer
-from app.tradeoff.managed.table import ServedModel, ServerPoint
+from app.managed.server import ManagedServer
+from app.managed.table import ServedModel, ServerPoint
 from widgets.tradeoff_points import server_label
 
 WEIGHT_BITS = (16, 8, 4)  # what `inferlab tune --bits` takes
@@ -71,7 +71,7 @@ class _Refusal(argparse.ArgumentParser):
 
 def tune_args(choice: TuneChoice) -> argparse.Namespace:
     """`inferlab tune`'s own options for the choice (its defaults for everything the dialog does not ask)."""
-    from app.tradeoff.managed.tune_cli import add_tune_args
+    from app.tradeoff.tune_cli import add_tune_args
 
     parser = _Refusal(prog="inferlab tune")
     add_tune_args(parser)
@@ -84,22 +84,23 @@ def tune_args(choice: TuneChoice) -> argparse.Namespace:
 def tune_runner(choice: TuneChoice) -> TuneRun:
     """The sweep the dialog runs: `inferlab tune`'s, with the chosen lists. Setting it up (finding the
     server, converting the model to GGUFs) and running it both happen in the worker thread."""
-    from app.tradeoff.managed.tune import run_tune
-    from app.tradeoff.managed.tune_cli import TuneSetupError, make_spec
+    from app.managed.setup import SetupError
+    from app.tradeoff.tune import run_tune
+    from app.tradeoff.tune_cli import make_spec
 
     args = tune_args(choice)
 
     def run(progress, on_point, cancelled) -> dict:
         try:
             spec = make_spec(args, lambda line: progress(line, 0.0))
-        except TuneSetupError as exc:
+        except SetupError as exc:
             raise RuntimeError(str(exc)) from None
         return run_tune(spec, progress=progress, on_point=on_point, cancelled=cancelled)
     return run
 
 
 def engine_tables() -> dict:
-    from app.tradeoff.managed.engines import ENGINES
+    from app.managed.engines import ENGINES
 
     return dict(ENGINES)
 
@@ -123,7 +124,7 @@ def model_name(result: dict) -> str:
 class TuneActions:
     def __init__(self, window, engines: dict | None = None,
                  runner: Callable[[TuneChoice], TuneRun] = tune_runner) -> None:
-        """engines: name -> flag table (app/tradeoff/managed/engines.py's ENGINES when None)."""
+        """engines: name -> flag table (app/managed/engines.py's ENGINES when None)."""
         self.window, self.runner = window, runner
         self.engines = engines
         self.dialog: TuneDialog | None = None
@@ -187,7 +188,7 @@ class TuneActions:
 
     def run_point(self, label: str):
         """A window on the chosen point's server, started as it ran in the sweep; its sliders restart it."""
-        from app.host.managed_source import ManagedSource
+        from app.managed.source import ManagedSource
 
         result = self.result or {}
         engine, model = result.get("engine"), model_name(result)

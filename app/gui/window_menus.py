@@ -7,7 +7,7 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog
 
 from app.gui import exporters
-from app.talk import presets
+from app.talk.talk_order import load_talk_or_files
 
 
 def build_menus(window) -> dict[str, QAction]:
@@ -55,8 +55,11 @@ def build_menus(window) -> dict[str, QAction]:
     add(menu, "preset-prev", "Previous preset", lambda: ctl.step_preset(-1), "PgUp")
     add(menu, "preset-open", "Open preset file…", lambda: open_preset(window))
     menu.addSeparator()
-    for name in presets.available(ctl.presets_dir):
-        add(menu, f"preset:{name}", name, lambda _c=False, n=name: ctl.apply_preset(n))
+    talk = load_talk_or_files(ctl.presets_dir, window.show_message)  # the talk's order (presets/talk.toml)
+    for number, name in enumerate(talk.names, 1):
+        title = talk.titles.get(name)
+        add(menu, f"preset:{name}", f"{number}. {name}" + (f" — {title}" if title else ""),
+            lambda _c=False, n=name: ctl.apply_preset(n))
 
     load = bar.addMenu("&Load")
     add(load, "load-toggle", "Start / stop load", ctl.toggle_load, "Space")
@@ -66,7 +69,7 @@ def build_menus(window) -> dict[str, QAction]:
     load.addSeparator()
     add(load, "chunked", "Chunked prefill", lambda on: ctl.set_chunked_prefill(on), "C", checkable=True)
     add(load, "compile", "torch.compile the dense layers", lambda on: ctl.set_compiled(on), "K", checkable=True)
-    add(load, "sweep", "Run tradeoff sweep", lambda: ctl.run_sweep())
+    add(load, "sweep", "Run tradeoff sweep (explorer)", lambda: ctl.run_sweep(), "S")
     add(load, "compare", "Measure this chapter's comparison", lambda: ctl.measure_comparison(), "M")
     add(load, "prepare", "Prepare the talk: measure every preset's comparison",
         lambda: ctl.measure_comparison(every_preset=True))

@@ -1,12 +1,13 @@
 """EngineHost: the embedded engine as an engine source (app/source/engine_source.py) for the GUI.
 
 Threads
-  GUI thread     owns the host (a QObject). Calls the command methods below; drains `drain()` on a timer.
+  GUI thread     owns the host. Calls the command methods below; drains `drain()` on a timer.
   engine loop    engine/serving/loop.py EngineLoop, the one thread that owns the engine: loads the model
-                 (progress -> queued Qt signals), then runs typed commands (app/host/host_commands.py, the loop's
-                 Rebuild), submits due load-generator arrivals (a ticker), `engine.step()` while there is
-                 work, else waits on an Event (woken by any command; never a busy loop). The HTTP server
-                 started from the app (app/gui/server_control.py) subscribes to the same loop.
+                 (progress -> its load notices, app/source/notice.py), then runs typed commands
+                 (app/host/host_commands.py, the loop's Rebuild), submits due load-generator arrivals (a
+                 ticker), `engine.step()` while there is work, else waits on an Event (woken by any command;
+                 never a busy loop). The HTTP server started from the app (app/gui/server_control.py)
+                 subscribes to the same loop.
 
 This host is one subscriber of the loop: its on_step only appends the immutable EngineStepEvent to a
 deque (appends are atomic), so a step never waits for the GUI. Every ~100 ms the engine thread also
@@ -23,13 +24,12 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from PySide6.QtCore import QObject, Signal
-
 from app.host import engine_work, lora_host
 from app.host import host_commands as cmd
 from app.load.generator import LoadConfig, LoadGenerator
 from app.source import channel
 from app.source.engine_info import EngineInfo, make_info
+from app.source.notice import Notice
 from app.tradeoff.roofline_feed import RoofProbe
 from engine.config import EngineConfig
 from engine.core.admission import RequestRejected
@@ -57,15 +57,14 @@ class _HostSubscriber(Subscriber):
         self.host._on_failure(failure)
 
 
-class EngineHost(QObject):
-    sigLoadProgress = Signal(str, float)
-    sigLoaded = Signal(object)  # EngineInfo
-    sigLoadFailed = Signal(str)
+class EngineHost:
     name = "the embedded engine"
 
-    def __init__(self, config: EngineConfig, *, engine=None, load_seed: int = 0, parent: QObject | None = None) -> None:
+    def __init__(self, config: EngineConfig, *, engine=None, load_seed: int = 0) -> None:
         """engine: an already-loaded LLMEngine to host (benchmarks); else `config` is loaded in start()."""
-        super().__init__(parent)
+        self.sigLoadProgress = Notice()  # (message, fraction), from the engine thread
+        self.sigLoaded = Notice()  # (EngineInfo): loaded, and again after each rebuild
+        self.sigLoadFailed = Notice()  # (message)
         self.config = config
         self.info: EngineInfo | None = None
         self.load_error: str | None = None

@@ -14,6 +14,8 @@ import heapq
 import math
 import random
 
+from app.load.kinds import ArrivalKind
+
 
 class ClosedLoopUsers:
     def __init__(self, rng: random.Random, num_users: int, think_time_s: float, start: float) -> None:
@@ -39,10 +41,10 @@ class ClosedLoopUsers:
     def next_time(self) -> float:
         return self._ready[0] if self._ready else math.inf
 
-    def pop(self) -> str:
+    def pop(self) -> ArrivalKind:
         heapq.heappop(self._ready)
         self._in_flight += 1
-        return "user"
+        return ArrivalKind.USER
 
     def answered(self, now: float) -> None:
         """A user's request ended (or was refused): it thinks, then asks again."""

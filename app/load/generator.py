@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from app.load.closed_loop import ClosedLoopUsers
+from app.load.kinds import ArrivalKind
 from engine.sampling_params import REQUEST_FIELDS, SamplingParams
 
 _ASSET = Path(__file__).resolve().parents[2] / "assets" / "heldout.txt"
@@ -100,7 +101,7 @@ SAMPLED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LoadConfig) if f.
 class Arrival:
     prompt_token_ids: list[int]
     sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
-    kind: str = "poisson"  # "poisson" | "burst" | "user" (closed loop)
+    kind: ArrivalKind = ArrivalKind.POISSON
     due: float = 0.0  # when it was meant to arrive (perf_counter seconds)
     lora_name: str | None = None  # the adapter it runs with (LoadConfig.lora_mix); None: the base model
 
@@ -110,7 +111,7 @@ class ArrivalProcess(Protocol):
 
     def next_time(self) -> float: ...
 
-    def pop(self) -> str:
+    def pop(self) -> ArrivalKind:
         """Consume the due arrival; returns its kind. Only called when next_time() <= now."""
 
 
@@ -135,9 +136,9 @@ class PoissonProcess:
     def next_time(self) -> float:
         return self._next
 
-    def pop(self) -> str:
+    def pop(self) -> ArrivalKind:
         self._next += self._gap()
-        return "poisson"
+        return ArrivalKind.POISSON
 
 
 class BurstQueue:
@@ -152,9 +153,9 @@ class BurstQueue:
     def next_time(self) -> float:
         return self._times[0] if self._times else math.inf
 
-    def pop(self) -> str:
+    def pop(self) -> ArrivalKind:
         self._times.popleft()
-        return "burst"
+        return ArrivalKind.BURST
 
 
 class LoadGenerator:
@@ -218,7 +219,7 @@ class LoadGenerator:
     def on_submitted(self, request_id: str | None, arrival: Arrival, now: float) -> None:
         """The caller submitted `arrival` as `request_id` (None: the engine refused it). Closed-loop
         users need it: a refused user thinks and asks again; an accepted one waits for on_finished."""
-        if arrival.kind != "user" or self._users is None:
+        if arrival.kind != ArrivalKind.USER or self._users is None:
             return
         if request_id is None:
             self._users.answered(now)
@@ -251,13 +252,13 @@ class LoadGenerator:
             out.append(self._make(proc.pop(), t))
         return out
 
-    def make_arrival(self, kind: str = "poisson") -> Arrival:
+    def make_arrival(self, kind: ArrivalKind = ArrivalKind.POISSON) -> Arrival:
         """One request drawn from the configured distributions (for fixed workloads, e.g. a sweep)."""
         return self._make(kind, 0.0)
 
-    def _make(self, kind: str, t: float) -> Arrival:
+    def _make(self, kind: ArrivalKind, t: float) -> Arrival:
         cfg = self.config
-        long = kind == "burst"
+        long = kind == ArrivalKind.BURST
         n_out = self._rng.randint(*(cfg.burst_output_tokens if long else cfg.output_tokens))
         n_prompt = self._rng.randint(*(cfg.burst_prompt_tokens if long else cfg.prompt_tokens))
         prefix = self._text(0, cfg.shared_prefix_tokens)

@@ -5,6 +5,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.load.kinds import PromptKind
+
 _ASSET = Path(__file__).resolve().parents[2] / "assets" / "heldout.txt"
 _FALLBACK = ("Inference engineering is the craft of turning a trained model into a fast, cheap and reliable "
              "service. Prefill reads the prompt in parallel; decode writes one token per pass. ")
@@ -14,7 +16,7 @@ _FALLBACK = ("Inference engineering is the craft of turning a trained model into
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
-    kind: str  # "chat" or "document"
+    kind: PromptKind  # chats and long documents
 
 
 def corpus_tokens(tokenizer) -> list[int]:
@@ -28,10 +30,10 @@ def mixed_workload(tokenizer, num_chats: int = 36, num_docs: int = 12, seed: int
     rng = random.Random(seed)
     corpus = corpus_tokens(tokenizer)
     reqs = []
-    kinds = ["chat"] * num_chats + ["document"] * num_docs
+    kinds = [PromptKind.CHAT] * num_chats + [PromptKind.LONG] * num_docs
     rng.shuffle(kinds)
     for kind in kinds:
-        lo, hi = chat_prompt if kind == "chat" else doc_prompt
+        lo, hi = chat_prompt if kind == PromptKind.CHAT else doc_prompt
         n = rng.randint(lo, hi)
         start = rng.randrange(0, max(1, len(corpus) - n))
         ids = (corpus * (1 + n // max(len(corpus), 1)))[start : start + n]

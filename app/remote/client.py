@@ -8,27 +8,77 @@ stream, which is how a client aborts a request on vLLM, SGLang, llama.cpp and in
 
 The server is not trusted: lines and the whole stream are bounded in size and time (app/remote/bounded.py),
 and a chunk whose fields have the wrong types (a delta that is not an object, a usage count that is not a
-count) ends the request with an error that names the field, never a request that does not finish.
+count) ends the request with an error that names the field, never a request that does not finish. A stream
+brings at most what its request asked for (StreamLimits: text chunks for max_tokens, their characters, bytes
+on the wire), and the streams of one client together at most a StreamBudget: a server streaming tiny events
+without end took the app to 4 GB before.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
-from app.remote.bounded import ReadLimit, head, lines
+from app.remote import bounded
+from app.remote.bounded import IDENTITY, ReadLimit, head, lines
 from engine.sampling_params import REQUEST_DEFAULTS, REQUEST_FIELDS
 
 MAX_ERROR_CHARS = 300
 MAX_COUNT = 2**31  # a token count beyond this is not a count
+CHUNK_SLACK = 8  # text chunks past max_tokens still taken (a server sends one a token, or fewer)
+MAX_CHARS_PER_TOKEN = 256  # a token's text is a few characters, rarely dozens
+WIRE_BYTES_PER_TOKEN = 16 * 1024  # one token's event on the wire, its JSON and logprobs included
+MIN_WIRE_BYTES = 256 * 1024  # a stream's head room: role chunk, usage, keep-alive comments
+TOTAL_CHUNKS = 1_000_000  # text chunks all streams of one budget hold together (~10-100 MB with their text)
+TOTAL_CHARS = 32 * 2**20  # their text characters together
 
 
 class BadChunk(ValueError):
-    """A stream chunk with a field of the wrong type (the message names it)."""
+    """A stream chunk with a field of the wrong type, or past a limit (the message names it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What one stream may bring, from what its request asked for."""
+
+    max_tokens: int
+    max_chunks: int  # text chunks
+    max_chars: int  # their characters
+    max_bytes: int  # on the wire, every event and comment included
+
+    @classmethod
+    def asked(cls, body: dict) -> StreamLimits:
+        n = body.get("max_tokens")
+        n = min(n, MAX_COUNT) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 16
+        return cls(n, n + CHUNK_SLACK, n * MAX_CHARS_PER_TOKEN,
+                   min(bounded.MAX_STREAM_BYTES, MIN_WIRE_BYTES + n * WIRE_BYTES_PER_TOKEN))
+
+
+class StreamBudget:
+    """What the streams of one client hold together (text chunks and characters): each stream's own
+    limits times 256 streams in flight could still reach gigabytes. One event loop uses it: no lock."""
+
+    def __init__(self, max_chunks: int | None = None, max_chars: int | None = None) -> None:
+        self.max_chunks = TOTAL_CHUNKS if max_chunks is None else max_chunks
+        self.max_chars = TOTAL_CHARS if max_chars is None else max_chars
+        self.chunks = self.chars = 0
+
+    def take(self, chars: int) -> bool:
+        """One more text chunk of `chars` characters: False (nothing taken) when it does not fit."""
+        if self.chunks + 1 > self.max_chunks or self.chars + chars > self.max_chars:
+            return False
+        self.chunks += 1
+        self.chars += chars
+        return True
+
+    def give_back(self, res: StreamResult) -> None:
+        self.chunks -= len(res.chunk_times)
+        self.chars -= res.num_chars
 
 
 @dataclass(slots=True)
@@ -37,13 +87,18 @@ class StreamResult:
     sent: float = 0.0  # perf_counter when the request went out
     first_token: float | None = None
     finished: float | None = None
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
-    text: str = ""
+    chunk_times: array = field(default_factory=lambda: array("d"))  # arrival of each text chunk
+    pieces: list[str] = field(default_factory=list)  # the text, chunk by chunk (joined once, by `text`)
+    num_chars: int = 0
     completion_tokens: int | None = None  # from the server's usage
     prompt_tokens: int | None = None
     finish_reason: str | None = None  # stop | length | abort | error | rejected
     error: str | None = None
     status: int | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
     @property
     def num_tokens(self) -> int:
@@ -128,7 +183,8 @@ def _count(usage: dict, key: str, old: int | None) -> int | None:
     return value
 
 
-def _apply_chunk(res: StreamResult, data: str, t: float, on_text) -> bool:
+def _apply_chunk(res: StreamResult, data: str, t: float, on_text, limits: StreamLimits,
+                 budget: StreamBudget) -> bool:
     """One `data:` payload into `res`; False when it ends the request (an error it carries or causes)."""
     try:
         chunk = json.loads(data)
@@ -153,39 +209,62 @@ def _apply_chunk(res: StreamResult, data: str, t: float, on_text) -> bool:
         res.finish_reason, res.error = "error", f"a malformed chunk in the stream: {exc}"
         return False
     if text:
+        over = _over(res, len(text), limits, budget)
+        if over:
+            res.finish_reason, res.error = "error", over
+            return False
         if res.first_token is None:
             res.first_token = t
         res.chunk_times.append(t)
-        res.text += text
+        res.pieces.append(text)
+        res.num_chars += len(text)
         if on_text is not None:
             on_text(res, text, t)
     res.finish_reason = reason or res.finish_reason
     return True
 
 
+def _over(res: StreamResult, chars: int, limits: StreamLimits, budget: StreamBudget) -> str | None:
+    """Why one more text chunk of `chars` characters is one too many (None: it fits, and is taken)."""
+    if len(res.chunk_times) >= limits.max_chunks:
+        return (f"the server sent more than {limits.max_chunks:,} text chunks for max_tokens {limits.max_tokens:,} "
+                "(one a token, or fewer)")
+    if res.num_chars + chars > limits.max_chars:
+        return (f"the server sent more than {limits.max_chars:,} characters for max_tokens {limits.max_tokens:,} "
+                f"({MAX_CHARS_PER_TOKEN} a token)")
+    if not budget.take(chars):
+        return (f"the streams in flight together went over {budget.max_chunks:,} text chunks or "
+                f"{budget.max_chars // 2**20} Mi characters")
+    return None
+
+
 async def stream_request(client: httpx.AsyncClient, base_url: str, path: str, body: dict, res: StreamResult, *,
                          headers: dict | None = None,
-                         on_text: Callable[[StreamResult, str, float], None] | None = None) -> StreamResult:
+                         on_text: Callable[[StreamResult, str, float], None] | None = None,
+                         budget: StreamBudget | None = None) -> StreamResult:
     """Send one streaming request; `on_text(result, new_text, t)` for every content chunk as it arrives.
-    A refusal (429, 4xx, 5xx), a dropped connection or garbage in the stream ends it with an error;
-    cancelling the task closes the stream (an abort) and re-raises, `res` then says "abort". `res.sent`
-    is stamped here, as the request goes out."""
+    A refusal (429, 4xx, 5xx), a dropped connection, garbage in the stream or more than the request asked
+    for (StreamLimits; `budget`: what this stream and the others sharing it hold together) ends it with an
+    error; cancelling the task closes the stream (an abort) and re-raises, `res` then says "abort".
+    `res.sent` is stamped here, as the request goes out; `res`'s share of the budget is given back at the end."""
     res.sent = time.perf_counter()
+    limits = StreamLimits.asked(body)
+    budget = StreamBudget() if budget is None else budget
     try:
-        async with client.stream("POST", base_url + path, json=body, headers=headers) as resp:
+        async with client.stream("POST", base_url + path, json=body, headers={**IDENTITY, **(headers or {})}) as resp:
             res.status = resp.status_code
             if resp.status_code != 200:
                 detail = (await head(resp))[:MAX_ERROR_CHARS]
                 res.finish_reason = "rejected" if resp.status_code == 429 else "error"
                 res.error = f"HTTP {resp.status_code}: {detail}"
                 return res
-            async for line in lines(resp):
+            async for line in lines(resp, max_total_bytes=limits.max_bytes):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                if not _apply_chunk(res, data, time.perf_counter(), on_text):
+                if not _apply_chunk(res, data, time.perf_counter(), on_text, limits, budget):
                     return res
     except asyncio.CancelledError:
         res.finish_reason, res.finished = "abort", time.perf_counter()
@@ -195,6 +274,7 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, path: str, bo
     except httpx.HTTPError as exc:
         res.finish_reason, res.error = "error", f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     finally:
+        budget.give_back(res)
         if res.finished is None:
             res.finished = time.perf_counter()
     res.finish_reason = res.finish_reason or "stop"

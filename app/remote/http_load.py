@@ -6,7 +6,7 @@ with `ignore_eos`, so every server does the same work per request; each request 
 (app/remote/client.py): TTFT from the due time to the first content chunk, TPOT from the first to the
 last over the output tokens the server's `usage` reports. Goodput is the requests/s that met both SLO
 targets. Used by `inferlab bench serve --url` (app/bench/serve_url.py), its llama-server peer and the
-tuning sweep on managed servers (app/tradeoff/managed/tune.py).
+tuning sweep on managed servers (app/tradeoff/tune.py).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from app.load.generator import corpus_text
+from app.load.kinds import PromptKind
 from app.remote.bounded import ReadLimit, fetch
 from app.remote.client import StreamResult, request_body, stream_request
 from engine.core.metrics import SLO, latency_report, percentile, request_timings
@@ -34,7 +35,7 @@ class TimedText:
     due_s: float
     prompt: str
     max_tokens: int
-    kind: str  # chat | long
+    kind: PromptKind
 
 
 def run_seed(seed: int, rate_index: int, round_index: int = 0) -> int:
@@ -54,7 +55,8 @@ def make_text_schedule(args, rate: float, seed: int) -> list[TimedText]:
         n = rng.randint(*args.long_words) if long else rng.randint(12, 48)
         start = rng.randrange(0, max(1, len(words) - n))
         max_tokens = rng.randint(*(args.long_max_tokens if long else args.chat_max_tokens))
-        out.append(TimedText(t, " ".join(words[start:start + n]), max_tokens, "long" if long else "chat"))
+        kind = PromptKind.LONG if long else PromptKind.CHAT
+        out.append(TimedText(t, " ".join(words[start:start + n]), max_tokens, kind))
     return out
 
 
@@ -136,7 +138,7 @@ def _report(rate: float, results: list[StreamResult], t0: float, slo: SLO, sched
     out_tokens = sum(r.num_tokens for r in results if r.error is None)
     kinds = {f"serve-{i}": r.kind for i, r in enumerate(schedule)}
     prompt_tokens = {k: [r.prompt_tokens for r in results if kinds[r.request_id] == k and r.prompt_tokens]
-                     for k in ("chat", "long")}
+                     for k in PromptKind}
     errors = [r.error for r in results if r.error]
     row = {"rate_rps": rate, "goodput_rps": round(report["goodput_rps"], 3),
            "slo_attainment": round(report["slo_attainment"], 3),

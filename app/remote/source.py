@@ -1,7 +1,7 @@
 """RemoteSource: an OpenAI-compatible server (vLLM, SGLang, llama.cpp, inferlab) as an engine source.
 
 Threads
-  GUI thread      owns the source (a QObject): command methods post to the worker and return at once;
+  GUI thread      owns the source: command methods post to the worker and return at once;
                   `drain()` hands over what the worker published (app/source/channel.py items).
   attach worker   one thread running an asyncio loop with one httpx client: scrapes /metrics at
                   SCRAPE_HZ (parsed, rates and bucket percentiles computed here, app/remote/facts.py),
@@ -23,13 +23,13 @@ from collections import deque
 from urllib.parse import urlsplit
 
 import httpx
-from PySide6.QtCore import QObject, Signal
 
 from app.load.generator import LoadConfig, LoadGenerator
-from app.remote.client import StreamResult, sampled_request_body, sampling_of, stream_request
+from app.remote.client import StreamBudget, StreamResult, sampled_request_body, sampling_of, stream_request
 from app.remote.watch import ServerWatch
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
+from app.source.notice import Notice
 from engine.config import EngineConfig
 from engine.events import RequestOutput, RequestTimeline
 
@@ -38,6 +38,7 @@ SCRAPE_TIMEOUT_S = 2.0  # /metrics slower than this: the server is "not answerin
 STREAM_READ_TIMEOUT_S = 300.0  # a queued request may wait long for its first token
 MAX_IN_FLIGHT = 256
 MAX_EVENTS = 200_000
+MAX_GAPS = 20_000  # inter-token gaps a finished stream hands over (the server panel keeps this many)
 PROMPT_TAIL_WORDS = 24
 WORDS_PER_TOKEN = 0.5  # a safe floor for English text with any BPE vocabulary (typically ~0.75)
 
@@ -76,14 +77,12 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-class RemoteSource(QObject):
-    sigLoadProgress = Signal(str, float)
-    sigLoaded = Signal(object)  # EngineInfo
-    sigLoadFailed = Signal(str)
-
+class RemoteSource:
     def __init__(self, url: str, api_key: str | None = None, *, load_seed: int = 0,
-                 scrape_hz: float = SCRAPE_HZ, timeout_s: float = SCRAPE_TIMEOUT_S, parent=None) -> None:
-        super().__init__(parent)
+                 scrape_hz: float = SCRAPE_HZ, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        self.sigLoadProgress = Notice()  # (message, fraction); load notices: app/source/notice.py
+        self.sigLoaded = Notice()  # (EngineInfo), from the worker at the server's first answer
+        self.sigLoadFailed = Notice()  # (message)
         self.url = base_url(url)
         self.api_key = api_key
         self.config = EngineConfig()  # the knobs' defaults; the server keeps its own settings
@@ -100,6 +99,7 @@ class RemoteSource(QObject):
         self._ids = itertools.count(1)
         self._tasks: dict[str, asyncio.Task] = {}
         self._ours: set[str] = set()
+        self._budget = StreamBudget()  # what every stream in flight holds together
         self._words = WordTokenizer()
         self.loadgen = LoadGenerator(LoadConfig(), self._words, load_seed)
 
@@ -311,7 +311,8 @@ class RemoteSource(QObject):
 
     async def _stream(self, res: StreamResult, path: str, body: dict) -> None:
         try:
-            await stream_request(self._client, self.url, path, body, res, on_text=self._on_text)
+            await stream_request(self._client, self.url, path, body, res, on_text=self._on_text,
+                                 budget=self._budget)
         except asyncio.CancelledError:
             pass  # an abort: the stream is closed, the server drops the request
         except Exception as exc:  # noqa: BLE001 (whatever the server's answer broke: this request ends with it)
@@ -321,7 +322,9 @@ class RemoteSource(QObject):
             self._finished(res)
 
     def _on_text(self, res: StreamResult, text: str, t: float) -> None:
-        out = RequestOutput(res.request_id, (), text, (), res.text, False, ttft_s=res.ttft_s,
+        # (the whole text travels once, when the stream ends: a copy of it on every chunk, each held by a
+        # queued event, grows as the square of the stream; the panels read the delta)
+        out = RequestOutput(res.request_id, (), text, (), "", False, ttft_s=res.ttft_s,
                             tokens_per_s=res.tokens_per_s())
         self.publish(channel.ClientOutput(out, t, 1))
 
@@ -333,7 +336,7 @@ class RemoteSource(QObject):
         self.publish(channel.ClientOutput(out, end, 0))
         tl = RequestTimeline(res.request_id, res.sent, res.prompt_tokens or 0, first_token=res.first_token,
                              finished=end, num_output_tokens=res.num_tokens, finish_reason=res.finish_reason)
-        self.publish(channel.ClientFinished(tl, tuple(res.inter_token_s()), res.error))
+        self.publish(channel.ClientFinished(tl, tuple(res.inter_token_s()[-MAX_GAPS:]), res.error))
         if res.request_id in self._ours:
             self._ours.discard(res.request_id)
             self.loadgen.on_finished(res.request_id, end)

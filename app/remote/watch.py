@@ -87,9 +87,12 @@ class ServerWatch:
             self.set_status("down", f"{self.url} did not answer /metrics within {self.timeout_s:.0f} s; "
                                      f"retrying every {RETRY_S:.0f} s")
             return False
+        except (httpx.RemoteProtocolError, httpx.DecodingError) as exc:  # it answered, but not whole HTTP
+            self.set_status("garbage", f"{self.url}/metrics broke off or is not HTTP ({_said(exc)}); retrying "
+                                        f"every {RETRY_S:.0f} s")
+            return False
         except httpx.HTTPError as exc:
-            self.set_status("down", f"{self.url} is not answering ({type(exc).__name__}); retrying every "
-                                     f"{RETRY_S:.0f} s")
+            self.set_status("down", f"{self.url} is not answering ({_said(exc)}); retrying every {RETRY_S:.0f} s")
             return False
         elapsed = time.perf_counter() - t0
         if status in (404, 405, 501):
@@ -167,3 +170,9 @@ class ServerWatch:
             self.status = (state, text)
             self.publish(channel.ServerStatus(state, text))
 
+
+
+def _said(exc: Exception) -> str:
+    """An httpx error in one short line: its type and what it says (a TLS error names the mismatch)."""
+    text = " ".join(str(exc).split())[:160]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

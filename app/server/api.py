@@ -41,6 +41,7 @@ class ServerState:
     model_name: str
     metrics: ServingMetrics
     created: int
+    plain_special_tokens: bool = False  # special-token text in chat content encoded as text (--plain-special-tokens)
 
     def adapter(self, model: str | None) -> str | None:
         """The LoRA adapter a request's `model` field names, or None (the base model). A name that is
@@ -89,14 +90,16 @@ class ServerState:
 
 def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_key: str | None = None,
                metrics: ServingMetrics | None = None, metrics_require_key: bool = False,
-               max_body_bytes: int = MAX_BODY_BYTES, lora_dir: str | None = None) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, lora_dir: str | None = None,
+               plain_special_tokens: bool = False) -> FastAPI:
     """The ASGI app. `metrics`: a ServingMetrics already listening to the engine (when omitted, one
     subscribes to the AsyncEngine's loop, so it follows a rebuilt engine). The caller owns the
     AsyncEngine's lifecycle (start/shutdown). `lora_dir`: turns on loading LoRA adapters over HTTP, from
-    folders inside it only (app/server/lora_routes.py)."""
+    folders inside it only (app/server/lora_routes.py). `plain_special_tokens`: special-token text inside
+    chat messages' content is encoded as plain text, not as control tokens (Tokenizer.encode_chat)."""
     name = public_model_name(model_name or str(async_engine.engine.config.model))  # never a local path
     metrics = metrics or async_engine.loop.subscribe(ServingMetrics(async_engine.engine, name))
-    state = ServerState(async_engine, name, metrics, int(time.time()))
+    state = ServerState(async_engine, name, metrics, int(time.time()), plain_special_tokens)
     app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.inferlab = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
@@ -131,10 +134,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
         prompts, params = body.prompts(), body.sampling_params()
         state.check_fits_queue(len(prompts))
         ids = await asyncio.to_thread(_encode_prompts, async_engine.tokenizer, prompts)
-        meta = formats.ResponseMeta("completion", lora or state.model_name)
+        meta = formats.ResponseMeta(formats.Endpoint.COMPLETION, lora or state.model_name)
         streams = state.submit(ids, params, meta, body.priority, "prompt", lora)
-        return await _respond(request, "completion", meta, streams, body.stream, body.include_usage,
-                              body.logprobs is not None)
+        return await _respond(request, meta, streams, body.stream, body.include_usage, body.logprobs is not None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -143,19 +145,19 @@ def create_app(async_engine: AsyncEngine, *, model_name: str | None = None, api_
         tok = async_engine.tokenizer
         if not tok.has_chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        ids = await asyncio.to_thread(_render_chat, tok, body.chat_messages())
+        ids = await asyncio.to_thread(_render_chat, tok, body.chat_messages(), state.plain_special_tokens)
         params = body.sampling_params(len(ids), async_engine.max_model_len)
-        meta = formats.ResponseMeta("chat", lora or state.model_name)
+        meta = formats.ResponseMeta(formats.Endpoint.CHAT, lora or state.model_name)
         streams = state.submit([ids], params, meta, body.priority, "messages", lora)
-        return await _respond(request, "chat", meta, streams, body.stream, body.include_usage, body.logprobs)
+        return await _respond(request, meta, streams, body.stream, body.include_usage, body.logprobs)
 
-    async def _respond(request: Request, kind: str, meta, streams, stream: bool, include_usage: bool,
+    async def _respond(request: Request, meta: formats.ResponseMeta, streams, stream: bool, include_usage: bool,
                        want_logprobs: bool):
         piece = async_engine.tokenizer.id_to_piece
         if stream:
-            events = stream_sse(kind, meta, streams, piece, include_usage, want_logprobs)
+            events = stream_sse(meta, streams, piece, include_usage, want_logprobs)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        return await _unless_disconnected(request, collect(kind, meta, streams, piece, want_logprobs), streams)
+        return await _unless_disconnected(request, collect(meta, streams, piece, want_logprobs), streams)
 
     return app
 
@@ -166,13 +168,13 @@ def _encode_prompts(tok, prompts: list) -> list[list[int]]:
     return [(tok.encode(p) if p else []) if isinstance(p, str) else p for p in prompts]
 
 
-def _render_chat(tok, messages: list[dict[str, str]]) -> list[int]:
-    """The chat template, then its token ids (a worker thread: both are heavy for a long conversation)."""
+def _render_chat(tok, messages: list[dict[str, str]], plain_special_tokens: bool = False) -> list[int]:
+    """The chat template's token ids (a worker thread: heavy for a long conversation); the template writes
+    its own special tokens, and with `plain_special_tokens` those inside the contents stay text."""
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        return tok.encode_chat(messages, plain_special_text=plain_special_tokens)
     except Exception as exc:  # the template itself may raise (e.g. roles it does not allow)
         raise bad_request(f"the chat template failed: {exc}", "messages") from None
-    return tok.encode(text, add_special_tokens=False)  # the template already wrote the special tokens
 
 
 async def _unless_disconnected(request: Request, work, streams: list[RequestStream]):

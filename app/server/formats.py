@@ -9,24 +9,31 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from engine.events import RequestOutput, TokenLogprob
+from engine.events import RequestOutput, StrEnum, TokenLogprob
+
+
+class Endpoint(StrEnum):
+    """Which OpenAI route a response answers: its ids, object names and choice shapes follow."""
+
+    COMPLETION = "completion"  # /v1/completions
+    CHAT = "chat"  # /v1/chat/completions
 
 
 @dataclass(slots=True)
 class ResponseMeta:
     """What every object of one response shares."""
 
-    kind: str  # "completion" | "chat"
+    kind: Endpoint
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         if not self.id:
-            self.id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+            self.id = ("chatcmpl-" if self.kind == Endpoint.CHAT else "cmpl-") + uuid.uuid4().hex
 
     def envelope(self, chunk: bool) -> dict:
-        if self.kind == "chat":
+        if self.kind == Endpoint.CHAT:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
         else:
             obj = "text_completion"

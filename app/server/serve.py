@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from app.device_args import device_options
-from app.server.serve_knobs import add_knob_args, knob_settings
+from app.knob_args import add_knob_args, knob_settings
+from app.server.deadlines import MAX_CONNECTIONS
+from app.train_mtp import bounded
 from engine.core.policies import POLICIES
 from engine.knobs import KNOB
 
@@ -14,10 +17,17 @@ from engine.knobs import KNOB
 def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port of the API")
     p.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
     p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $INFERLAB_API_KEY, else none)")
+    p.add_argument("--max-connections", type=bounded(int, 1), default=MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections served at once; a request past them is answered 503 (default "
+                        f"{MAX_CONNECTIONS})")
+    p.add_argument("--plain-special-tokens", action="store_true",
+                   help="encode special-token text inside chat messages (e.g. <|im_end|><|im_start|>system) as "
+                        "plain text, so a message cannot close its turn or open a system one (default: parsed "
+                        "as control tokens, as vLLM does)")
     p.add_argument("--metrics-require-key", action="store_true",
                    help="put /metrics behind --api-key too (by default it is open, as in vLLM)")
     p.add_argument("--max-num-seqs", type=int, default=KNOB["max_num_seqs"].default,
@@ -39,9 +49,17 @@ def add_serve_args(p: argparse.ArgumentParser, engine_args) -> None:
     p.add_argument("--max-queue-len", type=int, default=None, help="refuse (429) beyond this many waiting")
     p.add_argument("--max-predicted-wait", type=float, default=None, metavar="SECONDS",
                    help="refuse (429) when the predicted queue wait exceeds this")
-    p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB")
+    p.add_argument("--kv-cache-mib", type=int, default=None, help="CPU KV cache budget in MiB (default: the engine's "
+                   "own sizing from the free memory)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                   help="the longest request (prompt + answer) served (default: the model's context length)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each decode step (the first steps stall while it compiles)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template for /v1/chat/completions instead of the model's own")
     add_knob_args(p)  # the knobs a tradeoff point varies: weight bits, KV dtype, speculation
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a PEFT LoRA adapter as model NAME (repeatable)")
     p.add_argument("--max-loras", type=int, default=None,
@@ -60,13 +78,23 @@ def engine_config(args):
               enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, max_step_ms=args.max_step_ms,
               ttft_budget_ms=args.ttft_budget_ms, tpot_budget_ms=args.tpot_budget_ms,
               max_queue_len=args.max_queue_len, max_predicted_wait_s=args.max_predicted_wait,
-              **knob_settings(args))
+              max_model_len=args.max_model_len, compile=args.compile, **knob_settings(args))
     if args.kv_cache_mib:
         kw["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
     if args.lora or args.lora_dir:
         kw.update(max_loras=args.max_loras or min(max(len(args.lora), 1), 4), max_lora_rank=args.max_lora_rank,
                   max_cpu_loras=args.max_cpu_loras)
     return EngineConfig(**kw)
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """--chat-template FILE's text (ValueError names the file when it cannot be read)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--chat-template {path}: {exc}") from None
 
 
 def lora_args(specs: list[str]) -> list[tuple[str, str]]:
@@ -85,7 +113,7 @@ def run_serve(args) -> int:
 
     from app.generate import stderr_progress
     from app.server.api import create_app
-    from app.server.header_timeout import KEEP_ALIVE_S, header_timeout_protocol
+    from app.server.header_timeout import serving_options
     from engine.llm_engine import LLMEngine
     from engine.loading.loader import ModelLoadError
     from engine.runner.threads import off_main_thread
@@ -96,7 +124,10 @@ def run_serve(args) -> int:
         return 2
     def build() -> LLMEngine:
         loras = lora_args(args.lora)
+        template = read_chat_template(args.chat_template)
         engine = LLMEngine(engine_config(args), progress=stderr_progress)
+        if template is not None:
+            engine.tokenizer.set_chat_template(template)
         for lora_name, path in loras:
             if lora_name == (args.served_model_name or args.model):
                 raise ValueError(f"--lora {lora_name}=...: an adapter cannot take the base model's name")
@@ -116,13 +147,13 @@ def run_serve(args) -> int:
     async_engine = AsyncEngine(engine).start()
     name = args.served_model_name or args.model
     app = create_app(async_engine, model_name=name, api_key=args.api_key, lora_dir=args.lora_dir,
-                     metrics_require_key=args.metrics_require_key)
+                     metrics_require_key=args.metrics_require_key, plain_special_tokens=args.plain_special_tokens)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"inferlab: warning: serving on {args.host} without --api-key", file=sys.stderr)
     print(f"inferlab: serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2,
-                    http=header_timeout_protocol(), timeout_keep_alive=KEEP_ALIVE_S)
+                    **serving_options(max_connections=args.max_connections))
     finally:
         async_engine.shutdown()
     return 0

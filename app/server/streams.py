@@ -90,8 +90,7 @@ def _check_error(out: RequestOutput) -> None:
         raise APIError(500, f"the engine failed this request: {out.error}", "server_error")
 
 
-async def collect(kind: str, meta: formats.ResponseMeta, streams: Sequence[RequestStream], piece,
-                  want_logprobs: bool) -> dict:
+async def collect(meta: formats.ResponseMeta, streams: Sequence[RequestStream], piece, want_logprobs: bool) -> dict:
     """Run every choice to its end and build the whole response."""
     choices = [Choice(i) for i in range(len(streams))]
     try:
@@ -105,7 +104,7 @@ async def collect(kind: str, meta: formats.ResponseMeta, streams: Sequence[Reque
     body = []
     for c in choices:
         lps = tuple(c.logprobs) if want_logprobs else None
-        if kind == "chat":
+        if meta.kind == formats.Endpoint.CHAT:
             body.append(formats.chat_choice(c.index, c.text, c.finish_reason, formats.chat_logprobs(lps, piece)))
         else:
             body.append(formats.completion_choice(c.index, c.text, c.finish_reason,
@@ -113,13 +112,13 @@ async def collect(kind: str, meta: formats.ResponseMeta, streams: Sequence[Reque
     return formats.response(meta, body, _usage(choices))
 
 
-async def stream_sse(kind: str, meta: formats.ResponseMeta, streams: Sequence[RequestStream], piece,
+async def stream_sse(meta: formats.ResponseMeta, streams: Sequence[RequestStream], piece,
                      include_usage: bool, want_logprobs: bool) -> AsyncIterator[str]:
     """SSE events: one chunk per delta that carries text (or logprobs, or the finish), then the usage
     chunk when asked for, then [DONE]. An engine error becomes an error event before [DONE]."""
     choices = [Choice(i) for i in range(len(streams))]
     try:
-        if kind == "chat":  # the role comes first, as OpenAI sends it
+        if meta.kind == formats.Endpoint.CHAT:  # the role comes first, as OpenAI sends it
             for c in choices:
                 yield sse(formats.chat_chunk(meta, c.index, {"role": "assistant", "content": ""}, None, None))
         async for i, out in merged(streams):
@@ -128,7 +127,7 @@ async def stream_sse(kind: str, meta: formats.ResponseMeta, streams: Sequence[Re
             c.add(out)
             if not (out.new_text or out.finished or (want_logprobs and out.logprobs)):
                 continue  # a token whose text is held back: nothing to say yet
-            yield sse(_chunk(kind, meta, c, out, piece))
+            yield sse(_chunk(meta, c, out, piece))
         if include_usage:
             yield sse(formats.usage_chunk(meta, _usage(choices)))
     except APIError as exc:
@@ -140,9 +139,9 @@ async def stream_sse(kind: str, meta: formats.ResponseMeta, streams: Sequence[Re
     yield sse("[DONE]")
 
 
-def _chunk(kind: str, meta: formats.ResponseMeta, c: Choice, out: RequestOutput, piece) -> dict:
+def _chunk(meta: formats.ResponseMeta, c: Choice, out: RequestOutput, piece) -> dict:
     reason = formats.finish_reason(out)
-    if kind == "chat":
+    if meta.kind == formats.Endpoint.CHAT:
         delta = {"content": out.new_text} if out.new_text else {}
         return formats.chat_chunk(meta, c.index, delta, reason, formats.chat_logprobs(out.logprobs, piece))
     lp = formats.completion_logprobs(out.logprobs, piece, c.offset)

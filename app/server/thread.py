@@ -11,12 +11,13 @@ import threading
 
 import uvicorn
 
-from app.server.header_timeout import HEADER_TIMEOUT_S, KEEP_ALIVE_S, header_timeout_protocol
+from app.server.header_timeout import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, serving_options
 
 
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-                 header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.app = app
         self.host = host
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -24,7 +25,7 @@ class ServerThread:
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2,
-                                http=header_timeout_protocol(header_timeout_s), timeout_keep_alive=KEEP_ALIVE_S)
+                                **serving_options(header_timeout_s, body_timeout_s, max_connections))
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="inferlab-http", daemon=True)
         self.error: BaseException | None = None

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from app.load.kinds import ArrivalKind
+
 
 def drain(items: deque, limit: int | None = None) -> list:
     """Pop up to `limit` items (all when None) off the left of a source's deque, oldest first. The
@@ -30,7 +32,7 @@ class LoadStream:
     """The load generator submitted a request: a token-stream tab may open for it."""
 
     request_id: str
-    kind: str  # the arrival's kind ("chat", "long", ...)
+    kind: ArrivalKind  # what made the arrival (the steady stream, a burst, a closed-loop user)
     prompt_tail: str | None  # the end of its prompt as text, "[N prompt tokens]" appended
     lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
 

@@ -6,10 +6,12 @@ streamed requests, which declares less in `info.capabilities` (no block map, no 
 quantization, no LoRA pool...): the GUI reads those flags and says on screen what the source does not
 expose; it never probes a source's or an engine's attributes.
 
-Signals (Qt): sigLoadProgress(str, float), sigLoaded(EngineInfo), sigLoadFailed(str). The channel:
-`drain(limit)` returns the items published since the last call (app/source/channel.py, plus the engine's
-EngineStepEvent, MemorySnapshot and BlockMapSnapshot). Commands queue and return at once; the ones that
-validate (submit, add_request, reconfigure) raise their refusal in the caller's thread.
+Load notices, emitted from the source's worker thread: sigLoadProgress(str, float), sigLoaded(EngineInfo),
+sigLoadFailed(str) (app/source/notice.py: no Qt here; the window turns them into queued Qt signals,
+app/gui/source_signals.py). The channel: `drain(limit)` returns the items published since the last call
+(app/source/channel.py, plus the engine's EngineStepEvent, MemorySnapshot and BlockMapSnapshot). Commands
+queue and return at once; the ones that validate (submit, add_request, reconfigure) raise their refusal in the
+caller's thread.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 from app.load.generator import LoadConfig
 from app.source.engine_info import EngineInfo
+from app.source.notice import Notice
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 
@@ -27,6 +30,9 @@ class EngineSource(Protocol):
     config: EngineConfig  # what the source was asked to run (its defaults feed the knobs)
     info: EngineInfo | None  # None until loaded (and while it rebuilds)
     load_error: str | None
+    sigLoadProgress: Notice  # (message, fraction)
+    sigLoaded: Notice  # (EngineInfo)
+    sigLoadFailed: Notice  # (message)
 
     def start(self) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> bool: ...

@@ -11,13 +11,18 @@ A preset declares its claims under [compare] as a list of tables:
     than = "static batches of 4"
     tolerance_pct = 0                       # optional slack, % of `than`'s figure
 
-    expect = "rises" | "falls"              # over the measured configurations in order: last vs first
+    expect = "rises" | "falls"              # over the measured configurations in order: every step the same
+                                            # way (a series that rises and falls back is no rise), within
+                                            # tolerance_pct of the step before
     expect = "at_least" | "at_most"         # `value`, for `config` (or every measured configuration)
     config = "first" | "last"               # the first / last measured configuration, whatever its label
                                             # (a fallback's values relabel them)
 
 `evaluate_checks(checks, result)` gives one verdict per claim: holds True, False, or None when a figure
-is missing. `likely_reasons(result, conditions)` names what on this machine may have broken a claim.
+is missing or, for higher / lower over several rounds, when fewer than 3 in 4 of the rounds go the way
+the medians go (the difference is inside this machine's run-to-run spread: too close to call, said so,
+rather than a verdict that flips from one prepare to the next). `likely_reasons(result, conditions)` names
+what on this machine may have broken a claim.
 """
 from __future__ import annotations
 
@@ -99,13 +104,15 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
         if a is not None and b is not None:
             holds = a >= b * (1 - slack) if check.expect == "higher" else a <= b * (1 + slack)
             figures = f"{m}: {check.config} {_fmt(a)} vs {check.than} {_fmt(b)}"
+            close = too_close(result, check, m)
+            if close and not (slack and holds):  # a claim with slack ("holds there") stands within the noise
+                holds, figures = None, f"{figures}: too close to call over its rounds ({close})"
     elif check.expect in ("rises", "falls"):
         rows = [(r["label"], r["metrics"].get(m)) for r in _measured(result)]
-        rows = [(label, v) for label, v in rows if v is not None]
-        if len(rows) >= 2:
-            first, last = rows[0][1], rows[-1][1]
-            holds = last > first * (1 + slack) if check.expect == "rises" else last < first * (1 - slack)
-            figures = f"{m}: " + " → ".join(_fmt(v) for _label, v in rows)
+        values = [v for _label, v in rows if v is not None]
+        if len(values) >= 2:
+            holds = monotonic(values, check.expect, slack)
+            figures = f"{m}: " + " → ".join(_fmt(v) for v in values)
     else:
         rows = [_row(result, check.config)] if check.config else _measured(result)
         values = [(r["label"], r["metrics"].get(m)) if r else (check.config, None) for r in rows]
@@ -118,6 +125,37 @@ def evaluate_check(check: CheckSpec, result: dict) -> dict:
     if check.expect in ("higher", "lower"):  # which two configurations (dearer_steps reads them)
         verdict.update(config=check.config, than=check.than)
     return verdict
+
+
+def monotonic(values: list[float], expect: str, slack: float = 0.0) -> bool:
+    """Every step of `values` goes the way `expect` says ("rises" / "falls"), each within `slack` of the
+    step before (a flat step within the slack passes), and the last beyond the first."""
+    sign = 1 if expect == "rises" else -1
+    steps = all(sign * (b - a) > -slack * abs(a) for a, b in zip(values, values[1:]))
+    return steps and sign * (values[-1] - values[0]) > slack * abs(values[0])
+
+
+AGREEING_ROUNDS = 0.75  # of a multi-round comparison's rounds that must go the medians' way for a verdict
+
+
+def too_close(result: dict, check: CheckSpec, metric: str) -> str | None:
+    """For two configurations measured over several rounds (run in turn, A B A B ...: each round's pair
+    close in time): None when at least AGREEING_ROUNDS of the rounds go the way the medians go (or there
+    is one round); else how many went the claim's way, in words."""
+    rounds = []
+    for label in (check.config, check.than):
+        values = ((_row(result, label) or {}).get("by_round") or {}).get(metric)
+        if not isinstance(values, list) or len(values) < 2:
+            return None
+        rounds.append(values)
+    pairs = list(zip(*rounds))
+    higher = check.expect == "higher"
+    claim_way = sum((a > b) if higher else (a < b) for a, b in pairs)
+    a_med, b_med = _figure(result, check.config, metric), _figure(result, check.than, metric)
+    medians_way = claim_way if ((a_med > b_med) if higher else (a_med < b_med)) else len(pairs) - claim_way
+    if medians_way >= AGREEING_ROUNDS * len(pairs):
+        return None
+    return f"{claim_way} of {len(pairs)} rounds went the claim's way"
 
 
 def evaluate_checks(checks, result: dict) -> list[dict]:

@@ -13,11 +13,13 @@ import time
 from app.source import channel
 from app.talk.compare.job import ComparisonJob, comparison_base
 from app.talk.compare.machine import machine_info
-from app.talk.compare.store import load_stored
+from app.talk.compare.profile import changed_since_prepare, read_manifest
+from app.talk.compare.store import load_stored, result_path
 
 
 def stored_result(preset, model: str, threads: int | None) -> dict | None:
-    """The stored result of `preset` measured on this machine with the engine's thread count."""
+    """The stored result of `preset` measured on this machine with the engine's thread count, in this
+    process's profile; "store_note" says when it is not what the last `inferlab prepare` there wrote."""
     if preset.compare is None:
         return None
     machine = machine_info()
@@ -25,6 +27,14 @@ def stored_result(preset, model: str, threads: int | None) -> dict | None:
     result = load_stored(preset.name, model, machine, fingerprint=preset.compare.fingerprint())
     if result is not None:  # the title does not shape the result: the preset's current one is shown
         result["title"] = preset.compare.title
+        path = result_path(preset.name, model, machine)
+        note = changed_since_prepare(path, preset.name)
+        if note:
+            result["store_note"] = note
+        manifest = read_manifest(path.parent)
+        if manifest is not None:  # which prepare this store holds: the app remembers the last one it showed
+            result["prepared"] = {"id": manifest["prepare_id"], "at": manifest["prepared_at"],
+                                  "by": manifest["by"], "store": str(path.parent)}
     return result
 
 

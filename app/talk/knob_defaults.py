@@ -7,6 +7,7 @@ from dataclasses import fields
 
 from app.load.generator import LoadConfig
 from app.talk.presets import Preset
+from engine.events import KvCacheDtype
 from engine.knobs import KNOB
 from engine.quant_formats import QUANT_BITS
 
@@ -32,12 +33,12 @@ def knob_stops() -> dict:
             "quant_bits": QUANT_BITS}
 
 
-def kv_cache_bits(kv_cache_dtype: str) -> int:
-    return 8 if kv_cache_dtype == "int8" else 16
+def kv_cache_bits(kv_cache_dtype: KvCacheDtype) -> int:
+    return 8 if kv_cache_dtype == KvCacheDtype.INT8 else 16
 
 
-def kv_cache_dtype(bits: int) -> str:
-    return "int8" if bits == 8 else "auto"
+def kv_cache_dtype(bits: int) -> KvCacheDtype:
+    return KvCacheDtype.INT8 if bits == 8 else KvCacheDtype.AUTO
 
 
 def knob_defaults() -> dict:

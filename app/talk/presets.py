@@ -1,4 +1,5 @@
-"""Presets: one TOML file per idea of the talk (presets/*.toml), validated with file:line:key errors.
+"""Presets: one TOML file per idea of the talk (presets/*.toml), validated with file:line:key errors; their
+order, the talk's, is presets/talk.toml (app/talk/talk_order.py).
 
     [preset]    title, caption, panels = [names of the panels to emphasise]
     [engine]    scheduling knobs (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, policy),
@@ -32,21 +33,15 @@ from app.talk.compare.spec import CompareSpec, CompareSpecError, parse_compare
 from app.talk.compare.toml_lines import compare_line
 from app.talk.cues import Cue, parse_cues
 from app.talk.panel_specs import PANEL_NAMES
+from app.talk.preset_error import PresetError
+from app.talk.talk_order import TALK_FILE, load_talk, preset_files
+from engine.events import SpecMethod
+from engine.files import UnreadableFile, parse_toml, read_text, shown
 from engine.knobs import KNOB
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 
 
-class PresetError(ValueError):
-    def __init__(self, path: Path | str, line: int | None, where: str, message: str) -> None:
-        self.path, self.line, self.where, self.message = str(path), line, where, message
-        loc = f"{self.path}:{line}" if line else self.path
-        super().__init__(f"{loc}: {where}: {message}" if where else f"{loc}: {message}")
 
 
 # --- value checks: each returns the value or raises ValueError("expected …") ---------------------
@@ -172,7 +167,7 @@ class Preset:
         for key, (cap, why) in FEATURES.items():
             if self.engine.get(key) != FEATURE_OFF[key] and cap not in capabilities and why not in out:
                 out.append(why)
-        if self.engine["spec_method"] == "mtp" and "mtp" not in capabilities and "speculative" in capabilities:
+        if self.engine["spec_method"] == SpecMethod.MTP and "mtp" not in capabilities and "speculative" in capabilities:
             out.append("this model has no multi-token prediction heads yet: train them with `inferlab train-mtp` "
                        "(a few minutes on the CPU) and open this preset again; until then it runs without "
                        "speculation (the n-gram and draft-model proposers need no training: see 'speculative')")
@@ -204,25 +199,23 @@ def resolve(name_or_path: str, presets_dir: Path = PRESETS_DIR) -> Path:
 
 
 def available(presets_dir: Path = PRESETS_DIR) -> list[str]:
-    return sorted(p.stem for p in presets_dir.glob("*.toml"))
+    """The presets in the talk's order (presets/talk.toml: app/talk/talk_order.py), then any other preset file
+    of the folder; PresetError when talk.toml lies."""
+    return list(load_talk(presets_dir).names)
 
 
 def load_preset(name_or_path: str | Path, presets_dir: Path = PRESETS_DIR) -> Preset:
     path = resolve(str(name_or_path), presets_dir)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        known = ", ".join(available(presets_dir))
+    if path.name == TALK_FILE and path.parent.resolve() == presets_dir.resolve():
+        raise PresetError(path, None, "", "this is the talk's order (its [[chapter]] tables), not a preset")
+    try:  # a regular file of at most MAX_TEXT_BYTES, nested at most MAX_DEPTH (engine/files.py)
+        text = read_text(path)
+        data = parse_toml(path, text)
+    except FileNotFoundError as exc:
+        known = ", ".join(preset_files(presets_dir))
         raise PresetError(path, None, "", f"cannot read preset ({exc.strerror or exc}); presets: {known}") from exc
-    except UnicodeDecodeError as exc:  # a ValueError, but not one that names the file
-        line = exc.object[: exc.start].count(b"\n") + 1
-        raise PresetError(path, line, "", f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                                          f"{exc.start}); save the preset as UTF-8") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise PresetError(path, int(m.group(1)) if m else None, "", f"not valid TOML: {exc}") from exc
+    except UnreadableFile as exc:
+        raise PresetError(path, exc.line, "", exc.why) from None
     values = _validate(path, text, data)
     p, e, w, b = values["preset"], values["engine"], values["workload"], values["budget"]
     load = LoadConfig(**{k: v for k, v in w.items() if k in LOAD_FIELDS})  # a [workload] row named as LoadConfig's
@@ -287,7 +280,7 @@ def _validate(path: Path, text: str, data: dict) -> dict[str, dict]:
 
 def _show(v) -> str:
     if isinstance(v, str):
-        return f'"{v}"'
+        return f'"{shown(v)[1:-1]}"'
     if isinstance(v, bool):
         return "true" if v else "false"
-    return repr(v)
+    return shown(v)

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
+from app.knob_args import GROUP_SIZE
 from app.load.workload import corpus_tokens
 from app.source.channel import SweepDone, SweepPoint, SweepProgress
 from app.tradeoff.frontier import frontiers
 from app.tradeoff.sweep_point import Workload, measure_point, point_figures
 from engine.config import EngineConfig
+from engine.events import SpecMethod
 from engine.perf.cost_model import calibrate, predicted_points
 from engine.perf.roofline import Roofs, step_verdict
 from engine.quant_formats import QUANT_BITS
@@ -38,7 +40,8 @@ class SweepSpec:
     drafts: tuple[int, ...] = (0, 4)
     # weights per 4-bit scale: 64, not 32. The default model comes from a Q4_1 GGUF (32-weight blocks):
     # requantizing onto that same grid measures almost no loss (ppl -0.0004 %), which is the file's, not 4 bits'
-    group_size: int = 64
+    # (`serve` and `generate` default to the same: app/knob_args.py)
+    group_size: int = GROUP_SIZE
     warmup_s: float = 1.0
     measure_s: float = 4.0
     price_per_hour: float = DEFAULT_PRICE_PER_HOUR
@@ -91,7 +94,7 @@ def run_sweep(loaded, base: EngineConfig, spec: SweepSpec, roofs: Roofs | None, 
             quality = quality_pass(engine, texts, reference, ppl16)
         mem = engine.memory()
         for draft in spec.drafts:
-            engine.reconfigure(spec_method="ngram" if draft else None, num_speculative_tokens=draft)
+            engine.reconfigure(spec_method=SpecMethod.NGRAM if draft else None, num_speculative_tokens=draft)
             for batch in spec.batches:
                 if cancelled():
                     break

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from app.data_dir import data_root
 from app.json_shape import finite_number, list_of, whole
+from engine.files import read_json
 
+MAX_STORED_BYTES = 16 * 2**20  # a stored sweep: tens of points, kilobytes
 CSV_FIELDS = ("batch", "bits", "draft", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok",
               "ppl_delta_pct", "kl", "agreement", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
               "weights_bytes", "kv_blocks", "on_frontier", "predicted", "model", "device")
@@ -40,7 +42,7 @@ def load(machine: str, model: str, base: Path | None = None) -> dict | None:
     """The stored result, or None when there is none or it cannot be read."""
     path = store_path(machine, model, base)
     try:
-        result = json.loads(path.read_text())
+        result = read_json(path, MAX_STORED_BYTES)
     except (OSError, ValueError):
         return None
     return result if isinstance(result, dict) and malformed(result) is None else None

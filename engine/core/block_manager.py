@@ -13,12 +13,17 @@ asks for (copy-on-write).
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine.events import BlockInfo, BlockMapSnapshot
 
 _ROOT_HASH = 0x1F2E3D4C
+# Table versions, unique across every BlockManager of the process: a (request id, version) pair names one
+# content of one table, so a runner that keeps tables across steps (engine/runner/input_batch.py) rewrites a
+# row only when its version moved, whichever block manager the request's table came from.
+_VERSIONS = itertools.count(1)
 
 
 def root_hash(lora_id: int = 0) -> int:
@@ -48,6 +53,7 @@ class BlockManager:
         # Per request: how many leading blocks are registered in the prefix cache.
         self._num_hashed: dict[str, int] = {}
         self._last_hash: dict[str, int] = {}
+        self._version: dict[str, int] = {}  # per request: changes whenever its table does
         self.num_cache_hit_blocks = 0  # cumulative, for stats()
 
     # ---- queries -------------------------------------------------------------------------------
@@ -66,6 +72,11 @@ class BlockManager:
 
     def block_table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
+
+    def table_version(self, request_id: str) -> int:
+        """A number that changes whenever the request's table does (a block appended, copied on write,
+        truncated; the table dropped and made again); 0 when it has none. Unique across block managers."""
+        return self._version.get(request_id, 0)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_count[block_id]
@@ -148,6 +159,7 @@ class BlockManager:
         self._last_hash[request_id] = self._block_hash[cached[-1]] if cached else root_hash(lora_id)
         self.num_cache_hit_blocks += len(cached)
         self._grow(request_id, num_tokens)
+        self._version[request_id] = next(_VERSIONS)
         return len(cached) * self.block_size
 
     def ensure_slots(
@@ -164,7 +176,10 @@ class BlockManager:
         copies: list[tuple[int, int]] = []
         write_block = num_computed_tokens // self.block_size
         cow = write_block < len(table) and self._ref_count[table[write_block]] > 1
-        if self.blocks_needed(request_id, num_tokens) + int(cow) > len(self._free):
+        need = max(0, -(-num_tokens // self.block_size) - len(table))
+        if not need and not cow:  # most decode steps: the table covers the token, its block is its own
+            return True, copies
+        if need + int(cow) > len(self._free):
             return False, copies
         if cow:
             src = table[write_block]
@@ -172,6 +187,7 @@ class BlockManager:
             self._ref_count[src] -= 1
             table[write_block] = dst
             copies.append((src, dst))
+            self._version[request_id] = next(_VERSIONS)
         self._grow(request_id, num_tokens)
         return True, copies
 
@@ -198,6 +214,7 @@ class BlockManager:
         worthless ones at the front, cached ones at the back (tail blocks before head blocks, so a
         shared prefix outlives the private ends of the conversations that used it)."""
         table = self._tables.pop(request_id, None)
+        self._version.pop(request_id, None)
         self._num_hashed.pop(request_id, None)
         self._last_hash.pop(request_id, None)
         if table is None:
@@ -223,6 +240,7 @@ class BlockManager:
         for b in table:
             self._ref_count[b] += 1
         self._tables[child_id] = list(table)
+        self._version[child_id] = next(_VERSIONS)
         self._num_hashed[child_id] = self._num_hashed[parent_id]
         self._last_hash[child_id] = self._last_hash[parent_id]
 
@@ -230,6 +248,8 @@ class BlockManager:
         """Give back blocks beyond ``num_tokens`` (rejected speculative tokens)."""
         table = self._tables[request_id]
         keep = -(-num_tokens // self.block_size)
+        if len(table) > keep:
+            self._version[request_id] = next(_VERSIONS)
         while len(table) > keep:
             b = table.pop()
             self._ref_count[b] -= 1
@@ -261,7 +281,10 @@ class BlockManager:
     # ---- internals -----------------------------------------------------------------------------
     def _grow(self, request_id: str, num_tokens: int) -> None:
         table = self._tables[request_id]
-        for _ in range(self.blocks_needed(request_id, num_tokens)):
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need > 0:
+            self._version[request_id] = next(_VERSIONS)
+        for _ in range(need):
             table.append(self._pop_free())
 
     def _pop_free(self) -> int:

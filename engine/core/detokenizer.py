@@ -8,10 +8,13 @@ Two things are held back before text is released:
 2. text that might be the start of a stop string. It waits until it either completes a stop string
    (then everything from the stop string on is dropped) or can no longer become one.
 
-Each push costs O(new tokens + window + longest stop string), never O(text so far).
+Each push costs O(new tokens + window + longest stop string), never O(text so far). Where the tokenizer
+has one (Tokenizer.decode_stream: the tokenizers library's DecodeStream), point 1 is its work: one call a
+token instead of two decodes of the window; the window is then decoded only to flush held tokens at the end.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: the core never loads anything
@@ -20,11 +23,12 @@ if TYPE_CHECKING:  # a type only: the core never loads anything
 # Decoding starts this many tokens before the first unreleased one, so that tokenizers whose decode
 # depends on the previous token (a leading space in sentencepiece, a split character) see enough of it.
 PREFIX_WINDOW = 5
+MAX_CHAR_TOKENS = 4  # a UTF-8 character is at most 4 bytes: at most 4 byte tokens
 
 
 class IncrementalDetokenizer:
     __slots__ = (
-        "_ids", "_max_stop_len", "_pending", "_read_offset", "_skip_special", "_stop", "_text",
+        "_ids", "_max_stop_len", "_pending", "_read_offset", "_skip_special", "_step", "_stop", "_text",
         "_tokenizer", "finished", "stopped",
     )
 
@@ -40,8 +44,11 @@ class IncrementalDetokenizer:
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._skip_special = skip_special_tokens
         # _ids is [decoded context | tokens not decoded yet]; only the tail of the prompt matters.
-        self._ids: list[int] = list(prompt_token_ids[-PREFIX_WINDOW:])
+        self._ids: list[int] = self._context(prompt_token_ids)
         self._read_offset = len(self._ids)  # first token whose text is not yet decoded
+        # the library's incremental decoder, primed with the same context (None: decode windows here)
+        self._step = tokenizer.decode_stream(self._ids, skip_special_tokens) \
+            if hasattr(tokenizer, "decode_stream") else None
         self._pending = ""  # decoded text held back for a possible stop string
         self._text = ""  # all released text; `text` is read after every step, so keep it joined
         self.stopped = False  # a stop string matched
@@ -64,10 +71,13 @@ class IncrementalDetokenizer:
         """Generated tokens whose text is still incomplete (part of a UTF-8 character)."""
         return len(self._ids) - self._read_offset
 
-    def push(self, token_ids: list[int]) -> str:
+    def push(self, token_ids: Sequence[int]) -> str:
         """Add generated tokens; return the text newly released by them (possibly "")."""
         if self.stopped or self.finished:
             return ""
+        if len(token_ids) == 1:  # a decode step's one token
+            self._ids.append(token_ids[0])
+            return self._release(self._decode_new(), final=False)
         decoded = []
         for token_id in token_ids:
             self._ids.append(token_id)
@@ -89,11 +99,32 @@ class IncrementalDetokenizer:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _context(self, prompt_token_ids: list[int]) -> list[int]:
+        """The prompt's last PREFIX_WINDOW tokens, or up to MAX_CHAR_TOKENS more where those begin inside a
+        character: a sentencepiece byte-fallback decoder turns a whole run of byte tokens that starts
+        mid-character into U+FFFD, which would swallow the next generated characters too."""
+        for extra in range(MAX_CHAR_TOKENS + 1):
+            tail = list(prompt_token_ids[-(PREFIX_WINDOW + extra):])
+            if len(tail) == len(prompt_token_ids) or not self._decode(tail).startswith("\ufffd"):
+                return tail
+        return list(prompt_token_ids[-PREFIX_WINDOW:])
+
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def _decode_new(self) -> str:
         """Text of the tokens after _read_offset, or "" while they end inside a character."""
+        if self._step is not None:
+            try:
+                text = self._step(self._ids[-1])
+            except Exception:  # noqa: BLE001 (the library refused this sequence: windows from here on)
+                self._step = None
+                return self._decode_new()
+            if text is None:
+                return ""  # half a character so far (or nothing to show yet): the stream holds it
+            del self._ids[:-PREFIX_WINDOW]  # the context finish() decodes held tokens against
+            self._read_offset = len(self._ids)
+            return text
         prefix_text = self._decode(self._ids[:self._read_offset])
         new_text = self._decode(self._ids)
         if new_text.endswith("\ufffd"):
@@ -105,6 +136,9 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text):]
 
     def _release(self, new_text: str, final: bool) -> str:
+        if not self._stop:  # nothing to hold back for (the common request): all of it goes out
+            self._text += new_text
+            return new_text
         text = self._pending + new_text
         if self._stop:
             cut = _first_stop(text, self._stop)

@@ -6,24 +6,29 @@ import time
 from engine.core.request import Request, RequestStatus
 from engine.events import RequestOutput, RequestTimeline, TokenLogprob, TokenSource
 
+_DECODED = (TokenSource.DECODED,)
 
-def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_len: int) -> str:
-    """Add one sampled token; returns the newly released text. Sets req.status when it finishes."""
-    now = time.perf_counter()
+
+def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_len: int,
+                 now: float | None = None) -> str:
+    """Add one sampled token; returns the newly released text. Sets req.status when it finishes. `now`:
+    when the token came (default: now; a step passes one time for all its tokens)."""
+    now = time.perf_counter() if now is None else now
     if req.first_token_time is None:
         req.first_token_time = now
     req.last_token_time = now
-    req.output_token_ids.append(token)
-    params = req.sampling_params
+    out = req.output_token_ids
+    out.append(token)
+    params, detok = req.sampling_params, req.detokenizer
     if token in params.stop_token_ids or (token in stop_ids and not params.ignore_eos):
         req.status = RequestStatus.FINISHED_STOPPED
-        return req.detokenizer.finish() if req.detokenizer else ""
-    text = req.detokenizer.push([token]) if req.detokenizer else ""
-    if req.detokenizer is not None and req.detokenizer.stopped:
+        return detok.finish() if detok else ""
+    text = detok.push((token,)) if detok else ""
+    if detok is not None and detok.stopped:
         req.status = RequestStatus.FINISHED_STOPPED
-    elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= max_model_len:
+    elif len(out) >= params.max_tokens or len(req.prompt_token_ids) + len(out) >= max_model_len:
         req.status = RequestStatus.FINISHED_LENGTH
-        text += req.detokenizer.finish() if req.detokenizer else ""
+        text += detok.finish() if detok else ""
     return text
 
 
@@ -38,15 +43,17 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
         )
     detok = req.detokenizer
     first, last, n = req.first_token_time, req.last_token_time, req.num_output_tokens
+    reason = req.status.finish_reason
     return RequestOutput(
         request_id=req.request_id,
         new_token_ids=tuple(new_ids),
         new_text=new_text,
         token_ids=tuple(req.output_token_ids),
         text=detok.text if detok else "",
-        finished=req.is_finished,
-        finish_reason=req.status.finish_reason,
-        sources=tuple(sources) if sources is not None else (TokenSource.DECODED,) * len(new_ids),
+        finished=reason is not None,
+        finish_reason=reason,
+        sources=tuple(sources) if sources is not None else (_DECODED if len(new_ids) == 1 else
+                                                             (TokenSource.DECODED,) * len(new_ids)),
         logprobs=logprobs,
         num_prompt_tokens=req.num_prompt_tokens,
         error=req.error,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from engine.core.request import Request, RequestStatus
+from engine.events import SchedulingPolicy
 
 # Shortest-prompt-first counts a second of waiting as this many prompt tokens. With it a prompt of
 # L tokens that has waited w seconds beats a fresh prompt of S tokens once L - rate * w < S, so no
@@ -25,7 +26,7 @@ class Policy(Protocol):
 class FCFS:
     """First come, first served. Preempted requests sit at the front of the queue, so they go first."""
 
-    name = "fcfs"
+    name = SchedulingPolicy.FCFS
 
     def pick(self, waiting: Sequence[Request], now: float) -> Request:
         return waiting[0]
@@ -40,7 +41,7 @@ class ShortestPromptFirst:
     go first, as in FCFS: they already held a seat and their recompute is bounded.
     """
 
-    name = "spf"
+    name = SchedulingPolicy.SPF
 
     def __init__(self, aging_tokens_per_s: float = DEFAULT_AGING_TOKENS_PER_S) -> None:
         if not aging_tokens_per_s > 0:
@@ -63,16 +64,16 @@ class PriorityFirst:
     No aging: a steady stream of urgent requests can hold back the rest, which is what priority means.
     """
 
-    name = "priority"
+    name = SchedulingPolicy.PRIORITY
 
     def pick(self, waiting: Sequence[Request], now: float) -> Request:
         return min(waiting, key=lambda r: (r.priority, r.status is not RequestStatus.PREEMPTED, r.arrival_time))
 
 
-POLICIES: dict[str, type] = {"fcfs": FCFS, "spf": ShortestPromptFirst, "priority": PriorityFirst}
+POLICIES: dict[SchedulingPolicy, type] = {p.name: p for p in (FCFS, ShortestPromptFirst, PriorityFirst)}
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: SchedulingPolicy) -> Policy:
     try:
         return POLICIES[name]()
     except KeyError:

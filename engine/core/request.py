@@ -24,20 +24,21 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        # by value: a member's hash is Enum.__hash__, a Python call (read per request per step)
+        return self._value_ in _FINISHED
 
     @property
     def finish_reason(self) -> str | None:
-        return self.value if self.finished else None
+        return self._value_ if self._value_ in _FINISHED else None
 
 
-_FINISHED = {
+_FINISHED = frozenset(s.value for s in (
     RequestStatus.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH,
     RequestStatus.FINISHED_ABORTED,
     RequestStatus.FINISHED_ERROR,
     RequestStatus.REJECTED,
-}
+))
 
 
 @dataclass(slots=True, eq=False)

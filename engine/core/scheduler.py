@@ -53,17 +53,24 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
 
+    def token_counts(self) -> tuple[int, int, int]:
+        """(prefill, decode, verify) tokens scheduled, in one pass."""
+        counts = {StepKind.PREFILL: 0, StepKind.DECODE: 0, StepKind.VERIFY: 0}
+        for s in self.scheduled:
+            counts[s.kind] += s.num_tokens
+        return counts[StepKind.PREFILL], counts[StepKind.DECODE], counts[StepKind.VERIFY]
+
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.PREFILL)
+        return self.token_counts()[0]
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.DECODE)
+        return self.token_counts()[1]
 
     @property
     def num_verify_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.kind == StepKind.VERIFY)
+        return self.token_counts()[2]
 
     @property
     def is_empty(self) -> bool:
@@ -80,6 +87,9 @@ class Scheduler:
         self.num_preemptions = 0  # cumulative
         self.step_time = StepTimeModel()  # what a step carrying prompt tokens costs here (max_step_ms)
         self.decode_time = StepTimeModel()  # what a step of decodes alone costs (its own path: the TPOT budget)
+        # the clock the latency budgets, the policies' aging and the first-scheduled times read (the engine's
+        # perf_counter; a test gives a logical one, so that what is scheduled depends on the steps alone)
+        self.clock = time.perf_counter
 
     def reconfigure(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
         """New knobs for the next schedule(); a new policy object when one is given."""
@@ -120,7 +130,7 @@ class Scheduler:
             return budget
         max_step = None if cfg.max_step_ms is None else cfg.max_step_ms / 1000
         if cfg.tpot_budget_ms is not None:
-            allowed = self._tpot_allowance(decoding, time.perf_counter() if now is None else now)
+            allowed = self._tpot_allowance(decoding, self.clock() if now is None else now)
             if allowed is not None and (max_step is None or allowed < max_step):
                 return self._tpot_chunk(allowed, len(decoding), min(budget, prompt_work or budget))
         if max_step is None:
@@ -167,13 +177,12 @@ class Scheduler:
         return allowed
 
     def schedule(self) -> SchedulerOutput:
-        now = time.perf_counter()
+        now = self.clock()
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         prompt_budget = self.prompt_budget(now, self._prompt_work() if self.config.tpot_budget_ms else None)
         triage = self.config.ttft_budget_ms is not None and self.config.enable_chunked_prefill
         prompting: list[Request] = []  # with a TTFT budget: running prompts, ordered with the waiting ones
-        scheduled_ids: set[str] = set()
         # 1. Running requests: decodes and unfinished prefill chunks, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -200,7 +209,6 @@ class Scheduler:
                 req.spec_token_ids.clear()
                 kind = StepKind.DECODE if pending == 1 and not req.in_prompt else StepKind.PREFILL
             out.scheduled.append(ScheduledRequest(req, n, kind))
-            scheduled_ids.add(req.request_id)
             budget -= n
             if kind == StepKind.PREFILL:
                 prompt_budget -= n
@@ -286,7 +294,7 @@ class Scheduler:
             candidates = self._admissible(adapters)
             if not candidates:
                 break
-            req = self.policy.pick(candidates, time.perf_counter())
+            req = self.policy.pick(candidates, self.clock())
             n = self._admit_one(req, budget, out)
             if n is None:
                 break  # out of blocks, or (unchunked) the prompt waits for a step with room
@@ -316,7 +324,7 @@ class Scheduler:
             req.num_cached_tokens = num_cached
         req.status = RequestStatus.RUNNING
         if req.first_scheduled_time is None:
-            req.first_scheduled_time = time.perf_counter()
+            req.first_scheduled_time = self.clock()
         self.running.append(req)
         # a prompt's tokens are a prefill however few are left (its last one after a prefix-cache hit):
         # they run on one path, so the K/V a prompt leaves do not depend on how it was split

@@ -1,12 +1,14 @@
 """Errors shared by the model loading modules."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine import files
+
 Progress = Callable[[str, float], None]
+MAX_CONFIG_BYTES = 16 * 2**20  # a model's JSON files (config, tokenizer_config with its template, index)
 
 
 class ModelLoadError(RuntimeError):
@@ -17,14 +19,14 @@ def read_json(path: Path, lenient: bool = False) -> dict[str, Any]:
     """A JSON object from `path`, {} where there is no such file. One that is not a JSON object (junk, cut
     short, a list) is a ModelLoadError naming it; `lenient`: {} instead (inferlab's own markers: a damaged
     one means "not current", and the work is done again)."""
-    if not path.is_file():
+    try:  # a regular file, bounded in size and depth (engine/files.py)
+        data = files.read_json(path, MAX_CONFIG_BYTES)
+    except FileNotFoundError:
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, ValueError) as e:
         if lenient:
             return {}
-        raise ModelLoadError(f"{path}: not a readable JSON file ({e})") from e
+        raise ModelLoadError(f"{path}: not a readable JSON file ({getattr(e, 'why', e)})") from e
     if not isinstance(data, dict):
         if lenient:
             return {}

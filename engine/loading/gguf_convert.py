@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from engine.loading.errors import ModelLoadError, Progress, read_json
+from engine.loading.gguf_check import check_gguf
 from engine.loading.origin import MARKER, tensor_type_elements
 
 # -- GGUF conversion ------------------------------------------------------------------------------
@@ -33,6 +34,7 @@ _GGUF_LAYER = {
 
 def convert_gguf(gguf_path: Path, out_root: Path, report: Progress) -> Path:
     """The HF folder for this GGUF, converting it first unless the cache already has it."""
+    check_gguf(gguf_path)  # a regular file whose header fits its size, before hashing or reading it
     digest = _sha256_16(gguf_path, report)
     final = out_root / digest
     if _is_current_conversion(final):

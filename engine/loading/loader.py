@@ -5,7 +5,6 @@ converted once into the cache (see gguf_convert below) and read like any other f
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,10 +19,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from engine import files
 from engine.loading.errors import ModelLoadError, Progress, read_json
 from engine.loading.gguf_convert import convert_gguf
 from engine.loading.origin import MARKER, weights_origin
-from engine.loading.shapes import check_shapes, expected_shapes
+from engine.loading.shapes import check_weights, header_shapes
 from engine.loading.tokenizer import Tokenizer
 from engine.loading.user_dirs import user_dir
 from engine.models.model_config import ModelConfig
@@ -99,6 +99,9 @@ def resolve_model_folder(name_or_path: str, report: Progress) -> Path:
         if not (path / "config.json").is_file() and len(ggufs) == 1:
             return convert_gguf(ggufs[0], cache_root() / "converted", report)
         return path
+    if path.exists():  # neither a regular file nor a folder: a FIFO, a device (reading /dev/zero never ends)
+        raise ModelLoadError(f"{path} is {files.kind_of(path.stat().st_mode)}: pass a Hugging Face folder or a "
+                             ".gguf file")
     if _HUB_ID.match(name_or_path) and not name_or_path.lower().endswith(".gguf"):
         return _snapshot_from_hub(name_or_path, report)
     raise ModelLoadError(
@@ -110,28 +113,31 @@ def resolve_model_folder(name_or_path: str, report: Progress) -> Path:
 def load_hf_folder(folder: Path, report: Progress) -> LoadedModel:
     folder = Path(folder)
     config_file = folder / "config.json"
-    if not config_file.is_file():
+    if not config_file.exists():
         raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-    try:
-        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{config_file}: not a valid JSON file ({e})") from e
+    hf_config = read_json(config_file)
     try:
         config = ModelConfig.from_hf(hf_config)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         why = f"lacks the key {e}" if isinstance(e, KeyError) else str(e)
         raise ModelLoadError(f"{config_file}: {why}") from e
 
-    files = _weight_files(folder)
-    state_dict: dict[str, torch.Tensor] = {}
-    shapes = expected_shapes(config)
-    for i, file in enumerate(files):
-        report(f"reading {file.name}", 0.9 * i / len(files))
+    shards = _weight_files(folder)
+    headers = {}
+    for file in shards:  # the headers first: config and weights agree before anything is allocated
         try:
-            tensors = load_file(str(file))
+            files.check_regular(file)  # (a FIFO named *.safetensors hung the reader)
+            headers[file] = header_shapes(file)
         except Exception as e:  # safetensors raises its own error type (header, truncation), or OSError
             raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); {_remedy(folder)}") from e
-        check_shapes(tensors, shapes, file)
+    check_weights(config, headers, config_file)
+    state_dict: dict[str, torch.Tensor] = {}
+    for i, file in enumerate(shards):
+        report(f"reading {file.name}", 0.9 * i / len(shards))
+        try:
+            tensors = load_file(str(file))
+        except Exception as e:  # (as above: a file cut short after its header)
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({e}); {_remedy(folder)}") from e
         state_dict.update(tensors)
     report("loading tokenizer", 0.95)
     try:
@@ -164,16 +170,18 @@ def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         # The index is authoritative: repos sometimes ship extra files (e.g. consolidated.safetensors).
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index}: weight_map is not an object of file names")
+        shards = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in shards if not f.exists()]
         if missing:
-            raise ModelLoadError(f"{folder}: shards listed in the index are missing: {', '.join(missing)}")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+            raise ModelLoadError(f"{folder}: shards listed in the index are missing: {files.shown(missing)}")
+        return shards
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
         raise ModelLoadError(f"{folder} has no .safetensors weights (PyTorch .bin checkpoints are not supported)")
-    return files
+    return shards
 
 
 def _eos_union(*values: Any) -> tuple[int, ...]:

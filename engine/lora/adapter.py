@@ -7,7 +7,6 @@ here once, so the batched update (engine/lora/layer.py) is two plain products pe
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine import files
 from engine.lora.checks import LoraLoadError, check_config, check_pair, check_values
 from engine.models.model_config import ModelConfig
 
@@ -28,6 +28,7 @@ TARGETS: dict[str, tuple[str, int]] = {
     "gate_proj": ("mlp.gate_up_proj", 0), "up_proj": ("mlp.gate_up_proj", 1),
     "down_proj": ("mlp.down_proj", 0),
 }
+MAX_ADAPTER_CONFIG_BYTES = 2**20  # adapter_config.json: a few hundred bytes
 _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 # Config features that change the math beyond y = Wx + s B A x: refused rather than silently ignored.
 _UNSUPPORTED = {"use_dora": "DoRA", "modules_to_save": "modules_to_save", "layer_replication": "layer_replication",
@@ -78,12 +79,12 @@ def _pattern_value(patterns: dict, module_key: str, default):
 
 def read_config(folder: Path) -> dict:
     cfg_path = folder / "adapter_config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():
         raise LoraLoadError(f"{folder} holds no adapter_config.json (a PEFT LoRA adapter folder has one)")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    try:  # a regular file, bounded in size and depth (engine/files.py)
+        cfg = files.read_json(cfg_path, MAX_ADAPTER_CONFIG_BYTES)
     except (OSError, ValueError) as exc:
-        raise LoraLoadError(f"cannot read {cfg_path}: {exc}") from None
+        raise LoraLoadError(f"cannot read {cfg_path}: {getattr(exc, 'why', exc)}") from None
     check_config(cfg)  # a JSON object with sane numbers and patterns, before anything reads a field
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise LoraLoadError(f"{folder} is a {cfg.get('peft_type')} adapter; only LoRA adapters are supported")
@@ -99,9 +100,10 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     st = folder / "adapter_model.safetensors"
-    if not st.is_file():
+    if not st.exists():
         raise LoraLoadError(f"{folder} holds no adapter_model.safetensors")
     try:
+        files.check_regular(st)  # (safetensors would wait for ever on a FIFO)
         return load_file(str(st))
     except Exception as exc:  # noqa: BLE001 (a corrupt file: say which, whatever safetensors raised)
         raise LoraLoadError(f"cannot read {st}: {exc}") from None

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch._dynamo.decorators import mark_unbacked
 
-from engine.models.layers.attention import AttentionMetadata
+from engine.models.layers.attention import AttentionMetadata, paged_attention_triton
 from engine.models.layers.attention_op import STEP_METADATA, attend_paged, paged_attend
 from engine.models.layers.gemv import CompiledGemv
 from engine.models.layers.linear import PROMPT_ROWS, STREAM_MAX_ROWS, Linear, silu_and_mul
@@ -99,6 +99,26 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.forward_add(self.self_attn.o_proj(o), residual)
         return self.mlp(x), residual
 
+    def forward_triton(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                       rotary: RotaryEmbedding, kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata,
+                       kernels) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer on the CUDA path (engine/kernels/gpu): add & norm, the q/k/v product, RoPE with the
+        K/V write, the paged attention, o_proj, add & norm, the gate/up product, SwiGLU, the down product:
+        five Triton kernels (six with a long context's split merge) and four library products. The
+        projections are this layer's own modules (a LoRA wrapper or a quantized layer computes as it does
+        on every path)."""
+        attn, eps = self.self_attn, self.input_layernorm.eps
+        x, residual = kernels.add_rms_norm(x, self.input_layernorm.weight, eps, residual)
+        q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+        cos, sin = rotary.whole_tables(x.dtype)
+        q = kernels.rope_and_cache(attn.qkv_proj(x), positions, cos, sin, md.slot_mapping,
+                                   kv_cache[0], kv_cache[1], attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                   q_norm, k_norm, attn.q_norm.eps if q_norm is not None else eps)
+        o = paged_attention_triton(q, kv_cache[0], kv_cache[1], md, attn.scale)
+        x, residual = kernels.add_rms_norm(attn.o_proj(o.view(o.shape[0], -1)), self.post_attention_layernorm.weight,
+                                           self.post_attention_layernorm.eps, residual)
+        return self.mlp.down_proj(kernels.silu_and_mul(self.mlp.gate_up_proj(x))), residual
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
@@ -160,6 +180,11 @@ class LlamaForCausalLM(nn.Module):
                        md: AttentionMetadata | None) -> torch.Tensor:
         """The layers and the final norm (md None: in the compiled region, see Attention.attend)."""
         x, residual = self.embed_tokens(input_ids), None
+        kernels = md.backend.triton if md is not None else None
+        if kernels is not None:  # the CUDA path: DecoderLayer.forward_triton
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                x, residual = layer.forward_triton(x, residual, positions, self.rotary, kv_cache, md, kernels)
+            return kernels.add_rms_norm(x, self.norm.weight, self.norm.eps, residual)[0]
         rope = self.rotary.tables(positions, x.dtype)  # once for every layer
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, md)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from engine.files import read_json
 from engine.kernels import cpu_flags, unconfirmed_flags
 from engine.perf.roofline import Roofs
 from engine.runner import huge_pages
@@ -171,7 +172,7 @@ def cached_roofs(device: torch.device | None = None, cache_dir: Path | None = No
     """The roofs stored for this machine, thread count and torch, or None (none yet, or damaged)."""
     path = cache_path(device or torch.device("cpu"), cache_dir)
     try:
-        return Roofs.from_dict(json.loads(path.read_text()))
+        return Roofs.from_dict(read_json(path))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # a damaged cache is measured again
 

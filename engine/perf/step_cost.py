@@ -105,11 +105,31 @@ def attended_keys(num_tokens: int, num_cached: int) -> int:
 
 def step_cost(shape: ModelShape, work: Iterable[RequestWork]) -> StepCost:
     """FLOPs and bytes of one step that ran `work` (see the module docstring for what is counted)."""
-    work = list(work)
-    tokens = sum(w.num_tokens for w in work)
-    keys = sum(attended_keys(w.num_tokens, w.num_cached) for w in work)
-    rows = sum(w.logit_rows for w in work)
-    kv_read_tokens = sum(w.num_cached + w.num_tokens for w in work)
+    totals = WorkTotals()
+    for w in work:
+        totals.add(w.num_tokens, w.num_cached, w.logit_rows)
+    return totals_cost(shape, totals)
+
+
+@dataclass(slots=True)
+class WorkTotals:
+    """A step's RequestWork summed: what its cost depends on (StepCounter adds them up as it goes)."""
+
+    tokens: int = 0  # new positions
+    keys: int = 0  # attended_keys over the requests
+    rows: int = 0  # logit rows
+    kv_read_tokens: int = 0  # positions read from the KV cache (cached + new)
+
+    def add(self, num_tokens: int, num_cached: int, logit_rows: int) -> None:
+        self.tokens += num_tokens
+        self.keys += attended_keys(num_tokens, num_cached)
+        self.rows += logit_rows
+        self.kv_read_tokens += num_cached + num_tokens
+
+
+def totals_cost(shape: ModelShape, totals: WorkTotals) -> StepCost:
+    """step_cost of the work these totals sum."""
+    tokens, keys, rows, kv_read_tokens = totals.tokens, totals.keys, totals.rows, totals.kv_read_tokens
     if tokens == 0:
         return StepCost(0, 0, 0, 0, 0, 0, 0)
     return StepCost(

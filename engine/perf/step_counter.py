@@ -7,7 +7,7 @@ from torch import nn
 
 from engine.events import StepKind
 from engine.models.model_config import ModelConfig
-from engine.perf.step_cost import ModelShape, RequestWork, step_cost
+from engine.perf.step_cost import ModelShape, WorkTotals, totals_cost
 from engine.runner.memory import unique_tensor_bytes
 
 
@@ -32,24 +32,24 @@ class StepCounter:
         self._mc, self._act_bytes = model_config, act_bytes
         self._shape: ModelShape | None = None
         self._shape_key: int | None = None
-        self._work: list[RequestWork] = []
+        self._work = WorkTotals()
 
     def begin(self, sched) -> None:
-        """Note each scheduled request's shape (before the step runs and moves num_computed_tokens)."""
-        work = []
+        """Note each scheduled request's shape (before the step runs and moves num_computed_tokens), summed."""
+        work = WorkTotals()
         for s in sched.scheduled:
             req = s.request
             if s.kind == StepKind.VERIFY:
                 rows = s.num_tokens
             else:
                 rows = 1 if req.num_computed_tokens + s.num_tokens == req.num_tokens else 0
-            work.append(RequestWork(s.num_tokens, req.num_computed_tokens, rows))
+            work.add(s.num_tokens, req.num_computed_tokens, rows)
         self._work = work
 
     def count(self, model: nn.Module, weights_key: int) -> tuple[int, int]:
         """(FLOPs, bytes moved) of the step noted by begin(); weights_key changes when the weights do."""
         if self._shape is None or weights_key != self._shape_key:
             self._shape, self._shape_key = model_shape(model, self._mc, self._act_bytes), weights_key
-        cost = step_cost(self._shape, self._work)
-        self._work = []
+        cost = totals_cost(self._shape, self._work)
+        self._work = WorkTotals()
         return cost.flops, cost.bytes_moved

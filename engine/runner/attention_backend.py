@@ -15,16 +15,25 @@ metadata. The runner selects it at start-up and again when compile switches (Mod
   (where the tests hold it to the reference). Only when asked for: "native" on CUDA, where the C++
   kernel does not run, is "fast" (on the first GPU run the compiled FlexAttention had not finished
   compiling minutes into its first decode step).
+- "triton", and "native" on CUDA: the CUDA path's Triton kernels (engine/kernels/gpu): paged decode and
+  prefill attention reading K/V in place, RoPE fused with the KV write, add & norm, SwiGLU and sampling, so
+  a decode step is a few kernels a layer and one CUDA graph serves every context length. On the CPU it runs
+  only under Triton's interpreter (TRITON_INTERPRET=1: the tests); asked for where it cannot run, the
+  "fast" path with one warning. Not with an 8-bit KV cache (the kernels read 16-bit caches), nor with
+  compile=True (the compiled region is inductor's, its own Triton kernels on CUDA).
 - "fast": batched paged attention in eager torch (decodes gather each context into a padded copy).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
 
+from engine.events import AttentionBackendName as Name
+from engine.kernels import gpu as gpu_kernels
 from engine.kernels import native_decode_applies, paged_decode_kernel
 from engine.models.layers import flex_paged
 from engine.models.layers.attention import AttentionBackend, CompiledDecode, decode_attention_math
@@ -38,29 +47,44 @@ def _compiled_decode_attention():
     return torch.compile(decode_attention_math, dynamic=True)
 
 
-def select_backend(name: str, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
+def select_backend(name: Name, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
                    compile: bool, progress: Callable[[str, float], None] | None = None,
                    previous: AttentionBackend | None = None, wait: bool = True) -> AttentionBackend:
     """The backend for `name` (EngineConfig.attention_backend) on this model, device and dtype.
     `previous` (a re-selection): its compiled kernel is kept, so one that failed stays off (a previous
     of another kind, e.g. a bare runner's EAGER, has none to keep). `wait=False`: the native kernel only if
     it is built already (its build goes on in the background; engine/kernels)."""
-    if name == "reference":
+    if name == Name.REFERENCE:
         return AttentionBackend(name, reference=True)
+    if not compile and (name == Name.TRITON or (name == Name.NATIVE and device.type == "cuda")):
+        triton = triton_kernels(device, warn=name == Name.TRITON)
+        if triton is not None:
+            return AttentionBackend(name, triton=triton)
     compiled = None
-    if name == "compiled" or compile:
+    if name == Name.COMPILED or compile:
         compiled = (previous.compiled_decode if previous is not None and previous.compiled_decode is not None
                     else CompiledDecode(_compiled_decode_attention()))
     native = None
-    if name == "native" and native_decode_applies(model_config, device, dtype):
+    if name == Name.NATIVE and native_decode_applies(model_config, device, dtype):
         native = paged_decode_kernel(progress, wait=wait)  # None where it cannot be built (after one warning)
     flex = None
     # FlexAttention only when asked for: on the first GPU run (an H200, torch 2.11) its compile spent minutes in
     # inductor at the first decode step and never served one; "native" on CUDA is the batched eager path
-    if name == "flex" and flex_paged.available():
+    if name == Name.FLEX and flex_paged.available():
         flex = (previous.flex if previous is not None and previous.flex is not None
                 else flex_paged.FlexPaged(compiled=device.type == "cuda"))
     return AttentionBackend(name, compiled_decode=compiled, native_decode=native, flex=flex)
+
+
+def triton_kernels(device: torch.device, warn: bool):
+    """The Triton kernels' module where they run on this device, else None (with one warning when they were
+    asked for by name: the "fast" path serves instead)."""
+    why = gpu_kernels.unavailable(device.type)
+    if why is None:
+        return gpu_kernels.load()
+    if warn:
+        warnings.warn(f"attention_backend 'triton' unavailable, using 'fast': {why}", stacklevel=3)
+    return None
 
 
 def for_model(backend: AttentionBackend, model_config: ModelConfig, device: torch.device,
@@ -72,6 +96,6 @@ def for_model(backend: AttentionBackend, model_config: ModelConfig, device: torc
     return backend
 
 
-def eager_backend(name: str) -> AttentionBackend:
+def eager_backend(name: Name) -> AttentionBackend:
     """The backend's choice of layer path with no kernel (a throw-away runner, e.g. calibration)."""
-    return AttentionBackend(name, reference=name == "reference")
+    return AttentionBackend(name, reference=name == Name.REFERENCE)

@@ -33,6 +33,7 @@ from torch import nn
 from engine.events import ForwardPath, StepKind
 from engine.models.layers.linear import Linear, LinearWrapper
 from engine.models.layers.sampler import SampleResult
+from engine.runner.input_batch import host_ints
 
 FUSED_MAX_ROWS = 8  # the C++ step's scratch is sized for this many rows
 FUSED_MAX_CALLS = 2  # a step of more rows takes this many native calls at most (each reads every weight once)
@@ -222,9 +223,8 @@ class FusedDecode:
             torch.tensor([s.num_tokens for s in order]), dim=0)
         chained = len(ids) > len(order)
         every = logit_rows == list(range(len(ids)))
-        hidden, logits, greedy = plan.step(torch.tensor(ids), torch.tensor(pos), torch.tensor(slots), rows,
-                                           torch.tensor(lens), bs, chained,
-                                           None if every else torch.tensor(logit_rows, dtype=torch.int64))
+        hidden, logits, greedy = plan.step(host_ints(ids), host_ints(pos), host_ints(slots), rows, host_ints(lens), bs,
+                                           chained, None if every else host_ints(logit_rows))
         return hidden, logits, [t if t >= 0 else None for t in greedy.tolist()]
 
 

@@ -8,30 +8,33 @@ inputs from static buffers that every step fills in place.
 - Batch bucket: the decode rows padded up to the next of BATCH_BUCKETS; a padding row repeats row 0
   (the same token, position and slot: it writes the same K/V to the same slot, and its output is cut).
 - Context bucket: the longest context padded to a power of two of blocks: the static block tables'
-  width. With FlexAttention (CUDA's default) each row reads only its own pages, in place, its block
-  mask rebuilt inside the graph from the static tables and lengths (every tensor of it as wide as the
-  bucket, none as wide as the cache: a graph's memory does not depend on the KV cache's size); on the
-  eager decode attention every row gathers that many slots (whole-block gather + matmuls) under an
-  additive mask built from the context lengths on the device, before the replay.
+  width. A backend that reads each row's own pages in place (the Triton kernels, CUDA's default; or
+  FlexAttention, its block mask rebuilt inside the graph from the static tables and lengths) reads only
+  each row's context, whatever the width: every graph is captured at max_model_len's bucket at engine
+  build and serves every context (no tensor of it is as wide as the cache: a graph's memory does not
+  depend on the KV cache's size). On the eager decode attention every row gathers that many slots
+  (whole-block gather + matmuls) under an additive mask built from the context lengths on the device,
+  before the replay, so its graphs are captured per context bucket as steps need them.
+- One copy in a step: the token ids, positions, slots, context lengths and block tables of a bucket are
+  views of one device tensor, filled from one pinned host tensor by a few tensor copies (the tables from
+  the rows the runner keeps across steps, engine/runner/input_batch.py: no list of lists a step).
 - Only steps that are all decodes, with no LoRA rows (an engine with an adapter pool keeps its graphs
   for steps without adapters: unbound, the LoRA layers add nothing, so nothing of theirs is captured),
-  not on the native kernel or the compiled decode
-  attention, uncompiled. Anything else runs the ordinary path.
+  not on the native kernel or the compiled decode attention, uncompiled. Anything else runs the
+  ordinary path.
 
 At engine build (`build_all`, vLLM style) every batch bucket up to max_num_seqs is captured at one
-context bucket: with FlexAttention the bucket of max_model_len (each row reads only its own pages, so a
-wide table costs little and a step takes the smallest built bucket that holds it: nothing is captured
-later), on the eager gather the smallest (its gather grows with the bucket: wider ones are captured
-lazily, the first time a step needs one). Before the KV cache is sized, the same set is captured once on
-a throwaway runner with a small cache and its memory measured (engine/runner/profile.py:
-profile_graph_bytes), so the KV budget leaves room for it: the static buffers and the block mask are
-sized by the buckets alone, so the real cache's capture takes what the throwaway's did. Buckets captured
-lazily later are not in that reserve.
+context bucket (above). Before the KV cache is sized, the same set is captured once on a throwaway runner
+with a small cache and its memory measured (engine/runner/profile.py: profile_graph_bytes), so the KV
+budget leaves room for it: the static buffers are sized by the buckets alone, so the real cache's capture
+takes what the throwaway's did. Reading pages in place, nothing is ever captured while serving: a step
+whose bucket was not built at start-up (max_num_seqs raised later) runs the ordinary path.
 
 Graphs are dropped whenever what they captured changes: the KV tensors (resize, release), the weights
-(requantization), the execution mode; the next steps capture again, lazily. On the CPU the flag runs the
-very same static buffers without capturing (what the tests check against the ordinary path): capture,
-and a graph memory above 0 bytes, happen only on CUDA.
+(requantization), the execution mode. Switched off (EngineConfig.cuda_graphs, between bench rounds) they
+are kept, and switched on again they serve at once, with no new capture (ModelRunner.park_graphs). On the
+CPU the flag runs the very same static buffers without capturing (what the tests check against the
+ordinary path): capture, and a graph memory above 0 bytes, happen only on CUDA.
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest
 from engine.events import StepKind
 from engine.models.layers.attention import AttentionMetadata, DecodeGroup
+from engine.kernels.gpu.launches import on_host
+from engine.runner.input_batch import DecodeInputs, decode_inputs, host_ints
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -64,9 +69,9 @@ def startup_batch_buckets(max_num_seqs: int) -> list[int]:
 
 
 def reads_pages_in_place(backend) -> bool:
-    """FlexAttention reads each row's own pages (a wider block table costs little); the eager decode
-    attention gathers the whole bucket's width per row."""
-    return backend.flex is not None and backend.flex.fn is not None
+    """The Triton kernels and FlexAttention read each row's own pages (a wider block table costs little); the
+    eager decode attention gathers the whole bucket's width per row."""
+    return backend.triton is not None or (backend.flex is not None and backend.flex.fn is not None)
 
 
 def startup_context_bucket(backend, max_model_len: int, block_size: int) -> int:
@@ -93,12 +98,14 @@ class ReservedMeter:
 
 @dataclass(slots=True)
 class StaticStep:
-    ids: torch.Tensor  # (B,)
+    inputs: torch.Tensor  # (4B + B * C,) int64 on the device: ids, positions, slots, context lengths, tables
+    host: torch.Tensor  # the same on the host (pinned on CUDA): written each step, copied in one go
+    ids: torch.Tensor  # (B,) views of `inputs`
     positions: torch.Tensor  # (B,)
     slots: torch.Tensor  # (B,)
-    blocks: torch.Tensor  # (B * C,)
     ctx_lens: torch.Tensor  # (B,)
-    mask: torch.Tensor  # (B, 1, C * block_size) additive
+    blocks: torch.Tensor  # (B * C,)
+    mask: torch.Tensor | None  # (B, 1, C * block_size) additive: the eager decode attention's (None in place)
     md: AttentionMetadata
     out: torch.Tensor | None = None  # (B, hidden) what the graph writes
     graph: object = None  # torch.cuda.CUDAGraph once captured
@@ -142,8 +149,9 @@ class DecodeGraphs:
                 progress(f"{verb} decode graphs {i + 1}/{len(buckets)}", (i + 1) / len(buckets))
             st = self._steps.get((b, c)) or self._new_step(runner, b, c)
             st.ctx_lens.fill_(1)  # one valid slot per row: the capture's attention stays finite
-            st.mask.fill_(float("-inf"))
-            st.mask[..., 0] = 0.0
+            if st.mask is not None:
+                st.mask.fill_(float("-inf"))
+                st.mask[..., 0] = 0.0
             if self.capture and st.graph is None:
                 self._capture(runner, st)
         if self.capture:
@@ -165,38 +173,30 @@ class DecodeGraphs:
                 and backend.compiled_decode is None and not r.model.compiled)
 
     def eligible(self, r, order: list[ScheduledRequest]) -> bool:
-        return (bool(order) and all(s.kind == StepKind.DECODE for s in order)
-                and batch_bucket(len(order)) is not None
+        b = batch_bucket(len(order))
+        return (bool(order) and all(s.kind == StepKind.DECODE for s in order) and b is not None
                 and (r.lora is None or all(s.request.lora_id == 0 for s in order))  # an idle pool adds nothing
-                and self.backend_eligible(r))
+                and self.backend_eligible(r)
+                # reading pages in place on CUDA: only what start-up captured (nothing captured while serving)
+                and (not self.capture or not reads_pages_in_place(r.backend)
+                     or any(bb == b for bb, _ in self._steps)))
 
     def run(self, runner, order: list[ScheduledRequest], bm: BlockManager) -> torch.Tensor:
         """Final hidden states (len(order), hidden) of an all-decode batch, through its bucket's graph."""
         bs = runner.block_size
         n = len(order)
-        tables = [bm.block_table(s.request.request_id) for s in order]
-        lens = [s.request.num_computed_tokens + 1 for s in order]
+        with on_host():  # host tensors: no launch on a GPU
+            d = decode_inputs([s.request for s in order], runner.block_tables, bm)  # from tables kept across steps
         b = batch_bucket(n)
-        c = self._context_for(runner, b, context_bucket(-(-max(lens) // bs)))
-        pad = [0] * (b - n)  # padding rows repeat row 0
-        ids = [s.request.token_slice(ln - 1, ln)[0] for s, ln in zip(order, lens)]
-        slots = [t[(ln - 1) // bs] * bs + (ln - 1) % bs for t, ln in zip(tables, lens)]
-        rows = [(t[:c] + [0] * (c - len(t[:c]))) for t in tables]
-        host = torch.tensor([ids + [ids[0] for _ in pad], [ln - 1 for ln in lens] + [lens[0] - 1 for _ in pad],
-                             slots + [slots[0] for _ in pad], lens + [lens[0] for _ in pad]], dtype=torch.int64)
-        blocks = torch.tensor(rows + [rows[0] for _ in pad], dtype=torch.int64).reshape(-1)
+        c = self._context_for(runner, b, context_bucket(-(-max(d.lens) // bs)))
         st = self._steps.get((b, c)) or self._new_step(runner, b, c)
         self.num_runs += 1
-        dev = st.ids.device
-        if dev.type == "cuda":  # pinned: the copies below are asynchronous (pageable memory would wait)
-            host, blocks = host.pin_memory(), blocks.pin_memory()
-        st.ids.copy_(host[0], non_blocking=True)
-        st.positions.copy_(host[1], non_blocking=True)
-        st.slots.copy_(host[2], non_blocking=True)
-        st.ctx_lens.copy_(host[3], non_blocking=True)
-        st.blocks.copy_(blocks, non_blocking=True)
-        valid = torch.arange(c * bs, device=dev).unsqueeze(0) < st.ctx_lens.unsqueeze(1)  # (B, C * bs)
-        st.mask.copy_(torch.zeros_like(valid, dtype=st.mask.dtype).masked_fill_(~valid, float("-inf")).unsqueeze(1))
+        with on_host():
+            _fill_inputs(st, d, n, b, c)
+        st.inputs.copy_(st.host, non_blocking=True)  # the step's one copy in
+        if st.mask is not None:  # the gathering attention's mask, from the lengths, on the device
+            valid = torch.arange(c * bs, device=st.inputs.device).unsqueeze(0) < st.ctx_lens.unsqueeze(1)
+            st.mask.copy_(torch.zeros_like(valid, dtype=st.mask.dtype).masked_fill_(~valid, float("-inf")).unsqueeze(1))
         if st.graph is not None:
             st.graph.replay()
             self.num_replays += 1
@@ -224,13 +224,14 @@ class DecodeGraphs:
 
     def _new_step(self, r, b: int, c: int) -> StaticStep:
         dev, bs = r.device, r.block_size
-        zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=dev)  # noqa: E731
-        ids, positions, slots, ctx_lens, blocks = zeros(b), zeros(b), zeros(b), zeros(b), zeros(b * c)
-        mask = torch.zeros(b, 1, c * bs, dtype=r.dtype, device=dev)
+        inputs = torch.zeros(4 * b + b * c, dtype=torch.int64, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        ids, positions, slots, ctx_lens, blocks = inputs.split([b, b, b, b, b * c])
+        mask = None if r.backend.triton is not None else torch.zeros(b, 1, c * bs, dtype=r.dtype, device=dev)
         md = AttentionMetadata(slot_mapping=slots, num_decode_tokens=b,
                                decode_groups=[DecodeGroup(0, b, c * bs, blocks, mask, ctx_lens)],
                                prefills=[], seqs=[], block_size=bs, backend=r.backend)
-        st = StaticStep(ids, positions, slots, blocks, ctx_lens, mask, md)
+        st = StaticStep(inputs, host, ids, positions, slots, ctx_lens, blocks, mask, md)
         self._steps[(b, c)] = st
         return st
 
@@ -263,3 +264,19 @@ class DecodeGraphs:
 
 def _forward(runner, st: StaticStep) -> torch.Tensor:
     return runner.model(st.ids, st.positions, runner.kv_caches, st.md)
+
+
+def _fill_inputs(st: StaticStep, d: DecodeInputs, n: int, b: int, c: int) -> None:
+    """The step's inputs into the bucket's host tensor: a few tensor copies, whatever the batch (the block
+    tables come from the rows kept across steps, engine/runner/input_batch.py). Padding rows repeat row 0
+    (the same token, position, slot, context and table): they compute row 0's values, so the K/V they write
+    into row 0's slot are row 0's own, and their outputs are cut."""
+    host = st.host
+    for k, values in enumerate((d.ids, d.positions, d.slots, host_ints(d.lens))):
+        host[k * b : k * b + n] = values
+        host[k * b + n : (k + 1) * b] = values[0]
+    rows = host[4 * b :].view(b, c)
+    width = min(c, d.tables.shape[1])
+    rows[:n, :width] = d.tables[:, :width]  # past a row's own blocks: zeros (block 0), never read unmasked
+    if n < b:
+        rows[n:] = rows[0]

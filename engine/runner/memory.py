@@ -125,16 +125,17 @@ def process_resident_bytes() -> int:
 
 def snapshot(memory: DeviceMemory, weights: int, kv_block_bytes: int, blocks_total: int, blocks_used: int,
              blocks_cached: int, activation_bytes: int, packed_weights: int = 0, lora_device: int = 0,
-             lora_host: int = 0, graphs: int | None = None) -> MemorySnapshot:
+             lora_host: int = 0, graphs: int | None = None, activation_peak: int | None = None) -> MemorySnapshot:
     """`graphs`: the captured decode graphs' bytes (measured; 0 on the CPU, where nothing is captured), None
-    with graphs off."""
+    with graphs off. `activation_peak`: a step's measured peak (the GPU's start-up profile), None elsewhere:
+    where given, the activations' share of the device (the allocator keeps what the peak step freed)."""
     device = memory.device
     total, free, source = memory.info()
     kv_total = kv_block_bytes * blocks_total
     used = memory.process_bytes()  # on a GPU: what remains of total - free is other processes' and the driver's
     # on the CPU the host copies of LoRA adapters live in the same memory
     lora = lora_device + (lora_host if device.type != "cuda" else 0)
-    other = max(0, used - weights - kv_total - activation_bytes - lora - (graphs or 0))
+    other = max(0, used - weights - kv_total - (activation_peak or activation_bytes) - lora - (graphs or 0))
     return MemorySnapshot(
         weights_bytes=weights,
         kv_block_bytes=kv_block_bytes,
@@ -151,4 +152,5 @@ def snapshot(memory: DeviceMemory, weights: int, kv_block_bytes: int, blocks_tot
         lora_device_bytes=lora_device,
         lora_host_bytes=lora_host,
         graphs_bytes=graphs,
+        activation_peak_bytes=activation_peak,
     )

@@ -13,8 +13,15 @@ import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
-from engine.events import ForwardPath, StepKind
-from engine.models.layers.attention import EAGER, AttentionBackend, AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.events import AttentionBackendName, ForwardPath, KvCacheDtype, StepKind
+from engine.models.layers.attention import (
+    EAGER,
+    AttentionBackend,
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillBatch,
+    PrefillSeq,
+)
 from engine.models.layers.kv_quant import SCALE_BYTES
 from engine.models.layers.linear import INT8_ROWS, PROMPT_ROWS
 from engine.models.llama import LlamaForCausalLM
@@ -22,11 +29,17 @@ from engine.models.model_config import ModelConfig
 from engine.runner.attention_backend import select_backend
 from engine.runner.fused import PATH_FUSED, PATH_LAYERS, FusedDecode
 from engine.runner.graphs import DecodeGraphs
-from engine.runner.step_result import NONFINITE, StepResult, read_back_step, take_verifies
+from engine.runner.input_batch import BlockTables, decode_inputs, host_ints
+from engine.runner.step_result import NONFINITE, StepResult, producing_rows, read_back_step, take_verifies
 
 # Decodes whose context lengths lie within this ratio share one padded attention call. Tighter means
 # less padding gathered (the gather dominates decode steps on the CPU) but more, smaller calls.
 DECODE_GROUP_RATIO = 2.0
+# All-decode steps of at least this many rows read the block tables kept across steps (engine/runner/
+# input_batch.py); fewer rows build theirs from lists, which costs no more there. _prepare, lists against
+# kept tables (2-core Zen 4, 1 thread): 1 row 28 against 41 us; 16 rows 51-60 against 53-58; 32 rows 85-104
+# against 75-84; 64 rows 133 against 92 us at 18 tokens of context, 307 against 184 at 1,000.
+KEPT_TABLES_MIN_ROWS = 16
 
 
 def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -58,7 +71,7 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
-                 kv_cache_dtype: str = "auto", matmul_dtype: torch.dtype | None = None) -> None:
+                 kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO, matmul_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.cfg = model_config
         self.device, self.dtype = device, dtype
@@ -72,6 +85,7 @@ class ModelRunner:
         self.matmul_dtype = matmul_dtype
         self.backend = dataclasses.replace(backend, matmul_dtype=matmul_dtype) if matmul_dtype else backend
         self.graphs: DecodeGraphs | None = None  # EngineConfig.cuda_graphs: all-decode steps replayed
+        self._parked_graphs: DecodeGraphs | None = None  # graphs switched off, kept for switching on (park_graphs)
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
         # EngineConfig.int8_activations: the fused step's products, and quantized layers' many rows (INT8_ROWS)
@@ -79,13 +93,15 @@ class ModelRunner:
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
         self.kernel_family = "bf16"  # the weights' kernel family: which measured tier the fused step runs
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
-        self.kv_int8 = kv_cache_dtype == "int8"
+        self.kv_int8 = kv_cache_dtype == KvCacheDtype.INT8
         # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
         # [+ the scale's bytes when int8]).
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.restore_kv(num_blocks)
+        self.block_tables = BlockTables()  # decode rows' tables kept across steps (engine/runner/input_batch.py)
+        self._positions = torch.arange(0)  # the eager decode masks' column positions (_decode_groups)
 
-    def set_execution(self, attention_backend: str, compile: bool,
+    def set_execution(self, attention_backend: AttentionBackendName, compile: bool,
                       progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
                       int8_activations: bool = False, wait_kernels: bool = True,
                       batch_invariant: bool = False) -> None:
@@ -106,12 +122,12 @@ class ModelRunner:
         backend = select_backend(attention_backend, self.cfg, self.device, self.dtype, compile, progress,
                                  previous=self.backend, wait=wait_kernels)
         if self.kv_int8:  # the decode kernels read 16-bit caches: an 8-bit one decodes on the eager path
-            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None)
+            backend = dataclasses.replace(backend, native_decode=None, compiled_decode=None, flex=None, triton=None)
         if self.matmul_dtype is not None:
             backend = dataclasses.replace(backend, matmul_dtype=self.matmul_dtype)
         self.backend = backend
         self.fused = None
-        if (fused_decode and not compile and not backend.reference and not self.kv_int8
+        if (fused_decode and not compile and not backend.reference and not self.kv_int8 and backend.triton is None
                 and self.device.type == "cpu" and self.dtype == torch.bfloat16):
             from engine.kernels import fused_decode_kernel
 
@@ -125,9 +141,19 @@ class ModelRunner:
         """The C++ paged-decode module the backend runs decodes with, or None."""
         return self.backend.native_decode
 
+    def park_graphs(self, on: bool) -> DecodeGraphs | None:
+        """Switch the decode graphs off (kept, as captured) or on again (the kept ones, if any: a bench that
+        alternates modes captures once, not once a round). Returns the graphs now on, or None."""
+        if on and self.graphs is None:
+            self.graphs, self._parked_graphs = self._parked_graphs, None
+        elif not on and self.graphs is not None:
+            self._parked_graphs, self.graphs = self.graphs, None
+        return self.graphs
+
     def invalidate_graphs(self) -> None:
         """Captured graphs read the K/V tensors and weights they were recorded with: drop them when
-        either changes (the next decode steps capture again)."""
+        either changes (the next decode steps capture again; parked ones too)."""
+        self._parked_graphs = None
         if self.graphs is not None:
             self.graphs.invalidate()
         if self.fused is not None:  # it holds the layers' tensors and the caches too
@@ -179,18 +205,7 @@ class ModelRunner:
         # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
         decodes = sorted((s for s in sched.scheduled if s.kind == StepKind.DECODE), key=lambda s: s.request.num_tokens)
         order = decodes + [s for s in sched.scheduled if s.kind != StepKind.DECODE]
-        # Rows that produce a token: the last position of each request that reaches its end; every
-        # position of a verify run (one per draft token, plus the bonus position).
-        rows, producers, verify_spans = [], [], []
-        offset = 0
-        for s in order:
-            offset += s.num_tokens
-            if s.kind == StepKind.VERIFY:
-                verify_spans.append((s, len(rows), s.num_tokens))
-                rows.extend(range(offset - s.num_tokens, offset))
-            elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
-                producers.append((s, len(rows)))
-                rows.append(offset - 1)
+        rows, producers, verify_spans = producing_rows(order)
         plan = self._fused_plan(order)
         all_logits = greedy = None
         if plan is not None:  # the whole step in one native call: hidden states, the rows' logits and argmax
@@ -211,8 +226,11 @@ class ModelRunner:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
-                                                        self.verify_decisions)
-            if result is not None:
+                                                        self.verify_decisions, self.backend.triton)
+            if result is not None and len(producers) == len(order):  # every request, in order (all decodes)
+                sampled[:], logprobs[:] = result.token_ids, result.logprobs
+                step.failed.update({j: NONFINITE for j in result.failed})
+            elif result is not None:
                 for (s, _), tok, lp in zip(producers, result.token_ids, result.logprobs):
                     sampled[where[id(s)]] = tok
                     logprobs[where[id(s)]] = lp
@@ -254,7 +272,7 @@ class ModelRunner:
             return self.graphs.run(self, order, bm)
         input_ids, positions, md = self._prepare(order, bm)
         # prompt rows take the library GEMM however few (engine/models/layers/linear.py PROMPT_ROWS)
-        prompt_rows = PROMPT_ROWS.set(any(s.kind == "prefill" for s in order))
+        prompt_rows = PROMPT_ROWS.set(any(s.kind == StepKind.PREFILL for s in order))
         int8_rows = INT8_ROWS.set(self.int8_activations)
         try:
             if self.lora is None:
@@ -269,6 +287,13 @@ class ModelRunner:
             PROMPT_ROWS.reset(prompt_rows)
 
     def _prepare(self, order: list[ScheduledRequest], bm: BlockManager):
+        if len(order) >= KEPT_TABLES_MIN_ROWS and not self.backend.reference and all(
+                s.kind == StepKind.DECODE for s in order):
+            return self._prepare_decodes(order, bm)
+        return self._prepare_lists(order, bm)
+
+    def _prepare_lists(self, order: list[ScheduledRequest], bm: BlockManager):
+        """Any batch's inputs, built from lists (prefill chunks, verifies, the reference path)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -277,6 +302,8 @@ class ModelRunner:
         prefills: list[PrefillSeq] = []
         dec_tables, dec_lens = [], []
         tree_masks: dict[int, torch.Tensor] = {}
+        triton = self.backend.triton is not None  # every prompt chunk reads its whole context from the cache
+        chunk_tables: list[list[int]] = []  # the Triton prefill's chunks' tables (tree verifies excluded)
         for s in order:
             req = s.request
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_tokens
@@ -299,13 +326,16 @@ class ModelRunner:
                 dec_lens.append(end)
             else:
                 ctx_blocks = None
-                if start > 0:
+                if start > 0 or triton:
                     ctx_blocks = self._to_device(table[: -(-end // bs)])
                 prefills.append(PrefillSeq(q_start, s.num_tokens, end, ctx_blocks,
                                            None if tree is None else tree[1]))
                 if tree is not None:
                     tree_masks[q_start] = tree[1]
-        groups = self._decode_groups(dec_tables, dec_lens) if dec_lens else []
+                elif triton:
+                    chunk_tables.append(table)
+        groups = self._decode_groups(dec_lens, lambda a, b, width: self._block_rows(dec_tables[a:b], width)) \
+            if dec_lens else []
         md = AttentionMetadata(
             slot_mapping=self._to_device(slots),
             num_decode_tokens=len(dec_tables),
@@ -315,44 +345,71 @@ class ModelRunner:
             block_size=bs,
             tree_masks=tree_masks,
             backend=self.backend,
+            prefill_batch=self._prefill_batch(prefills, chunk_tables) if chunk_tables else None,
         )
         return self._to_device(ids), self._to_device(pos), md
 
-    def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
+    def _prefill_batch(self, prefills: list[PrefillSeq], tables: list[list[int]]) -> PrefillBatch:
+        """The Triton prefill kernel's view of the step's prompt chunks (tree verifies take their own path)."""
+        chunks = [p for p in prefills if p.tree_mask is None]
+        width = max(-(-p.ctx_len // self.block_size) for p in chunks)
+        return PrefillBatch(self._block_rows(tables, width).view(len(chunks), width),
+                            self._to_device([p.q_start for p in chunks]), self._to_device([p.q_len for p in chunks]),
+                            self._to_device([p.ctx_len for p in chunks]), max(p.q_len for p in chunks))
+
+    def _prepare_decodes(self, order: list[ScheduledRequest], bm: BlockManager):
+        """_prepare of an all-decode step, from the block tables kept across steps: no list of lists per
+        step. md.seqs stays empty (only the reference path reads it)."""
+        d = decode_inputs([s.request for s in order], self.block_tables, bm)
+        groups = self._decode_groups(d.lens, lambda a, b, width: self._to_device(d.tables[a:b, :width].reshape(-1)))
+        md = AttentionMetadata(slot_mapping=self._to_device(d.slots), num_decode_tokens=len(order),
+                               decode_groups=groups, block_size=self.block_size, backend=self.backend)
+        return self._to_device(d.ids), self._to_device(d.positions), md
+
+    def _decode_groups(self, lens: list[int], block_rows: Callable[[int, int, int], torch.Tensor]) -> list[DecodeGroup]:
         """Decodes arrive sorted by context length; cut them where a group's longest context would
         exceed DECODE_GROUP_RATIO times its shortest, which bounds the padding gathered with the K/V.
         The native kernel and FlexAttention read each context to its own length: one group, no padding
-        mask (the native kernel takes the lengths on the host, FlexAttention on the device)."""
+        mask (the native kernel takes the lengths on the host, FlexAttention and the Triton kernel on the device).
+        block_rows(start, end, width): rows start..end's block tables cut or padded to width, flattened."""
         bs, groups, start = self.block_size, [], 0
         flex = self.backend.flex is not None and self.backend.flex.fn is not None  # not disabled by a failure
-        if self.backend.native_decode is not None or flex:
+        if self.backend.native_decode is not None or flex or self.backend.triton is not None:
             max_blocks = -(-lens[-1] // bs)
-            ctx_lens = torch.tensor(lens) if self.backend.native_decode is not None else self._to_device(lens)
-            return [DecodeGroup(0, len(lens), max_blocks * bs, self._block_rows(tables, max_blocks), None, ctx_lens)]
+            ctx_lens = host_ints(lens) if self.backend.native_decode is not None else self._to_device(lens)
+            return [DecodeGroup(0, len(lens), max_blocks * bs, block_rows(0, len(lens), max_blocks), None, ctx_lens)]
         while start < len(lens):
             end = start + 1
             while end < len(lens) and lens[end] <= DECODE_GROUP_RATIO * lens[start]:
                 end += 1
             max_blocks = -(-lens[end - 1] // bs)
             max_ctx = max_blocks * bs  # whole blocks are gathered; the tail past each length is masked
-            p = torch.arange(max_ctx)
-            valid = p.unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
-            mask = torch.zeros(valid.shape, dtype=self.dtype).masked_fill_(~valid, float("-inf"))  # (n, max_ctx)
+            group_lens = host_ints(lens[start:end])
+            if self._positions.shape[0] < max_ctx:  # 0, 1, 2, ... kept: one arange per longer context, not per step
+                self._positions = torch.arange(2 * max_ctx)
+            padding = self._positions[:max_ctx] >= group_lens.unsqueeze(1)
+            mask = torch.where(padding, float("-inf"), 0.0).to(self.dtype)  # (n, max_ctx): 0 or -inf
             # the mask broadcasts over (kv_heads, n, group, max_ctx)
-            groups.append(DecodeGroup(start, end - start, max_ctx, self._block_rows(tables[start:end], max_blocks),
-                                      self._to_device(mask)[:, None, :], torch.tensor(lens[start:end])))
+            groups.append(DecodeGroup(start, end - start, max_ctx, block_rows(start, end, max_blocks),
+                                      self._to_device(mask)[:, None, :], group_lens))
             start = end
         return groups
 
     def _block_rows(self, tables: list[list[int]], max_blocks: int) -> torch.Tensor:
         """(len(tables) * max_blocks,) each table cut or padded with block 0 to max_blocks, flattened."""
-        rows = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
-        return self._to_device(rows).reshape(-1)
+        flat: list[int] = []
+        for t in tables:
+            row = t[:max_blocks]
+            flat += row
+            flat += [0] * (max_blocks - len(row))
+        return self._to_device(flat)
 
     def _to_device(self, values) -> torch.Tensor:
         """A step input (a list of ints, or a host tensor) on the device. On CUDA through pinned host
         memory, so the copy is asynchronous: from pageable memory a non_blocking copy still waits."""
-        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+        host = values if isinstance(values, torch.Tensor) else host_ints(values)
+        if self.device.type == "cpu":
+            return host  # already there (a .to() would still cost a dispatch)
         if self.device.type != "cuda":
             return host.to(self.device)
         return host.pin_memory().to(self.device, non_blocking=True)

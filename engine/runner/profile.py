@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
-from engine.events import StepKind
+from engine.events import AttentionBackendName, KernelBuild, StepKind
 from engine.models.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -67,14 +67,19 @@ def worst_case_shape(config: EngineConfig, model_config: ModelConfig) -> WarmupS
 
 @torch.inference_mode()
 def warmup_step(model: LlamaForCausalLM, model_config: ModelConfig, shape: WarmupShape, block_size: int,
-                device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+                device: torch.device, dtype: torch.dtype,
+                attention_backend: AttentionBackendName = AttentionBackendName.FAST) -> torch.Tensor:
     """Run one worst-case step (a prefill of shape.num_prefill_tokens tokens, then logits and sampling
-    for shape.num_sample_rows rows) over a throwaway cache; returns the sampled token ids."""
+    for shape.num_sample_rows rows) over a throwaway cache, on the attention path the engine will run
+    (`attention_backend`: on CUDA "native" is the Triton kernels, whose prefill keeps no score matrix);
+    returns the sampled token ids."""
     from engine.runner.model_runner import ModelRunner  # the runner imports nothing from here
 
     n = shape.num_prefill_tokens
     blocks = -(-n // block_size)
     runner = ModelRunner(model, model_config, blocks, block_size, device, dtype)
+    if attention_backend != AttentionBackendName.FAST:
+        runner.set_execution(attention_backend, compile=False)
     bm = BlockManager(blocks, block_size, enable_prefix_caching=False)
     ids = [i % model_config.vocab_size for i in range(n)]
     req = Request("__warmup", ids, SamplingParams(max_tokens=1))
@@ -96,7 +101,8 @@ def profile_peak_bytes(model: LlamaForCausalLM, model_config: ModelConfig, confi
     meter = meter or CudaPeakMeter(device)
     meter.reset()
     before = meter.allocated()
-    warmup_step(model, model_config, worst_case_shape(config, model_config), config.block_size, device, dtype)
+    warmup_step(model, model_config, worst_case_shape(config, model_config), config.block_size, device, dtype,
+                config.attention_backend)
     return max(0, meter.peak() - before)
 
 
@@ -118,7 +124,8 @@ def profile_graph_bytes(model: LlamaForCausalLM, model_config: ModelConfig, conf
                   model_config.max_position_embeddings)
     runner = ModelRunner(model, model_config, 1, config.block_size, device, dtype,
                          kv_cache_dtype=config.kv_cache_dtype)
-    runner.set_execution(config.attention_backend, bool(config.compile), wait_kernels=config.kernel_build == "wait")
+    runner.set_execution(config.attention_backend, bool(config.compile),
+                         wait_kernels=config.kernel_build == KernelBuild.WAIT)
     if capture:  # one context of the widest start-up bucket: what a capture's warm-up may touch
         runner.resize_kv(startup_context_bucket(runner.backend, max_len, config.block_size))
     graphs = runner.graphs = DecodeGraphs(capture=capture)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import EngineConfig
+from engine.events import KernelBuild, KvCacheDtype
 from engine.models.layers.kv_quant import kv_row_bytes
 from engine.models.model_config import ModelConfig
 from engine.runner.cpu_compute import plan_compute
@@ -38,9 +39,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return plan_compute(name, device).dtype
 
 
-def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+def kv_block_bytes(mc: ModelConfig, block_size: int, dtype: torch.dtype,
+                   kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO) -> int:
     """Bytes of one block: K and V for block_size tokens across every layer (int8: values + row scales)."""
-    row = kv_row_bytes(mc.head_dim, torch.empty((), dtype=dtype).element_size(), kv_cache_dtype == "int8")
+    row = kv_row_bytes(mc.head_dim, torch.empty((), dtype=dtype).element_size(), kv_cache_dtype == KvCacheDtype.INT8)
     return block_size * 2 * mc.num_hidden_layers * mc.num_key_value_heads * row
 
 
@@ -158,5 +160,5 @@ def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.d
     from engine.kernels import stream_linear_kernel
     from engine.kernels.tier_choice import family_for_bits
 
-    return stream_linear_kernel(progress, wait=config.kernel_build == "wait",
+    return stream_linear_kernel(progress, wait=config.kernel_build == KernelBuild.WAIT,
                                 family=family_for_bits(config.quant_bits))

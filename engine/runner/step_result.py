@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.core.scheduler import ScheduledRequest
+from engine.events import StepKind
 from engine.models.layers.read_back import to_host
-from engine.models.layers.sampler import SampleResult, sample
+from engine.models.layers.sampler import SampleResult, noise_seed, sample
 from engine.runner.fused import FusedDecode
 
 NONFINITE = "the model produced non-finite logits (NaN or inf) for this request"
@@ -33,12 +34,33 @@ class StepResult:
     verify_host: dict[int, list[int]] = field(default_factory=dict)
 
 
+def producing_rows(order: list[ScheduledRequest]) -> tuple[list[int], list, list]:
+    """The flat batch's rows that produce tokens: the last position of each request that reaches its end;
+    every position of a verify run (one per draft token, plus the bonus position). Returns (those rows,
+    [(request, its index among them)], [(verify, its first index among them, its rows)])."""
+    if all(s.kind == StepKind.DECODE for s in order):  # the steady state: a decode's one token is its last
+        n = len(order)
+        return list(range(n)), list(zip(order, range(n))), []
+    rows, producers, verify_spans = [], [], []
+    offset = 0
+    for s in order:
+        offset += s.num_tokens
+        if s.kind == StepKind.VERIFY:
+            verify_spans.append((s, len(rows), s.num_tokens))
+            rows.extend(range(offset - s.num_tokens, offset))
+        elif s.request.num_computed_tokens + s.num_tokens == s.request.num_tokens:
+            producers.append((s, len(rows)))
+            rows.append(offset - 1)
+    return rows, producers, verify_spans
+
+
 def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, greedy,
-                   decide) -> tuple[SampleResult | None, list[int], list[int]]:
+                   decide, kernels=None) -> tuple[SampleResult | None, list[int], list[int]]:
     """Sample the producers' rows and read, in the same one copy back to the host (to_host), every verify
     row's finiteness then each verify's decisions (`decide`, the speculative decoder's hook: greedy, the
     argmax of each row; sampling, its acceptances and residual samples, drawn on the device): a step waits
-    for the device once, however many requests it samples and verifies. Returns (the sampling result or
+    for the device once, however many requests it samples and verifies. `kernels`: the CUDA path's Triton
+    kernels sample the producers' rows (engine/models/layers/sampler.py). Returns (the sampling result or
     None, [bad per verify row..., then every verify's decisions], the decisions' length per verify). Without
     `decide` a greedy verify reads its rows' argmax and a sampling one nothing (it decides on its own).
     (The CPU's fused step takes each row's argmax on its own: its greedy rows and greedy verifies need no
@@ -65,8 +87,11 @@ def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, gr
     if producers:
         result = FusedDecode.greedy_result(greedy, producers)
         if result is None:
-            result = sample(logits[[r for _, r in producers]], [s.request.sampling_params for s, _ in producers],
-                            [s.request.generator for s, _ in producers], extra=extra)
+            rows = [r for _, r in producers]
+            picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # every row: no copy
+            seeds = [noise_seed(s.request.seed, s.request.num_tokens) for s, _ in producers] if kernels else None
+            result = sample(picked, [s.request.sampling_params for s, _ in producers],
+                            [s.request.generator for s, _ in producers], extra=extra, kernels=kernels, seeds=seeds)
             return result, host if host is not None else result.extra, sizes
     if host is not None:
         return result, host, sizes

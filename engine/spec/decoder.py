@@ -76,7 +76,7 @@ class SpeculativeDecoder:
         self.drafted_per_pos = [0] * MAX_DRAFT
         self._step_spec = None
         method = config.spec_method
-        if method in (None, "none"):
+        if method is None:
             return
         if method == SpecMethod.NGRAM:
             self.proposer = NgramProposer()
@@ -91,10 +91,10 @@ class SpeculativeDecoder:
     def set_num_tokens(self, k: int) -> None:
         self.num_tokens = k
 
-    def switch(self, method: str | None, running: list[Request]) -> None:
+    def switch(self, method: SpecMethod | None, running: list[Request]) -> None:
         """Switch the proposer (checked by engine.validation.check_reconfigure: none and n-gram switch at run
         time); drafts already made are dropped."""
-        if method in (None, "none"):
+        if method is None:
             self._free_all_drafts()
             self.proposer = None
         elif method == SpecMethod.NGRAM and not isinstance(self.proposer, NgramProposer):

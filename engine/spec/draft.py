@@ -14,7 +14,7 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
-from engine.events import StepKind
+from engine.events import SpecMethod, StepKind
 from engine.loading.loader import LoadedModel, load_model
 from engine.models.build import build_model
 from engine.models.layers.attention import EAGER, AttentionBackend
@@ -80,7 +80,7 @@ def self_draft_bits(device: torch.device, dtype: torch.dtype, mc: ModelConfig, g
 
 
 class DraftModelProposer:
-    name = "draft"
+    name = SpecMethod.DRAFT
 
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER) -> None:

@@ -15,7 +15,7 @@ the token, load too.) The heads are trained by `inferlab train-mtp` on text the 
 Each step, a request's candidates form a tree: the top widths[0] tokens of head 1, under each of them
 the top widths[1] of head 2, and so on, `depth` levels deep. The target verifies the whole tree in one
 pass with a tree attention mask (engine/models/layers/attention.py) and keeps the longest path it agrees with
-(engine/spec_decode.verify_tree).
+(engine/spec/verify.py, verify_tree).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import files
+from engine.events import SpecMethod
 from engine.models.layers.linear import STREAM_MAX_ROWS
 
 DEFAULT_TREE_WIDTHS = (3, 2, 1, 1, 1, 1, 1, 1)
@@ -149,6 +151,7 @@ def load_heads(path: Path, hidden_size: int, vocab_size: int | None = None,
 def _read_heads(path: Path, hidden_size: int, vocab_size: int | None, min_draft_vocab: int) -> tuple[MtpHeads, dict]:
     from safetensors import safe_open
 
+    files.check_regular(path)  # (safetensors would wait for ever on a FIFO)
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("inferlab_mtp", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
@@ -200,7 +203,7 @@ def head_logits(lm_head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
 class MtpProposer:
     """Proposes a tree of drafts per request from its last hidden state."""
 
-    name = "mtp"
+    name = SpecMethod.MTP
 
     def __init__(self, heads: MtpHeads, model: nn.Module, widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
                  meta: dict | None = None) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.files import read_json
 from engine.sampling_params import SamplingParams
 from engine.spec.mtp import MtpHeads, heads_path, save_heads
 
@@ -38,7 +39,9 @@ Progress = Callable[[str, float | None], None]
 OPENING_TOKENS = 24  # tokens of a self-written opening (self_prompted)
 # at most this many draft tokens (the answers' most frequent): ranking them is most of a proposal's cost
 DRAFT_VOCAB_MAX = 4096
-RANK = None  # the heads' rank by default (None: full matrices); chosen by held-out accuracy, see README
+MAX_ANSWERS_BYTES = 512 * 2**20  # the kept answers (--prompts x --max-tokens token ids as JSON)
+# the heads' rank by default (None: full matrices); chosen by held-out accuracy (docs/measurements/speculative.md)
+RANK = None
 WEIGHT_DECAY = 0.0
 
 
@@ -304,7 +307,7 @@ def written_text(path: Path, made: dict, write: Callable[[], list], progress: Pr
     the writing, most of train-mtp's time. A file that does not parse, or was written otherwise, is
     written again, with a line saying why."""
     try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
+        kept = read_json(path, MAX_ANSWERS_BYTES)
         if kept.get("made") == made:
             seqs = [(list(map(int, ids)), int(n)) for ids, n in kept["answers"]]
             if any(not 0 < n <= len(ids) for ids, n in seqs) or (

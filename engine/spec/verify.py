@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.events import TokenSource
+from engine.events import SpecMethod, TokenSource
 from engine.models.layers.read_back import to_host
 from engine.models.layers.sampler import shape_logits
 from engine.sampling_params import SamplingParams
@@ -181,7 +181,7 @@ class NgramProposer:
     """Prompt lookup: find the latest earlier occurrence of the context's last n tokens (longest n
     first) and propose what followed it. Free to run; good when the answer quotes its prompt."""
 
-    name = "ngram"
+    name = SpecMethod.NGRAM
 
     def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
         self.max_n, self.min_n = max_n, min_n

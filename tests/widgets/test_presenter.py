@@ -44,7 +44,19 @@ def test_scale_grows_fonts_lines_markers_and_restores(qtbot):
     assert axis.style["tickFont"].pointSizeF() == big_tick / 2
     assert panel.curve.opts["pen"].widthF() == 2.0
     assert panel.curve.opts["symbolSize"] == 6
-    assert panel.item.legend.isVisible() and panel.item.titleLabel.text == "tokens per step"
+    # at scale 1 too the legend stays outside the data (issue 49: the timeline's box covered its bars)
+    assert not panel.item.legend.isVisible() and panel.item.titleLabel.text.startswith("tokens per step<br>")
+    assert f"{TITLE_PT:.1f}pt" in panel.item.titleLabel.opts["size"]
+
+
+def test_legends_are_outside_the_data_from_the_first_showing(qtbot):
+    panel = _PlotPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    qtbot.waitExposed(panel)
+    item = panel.item
+    assert not item.legend.isVisible() and "■" in item.titleLabel.text
+    assert not item.titleLabel.sceneBoundingRect().intersects(item.vb.sceneBoundingRect())
 
 
 def test_clipped_texts_finds_cut_labels_and_titles(qtbot):

@@ -111,3 +111,19 @@ def test_summary_names_the_draft_length_the_engine_chose(panel):
     panel.flush()
     assert panel.snapshot_data()["draft_length"] == 1
     assert "k = 1 ·" in panel._summary.text()
+
+
+def test_a_short_speedup_plot_puts_its_figures_under_the_bars(show):
+    """At 720 lines the speed-up plot is ~40 px tall: the two-line labels above its bars ran into its title."""
+    from widgets.spec_panel import SpecPanel
+
+    panel = show(SpecPanel(), 520, 260)
+    panel.set_measured_speedup(1.51)
+    for i in range(3):
+        panel.add_spec_stats(spec_stats(i))
+    panel.flush()
+    ticks = panel._speed_plot.getPlotItem().getAxis("bottom")._tickLevels[0]
+    assert not panel._speed_text[1].isVisible() and any("1.51×" in t for _x, t in ticks)
+    fm = panel.fontMetrics()
+    room = panel._speed_plot.getPlotItem().vb.width() / 2.2  # the two names apart on their axis
+    assert all(fm.horizontalAdvance(t) < room for _x, t in ticks), ticks

@@ -4,9 +4,9 @@ written to a scratch folder, because a mix of 16 needs 16 adapters and its cost 
 what the comparison measures. The result entry says how many were random."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from engine.files import read_json
 from engine.lora.peft_write import random_adapter, save_peft_adapter
 from engine.lora.shipped import available_adapters
 
@@ -23,7 +23,12 @@ def ensure_adapters(engine, n: int, scratch: Path) -> tuple[tuple[str, ...], int
         if len(have) >= n:
             break
         if name not in have:
-            cfg = json.loads((path / "adapter_config.json").read_text())
+            try:
+                cfg = read_json(path / "adapter_config.json")
+            except (OSError, ValueError):
+                continue  # (engine.add_lora would refuse it with the reason; a random adapter stands in)
+            if not isinstance(cfg, dict):
+                continue
             if cfg.get("r", rank) > engine.config.max_lora_rank:
                 continue
             engine.add_lora(name, str(path))

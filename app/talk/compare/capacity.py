@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.drive import Driver
+from app.talk.compare.kinds import ArrivalMode, RunMode
 from app.talk.compare.spec import WorkloadSpec
 from app.talk.compare.workload import plan
 
@@ -36,9 +37,9 @@ class Capacity:
 
 def measure_capacity(engine, workload: WorkloadSpec, corpus, ttft_s: float, cancelled) -> Capacity:
     """Serve other prompts of the workload's lengths, all arriving at once, and time them."""
-    others = plan(replace(workload, seed=workload.seed + 2000, arrival="all"), corpus, engine.max_model_len)
+    others = plan(replace(workload, seed=workload.seed + 2000, arrival=ArrivalMode.ALL), corpus, engine.max_model_len)
     t0 = time.perf_counter()
-    Driver(engine, RunRecord(), cancelled, "capacity").run("continuous", others, 1.0)
+    Driver(engine, RunRecord(), cancelled, "capacity").run(RunMode.CONTINUOUS, others, 1.0)
     rps = len(others) / (time.perf_counter() - t0)
     engine.block_manager.reset_prefix_cache()  # the timed runs start with a cold prefix cache
     within = engine.config.max_num_seqs + rps * ttft_s

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.talk.compare.collect import RunRecord
+from app.talk.compare.kinds import RunMode
 from app.talk.compare.workload import PlannedRequest
 from engine.drive import drive
 from engine.events import RequestTimeline
@@ -38,14 +39,14 @@ class Driver:
         self.t0 = 0.0
         self.due: dict[str, float] = {}  # request id -> planned arrival (perf_counter)
 
-    def run(self, mode: str, planned: list[PlannedRequest], rate: float) -> None:
+    def run(self, mode: RunMode, planned: list[PlannedRequest], rate: float) -> None:
         self.engine.add_listener(self.rec.on_event)
         try:
             self.t0 = self.rec.t_start = time.perf_counter()
-            if mode == "recompute":
+            if mode == RunMode.RECOMPUTE:
                 self._recompute(planned, rate)
             else:
-                self._scheduled(planned, rate, static=mode == "static")
+                self._scheduled(planned, rate, static=mode == RunMode.STATIC)
             self.rec.t_end = time.perf_counter()
         finally:
             self.engine.remove_listener(self.rec.on_event)

@@ -19,7 +19,7 @@ def headline_text(result: dict) -> str:
         return result["not_built"]
     if not result.get("metrics"):
         return "no metrics"
-    name = result["metrics"][0]
+    name = result.get("headline") if result.get("headline") in result["metrics"] else result["metrics"][0]
     rows = result.get("comparison", [])
     first = rows[0]["metrics"].get(name) if rows else None
     parts = []

@@ -17,6 +17,9 @@ METRICS = MappingProxyType({
     "p99_tpot_ms": "time per output token after the first, 99th percentile (a stream's worst stalls)",
     "p99_itl_ms": "time between two tokens of one answer, 99th percentile over every gap of every answer",
     "max_itl_ms": "longest time between two tokens of one answer: a stream frozen behind someone's prefill",
+    "p50_first_text_ms": "arrival to the first text the user sees, median: the first token when streamed, the "
+                         "whole answer when not",
+    "p99_first_text_ms": "arrival to the first text the user sees, 99th percentile",
     "p50_queue_ms": "arrival to first scheduled, median", "p50_prefill_ms": "first scheduled to first token, median",
     "p50_decode_ms": "first token to finished, median",
     "goodput_rps": "requests per second that met the preset's latency budget",

@@ -14,6 +14,7 @@ from app.talk.compare.headline import headline_text
 from app.talk.compare.job import comparison_base
 from app.talk.compare.machine import machine_info
 from app.talk.compare.prepare_chapter import check_lines, dtype_conditions, run_checked
+from app.talk.compare.profile import active_profile, record_prepare, use_profile
 from app.talk.compare.runner import run_comparison
 from app.talk.compare.store import prepared_json, save_result
 from app.talk.compare.warm_compile import compiled_configs, spare_cores, start
@@ -23,7 +24,10 @@ def add_prepare_args(p, engine_args) -> None:
     engine_args(p)
     p.add_argument("--json", metavar="OUT", help="also write every result to one JSON file")
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
-                   help="only this preset (repeatable); default: all presets")
+                   help="only this preset (repeatable); default: every preset, in the talk's order (presets/talk.toml)")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="store the results in profile NAME (the app's --profile shows them; default: the shared "
+                        "store), so another prepare on this machine does not overwrite a speaker's")
     p.add_argument("--no-background-compile", dest="background_compile", action="store_false",
                    help="compile the torch.compile configurations in their chapter, not ahead on a spare core")
 
@@ -46,13 +50,17 @@ def run_prepare(args) -> int:
     # looks up its own (one core left to the GUI thread)
     args.threads = args.threads or engine_threads()
     torch.set_num_threads(args.threads)
+    try:
+        use_profile(getattr(args, "profile", None))
+    except ValueError as exc:
+        _say(f"error: --profile: {exc}")
+        return 2
     bad = unwritable({"json": args.json})
     if bad:  # said before the chapters' minutes, not after them
         _say(f"error: {bad}")
         return 2
-    names = args.preset or available()
     try:
-        presets = [load_preset(n) for n in names]
+        presets = [load_preset(n) for n in args.preset or available()]  # available(): presets/talk.toml's order
     except PresetError as exc:
         _say(f"error: {exc}")
         return 2
@@ -77,7 +85,7 @@ def run_prepare(args) -> int:
     try:
         loaded = load_model(args.model, progress=load_progress)
         base = comparison_base(args.model, args.dtype, args.device, args.threads)
-        results, failed = {}, []
+        results, failed, written = {}, [], {}
         conditions = {**dtype_conditions(args.dtype, args.device), "threads": args.threads}
         for i, preset in enumerate(presets):
             if preset.compare is None:
@@ -106,6 +114,7 @@ def run_prepare(args) -> int:
                 _say(f"[{i + 1}/{len(presets)}] {preset.name}: FAILED: {type(exc).__name__}: {exc}")
                 continue
             path = save_result(preset.name, args.model, result)
+            written[preset.name] = path
             results[preset.name] = result
             _say(f"[{i + 1}/{len(presets)}] {preset.name}: {headline_text(result)} "
                  f"({time.perf_counter() - t0:.1f} s; stored in {path})")
@@ -115,8 +124,12 @@ def run_prepare(args) -> int:
         for bg in background.values():  # a prepare that stopped early leaves no compile behind
             bg.proc.kill()
             bg.wait()
+        if written:  # what this run wrote: the app names a result measured again since (profile.py)
+            record_prepare(written, active_profile())
     flagged = [n for n, r in results.items() if any(v["holds"] is False for v in r.get("checks", []))]
+    profile = active_profile()
     _say(f"prepared {len(results)} of {len(presets)} presets in {time.perf_counter() - t_start:.0f} s"
+         + (f" (profile {profile}: `inferlab --profile {profile}` shows them)" if profile else "")
          + (f"; failed: {', '.join(failed)}" if failed else "")
          + (f"; CONTRADICT THEIR CHAPTER: {', '.join(flagged)} (see above)" if flagged else ""))
     if args.json:

@@ -27,15 +27,18 @@ from app.talk.compare.capacity import Capacity, capacity_label, measure_capacity
 from app.talk.compare.collect import RunRecord
 from app.talk.compare.computed import contiguous_reservation
 from app.talk.compare.drive import Cancelled, Driver
+from app.talk.compare.kinds import RateUnit, RunMode, Warmup
+from app.talk.compare.knee import knee_label, measure_knee
 from app.talk.compare.machine import machine_info
 from app.talk.compare.metrics import bandwidth_metrics, request_split, run_metrics
 from app.talk.compare.metrics_catalog import METRICS
 from app.talk.compare.probe import probe_bandwidth
 from app.talk.compare.quality import QUALITY, QualityMeter
-from app.talk.compare.spec import WORKLOAD_KNOBS, CompareSpec, ConfigSpec
+from app.talk.compare.spec import KNEE_KNOB, WORKLOAD_KNOBS, CompareSpec, ConfigSpec
 from app.talk.compare.workload import plan
 from engine.config import EngineConfig
 from engine.core.metrics import SLO
+from engine.events import SpecMethod
 from engine.llm_engine import LLMEngine
 
 Progress = Callable[[str, float], None]
@@ -61,7 +64,7 @@ class _Engines:
     @staticmethod
     def _build_key(cfg: EngineConfig) -> tuple:
         fixed = [(k, v) for k, v in cfg.knob_values().items() if k not in LLMEngine.RECONFIGURABLE]
-        if cfg.spec_method not in (None, "ngram"):  # a draft model or MTP heads load only at start-up
+        if cfg.spec_method not in (None, SpecMethod.NGRAM):  # a draft model or MTP heads load only at start-up
             fixed.append(("spec_method", cfg.spec_method))
         return tuple(fixed)
 
@@ -85,8 +88,8 @@ class _Engines:
 
 
 def _engine_config(base: EngineConfig, spec: CompareSpec, c: ConfigSpec) -> EngineConfig:
-    knobs = {**spec.engine, **{k: v for k, v in c.knobs.items() if k not in WORKLOAD_KNOBS}}
-    if c.mode == "recompute":
+    knobs = {**spec.engine, **{k: v for k, v in c.knobs.items() if k not in WORKLOAD_KNOBS and k != KNEE_KNOB}}
+    if c.mode == RunMode.RECOMPUTE:
         knobs["enable_prefix_caching"] = False  # a cached prefix would be a KV cache by another name
     return replace(base, **knobs)
 
@@ -96,13 +99,13 @@ def _warm_up(engine: LLMEngine, spec: CompareSpec, planned, corpus, cancelled, l
     one small request; "workload": the whole workload with other prompts of the same lengths."""
     w = spec.workload
     t0 = time.perf_counter()
-    if w.warmup == "workload":
+    if w.warmup == Warmup.WORKLOAD:
         others = plan(replace(w, seed=w.seed + 1000), corpus, engine.max_model_len)
         Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run(
-            "continuous", [replace(p, at_unit=0.0) for p in others], 1.0)
+            RunMode.CONTINUOUS, [replace(p, at_unit=0.0) for p in others], 1.0)
     else:
         first = [replace(p, at_unit=0.0, max_tokens=min(4, p.max_tokens)) for p in planned[: max(1, len(loras))]]
-        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run("continuous", first, 1.0)
+        Driver(engine, RunRecord(), cancelled, "warm", loras=loras).run(RunMode.CONTINUOUS, first, 1.0)
     engine.block_manager.reset_prefix_cache()  # the timed run starts with a cold prefix cache
     return time.perf_counter() - t0
 
@@ -117,7 +120,7 @@ def _measure(engine: LLMEngine, spec: CompareSpec, c: ConfigSpec, planned, tag: 
     Driver(engine, rec, cancelled, tag, spec.workload.stop, loras).run(c.mode, planned, rate)
     outputs = sum(len(t) for t in rec.token_ids.values())
     m = run_metrics(rec, slo, outputs)
-    if c.mode == "recompute":  # each one-token request recomputed the tokens before it
+    if c.mode == RunMode.RECOMPUTE:  # each one-token request recomputed the tokens before it
         m["tokens_computed_per_output_token"] = (sum(s.num_tokens for s in rec.steps)) / max(outputs, 1)
     mem = engine.memory()
     m.update(weights_bytes=mem.weights_bytes, kv_blocks=mem.kv_blocks_total,
@@ -146,6 +149,7 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     progress = progress or (lambda text, fraction: None)
     cancelled = cancelled or (lambda: False)
     result = {"title": spec.title, "knob": spec.knob, "metrics": list(spec.metrics), "chart": list(spec.chart),
+              "headline": spec.headline if spec.metrics else None,
               "metric_info": {m: METRICS[m] for m in spec.metrics}, "workload": asdict(spec.workload),
               "fingerprint": spec.fingerprint(), "machine": machine_info(base.device),
               "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "comparison": []}
@@ -158,12 +162,19 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
     n = len(spec.configs)
     try:
         capacity = None
-        if spec.workload.rate_unit == "capacity":
+        if spec.workload.rate_unit == RateUnit.CAPACITY:
             progress(f"{spec.title}: measuring this machine's capacity", 0.0)
             capacity = _capacity(spec, engines, corpus, slo, cancelled)
             result["capacity"] = capacity.as_dict()
             spec = replace(spec, workload=replace(spec.workload, requests=capacity.requests))
-        planned = plan(spec.workload, corpus, min(loaded.config.max_position_embeddings, 2048))
+        knee_multiples = [c.knobs.get(KNEE_KNOB) for c in spec.configs]
+        if any(m is not None for m in knee_multiples):  # batch sizes from this machine's roofline
+            progress(f"{spec.title}: the roofline's knee (memory vs compute)", 0.0)
+            spec, knee = _at_knee(spec, base)
+            result["knee"], result["regime"] = knee.as_dict(), knee.regime()
+        served = [_requests_served(spec, c, base) for c in spec.configs]
+        planned = plan(replace(spec.workload, requests=max(served)), corpus,
+                       min(loaded.config.max_position_embeddings, 2048))
         rounds = spec.workload.rounds
         by_config: list[list[dict]] = [[] for _ in spec.configs]
         for r in range(rounds):
@@ -174,12 +185,12 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 step = r * n + i
                 of_rounds = f", round {r + 1}/{rounds}" if rounds > 1 else ""
                 progress(f"{spec.title}: {c.label} ({i + 1}/{n}{of_rounds})", step / (n * rounds))
-                if c.mode == "contiguous":
+                if c.mode == RunMode.CONTIGUOUS:
                     by_config[i].append(contiguous_reservation(c, last, spec.metrics))
                     continue
                 # later rounds: the configuration's first-call costs (compiling) were paid in the first
-                entry, last_rec, engine = _run_one(spec, c, i, engines, planned, corpus, slo, cancelled, capacity,
-                                                   warmup=None if r == 0 else "short")
+                entry, last_rec, engine = _run_one(spec, c, i, engines, planned[: served[i]], corpus, slo, cancelled,
+                                                   capacity, warmup=None if r == 0 else "short")
                 if first_tokens is None:
                     first_tokens, first_tag = dict(last_rec.token_ids), f"c{i}"
                 entry["metrics"]["same_output_as_first_pct"] = _same_output(first_tokens, last_rec, f"c{i}", first_tag)
@@ -191,18 +202,39 @@ def run_comparison(spec: CompareSpec, loaded, base: EngineConfig, *, slo: SLO | 
                 if r == 0 and any(m in QUALITY for m in spec.metrics):  # the weights', not the round's: once
                     progress(f"{spec.title}: {c.label}: quality on held-out text", (step + 0.8) / (n * rounds))
                     entry["metrics"].update(quality.measure(engine))
-                if c.mode == "continuous":  # what a computed counterfactual is computed from
+                if c.mode == RunMode.CONTINUOUS:  # what a computed counterfactual is computed from
                     last = (entry, last_rec, engine.max_model_len, engine.config.block_size,
                             engine.memory().kv_block_bytes)
                 entry["metrics"] = _keep(entry["metrics"], spec.metrics)
                 by_config[i].append(entry)
         result["comparison"] = [_median_of_rounds(entries) for entries in by_config]
+        for row, multiple in zip(result["comparison"], knee_multiples):
+            if multiple is not None:  # "1x knee" is what the preset's checks name it by
+                row["spec_label"], row["label"] = row["label"], knee_label(row["config"]["max_num_seqs"], multiple)
         if rounds > 1:
             result["rounds"] = rounds
     finally:
         engines.close()
     progress(f"{spec.title}: done", 1.0)
     return result
+
+
+def _at_knee(spec: CompareSpec, base: EngineConfig):
+    """`spec` with each knee multiple made a batch size (max_num_seqs) on this machine, and the knee."""
+    import torch
+
+    device = torch.device("cuda" if str(base.device) != "cpu" and torch.cuda.is_available() else "cpu")
+    knee = measure_knee(device, "bfloat16" if base.dtype == "auto" else str(base.dtype))
+    configs = tuple(replace(c, knobs={**{k: v for k, v in c.knobs.items() if k != KNEE_KNOB},
+                                      "max_num_seqs": knee.batch_for(c.knobs[KNEE_KNOB])})
+                    if KNEE_KNOB in c.knobs else c for c in spec.configs)
+    return replace(spec, configs=configs), knee
+
+
+def _requests_served(spec: CompareSpec, c: ConfigSpec, base: EngineConfig) -> int:
+    """The workload's requests, or requests_per_batch x the configuration's batch where that is more."""
+    batch = c.knobs.get("max_num_seqs", spec.engine.get("max_num_seqs", base.max_num_seqs))
+    return max(spec.workload.requests, spec.workload.requests_per_batch * int(batch))
 
 
 def _capacity(spec: CompareSpec, engines: _Engines, corpus, slo, cancelled) -> Capacity:
@@ -218,10 +250,10 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
     try:
         engine, _ = engines.get(cfg)
     except ValueError as exc:
-        if cfg.spec_method != "mtp":
+        if cfg.spec_method != SpecMethod.MTP:
             raise
         # no MTP heads for this model: compare n-gram speculation instead, and say so
-        engine, _ = engines.get(replace(cfg, spec_method="ngram"))
+        engine, _ = engines.get(replace(cfg, spec_method=SpecMethod.NGRAM))
         label, note = f"{c.label} → n-gram (no MTP heads)", f"multi-token heads are missing ({exc}); n-gram ran instead"
     loras, random_ones = (), 0
     if c.knobs.get("adapters"):
@@ -235,6 +267,9 @@ def _run_one(spec, c: ConfigSpec, i: int, engines: _Engines, planned, corpus, sl
         note = (f"{random_ones} of the {len(loras)} adapters are random ones of the same rank and targets as the "
                 "trained ones: the cost of mixing is measured, not their answers")
     metrics["warmup_s"] = warm
+    streamed = c.knobs.get("streamed", True)  # the first text a user sees: a token streamed, else the answer
+    for q in ("p50", "p99"):
+        metrics[f"{q}_first_text_ms"] = metrics.get(f"{q}_ttft_ms" if streamed else f"{q}_e2e_ms")
     entry = {"label": label, "config": {"mode": c.mode, **c.knobs}, "metrics": metrics}
     if capacity is not None and "rate" in c.knobs:  # the rate knob counts in capacities: say it in requests/s too
         rate_per_s = c.knobs["rate"] * capacity.requests_per_s

@@ -4,15 +4,19 @@
     title = "static vs continuous batching"      # what the panel says it compares
     knob = "max_num_seqs"                         # with `values`: one configuration per value
     values = [1, 4, 16]
-    metrics = ["tokens_per_s", "p99_e2e_ms"]      # the first is the headline; names from METRICS
+    metrics = ["tokens_per_s", "p99_e2e_ms"]      # names from METRICS
+    headline = "tokens_per_s"                     # the number the chapter is about (default: the first metric)
     chart = ["tokens_per_s"]                      # drawn as bars (or a curve over a numeric knob)
+    values_unit = "knee"                          # knob = "max_num_seqs" only: values are multiples of this
+                                                  # machine's roofline knee (app/talk/compare/knee.py)
     not_built = "..."                             # instead of all the above: the feature does not exist yet
 
     [compare.engine]      base engine knobs for every configuration (EngineConfig fields)
     [compare.workload]    requests, prompt_tokens, output_tokens, arrival = "all" | "poisson" | "burst",
                           rate, burst_requests, burst_prompt_tokens, shared_prefix_tokens, seed, stop, warmup,
                           rate_unit ("capacity": rates as multiples of a measured capacity), rounds (the
-                          configurations run in turn this many times, each figure the median of its rounds)
+                          configurations run in turn this many times, each figure the median of its rounds),
+                          requests_per_batch (each configuration serves at least this many x its batch size)
     [[compare.configs]]   named configurations instead of knob/values: label, mode, and knob = value pairs
 
 A configuration's `mode` says how it runs: "continuous" (the engine's own scheduling), "static" (the next
@@ -27,11 +31,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from app.talk.compare.kinds import ArrivalMode, RateUnit, RunMode, Warmup
 from app.talk.compare.metrics_catalog import METRICS
 from engine.knobs import KNOB
 
-MODES = ("continuous", "static", "recompute", "contiguous")
-ARRIVALS = ("all", "poisson", "burst")
+MODES = tuple(RunMode)
+ARRIVALS = tuple(ArrivalMode)
 # EngineConfig fields a configuration may set, with the check of each value
 ENGINE_KNOBS = {name: KNOB[name].type for name in (
     "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "policy", "enable_prefix_caching", "quant_bits",
@@ -39,8 +44,10 @@ ENGINE_KNOBS = {name: KNOB[name].type for name in (
     "memory_budget_bytes", "attention_backend", "pack_weights", "max_loras", "max_lora_rank", "max_cpu_loras",
     "max_step_ms", "ttft_budget_ms", "tpot_budget_ms")}
 # workload keys a configuration may vary: rate (same prompts, scaled arrival times); adapters (distinct
-# LoRA adapters named by the requests, round-robin; 0: the base model)
-WORKLOAD_KNOBS = {"rate": float, "adapters": int}
+# LoRA adapters named by the requests, round-robin; 0: the base model); streamed (false: the answer is
+# delivered whole, so the first text a user sees comes at its end: "first_text" metrics)
+WORKLOAD_KNOBS = {"rate": float, "adapters": int, "streamed": bool}
+KNEE_KNOB = "max_num_seqs_knee"  # a configuration's batch as a multiple of the roofline's knee (values_unit)
 
 
 class CompareSpecError(ValueError):
@@ -54,27 +61,30 @@ class WorkloadSpec:
     requests: int = 8
     prompt_tokens: tuple[int, int] = (32, 64)
     output_tokens: tuple[int, int] = (16, 32)
-    arrival: str = "all"
+    arrival: ArrivalMode = ArrivalMode.ALL
     rate: float = 4.0  # Poisson arrivals per second ("poisson"; the background stream of "burst")
     burst_requests: int = 0  # long prompts arriving at once, after the first `requests` began ("burst")
     burst_prompt_tokens: tuple[int, int] = (256, 384)
     shared_prefix_tokens: int = 0
     seed: int = 0
     stop: tuple[str, ...] = ()
-    warmup: str = "short"  # "short": one small request per engine; "workload": the whole workload once
+    warmup: Warmup = Warmup.SHORT
     # "per_s": rates in requests/s; "capacity": multiples of the capacity measured first (app/talk/compare/capacity.py)
-    rate_unit: str = "per_s"
+    rate_unit: RateUnit = RateUnit.PER_S
     # the configurations run in turn (A B C A B C ...) this many times and each figure is the median of its
     # rounds: a shared machine's speed drifts by tens of per cent over a minute, and a lone run of each
     # configuration puts that drift between them (app/talk/compare/runner.py)
     rounds: int = 1
+    # each configuration serves max(requests, requests_per_batch x its max_num_seqs) requests (the first of
+    # one plan): a batch sweep keeps every batch full without making batch 1 serve the largest one's load
+    requests_per_batch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigSpec:
     label: str
     knobs: dict = field(default_factory=dict)  # EngineConfig fields and workload knobs (rate)
-    mode: str = "continuous"
+    mode: RunMode = RunMode.CONTINUOUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,19 +100,24 @@ class CompareSpec:
     checks: tuple = ()  # the chapter's claims on its own figures (app/talk/chapter_check.CheckSpec)
     fallback: CompareSpec | None = None  # the same comparison with a gentler knob, tried once if a claim breaks
     fallback_reason: str | None = None  # what the fallback changes, in words
+    headline_metric: str | None = None  # the chapter's number (None: the first metric)
 
     @property
     def headline(self) -> str:
-        return self.metrics[0]
+        return self.headline_metric or self.metrics[0]
 
     def fingerprint(self) -> str:
         """A short hash of everything that shapes the result (not the title): stored results are kept per
         configuration."""
-        shape = {k: v for k, v in asdict(self).items() if k not in ("title", "checks", "fallback", "fallback_reason")}
-        if shape["workload"]["rate_unit"] == "per_s":  # the default: results stored before it existed still match
+        shape = {k: v for k, v in asdict(self).items()
+                 if k not in ("title", "checks", "fallback", "fallback_reason", "headline_metric")}
+        # defaults added later are left out: results stored before they existed still match
+        if shape["workload"]["rate_unit"] == RateUnit.PER_S:
             del shape["workload"]["rate_unit"]
         if shape["workload"]["rounds"] == 1:  # likewise
             del shape["workload"]["rounds"]
+        if shape["workload"]["requests_per_batch"] == 0:
+            del shape["workload"]["requests_per_batch"]
         blob = json.dumps(shape, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -143,19 +158,19 @@ def _workload(d: dict) -> WorkloadSpec:
     for key, v in d.items():
         if key in ("prompt_tokens", "output_tokens", "burst_prompt_tokens"):
             out[key] = _range(t, key, v)
-        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed", "rounds"):
+        elif key in ("requests", "burst_requests", "shared_prefix_tokens", "seed", "rounds", "requests_per_batch"):
             lo = 1 if key in ("requests", "rounds") else 0
-            hi = 9 if key == "rounds" else 4096
+            hi = {"rounds": 9, "requests_per_batch": 16}.get(key, 4096)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > hi:
                 raise _err(t, key, f"expected an integer in [{lo}, {hi}]", v)
             out[key] = v
         elif key == "rate":
             out[key] = _knob_value(t, key, v)
         elif key in ("arrival", "warmup", "rate_unit"):
-            options = {"arrival": ARRIVALS, "warmup": ("short", "workload"), "rate_unit": ("per_s", "capacity")}[key]
-            if v not in options:
-                raise _err(t, key, f"expected one of {', '.join(options)}", v)
-            out[key] = v
+            kind = {"arrival": ArrivalMode, "warmup": Warmup, "rate_unit": RateUnit}[key]
+            if v not in tuple(kind):
+                raise _err(t, key, f"expected one of {', '.join(kind)}", v)
+            out[key] = kind(v)
         elif key == "stop":
             if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
                 raise _err(t, key, "expected a list of non-empty strings", v)
@@ -183,12 +198,12 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
             t = f"compare.configs #{i + 1}"
             if not isinstance(c, dict) or not isinstance(c.get("label"), str) or not c["label"].strip():
                 raise CompareSpecError(t, "label", "missing (a non-empty string)")
-            mode = c.get("mode", "continuous")
+            mode = c.get("mode", RunMode.CONTINUOUS)
             if mode not in MODES:
                 raise _err(t, "mode", f"expected one of {', '.join(MODES)}", mode)
             knobs = {k: _knob_value(t, k, v) for k, v in c.items() if k not in ("label", "mode")}
-            out.append(ConfigSpec(c["label"].strip(), knobs, mode))
-        if out[0].mode == "contiguous":
+            out.append(ConfigSpec(c["label"].strip(), knobs, RunMode(mode)))
+        if out[0].mode == RunMode.CONTIGUOUS:
             raise CompareSpecError("compare.configs #1", "mode",
                                    "a computed configuration needs a measured one before it")
         return tuple(out)
@@ -199,14 +214,23 @@ def _configs(d: dict) -> tuple[ConfigSpec, ...]:
     if knob not in ENGINE_KNOBS and knob not in WORKLOAD_KNOBS:
         raise _err("compare", "knob", f"unknown knob; expected one of {', '.join([*ENGINE_KNOBS, *WORKLOAD_KNOBS])}",
                    knob)
+    unit = d.get("values_unit", "value")
+    if unit not in ("value", "knee"):
+        raise _err("compare", "values_unit", "expected value or knee", unit)
+    if unit == "knee":
+        if knob != "max_num_seqs":
+            raise _err("compare", "values_unit", "knee: only for knob = \"max_num_seqs\"", knob)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 64 for v in values):
+            raise _err("compare", "values", "with values_unit = \"knee\": multiples of the knee in (0, 64]", values)
+        return tuple(ConfigSpec(f"{v:g}x knee", {KNEE_KNOB: float(v)}) for v in values)
     try:
         return tuple(ConfigSpec(f"{knob} = {v}", {knob: _knob_value("compare", knob, v)}) for v in values)
     except CompareSpecError as exc:
         raise CompareSpecError("compare", "values", f"{knob}: {exc.message}") from None
 
 
-TOP_KEYS = ("title", "knob", "values", "configs", "metrics", "chart", "engine", "workload", "not_built", "checks",
-            "fallback")
+TOP_KEYS = ("title", "knob", "values", "values_unit", "configs", "metrics", "headline", "chart", "engine",
+            "workload", "not_built", "checks", "fallback")
 
 
 def parse_compare(d: dict) -> CompareSpec:
@@ -230,11 +254,14 @@ def parse_compare(d: dict) -> CompareSpec:
     metrics = _names("compare", "metrics", d.get("metrics", ["tokens_per_s"]))
     chart = _names("compare", "chart", d["chart"]) if "chart" in d else metrics[:1]
     configs = _configs(d)
+    headline = d.get("headline")
+    if headline is not None and headline not in metrics:
+        raise _err("compare", "headline", "expected one of this comparison's metrics", headline)
     fallback, reason = _fallback(d)
     return CompareSpec(title=title.strip(), configs=configs, metrics=metrics, chart=chart, knob=d.get("knob"),
                        engine=engine, workload=_workload(d.get("workload", {})),
                        checks=_checks(d.get("checks", []), metrics, tuple(c.label for c in configs)),
-                       fallback=fallback, fallback_reason=reason)
+                       fallback=fallback, fallback_reason=reason, headline_metric=headline)
 
 
 def _checks(raw, metrics: tuple[str, ...], labels: tuple[str, ...]) -> tuple:

@@ -1,6 +1,10 @@
 """Stored comparison results, per machine, model and configuration (JSON in the user data dir).
 
-    <user data dir>/inferlab/comparisons/<machine key>/<model key>/<preset>.json
+    <data dir>/comparisons/<machine key>/<model key>/<preset>.json                  (no profile)
+    <data dir>/profiles/<profile>/comparisons/<machine key>/<model key>/<preset>.json  (--profile NAME)
+
+(the data dir and profiles: app/talk/compare/profile.py; `prepare` records what it wrote in prepared.json
+beside the results.)
 
 Each file holds one preset's result as run_comparison returns it:
     {"title", "knob", "metrics": [names], "chart": [names], "metric_info": {name: text}, "workload",
@@ -18,15 +22,17 @@ import json
 import re
 from pathlib import Path
 
-from app.data_dir import data_root
 from app.json_shape import finite_number, list_of, text_or_none
 from app.talk.compare.machine import machine_key
+from app.talk.compare.profile import profile_root
+from engine.files import read_json
 
 SUBDIR = "comparisons"
+MAX_STORED_BYTES = 16 * 2**20  # a stored comparison: a few configurations' figures, kilobytes
 
 
 def store_root() -> Path:
-    return data_root() / SUBDIR
+    return profile_root() / SUBDIR
 
 
 def model_key(model: str) -> str:
@@ -57,7 +63,7 @@ def load_stored(preset_name: str, model: str, machine: dict | None = None, *, fi
         machine = machine_info()
     path = result_path(preset_name, model, machine, root)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, MAX_STORED_BYTES)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or "comparison" not in data or malformed(data):
@@ -113,7 +119,7 @@ def malformed(data: dict) -> str | None:
     text_lists = [data.get(k, []) for k in ("metrics", "chart", "check_reasons")]
     if not all(list_of(v, lambda x: isinstance(x, str)) for v in text_lists):
         return "metric or reason lists that are not texts"
-    if not all(text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built")):
+    if not all(text_or_none(data.get(k)) for k in ("title", "knob", "measured_at", "not_built", "headline", "regime")):
         return "a title, knob, time or note of the wrong kind"
     if not isinstance(data.get("rounds", 1), int) or not _checks_ok(data.get("checks", [])):
         return "rounds or checks of the wrong kind"
@@ -127,7 +133,8 @@ def malformed(data: dict) -> str | None:
 def prepared_json(model: str, machine: dict, results: dict[str, dict]) -> dict:
     """The `inferlab prepare --json` document."""
     keep = ("title", "measured_at", "comparison", "metrics", "chart", "knob", "metric_info", "fingerprint",
-            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload", "capacity")
+            "not_built", "checks", "check_reasons", "conditions", "fallback", "fallback_tried", "workload", "capacity",
+            "headline", "knee", "regime")
     presets = {name: {k: r[k] for k in keep if k in r}
                for name, r in results.items()}
     return {"machine": machine, "model": model, "presets": presets}

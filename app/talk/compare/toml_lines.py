@@ -1,6 +1,6 @@
-"""The line of a [compare] key in a preset's text, for file:line errors (tomllib gives no value lines).
-Tables: "compare", "compare.engine", "compare.workload", "compare.fallback (...)", or "compare.configs #N"
-/ "compare.checks #N" (the N-th [[compare.configs]] / [[compare.checks]])."""
+"""The line of a key in a TOML text, for file:line errors (tomllib gives no value lines). Tables: a name
+("compare", "compare.engine", "compare.fallback (...)") or "NAME #N", the N-th [[NAME]] of an array of
+tables ("compare.configs #2", "chapter #3" in presets/talk.toml)."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ import re
 
 def compare_line(text: str, table: str, key: str | None) -> int | None:
     want, nth = table.split(" (", 1)[0], 1
-    m = re.fullmatch(r"(compare\.(?:configs|checks)) #(\d+)", table)
+    m = re.fullmatch(r"([A-Za-z0-9_.-]+) #(\d+)", table)
     if m:
         want, nth = m.group(1), int(m.group(2))
     seen, inside, header = 0, False, None

@@ -11,6 +11,8 @@ import random
 from dataclasses import dataclass, replace
 
 from app.load.generator import LoadConfig, LoadGenerator
+from app.load.kinds import ArrivalKind
+from app.talk.compare.kinds import ArrivalMode, PlannedKind
 from app.talk.compare.spec import WorkloadSpec
 
 
@@ -21,7 +23,7 @@ class PlannedRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     seed: int
-    kind: str = "normal"  # "normal" | "burst"
+    kind: PlannedKind = PlannedKind.NORMAL
 
     def at_s(self, rate: float) -> float:
         return self.at_unit / rate
@@ -35,16 +37,16 @@ def plan(spec: WorkloadSpec, corpus_ids: list[int], max_model_len: int) -> list[
     gen = LoadGenerator(load, corpus_ids=corpus_ids, rng_seed=spec.seed, max_model_len=max_model_len)
     out, t = [], 0.0
     for i in range(spec.requests):
-        if spec.arrival != "all" and i > 0:
+        if spec.arrival != ArrivalMode.ALL and i > 0:
             t += rng.expovariate(1.0)
-        a = gen.make_arrival("poisson")
+        a = gen.make_arrival(ArrivalKind.POISSON)
         out.append(PlannedRequest(i, t, tuple(a.prompt_token_ids), a.sampling["max_tokens"], a.sampling["seed"]))
-    if spec.arrival == "burst":
+    if spec.arrival == ArrivalMode.BURST:
         at = out[len(out) // 3].at_unit if out else 0.0
         for _ in range(spec.burst_requests):
-            a = gen.make_arrival("burst")
+            a = gen.make_arrival(ArrivalKind.BURST)
             out.append(PlannedRequest(len(out), at, tuple(a.prompt_token_ids), a.sampling["max_tokens"],
-                                      a.sampling["seed"], "burst"))
+                                      a.sampling["seed"], PlannedKind.BURST))
         out.sort(key=lambda r: (r.at_unit, r.index))
         out = [replace(r, index=i) for i, r in enumerate(out)]
     return out

@@ -44,7 +44,7 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 // prefetched (best on a Sapphire Rapids Xeon, below), or kBf16Rows, one weight row after the other with no
 // software prefetch: W read as one sequential stream, which a Zen 4's hardware prefetcher serves best (there
 // R rows a tile are R streams, and a decode step's bf16 sweep ran ~2x as long: SmolLM2-135M's matrices, one
-// row of x, 1 thread, scripts/bf16_body_ab.sh). Each (weight row, row of x) pair keeps its own accumulator
+// row of x, 1 thread, scripts/bf16_rows_ab.sh). Each (weight row, row of x) pair keeps its own accumulator
 // in both, summed along K in the same order: the two give the same numbers, bit for bit, so the choice
 // changes speed only. More than 8 rows of x (blocks of W in cache) always take the tiles.
 enum Bf16Body : int { kBf16Tiles = 0, kBf16Rows = 1 };

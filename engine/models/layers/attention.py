@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.events import AttentionBackendName
 from engine.models.layers.kv_quant import dequantize_kv, is_quantized, quantize_kv
 
 QUERY_SLICE = 256  # prefill queries attended at once: bounds the scores, and skips most of the masked
@@ -72,7 +73,7 @@ class CompiledDecode:
 class AttentionBackend:
     """The attention path of every layer, chosen once (engine/runner/attention_backend.py)."""
 
-    name: str = "fast"  # as configured: "native", "fast", "compiled" or "reference"
+    name: AttentionBackendName = AttentionBackendName.FAST  # as configured (EngineConfig.attention_backend)
     reference: bool = False  # the readable one-sequence-at-a-time path
     compiled_decode: CompiledDecode | None = None  # decode through the compiled gather-fused kernel
     native_decode: object = None  # the C++ paged-decode module, only where it applies to the model
@@ -82,6 +83,9 @@ class AttentionBackend:
     # FlexAttention with a paged block mask (engine/models/layers/flex_paged.py): decodes and prefill
     # chunks over a cached context read K/V in place
     flex: object = None
+    # the CUDA path's Triton kernels (engine/kernels/gpu): add & norm, RoPE with the KV write, paged decode
+    # and prefill attention, SwiGLU, sampling; None elsewhere (on the CPU only under Triton's interpreter)
+    triton: object = None
 
 
 EAGER = AttentionBackend()  # batched paged attention, no kernel: what a bare ModelRunner runs
@@ -114,6 +118,18 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class PrefillBatch:
+    """The step's prompt chunks (those without a tree mask) for the Triton prefill kernel, each over its whole
+    context in the paged cache."""
+
+    tables: torch.Tensor  # (chunks, max_blocks) each chunk's sequence's blocks, padded with block 0
+    q_starts: torch.Tensor  # (chunks,) first row of each chunk in the flat batch
+    q_lens: torch.Tensor  # (chunks,)
+    ctx_lens: torch.Tensor  # (chunks,) the context after the chunk (cached + chunk)
+    max_q_len: int
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (num_tokens,) where each new token's K/V is written
     num_decode_tokens: int
@@ -124,6 +140,7 @@ class AttentionMetadata:
     block_size: int = 16
     tree_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # q_start -> tree mask (see PrefillSeq)
     backend: AttentionBackend = EAGER  # the runner's (one object, not copies of its flags)
+    prefill_batch: PrefillBatch | None = None  # the Triton backend's prompt chunks (tree verifies excluded)
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -205,6 +222,32 @@ def paged_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ca
             sub = PrefillSeq(p.q_start + start, n, p.ctx_len - p.q_len + start + n, None)
             r = slice(sub.q_start, sub.q_start + n)
             out[r] = _chunk_attention(q[r], kp[:, : sub.ctx_len], vp[:, : sub.ctx_len], sub, group, scale)
+    return out
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
+                           scale: float) -> torch.Tensor:
+    """The Triton backend (the CUDA path): decodes by the paged decode kernel (one group: every row reads its
+    own context to its own length), prompt chunks by the paged prefill kernel, both reading K/V in place;
+    a tree verify (its own mask) by the matmul path over its gathered context. K/V must already be in the
+    cache (the RoPE kernel writes them). q (num_tokens, heads, head_dim) -> the same shape."""
+    kernels = md.backend.triton
+    out = torch.empty_like(q)
+    for g in md.decode_groups:
+        rows = slice(g.start, g.start + g.num_seqs)
+        kernels.paged_decode(q[rows], k_cache, v_cache, g.blocks.view(g.num_seqs, -1), g.ctx_lens, scale,
+                             md.block_size, out=out[rows])
+    b = md.prefill_batch
+    if b is not None:
+        kernels.paged_prefill(q, k_cache, v_cache, b.tables, b.q_starts, b.q_lens, b.ctx_lens, b.max_q_len, scale,
+                              md.block_size, out)
+    group = q.shape[1] // k_cache.shape[0]
+    for p in md.prefills:
+        if p.tree_mask is not None:
+            rows = slice(p.q_start, p.q_start + p.q_len)
+            kp = gather_blocks(k_cache, p.blocks, md.block_size)[:, : p.ctx_len]
+            vp = gather_blocks(v_cache, p.blocks, md.block_size)[:, : p.ctx_len]
+            out[rows] = _chunk_attention(q[rows], kp, vp, p, group, scale)
     return out
 
 

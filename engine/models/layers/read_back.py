@@ -11,6 +11,8 @@ import struct
 
 import torch
 
+from engine.kernels.gpu.launches import transfer
+
 count = 0  # read-backs so far in this process (the tests read it before and after a step)
 
 
@@ -18,6 +20,7 @@ def to_host(values: torch.Tensor) -> list[int]:
     """A 1-D integer tensor's values on the host: the step's one wait for the device."""
     global count
     count += 1
+    transfer("read_back")
     if values.device.type != "cuda":
         return values.tolist()
     host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)

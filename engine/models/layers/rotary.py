@@ -50,6 +50,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_signed", torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1),
                              persistent=False)
 
+    def whole_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of every position, (max_positions, head_dim) in `dtype`, made once per dtype: what the CUDA
+        path's RoPE kernel reads by each token's position (rounded to the activations' dtype as `tables` rounds
+        the rows it gathers)."""
+        made = self.__dict__.setdefault("_whole", {})
+        if dtype not in made:
+            made[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        return made[dtype]
+
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin_signed) of each token's position, (num_tokens, 1, head_dim) in `dtype`: gathered once a
         forward pass and shared by every layer (each layer gathered and cast its own: ~6 ops x 30 layers a

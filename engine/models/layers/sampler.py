@@ -6,15 +6,27 @@ to inf - inf = NaN, and a huge one flattens them towards 0), the top-ranked toke
 and top-p, and top_k is clamped to the vocabulary. A row whose logits are not finite (NaN or inf from
 the model) is never sampled: it is reported in `failed`, so its request fails alone instead of
 emitting a silent token (argmax over NaN is token 0) or making torch.multinomial raise for the batch.
+The check is two vectorised reductions a row, not a comparison of every logit and its reduction: a row
+is finite when its maximum and its minimum are (NaN propagates through both; +inf is a maximum, -inf a
+minimum). For a greedy row the maximum is its token's logit (argmax returns the first NaN where there is
+one), for a sampled row the one the temperature's shift reads anyway.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import torch
 
+from engine.kernels.gpu.launches import transfer
 from engine.models.layers.read_back import float_bits, floats_from_bits, to_host
 from engine.sampling_params import SamplingParams
+
+# On the CPU a row's argmax runs as a chunked max (vectorised) and an argmax over the winning chunk:
+# ~10x faster than torch's argmax over 64 rows of a 49,152-token vocabulary (2-core Zen 4, 1 thread; 256 columns
+# a chunk: 290 us there, 390 us at 1024, 720 us at 2048).
+ARGMAX_CHUNK = 256
+_CHUNK_COLUMNS = torch.arange(ARGMAX_CHUNK)
 
 
 @dataclass(slots=True)
@@ -62,27 +74,94 @@ def shape_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     return logits
 
 
+def noise_seed(seed: int, num_tokens: int) -> int:
+    """The Triton sampler's per-row noise seed (engine/kernels/gpu/sampling.py) for a request's seed and its
+    token count: a seeded request draws the same tokens every run."""
+    return hash((seed, num_tokens)) & 0x7FFFFFFF
+
+
+def _kernel_params(params: list[SamplingParams], seeds: list[int], device: torch.device) -> list[torch.Tensor]:
+    """Temperature (float32), top-k (int32), top-p (float32) and noise seed (int32) of every row, in one copy to
+    the device: float32 values travel as their bits in one int32 tensor."""
+    n = len(params)
+    floats = struct.unpack(f"{2 * n}i", struct.pack(f"{2 * n}f", *(p.temperature for p in params),
+                                                    *(p.top_p for p in params)))
+    ints = [*floats[:n], *(min(p.top_k, 2**31 - 1) for p in params), *floats[n:], *seeds]
+    packed = torch.tensor(ints, dtype=torch.int32)
+    transfer("sampling_params")
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    return [packed[:n].view(torch.float32), packed[n : 2 * n], packed[2 * n : 3 * n].view(torch.float32),
+            packed[3 * n :]]
+
+
+def row_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's argmax, the logit there) of logits (n, vocab), exactly torch's argmax: the first maximum,
+    or the first NaN in a row that has one. On the CPU as a chunked max and an argmax within the first
+    chunk holding the row's maximum (ARGMAX_CHUNK)."""
+    n, vocab = logits.shape
+    k = vocab // ARGMAX_CHUNK
+    if logits.device.type != "cpu" or k < 2:
+        idx = logits.argmax(dim=-1)
+        return idx, logits.gather(1, idx.unsqueeze(1)).squeeze(1)
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    chunk_max = logits[:, : k * ARGMAX_CHUNK].view(n, k, ARGMAX_CHUNK).amax(dim=-1)  # NaN propagates
+    if k * ARGMAX_CHUNK < vocab:
+        chunk_max = torch.cat([chunk_max, logits[:, k * ARGMAX_CHUNK :].amax(dim=-1, keepdim=True)], dim=1)
+    start = chunk_max.argmax(dim=-1, keepdim=True) * ARGMAX_CHUNK  # the first chunk holding the maximum (or NaN)
+    # the last chunk may be short: its window repeats the last column, after the real ones
+    cols = start + _CHUNK_COLUMNS
+    if k * ARGMAX_CHUNK < vocab:
+        cols.clamp_(max=vocab - 1)
+    within = logits.gather(1, cols).argmax(dim=-1, keepdim=True)
+    return (start + within).squeeze(1), chunk_max.amax(dim=-1)  # the row's maximum is its token's logit
+
+
+def _greedy_and_failed(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   list[int]]:
+    """The torch path's (each greedy row's token, a stand-in elsewhere; each row's failed flag; the sampled rows).
+    A row fails where its maximum or its minimum is not finite (see the module docstring)."""
+    n = logits.shape[0]
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rows) < n:  # greedy rows: the first maximum, NaN first
+        chosen, peak = row_argmax(logits)
+    else:
+        chosen = torch.empty(n, dtype=torch.long, device=logits.device)
+    if rows:  # each row's maximum (for a greedy row the same number: its token's logit, or NaN)
+        peak = logits.amax(dim=-1)
+    return chosen, torch.stack((peak, logits.amin(dim=-1))).isfinite().all(dim=0).logical_not(), rows
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], extra: torch.Tensor | None = None) -> SampleResult:
+           generators: list[torch.Generator | None], extra: torch.Tensor | None = None,
+           kernels=None, seeds: list[int] | None = None) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
     integers on the same device that the caller wants on the host too (SampleResult.extra), in the same
     copy (the runner's verify rows).
 
     Everything runs where the logits are; the host reads the results back once, logprobs included (as
     float32 bit patterns in the same integer copy): no per-row .item(), which on a GPU would wait for the
-    device once per request."""
+    device once per request.
+
+    `kernels` (the CUDA path's Triton kernels, engine/kernels/gpu): every row sampled and checked in one kernel
+    (greedy, temperature, top-k, top-p), its noise keyed by `seeds` (noise_seed of each row's request) instead of
+    the generators."""
     n = logits.shape[0]
-    bad = ~torch.isfinite(logits).all(dim=-1)  # (n,) rows that fail; their tokens are dropped below
-    chosen = logits.argmax(dim=-1)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if kernels is not None:
+        drawn = kernels.sample(logits, *_kernel_params(params, seeds or [0] * n, logits.device))
+        chosen, bad, rows = drawn[:n], drawn[n:], []
+    else:
+        chosen, bad, rows = _greedy_and_failed(logits, params)
     if rows:
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
         sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
         probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
-        for j, i in enumerate(rows):  # each request's own generator (its seed); stays on the device
-            chosen[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+        # each request's own generator (its seed); the draws stay on the device, written in one op
+        draws = [torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs.unbind(0), rows)]
+        chosen[rows] = torch.cat(draws)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
-    ints = [chosen, bad.long()]
+    ints = [drawn] if kernels is not None else [chosen, bad]  # (torch.cat makes the flags integers)
     if want:
         lp = logits[want].log_softmax(dim=-1)
         top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
@@ -92,13 +171,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         ints.append(float_bits(torch.cat([chosen_lp, top_vals.flatten()])))
     if extra is not None:
         ints.append(extra.long())
-    host = to_host(torch.cat(ints))  # the one copy back
+    host = to_host(torch.cat(ints) if len(ints) > 1 else ints[0])  # the one copy back
     floats: list[float] = []
     if want:  # after the tokens, the failed flags and the top ids
         start = 2 * n + len(want) * top_n
         floats = floats_from_bits(host[start : start + len(want) * (top_n + 1)])
     token_ids: list[int | None] = host[:n]
-    failed = [i for i in range(n) if host[n + i]]
+    flags = host[n : 2 * n]
+    failed = [i for i, bad_row in enumerate(flags) if bad_row] if any(flags) else []
     for i in failed:
         token_ids[i] = None
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * n

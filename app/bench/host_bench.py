@@ -1,0 +1,245 @@
+"""`inferlab bench host`: the engine's own work around one decode step, with the model made free.
+
+The model's forward pass and its lm_head are replaced by a no-op (NoOpModel): the forward returns rows of a
+preallocated zero hidden-state tensor, compute_logits rows of a preallocated float32 (rows, vocab) tensor,
+zero but for one entry per row. Everything else of engine.step() runs as when serving: draining commands,
+scheduling, block tables, the step's input tensors and attention metadata, sampling over the full logits,
+the one read-back, appending tokens, detokenizing, the RequestOutputs and the step event. What is left is
+the ceiling a step's host work puts on tokens/s when the forward itself is cheap (CUDA graphs).
+
+Figures: µs a decode step at each stream count, greedy and sampled, medians of alternating rounds; and
+where the time goes (one more pass with a CPU timer around each part of the step: schedule, inputs, the
+no-op forward, sample + read-back, outputs, publish; and a cProfile pass: the functions with the most time of
+their own, inflated by the profiler's own cost). On the CPU the
+sampler's ops over the logits (argmax, softmax, multinomial over the vocabulary) run inline and count
+here; on a GPU they are device work.
+"""
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import os
+import pstats
+import statistics
+import time
+
+import torch
+
+from app.bench.rounds import bench_engine
+from app.load.workload import corpus_tokens
+from engine import LLMEngine, SamplingParams
+from engine.drive import drive
+
+HOT_LOGIT = 10.0  # the one non-zero logit of each row: greedy picks it, sampling picks it ~1/3 of the time
+# (e^10 against ~49,000 zeros); the other draws spread over the vocabulary and reach the detokenizer too
+TARGETS_US = {1: 150.0, 64: 1000.0}  # issue 46: the host's work a decode step, at these stream counts
+NOOP_REPLACED = ("the model's forward pass (embedding, every layer, final norm) and its lm_head: the forward returns "
+                 "rows of a preallocated zero (tokens, hidden) tensor, compute_logits rows of a preallocated float32 "
+                 f"(rows, vocab) tensor, zero but {HOT_LOGIT} at one token per row; sampling, the read-back, "
+                 "detokenizing and the outputs run on them as when serving")
+# top-p / top-k would add a sort of every row over the vocabulary (device work on a GPU)
+SAMPLING = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.8)}
+# the parts of a step timed apart (owner's path from the engine, attribute, label); each is called once a step
+SECTIONS = (("", "_step", "step (all of it)"), ("scheduler", "schedule", "schedule"),
+            ("runner", "execute", "execute (runner)"), ("runner", "_prepare", "inputs (ids, positions, slots, tables)"),
+            ("model", "forward", "forward (the no-op)"), ("runner_module", "read_back_step", "sample + read-back"),
+            ("", "_update", "outputs (tokens, detokenize, RequestOutputs)"), ("", "_publish", "publish (stats, event)"))
+
+
+def add_args(p, engine_args) -> None:
+    engine_args(p)
+    p.add_argument("--json", metavar="OUT", help="write the results here")
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 64], help="decoding streams (default 1 8 64)")
+    p.add_argument("--sampling", nargs="+", choices=list(SAMPLING), default=list(SAMPLING),
+                   help="greedy: temperature 0; sampled: temperature 0.8, a seed per request")
+    p.add_argument("--steps", type=int, default=64, help="decode steps timed per round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds alternating every configuration (medians)")
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--no-profile", action="store_true", help="skip the breakdown passes (timed sections, cProfile)")
+
+
+class NoOpModel:
+    """Makes `engine`'s forward pass and lm_head free (instance attributes over the model's methods);
+    the tensors returned are views of buffers made once, of the shapes the real ones have."""
+
+    def __init__(self, engine: LLMEngine, max_rows: int, hot_token: int) -> None:
+        mc, model = engine.model_config, engine.model
+        self.hidden = torch.zeros(max_rows, mc.hidden_size, dtype=engine.dtype, device=engine.device)
+        self.logits = torch.zeros(max_rows, mc.vocab_size, dtype=torch.float32, device=engine.device)
+        self.logits[:, hot_token] = HOT_LOGIT
+        model.forward = self.forward
+        model.compute_logits = self.compute_logits
+
+    def forward(self, input_ids: torch.Tensor, positions, kv_caches, md) -> torch.Tensor:
+        return self.hidden[: input_ids.shape[0]]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits[: hidden.shape[0]]
+
+
+def host_engine(args) -> LLMEngine:
+    """The engine under test: layer by layer (the fused native step would bypass the no-op), no compile."""
+    n = max(args.streams)
+    tokens = n * (args.prompt_tokens + (args.steps + 8) * 2)
+    engine = bench_engine(args, fused_decode=False, compile=False, max_num_seqs=n,
+                          max_num_batched_tokens=max(512, n * args.prompt_tokens),
+                          num_kv_blocks=-(-tokens // 16) + 2 * n)
+    return engine
+
+
+def _prompts(engine: LLMEngine, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens from the corpus, each from its own offset (read round the corpus where it
+    is short): no two share a first block, so none is a prefix-cache hit of another."""
+    corpus = corpus_tokens(engine.tokenizer)
+    return [[corpus[(i * 101 + j) % len(corpus)] for j in range(length)] for i in range(n)]
+
+
+def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[str]:
+    """Every prompt added and prefilled, every stream decoding; `steps` decode steps left to each. The prefix
+    cache (on, as by default: each full block is hashed as it fills) is emptied first: no round starts warm."""
+    engine.block_manager.reset_prefix_cache()
+    ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=steps + 4, ignore_eos=True, seed=i))
+           for i, p in enumerate(prompts)]
+    drive(engine, until=lambda: not (any(not r.output_token_ids for r in engine.scheduler.running)
+                                      or engine.scheduler.waiting))
+    drive(engine, until=lambda: False, max_steps=2)  # the first decode steps (a fresh batch shape) stay out
+    return ids
+
+
+def _finish(engine: LLMEngine, ids: list[str]) -> None:
+    for i in ids:
+        engine.abort(i)
+    drive(engine)
+
+
+def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+                steps: int) -> tuple[list[float], list[float]]:
+    """(wall-clock µs, this thread's CPU µs) of each of `steps` decode steps of len(prompts) streams. The CPU
+    time leaves out the time other processes held the core (a shared machine's load)."""
+    ids = _start(engine, prompts, params, steps)
+    wall, cpu, started = [], [], []
+    clock, cpu_clock = time.perf_counter, time.thread_time
+
+    def after(_outputs) -> None:
+        t, c = started.pop()
+        cpu.append((cpu_clock() - c) * 1e6)
+        wall.append((clock() - t) * 1e6)
+
+    drive(engine, until=lambda: False, max_steps=steps, before_step=lambda: started.append((clock(), cpu_clock())),
+          on_outputs=after)
+    _finish(engine, ids)
+    return wall, cpu
+
+
+def _row(n: int, wall: list[float], cpu: list[float]) -> dict:
+    """One configuration's figures from its rounds' medians."""
+    med, cpu_med = statistics.median(wall), statistics.median(cpu)
+    row = {"median": round(med, 1), "each_round": [round(r, 1) for r in wall], "cpu_median": round(cpu_med, 1),
+           "cpu_each_round": [round(r, 1) for r in cpu], "tokens_per_s_ceiling": round(n * 1e6 / med, 1)}
+    if n in TARGETS_US:
+        row.update(target=TARGETS_US[n], meets_target=med <= TARGETS_US[n], cpu_meets_target=cpu_med <= TARGETS_US[n])
+    return row
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> dict:
+    """The engine thread's CPU µs a step in each of SECTIONS (a timer around each, restored after): the mean
+    over `steps` decode steps."""
+    import engine.runner.model_runner as runner_module
+
+    owners = {"": engine, "scheduler": engine.scheduler, "runner": engine.runner, "model": engine.model,
+              "runner_module": runner_module}
+    spent = {label: 0.0 for _, _, label in SECTIONS}
+    patched = []
+
+    def timed(fn, label):
+        def wrapper(*args, **kwargs):
+            t = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.thread_time() - t
+        return wrapper
+
+    ids = _start(engine, prompts, params, steps)
+    for owner, attr, label in SECTIONS:
+        obj = owners[owner]
+        if hasattr(obj, attr):  # (a part renamed since: left out, not mistimed)
+            patched.append((obj, attr, obj.__dict__.get(attr)))
+            setattr(obj, attr, timed(getattr(obj, attr), label))
+    try:
+        for label in spent:
+            spent[label] = 0.0
+        drive(engine, until=lambda: False, max_steps=steps)
+    finally:
+        for obj, attr, before in reversed(patched):
+            if before is None:
+                delattr(obj, attr)  # the class's method again
+            else:
+                setattr(obj, attr, before)
+    _finish(engine, ids)
+    return {label: round(s / steps * 1e6, 1) for label, s in spent.items()}
+
+
+def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[dict]:
+    """cProfile over `steps` decode steps: the functions with the most time of their own (the profiler's cost
+    inflates the Python-heavy ones)."""
+    ids = _start(engine, prompts, params, steps)
+    prof = cProfile.Profile()
+    prof.enable()
+    drive(engine, until=lambda: False, max_steps=steps)
+    prof.disable()
+    _finish(engine, ids)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    return [{"function": f"{os.path.basename(f)}:{line} {fn}", "own_us_per_step": round(v[2] / steps * 1e6, 1),
+             "calls_per_step": round(v[0] / steps, 1)} for (f, line, fn), v in top]
+
+
+def _decode_attention(backend) -> str:
+    """Which decode attention the step's metadata is prepared for (each path has its own host work)."""
+    if backend.native_decode is not None:
+        return "native kernel (lengths and block rows, one group)"
+    if backend.flex is not None and backend.flex.fn is not None:
+        return "FlexAttention (lengths and block rows on the device, one group)"
+    return "eager (groups of similar lengths, a padding mask each)"
+
+
+def run(args) -> dict:
+    if min(args.streams) < 1 or args.steps < 1 or args.rounds < 1:
+        raise ValueError("--streams, --steps and --rounds must be 1 or more")
+    engine = host_engine(args)
+    streams = sorted(set(args.streams))
+    prompts = _prompts(engine, max(streams), args.prompt_tokens)
+    NoOpModel(engine, engine.config.max_num_batched_tokens, prompts[0][-1])
+    configs = [(mode, n) for mode in args.sampling for n in streams]
+    for mode, n in configs:  # warm-up: each shape once
+        timed_steps(engine, prompts[:n], SAMPLING[mode], 4)
+    wall: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    cpu: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    loads = [_load()]
+    for _ in range(args.rounds):  # alternating: every configuration sees the same drift of a shared machine
+        for mode, n in configs:
+            w, c = timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps)
+            wall[(mode, n)].append(statistics.median(w))
+            cpu[(mode, n)].append(statistics.median(c))
+        loads.append(_load())
+    out: dict = {"noop_replaced": NOOP_REPLACED, "engine": engine.compute_line(),
+                 "vocab_size": engine.model_config.vocab_size, "attention_backend": engine.runner.backend.name,
+                 "decode_attention": _decode_attention(engine.runner.backend),
+                 "prompt_tokens": args.prompt_tokens, "steps_per_round": args.steps, "rounds": args.rounds,
+                 "load_average_each_round": loads, "sampling": {m: repr(SAMPLING[m]) for m in args.sampling},
+                 "clocks": "median: wall-clock µs a step (what a client waits); cpu_median: the engine thread's CPU "
+                           "µs a step (time.thread_time: without the time other processes held the core); "
+                           "medians of each round's median",
+                 "us_per_step": {mode: {str(n): _row(n, wall[(mode, n)], cpu[(mode, n)]) for n in streams}
+                                 for mode in args.sampling}}
+    if not args.no_profile:
+        out["breakdown"] = {f"{mode} {n} streams": {
+            "cpu_us_per_step": timed_sections(engine, prompts[:n], SAMPLING[mode], args.steps),
+            "most_own_time_under_cprofile": profiled(engine, prompts[:n], SAMPLING[mode], args.steps)}
+            for mode, n in configs}
+    return out

@@ -1,0 +1,92 @@
+"""The sampler reads one number a row for its finiteness check and takes a CPU row's argmax in chunks
+(issue 46, point 4): the same tokens, logprobs and failures as the straightforward sampler (every logit
+checked, torch's argmax, one multinomial a row), for any mix of greedy and seeded rows."""
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.models.layers.sampler import ARGMAX_CHUNK, row_argmax, sample, shape_logits
+from engine.sampling_params import SamplingParams
+
+
+def plain_sample(logits, params, seeds):
+    """The sampler as it was: isfinite over every logit, argmax, a multinomial per sampled row."""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    chosen = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        sub = logits[rows]
+        sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
+        probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
+        for j, i in enumerate(rows):
+            chosen[i] = torch.multinomial(probs[j], 1, generator=torch.Generator().manual_seed(seeds[i]))[0]
+    return [None if b else int(t) for t, b in zip(chosen, bad)], [i for i in range(len(params)) if bad[i]]
+
+
+# the vocabulary sizes that matter: below two chunks (torch's argmax), whole chunks, a short last chunk
+vocabs = st.sampled_from([7, 2 * ARGMAX_CHUNK - 1, 2 * ARGMAX_CHUNK, 3 * ARGMAX_CHUNK + 5, 49152])
+edits = st.lists(st.tuples(st.integers(0, 3), st.floats(0, 1), st.sampled_from([math.nan, math.inf, -math.inf, 0.0,
+                                                                                 -0.0, 1e30, -1e30])), max_size=6)
+
+
+def logits_of(n: int, vocab: int, seed: int, rounded: bool, changes) -> torch.Tensor:
+    x = torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))
+    if rounded:  # ties: argmax must take the first
+        x = x.round()
+    for row, where, value in changes:
+        x[row % n, int(where * (vocab - 1))] = value
+    return x
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 4), vocab=vocabs, seed=st.integers(0, 2**31), rounded=st.booleans(), changes=edits,
+       all_low=st.booleans())
+def test_row_argmax_is_torch_argmax(n, vocab, seed, rounded, changes, all_low):
+    x = logits_of(n, vocab, seed, rounded, changes)
+    if all_low:
+        x[0] = -math.inf
+    idx, value = row_argmax(x)
+    assert torch.equal(idx, x.argmax(dim=-1))
+    assert torch.equal(value.isnan(), x.gather(1, idx.unsqueeze(1)).squeeze(1).isnan())
+    same = ~value.isnan()
+    assert torch.equal(value[same], x.gather(1, idx.unsqueeze(1)).squeeze(1)[same])
+
+
+@settings(max_examples=80, deadline=None)
+@given(vocab=vocabs, seed=st.integers(0, 2**31), changes=edits,
+       kinds=st.lists(st.sampled_from(["greedy", "t0.7", "t1.3-p0.9", "k5"]), min_size=1, max_size=4))
+def test_sample_matches_the_plain_sampler(vocab, seed, changes, kinds):
+    n = len(kinds)
+    x = logits_of(n, vocab, seed, False, changes)
+    made = {"greedy": SamplingParams(temperature=0.0), "t0.7": SamplingParams(temperature=0.7),
+            "t1.3-p0.9": SamplingParams(temperature=1.3, top_p=0.9), "k5": SamplingParams(temperature=1.0, top_k=5)}
+    params = [made[k] for k in kinds]
+    seeds = [seed + i for i in range(n)]
+    want_tokens, want_failed = plain_sample(x.clone(), params, seeds)
+    got = sample(x, params, [torch.Generator().manual_seed(s) for s in seeds])
+    assert got.token_ids == want_tokens and got.failed == want_failed
+
+
+def test_any_non_finite_logit_fails_its_row_alone():
+    x = torch.randn(6, 4 * ARGMAX_CHUNK)
+    x[0, 7] = -math.inf  # below every other logit: argmax never reads it, the row still fails
+    x[1, 3 * ARGMAX_CHUNK + 2] = math.inf
+    x[2, ARGMAX_CHUNK] = math.nan
+    x[3] = -math.inf
+    x[4, 9] = -math.inf  # a sampled row
+    params = [SamplingParams(temperature=0.0)] * 4 + [SamplingParams(temperature=1.0)] * 2
+    got = sample(x, params, [torch.Generator().manual_seed(i) for i in range(6)])
+    assert got.failed == [0, 1, 2, 3, 4] and got.token_ids[:5] == [None] * 5 and got.token_ids[5] is not None
+
+
+def test_the_callers_logits_are_not_written():
+    x = torch.randn(2, 3 * ARGMAX_CHUNK)
+    x[1, 5] = math.nan
+    before = x.clone()
+    sample(x, [SamplingParams(temperature=0.9), SamplingParams(temperature=0.9, logprobs=2)],
+           [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)])
+    assert torch.equal(x.isnan(), before.isnan()) and torch.equal(x.nan_to_num(), before.nan_to_num())
