@@ -305,7 +305,9 @@ class LLMEngine:
         """The thread count the governor says now, in the thread that steps (torch's count is per OS thread):
         another process that takes or frees a core changes it between two steps."""
         if self.thread_governor.poll():
-            self.threads = self.thread_governor.choice
+            before, self.threads = self.threads.count, self.thread_governor.choice
+            if self.threads.count != before:  # steps at the old count say little about the new one
+                self.scheduler.forget_step_times()
         if torch.get_num_threads() != self.threads.count:
             torch.set_num_threads(self.threads.count)
 

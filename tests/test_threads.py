@@ -144,6 +144,30 @@ def test_the_engine_follows_a_busy_process_started_and_stopped_mid_run(tiny_llam
     assert all(c == t for c, t in seen)  # the stepping thread runs the count the line says
 
 
+def test_a_new_thread_count_starts_the_step_time_lines_afresh(tiny_llama, monkeypatch, restore_torch_threads):
+    """The latency budgets plan with lines fitted on past steps' times; steps at another thread count would
+    tilt them for ~20-40 steps (test_engine's latency-budget test failed so: its first steps ran at 2
+    threads on a busy 2-core machine, the rest at 1). Fails with the lines kept across a change."""
+    m = FakeMachine()
+    monkeypatch.setattr(threads_mod, "allowed_cores", lambda: 2)
+    monkeypatch.setattr(threads_mod, "physical_cores", lambda: 2)
+    monkeypatch.setattr(threads_mod, "read_cpu_times", m.read)
+    monkeypatch.setattr(threads_mod, "_now", lambda: m.now)
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=16, block_size=4))
+    eng.add_request(list(range(1, 20)), SamplingParams(max_tokens=30, ignore_eos=True))
+    for _ in range(8):  # a clock that stands still: no window passes, the count stays
+        eng.step()
+    assert eng.threads.count == 2 and eng.scheduler.decode_time.sw > 3
+    m.others = 1.0
+    for _ in range(6):  # a window a step: the second in a row that sees the busy core changes the count
+        m.advance(0.5)
+        eng.step()
+        if eng.threads.count == 1:
+            break
+    assert eng.threads.count == 1
+    assert eng.scheduler.decode_time.sw <= 1 and eng.scheduler.step_time.sw == 0  # this step's time only
+
+
 def test_bench_decode_takes_a_background_load():
     """Fails on the old code: `--background-load` was not an option."""
     args = build_parser().parse_args(["bench", "decode", "--background-load", "2", "--no-llama-cpp"])
