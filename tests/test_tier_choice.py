@@ -10,6 +10,7 @@ import os
 import pytest
 
 import engine.kernels as kernels
+from engine.kernels import build, detect, tiers
 from engine.kernels import tier_choice as tc
 from engine.kernels.cpu_times import CpuTimes
 
@@ -37,7 +38,7 @@ def machine(tmp_path, monkeypatch):
     """Two tiers to choose from, fake builds and a fake measurement (counted), in a fresh extension cache."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.delenv("INFERLAB_CPU_TIER", raising=False)
-    monkeypatch.setattr(kernels, "supported_tiers", lambda *a, **k: ("portable", *TIERS))
+    monkeypatch.setattr(detect, "supported_tiers", lambda *a, **k: ("portable", *TIERS))
     modules = {t: FakeModule(t) for t in TIERS}
     monkeypatch.setattr(kernels, "_build", lambda name, tier, progress: modules.get(tier))
     runs = []
@@ -55,8 +56,8 @@ def machine(tmp_path, monkeypatch):
 
 
 def _path() -> str:
-    builds = [kernels._build_name(t) for t in TIERS]
-    return str(kernels._choice_path(builds))
+    builds = [build.build_name(t) for t in TIERS]
+    return str(tiers.choice_path(builds))
 
 
 def test_the_choice_is_measured_once_stored_and_reused(machine):
@@ -77,7 +78,7 @@ def test_the_choice_is_measured_once_stored_and_reused(machine):
 def test_new_builds_are_measured_again(machine, monkeypatch):
     runs, _ = machine
     kernels.choose_tiers()
-    monkeypatch.setattr(kernels, "_source_digest", lambda: "another-source")  # a new version of the kernels
+    monkeypatch.setattr(build, "_source_digest", lambda: "another-source")  # a new version of the kernels
     tc.forget()
     assert kernels.measured_choice() is None  # the stored choice belongs to the old builds
     kernels.choose_tiers()
