@@ -10,7 +10,8 @@ from engine.config import DEFAULT_MODEL
 
 DTYPE_HELP = ("auto: bf16 weights, computed in bf16 where the CPU has native bf16 dot products (avx512_bf16, "
               "AMX, Arm bf16), else prefill in fp32 (the engine line says which and why)")
-THREADS_HELP = "CPU threads (default: the cores free now, from the affinity mask and the load average)"
+THREADS_HELP = ("CPU threads (default: the cores other processes leave free, measured over half a second and "
+                "followed while the engine runs)")
 
 
 def _compute_args(p: argparse.ArgumentParser) -> None:

@@ -39,8 +39,9 @@ def device_options(args: argparse.Namespace) -> dict:
 
 
 def engine_threads() -> int:
-    """The cores free now, less one left to the GUI thread: the engine's threads wait at a barrier for
-    the slowest, so one without a core stalls every step (engine/runner/threads.py)."""
+    """The count the app's engine starts with on this machine now: the cores free now (the app's engine then
+    follows them, leaving its GUI thread a core only while that keeps one busy: engine/runner/threads.py).
+    What `prepare` stores its results under and `bench gui` runs at."""
     from engine.runner.threads import choose_threads
 
-    return choose_threads(None, reserve=1).count
+    return choose_threads(None).count

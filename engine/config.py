@@ -129,6 +129,9 @@ class EngineConfig:
     # Its quality cost: `python scripts/q8_quality.py` (figures in docs/measurements/kernels.md). Switchable at run
     # time.
     int8_activations: bool = knob_default("int8_activations")
+    # on the CPU in bf16: each row's numbers, and so a greedy answer, the same whatever the batch, the chunking
+    # or a preemption: every step the fused step can run goes through it (engine/runner/fused.py accepts)
+    batch_invariant: bool = knob_default("batch_invariant")
     # The native kernels' first build on a machine (engine/kernels, ~25-60 s, once per ISA tier): "wait"
     # builds them before the first step (library calls, benches, tests); "background" runs torch's kernels
     # until the build is done, then switches to the native ones between two steps (the app: live tokens

@@ -179,6 +179,10 @@ KNOBS: tuple[Knob, ...] = (
          uses=frozenset({_P, _C, _X, _S})),
     Knob("fused_decode", _BOOL, True, run_time=True, label="fused decode", uses=frozenset({_X})),
     Knob("int8_activations", _BOOL, True, run_time=True, label="int8 activations"),
+    # every bf16 step through the fused step, one order of sums per row whatever its company (engine/runner/fused.py)
+    Knob("batch_invariant", _BOOL, True, run_time=True, label="batch-invariant bf16",
+         help="the same greedy answer whatever the batch: every bf16 row summed in one order", flag="--batch-invariant",
+         uses=frozenset({_X, _S})),
     # CUDA graphs for all-decode steps (engine/runner/graphs.py); None: on where the engine runs on CUDA
     Knob("cuda_graphs", _BOOL, None, run_time=True, optional=True, label="CUDA graphs"),
     # fixed when the engine is built
@@ -291,6 +295,7 @@ class KnobValues(TypedDict, total=False):
     compile: bool
     fused_decode: bool
     int8_activations: bool
+    batch_invariant: bool
     cuda_graphs: bool | None
     dtype: str
     attention_backend: str

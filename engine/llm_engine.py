@@ -37,6 +37,7 @@ from engine.events import (
     RequestOutput,
     SpecMethod,
 )
+from engine.kernels.tier_choice import family_for_format
 from engine.knobs import RECONFIGURABLE
 from engine.loading.errors import ModelLoadError
 from engine.loading.loader import LoadedModel, load_model
@@ -63,7 +64,7 @@ from engine.runner.memory import DeviceMemory, snapshot, weights_bytes
 from engine.runner.model_runner import ModelRunner, StepResult
 from engine.runner.profile import profile_graph_bytes, profile_peak_bytes
 from engine.runner.setup import kv_block_bytes, resolve_device, stream_kernel_for
-from engine.runner.threads import choose_threads
+from engine.runner.threads import ThreadGovernor, choose_threads
 from engine.sampling_params import SamplingParams
 from engine.spec.decoder import SpeculativeDecoder
 from engine.spec.draft import build_draft_model
@@ -88,7 +89,10 @@ class LLMEngine:
                  progress: Progress | None = None) -> None:
         self.config = config = config or EngineConfig()  # replaced (never mutated) by reconfigure
         self.device = resolve_device(config.device)
-        self.threads = choose_threads(config.num_threads)  # None: the cores free now (engine/runner/threads.py)
+        # on the CPU the thread count follows the free cores while the engine runs (engine/runner/threads.py)
+        self.thread_governor = ThreadGovernor(config.num_threads) if self.device.type == "cpu" else None
+        self.threads = self.thread_governor.choice if self.thread_governor else choose_threads(config.num_threads,
+                                                                                              busy=None)
         if config.num_threads or self.device.type == "cpu":
             torch.set_num_threads(self.threads.count)
         self.compute = plan_compute(config.dtype, self.device)  # the dtype, what prefill computes in, and why
@@ -140,8 +144,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.runner = ModelRunner(self.model, mc, blocks, config.block_size, self.device, self.dtype,
                                   kv_cache_dtype=config.kv_cache_dtype, matmul_dtype=wide)
+        self.runner.kernel_family = family_for_format(config.quant_format)
         self.runner.set_execution(config.attention_backend, config.compile, progress, config.fused_decode,
-                                  config.int8_activations, wait_kernels=config.kernel_build == KernelBuild.WAIT)
+                                  config.int8_activations, wait_kernels=config.kernel_build == KernelBuild.WAIT,
+                                  batch_invariant=config.batch_invariant)
         # kernel_build "background": torch's kernels run until the native build is done (attach_built_kernels)
         self._kernels_pending = self.device.type == "cpu" and kernels.build_pending()
         self.runner.lora = self.lora
@@ -162,6 +168,8 @@ class LLMEngine:
         self._device_memory: DeviceMemory | None = None
         self._released: tuple | None = None  # release_memory: what restore_memory gives back
         self._cost = StepCounter(mc, torch.empty((), dtype=self.dtype).element_size())  # FLOPs/bytes per step
+        if self.thread_governor is not None:  # the load took a window: the first count is a measured one
+            self._follow_threads()
         if progress is not None:
             progress("engine ready", 1.0)
 
@@ -267,6 +275,8 @@ class LLMEngine:
         arrived = self._drain_commands(outputs, finished)
         if self._kernels_pending:
             self._attach_built_kernels()
+        if self.thread_governor is not None:
+            self._follow_threads()
         self.weights.fit_kv(self.block_manager, self.runner)
         self.spec.begin_step()
         t_propose = time.perf_counter()
@@ -291,12 +301,23 @@ class LLMEngine:
         self._publish(t0, sched, outputs, finished, arrived)
         return list(outputs.values())
 
+    def _follow_threads(self) -> None:
+        """The thread count the governor says now, in the thread that steps (torch's count is per OS thread):
+        another process that takes or frees a core changes it between two steps."""
+        if self.thread_governor.poll():
+            before, self.threads = self.threads.count, self.thread_governor.choice
+            if self.threads.count != before:  # steps at the old count say little about the new one
+                self.scheduler.forget_step_times()
+        if torch.get_num_threads() != self.threads.count:
+            torch.set_num_threads(self.threads.count)
+
     def kernels_line(self) -> str:
         """The native CPU kernels in words for the engine line: their ISA tier, a build in progress, or
         why they are not there ("torch's kernels" on a GPU, where they do not apply)."""
         if self.device.type != "cpu":
             return "none on this device (torch's kernels)"
-        return kernels.status() + (", weights on huge pages" if self.weights.on_huge_pages else "")
+        return (kernels.status(family=family_for_format(self.config.quant_format))
+                + (", weights on huge pages" if self.weights.on_huge_pages else ""))
 
     def _attach_built_kernels(self) -> None:
         """kernel_build "background": once the native kernels' build is done, the weight-streaming products,
@@ -308,7 +329,8 @@ class LLMEngine:
         cfg = self.config
         self.weights.set_stream_kernel(stream_kernel_for(cfg, self.device, self.dtype))
         self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
-                                  int8_activations=cfg.int8_activations, wait_kernels=False)
+                                  int8_activations=cfg.int8_activations, wait_kernels=False,
+                                  batch_invariant=cfg.batch_invariant)
 
     def _drain_commands(self, outputs: Outputs, finished: list[Request]) -> list:
         """Apply every queued engine command; one that fails is reported (a warning; a request that cannot
@@ -340,6 +362,8 @@ class LLMEngine:
                 self.weights.apply_swap(command, self.config)
                 self.runner.invalidate_graphs()  # they captured the old layers
                 self.config = dataclasses.replace(self.config, **settings)
+                # the tier the next set_execution picks (the fused step keeps its build until then)
+                self.runner.kernel_family = family_for_format(self.config.quant_format)
 
     def _take_request(self, command: cmd.AddRequest, outputs: Outputs, finished: list[Request], arrived: list) -> None:
         """Build the request (its prompt tokenized here, in the engine thread) and hand it to the scheduler.
@@ -383,9 +407,10 @@ class LLMEngine:
         if "spec_method" in changes:
             self.spec.switch(cfg.spec_method, self.scheduler.running)
         if (("compile" in changes and bool(cfg.compile) != self.model.compiled)
-                or (old.fused_decode, old.int8_activations) != (cfg.fused_decode, cfg.int8_activations)):
+                or (old.fused_decode, old.int8_activations, old.batch_invariant)
+                != (cfg.fused_decode, cfg.int8_activations, cfg.batch_invariant)):
             self.runner.set_execution(cfg.attention_backend, bool(cfg.compile), fused_decode=cfg.fused_decode,
-                                      int8_activations=cfg.int8_activations)
+                                      int8_activations=cfg.int8_activations, batch_invariant=cfg.batch_invariant)
         self._use_graphs(self.graphs_wanted(cfg))
 
     def graphs_wanted(self, config: EngineConfig) -> bool:
@@ -546,7 +571,8 @@ class LLMEngine:
         self.spec.restore_kv(draft_blocks)
         if compiled:
             self.runner.set_execution(self.config.attention_backend, True, fused_decode=self.config.fused_decode,
-                                      int8_activations=self.config.int8_activations)
+                                      int8_activations=self.config.int8_activations,
+                                      batch_invariant=self.config.batch_invariant)
 
     # ---- conveniences and read-only views --------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
@@ -593,8 +619,9 @@ class LLMEngine:
         bf16; native kernels: avx2; 1 thread: 0 of 2 cores free now (load average 2.3) (--threads to set)";
         with quantized weights, what their prompt rows run through ("int4 prompt rows: int8-activation
         kernels (no native bf16; int8_activations on)")."""
-        line = compute_line(self.compute, self.threads if self.device.type == "cpu" else None, short,
-                            self.kernels_line())
+        cpu = self.device.type == "cpu"
+        line = compute_line(self.compute, self.threads if cpu else None, short, self.kernels_line(),
+                            kernels.cpu_tier(family_for_format(self.config.quant_format)) if cpu else None)
         if short or self.device.type != "cpu" or not quant_format(self.config.quant_format).quantized:
             return line
         route = prompt_rows_in_words(self.config.int8_activations)

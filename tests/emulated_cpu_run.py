@@ -10,6 +10,7 @@ import sys
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, kernels
+from engine.kernels import build
 from engine.runner.cpu_compute import plan_compute
 
 PROMPTS = ["hello world", "the cat sat on the mat " * 6]  # a short prompt and one of many prompt rows
@@ -20,7 +21,7 @@ def main(folder: str, threads: int = 1) -> None:
     out = {"tier": kernels.cpu_tier(), "tiers": list(kernels.supported_tiers()),
            "torch_capability": str(torch.backends.cpu.get_cpu_capability()),
            "plan": plan_compute("auto", torch.device("cpu")).describe(), "tokens": {},
-           "build": kernels._build_name(kernels.cpu_tier()), "described": kernels.describe_tier(),
+           "build": build.build_name(kernels.cpu_tier()), "described": kernels.describe_tier(),
            "flags": sorted(kernels.cpu_flags())}
     for fmt in ("bf16", "int8", "int4"):
         eng = LLMEngine(EngineConfig(model=folder, quant_format=fmt, num_kv_blocks=32, num_threads=threads))

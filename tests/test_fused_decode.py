@@ -84,17 +84,19 @@ def same_pick(fused: torch.Tensor, ref: torch.Tensor) -> int:
 
 def _compare_every_fused_step(engine, kernel, int8_activations=False):
     """Run the prompts; at every fused step compute the same rows on the layer path first (it writes
-    the same K/V slots), and collect (fused logits, layer logits)."""
+    the same K/V slots), and collect (fused logits, layer logits). Batch-invariant where the weights are
+    bf16: prompt rows and batches of any size take the fused step too."""
     runner = engine.runner
-    runner.fused = FusedDecode(kernel, engine.model, runner.block_size, int8_activations)
+    runner.fused = FusedDecode(kernel, engine.model, runner.block_size, int8_activations, batch_invariant=True)
     pairs = []
     run = runner.fused.run
 
-    def both(plan, order, bm, kv_caches):
-        ref = engine.model.compute_logits(runner.forward(order, bm))
-        hidden, logits, greedy = run(plan, order, bm, kv_caches)
+    def both(plan, order, bm, block_rows, logit_rows):
+        ref = engine.model.compute_logits(runner.forward(order, bm))[logit_rows]
+        hidden, logits, greedy = run(plan, order, bm, block_rows, logit_rows)
         assert greedy == logits.argmax(-1).tolist()  # the step's own argmax, as torch's
-        pairs.append((logits, ref, len(order), max(s.request.num_computed_tokens + 1 for s in order)))
+        pairs.append((logits, ref, len(order), max(s.request.num_computed_tokens + 1 for s in order),
+                      any(s.kind == "prefill" for s in order)))
         return hidden, logits, greedy
 
     runner.fused.run = both
@@ -109,16 +111,22 @@ def test_fused_logits_match_the_layer_path(tiny, kernel, fmt):
     engine = _engine(tiny, fmt, quant_embeddings=fmt != "bf16", int8_activations=False)  # exact, prompt rows too
     pairs = _compare_every_fused_step(engine, kernel)
     assert pairs, "no step took the fused path"
-    assert {n for _, _, n, _ in pairs} >= {1, len(PROMPTS)}  # one row and several rows
-    assert max(c for *_, c in pairs) > 3 * engine.config.block_size  # contexts across several blocks
+    assert {n for _, _, n, *_ in pairs} >= {1, len(PROMPTS)}  # one row and several rows
+    assert max(c for _, _, _, c, _ in pairs) > 3 * engine.config.block_size  # contexts across several blocks
+    assert any(prompt for *_, prompt in pairs) == (bits == 16)  # batch-invariant: prompt rows too, in bf16
     agree = total = 0
-    for fused, ref, _, _ in pairs:
+    for fused, ref, _, _, prompt in pairs:
         assert fused.shape == ref.shape and fused.dtype == torch.float32
         # the same bf16 roundings op for op; only summation orders differ, and where they do a sum can land
         # on the other side of a bf16 rounding (0.4-0.8 % a step) that the next layers carry on: x86 bodies
         # follow one order (at most 1.1 % of the largest logit here); on Arm the portable body over the
-        # chunk layout sums in another order than the NEON layer path (emulated: median 0.5 %, at most 2.5 %)
-        assert (fused - ref).abs().max().item() <= 0.03 * ref.abs().max().item() + 1e-2
+        # chunk layout sums in another order than the NEON layer path (emulated: median 0.5 %, at most 2.5 %).
+        # Prompt rows: the layer path multiplies them in torch's GEMM and attends them as a prefill (torch's
+        # attention), other orders than the fused step's row by row; against the same model in fp32 (HF) the
+        # two err alike on these models (a prompt's last logits: up to 6.6 % of the largest fused, 8.0 %
+        # layer path), so each is held to the other within that
+        bound = 0.08 if prompt else 0.03
+        assert (fused - ref).abs().max().item() <= bound * ref.abs().max().item() + 1e-2
         agree += same_pick(fused, ref)
         total += fused.shape[0]
     assert agree >= 0.97 * total
@@ -131,8 +139,8 @@ def test_int8_activations_stay_close_to_the_layer_path(tiny, kernel, fmt):
     engine = _engine(tiny, fmt, quant_embeddings=True)
     pairs = _compare_every_fused_step(engine, kernel, int8_activations=True)
     assert pairs
-    rel = max(((f - r).norm() / r.norm()).item() for f, r, _, _ in pairs)
-    agree = sum(int((f.argmax(-1) == r.argmax(-1)).sum()) for f, r, _, _ in pairs) / sum(f.shape[0] for f, *_ in pairs)
+    rel = max(((f - r).norm() / r.norm()).item() for f, r, *_ in pairs)
+    agree = sum(int((f.argmax(-1) == r.argmax(-1)).sum()) for f, r, *_ in pairs) / sum(f.shape[0] for f, *_ in pairs)
     # tiny random models amplify any rounding from layer to layer (weights N(0, 0.3)): what is checked
     # here is that the path runs and stays near; each product is held exactly to the rounded row in
     # tests/test_stream_linear.py, and the cost on real text is measured by scripts/q8_quality.py
@@ -193,6 +201,12 @@ def test_which_steps_take_the_fused_path(tiny_llama_hd64):
 
     engine.runner.execute = spy
     engine.generate(["one two three", "four five six seven"], SamplingParams(max_tokens=4, temperature=0.0))
+    for kinds, n, path in taken:  # batch-invariant (the default) in bf16: every step, prompt chunks included
+        assert path == PATH_FUSED, (kinds, n, path)
+    assert any("prefill" in kinds for kinds, *_ in taken)
+    taken.clear()
+    engine.reconfigure(batch_invariant=False)
+    engine.generate(["one two three", "four five six seven"], SamplingParams(max_tokens=4, temperature=0.0))
     for kinds, n, path in taken:
         want = PATH_FUSED if kinds == ("decode",) and n <= 8 else PATH_LAYERS
         assert path == want, (kinds, n, path)
@@ -232,9 +246,11 @@ def test_bad_input_fails_alone_and_writes_nothing(tiny_llama_hd64, kernel):
             plan.step(args["ids"], args["positions"], args["slots"], args["blocks"], args["lens"], 16)
     for (k, _), b in zip(engine.runner.kv_caches, before):
         assert torch.equal(k, b)
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        nine = torch.ones(9, dtype=torch.int64)
-        plan.step(nine, nine, nine, nine.view(9, 1), nine, 16)
+    with pytest.raises(RuntimeError, match="at least one row"):
+        none = torch.ones(0, dtype=torch.int64)
+        plan.step(none, none, none, none.view(0, 1), none, 16)
+    with pytest.raises(RuntimeError, match="logit row out of range"):
+        plan.step(one, torch.tensor([0]), torch.tensor([3]), torch.tensor([[0]]), one, 16, False, torch.tensor([1]))
     # the engine still serves
     out = engine.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 3
@@ -316,9 +332,9 @@ def test_chain_verify_logits_match_the_layer_path(tiny_llama_hd64, kernel, fmt):
     runner.fused = FusedDecode(kernel, engine.model, runner.block_size)
     pairs, run = [], runner.fused.run
 
-    def both(plan, order, bm, block_rows):
+    def both(plan, order, bm, block_rows, logit_rows):
         ref = engine.model.compute_logits(runner.forward(order, bm))  # writes the same slots first
-        hidden, logits, greedy = run(plan, order, bm, block_rows)
+        hidden, logits, greedy = run(plan, order, bm, block_rows, logit_rows)
         pairs.append((logits, ref, sorted({s.kind for s in order})))
         return hidden, logits, greedy
 

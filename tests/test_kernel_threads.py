@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, kernels
+from engine.kernels import build, load
 from tests.conftest import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -84,23 +85,23 @@ def test_a_compiler_without_openmp_gets_the_build_without_it(builds, monkeypatch
     tier = kernels.cpu_tier()
     tried = []
 
-    def load(name, build_tier, openmp):
+    def compile_one(name, build_tier, openmp):
         tried.append(openmp)
         if openmp:
             raise RuntimeError("clang: error: unsupported option '-fopenmp'")
         return without
 
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_FAILED", {})
-    monkeypatch.setattr(kernels, "_load", load)
-    monkeypatch.setattr(kernels, "_import_built", lambda name, locked=False: None)
+    monkeypatch.setattr(build, "FAILED", {})
+    monkeypatch.setattr(build, "_load", compile_one)
+    monkeypatch.setattr(load, "import_built", lambda name, locked=False: None)
     with pytest.warns(UserWarning, match="built without OpenMP.*unsupported option '-fopenmp'"):
         assert kernels.kernel_module(tier=tier) is without
     assert tried == [True, False]
     assert "built without OpenMP" in kernels.status(tier)
 
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_import_built", lambda name, locked=False: without if "_noomp_" in name else None)
+    monkeypatch.setattr(load, "import_built", lambda name, locked=False: without if "_noomp_" in name else None)
     assert kernels.kernel_module(tier=tier) is without and tried == [True, False]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import kernels
+from engine.kernels import build, detect, load, tier_choice
 
 KERNELS = Path(kernels.__file__).parent
 HARNESS = KERNELS / "harness" / "check_kernels.cpp"
@@ -36,37 +37,37 @@ def test_the_flags_are_those_the_cpu_confirms(monkeypatch):
     CPU): on x86 a flag CPUID denies is dropped, with one warning, so no kernel for it is built or run."""
     listed = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "sse4_2", "some_new_flag"})
     cpuid = {"avx2": True, "fma3": True, "f16c": True, "sse4_2": True, "avx512_f": False, "avx512_bf16": False}
-    monkeypatch.setattr(kernels, "_listed_flags", lambda: listed)
-    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: cpuid)
+    monkeypatch.setattr(detect, "_listed_flags", lambda: listed)
+    monkeypatch.setattr(detect, "_cpuid_capabilities", lambda: cpuid)
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     with pytest.warns(UserWarning, match="lists avx512_bf16, avx512f but this CPU does not run them"):
         flags = kernels.cpu_flags.__wrapped__()
     assert flags == {"avx2", "fma", "f16c", "sse4_2", "some_new_flag"}  # what CPUID does not know stays
     assert kernels.supported_tiers(flags, "x86_64") == ("portable", "avx2")
     # no /proc/cpuinfo (Windows, macOS on Intel): the flags from CPUID alone
-    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset())
+    monkeypatch.setattr(detect, "_listed_flags", lambda: frozenset())
     assert kernels.cpu_flags.__wrapped__() == {"avx2", "fma", "f16c", "sse4_2"}
     # no probe in this torch: the file is trusted
-    monkeypatch.setattr(kernels, "_listed_flags", lambda: listed)
-    monkeypatch.setattr(kernels, "_cpuid_capabilities", lambda: None)
+    monkeypatch.setattr(detect, "_listed_flags", lambda: listed)
+    monkeypatch.setattr(detect, "_cpuid_capabilities", lambda: None)
     assert kernels.cpu_flags.__wrapped__() == listed
     # aarch64 Linux: the kernel's hardware-capability words confirm (qemu-aarch64 shows an x86 host's file:
     # its "flags" line is not read there, so the flags come from the words alone)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    monkeypatch.setattr(kernels, "_hwcap_words", lambda: {16: 1 << 0 | 1 << 1 | 1 << 20, 26: 0})
-    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset({"fp", "asimd", "asimddp", "bf16", "atomics"}))
+    monkeypatch.setattr(detect, "_hwcap_words", lambda: {16: 1 << 0 | 1 << 1 | 1 << 20, 26: 0})
+    monkeypatch.setattr(detect, "_listed_flags", lambda: frozenset({"fp", "asimd", "asimddp", "bf16", "atomics"}))
     with pytest.warns(UserWarning, match="lists bf16 but this CPU does not run them .hardware capabilities"):
         assert kernels.cpu_flags.__wrapped__() == {"fp", "asimd", "asimddp", "atomics"}
-    monkeypatch.setattr(kernels, "_listed_flags", lambda: frozenset())
+    monkeypatch.setattr(detect, "_listed_flags", lambda: frozenset())
     assert kernels.cpu_flags.__wrapped__() == {"fp", "asimd", "asimddp"}
-    monkeypatch.setattr(kernels, "_hwcap_words", lambda: None)  # not Linux: what the file (or sysctl) says
+    monkeypatch.setattr(detect, "_hwcap_words", lambda: None)  # not Linux: what the file (or sysctl) says
     assert kernels.cpu_flags.__wrapped__() == frozenset()
 
 
 def test_the_neon_tier_says_whether_it_has_sdot(monkeypatch):
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"asimd", "asimddp"}))
+    monkeypatch.setattr(detect, "cpu_flags", lambda: frozenset({"asimd", "asimddp"}))
     assert kernels.describe_tier("neon") == "neon (Arm NEON + sdot)"
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"asimd"}))
+    monkeypatch.setattr(detect, "cpu_flags", lambda: frozenset({"asimd"}))
     assert kernels.describe_tier("neon") == "neon (Arm NEON)"
     assert kernels.describe_tier("avx2") == "avx2 (AVX2 + FMA)"
 
@@ -80,7 +81,7 @@ def test_the_file_is_read_for_this_architecture_only(monkeypatch, tmp_path):
                         else real_read(self, *a, **k))
     for machine, expected in (("aarch64", {"asimd", "bf16"}), ("x86_64", {"avx2", "avx512_bf16"})):
         monkeypatch.setattr(platform, "machine", lambda m=machine: m)
-        assert kernels._listed_flags.__wrapped__() == expected
+        assert detect._listed_flags.__wrapped__() == expected
 
 
 def test_this_machines_flags_are_confirmed():
@@ -118,7 +119,7 @@ def test_the_harness_passes_on_every_tier_this_cpu_runs(tier, tmp_path):
     compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler")
-    out = _compile_and_run(compiler, kernels._tier_flags(tier), tmp_path / "check", [])
+    out = _compile_and_run(compiler, build.tier_flags(tier), tmp_path / "check", [])
     assert f"tier: {tier}" in out
 
 
@@ -139,9 +140,9 @@ def test_without_a_compiler_the_engine_runs_on_torchs_kernels(tmp_path, monkeypa
     import torch._inductor.config  # noqa: F401  reads CXX once, at import: not the failing one set below
 
     monkeypatch.setenv("CXX", "/bin/false")
-    monkeypatch.setattr(kernels, "_source_digest", lambda: "nocompiler")  # a build no cache holds
+    monkeypatch.setattr(build, "_source_digest", lambda: "nocompiler")  # a build no cache holds
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_FAILED", {})
+    monkeypatch.setattr(build, "FAILED", {})
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     with pytest.warns(UserWarning, match="running on torch's kernels") as caught:
         assert kernels.kernel_module(tier="portable") is None
@@ -160,7 +161,7 @@ def test_without_a_compiler_the_engine_runs_on_torchs_kernels(tmp_path, monkeypa
     assert len(out[0].token_ids) == 4
 
 
-def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monkeypatch):
+def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monkeypatch, request):
     """kernel_build="background": the engine starts on torch's kernels while the build runs, and the
     native ones (fused step, native attention) take over at a step after it is done."""
     import threading
@@ -172,7 +173,7 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
     real = kernels.kernel_module(tier=tier)  # built (or loaded) now; the test holds its "build" back
     if real is None:
         pytest.skip("no C++ toolchain to build the kernels")
-    name = kernels._build_name(tier)
+    name = build.build_name(tier)
     release = threading.Event()
 
     def slow_compile(build_name, build_tier):  # under the build lock, as a real compile
@@ -181,8 +182,12 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
 
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_PENDING", {})
-    monkeypatch.setattr(kernels, "_import_built", lambda n, locked=False: None)  # as on a machine that never built it
-    monkeypatch.setattr(kernels, "_compile", slow_compile)
+    monkeypatch.setattr(load, "import_built", lambda n, locked=False: None)  # as on a machine that never built it
+    # its tiers' timing (every "build" is `real`) is stored in a cache of its own, not the machine's
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    tier_choice.forget()
+    request.addfinalizer(tier_choice.forget)
+    monkeypatch.setattr(build, "compile_build", slow_compile)
     folder = build_tiny_model(tmp_path / "m", head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     eng = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", num_kv_blocks=16, kernel_build="background"))
     assert kernels.build_pending(tier) and eng.runner.fused is None
@@ -190,6 +195,8 @@ def test_a_background_build_hands_the_kernels_over_between_steps(tmp_path, monke
     assert eng.runner.fused is None and len(first[0].token_ids) == 3
     release.set()
     assert kernels._PENDING[name].result(timeout=60) is real
+    if kernels._CHOICE_KEY in kernels._PENDING:  # every tier built and timed first (engine/kernels/tier_choice.py)
+        kernels._PENDING[kernels._CHOICE_KEY].result(timeout=300)
     eng.generate(["hello again"], SamplingParams(max_tokens=3, temperature=0.0))
     assert eng.runner.fused is not None and eng.runner.native_decode is not None
 
@@ -275,7 +282,7 @@ def test_the_harness_passes_on_an_emulated_cpu_without_the_higher_tiers(model, t
     compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler")
-    out = _compile_and_run(compiler, kernels._tier_flags(tier), tmp_path / "check", [qemu, "-cpu", model])
+    out = _compile_and_run(compiler, build.tier_flags(tier), tmp_path / "check", [qemu, "-cpu", model])
     assert f"tier: {tier}" in out
 
 
@@ -286,7 +293,7 @@ def test_the_emulator_refuses_what_its_cpu_lacks(tmp_path):
     if compiler is None:
         pytest.skip("no C++ compiler")
     out = tmp_path / "check"
-    subprocess.run([compiler, "-O2", "-std=c++17", *kernels._tier_flags("avx512"), f"-I{KERNELS}", str(HARNESS),
+    subprocess.run([compiler, "-O2", "-std=c++17", *build.tier_flags("avx512"), f"-I{KERNELS}", str(HARNESS),
                     "-o", str(out)], check=True, capture_output=True, text=True, timeout=300)
     done = subprocess.run([qemu, "-cpu", "EPYC-Milan", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "Illegal instruction" in done.stderr

@@ -127,14 +127,14 @@ def test_a_dead_build_lock_is_cleared_at_once(tmp_path, monkeypatch):
     once, with a warning (it used to wait 600 s in silence)."""
     import torch.utils.cpp_extension as ext
 
-    from engine import kernels
+    from engine.kernels import build
 
     monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose=False: str(tmp_path / name))
     (tmp_path / "x").mkdir()
     lock = tmp_path / "x" / "lock"
     lock.write_text("")
-    with kernels._machine_build_lock("x"), pytest.warns(UserWarning, match="did not finish"):
-        kernels._clear_dead_lock("x")
+    with build._machine_build_lock("x"), pytest.warns(UserWarning, match="did not finish"):
+        build._clear_dead_lock("x")
     assert not lock.exists()
 
 
@@ -143,17 +143,17 @@ def test_whole_and_cut_short_binaries_are_told_apart(kernel, tmp_path):
     process with SIGBUS, on every start, before any warning."""
     from pathlib import Path
 
-    from engine import kernels
+    from engine.kernels import load
 
     so = Path(kernel.__file__).read_bytes()
     whole = tmp_path / "whole.so"
     whole.write_bytes(so)
-    assert kernels._binary_whole(whole)
+    assert load._binary_whole(whole)
     for cut in (len(so) - 1, len(so) // 2, 1000, 10, 0):
         (tmp_path / "cut.so").write_bytes(so[:cut])
-        assert not kernels._binary_whole(tmp_path / "cut.so"), cut
+        assert not load._binary_whole(tmp_path / "cut.so"), cut
     (tmp_path / "zeros.so").write_bytes(bytes(len(so)))  # a file of the right size, never written
-    assert not kernels._binary_whole(tmp_path / "zeros.so")
+    assert not load._binary_whole(tmp_path / "zeros.so")
 
 
 LOAD = """

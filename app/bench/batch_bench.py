@@ -9,6 +9,7 @@ moment every stream has its first token to the last token (llama-batched-bench's
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -89,13 +90,17 @@ def run_batch_bench(args) -> dict:
                 peer(n)
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:  # ours are still measured
                 failed = str(exc)
-        ours, theirs = [], []
+        ours, theirs, variant = [], [], []
         for _ in range(args.rounds):  # alternating: both sides see the same drift of a shared machine
             ours.append(engine_batch(engine, prompts[:n], args.max_tokens))
             if peer and failed is None:
                 theirs.append(peer(n))
+            if getattr(args, "invariance", False):
+                variant.append(_not_invariant(engine, prompts[:n], args.max_tokens))
         row = {"inferlab": {**median_run(ours), "each_round": [r["decode_tokens_per_s"] for r in ours]},
                "decode_step_path": engine.runner.last_path}
+        if variant:
+            row.update(_invariance_cost(ours, variant))
         if failed is not None:
             row["llama_cpp"] = {"failed": failed}
         elif theirs:
@@ -104,6 +109,32 @@ def run_batch_bench(args) -> dict:
             row["inferlab_over_llama_cpp"] = row["inferlab"]["decode_tokens_per_s"] / med["decode_tokens_per_s"]
         out["streams"][str(n)] = row
     return out
+
+
+def _not_invariant(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
+    """One round with EngineConfig.batch_invariant off (the library GEMM for prompt rows and past 16 decode
+    rows), then back on."""
+    engine.reconfigure(batch_invariant=False)  # applied at the round's first step
+    try:
+        return engine_batch(engine, prompts, max_tokens)
+    finally:
+        engine.reconfigure(batch_invariant=True)
+
+
+def _invariance_cost(invariant: list[dict], variant: list[dict]) -> dict:
+    """Medians of the rounds with batch invariance off, and on / off for decode tokens/s and for the time to
+    every stream's first token (the prompts' prefill), each the ratio of its own medians."""
+    def med(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    ratio = {k: round(med(invariant, k) / med(variant, k), 3) for k in ("decode_tokens_per_s", "prefill_seconds")}
+    return {"inferlab_not_invariant": {"decode_tokens_per_s": med(variant, "decode_tokens_per_s"),
+                                       "prefill_seconds": med(variant, "prefill_seconds"),
+                                       "each_round": [r["decode_tokens_per_s"] for r in variant],
+                                       "prefill_each_round": [r["prefill_seconds"] for r in variant]},
+            "inferlab_prefill_seconds": med(invariant, "prefill_seconds"),
+            "inferlab_prefill_each_round": [r["prefill_seconds"] for r in invariant],
+            "invariant_over_not": ratio}
 
 
 def _peer(args, engine, fmt: str):

@@ -25,6 +25,7 @@ from app.bench.rounds import (
 )
 from app.load.workload import corpus_tokens
 from app.result_file import write_or_print
+from engine.kernels.tier_choice import family_for_format
 from engine.perf.probe import cpu_description
 from engine.quant.schemes import int4_layout_in_words, prompt_rows_in_words
 from engine.quant_formats import DENSE, QUANT_FORMAT_NAMES
@@ -77,6 +78,9 @@ def add_bench_args(p, engine_args) -> None:
     bat.add_argument("--quant-format", choices=QUANT_FORMAT_NAMES, default=DENSE,
                      help="weights (llama.cpp: the bf16 GGUF for bf16, the source GGUF for int4)")
     bat.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is built")
+    bat.add_argument("--invariance", action="store_true",
+                     help="also run every round with batch invariance off (the library GEMM for prompt rows and "
+                          "past 16 decode rows), alternating: what invariance costs")
     dec.add_argument("--tiers", nargs="+", choices=["portable", "avx2", "avx512", "neon"], default=[],
                      help="also run the engine's eager decode on these ISA tiers of the native kernels (each "
                           "its own engine, in the same alternating rounds); tiers this CPU cannot run are left out")
@@ -160,14 +164,14 @@ def _run_bench(args) -> int:
     if args.bench == "gui" and args.threads is None:
         from app.device_args import engine_threads
 
-        args.threads = engine_threads()  # as the app runs it: one core left to the GUI thread
+        args.threads = engine_threads()  # as the app starts: the cores free now
     threads = choose_threads(args.threads)  # chosen before any background load starts
     args.threads = threads.count  # every engine of the bench runs this many
     torch.set_num_threads(threads.count)
     result = {"benchmark": args.bench, "model": args.model, "dtype": args.dtype, "device": args.device,
               "threads": torch.get_num_threads(), "threads_reason": threads.describe(),
               "machine": platform.processor() or platform.machine(), "cpu": cpu_description(),
-              "cpu_tier": kernels.describe_tier(), "int4_layout": int4_layout_in_words(),
+              "int4_layout": int4_layout_in_words(),
               "quantized_prompt_rows": prompt_rows_in_words(), "torch": torch.__version__,
               "huge_pages": huge_pages.describe(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.bench == "throughput":
@@ -214,6 +218,9 @@ def _run_bench(args) -> int:
         with background_load(args.background_load) as load:
             result["background_load"] = load
             result.update(_decode(args))
+    # after the engines are built: the tiers were timed at the first build (engine/kernels/tier_choice.py)
+    result["cpu_tier"] = kernels.describe_choice(family_for_format(getattr(args, "quant_format", DENSE)))
+    result["kernel_tiers"] = kernels.choice_summary()
     return _emit(args, result)
 
 

@@ -51,12 +51,13 @@ def run_gui(args) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
-    from app.device_args import device_options, engine_threads
+    from app.device_args import device_options
     from app.gui.main_window import MainWindow
     from app.gui.settings_file import user_settings
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
     from engine.events import KernelBuild
+    from engine.runner.threads import count_as_other
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("inferlab")
@@ -94,8 +95,11 @@ def run_gui(args) -> int:
             return 2
     else:
         # the native kernels' first build runs in the background: live tokens on torch's kernels meanwhile
+        # the engine's threads follow the free cores; this (the GUI) thread counts as another process's, so
+        # it is left a core only while it keeps one busy (engine/runner/threads.py)
+        count_as_other(threading.get_native_id(), "the GUI")
         host = EngineHost(EngineConfig(model=args.model, dtype=getattr(args, "dtype", "auto"),
-                                       num_threads=getattr(args, "threads", None) or engine_threads(),
+                                       num_threads=getattr(args, "threads", None),
                                        kernel_build=KernelBuild.BACKGROUND,
                                        **device_options(args)))
     if args.screenshot:  # reproducible pictures: default layout and theme, nothing read or saved

@@ -112,6 +112,11 @@ class Scheduler:
             self.waiting.remove(request)
         self.block_manager.free(request.request_id)
 
+    def forget_step_times(self) -> None:
+        """Start both step-time lines afresh: what steps cost was learned on another machine state (the engine's
+        thread count changed), and a line fitted across both would mislead the budgets for ~20-40 steps."""
+        self.step_time, self.decode_time = StepTimeModel(), StepTimeModel()
+
     def observe(self, prompt_tokens: int, rows: int, seconds: float) -> None:
         """A step ran `rows` rows in `seconds`; the steps carrying prompt tokens teach the step-time line, the
         others the decode-only one."""

@@ -1,5 +1,8 @@
-// One native call per decode step: the whole transformer for 1..8 decode rows on the CPU, bf16
-// activations, a 16-bit paged KV cache (EngineConfig.fused_decode; engine/runner/fused.py builds it).
+// One native call per step: the whole transformer for any number of rows on the CPU (decodes, a verify's
+// chained rows, a prompt chunk's tokens), bf16 activations, a 16-bit paged KV cache (EngineConfig.fused_decode;
+// engine/runner/fused.py builds it). A row's numbers never depend on the rows beside it: each product sums
+// each row alone in one order (bf16: up to 8 rows a pass over W, more over blocks of W in cache; quantized:
+// 8 rows a pass), attention is per row, and norms are per row; the logits are taken for the rows asked only.
 //
 // The eager path runs ~360 small torch ops per step (norms, RoPE, KV writes, casts, splits) between
 // the Linear layers; each costs microseconds of dispatch, which at one stream is as long as reading
@@ -157,9 +160,9 @@ struct Proj {
     if (n0 >= n1) return;
     const int64_t M = p.M;
     const uint16_t* sc = kind == 0 ? nullptr : reinterpret_cast<const uint16_t*>(b.data_ptr());
-    if (kind == 0) {
-      bf16_rows_for(M)(p.x, reinterpret_cast<const uint16_t*>(a.data_ptr()), y,
-                       bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, K, N, n0, n1);
+    if (kind == 0) {  // any number of rows: 8 a pass over blocks of W (bf16_rows_any), each row as alone
+      bf16_rows_any(p.x, M, reinterpret_cast<const uint16_t*>(a.data_ptr()), y,
+                    bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, K, N, n0, n1);
       return;
     }
     if (kind == 1 && q8) int8_q8_range(p.q8.data(), M, a.data_ptr<int8_t>(), sc, nullptr, K, N, y, n0, n1);
@@ -176,10 +179,22 @@ struct Proj {
   }
 };
 
+// y (M, N) = x (M, K) W^T for output rows [n0, n1) and any M: bf16 weights in one call (bf16_rows_any),
+// quantized ones 8 rows of x at a time (their preparation's scratch holds 8 rows).
+static void product_rows(const Proj& p, const uint16_t* x, int64_t M, uint16_t* y, int64_t n0, int64_t n1,
+                         float* fscratch, uint16_t* hscratch, bool q8) {
+  const int64_t chunk = p.kind == 0 ? M : kMaxRows;
+  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+    Prepared pr;
+    p.prepare(x + m0 * p.K, std::min(chunk, M - m0), fscratch, hscratch, q8, pr);
+    p.rows(pr, y + m0 * p.N, n0, n1, q8);
+  }
+}
+
 // What each thread of the step keeps to itself: its copy of the residual stream and of the normed rows
 // (every thread computes them, identically: cheaper than a barrier), and the products' scratch.
 struct ThreadScratch {
-  std::vector<uint16_t> res, h, hs;
+  std::vector<uint16_t> res, h, hs, hl;  // hl: the rows whose logits are asked for, gathered
   std::vector<float> fs, scores, acc;
 };
 
@@ -259,9 +274,9 @@ class FusedModel {
   // before any row attends (one more barrier a layer).
   std::vector<torch::Tensor> step(torch::Tensor ids, torch::Tensor positions, torch::Tensor slots,
                                   torch::Tensor blocks, torch::Tensor ctx_lens, int64_t block_size,
-                                  bool chained) {
+                                  bool chained, c10::optional<torch::Tensor> logit_rows) {
     const int64_t n = ids.size(0);
-    TORCH_CHECK(n >= 1 && n <= 8, "the fused decode step takes 1 to 8 rows");
+    TORCH_CHECK(n >= 1, "the fused step takes at least one row");
     TORCH_CHECK(!layers_.empty(), "no layers");
     for (auto* t : {&ids, &positions, &slots, &blocks, &ctx_lens})
       TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "int64 contiguous step inputs");
@@ -281,16 +296,29 @@ class FusedModel {
     const int64_t* bt = blocks.data_ptr<int64_t>();
     for (int64_t i = 0; i < n * max_blocks; ++i)
       TORCH_CHECK(bt[i] >= 0 && bt[i] * block_size < total_slots, "block id out of range");
+    logit_rows_.clear();  // the rows whose logits are asked for (a prompt chunk's last row only), in order
+    if (logit_rows.has_value() && logit_rows->defined()) {
+      TORCH_CHECK(logit_rows->scalar_type() == at::kLong && logit_rows->dim() == 1 && logit_rows->is_contiguous(),
+                  "logit_rows: int64 (rows,)");
+      const int64_t* lr = logit_rows->data_ptr<int64_t>();
+      for (int64_t i = 0; i < logit_rows->size(0); ++i) {
+        TORCH_CHECK(lr[i] >= 0 && lr[i] < n, "logit row out of range");
+        logit_rows_.push_back(lr[i]);
+      }
+    } else {
+      for (int64_t r = 0; r < n; ++r) logit_rows_.push_back(r);
+    }
+    const int64_t nl = static_cast<int64_t>(logit_rows_.size());
 
     const int64_t V = head_->N;
     auto hidden = torch::empty({n, H_}, torch::dtype(torch::kBFloat16));
-    auto logits = torch::empty({n, V}, torch::dtype(torch::kFloat32));
-    logits_h_.resize(n * V);
+    auto logits = torch::empty({nl, V}, torch::dtype(torch::kFloat32));
+    logits_h_.resize(std::max<int64_t>(1, nl) * V);
     const std::vector<int64_t> cost = job_costs(lens, n, nkv_);  // the attention's jobs, balanced by context
     int64_t max_len = 0;
     for (int64_t r = 0; r < n; ++r) max_len = std::max(max_len, lens[r]);
     const int threads = std::max(1, at::get_num_threads());
-    ensure_scratch(threads, (max_len + 15) / 16 * 16);  // nothing is allocated inside the region
+    ensure_scratch(threads, (max_len + 15) / 16 * 16, n, nl);  // nothing is allocated inside the region
     StepArgs a{n, idp, pos, slot, bt, lens, max_blocks, block_size, total_slots,
                reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost, chained};
     if (profile_) ++prof_steps_;
@@ -299,7 +327,7 @@ class FusedModel {
       barrier_.size.store(size, std::memory_order_relaxed);  // the same value from every thread, before any wait
       run_team(Team{tid, size, &barrier_}, a);
     });
-    return {hidden, logits, greedy_tokens(n, threads)};
+    return {hidden, logits, greedy_tokens(nl, threads)};
   }
 
  private:
@@ -356,12 +384,17 @@ class FusedModel {
     add_and_norm(res, out, final_norm_, n, h);
     if (t.tid == 0) std::memcpy(a.hidden, h, n * H_ * 2);
     tick(t, kFinalNorm, time);
-    const int64_t V = head_->N;
+    const int64_t V = head_->N, nl = static_cast<int64_t>(logit_rows_.size());
     uint16_t* lh = logits_h_.data();
-    product(*head_, h, n, lh, s, t);
+    if (nl < n) {  // only the rows asked for: each thread gathers them into its own copy
+      uint16_t* hl = s.hl.data();
+      for (int64_t i = 0; i < nl; ++i) std::memcpy(hl + i * H_, h + logit_rows_[i] * H_, H_ * 2);
+      h = hl;
+    }
+    if (nl > 0) product(*head_, h, nl, lh, s, t);
     const auto [v0, v1] = t.share(V);
-    for (int64_t r = 0; r < n; ++r) {  // float32 logits, and this share's greedy token and finiteness
-      Greedy& g = greedy_[t.tid * 8 + r];
+    for (int64_t r = 0; r < nl; ++r) {  // float32 logits, and this share's greedy token and finiteness
+      Greedy& g = greedy_[t.tid * nl + r];
       g = Greedy{};
       for (int64_t i = v0; i < v1; ++i) {
         const float v = f(lh[r * V + i]);
@@ -389,7 +422,7 @@ class FusedModel {
     for (int64_t r = 0; r < n; ++r) {
       Greedy best;
       for (int th = 0; th < threads; ++th) {  // shares in index order: a tie keeps the earlier one
-        const Greedy& g = greedy_[th * 8 + r];
+        const Greedy& g = greedy_[th * n + r];
         best.finite = best.finite && g.finite;
         if (g.index >= 0 && (best.index < 0 || g.value > best.value)) best.value = g.value, best.index = g.index;
       }
@@ -410,21 +443,22 @@ class FusedModel {
 
   // y (n, N) = x P^T: x prepared by this thread, this thread's share of the output rows.
   void product(const Proj& p, const uint16_t* x, int64_t n, uint16_t* y, ThreadScratch& s, const Team& t) const {
-    Prepared pr;
-    p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
     const auto [n0, n1] = t.share(p.N);
-    p.rows(pr, y, n0, n1, q8_);
+    product_rows(p, x, n, y, n0, n1, s.fs.data(), s.hs.data(), q8_);
   }
 
   // gate_up and SiLU(gate) * up: this thread's share [i0, i1) of the intermediate columns, both halves of
   // gate_up for them, so the product needs no barrier before the activation.
   void gate_up_silu(const Proj& p, const uint16_t* x, int64_t n, uint16_t* gu, uint16_t* act, ThreadScratch& s,
                     const Team& t) const {
-    Prepared pr;
-    p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
     const auto [i0, i1] = t.share(I_);
-    p.rows(pr, gu, i0, i1, q8_);
-    p.rows(pr, gu, I_ + i0, I_ + i1, q8_);
+    const int64_t chunk = p.kind == 0 ? n : kMaxRows;  // as product_rows: both halves per chunk of rows
+    for (int64_t m0 = 0; m0 < n; m0 += chunk) {
+      Prepared pr;
+      p.prepare(x + m0 * p.K, std::min(chunk, n - m0), s.fs.data(), s.hs.data(), q8_, pr);
+      p.rows(pr, gu + m0 * p.N, i0, i1, q8_);
+      p.rows(pr, gu + m0 * p.N, I_ + i0, I_ + i1, q8_);
+    }
     for (int64_t r = 0; r < n; ++r) silu_mul(gu + r * 2 * I_, gu + r * 2 * I_ + I_, act + r * I_, i0, i1);
   }
 
@@ -491,30 +525,34 @@ class FusedModel {
   int64_t prof_steps_ = 0;
 
   // The shared buffers, and each thread's own for `threads` threads and contexts up to max_len.
-  void ensure_scratch(int threads, int64_t max_len) {
+  // The shared buffers for n rows, each thread's own for `threads` threads, n rows, nl rows of logits and
+  // contexts up to max_len (grown, never shrunk: a long prompt's chunk sizes them once).
+  void ensure_scratch(int threads, int64_t max_len, int64_t n, int64_t nl) {
     const int64_t R = 8, qs = nh_ * d_, kvs = nkv_ * d_, group = nh_ / nkv_;
-    const int64_t kmax = std::max(max_k_, H_);
-    if (out_.empty()) {
-      out_.resize(R * H_);
-      qkv_.resize(R * (qs + 2 * kvs)); qd_.resize(R * qs); att_.resize(R * qs);
-      gu_.resize(R * 2 * I_); act_.resize(R * I_);
+    const int64_t kmax = std::max(max_k_, H_), rows = std::max(R, n);
+    if (rows > rows_) {
+      rows_ = rows;
+      out_.resize(rows * H_);
+      qkv_.resize(rows * (qs + 2 * kvs)); qd_.resize(rows * qs); att_.resize(rows * qs);
+      gu_.resize(rows * 2 * I_); act_.resize(rows * I_);
     }
     if (static_cast<int>(scratch_.size()) < threads) scratch_.resize(threads);
-    if (static_cast<int>(greedy_.size()) < threads * 8) greedy_.resize(threads * 8);
+    if (static_cast<int64_t>(greedy_.size()) < threads * std::max<int64_t>(nl, 8)) greedy_.resize(threads * std::max<int64_t>(nl, 8));
     for (ThreadScratch& s : scratch_) {
-      if (s.res.empty()) {
-        s.res.resize(R * H_); s.h.resize(R * H_);
-        // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more)
+      if (s.fs.empty()) {
+        // int8 / int4: x in float32 or quantized to int8 with its scales (whichever needs more), 8 rows a pass
         s.fs.resize(std::max({R * kmax, q4_scratch_floats(R, kmax), q8_scratch_floats(R, kmax),
                               q4t_scratch_floats(R, kmax), f4t_scratch_floats(R, kmax)}) + 64);
         s.hs.resize(R * kmax + 64);  // int4: x reordered
         s.acc.resize(8 * 128);       // the portable attention body's sums (group <= 8, head_dim <= 128)
       }
+      if (static_cast<int64_t>(s.res.size()) < rows * H_) s.res.resize(rows * H_), s.h.resize(rows * H_);
+      if (static_cast<int64_t>(s.hl.size()) < nl * H_) s.hl.resize(nl * H_);
       if (static_cast<int64_t>(s.scores.size()) < group * max_len) s.scores.resize(group * max_len);
     }
   }
 
-  int64_t H_, nh_, nkv_, d_, I_, max_k_ = 0;
+  int64_t H_, nh_, nkv_, d_, I_, max_k_ = 0, rows_ = 0;  // rows_: rows the shared buffers hold
   bool q8_ = false;
   float eps_;
   torch::Tensor embed_, embed_scales_, final_norm_;
@@ -522,6 +560,7 @@ class FusedModel {
   torch::Tensor cos_, sin_;
   std::vector<Layer> layers_;
   std::vector<uint16_t> out_, qkv_, qd_, att_, gu_, act_, logits_h_;  // shared by the team
+  std::vector<int64_t> logit_rows_;  // this step's rows whose logits are asked for
   std::vector<ThreadScratch> scratch_;  // one per thread
   std::vector<Greedy> greedy_;          // (thread, row)
   SpinYieldBarrier barrier_;            // the team's (see Team)

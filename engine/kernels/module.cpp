@@ -26,7 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("int8_activations", &FusedModel::int8_activations)
       // Without the GIL while it runs (as torch's own ops): the app's GUI thread keeps running meanwhile.
       .def("step", &FusedModel::step, py::arg("ids"), py::arg("positions"), py::arg("slots"), py::arg("blocks"),
-           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false,
+           py::arg("ctx_lens"), py::arg("block_size"), py::arg("chained") = false, py::arg("logit_rows") = py::none(),
            py::call_guard<py::gil_scoped_release>());
   // The weight-streaming products and the paged attention as torch ops (without the GIL while they run).
   const auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -47,6 +47,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
+  m.def("set_bf16_body", [](const std::string& body) {
+        TORCH_CHECK(body == "tiles" || body == "rows", "bf16 body: tiles or rows");
+        inferlab::g_bf16_body.store(body == "rows" ? inferlab::kBf16Rows : inferlab::kBf16Tiles);
+      }, "how the bf16 bodies walk W for up to 8 rows (core/linear.h): tiles or rows; the same numbers either way");
+  m.def("bf16_body", [] { return std::string(inferlab::g_bf16_body.load() == inferlab::kBf16Rows ? "rows" : "tiles"); },
+        "the bf16 bodies' walk now: tiles or rows");
   m.def("openmp", [] { return inferlab::kOpenMP; }, "whether this build splits work over OpenMP (else its own pool)");
 #ifdef _OPENMP
   m.def("pool_threads", [] { return 0; }, "worker threads of the build's own pool (none: OpenMP's)");

@@ -145,7 +145,7 @@ def tiles_by_default() -> bool:
         import warnings
 
         warnings.warn(f"{INT4_LAYOUT_ENV}={forced!r}: tiles or chunks; the tier's default is used", stacklevel=2)
-    return cpu_tier() in TILES_TIERS
+    return cpu_tier("int4") in TILES_TIERS
 
 
 def int4_layout_in_words() -> str:

@@ -120,17 +120,19 @@ def _gpu_plan(name: str, device: torch.device) -> ComputePlan:
                        f"GPU compute capability {major}.{minor} computes bf16 natively")
 
 
-def compute_line(plan: ComputePlan, threads=None, short: bool = False, kernels: str | None = None) -> str:
+def compute_line(plan: ComputePlan, threads=None, short: bool = False, kernels: str | None = None,
+                 tier: str | None = None) -> str:
     """The plan, the native kernels' tier where known, and the thread choice (on the CPU), in one line
     with the reasons; `short`: without them (a status bar), e.g. "bf16 weights, fp32 prefill · avx2 kernels ·
     1 thread" ("avx2 kernels building" while they build, torch's kernels meanwhile).
-    `kernels`: the kernels' state in words (engine.kernels.status: building, unavailable and why)."""
-    tier = cpu_tier() if threads is not None else None
+    `kernels`: the kernels' state in words (engine.kernels.status: building, unavailable and why); `tier`: the
+    weights' kernel family's tier (default: the bf16 family's)."""
+    tier = (tier or cpu_tier()) if threads is not None else None
     if short:
         state = ("" if not kernels else " building" if kernels.startswith("building")
                  else " unavailable" if kernels.startswith("unavailable") else "")
         parts = [plan.what, *([f"{tier} kernels{state}"] if tier else []),
-                 *([f"{threads.count} thread{'s' if threads.count != 1 else ''}"] if threads is not None else [])]
+                 *([threads.short()] if threads is not None else [])]
         return " · ".join(parts)
     parts = [plan.describe(), *([f"native kernels: {kernels or tier}"] if tier else []),
              *([threads.describe()] if threads is not None else [])]

@@ -6,14 +6,20 @@ and each row's greedy token.
 At one stream on the CPU the layer-by-layer path spends about as long dispatching ~360 small torch ops
 (norms, RoPE, KV writes, casts, splits) as reading the weights; the fused step has none of that.
 
-Which steps take it, decided once per step by `ModelRunner` (`eligible`): decodes and verify runs of a
-chain of drafts (speculative decoding; a tree only when it is one chain), no prefill chunk, no LoRA
-adapter bound to any of them, in one or two native calls of at most 8 rows (a verify run's rows stay in
-one call, where the step writes their K/V before any of them attends), and a model whose every layer the
-kernel can read (`FusedDecode.unsupported`): bf16 Linear layers, int8 and int4 QuantLinear layers
-without 16-bit outlier columns and not in reference mode, a bf16 or int8 embedding table. The runner
-builds the FusedDecode only on the CPU in bf16 with a 16-bit KV cache and a non-reference attention
-backend. Everything else runs the layer-by-layer path, which is also what the tests hold this one to.
+Which steps take it, decided once per step by `ModelRunner` (`accepts`), on a model whose every layer the
+kernel can read (`FusedDecode.unsupported`: bf16 Linear layers, int8 and int4 QuantLinear layers without
+16-bit outlier columns and not in reference mode, a bf16 or int8 embedding table):
+- batch-invariant (EngineConfig.batch_invariant, the default) with bf16 weights: every step without a LoRA
+  adapter or a draft tree, prompt chunks and any number of rows included, in one call. Each row is summed
+  in one order whatever shares its step (the native bodies own their order: core/linear.h, attention.h),
+  and a prompt token's K/V are those it gets as a decode, so a greedy answer is the one its prompt gets
+  alone, batched, chunked, preempted and recomputed, or speculated (tests/test_batch_invariance.py);
+- otherwise decodes and verify runs of a chain of drafts (speculative decoding; a tree only when it is one
+  chain), no prefill chunk, no LoRA adapter, in one or two native calls of at most 8 rows (a verify run's
+  rows stay in one call, where the step writes their K/V before any of them attends).
+The runner builds the FusedDecode only on the CPU in bf16 with a 16-bit KV cache and a non-reference
+attention backend. Everything else runs the layer-by-layer path (not batch-invariant: the library GEMM
+past 8 rows, torch's attention for prompt rows), which is also what the tests hold this one to.
 
 The plan (the C++ object holding the layers' own tensors, no copies) is built on the first eligible
 step; the runner drops it whenever it drops its captured graphs (weights swapped, KV resized, released
@@ -60,20 +66,25 @@ def _proj_args(mod: nn.Module) -> tuple | str:
 
 
 class FusedDecode:
-    """The fused decode step of one runner: `plan` keeps the C++ model in step with the Python one."""
+    """The fused decode step of one runner: `plan` keeps the C++ model in step with the Python one.
+    `batch_invariant` (EngineConfig.batch_invariant): where every projection is bf16, the fused step takes
+    every step it can, prompt chunks and any number of rows included, in one call (see `accepts`)."""
 
-    def __init__(self, kernel, model: nn.Module, block_size: int, int8_activations: bool = False) -> None:
+    def __init__(self, kernel, model: nn.Module, block_size: int, int8_activations: bool = False,
+                 batch_invariant: bool = False) -> None:
         self.kernel = kernel
         self.int8_activations = int8_activations  # EngineConfig.int8_activations
+        self.batch_invariant = batch_invariant
         self.model = model
         self.block_size = block_size
         self._plan = None
         self._built = False  # whether _plan is the current model's (it may be None: unsupported)
         self.unsupported: str | None = None  # why the current model cannot run fused (None: it can)
+        self.all_bf16 = False  # every projection of the current plan is a bf16 Linear
 
     def invalidate(self) -> None:
         """Drop the plan and what it holds (old weights, released caches)."""
-        self._plan, self._built = None, False
+        self._plan, self._built, self.all_bf16 = None, False, False
 
     def plan(self, kv_caches):
         """The C++ model for the current modules and caches (None where they cannot run fused). Built
@@ -112,6 +123,7 @@ class FusedDecode:
         if bad is not None:
             self.unsupported = bad
             return None
+        self.all_bf16 = all(a[0] == 0 for a in args)
         try:
             return self._make(table, scales, args, kv_caches)
         except RuntimeError as exc:  # a shape the kernel does not take: this model runs layer by layer
@@ -158,19 +170,38 @@ class FusedDecode:
                 return False
         return len(_calls(order)) <= FUSED_MAX_CALLS
 
-    def run(self, plan, order, bm, block_rows) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
-        """(final hidden (n, hidden) bf16, logits (n, vocab) float32, greedy tokens) of a batch `eligible`
-        takes, one row per token in `order`'s order: per row the first index of its largest logit, None
-        where a logit is NaN or infinite (taken in the same pass that writes the logits, so greedy rows need
-        no torch op after the step). A verify run's rows are its last known token and its drafts, at
-        consecutive positions: the native step writes every row's K/V before any row attends (`chained`).
+    def accepts(self, order) -> bool:
+        """Whether the current plan takes this step. Batch-invariant over a bf16 plan: every step without a
+        LoRA adapter or a draft tree, prompt chunks and any number of rows included, in one call, so a row's
+        numbers are those it has alone (each row summed in one order whatever its company: the native bodies
+        own their order), and a prompt's K/V those its tokens get as decodes (a preempted request recomputes
+        them to the bit). Else what `eligible` takes."""
+        if not (self.batch_invariant and self.all_bf16):
+            return self.eligible(order)
+        return bool(order) and all(s.request.lora_id == 0 and (s.kind != StepKind.VERIFY or _chain(
+            s.request.spec_tree, s.num_tokens - 1)) for s in order)
+
+    def run(self, plan, order, bm, block_rows, logit_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                               list[int | None]]:
+        """(final hidden (n, hidden) bf16, logits (len(logit_rows), vocab) float32, greedy tokens) of a batch
+        `accepts` takes, one row per token in `order`'s order; logits and greedy tokens of the rows
+        `logit_rows` (ascending) only: per row the first index of its largest logit, None where a logit is
+        NaN or infinite (taken in the same pass that writes the logits, so greedy rows need no torch op after
+        the step). A verify run's rows are its last known token and its drafts, a prompt chunk's its tokens,
+        at consecutive positions: the native step writes every row's K/V before any row attends (`chained`).
         block_rows: the runner's padding of block tables into one flat int64 tensor (ModelRunner._block_rows)."""
-        outs = [self._call(plan, part, bm, block_rows) for part in _calls(order)]
+        parts = [order] if self.batch_invariant and self.all_bf16 else _calls(order)
+        outs, first = [], 0
+        for part in parts:
+            n = sum(s.num_tokens for s in part)
+            mine = [r - first for r in logit_rows if first <= r < first + n]
+            outs.append(self._call(plan, part, bm, block_rows, mine))
+            first += n
         if len(outs) == 1:
             return outs[0]
         return (torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs]), [t for o in outs for t in o[2]])
 
-    def _call(self, plan, order, bm, block_rows):
+    def _call(self, plan, order, bm, block_rows, logit_rows: list[int]):
         bs = self.block_size
         ids, pos, slots, lens, tables = [], [], [], [], []
         for s in order:
@@ -180,18 +211,20 @@ class FusedDecode:
             table = bm.block_table(req.request_id)
             if s.kind == StepKind.VERIFY:  # the last known token, then the drafts being checked
                 ids += req.token_slice(p, req.num_tokens) + req.spec_token_ids[: end - req.num_tokens]
-            else:
-                ids.append(req.token_slice(p, p + 1)[0])
-            for q in range(p, end):
-                pos.append(q)
-                slots.append(table[q // bs] * bs + q % bs)
-                lens.append(q + 1)
-                tables.append(table)
+            else:  # a decode's newest token, or a prompt chunk's tokens
+                ids += req.token_slice(p, end)
+            pos += range(p, end)
+            slots += (table[q // bs] * bs + q % bs for q in range(p, end))
+            lens += range(p + 1, end + 1)
+            tables.append(table)
         width = max(-(-n // bs) for n in lens)
-        rows = block_rows(tables, width).view(len(ids), width)
+        # each request's padded block table once, repeated for its rows (a prompt chunk has hundreds)
+        rows = block_rows(tables, width).view(len(order), width).repeat_interleave(
+            torch.tensor([s.num_tokens for s in order]), dim=0)
         chained = len(ids) > len(order)
+        every = logit_rows == list(range(len(ids)))
         hidden, logits, greedy = plan.step(host_ints(ids), host_ints(pos), host_ints(slots), rows, host_ints(lens), bs,
-                                           chained)
+                                           chained, None if every else host_ints(logit_rows))
         return hidden, logits, [t if t >= 0 else None for t in greedy.tolist()]
 
 

@@ -46,8 +46,8 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledRequest
 from engine.events import StepKind
-from engine.models.layers.attention import AttentionMetadata, DecodeGroup
 from engine.kernels.gpu.launches import on_host
+from engine.models.layers.attention import AttentionMetadata, DecodeGroup
 from engine.runner.input_batch import DecodeInputs, decode_inputs, host_ints
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

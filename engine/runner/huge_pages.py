@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-HUGE_PAGE = 2 << 20  # x86-64's and 4 KiB-page Arm's; Arm kernels with 16/64 KiB pages have larger ones
-PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+from engine.kernels.huge_arena import HUGE_PAGE, PMD_SIZE, huge_page_bytes  # noqa: F401 (this module's names too)
+from engine.kernels.huge_arena import arena as _arena
+
 MIN_BYTES = 1 << 20  # tensors below this gain little: their pages are few
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -41,14 +42,6 @@ def thp_mode() -> str | None:
         return None
     chosen = [w for w in text.split() if w.startswith("[")]
     return chosen[0].strip("[]") if chosen else None
-
-
-def huge_page_bytes() -> int:
-    """The size of one transparent huge page here (what an arena is aligned to)."""
-    try:
-        return int(PMD_SIZE.read_text())
-    except (OSError, ValueError):
-        return HUGE_PAGE
 
 
 def _why_not() -> str | None:
@@ -100,18 +93,6 @@ def _set(mod: nn.Module, name: str, new: torch.Tensor) -> None:
         mod._parameters[name].data = new  # the same Parameter object: optimisers, ties, hooks keep it
     else:
         mod._buffers[name] = new
-
-
-def _arena(nbytes: int) -> torch.Tensor:
-    """`nbytes` of zeroed memory starting on a huge-page boundary, advised MADV_HUGEPAGE, as a uint8 tensor
-    (the kernel zero-fills its pages when first touched: nothing is written here)."""
-    # private: a shared anonymous mapping is shmem, which follows shmem's THP setting (usually "never")
-    page = huge_page_bytes()
-    arena = mmap.mmap(-1, nbytes + page, flags=mmap.MAP_PRIVATE)  # address space only, until written
-    arena.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps `arena` alive while any view of it lives
-    start = (-raw.data_ptr()) % page
-    return raw[start:start + nbytes]
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

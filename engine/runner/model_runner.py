@@ -91,6 +91,7 @@ class ModelRunner:
         # EngineConfig.int8_activations: the fused step's products, and quantized layers' many rows (INT8_ROWS)
         self.int8_activations = False
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
+        self.kernel_family = "bf16"  # the weights' kernel family: which measured tier the fused step runs
         # int8: rows of head_dim int8 values + their float32 scale (engine/models/layers/kv_quant.py)
         self.kv_int8 = kv_cache_dtype == KvCacheDtype.INT8
         # One (K, V) pair of flat slot tensors per layer, each (kv_heads, num_blocks * block_size, head_dim
@@ -102,7 +103,8 @@ class ModelRunner:
 
     def set_execution(self, attention_backend: AttentionBackendName, compile: bool,
                       progress: Callable[[str, float], None] | None = None, fused_decode: bool = False,
-                      int8_activations: bool = False, wait_kernels: bool = True) -> None:
+                      int8_activations: bool = False, wait_kernels: bool = True,
+                      batch_invariant: bool = False) -> None:
         """How the model runs (at start-up, and again when compile switches): compile=True compiles the
         model's dense regions and gives it the single-row kernel; the attention backend is (re-)selected
         for that (compile=True adds the gather-fused decode attention unless the readable reference path
@@ -112,7 +114,8 @@ class ModelRunner:
         the compiled path), no CUDA-graph buffers; `int8_activations`: its 4- and 8-bit products with
         int8 activations (EngineConfig.int8_activations), and quantized layers' many rows where no native
         bf16 GEMM applies (engine/quant/schemes.py int8_many_rows); `wait_kernels=False`: the native kernels only where
-        they are built already (EngineConfig.kernel_build "background")."""
+        they are built already (EngineConfig.kernel_build "background"); `batch_invariant`: the fused step takes
+        every step it can, prompt chunks and any number of rows (engine/runner/fused.py accepts)."""
         self.model.set_compiled(compile)
         self.int8_activations = int8_activations
         self.invalidate_graphs()
@@ -128,9 +131,10 @@ class ModelRunner:
                 and self.device.type == "cpu" and self.dtype == torch.bfloat16):
             from engine.kernels import fused_decode_kernel
 
-            kernel = fused_decode_kernel(progress, wait=wait_kernels)  # None where not built (after one warning)
+            # the build of the weights' kernel family (engine/kernels/tier_choice.py); None where not built
+            kernel = fused_decode_kernel(progress, wait=wait_kernels, family=self.kernel_family)
             if kernel is not None:
-                self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations)
+                self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations, batch_invariant)
 
     @property
     def native_decode(self):
@@ -201,23 +205,23 @@ class ModelRunner:
         # Decodes first, shortest context first (so similar lengths sit together), then prefill chunks.
         decodes = sorted((s for s in sched.scheduled if s.kind == StepKind.DECODE), key=lambda s: s.request.num_tokens)
         order = decodes + [s for s in sched.scheduled if s.kind != StepKind.DECODE]
+        rows, producers, verify_spans = producing_rows(order)
         plan = self._fused_plan(order)
         all_logits = greedy = None
-        if plan is not None:  # the whole step in one native call: hidden states, every row's logits and argmax
-            hidden, all_logits, greedy = self.fused.run(plan, order, bm, self._block_rows)
+        if plan is not None:  # the whole step in one native call: hidden states, the rows' logits and argmax
+            hidden, all_logits, greedy = self.fused.run(plan, order, bm, self._block_rows, rows)
             self.last_path = PATH_FUSED
         else:
             hidden = self.forward(order, bm)
             self.last_path = PATH_LAYERS
-        rows, producers, verify_spans = producing_rows(order)
         sampled: list[int | None] = [None] * len(order)
         logprobs: list = [None] * len(order)
         step = StepResult(order, sampled, logprobs, 0)
         if rows:
             every_row = rows == list(range(hidden.shape[0]))  # every row produces (decodes, verifies): no copy
             row_hidden = hidden if every_row else hidden[rows]
-            if all_logits is not None:
-                logits = all_logits if every_row else all_logits[rows]
+            if all_logits is not None:  # the fused step's: of `rows` only
+                logits = all_logits
             else:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
@@ -243,9 +247,10 @@ class ModelRunner:
 
     def _fused_plan(self, order: list[ScheduledRequest]):
         """The fused step's plan when this batch takes it (see engine/runner/fused.py), else None."""
-        if self.fused is None or self.graphs is not None or not FusedDecode.eligible(order):
+        if self.fused is None or self.graphs is not None:
             return None
-        return self.fused.plan(self.kv_caches)
+        plan = self.fused.plan(self.kv_caches)
+        return plan if plan is not None and self.fused.accepts(order) else None
 
     def clear_written_slots(self, s: ScheduledRequest, bm: BlockManager) -> None:
         """Zero the K/V slots this step wrote for a request that failed (its own fresh positions,

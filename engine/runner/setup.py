@@ -158,5 +158,7 @@ def stream_kernel_for(config: EngineConfig, device: torch.device, dtype: torch.d
     if not config.stream_linear or device.type != "cpu" or dtype != torch.bfloat16:
         return None
     from engine.kernels import stream_linear_kernel
+    from engine.kernels.tier_choice import family_for_format
 
-    return stream_linear_kernel(progress, wait=config.kernel_build == KernelBuild.WAIT)
+    return stream_linear_kernel(progress, wait=config.kernel_build == KernelBuild.WAIT,
+                                family=family_for_format(config.quant_format))

@@ -26,6 +26,7 @@
 //   portable: the same sums in plain C++.
 // The callers split output rows between threads (stream_linear.cpp, fused_decode.cpp).
 #pragma once
+#include <atomic>
 #include "isa.h"
 #include "simd8.h"
 
@@ -38,6 +39,17 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------- bf16
+// How the bodies below walk W for up to 8 rows of x, chosen per CPU by measurement at the first build
+// (engine/kernels/tier_choice.py, set_bf16_body): kBf16Tiles, R weight rows a tile with the next tile
+// prefetched (best on a Sapphire Rapids Xeon, below), or kBf16Rows, one weight row after the other with no
+// software prefetch: W read as one sequential stream, which a Zen 4's hardware prefetcher serves best (there
+// R rows a tile are R streams, and a decode step's bf16 sweep ran ~2x as long: SmolLM2-135M's matrices, one
+// row of x, 1 thread, scripts/bf16_rows_ab.sh). Each (weight row, row of x) pair keeps its own accumulator
+// in both, summed along K in the same order: the two give the same numbers, bit for bit, so the choice
+// changes speed only. More than 8 rows of x (blocks of W in cache) always take the tiles.
+enum Bf16Body : int { kBf16Tiles = 0, kBf16Rows = 1 };
+inline std::atomic<int> g_bf16_body{kBf16Tiles};
+
 // Every body below works in tiles: R weight rows against G rows of x, one accumulator per (weight row, row
 // of x), summed along K in one order whatever R and G are, so a row's result does not depend on how many
 // rows share the call (a verify's rows, a batch's) and stays bit for bit the one-row result; R and G only
@@ -57,7 +69,30 @@ __attribute__((always_inline)) static inline void prefetch_tile(const char*& pf)
 }
 
 #ifdef INFERLAB_AVX512_BF16
-static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+// The sum of 16 lanes in one written order: lanes i + (i + 8), then + 4, + 2, + 1 (the order of GCC's
+// _mm512_reduce_add_ps, written out so that every compiler sums alike). hsum16 takes 16 sums in that same
+// order at once; a row's sum is the same bit for bit whichever of the two takes it.
+static inline float hsum(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// 16 accumulators a[0..16) -> their sums in one vector: a[i]'s at lane 4 * (i % 4) + i / 4 (see hsum).
+static inline __m512 hsum16(const __m512* a) {
+  __m512 s8[8], s4[4], s2[2];
+  for (int i = 0; i < 8; ++i)  // lanes j and j + 8 of a[2i] (first half) and a[2i + 1]
+    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // + 4
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // + 2, within each 128-bit lane
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * i], s4[2 * i + 1], 0x44),
+                          _mm512_shuffle_ps(s4[2 * i], s4[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));  // + 1
+}
 
 // The tile of the AVX-512 body: bf16 pairs of a weight row and a row of x multiplied into float32 sums
 // (vdpbf16ps), 32 columns a step, K's last K % 32 columns masked.
@@ -108,6 +143,55 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
   for (; n + 2 <= n1; n += 2) bf16_tile<2, M, true>(x, K, w, y, bias, K, N, n);
   if (n < n1) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
 }
+
+// kBf16Rows: one weight row after the other, every row of x in the one tile.
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
+}
+
+// Many rows of x (a prompt's), W in cache (bf16_rows_any's blocks): 4 weight rows against 4 rows of x, the 16
+// sums taken together (hsum16), each in bf16_tile's order. On a Zen 4, a block of 240 rows against a layer of
+// SmolLM2-135M, 1 thread: 106 GFLOP/s, where the 2 x 8 tile with a sum per pair ran 77 (a busy machine,
+// alternating).
+static void bf16_tile4x4(const uint16_t* x, int64_t ldx, const uint16_t* w, uint16_t* y, const float* bias,
+                         int64_t K, int64_t N, int64_t n) {
+  const uint16_t* wr = w + n * K;
+  const int64_t k32 = K / 32 * 32;
+  __m512 a[16];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  auto step = [&](const __m512bh* wv, auto load_x) __attribute__((always_inline)) {
+    _Pragma("GCC unroll 4") for (int g = 0; g < 4; ++g) {
+      const __m512bh xv = load_x(g);
+      _Pragma("GCC unroll 4") for (int r = 0; r < 4; ++r) a[g * 4 + r] = _mm512_dpbf16_ps(a[g * 4 + r], wv[r], xv);
+    }
+  };
+  for (int64_t k = 0; k < k32; k += 32) {
+    __m512bh wv[4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr + r * K + k);
+    step(wv, [&](int g) __attribute__((always_inline)) { return (__m512bh)_mm512_loadu_si512(x + g * ldx + k); });
+  }
+  if (K > k32) {
+    const __mmask32 tail = static_cast<__mmask32>((1ull << (K - k32)) - 1);
+    __m512bh wv[4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, wr + r * K + k32);
+    step(wv, [&](int g) __attribute__((always_inline)) { return (__m512bh)_mm512_maskz_loadu_epi16(tail, x + g * ldx + k32); });
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, hsum16(a));
+  for (int g = 0; g < 4; ++g)
+    for (int r = 0; r < 4; ++r) y[g * N + n + r] = out(sums[4 * r + g], bias, n + r);  // a[g*4+r] at lane 4r+g
+}
+
+// Rows [n0, n1) of W against 4 rows of x (bf16_rows_any's blocked path).
+static void bf16_rows_x4(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
+                         int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) bf16_tile4x4(x, K, w, y, bias, K, N, n);
+  for (; n < n1; ++n) bf16_tile<1, 4, false>(x, K, w, y, bias, K, N, n);
+}
+#define INFERLAB_BF16_X4 1
 #elif defined(INFERLAB_SIMD8)
 // x (M, K) bf16 -> float32, once per call, into this thread's buffer (kept between calls).
 static inline const float* widen_rows(const uint16_t* x, int64_t n) {
@@ -177,6 +261,18 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
 }
+
+// kBf16Rows: one weight row after the other (its two tiles of x rows read it from L1 the second time).
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  const float* xf = widen_rows(x, M * K);
+  constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
+  for (int64_t n = n0; n < n1; ++n) {
+    bf16_tile<1, G1, false>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+  }
+}
 #else
 template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
@@ -194,14 +290,22 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     }
   }
 }
+template <int M>
+static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
+                          int64_t N, int64_t n0, int64_t n1) {
+  bf16_rows<M>(x, w, y, bias, K, N, n0, n1);  // one weight row at a time already
+}
 #endif
 
 using RowsFn = void (*)(const uint16_t*, const uint16_t*, uint16_t*, const float*, int64_t, int64_t, int64_t,
                          int64_t);
-static RowsFn bf16_rows_for(int64_t m) {
-  static const RowsFn table[kMaxRows] = {bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,
-                                            bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
-  return table[m - 1];
+static RowsFn bf16_rows_for(int64_t m, int body = -1) {
+  static const RowsFn tiles[kMaxRows] = {bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,
+                                         bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
+  static const RowsFn rows[kMaxRows] = {bf16_rows_seq<1>, bf16_rows_seq<2>, bf16_rows_seq<3>, bf16_rows_seq<4>,
+                                        bf16_rows_seq<5>, bf16_rows_seq<6>, bf16_rows_seq<7>, bf16_rows_seq<8>};
+  if (body < 0) body = g_bf16_body.load(std::memory_order_relaxed);
+  return (body == kBf16Rows ? rows : tiles)[m - 1];
 }
 
 // Any number M of rows of x (a prompt's rows where bf16 is emulated, a large decode batch): blocks of
@@ -213,10 +317,23 @@ static constexpr int64_t kRowBlock = 64;  // 74 KiB of bf16 weights at K = 576, 
 static void bf16_rows_any(const uint16_t* x, int64_t M, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
                           int64_t N, int64_t n0, int64_t n1) {
   if (M <= kMaxRows) return bf16_rows_for(M)(x, w, y, bias, K, N, n0, n1);
+#ifdef INFERLAB_BF16_X4
+  constexpr int64_t chunk = 4;  // the 4 x 4 tile (bf16_rows_x4); the last M % 4 rows as their own call
+#else
+  constexpr int64_t chunk = kMaxRows;
+#endif
   for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
     const int64_t ne = std::min(n1, nb + kRowBlock);
-    for (int64_t m = 0; m < M; m += kMaxRows)
-      bf16_rows_for(std::min(kMaxRows, M - m))(x + m * K, w, y + m * N, bias, K, N, nb, ne);
+    for (int64_t m = 0; m < M; m += chunk) {
+      const int64_t rows = std::min(chunk, M - m);
+#ifdef INFERLAB_BF16_X4
+      if (rows == 4) {
+        bf16_rows_x4(x + m * K, w, y + m * N, bias, K, N, nb, ne);
+        continue;
+      }
+#endif
+      bf16_rows_for(rows, kBf16Tiles)(x + m * K, w, y + m * N, bias, K, N, nb, ne);
+    }
   }
 }
 
