@@ -113,7 +113,7 @@ def test_fused_logits_match_the_layer_path(tiny, kernel, fmt):
     assert pairs, "no step took the fused path"
     assert {n for _, _, n, *_ in pairs} >= {1, len(PROMPTS)}  # one row and several rows
     assert max(c for _, _, _, c, _ in pairs) > 3 * engine.config.block_size  # contexts across several blocks
-    assert any(prompt for *_, prompt in pairs) == (bits == 16)  # batch-invariant: prompt rows too, in bf16
+    assert any(prompt for *_, prompt in pairs) == (fmt == "bf16")  # batch-invariant: prompt rows too, in bf16
     agree = total = 0
     for fused, ref, _, _, prompt in pairs:
         assert fused.shape == ref.shape and fused.dtype == torch.float32

@@ -67,7 +67,7 @@ def _confirmed_features() -> dict[str, bool] | None:
         cpuid = _cpuid_capabilities()
         if cpuid is None:
             return None
-        return {name: cpuid[probe] for name, probe in _CPUID_NAMES.items() if isinstance(cpuid.get(probe), bool)}
+        return {name: bool(cpuid[probe]) for name, probe in _CPUID_NAMES.items() if isinstance(cpuid.get(probe), bool)}
     if machine_name() in _ARM_MACHINES:
         words = _hwcap_words()
         if words is None:

@@ -36,6 +36,8 @@ def import_built(name: str, locked: bool = False):
                 _discard_damaged(so)
                 return None
         spec = importlib.util.spec_from_file_location(name, so)
+        if spec is None or spec.loader is None:
+            return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         if state != "verified":

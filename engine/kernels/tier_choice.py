@@ -28,7 +28,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from engine.kernels.cpu_times import other_busy_cores, read_cpu_times
 from engine.kernels.huge_arena import arena
@@ -212,13 +214,13 @@ def _fused_step(m, kind: int, weights: tuple) -> Callable[[], None]:
     return lambda: model.step(one, pos, pos, blocks, lens, 16, False, None)
 
 
-def _family_sweeps(family: str, tier_modules: dict[str, object]) -> dict[str, Callable[[], None]]:
+def _family_sweeps(family: str, tier_modules: dict[str, object]) -> dict[str, Callable[[], object]]:
     """candidate -> one run of `family`'s hot kernels on that tier's module (in that body); its data made now
     (and dropped with the sweeps): a fused decode step for the weight families, the paged attention op for
     the attention family (the layer path's)."""
     import torch
 
-    out: dict[str, Callable[[], None]] = {}
+    out: dict[str, Callable[[], object]] = {}
     if family in _KINDS:
         # 4-bit: the tiles layout where the engine keeps it (engine/quant/schemes.py), else the chunks (the same
         # bytes: only the kind the step reads them as differs)
@@ -228,7 +230,7 @@ def _family_sweeps(family: str, tier_modules: dict[str, object]) -> dict[str, Ca
             step = _fused_step(m, kinds[tier], weights)
             for body in BODIES.get(family, ("",)):
                 cand = f"{tier}/{body}" if body else tier
-                out[cand] = (lambda m=m, body=body, step=step: (m.set_bf16_body(body), step())) if body else step
+                out[cand] = partial(_with_body, m, body, step) if body else step
         return out
     # attention: 8 sequences of 1024 tokens, 3 KV heads of 3 query heads each, head_dim 64, 16-token blocks
     seqs, ctx, bs = 8, 1024, 16
@@ -238,8 +240,17 @@ def _family_sweeps(family: str, tier_modules: dict[str, object]) -> dict[str, Ca
     lens = torch.full((seqs,), ctx, dtype=torch.int64)
     q = torch.full((seqs, _KV, _HEADS // _KV, _D), 0.01, dtype=torch.bfloat16)
     for tier, m in tier_modules.items():
-        out[tier] = lambda m=m: [m.paged_decode(q, kc, vc, blocks, lens, bs) for _ in range(16)]
+        out[tier] = partial(_attention_sweep, m, q, kc, vc, blocks, lens, bs)
     return out
+
+
+def _with_body(module: Any, body: str, step: Callable[[], object]) -> object:
+    module.set_bf16_body(body)
+    return step()
+
+
+def _attention_sweep(module: Any, q, kc, vc, blocks, lens, bs: int) -> list:
+    return [module.paged_decode(q, kc, vc, blocks, lens, bs) for _ in range(16)]
 
 
 def measure(tier_modules: dict[str, object], rounds: int = ROUNDS) -> dict[str, dict[str, float]]:

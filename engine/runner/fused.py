@@ -203,7 +203,11 @@ class FusedDecode:
 
     def _call(self, plan, order, bm, block_rows, logit_rows: list[int]):
         bs = self.block_size
-        ids, pos, slots, lens, tables = [], [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        tables: list = []
         for s in order:
             req = s.request
             p = req.num_computed_tokens
