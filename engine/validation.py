@@ -72,5 +72,5 @@ def check_reconfigure(config, changes: Mapping[str, Any]) -> Mapping[str, Any]:
     checked = {name: KNOB[name].check(value) for name, value in changes.items()}
     method = checked.get("spec_method", config.spec_method)
     if method not in (None, SpecMethod.NGRAM, config.spec_method):
-        raise ValueError(f"cannot switch speculation to {method!r} at run time; start the engine with it")
+        raise ValueError(f"cannot switch speculation to '{method}' at run time; start the engine with it")
     return MappingProxyType(checked)

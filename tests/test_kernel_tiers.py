@@ -356,7 +356,7 @@ def test_the_engine_on_an_emulated_arm_cpu_runs_neon_and_gives_the_reference_tok
     assert not {"avx2", "avx512f"} & set(emulated["flags"])  # the host's file is not read as Arm's
     reference = _result([sys.executable, *runner], {**plain, **_AS_PORTABLE, **(
         {"INFERLAB_EMULATED_BF16": "0"} if native_bf16 else {})})
-    compared = ["16", "8", "4"]
+    compared = ["bf16", "int8", "int4"]
     if native_bf16 and "native bf16" not in reference["plan"]:
-        compared = ["16", "8"]  # 4-bit prompt rows take the native-bf16 route only where the CPU has it
+        compared = ["bf16", "int8"]  # 4-bit prompt rows take the native-bf16 route only where the CPU has it
     assert {b: emulated["tokens"][b] for b in compared} == {b: reference["tokens"][b] for b in compared}

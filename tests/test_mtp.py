@@ -279,7 +279,10 @@ def test_heads_read_the_fused_steps_hidden_state(tiny_llama_hd64):
     for tokens, hidden in kept:
         j = len(tokens) - 1 - len(prompt)
         assert tokens[-1] == int(nxt[j])
-        assert (hidden - h[j]).norm() / h[j].norm() < 0.03
+        # within bf16 rounding: the prompt's K/V come from a fused prompt step under batch invariance (each row's
+        # sums in one order) and the reference from the layer path's library GEMM, so the two drift apart a little
+        # over the answer (1-3.4 % seen; another position's state is 99-130 % off)
+        assert (hidden - h[j]).norm() / h[j].norm() < 0.05
 
 
 def test_low_rank_heads_train_stop_early_save_and_load(tmp_path):

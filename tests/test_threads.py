@@ -35,6 +35,14 @@ def test_free_cores_decide_the_count(allowed, physical, busy, reserve, expected)
     assert "--threads to set" in choice.reason
 
 
+@pytest.fixture(autouse=True)
+def _no_thread_counted_as_another_process():
+    """Each test scripts its own machine: no thread an earlier test's window registered (count_as_other)."""
+    threads_mod.count_as_other(None)
+    yield
+    threads_mod.count_as_other(None)
+
+
 def test_a_requested_count_is_kept_and_a_busy_machine_is_said():
     choice = choose_threads(4, allowed=2, physical=2, busy=1.0, window_s=0.5)
     assert choice.count == 4

@@ -57,7 +57,7 @@ def run_gui(args) -> int:
     from app.host.engine_host import EngineHost
     from engine.config import EngineConfig
     from engine.events import KernelBuild
-    from engine.runner.threads import count_as_other
+    from engine.runner.threads import count_as_other, forget_other
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("inferlab")
@@ -125,6 +125,8 @@ def run_gui(args) -> int:
     except Exception:  # noqa: BLE001 (the engine thread stops first on every way out, then the error shows)
         traceback.print_exc()
         code = 1
+    finally:
+        forget_other(threading.get_native_id())  # the window is closed: this thread is ours again
     return finish(host, code)
 
 

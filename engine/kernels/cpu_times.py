@@ -37,6 +37,12 @@ def count_as_other(native_id: int | None, what: str = "the GUI") -> None:
             _OTHERS[int(native_id)] = what
 
 
+def forget_other(native_id: int) -> None:
+    """Count thread `native_id` as this process's own again (the window that registered it closed)."""
+    with _OTHERS_LOCK:
+        _OTHERS.pop(int(native_id), None)
+
+
 def counted_as_other() -> dict[int, str]:
     with _OTHERS_LOCK:
         return dict(_OTHERS)

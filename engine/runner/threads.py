@@ -25,10 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kernels.cpu_times import CpuTimes, count_as_other, counted_as_other, other_busy_cores, read_cpu_times
+from engine.kernels.cpu_times import (
+    CpuTimes,
+    count_as_other,
+    counted_as_other,
+    forget_other,
+    other_busy_cores,
+    read_cpu_times,
+)
 
-__all__ = ["ThreadChoice", "ThreadGovernor", "allowed_cores", "choose_threads", "count_as_other", "measure_busy",
-           "off_main_thread", "physical_cores"]
+__all__ = ["ThreadChoice", "ThreadGovernor", "allowed_cores", "choose_threads", "count_as_other", "forget_other",
+           "measure_busy", "off_main_thread", "physical_cores"]
 
 _UNKNOWN = object()
 WINDOW_S = 0.5  # how long one measurement of the other processes' CPU time lasts
