@@ -9,9 +9,9 @@ set -euo pipefail
 out=${1:?usage: decode_vs_llama_cpp.sh OUT_DIR [ROUNDS] [MAX_TOKENS]}; rounds=${2:-5}; tokens=${3:-128}
 mkdir -p "$out"
 for t in 1 2; do
-  for b in 16 4; do
+  for b in bf16 int4; do
     cut -d' ' -f1 /proc/loadavg > "$out/load_before_t${t}_b${b}.txt"
-    inferlab bench decode --threads "$t" --bits "$b" --rounds "$rounds" --max-tokens "$tokens" --no-baseline \
+    inferlab bench decode --threads "$t" --quant-format "$b" --rounds "$rounds" --max-tokens "$tokens" --no-baseline \
       --modes eager --json "$out/decode_t${t}_b${b}.json" > /dev/null
     cut -d' ' -f1 /proc/loadavg > "$out/load_after_t${t}_b${b}.txt"
   done
@@ -23,7 +23,7 @@ print("| threads | weights | inferlab tok/s (rounds) | llama.cpp tok/s (rounds) 
 print("| --- | --- | --- | --- | --- | --- | --- |")
 cpu = None
 for t in (1, 2):
-    for b in (16, 4):
+    for b in ("bf16", "int4"):
         f = out / f"decode_t{t}_b{b}.json"
         if not f.exists():
             continue
@@ -40,7 +40,7 @@ for t in (1, 2):
         busy = " (busy)" if max(float(before), float(after)) > 0.5 else ""
         rounds = "/".join(f"{x:.0f}" for x in each)
         peer = "/".join(f"{x:.0f}" for x in ll.get("decode_tokens_per_s_each_round", []))
-        print(f"| {t} | {'bf16' if b == 16 else '4-bit'} | {ours:.1f} ({rounds}) | "
+        print(f"| {t} | {b} | {ours:.1f} ({rounds}) | "
               f"{theirs if theirs is None else f'{theirs:.1f}'} ({peer}) | "
               f"{'-' if ratio is None else f'{ratio:.2f}x'} | {before}/{after}{busy} | {d['cpu_tier']} |")
 print(f"\nCPU: {cpu}")
