@@ -63,6 +63,7 @@ class RooflinePanel(Panel):
             p.addItem(label)
         self._verdict_label = QLabel()
         self._verdict_label.setTextFormat(Qt.TextFormat.RichText)
+        self._verdict_label.setWordWrap(True)  # a long verdict wraps: one line made the dock 448 px wide at least
         self._how = QLabel()
         self._how.setWordWrap(True)
         self._empty = Overlay(self._plot)

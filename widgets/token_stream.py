@@ -78,6 +78,7 @@ class TokenStreamPanel(Panel):
         self._tabs.setDocumentMode(True)
         self._empty = QLabel("No streams yet: send a prompt or start the load generator.")
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._empty.setWordWrap(True)  # the hint wraps in a narrow dock instead of widening the window
 
         row = QHBoxLayout()
         row.addWidget(self._chat)

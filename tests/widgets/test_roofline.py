@@ -38,3 +38,12 @@ def test_reset_keeps_roofs(panel):
     panel.add_step("decode", 2.0, 1e9)
     panel.reset()
     assert panel.snapshot_data()["dots"]["decode"] == 0 and panel.snapshot_data()["roofs"] is not None
+
+
+def test_a_long_verdict_wraps_instead_of_widening_the_dock(panel):
+    """At 1280x720 the roofline shares a column with the memory and LoRA docks: a verdict on one line made the
+    panel at least 448 px wide and pushed the multi-lora window past the screen (1,290-1,304 px)."""
+    panel.set_verdict("decode", "decode: memory-bound, 71 % of measured bandwidth (read 262 MiB of weights a step)")
+    panel.set_verdict("prefill", "prefill: compute-bound, 64 % of the measured bf16 peak at 300 FLOPs a byte")
+    panel.flush()
+    assert panel.minimumSizeHint().width() < 300
