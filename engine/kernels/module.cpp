@@ -1,4 +1,4 @@
-// The native CPU kernels' one translation unit, built once per ISA tier (engine/kernels/__init__.py passes
+// The native CPU kernels' one translation unit, built once per ISA tier (engine/kernels/build.py passes
 // the tier's compiler flags; core/isa.h turns them into one body per kernel): the weight-streaming
 // products (stream_linear.cpp), the paged decode attention (paged_decode.cpp) and the fused decode step
 // (fused_decode.cpp) in one module, so each tier is one build.

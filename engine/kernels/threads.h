@@ -1,5 +1,5 @@
 // How the kernels split work over threads: torch's OpenMP runtime where the build has OpenMP, else a
-// small pool of our own threads (engine/kernels/__init__.py builds without OpenMP where the compiler has
+// small pool of our own threads (engine/kernels/build.py builds without OpenMP where the compiler has
 // none: macOS's Apple clang). Without it the kernels would run on one thread there: at::parallel_for
 // is inline in torch's headers and, in a translation unit compiled without OpenMP, runs its loop serially.
 //

@@ -2,8 +2,8 @@
 // core headers (core/*.h) build on their own, so a plain C++ harness (harness/check_kernels.cpp) runs
 // them under qemu for Arm and against the scalar reference on any CPU.
 //
-// One build per tier, like ggml's CPU variants (engine/kernels/__init__.py picks the best one this CPU
-// runs, at load):
+// One build per tier, like ggml's CPU variants (engine/kernels/tier_choice.py picks, per kernel family, the
+// fastest tier this CPU runs, timed at the first build):
 //   avx512    AVX-512 F/BW/VL with bf16 dot products (vdpbf16ps) and VNNI (vpdpbusd): Zen 4+, Sapphire Rapids+
 //   avx2      AVX2 + FMA + F16C: Intel since Haswell (laptops since 12th gen have no AVX-512), AMD before Zen 4
 //   neon      AArch64 Advanced SIMD, with sdot/udot (vdotq_s32) where __ARM_FEATURE_DOTPROD
