@@ -25,7 +25,8 @@ GANTT_CLIENT_LEGEND = ("<b>requests</b> as the client saw them &nbsp; <span styl
                        "<span style='color:{decode}'>■</span> streaming &nbsp; | finished")
 
 
-RECORDED_CONTROLS = (*FEATURE_CONTROLS, *(row.name for row in _SLIDERS), "serve_budget", "reset")
+# a recording greys every control: each slider of the table, the load buttons and the rest (each once)
+RECORDED_CONTROLS = tuple(dict.fromkeys((*(row.name for row in _SLIDERS), *FEATURE_CONTROLS, "serve_budget", "reset")))
 
 
 def recorded_control_values(knobs: dict) -> dict:
@@ -35,7 +36,7 @@ def recorded_control_values(knobs: dict) -> dict:
 
 def grey_out_recorded(panels: Panels, source: str) -> None:
     """A recording: every control shows the run as it was, greyed, "recorded"."""
-    for name in dict.fromkeys(RECORDED_CONTROLS):
+    for name in RECORDED_CONTROLS:
         panels.controls.set_feature_available(name, False, f"recorded: as the run had it ({source})")
 
 
