@@ -3,12 +3,14 @@
 checked, torch's argmax, one multinomial a row), for any mix of greedy and seeded rows."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.kernels import kernel_module
 from engine.models.layers.sampler import ARGMAX_CHUNK, row_argmax, sample, shape_logits
 from engine.sampling_params import SamplingParams
 
@@ -25,6 +27,13 @@ def plain_sample(logits, params, seeds):
         for j, i in enumerate(rows):
             chosen[i] = torch.multinomial(probs[j], 1, generator=torch.Generator().manual_seed(seeds[i]))[0]
     return [None if b else int(t) for t, b in zip(chosen, bad)], [i for i in range(len(params)) if bad[i]]
+
+
+
+@functools.cache
+def native_modules() -> tuple:
+    """The native module, where a compiler builds it (else none: torch's path alone is checked)."""
+    return tuple(m for m in [kernel_module()] if m is not None)
 
 
 # the vocabulary sizes that matter: below two chunks (torch's argmax), whole chunks, a short last chunk
@@ -60,6 +69,8 @@ def test_row_argmax_is_torch_argmax(n, vocab, seed, rounded, changes, all_low):
 @given(vocab=vocabs, seed=st.integers(0, 2**31), changes=edits,
        kinds=st.lists(st.sampled_from(["greedy", "t0.7", "t1.3-p0.9", "k5"]), min_size=1, max_size=4))
 def test_sample_matches_the_plain_sampler(vocab, seed, changes, kinds):
+    """Both CPU paths: torch's ops, and the native module's greedy rows (one pass a row for the argmax and the
+    finiteness check, engine/kernels/sample_rows.cpp) where it builds."""
     n = len(kinds)
     x = logits_of(n, vocab, seed, False, changes)
     made = {"greedy": SamplingParams(temperature=0.0), "t0.7": SamplingParams(temperature=0.7),
@@ -67,8 +78,9 @@ def test_sample_matches_the_plain_sampler(vocab, seed, changes, kinds):
     params = [made[k] for k in kinds]
     seeds = [seed + i for i in range(n)]
     want_tokens, want_failed = plain_sample(x.clone(), params, seeds)
-    got = sample(x, params, [torch.Generator().manual_seed(s) for s in seeds])
-    assert got.token_ids == want_tokens and got.failed == want_failed
+    for native in (None, *native_modules()):
+        got = sample(x, params, [torch.Generator().manual_seed(s) for s in seeds], native=native)
+        assert got.token_ids == want_tokens and got.failed == want_failed
 
 
 def test_any_non_finite_logit_fails_its_row_alone():

@@ -30,8 +30,8 @@ def tier_flags(tier: str) -> list[str]:
     return list(_FLAGS[tier])
 
 
-_SOURCES = ("module.cpp", "stream_linear.cpp", "paged_decode.cpp", "fused_decode.cpp", "torch_common.h",
-            "threads.h")
+_SOURCES = ("module.cpp", "stream_linear.cpp", "paged_decode.cpp", "fused_decode.cpp", "sample_rows.cpp",
+            "torch_common.h", "threads.h")
 OPENMP_ENV = "INFERLAB_KERNELS_OPENMP"  # "0": build without OpenMP (the tests; as on macOS)
 
 

@@ -5,6 +5,7 @@
 #include "stream_linear.cpp"
 #include "paged_decode.cpp"
 #include "fused_decode.cpp"
+#include "sample_rows.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
@@ -45,6 +46,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequant_int4", &dequant_int4, "int4 chunks -> W (N, K) bf16 into out, as the reference", nogil);
   m.def("dequant_int8", &dequant_int8, "int8 rows -> W (N, K) bf16 into out, as the reference", nogil);
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
+  m.def("greedy_rows", &greedy_rows, "each row's first largest logit, -1 where a logit is not finite", nogil);
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
   m.def("set_bf16_body", [](const std::string& body) {

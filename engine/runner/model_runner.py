@@ -68,6 +68,19 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
     return tree_depths(parents), mask.to(device)
 
 
+def rows_kernel(backend: AttentionBackend, fused: FusedDecode | None):
+    """The native module whose greedy_rows the sampler takes each row's argmax and finiteness with, in one pass
+    (engine/kernels/sample_rows.cpp): the build the step's fused path or decode attention runs already (none
+    is built for it), not the portable tier (its scalar pass is slower than torch's vectorised reductions),
+    never on the readable reference path."""
+    if backend.reference:
+        return None
+    for module in (fused.kernel if fused is not None else None, backend.native_decode):
+        if module is not None and hasattr(module, "greedy_rows") and module.tier() != "portable":
+            return module
+    return None
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, model_config: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, backend: AttentionBackend = EAGER,
@@ -88,6 +101,7 @@ class ModelRunner:
         self._parked_graphs: DecodeGraphs | None = None  # graphs switched off, kept for switching on (park_graphs)
         # EngineConfig.fused_decode: decode and chain-verify steps in native calls (engine/runner/fused.py)
         self.fused: FusedDecode | None = None
+        self.rows_kernel = None  # the sampler's native greedy rows (rows_kernel), where a native module runs
         # EngineConfig.int8_activations: the fused step's products, and quantized layers' many rows (INT8_ROWS)
         self.int8_activations = False
         self.last_path = ForwardPath.NONE  # which path the last step ran (StepStats.forward_path)
@@ -135,6 +149,7 @@ class ModelRunner:
             kernel = fused_decode_kernel(progress, wait=wait_kernels, family=self.kernel_family)
             if kernel is not None:
                 self.fused = FusedDecode(kernel, self.model, self.block_size, int8_activations, batch_invariant)
+        self.rows_kernel = rows_kernel(backend, self.fused)
 
     @property
     def native_decode(self):
@@ -226,7 +241,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(row_hidden)
             where = {id(s): i for i, s in enumerate(order)}
             result, verify_host, sizes = read_back_step(logits, producers, verify_spans, greedy,
-                                                        self.verify_decisions, self.backend.triton)
+                                                        self.verify_decisions, self.backend.triton, self.rows_kernel)
             if result is not None and len(producers) == len(order):  # every request, in order (all decodes)
                 sampled[:], logprobs[:] = result.token_ids, result.logprobs
                 step.failed.update({j: NONFINITE for j in result.failed})

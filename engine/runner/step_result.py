@@ -55,12 +55,13 @@ def producing_rows(order: list[ScheduledRequest]) -> tuple[list[int], list, list
 
 
 def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, greedy,
-                   decide, kernels=None) -> tuple[SampleResult | None, list[int], list[int]]:
+                   decide, kernels=None, native=None) -> tuple[SampleResult | None, list[int], list[int]]:
     """Sample the producers' rows and read, in the same one copy back to the host (to_host), every verify
     row's finiteness then each verify's decisions (`decide`, the speculative decoder's hook: greedy, the
     argmax of each row; sampling, its acceptances and residual samples, drawn on the device): a step waits
     for the device once, however many requests it samples and verifies. `kernels`: the CUDA path's Triton
-    kernels sample the producers' rows (engine/models/layers/sampler.py). Returns (the sampling result or
+    kernels sample the producers' rows (engine/models/layers/sampler.py); `native`: the CPU's native module
+    takes their greedy tokens and finiteness (ModelRunner.rows_kernel). Returns (the sampling result or
     None, [bad per verify row..., then every verify's decisions], the decisions' length per verify). Without
     `decide` a greedy verify reads its rows' argmax and a sampling one nothing (it decides on its own).
     (The CPU's fused step takes each row's argmax on its own: its greedy rows and greedy verifies need no
@@ -91,7 +92,8 @@ def read_back_step(logits: torch.Tensor, producers: list, verify_spans: list, gr
             picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # every row: no copy
             seeds = [noise_seed(s.request.seed, s.request.num_tokens) for s, _ in producers] if kernels else None
             result = sample(picked, [s.request.sampling_params for s, _ in producers],
-                            [s.request.generator for s, _ in producers], extra=extra, kernels=kernels, seeds=seeds)
+                            [s.request.generator for s, _ in producers], extra=extra, kernels=kernels, seeds=seeds,
+                            native=native)
             return result, host if host is not None else result.extra, sizes
     if host is not None:
         return result, host, sizes

@@ -15,6 +15,7 @@
 #include "core/linear.h"
 #include "core/linear_tiles.h"
 #include "core/ops.h"
+#include "core/rows.h"
 
 using namespace inferlab;
 
@@ -308,6 +309,31 @@ void check_silu_mul(int64_t n) {
   expect_close("silu(gate) * up n=" + std::to_string(n), act, want, 2e-2);
 }
 
+// greedy_token: the first index of the largest value (as a plain scan), -1 where one value is NaN or +-inf.
+void check_greedy(int64_t n) {
+  std::vector<float> row(n);
+  for (auto& x : row) x = uniform(-5.f, 5.f);
+  const auto scan = [&](const char* what, int64_t want) {
+    const int64_t got = greedy_token(row.data(), n);
+    const bool ok = got == want;
+    (ok ? passed : failed)++;
+    std::printf("%s greedy n=%lld %s: %lld (want %lld)\n", ok ? "ok  " : "FAIL", static_cast<long long>(n), what,
+                static_cast<long long>(got), static_cast<long long>(want));
+  };
+  int64_t first = 0;
+  for (int64_t i = 1; i < n; ++i) first = row[i] > row[first] ? i : first;
+  scan("random", first);
+  row[n - 1] = row[n / 3] = 9.f;  // a tie: the first index
+  scan("tie", n / 3 < n - 1 ? n / 3 : n - 1);
+  const float bad[] = {NAN, INFINITY, -INFINITY};
+  for (float b : bad) {
+    const float keep = row[n / 2];
+    row[n / 2] = b;
+    scan(std::isnan(b) ? "NaN" : b > 0 ? "+inf" : "-inf", -1);
+    row[n / 2] = keep;
+  }
+}
+
 }  // namespace
 
 // Each row of M rows computed together is bit for bit the row computed alone (a verify's rows, a batch's
@@ -380,6 +406,7 @@ int main() {
     }
   check_silu_mul(1536);
   check_silu_mul(13);
+  for (int64_t n : {1, 63, 64, 65, 200, 49152}) check_greedy(n);
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

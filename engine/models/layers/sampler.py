@@ -118,12 +118,17 @@ def row_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (start + within).squeeze(1), chunk_max.amax(dim=-1)  # the row's maximum is its token's logit
 
 
-def _greedy_and_failed(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   list[int]]:
+def _greedy_and_failed(logits: torch.Tensor, params: list[SamplingParams],
+                       native=None) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
     """The torch path's (each greedy row's token, a stand-in elsewhere; each row's failed flag; the sampled rows).
-    A row fails where its maximum or its minimum is not finite (see the module docstring)."""
+    A row fails where its maximum or its minimum is not finite (see the module docstring). `native`: the CPU's
+    native module (engine/kernels/sample_rows.cpp), one pass a row for both; when every row is greedy its -1
+    tokens are the flags (None)."""
     n = logits.shape[0]
     rows = [i for i, p in enumerate(params) if not p.greedy]
+    if native is not None and logits.dtype == torch.float32 and logits.device.type == "cpu":
+        tokens = native.greedy_rows(logits if logits.stride(-1) == 1 else logits.contiguous())
+        return tokens, tokens < 0 if rows else None, rows
     if len(rows) < n:  # greedy rows: the first maximum, NaN first
         chosen, peak = row_argmax(logits)
     else:
@@ -135,7 +140,7 @@ def _greedy_and_failed(logits: torch.Tensor, params: list[SamplingParams]) -> tu
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], extra: torch.Tensor | None = None,
-           kernels=None, seeds: list[int] | None = None) -> SampleResult:
+           kernels=None, seeds: list[int] | None = None, native=None) -> SampleResult:
     """logits: (n, vocab) float32, one row per request that produces a token this step. `extra`: (m,)
     integers on the same device that the caller wants on the host too (SampleResult.extra), in the same
     copy (the runner's verify rows).
@@ -146,14 +151,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
     `kernels` (the CUDA path's Triton kernels, engine/kernels/gpu): every row sampled and checked in one kernel
     (greedy, temperature, top-k, top-p), its noise keyed by `seeds` (noise_seed of each row's request) instead of
-    the generators."""
+    the generators. `native`: the CPU's native module, whose greedy_rows takes every row's argmax and finiteness
+    in one pass (_greedy_and_failed)."""
     n = logits.shape[0]
+    bad: torch.Tensor | None
     if kernels is not None:
         drawn = kernels.sample(logits, *_kernel_params(params, seeds or [0] * n, logits.device))
         chosen, bad, rows = drawn[:n], drawn[n:], []
     else:
-        chosen, bad, rows = _greedy_and_failed(logits, params)
+        chosen, bad, rows = _greedy_and_failed(logits, params, native)
     if rows:
+        assert bad is not None  # (the flags of sampled rows are their own tensor: draws overwrite the tokens)
         sub = logits[rows]  # a copy: stand-in zeros keep a failed row's batched ops finite
         sub.masked_fill_(bad[rows].unsqueeze(1), 0.0)
         probs = shape_logits(sub, [params[i] for i in rows]).softmax(dim=-1)
@@ -161,12 +169,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         draws = [torch.multinomial(p, 1, generator=generators[i]) for p, i in zip(probs.unbind(0), rows)]
         chosen[rows] = torch.cat(draws)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
-    ints = [drawn] if kernels is not None else [chosen, bad]  # (torch.cat makes the flags integers)
+    # (torch.cat makes the flags integers); flags None: a -1 token is its row's flag
+    ints = [drawn] if kernels is not None else [chosen] if bad is None else [chosen, bad]
+    head = len(ints) * n if kernels is None else 2 * n  # tokens (and flags) first
     if want:
         lp = logits[want].log_softmax(dim=-1)
         top_n = min(max(max(params[i].logprobs for i in want), 1), logits.shape[-1])
         top_vals, top_ids = lp.topk(top_n, dim=-1)
-        chosen_lp = lp.gather(1, chosen[want].unsqueeze(1)).squeeze(1)
+        chosen_lp = lp.gather(1, chosen[want].clamp(min=0).unsqueeze(1)).squeeze(1)  # (a failed row's -1)
         ints.append(top_ids.flatten())
         ints.append(float_bits(torch.cat([chosen_lp, top_vals.flatten()])))
     if extra is not None:
@@ -174,10 +184,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     host = to_host(torch.cat(ints) if len(ints) > 1 else ints[0])  # the one copy back
     floats: list[float] = []
     if want:  # after the tokens, the failed flags and the top ids
-        start = 2 * n + len(want) * top_n
+        start = head + len(want) * top_n
         floats = floats_from_bits(host[start : start + len(want) * (top_n + 1)])
     token_ids: list[int | None] = host[:n]
-    flags = host[n : 2 * n]
+    flags = host[n:head] if head > n else [t < 0 for t in host[:n]]
     failed = [i for i, bad_row in enumerate(flags) if bad_row] if any(flags) else []
     for i in failed:
         token_ids[i] = None
@@ -186,7 +196,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         if i in failed:
             continue
         k = params[i].logprobs
-        ids = host[2 * n + j * top_n : 2 * n + j * top_n + k]
+        ids = host[head + j * top_n : head + j * top_n + k]
         vals = floats[len(want) + j * top_n : len(want) + j * top_n + k]
         logprobs[i] = (floats[j], list(zip(ids, vals)))
     extra_host = host[len(host) - extra.numel():] if extra is not None else []
