@@ -167,3 +167,11 @@ def test_the_plot_labels_a_point_by_its_format_and_an_old_bits_point_by_none():
 def test_an_engine_refuses_a_format_another_engine_serves():
     with pytest.raises(FlagError, match="weight format 'int8': not one llama-server serves"):
         LlamaServer().point_flags(Q4S, ServerPoint(weight_format="int8"))
+
+
+def test_the_sweep_runs_bf16_first_then_by_bytes_per_weight_each_format_together():
+    from app.tradeoff.tune import sweep_order
+
+    points = tuple(ServerPoint(batch=b, weight_format=f) for f in ("q4_0", "q4_1", "bf16", "q8_0") for b in (4, 1))
+    assert [(p.weight_format, p.batch) for p in sweep_order(points)] == [
+        ("bf16", 1), ("bf16", 4), ("q8_0", 1), ("q8_0", 4), ("q4_1", 1), ("q4_1", 4), ("q4_0", 1), ("q4_0", 4)]

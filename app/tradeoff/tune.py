@@ -73,7 +73,7 @@ from datetime import datetime, timezone
 
 import httpx
 
-from app.managed.formats import REFERENCE, SERVER_FORMAT_BY_NAME, ServerFormat
+from app.managed.formats import REFERENCE, SERVER_FORMAT_BY_NAME, SERVER_FORMATS
 from app.managed.server import ManagedServer, PointFailed
 from app.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
 from app.managed.watchdog import Watchdog
@@ -117,23 +117,16 @@ class TuneSpec:
     context: dict | None = None
 
 
-def _format(point: ServerPoint) -> ServerFormat | None:
-    return SERVER_FORMAT_BY_NAME.get(point.weight_format)
-
-
 def sweep_order(points: tuple[ServerPoint, ...]) -> list[ServerPoint]:
-    """bf16 points first (the first of them, with the fewest drafts, is the quality reference), then by
-    bytes per weight (the format's name keeps two of the same width apart), draft and batch (each format's
-    weights are read into the page cache once)."""
-    def key(p: ServerPoint):
-        fmt = _format(p)
-        return (p.weight_format != REFERENCE, -(fmt.bits_per_weight if fmt else 0), p.weight_format, p.draft,
-                p.batch, str(p.kv_dtype))
-    return sorted(points, key=key)
+    """bf16 points first (the first of them, with the fewest drafts, is the quality reference), then by bytes
+    per weight and name (two formats of one width apart), draft and batch (each file read into the cache once)."""
+    width = {f.name: f.bits_per_weight for f in SERVER_FORMATS}
+    return sorted(points, key=lambda p: (p.weight_format != REFERENCE, -width.get(p.weight_format, 0), p.weight_format,
+                                         p.draft, p.batch, str(p.kv_dtype)))
 
 
 def identity(spec: TuneSpec, point: ServerPoint) -> dict:
-    fmt = _format(point)
+    fmt = SERVER_FORMAT_BY_NAME.get(point.weight_format)
     return {"engine": spec.engine.name, "model": spec.model.name, "label": point.label(), "batch": point.batch,
             "weight_format": point.weight_format, "weight_label": fmt.label if fmt else point.weight_format,
             "kv_dtype": point.kv_dtype, "draft": point.draft,
