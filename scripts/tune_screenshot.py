@@ -3,7 +3,7 @@ the chosen point's command line under it (issue 29). Drives the app as a user wo
 the dialog's fields and Start), runs the real sweep (`inferlab tune`'s) on a real server, then saves the
 window, the tradeoff panel alone and the sweep's JSON.
 
-    python scripts/tune_screenshot.py --out /tmp/tune-shot --engine llama-server --batches "1, 4" --bits "16, 4"
+    python scripts/tune_screenshot.py --out /tmp/tune-shot --engine llama-server --batches "1, 4" --formats "bf16, q4_1"
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def main() -> int:
     p.add_argument("--engine", default="llama-server")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--batches", default="1, 4")
-    p.add_argument("--bits", default="16, 4")
+    p.add_argument("--formats", default="bf16, q4_1", help="weight formats by name (app/managed/formats.py)")
     p.add_argument("--drafts", default="0")
     p.add_argument("--rates", default="2")
     p.add_argument("--result", default=None, metavar="TUNE.json",
@@ -44,7 +44,7 @@ def main() -> int:
     window.show()
     window.actions_by_name["tune"].trigger()
     dialog = window.tuning.dialog
-    dialog.set_values({"engine": args.engine, "model": args.model, "batches": args.batches, "bits": args.bits,
+    dialog.set_values({"engine": args.engine, "model": args.model, "batches": args.batches, "formats": args.formats,
                        "drafts": args.drafts, "rates": args.rates})
     if args.result:
         window.tuning.show_result(json.loads(Path(args.result).read_text()))

@@ -22,14 +22,15 @@ class StandInEngine:
     name: str = "stand-in"
     executable: str = sys.executable
     source: str = "tests/managed_standin.py"
-    rows: tuple = (FlagRow("batch", "-np", "slots served at once"), FlagRow("bits", "-m", "the GGUF for those bits"),
+    rows: tuple = (FlagRow("batch", "-np", "slots served at once"),
+                   FlagRow("weight_format", "-m", "the GGUF of that format"),
                    FlagRow("draft", "--draft-max", "draft tokens per step (with -md)"))
     health_path: str = "/health"
 
     def argv(self, exe: str, model: ServedModel, point: ServerPoint, port: int,
              threads: int | None = None) -> list[str]:
         argv = [exe, str(STANDIN), "--port", str(port), "--log", self.request_log, "--argv-log", self.argv_log,
-                "--max-np", str(self.max_np), "-np", str(point.batch), "-m", model.weights(point.bits)]
+                "--max-np", str(self.max_np), "-np", str(point.batch), "-m", model.weights(point.weight_format)]
         if point.draft:
             if model.draft is None:
                 raise FlagError("a draft length needs a draft model")
@@ -39,7 +40,7 @@ class StandInEngine:
 
 def standin_server(tmp_path: Path, point: ServerPoint | None = None) -> ManagedServer:
     engine = StandInEngine(str(tmp_path / "argv.jsonl"), str(tmp_path / "requests.jsonl"))
-    model = ServedModel({16: "/models/tiny-F16.gguf", 8: "/models/tiny-Q8_0.gguf"}, draft="/models/draft.gguf",
+    model = ServedModel({"bf16": "/models/tiny-F16.gguf", "q8_0": "/models/tiny-Q8_0.gguf"}, draft="/models/draft.gguf",
                         name="tiny")
     return ManagedServer(engine, sys.executable, model, point or ServerPoint(batch=4), start_timeout_s=60.0)
 
@@ -55,14 +56,14 @@ def request_count(server: ManagedServer) -> int:
 
 
 
-def standin_tune(tmp_path: Path, batches, bits, drafts, rates):
+def standin_tune(tmp_path: Path, batches, formats, drafts, rates):
     """The app's tuning run (a TuneRun) of the real sweep (app/tradeoff/tune.py run_tune) on the
     stand-in: one server per point, a small seeded load and one greedy prompt each."""
     from app.tradeoff.tune import TuneSpec, run_tune
     from app.tradeoff.tune_measure import TuneLoad
 
     server = standin_server(tmp_path)
-    points = tuple(ServerPoint(batch=n, bits=b, draft=d) for b in bits for d in drafts for n in batches)
+    points = tuple(ServerPoint(batch=n, weight_format=f, draft=d) for f in formats for d in drafts for n in batches)
     spec = TuneSpec(engine=server.engine, exe=server.exe, model=server.model, points=points,
                     load=TuneLoad(num_requests=2, rates=tuple(rates), chat_max_tokens=(4, 8), long_max_tokens=(4, 8),
                                   quality_prompts=1, quality_tokens=4), start_timeout_s=60.0)

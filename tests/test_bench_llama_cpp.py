@@ -25,10 +25,10 @@ def test_the_4_bit_peer_runs_the_gguf_the_weights_came_from(tmp_path):
     gguf.write_bytes(b"GGUF")
     folder = tmp_path / "converted"
     folder.mkdir()
-    assert llama_cpp.gguf_for(str(folder), 4) is None  # not converted from a GGUF: no same-weights file
+    assert llama_cpp.gguf_for_format(str(folder), "int4") is None  # not converted from a GGUF: no same-weights file
     (folder / "inferlab_conversion.json").write_text(json.dumps({"source": str(gguf)}))
-    assert llama_cpp.gguf_for(str(folder), 4) == gguf
-    assert llama_cpp.gguf_for(str(folder), 8) is None
+    assert llama_cpp.gguf_for_format(str(folder), "int4") == gguf
+    assert llama_cpp.gguf_for_format(str(folder), "int8") is None
 
 
 @pytest.mark.llama_cpp

@@ -32,8 +32,8 @@ def test_a_quantize_that_exits_0_but_writes_nothing_skips_the_variant_with_a_lin
     for writes in (None, b"not a gguf at all"):
         fake_quantize(tmp_path, writes)
         said = []
-        assert gguf.gguf_variants("folder", (16, 8), say=said.append) == {16: bf16}
-        assert said == ["skipping 8-bit: llama-quantize Q8_0 exited 0 but wrote no GGUF (m-abc.q8_0.partial)"]
+        assert gguf.gguf_variants("folder", ("bf16", "q8_0"), say=said.append) == {"bf16": bf16}
+        assert said == ["skipping q8_0: llama-quantize Q8_0 exited 0 but wrote no GGUF (m-abc.q8_0.partial)"]
         assert not (tmp_path / "m-abc.q8_0.gguf").exists() and not (tmp_path / "m-abc.q8_0.partial").exists()
 
 
@@ -42,7 +42,7 @@ def test_a_garbage_cached_variant_is_made_again(tmp_path, monkeypatch):
     cached = tmp_path / "m-abc.q8_0.gguf"
     cached.write_bytes(b"<html>502 Bad Gateway</html>")  # a download or copy that went wrong
     fake_quantize(tmp_path, b"GGUF" + bytes(60))
-    assert gguf.quantized_gguf(bf16, 8) == cached
+    assert gguf.quantized_gguf(bf16, "q8_0") == cached
     assert cached.read_bytes().startswith(b"GGUF")
 
 
@@ -54,7 +54,7 @@ def test_a_gguf_dir_file_that_is_not_a_gguf_is_said_before_any_server_starts(tmp
     with pytest.raises(SetupError, match=r"not a GGUF file \(no GGUF magic\): m-q8_0.gguf"):
         gguf_dir_files(str(tmp_path))
     (tmp_path / "m-q8_0.gguf").write_bytes(b"GGUF" + bytes(60))
-    assert set(gguf_dir_files(str(tmp_path))) == {16, 8}
+    assert set(gguf_dir_files(str(tmp_path))) == {"bf16", "q8_0"}
 
 
 @pytest.mark.llama_cpp
@@ -67,7 +67,7 @@ def test_a_real_llama_server_on_a_lying_gguf_is_a_failed_point_with_its_error(tm
     binary = llama_cpp_peer.tool("llama-server")
     lying = tmp_path / "m.bf16.gguf"
     lying.write_bytes(content)
-    server = ManagedServer(LlamaServer(ctx_per_slot=256), str(binary), ServedModel({16: str(lying)}, name="m"),
+    server = ManagedServer(LlamaServer(ctx_per_slot=256), str(binary), ServedModel({"bf16": str(lying)}, name="m"),
                            ServerPoint(batch=1), threads=1, start_timeout_s=60.0)
     with pytest.raises(PointFailed, match="exited") as failed:
         server.start()

@@ -1,4 +1,4 @@
-"""Issue 29 point 3: the app on a server inferlab started; its batch / bits / draft sliders restart it
+"""Issue 29 point 3: the app on a server inferlab started; its batch / weights / draft sliders restart it
 with the new flags, off the GUI thread (the stand-in of tests/managed_standin.py is the server)."""
 from __future__ import annotations
 
@@ -73,10 +73,10 @@ def test_changed_flags_in_the_engines_words():
     old = ["llama-server", "-m", "/m/a-F16.gguf", "-np", "4", "--port", "9", "--draft-max", "4", "--metrics"]
     new = ["llama-server", "-m", "/m/a-Q4_1.gguf", "-np", "8", "--port", "9", "--metrics"]
     assert changed_flags(old, new) == "-m a-Q4_1.gguf -np 8 without --draft-max"
-    assert point_with(ServerPoint(batch=4), {"max_num_seqs": 8, "num_speculative_tokens": 3}) == \
+    assert point_with(ServerPoint(batch=4), {"max_num_seqs": 8, "num_speculative_tokens": 3}, "llama-server") == \
         ServerPoint(batch=8, draft=3)
     with pytest.raises(ValueError, match="does not change by restarting"):
-        point_with(ServerPoint(), {"max_num_batched_tokens": 512})
+        point_with(ServerPoint(), {"max_num_batched_tokens": 512}, "llama-server")
 
 
 def test_a_burst_of_slider_moves_is_one_restart_with_the_new_flags(qapp, tmp_path, monkeypatch):

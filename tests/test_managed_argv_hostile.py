@@ -19,7 +19,7 @@ from app.tradeoff.tune_measure import TuneLoad
 
 NASTY = ["my model.gguf", "it's \"quoted\".gguf", "a;touch pwned;.gguf", "new\nline.gguf", "$(touch pwned).gguf",
          "`touch pwned`.gguf", "x|y&z>w.gguf", "ünï cödé.gguf"]
-POINT = ServerPoint(batch=2, bits=16, draft=4)
+POINT = ServerPoint(batch=2, weight_format="bf16", draft=4)
 
 
 def echo_argv(tmp_path) -> str:
@@ -39,7 +39,7 @@ def pasted(command: str, cwd) -> list[str]:
 def test_the_copied_command_line_runs_exactly_the_argv_whatever_the_model_is_called(tmp_path, engine):
     exe = echo_argv(tmp_path)
     for name in NASTY:
-        model = ServedModel({16: str(tmp_path / name)}, draft=str(tmp_path / ("draft " + name)), name=name)
+        model = ServedModel({"bf16": str(tmp_path / name)}, draft=str(tmp_path / ("draft " + name)), name=name)
         argv = engine.argv(exe, model, POINT, 8080)
         assert str(tmp_path / name) in argv  # one argv element, as given
         copied = shlex.join(argv)
@@ -51,7 +51,7 @@ def test_the_copied_command_line_runs_exactly_the_argv_whatever_the_model_is_cal
 def test_server_args_with_shell_metacharacters_stay_arguments(tmp_path):
     extra = tuple(shlex.split("--alias 'a;touch pwned' --api-key \"$(touch pwned)\" --x `y`"))
     engine = sized_engine(LlamaServer(), TuneLoad(), extra)
-    argv = engine.argv(echo_argv(tmp_path), ServedModel({16: "m.gguf"}, name="m"), ServerPoint(), 8080)
+    argv = engine.argv(echo_argv(tmp_path), ServedModel({"bf16": "m.gguf"}, name="m"), ServerPoint(), 8080)
     assert argv[-len(extra):] == list(extra) and "a;touch pwned" in argv
     assert pasted(shlex.join(argv), tmp_path) == argv[1:]
     assert not (tmp_path / "pwned").exists()
@@ -61,7 +61,7 @@ def test_server_args_with_shell_metacharacters_stay_arguments(tmp_path):
 def test_a_model_file_whose_name_begins_with_a_dash_is_passed_as_a_file(tmp_path, monkeypatch, engine):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "--trust-remote-code").write_text("a file, not a flag")
-    model = ServedModel({16: "--trust-remote-code"}, draft="--trust-remote-code", name="m")
+    model = ServedModel({"bf16": "--trust-remote-code"}, draft="--trust-remote-code", name="m")
     argv = engine.argv("server", model, POINT, 8080)
     assert "./--trust-remote-code" in argv and "--trust-remote-code" not in argv
 
@@ -70,11 +70,12 @@ def test_a_model_file_whose_name_begins_with_a_dash_is_passed_as_a_file(tmp_path
 def test_a_model_name_that_is_a_flag_is_refused_before_launch(tmp_path, monkeypatch, engine):
     monkeypatch.chdir(tmp_path)  # no such file here
     with pytest.raises(FlagError, match="begins with '-'"):
-        engine.argv("server", ServedModel({16: "--trust-remote-code"}, name="m"), ServerPoint(), 8080)
+        engine.argv("server", ServedModel({"bf16": "--trust-remote-code"}, name="m"), ServerPoint(), 8080)
 
 
 def test_a_nul_byte_in_the_model_path_is_a_failed_point_not_a_crash(tmp_path):
-    server = ManagedServer(LlamaServer(), echo_argv(tmp_path), ServedModel({16: "m\0.gguf"}, name="m"), ServerPoint(),
+    server = ManagedServer(LlamaServer(), echo_argv(tmp_path), ServedModel({"bf16": "m\0.gguf"}, name="m"),
+                           ServerPoint(),
                            start_timeout_s=5.0)
     with pytest.raises(PointFailed, match="could not be started"):
         server.start()
@@ -117,7 +118,7 @@ http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Healt
 def test_a_llama_server_that_crashes_at_start_runs_again_without_repacking_and_says_so(tmp_path):
     exe, calls = _crashing_llama_server(tmp_path)
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    server = ManagedServer(LlamaServer(), exe, ServedModel({16: str(tmp_path / "m.gguf")}, name="m"),
+    server = ManagedServer(LlamaServer(), exe, ServedModel({"bf16": str(tmp_path / "m.gguf")}, name="m"),
                            ServerPoint(batch=2), threads=1, start_timeout_s=20.0)
     try:
         server.start()
@@ -137,7 +138,7 @@ def test_a_llama_server_that_crashes_whatever_it_is_given_is_a_failed_point_afte
                    "os.kill(os.getpid(), signal.SIGSEGV)\n")
     exe.chmod(0o755)
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    server = ManagedServer(LlamaServer(), str(exe), ServedModel({16: str(tmp_path / "m.gguf")}, name="m"),
+    server = ManagedServer(LlamaServer(), str(exe), ServedModel({"bf16": str(tmp_path / "m.gguf")}, name="m"),
                            ServerPoint(), start_timeout_s=20.0)
     with pytest.raises(PointFailed, match=r"exited \(-11\)"):
         server.start()

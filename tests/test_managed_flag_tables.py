@@ -19,8 +19,8 @@ from app.managed.vllm import VllmEngine
 from app.tradeoff.tune_cli import sized_engine
 from app.tradeoff.tune_measure import TuneLoad
 
-MODEL = ServedModel({16: "org/m-16", 4: "org/m-awq"}, draft="org/m-draft", name="m")
-NO_DRAFT = ServedModel({16: "org/m-16"}, name="m")
+MODEL = ServedModel({"bf16": "org/m-16", "awq": "org/m-awq"}, draft="org/m-draft", name="m")
+NO_DRAFT = ServedModel({"bf16": "org/m-16"}, name="m")
 PORT = 8123
 
 
@@ -53,8 +53,8 @@ def test_sglang_plain_point_is_launch_server_with_host_port_name_and_batch():
 
 @pytest.mark.parametrize("point, present, absent", [
     (ServerPoint(batch=32), ["--max-num-seqs 32"], ["--quantization"]),
-    (ServerPoint(bits=8), ["serve org/m-16", "--quantization fp8"], []),           # online fp8
-    (ServerPoint(bits=4), ["serve org/m-awq"], ["--quantization"]),                  # its own config
+    (ServerPoint(weight_format="fp8"), ["serve org/m-16", "--quantization fp8"], []),           # online fp8
+    (ServerPoint(weight_format="awq"), ["serve org/m-awq"], ["--quantization"]),                  # its own config
     (ServerPoint(kv_dtype="fp8"), ["--kv-cache-dtype fp8"], []),
     (ServerPoint(kv_dtype="f16"), ["--kv-cache-dtype float16"], []),                 # neutral name
     (ServerPoint(chunked_prefill=False), ["--no-enable-chunked-prefill"], ["--enable-chunked-prefill"]),
@@ -85,8 +85,8 @@ def test_sglang_draft_without_a_draft_model_is_ngram_lookup():
 
 @pytest.mark.parametrize("point, present, absent", [
     (ServerPoint(batch=32), ["--max-running-requests 32"], ["--quantization"]),
-    (ServerPoint(bits=8), ["--model-path org/m-16", "--quantization fp8"], []),
-    (ServerPoint(bits=4), ["--model-path org/m-awq"], ["--quantization"]),
+    (ServerPoint(weight_format="fp8"), ["--model-path org/m-16", "--quantization fp8"], []),
+    (ServerPoint(weight_format="awq"), ["--model-path org/m-awq"], ["--quantization"]),
     (ServerPoint(kv_dtype="fp8"), ["--kv-cache-dtype fp8_e4m3"], []),                # SGLang has no bare fp8
     (ServerPoint(kv_dtype="bf16"), ["--kv-cache-dtype bf16"], []),
     (ServerPoint(chunked_prefill=False), ["--chunked-prefill-size -1"], []),
@@ -107,8 +107,10 @@ def test_sglang_knobs_map_to_its_flags(point, present, absent):
 @pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
 @pytest.mark.parametrize("point, model, says", [
     (ServerPoint(kv_dtype="q8_0"), MODEL, "fp8_e5m2"),            # llama.cpp's type: the accepted list named
-    (ServerPoint(bits=4), ServedModel({16: "org/m-16"}, draft="d", name="m"), "no 4-bit checkpoint"),
-    (ServerPoint(bits=8), ServedModel({4: "org/m-awq"}, name="m"), "no 8-bit checkpoint"),
+    (ServerPoint(weight_format="awq"), ServedModel({"bf16": "org/m-16"}, draft="d", name="m"), "no awq checkpoint"),
+    (ServerPoint(weight_format="fp8"), ServedModel({"awq": "org/m-awq"}, name="m"), "no fp8 checkpoint"),
+    (ServerPoint(weight_format="int8"), MODEL, "weight format 'int8': not one .* serves"),  # inferlab's, not theirs
+    (ServerPoint(weight_format="q4_1"), MODEL, "the names: bf16, fp8, awq, gptq"),        # llama.cpp's
     (ServerPoint(draft=-1), MODEL, "at least 1"),
     (ServerPoint(batch=0), MODEL, "at least 1"),
 ])
@@ -124,13 +126,15 @@ def test_kv_dtype_each_engine_spells_otherwise_is_refused_with_its_list():
         VllmEngine().argv("vllm", MODEL, ServerPoint(kv_dtype="fp4_mx_block16"), PORT)
 
 
-@pytest.mark.parametrize("engine", [VllmEngine({8: "int8"}), SglangEngine({8: "int8"})], ids=["vllm", "sglang"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_an_online_quantization_method_outside_the_engines_list_is_refused(engine):
-    with pytest.raises(FlagError, match=r"--quantization does not take 'int8'; accepted: awq, .*fp8"):
-        engine.argv(engine.executable, MODEL, ServerPoint(bits=8), PORT)
+    from app.managed.hf_flags import weights_and_quantization
+
+    with pytest.raises(FlagError, match=rf"{engine} --quantization does not take 'fp8'; accepted: awq, gptq"):
+        weights_and_quantization(engine, MODEL, ServerPoint(weight_format="fp8"), ("awq", "gptq"))
 
 
-EVERY_KNOB = [ServerPoint(batch=4, bits=8, kv_dtype="fp8", draft=2, chunked_prefill=c, prefix_caching=c)
+EVERY_KNOB = [ServerPoint(batch=4, weight_format="fp8", kv_dtype="fp8", draft=2, chunked_prefill=c, prefix_caching=c)
               for c in (False, True)]
 
 
@@ -177,7 +181,7 @@ def test_describe_table_names_the_version_read_and_each_knobs_flag(engine, versi
     text = describe_table(engine)
     assert version in text.splitlines()[0]
     assert f"| batch | `{flag}` |" in text
-    assert {row.knob for row in engine.rows} >= {"batch", "bits", "kv_dtype", "draft", "chunked_prefill",
+    assert {row.knob for row in engine.rows} >= {"batch", "weight_format", "kv_dtype", "draft", "chunked_prefill",
                                                 "prefix_caching", "health"}
     assert "--port 8000" in text.splitlines()[-1]  # the launch line the table itself builds
 

@@ -22,7 +22,7 @@ from app.managed.server import ManagedServer, PointFailed
 from app.managed.table import FlagRow, ServedModel, ServerPoint
 
 HOSTILE = Path(__file__).parent / "hostile_managed_server.py"
-MODEL = ServedModel({16: "/models/m-bf16.gguf", 8: "/models/m-q8_0.gguf"}, name="m")
+MODEL = ServedModel({"bf16": "/models/m-bf16.gguf", "q8_0": "/models/m-q8_0.gguf"}, name="m")
 
 
 def gone(pid: int, within_s: float = 5.0) -> bool:
@@ -54,7 +54,7 @@ class HostileEngine:
         modes = [arg for mode in self.modes_by_batch.get(point.batch, ()) for arg in ("--mode", mode)]
         record = ["--record", self.record] if self.record else []
         return [exe, str(HOSTILE), "--port", str(port), *modes, *record, "-np", str(point.batch),
-                "-m", model.weights(point.bits)]
+                "-m", model.weights(point.weight_format)]
 
 
 def child(tmp_path: Path, *modes: str, port: int | None = None) -> ChildServer:

@@ -20,7 +20,7 @@ from app.managed.vllm import VllmEngine
 from app.tradeoff.tune import TuneSpec, run_tune
 from app.tradeoff.tune_measure import TuneLoad
 
-MODEL = ServedModel({16: "org/m-16"}, draft="org/m-draft", name="m")
+MODEL = ServedModel({"bf16": "org/m-16"}, draft="org/m-draft", name="m")
 ENGINES = pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
 
 
@@ -32,7 +32,8 @@ def completion(url: str) -> httpx.Response:
 @ENGINES
 def test_start_waits_for_health_and_runs_exactly_the_tables_argv(tmp_path, engine):
     fake = standin(tmp_path, engine.name)
-    point = ServerPoint(batch=4, bits=8, kv_dtype="fp8", draft=2, chunked_prefill=False, prefix_caching=False)
+    point = ServerPoint(batch=4, weight_format="fp8", kv_dtype="fp8", draft=2, chunked_prefill=False,
+                        prefix_caching=False)
     with ManagedServer(engine, fake.exe, MODEL, point, start_timeout_s=30) as server:
         assert httpx.get(server.url + engine.health_path).status_code == 200
         assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "m"  # --served-model-name
@@ -111,8 +112,9 @@ def test_a_sweep_records_the_point_the_engine_refuses_and_measures_the_others(tm
     # An older vLLM without --enable-prefix-caching / --no-enable-prefix-caching: only the point that turns
     # prefix caching off uses it, so that point fails at start and the sweep goes on to the next.
     fake = standin(tmp_path, "vllm", drop=("--enable-prefix-caching",))
-    points = (ServerPoint(batch=1), ServerPoint(batch=2, prefix_caching=False), ServerPoint(batch=4, bits=8))
-    spec = TuneSpec(engine=VllmEngine(), exe=fake.exe, model=ServedModel({16: "org/m-16"}, name="m"),
+    points = (ServerPoint(batch=1), ServerPoint(batch=2, prefix_caching=False),
+              ServerPoint(batch=4, weight_format="fp8"))
+    spec = TuneSpec(engine=VllmEngine(), exe=fake.exe, model=ServedModel({"bf16": "org/m-16"}, name="m"),
                     points=points, start_timeout_s=30,
                     load=TuneLoad(num_requests=3, rates=(20.0,), chat_max_tokens=(2, 4), long_max_tokens=(2, 4),
                                   quality_prompts=2, quality_tokens=4))

@@ -15,7 +15,8 @@ from test_managed_flag_tables import EVERY_KNOB, MODEL, NO_DRAFT, PORT
 from app.managed import sglang, vllm
 from app.managed.table import FlagError, ServerPoint
 
-POINTS = [ServerPoint(), ServerPoint(batch=3), ServerPoint(bits=8), ServerPoint(bits=4), ServerPoint(draft=3),
+POINTS = [ServerPoint(), ServerPoint(batch=3), ServerPoint(weight_format="fp8"), ServerPoint(weight_format="awq"),
+          ServerPoint(draft=3),
           *(ServerPoint(kv_dtype=k) for k in ("fp8", "f16", "bf16", "auto")), *EVERY_KNOB]
 
 

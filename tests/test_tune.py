@@ -21,15 +21,17 @@ from app.managed.table import FlagError, ServedModel, ServerPoint
 from app.tradeoff.tune_measure import agreement
 
 FAKE = str(Path(__file__).parent / "fake_openai_server.py")
-GGUFS = ServedModel(by_bits={16: "m.bf16.gguf", 8: "m.q8_0.gguf", 4: "m.q4_1.gguf"}, draft="m.q4_1.gguf", name="m")
+GGUFS = ServedModel(by_format={"bf16": "m.bf16.gguf", "q8_0": "m.q8_0.gguf", "q4_1": "m.q4_1.gguf"},
+                    draft="m.q4_1.gguf", name="m")
 
 
 def test_llama_server_argv_spells_each_knob_as_its_source_does():
     table = LlamaServer(ctx_per_slot=512)
-    assert table.argv("llama-server", GGUFS, ServerPoint(batch=4, bits=8), 9000, threads=2) == [
+    assert table.argv("llama-server", GGUFS, ServerPoint(batch=4, weight_format="q8_0"), 9000, threads=2) == [
         "llama-server", "-m", "m.q8_0.gguf", "-np", "4", "-c", "2048", "--no-kv-unified",
         "--host", "127.0.0.1", "--port", "9000", "--metrics", "-t", "2", "-tb", "2"]
-    point = ServerPoint(batch=1, bits=16, kv_dtype="q8_0", draft=3, chunked_prefill=True, prefix_caching=False)
+    point = ServerPoint(batch=1, weight_format="bf16", kv_dtype="q8_0", draft=3, chunked_prefill=True,
+                        prefix_caching=False)
     flags = table.point_flags(GGUFS, point)
     assert flags[flags.index("-ctk") + 1] == "q8_0" and flags[flags.index("-ctv") + 1] == "q8_0"
     assert flags[flags.index("--spec-type"):] == ["--spec-type", "draft-simple", "-md", "m.q4_1.gguf",
@@ -41,9 +43,11 @@ def test_llama_server_argv_spells_each_knob_as_its_source_does():
 
 @pytest.mark.parametrize(("point", "model", "match"), [
     (ServerPoint(kv_dtype="fp8"), GGUFS, "KV cache types are f32, f16"),
-    (ServerPoint(draft=4), ServedModel(by_bits={16: "m.gguf"}), "needs a draft GGUF"),
+    (ServerPoint(draft=4), ServedModel(by_format={"bf16": "m.gguf"}), "needs a draft GGUF"),
     (ServerPoint(chunked_prefill=False), GGUFS, "no flag to turn chunked prefill off"),
-    (ServerPoint(bits=8), ServedModel(by_bits={16: "m.gguf"}, name="m"), r"no 8-bit weights for m \(have: 16\)"),
+    (ServerPoint(weight_format="q8_0"), ServedModel(by_format={"bf16": "m.gguf"}, name="m"),
+     r"no q8_0 weights for m \(have: bf16\)"),
+    (ServerPoint(weight_format="fp8"), GGUFS, "weight format 'fp8': not one llama-server serves"),
     (ServerPoint(batch=0), GGUFS, "-np must be at least 1"),
 ])
 def test_llama_server_refuses_what_it_cannot_run(point, model, match):
@@ -53,15 +57,15 @@ def test_llama_server_refuses_what_it_cannot_run(point, model, match):
 
 def test_inferlab_serve_argv_quantizes_the_same_weights_and_drafts_by_ngram_without_a_draft_model():
     table = InferlabServe()
-    model = ServedModel(by_bits={16: "smollm2-135m"}, name="smollm2-135m")
-    argv = table.argv("/bin/inferlab", model, ServerPoint(batch=8, bits=4, kv_dtype="int8", draft=4,
+    model = ServedModel(by_format={"bf16": "smollm2-135m"}, name="smollm2-135m")
+    argv = table.argv("/bin/inferlab", model, ServerPoint(batch=8, weight_format="int4", kv_dtype="int8", draft=4,
                                                           chunked_prefill=False), 9001, threads=2)
     assert argv == ["/bin/inferlab", "serve", "--model", "smollm2-135m", "--max-num-seqs", "8",
                     "--quant-format", "int4", "--kv-cache-dtype", "int8", "--spec-method", "ngram",
                     "--num-draft-tokens", "4",
                     "--no-chunked-prefill", "--host", "127.0.0.1", "--port", "9001", "--log-level", "warning",
                     "--threads", "2"]
-    drafted = ServedModel(by_bits={16: "m"}, draft="d", name="m")
+    drafted = ServedModel(by_format={"bf16": "m"}, draft="d", name="m")
     assert table.point_flags(drafted, ServerPoint(draft=2))[-6:] == [
         "--spec-method", "draft", "--draft-model", "d", "--num-draft-tokens", "2"]
     assert table.argv(sys.executable, model, ServerPoint(), 1)[:4] == [sys.executable, "-m", "app.cli", "serve"]
@@ -98,12 +102,13 @@ def test_the_sweep_goes_on_past_refused_flags_and_crashes_and_exports(tmp_path, 
     exe = stand_in(tmp_path, "--refuse-flag=-ctk", "--crash-flag=-md", "--crash-after", "3")
     out = tmp_path / "tune.json"
     assert main(["tune", "--engine", "llama-server", "--server-bin", str(exe), "--gguf-dir", str(gguf_dir(tmp_path)),
-                 "--model", "m", "--batch", "1", "--bits", "16", "4", "--draft", "0", "2", "--kv-dtype", "default",
+                 "--model", "m", "--batch", "1", "--formats", "bf16", "q4_1", "--draft", "0", "2", "--kv-dtype",
+                 "default",
                  "q8_0", "--rates", "50", "--num-requests", "3", "--max-tokens", "2", "4", "--quality-prompts", "2",
                  "--quality-tokens", "3", "--json", str(out), "--csv", str(tmp_path / "t.csv"),
                  "--png", str(tmp_path / "t.png")]) == 0
     result = json.loads(out.read_text())
-    assert [p["label"] for p in result["points"]] == ["batch 1, 16-bit, no draft", "batch 1, 4-bit, no draft"]
+    assert [p["label"] for p in result["points"]] == ["batch 1, bf16, no draft", "batch 1, Q4_1, no draft"]
     refused = [f for f in result["failed"] if f["kv_dtype"] == "q8_0"]
     assert len(refused) == 4 and all(f["stage"] == "start" for f in refused)
     assert all("error: invalid argument: -ctk" in f["log_tail"] and "-ctk q8_0" in f["command"] for f in refused)
@@ -132,7 +137,7 @@ def test_a_refused_flag_fails_that_point_at_start_with_the_servers_error(tmp_pat
     exe = stand_in(tmp_path, "--refuse-flag=-ctk")
     out = tmp_path / "tune.json"
     assert main(["tune", "--engine", "llama-server", "--server-bin", str(exe), "--gguf-dir", str(gguf_dir(tmp_path)),
-                 "--batch", "1", "--bits", "16", "--draft", "0", "--kv-dtype", "q8_0", "--rates", "50",
+                 "--batch", "1", "--formats", "bf16", "--draft", "0", "--kv-dtype", "q8_0", "--rates", "50",
                  "--num-requests", "2", "--quality-prompts", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["points"] == [] and result["chosen"] is None
@@ -159,11 +164,11 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
 def test_the_time_limit_leaves_the_remaining_points_not_run(tmp_path):
     out = tmp_path / "tune.json"
     assert main(["tune", "--engine", "llama-server", "--server-bin", str(stand_in(tmp_path)), "--gguf-dir",
-                 str(gguf_dir(tmp_path)), "--batch", "1", "2", "--bits", "16", "--draft", "0", "--time-limit", "0",
+                 str(gguf_dir(tmp_path)), "--batch", "1", "2", "--formats", "bf16", "--draft", "0", "--time-limit", "0",
                  "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["points"] == [] and result["failed"] == []
-    assert result["not_run"] == ["batch 1, 16-bit, no draft", "batch 2, 16-bit, no draft"]
+    assert result["not_run"] == ["batch 1, bf16, no draft", "batch 2, bf16, no draft"]
     assert result["stopped_early"].startswith("time limit of 0 s reached")
 
 
@@ -175,12 +180,12 @@ def test_a_variant_without_llama_quantize_is_skipped_with_a_line(tmp_path, monke
     bf16.write_bytes(b"GGUF")
     monkeypatch.setattr(gguf, "bf16_gguf", lambda model_path, directory=None: bf16)
     said = []
-    assert gguf.gguf_variants("folder", (16, 8, 4), say=said.append) == {16: bf16}
-    assert said == [f"skipping 8-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no Q8_0 "
-                    "GGUF", f"skipping 4-bit: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no "
+    assert gguf.gguf_variants("folder", ("bf16", "q8_0", "q4_1"), say=said.append) == {"bf16": bf16}
+    assert said == [f"skipping q8_0: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no Q8_0 "
+                    "GGUF", f"skipping q4_1: no llama-quantize in {tmp_path / 'bin'} (scripts/build_llama_cpp.sh): no "
                     "Q4_1 GGUF"]
     (tmp_path / "m-abc.q8_0.gguf").write_bytes(b"GGUF")  # made once: found by name, nothing is run
-    assert gguf.quantized_gguf(bf16, 8) == tmp_path / "m-abc.q8_0.gguf"
+    assert gguf.quantized_gguf(bf16, "q8_0") == tmp_path / "m-abc.q8_0.gguf"
 
 
 def test_draft_acceptance_comes_from_the_servers_own_counters():
@@ -202,14 +207,15 @@ def test_a_real_two_point_sweep_on_llama_server(tmp_path):
     bf16 = llama_cpp_peer.bf16_gguf()
     folder = tmp_path / "ggufs"
     folder.mkdir()
-    for path in (bf16, quantized_gguf(bf16, 8)):
+    for path in (bf16, quantized_gguf(bf16, "q8_0")):
         (folder / path.name).symlink_to(path)
     out = tmp_path / "real.json"
-    assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--bits", "16", "8",
+    assert main(["tune", "--engine", "llama-server", "--gguf-dir", str(folder), "--batch", "2", "--formats", "bf16",
+                 "q8_0",
                  "--draft", "0", "--rates", "4", "--num-requests", "2", "--max-tokens", "4", "8", "--threads", "1",
                  "--quality-prompts", "2", "--quality-tokens", "8", "--repeats", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())  # one run of the load per point: its tokens counted below
-    assert result["failed"] == [] and [p["bits"] for p in result["points"]] == [16, 8]
+    assert result["failed"] == [] and [p["weight_format"] for p in result["points"]] == ["bf16", "q8_0"]
     for p in result["points"]:
         assert p["tokens_per_s_total"] > 0 and p["errors"] == 0 and p["memory"]["rss_bytes"] > 0
         assert p["agreement_unit"] == "tokens" and p["agreement_positions"] == 16

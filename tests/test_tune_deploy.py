@@ -1,6 +1,6 @@
 """`inferlab tune` results a user can deploy (issue 49, point 5): the PNG without a display, --weights
 applied before any conversion, the path a missing llama-server was looked for in, the context each slot of
-the chosen command holds (said), every point's bits on the PNG, repeated runs with their spread, --port."""
+the chosen command holds (said), every point's weight format on the PNG, repeated runs with their spread, --port."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from app.managed.formats import SERVER_FORMAT_BY_NAME
 from app.managed.llama_server import LlamaServer
 from app.tradeoff.tune_measure import TuneLoad, headline
 from tests.test_tune import gguf_dir, stand_in
@@ -20,20 +21,21 @@ from tests.test_tune import gguf_dir, stand_in
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _point(label: str, batch: int, bits: int, user: float, total: float, **extra) -> dict:
-    return {"engine": "llama-server", "model": "m", "label": label, "batch": batch, "bits": bits, "draft": 0,
+def _point(label: str, batch: int, fmt: str, user: float, total: float, **extra) -> dict:
+    return {"engine": "llama-server", "model": "m", "label": label, "batch": batch, "weight_format": fmt,
+            "weight_label": SERVER_FORMAT_BY_NAME[fmt].label, "draft": 0,
             "kv_dtype": None, "tokens_per_s_user": user, "tokens_per_s_total": total,
-            "usd_per_mtok": 2.5 / (total * 3600) * 1e6, "agreement": 1.0 if bits == 16 else 0.9,
+            "usd_per_mtok": 2.5 / (total * 3600) * 1e6, "agreement": 1.0 if fmt == "bf16" else 0.9,
             "command": f"llama-server -np {batch}", "flags": f"-np {batch}", **extra}
 
 
 RESULT = {"engine": "llama-server", "model": {"name": "m"}, "price_per_hour": 2.5,
-          "points": [_point("batch 1, 16-bit", 1, 16, 40.0, 40.0), _point("batch 4, 16-bit", 4, 16, 20.0, 80.0),
-                     _point("batch 1, 4-bit", 1, 4, 45.0, 45.0,
+          "points": [_point("batch 1, bf16", 1, "bf16", 40.0, 40.0), _point("batch 4, bf16", 4, "bf16", 20.0, 80.0),
+                     _point("batch 1, Q4_1", 1, "q4_1", 45.0, 45.0,
                             spread={"tokens_per_s_user": [35.0, 51.0], "tokens_per_s_total": [35.0, 51.0]}),
-                     _point("batch 4, 4-bit", 4, 4, 12.0, 48.0)],
-          "frontier": [{"label": "batch 1, 16-bit"}, {"label": "batch 4, 16-bit"}],
-          "chosen": {"label": "batch 4, 16-bit", "command": "llama-server -np 4", "why": "x"}}
+                     _point("batch 4, Q4_0", 4, "q4_0", 12.0, 48.0)],  # the same width as Q4_1, another format
+          "frontier": [{"label": "batch 1, bf16"}, {"label": "batch 4, bf16"}],
+          "chosen": {"label": "batch 4, bf16", "command": "llama-server -np 4", "why": "x"}}
 
 
 def test_png_without_a_display_falls_back_to_offscreen(tmp_path):
@@ -49,7 +51,7 @@ def test_png_without_a_display_falls_back_to_offscreen(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
-def test_the_png_labels_every_bit_width_and_draws_the_spread(qtbot):
+def test_the_png_labels_every_weight_format_by_its_label_and_draws_the_spread(qtbot):
     from widgets.tradeoff import TradeoffPanel
     from widgets.tradeoff_points import server_label
 
@@ -60,10 +62,10 @@ def test_the_png_labels_every_bit_width_and_draws_the_spread(qtbot):
     panel.set_server_sweep("llama-server", "m", RESULT["points"], [f["label"] for f in RESULT["frontier"]])
     panel.flush()
     labels = panel.snapshot_data()["labels"]
-    four_bit = [server_label("llama-server", "m", p["label"]) for p in RESULT["points"] if p["bits"] == 4]
+    four_bit = [server_label("llama-server", "m", p["label"]) for p in RESULT["points"] if p["weight_format"] != "bf16"]
     assert set(four_bit) <= set(labels), labels  # off the frontier, still named on the plot
     texts = {panel._labels[k].textItem.toPlainText() for k in four_bit}
-    assert texts == {"b1 4-bit", "b4 4-bit"}
+    assert texts == {"b1 Q4_1", "b4 Q4_0"}  # two 4-bit formats, each by its own name
     bars = panel._spread.opts
     assert len(bars["x"]) == 1 and bars["left"][0] > 0 and bars["right"][0] > 0 and bars["top"][0] > 0
     (x0, x1), (y0, y1) = panel._plot.getPlotItem().vb.viewRange()  # the bars' ends in view, not cut at its edge
@@ -90,26 +92,27 @@ def test_repeated_runs_give_the_median_run_and_its_spread():
 
 
 def test_weights_overrides_apply_before_converting(monkeypatch, tmp_path):
-    """`tune --weights 16=… 8=… 4=…` converted the model first and failed ("convert_hf_to_gguf.py is missing")."""
+    """`tune --weights bf16=… q8_0=… q4_1=…` converted the model first and failed ("convert_hf_to_gguf.py is
+    missing")."""
     from app.managed import gguf
     from app.managed.setup import served_model
 
     def no_conversion(*_a, **_k):
-        raise AssertionError("converted although every bit width was given")
+        raise AssertionError("converted although every format was given")
 
     monkeypatch.setattr(gguf, "gguf_variants", no_conversion)
-    files = {b: str(tmp_path / f"m{b}.gguf") for b in (16, 8, 4)}
-    args = argparse.Namespace(model="smollm2-135m", gguf_dir=None, bits=[16, 8, 4], draft=[0, 4],
-                              weights=[f"{b}={p}" for b, p in files.items()])
+    files = {f: str(tmp_path / f"m.{f}.gguf") for f in ("bf16", "q8_0", "q4_1")}
+    args = argparse.Namespace(model="smollm2-135m", gguf_dir=None, formats=["bf16", "q8_0", "q4_1"], draft=[0, 4],
+                              weights=[f"{f}={p}" for f, p in files.items()])
     model, _note = served_model(args, LlamaServer(), lambda line: None)
-    assert model.by_bits == files and model.draft == files[4]
+    assert model.by_format == files and model.draft == files["q4_1"]
     asked = []
-    monkeypatch.setattr(gguf, "gguf_variants", lambda folder, bits, say=None: asked.append(bits) or
-                        {16: tmp_path / "c16.gguf", 8: tmp_path / "c8.gguf"})
+    monkeypatch.setattr(gguf, "gguf_variants", lambda folder, formats, say=None: asked.append(formats) or
+                        {"bf16": tmp_path / "c16.gguf", "q8_0": tmp_path / "c8.gguf"})
     monkeypatch.setattr("engine.loading.loader.resolve_model_folder", lambda model, progress: tmp_path)
-    args.weights = [f"4={files[4]}"]
+    args.weights = [f"q4_1={files['q4_1']}"]
     model, _ = served_model(args, LlamaServer(), lambda line: None)
-    assert asked == [(8, 16)] and model.by_bits[4] == files[4]  # only what no --weights names is converted
+    assert asked == [("bf16", "q8_0")] and model.by_format["q4_1"] == files["q4_1"]  # only what no --weights names
 
 
 def test_a_missing_llama_server_names_the_folder_looked_in(monkeypatch, tmp_path, capsys):
@@ -123,7 +126,7 @@ def test_the_chosen_command_says_the_context_each_slot_holds(tmp_path, capsys):
     out = tmp_path / "tune.json"
     exe, ggufs = stand_in(tmp_path), str(gguf_dir(tmp_path))
     assert main(["tune", "--engine", "llama-server", "--server-bin", str(exe), "--gguf-dir", ggufs,
-                 "--batch", "2", "--bits", "16", "--draft", "0", "--rates", "50", "--num-requests", "2",
+                 "--batch", "2", "--formats", "bf16", "--draft", "0", "--rates", "50", "--num-requests", "2",
                  "--max-tokens", "2", "4", "--quality-prompts", "1", "--quality-tokens", "2", "--repeats", "2",
                  "--ctx-per-slot", "1536", "--json", str(out)]) == 0
     result = json.loads(out.read_text())

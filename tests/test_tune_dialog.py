@@ -36,22 +36,22 @@ def open_dialog(qapp, window, tmp_path, monkeypatch, **lists) -> tuple[TuneDialo
     original = TuneDialog.set_progress
     monkeypatch.setattr(TuneDialog, "set_progress", lambda d, text, f: (shown.append(text), original(d, text, f)))
     window.tuning.engines = {"stand-in": standin_server(tmp_path).engine}
-    window.tuning.runner = lambda c: standin_tune(tmp_path, c.batches, c.bits, c.drafts, c.rates)
+    window.tuning.runner = lambda c: standin_tune(tmp_path, c.batches, c.formats, c.drafts, c.rates)
     action = window.actions_by_name["tune"]
     assert action.shortcut() == QKeySequence("Ctrl+T") and action.text() == "Tune a server…"
     action.trigger()
     dialog = window.tuning.dialog
     assert dialog is not None and dialog.isVisible()
-    dialog.set_values({"model": "tiny", "bits": "16", "drafts": "0", "rates": "2", **lists})
+    dialog.set_values({"model": "tiny", "formats": "bf16", "drafts": "0", "rates": "2", **lists})
     return dialog, shown
 
 
 def test_parse_choice_says_which_field_is_wrong():
     assert parse_list("1, 4,8 4", "batch sizes") == (1, 4, 8)
     with pytest.raises(ValueError, match="batch sizes: 'x' is not a list of whole numbers"):
-        parse_choice({"engine": "e", "model": "m", "batches": "x", "bits": "16", "drafts": "0", "rates": "1"})
+        parse_choice({"engine": "e", "model": "m", "batches": "x", "formats": "bf16", "drafts": "0", "rates": "1"})
     with pytest.raises(ValueError, match="give a model"):
-        parse_choice({"engine": "e", "model": "", "batches": "1", "bits": "16", "drafts": "0", "rates": "1"})
+        parse_choice({"engine": "e", "model": "", "batches": "1", "formats": "bf16", "drafts": "0", "rates": "1"})
 
 
 def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qapp, window, tmp_path, monkeypatch):
@@ -61,21 +61,21 @@ def test_tune_dialog_sweeps_two_points_onto_the_frontier_with_their_commands(qap
     assert dialog.is_running()
     wait(qapp, lambda: window.tuning.result is not None)
     assert not dialog.is_running()
-    assert "point 1/2 (batch 1, 16-bit, no draft): starting the server" in shown  # point i/N, what it does
-    assert any(t.startswith("point 2/2 (batch 2, 16-bit, no draft): measuring") for t in shown)
+    assert "point 1/2 (batch 1, bf16, no draft): starting the server" in shown  # point i/N, what it does
+    assert any(t.startswith("point 2/2 (batch 2, bf16, no draft): measuring") for t in shown)
     assert "2 points measured, 0 failed" in dialog.status_text()
     panel = window.panels.tradeoff
     window.flush_panels()
     snap = panel.snapshot_data()
     labels = {p["label"] for p in snap["points"] if p["source"] == "server"}
     assert panel.is_available()  # the sweep's points are shown, whatever the window's source offers
-    assert labels == {"stand-in · tiny · batch 1, 16-bit, no draft", "stand-in · tiny · batch 2, 16-bit, no draft"}
+    assert labels == {"stand-in · tiny · batch 1, bf16, no draft", "stand-in · tiny · batch 2, bf16, no draft"}
     assert snap["frontier"] and set(snap["frontier"]) <= labels
     assert snap["current"] in labels and snap["command"]["shown"]  # the chosen point, with its command line
-    panel.select_point("stand-in · tiny · batch 2, 16-bit, no draft")
+    panel.select_point("stand-in · tiny · batch 2, bf16, no draft")
     command = panel.snapshot_data()["command"]
     assert "-np 2" in command["line"] and "managed_standin.py" in command["line"]
-    assert command["title"].startswith("stand-in · tiny · batch 2, 16-bit, no draft · flags:")
+    assert command["title"].startswith("stand-in · tiny · batch 2, bf16, no draft · flags:")
     assert "-np 2" in command["title"]
     panel.findChild(QPushButton, "copy-command").click()
     assert QGuiApplication.clipboard().text() == command["line"]

@@ -137,7 +137,7 @@ def test_inferlab_tune_killed_with_sigterm_mid_point_leaves_no_server_running(tm
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} --mode stream-forever --record {record} \"$@\"\n")
     wrapper.chmod(0o755)
     cli = subprocess.Popen([sys.executable, "-m", "app.cli", "tune", "--engine", "vllm", "--server-bin", str(wrapper),
-                            "--model", "m", "--batch", "1", "--bits", "16", "--draft", "0", "--num-requests", "2",
+                            "--model", "m", "--batch", "1", "--formats", "bf16", "--draft", "0", "--num-requests", "2",
                             "--json", str(tmp_path / "out.json")], cwd=Path(__file__).parents[1],
                            stderr=subprocess.PIPE, text=True)
     try:
@@ -177,7 +177,7 @@ def test_an_output_in_no_folder_is_said_before_any_server_starts(tmp_path, capsy
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HOSTILE} --record {record} \"$@\"\n")
     wrapper.chmod(0o755)
     code = main(["tune", "--engine", "vllm", "--server-bin", str(wrapper), "--model", "m", "--batch", "1",
-                 "--bits", "16", "--draft", "0", "--json", str(tmp_path / "out.json"),
+                 "--formats", "bf16", "--draft", "0", "--json", str(tmp_path / "out.json"),
                  "--png", str(tmp_path / "no" / "such" / "frontier.png")])
     assert code == 2 and not record.exists()
     assert f"--png {tmp_path / 'no' / 'such' / 'frontier.png'}: no such folder" in capsys.readouterr().err
@@ -191,7 +191,7 @@ def test_a_result_that_cannot_be_written_goes_to_stdout(tmp_path, capsys):
     wrapper.chmod(0o755)
     (tmp_path / "out.json").mkdir()  # a folder where the file should go: the write fails after the sweep
     code = main(["tune", "--engine", "vllm", "--server-bin", str(wrapper), "--model", "m", "--batch", "1",
-                 "--bits", "16", "--draft", "0", "--num-requests", "2", "--quality-prompts", "1",
+                 "--formats", "bf16", "--draft", "0", "--num-requests", "2", "--quality-prompts", "1",
                  "--json", str(tmp_path / "out.json")])
     out = capsys.readouterr()
     assert code == 1 and "the result follows on stdout" in out.err

@@ -33,7 +33,7 @@ def start_forever_sweep(qapp, tmp_path) -> MainWindow:
     window.tuning.runner = lambda choice: (lambda progress, on_point, cancelled:
                                            run_tune(spec, progress, on_point, cancelled))
     window.tuning.open()
-    window.tuning.dialog.set_values({"model": "m", "batches": "1, 2", "bits": "16", "drafts": "0", "rates": "2"})
+    window.tuning.dialog.set_values({"model": "m", "batches": "1, 2", "formats": "bf16", "drafts": "0", "rates": "2"})
     window.tuning.dialog.findChild(QPushButton, "tune-start").click()
     wait_until(qapp, lambda: "measuring" in window.status_label.text(), timeout_s=60.0)  # point 1 streams
     return window

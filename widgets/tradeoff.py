@@ -364,7 +364,7 @@ class TradeoffPanel(Panel):
                          for a in (1.0, (1 + AGREEMENT_BAD) / 2, AGREEMENT_BAD))
         current = f" · <span style='color:#fdd663'>◯</span> current: <b>{self._current}</b>" if self._current else ""
         servers = any(p.get("command") for p in self._points.values())  # a managed server's sweep
-        kind = "greedy agreement with the 16-bit point" if servers else "top-1 agreement with 16-bit"
+        kind = "greedy agreement with the bf16 point" if servers else "top-1 agreement with 16-bit"
         self._legend.setText(
             f"colour = {kind} (measured): {chips} · "
             f"<span style='color:{_NONE.name()}'>●</span> {NOT_MEASURED} · ▢ hollow = {PREDICTED} "

@@ -65,13 +65,15 @@ def point_batch(p: dict) -> int | None:
 
 def short_label(p: dict) -> str | None:
     """A measured point's label where its full one is not shown (off the frontier): batch, format, drafts;
-    a managed server's point by its bit width (its engine's own files: app/managed/knobs.py); None for a point
-    without them (a live configuration's)."""
+    a managed server's point by its weight format's label (Q4_1, fp8: app/managed/formats.py, carried in the
+    point as weight_label); None for a point without them (a live configuration's, or a tuning point stored
+    before formats had names, with only its bits: no format is guessed from a bit count)."""
     if isinstance(p.get("max_num_seqs"), int) and isinstance(p.get("quant_format"), str):
         draft = p.get("num_speculative_tokens")
         return f"b{p['max_num_seqs']} {_format_short(p['quant_format'])}" + (f" k{draft}" if draft else "")
-    if all(isinstance(p.get(k), int) for k in ("batch", "bits")):
-        return f"b{p['batch']} {p['bits']}-bit" + (f" k{p['draft']}" if p.get("draft") else "")
+    fmt = p.get("weight_label", p.get("weight_format"))
+    if isinstance(p.get("batch"), int) and isinstance(fmt, str):
+        return f"b{p['batch']} {fmt[:24]}" + (f" k{p['draft']}" if p.get("draft") else "")
     return None
 
 

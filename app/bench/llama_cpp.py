@@ -11,14 +11,13 @@ from app.managed.gguf import (
     BUILD_KEYS,
     bf16_gguf,
     find_binary,
-    gguf_for,
     gguf_for_format,
     llama_cpp_build,
     llama_cpp_dir,
     source_gguf,
 )
 
-__all__ = ["BENCH", "BUILD_KEYS", "bf16_gguf", "find_binary", "gguf_for", "gguf_for_format", "llama_bench",
+__all__ = ["BENCH", "BUILD_KEYS", "bf16_gguf", "find_binary", "gguf_for_format", "llama_bench",
            "llama_cpp_build", "llama_cpp_dir", "source_gguf"]
 
 

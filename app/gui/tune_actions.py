@@ -11,11 +11,18 @@ from dataclasses import dataclass
 
 from app.gui.tune_dialog import TuneDialog
 from app.gui.tune_worker import TuneRun, TuneWorker
+from app.managed.formats import (
+    SERVER_FORMAT_BY_NAME,
+    default_formats,
+    formats_for,
+    known_engine,
+    parse_formats,
+    server_format,
+)
 from app.managed.server import ManagedServer
 from app.managed.table import ServedModel, ServerPoint
 from widgets.tradeoff_points import server_label
 
-WEIGHT_BITS = (16, 8, 4)  # what `inferlab tune --bits` takes
 STOP_WAIT_S = 5.0  # closing the window: how long to wait for a cancelled sweep to stop its server
 
 
@@ -25,13 +32,13 @@ class TuneChoice:
     engine: str
     model: str
     batches: tuple[int, ...]
-    bits: tuple[int, ...]
+    formats: tuple[str, ...]  # weight formats by name (app/managed/formats.py)
     drafts: tuple[int, ...]
     rates: tuple[float, ...]
 
     @property
     def num_points(self) -> int:
-        return len(self.batches) * len(self.bits) * len(self.drafts)
+        return len(self.batches) * len(self.formats) * len(self.drafts)
 
 
 def parse_list(text: str, what: str, kind=int, minimum: float = 0) -> tuple:
@@ -55,12 +62,9 @@ def parse_choice(values: dict) -> TuneChoice:
         raise ValueError("choose an engine")
     if not values.get("model"):
         raise ValueError("give a model (a .gguf file for llama-server, an HF folder or Hub id)")
-    bits = parse_list(values["bits"], "weight bits", int, 1)
-    if set(bits) - set(WEIGHT_BITS):
-        raise ValueError(f"weight bits: {', '.join(map(str, sorted(set(bits) - set(WEIGHT_BITS))))}: the sweep "
-                         f"takes {', '.join(map(str, WEIGHT_BITS))}")
+    formats = parse_formats(values["formats"], known_engine(values["engine"]))  # ValueError naming the formats
     return TuneChoice(values["engine"], values["model"], parse_list(values["batches"], "batch sizes", int, 1),
-                      bits, parse_list(values["drafts"], "draft lengths"),
+                      formats, parse_list(values["drafts"], "draft lengths"),
                       parse_list(values["rates"], "arrival rates", float, 0.01))
 
 
@@ -77,7 +81,7 @@ def tune_args(choice: TuneChoice) -> argparse.Namespace:
     add_tune_args(parser)
     fmt = lambda values: [str(v) for v in values]  # noqa: E731
     return parser.parse_args(["--engine", choice.engine, "--model", choice.model, "--batch", *fmt(choice.batches),
-                              "--bits", *fmt(choice.bits), "--draft", *fmt(choice.drafts),
+                              "--formats", *choice.formats, "--draft", *fmt(choice.drafts),
                               "--rates", *fmt(choice.rates), "--json", "(the app)"])
 
 
@@ -107,13 +111,30 @@ def engine_tables() -> dict:
 
 def managed_at(result: dict, point: dict, table) -> ManagedServer:
     """The server of a tuning result's `point`, ready to start: the same executable, weights and point
-    (the flag table `table` is the engine's own, as `--manage` uses it)."""
+    (the flag table `table` is the engine's own, as `--manage` uses it). ValueError (one line) for a result
+    that names its weights by bit count (written before formats had names) or by a format `table` does not
+    serve: a bit count names no format (q4_0 and q4_1 are both 4 bits), so it is not guessed."""
     model = result["model"]
-    served = ServedModel({int(b): w for b, w in model["by_bits"].items()}, draft=model.get("draft"),
-                         name=model["name"])
-    knobs = ("batch", "bits", "kv_dtype", "draft", "chunked_prefill", "prefix_caching")
+    if "by_bits" in model or "bits" in point:
+        raise ValueError("this tuning result names its weights by bit count (written before formats had names): "
+                         "run the sweep again to start its points")
+    by_format = model.get("by_format")
+    if not isinstance(by_format, dict) or not all(isinstance(w, str) for w in by_format.values()):
+        raise ValueError("this tuning result lists no weights per format")
+    for name in (*by_format, point.get("weight_format")):
+        server_format(name, known_engine(table.name))  # ValueError naming the formats the engine serves
+    served = ServedModel(dict(by_format), draft=model.get("draft"), name=model["name"])
+    knobs = ("batch", "weight_format", "kv_dtype", "draft", "chunked_prefill", "prefix_caching")
     return ManagedServer(table, result["executable"], served, ServerPoint(**{k: point[k] for k in knobs if k in point}),
                          threads=result.get("threads"))
+
+
+def format_tip(engine: str) -> str:
+    """The weight formats `engine` serves, each with its label and bits per weight (the dialog's tooltip)."""
+    rows = (SERVER_FORMAT_BY_NAME[name] for name in formats_for(engine))
+    return f"{engine}'s weight formats by name: " + "; ".join(
+        f"{f.name} ({f.label}, {f.bits_per_weight:g} bits/weight{'' if f.makeable else ', its own checkpoint'})"
+        for f in rows)
 
 
 def model_name(result: dict) -> str:
@@ -138,7 +159,8 @@ class TuneActions:
         if self.dialog is None:
             if self.engines is None:
                 self.engines = engine_tables()
-            self.dialog = TuneDialog(list(self.engines), self.window)
+            self.dialog = TuneDialog({name: ", ".join(default_formats(name)) for name in self.engines}, self.window,
+                                     tips={name: format_tip(name) for name in self.engines})
             self.dialog.sigStart.connect(self.start)
             self.dialog.sigCancel.connect(self.cancel)
         self.dialog.show()
@@ -198,8 +220,13 @@ class TuneActions:
             self.window.show_message(f"{label}: not a point of the last sweep" if point is None
                                      else f"{engine}: no flag table to start it with")
             return None
+        try:
+            server = managed_at(result, point, table)
+        except ValueError as exc:
+            self.window.show_message(f"{label}: {exc}")
+            return None
         self.window.show_message(f"starting {engine} at {point['label']} in a new window")
-        return self.window.open_source_window(ManagedSource(managed_at(result, point, table)))
+        return self.window.open_source_window(ManagedSource(server))
 
     # --- the worker's signals (GUI thread) -------------------------------------------------------
     def _on_progress(self, text: str, fraction: float) -> None:

@@ -1,5 +1,5 @@
 """File -> Tune a server…: the dialog that chooses what a tuning sweep runs (engine, model, the batch /
-weight-bits / draft lists and the arrival rates) and shows its progress. A view: it emits what was typed
+weight-format / draft lists and the arrival rates) and shows its progress. A view: it emits what was typed
 (sigStart) and sigCancel; app/gui/tune_actions.py parses, runs the sweep in a worker thread and calls
 the setters back."""
 from __future__ import annotations
@@ -20,22 +20,26 @@ from PySide6.QtWidgets import (
 
 LIST_FIELDS = {  # field -> (label, default text, tooltip)
     "batches": ("Batch sizes", "1, 4, 8", "sequences served at once (llama-server -np, vLLM --max-num-seqs, …)"),
-    "bits": ("Weight bits", "16, 8, 4", "a GGUF per bit width for llama.cpp; a quantized checkpoint for vLLM/SGLang"),
+    "formats": ("Weight formats", "bf16", "weight formats by name: llama.cpp's GGUF file types (bf16, q8_0, q4_1, "
+                "q4_0, …), vLLM/SGLang's methods (fp8, awq, gptq), inferlab's own (int8, fp8-e4m3, int4)"),
     "drafts": ("Draft lengths", "0, 4", "speculative draft tokens per step; 0 = off"),
     "rates": ("Arrival rates (req/s)", "1, 4", "the seeded load generator's rates; the highest sets tokens/s"),
 }
 
 
 class TuneDialog(QDialog):
-    sigStart = Signal(dict)  # {"engine", "model", "batches", "bits", "drafts", "rates"}: the texts typed
+    sigStart = Signal(dict)  # {"engine", "model", "batches", "formats", "drafts", "rates"}: the texts typed
     sigCancel = Signal()
 
-    def __init__(self, engines: list[str], parent=None) -> None:
+    def __init__(self, engines: dict[str, str], parent=None, tips: dict[str, str] | None = None) -> None:
+        """engines: name -> its default weight formats' text (the formats field follows the engine chosen
+        until it is edited); tips: name -> the formats field's tooltip for it."""
         super().__init__(parent)
         self.setWindowTitle("Tune a server")
         self.setModal(False)
+        self._defaults, self._tips = dict(engines), dict(tips or {})
         self._engine = QComboBox()
-        self._engine.addItems(engines)
+        self._engine.addItems(list(engines))
         self._model = QLineEdit()
         self._model.setPlaceholderText("a .gguf file (llama-server), an HF folder or Hub id")
         browse = QPushButton("…")
@@ -51,6 +55,9 @@ class TuneDialog(QDialog):
             edit = self._lists[name] = QLineEdit(default)
             edit.setToolTip(tip)
             form.addRow(label, edit)
+        self._shown_engine = ""
+        self._engine.currentTextChanged.connect(self._on_engine)
+        self._on_engine(self._engine.currentText())
         self._status = QLabel("Each point starts the server with its flags, waits for /health, measures, stops it.")
         self._status.setWordWrap(True)
         self._status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -112,6 +119,16 @@ class TuneDialog(QDialog):
 
     def is_running(self) -> bool:
         return self._cancel.isEnabled()
+
+    def _on_engine(self, engine: str) -> None:
+        """The formats field shows the engine's defaults, unless what it holds was typed (not the last default)."""
+        edit = self._lists["formats"]
+        untouched = edit.text() in (self._defaults.get(self._shown_engine), LIST_FIELDS["formats"][1])
+        if untouched and engine in self._defaults:
+            edit.setText(self._defaults[engine])
+        if engine in self._tips:
+            edit.setToolTip(self._tips[engine])
+        self._shown_engine = engine
 
     def _on_browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Model", self._model.text(), "GGUF (*.gguf);;All files (*)")

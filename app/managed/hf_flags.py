@@ -1,5 +1,6 @@
-"""What the vLLM and SGLang flag tables share: both serve a Hugging Face checkpoint, quantize a 16-bit one
-at load time when no quantized checkpoint is given, and take values from lists read from their sources.
+"""What the vLLM and SGLang flag tables share: both serve a Hugging Face checkpoint, quantize the bf16 one
+at load time when no checkpoint of the format is given (the format's method, app/managed/formats.py), and take
+values from lists read from their sources.
 
 A value outside an engine's list is a `FlagError` that names the accepted ones, raised before anything is
 launched (the engine itself would refuse it only after seconds of start-up, or, for vLLM's metavar-only
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.managed.table import FlagError, ServedModel, ServerPoint
+from app.managed.formats import REFERENCE, SERVER_FORMATS
+from app.managed.table import FlagError, ServedModel, ServerPoint, served_format
 
 
 def checked_choice(engine: str, flag: str, value: str, accepted: Sequence[str]) -> str:
@@ -25,20 +27,22 @@ def positive(engine: str, knob: str, value: int) -> int:
     return value
 
 
-def weights_and_quantization(engine: str, model: ServedModel, bits: int, online: Mapping[int, str],
+def weights_and_quantization(engine: str, model: ServedModel, point: ServerPoint,
                              methods: Sequence[str]) -> tuple[str, list[str]]:
-    """The checkpoint to serve at `bits` and the quantization flags it needs. A checkpoint given for these
-    bits wins (a quantized checkpoint names its method in its own config, so no flag); otherwise the 16-bit
-    checkpoint is quantized while loading with `online[bits]`."""
-    if bits in model.by_bits:
-        return model.weights(bits), []
-    method = online.get(bits)
-    if method is None or 16 not in model.by_bits:
-        have = ", ".join(str(b) for b in sorted(model.by_bits)) or "none"
-        can = ", ".join(f"{b}-bit ({m})" for b, m in sorted(online.items())) or "none"
-        raise FlagError(f"{engine}: no {bits}-bit checkpoint for {model.name or 'this model'} (have: {have}); "
-                        f"online quantization of the 16-bit checkpoint covers: {can}")
-    return model.weights(16), ["--quantization", checked_choice(engine, "--quantization", method, methods)]
+    """The checkpoint to serve at the point's weight format and the quantization flags it needs. A checkpoint
+    given for the format wins (a quantized checkpoint names its method in its own config, so no flag);
+    otherwise the bf16 checkpoint is quantized while loading with the format's `--quantization` method."""
+    fmt = served_format(engine, point)
+    if fmt.name in model.by_format:
+        return model.weights(fmt.name), []
+    if fmt.quantization is None or REFERENCE not in model.by_format:
+        have = ", ".join(model.by_format) or "none"
+        can = ", ".join(f"{f.name} (--quantization {f.quantization})" for f in SERVER_FORMATS
+                        if engine in f.engines and f.quantization) or "none"
+        raise FlagError(f"{engine}: no {fmt.name} checkpoint for {model.name or 'this model'} (have: {have}); "
+                        f"online quantization of the {REFERENCE} checkpoint covers: {can}")
+    return model.weights(REFERENCE), ["--quantization", checked_choice(engine, "--quantization", fmt.quantization,
+                                                                      methods)]
 
 
 def kv_dtype_flags(engine: str, point: ServerPoint, aliases: Mapping[str, str], accepted: Sequence[str]) -> list[str]:
@@ -70,10 +74,10 @@ class EngineChoices:
     kv_aliases: Mapping[str, str]
 
 
-def checkpoint_and_flags(engine: str, choices: EngineChoices, online: Mapping[int, str], model: ServedModel,
+def checkpoint_and_flags(engine: str, choices: EngineChoices, model: ServedModel,
                          point: ServerPoint) -> tuple[str, list[str]]:
     """The checkpoint to serve and the flags both engines spell alike: served name, batch, quantization,
     KV cache dtype."""
-    checkpoint, quant = weights_and_quantization(engine, model, point.bits, online, choices.quantization_methods)
+    checkpoint, quant = weights_and_quantization(engine, model, point, choices.quantization_methods)
     return checkpoint, [*served_name_flags(model), choices.batch_flag, str(positive(engine, "batch", point.batch)),
                         *quant, *kv_dtype_flags(engine, point, choices.kv_aliases, choices.kv_cache_dtypes)]

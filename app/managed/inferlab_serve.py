@@ -4,8 +4,8 @@ Read from app/server/serve.py (add_serve_args) and app/knob_args.py (add_knob_ar
 the tradeoff panel's "copy as command" writes too.
 
 - batch: `--max-num-seqs N`.
-- weights: `--quant-format bf16|int8|int4` on the same weights (the engine quantizes them as it loads); a
-  ServedModel may also map a bit width to other weights.
+- weights: `--quant-format NAME` (engine/quant_formats.py: int8, fp8-e4m3, int4) on the bf16 weights (the
+  engine quantizes them as it loads); a ServedModel may also map a format's name to other weights.
 - KV cache dtype: `--kv-cache-dtype auto|int8`.
 - draft: `--spec-method draft --draft-model D --num-draft-tokens N` when the ServedModel has a draft
   model, else n-gram lookup (`--spec-method ngram`), as the explorer's sweep drafts.
@@ -17,9 +17,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from app.managed.knobs import SERVER_FORMATS
-from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.formats import REFERENCE
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint, served_format
 from engine.events import KvCacheDtype
+from engine.quant_formats import QUANT_FORMAT_NAMES
 
 # app/knob_args.py's --kv-cache-dtype choices (kept here: this table spells the server's flags as it read them);
 # a draft length out of its range is refused by `inferlab serve` itself (a failed point with its message)
@@ -27,7 +28,7 @@ KV_DTYPES = tuple(KvCacheDtype)
 
 ROWS = (
     FlagRow("batch", "--max-num-seqs N", "requests running at once"),
-    FlagRow("bits", "--quant-format bf16|int8|int4", "weight-only quantization at load"),
+    FlagRow("weight_format", "--quant-format " + "|".join(QUANT_FORMAT_NAMES), "weight-only quantization at load"),
     FlagRow("kv_dtype", "--kv-cache-dtype auto|int8", "int8 KV cache: twice the tokens in the same memory"),
     FlagRow("draft", "--spec-method draft|ngram --num-draft-tokens N [--draft-model D]",
             "speculative decoding, N tokens proposed per step"),
@@ -49,13 +50,11 @@ class InferlabServe:
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         if point.batch < 1:
             raise FlagError(f"--max-num-seqs must be at least 1, got {point.batch}")
-        by_width = {bits: name for name, bits in SERVER_FORMATS.items()}
-        if point.bits not in by_width:  # the formats a point's width names (app/managed/knobs.py)
-            raise FlagError(f"--quant-format takes {', '.join(SERVER_FORMATS)}; no format of {point.bits} bits")
-        weights = model.weights(point.bits if point.bits in model.by_bits else 16)
+        fmt = served_format(self.name, point).name
+        weights = model.weights(fmt if fmt in model.by_format else REFERENCE)
         flags = ["--model", weights, "--max-num-seqs", str(point.batch)]
-        if point.bits != 16 and weights == model.by_bits.get(16):
-            flags += ["--quant-format", by_width[point.bits]]
+        if fmt != REFERENCE and fmt not in model.by_format:  # the engine quantizes the bf16 weights as it loads
+            flags += ["--quant-format", fmt]
         if point.kv_dtype is not None:
             if point.kv_dtype not in KV_DTYPES:
                 raise FlagError(f"--kv-cache-dtype takes {', '.join(KV_DTYPES)}; not {point.kv_dtype!r}")

@@ -3,43 +3,44 @@ restart changes in the engine's own words (its flags, read off the two command l
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import replace
 
+from app.managed.formats import SERVER_FORMAT_BY_NAME, for_slider
 from app.managed.table import ServerPoint
 from engine.knobs import KnobValues, Use, knobs_for
 
 # the app's knob (its slider's name, engine/knobs.py: the rows offered to a restart) -> the ServerPoint field it moves
-KNOB_FIELDS = {"max_num_seqs": "batch", "quant_format": "bits", "num_speculative_tokens": "draft"}
+KNOB_FIELDS = {"max_num_seqs": "batch", "quant_format": "weight_format", "num_speculative_tokens": "draft"}
 RESTARTABLE = tuple(row.name for row in knobs_for(Use.RESTART))
-# the weight formats a managed server's files come in, by the width its ServedModel keys them with: each engine's
-# own variant at that width (llama.cpp's bf16 / Q8_0 / Q4_1 GGUF, a checkpoint for vLLM / SGLang); formats
-# without one (fp8-e4m3) are refused with a clear error
-SERVER_FORMATS = {"bf16": 16, "int8": 8, "int4": 4}
 
 
 def knob_values(point: ServerPoint) -> KnobValues:
-    """The sliders' values for `point`."""
-    by_width = {bits: name for name, bits in SERVER_FORMATS.items()}
-    return KnobValues(max_num_seqs=point.batch, quant_format=by_width.get(point.bits, str(point.bits)),
+    """The sliders' values for `point` (its weight format by the slider stop it stands for:
+    app/managed/formats.py)."""
+    fmt = SERVER_FORMAT_BY_NAME.get(point.weight_format)
+    return KnobValues(max_num_seqs=point.batch, quant_format=fmt.slider if fmt and fmt.slider else point.weight_format,
                       num_speculative_tokens=point.draft)
 
 
-def point_with(point: ServerPoint, knobs: dict) -> ServerPoint:
-    """`point` with the sliders' new values; ValueError for a knob that is not restartable or a value
-    that is not a whole number (the caller's thread hears it at once)."""
-    fields = {}
+def point_with(point: ServerPoint, knobs: dict, engine: str, have: Collection[str] = ()) -> ServerPoint:
+    """`point` with the sliders' new values on `engine` (the weights slider's stop becomes that engine's format,
+    the first of `have`, the formats the model has weights for); ValueError for a knob that is not restartable
+    or a value that is not a whole number (the caller's thread hears it at once)."""
+    fields: dict[str, object] = {}
     for knob, value in knobs.items():
         if knob not in KNOB_FIELDS:
             raise ValueError(f"{knob} does not change by restarting the server (restartable: "
                              f"{', '.join(RESTARTABLE)})")
         if knob == "quant_format":
-            if value not in SERVER_FORMATS:
-                raise ValueError(f"a managed server's weights come as {', '.join(SERVER_FORMATS)}, not {value!r}")
-            value = SERVER_FORMATS[value]
+            if not isinstance(value, str):
+                raise ValueError(f"quant_format names a weight format, not {value!r}")
+            fields[KNOB_FIELDS[knob]] = for_slider(engine, value, have).name
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{knob} must be a whole number ≥ 0, not {value!r}")
         fields[KNOB_FIELDS[knob]] = value
-    return replace(point, **fields)
+    return replace(point, **fields)  # type: ignore[arg-type]
 
 
 def _is_flag(token: str) -> bool:

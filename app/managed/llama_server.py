@@ -8,7 +8,8 @@ rather than guessed from the draft GGUF's metadata.
 
 - batch: `-np N` slots, `-c` = N x the context per slot and `--no-kv-unified`, so every slot holds the
   longest request (as the benches run it: no request can run out of cache in a shared pool).
-- weight bits: a GGUF per bit width (`-m`): 16 -> bf16, 8 -> Q8_0, 4 -> Q4_1 (app/managed/gguf.py).
+- weights: a GGUF per format, named by its file type (`-m`): bf16, f16, q8_0, q4_1, q4_k_m, q4_0
+  (app/managed/formats.py; found or made by app/managed/gguf.py).
 - KV cache dtype: `-ctk T -ctv T`, T one of arg.cpp's kv_cache_types.
 - draft: `--spec-type draft-simple -md DRAFT.gguf --spec-draft-n-max N --spec-draft-n-min 0`.
 - chunked prefill: llama-server has no switch for it. It always splits a prompt into `-b`-token batches
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint
+from app.managed.formats import formats_for
+from app.managed.table import FlagError, FlagRow, ServedModel, ServerPoint, served_format
 
 LLAMA_CPP_SOURCE = "llama.cpp from llama-cpp-python 0.3.36's sdist: common/arg.cpp, tools/server/README.md"
 # common/arg.cpp: kv_cache_types (the names ggml_type_name gives them)
@@ -30,7 +32,8 @@ DEFAULT_CTX_PER_SLOT = 2048
 ROWS = (
     FlagRow("batch", "-np N, -c N x ctx-per-slot, --no-kv-unified", "server slots decoding at once; one KV "
             "region per slot"),
-    FlagRow("bits", "-m MODEL.gguf", "a GGUF per bit width: 16 -> bf16, 8 -> Q8_0, 4 -> Q4_1"),
+    FlagRow("weight_format", "-m MODEL.gguf",
+            "a GGUF per format, by its file type: " + ", ".join(formats_for("llama-server"))),
     FlagRow("kv_dtype", "-ctk T -ctv T", "KV cache element type: " + ", ".join(KV_CACHE_TYPES)),
     FlagRow("draft", "--spec-type draft-simple -md DRAFT.gguf --spec-draft-n-max N --spec-draft-n-min 0",
             "draft model speculation, N tokens proposed per step"),
@@ -56,7 +59,7 @@ class LlamaServer:
         """The flags that carry the point's knobs (no host, port or threads)."""
         if point.batch < 1:
             raise FlagError(f"-np must be at least 1, got {point.batch}")
-        flags = ["-m", model.weights(point.bits), "-np", str(point.batch),
+        flags = ["-m", model.weights(served_format(self.name, point).name), "-np", str(point.batch),
                  "-c", str(point.batch * self.ctx_per_slot), "--no-kv-unified"]
         if point.kv_dtype is not None:
             if point.kv_dtype not in KV_CACHE_TYPES:

@@ -1,10 +1,11 @@
-"""What a managed server runs, found before it starts: its executable and what it loads per bit width.
+"""What a managed server runs, found before it starts: its executable and what it loads per weight format.
 
-Shared by `inferlab tune` (app/tradeoff/tune_cli.py) and `inferlab --manage` (app/managed/args.py). For
-llama-server a GGUF per bit width (--gguf-dir's files, else --model's weights converted once, with their
-Q8_0 / Q4_1 variants; app/managed/gguf.py), the draft model being the 4-bit GGUF of the same model (the same
-vocabulary); other engines get --model (their table decides how to quantize it). --weights BITS=PATH
-overrides either. What goes wrong is a SetupError: one line, said before any server starts.
+Shared by `inferlab tune` (app/tradeoff/tune_cli.py) and `inferlab --manage` (app/managed/args.py). Formats
+are named (app/managed/formats.py). For llama-server a GGUF per format (--gguf-dir's files, each by the file
+type its header says, else by its name; else --model's weights converted once, with their Q8_0 / Q4_1 / ...
+variants; app/managed/gguf.py), the draft model being the smallest GGUF of the same model (the same
+vocabulary); other engines get --model as their bf16 checkpoint (their table decides how to quantize it).
+--weights NAME=PATH overrides either. What goes wrong is a SetupError: one line, said before any server starts.
 """
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import os
 import shutil
 from pathlib import Path
 
+from app.managed.formats import REFERENCE, SERVER_FORMAT_BY_NAME, formats_for, server_format
 from app.managed.table import ServedModel, ServerEngine
 
-GGUF_NAMES = {16: ("bf16", "f16"), 8: ("q8_0",), 4: ("q4_1", "q4_0")}  # in --gguf-dir: bits -> name parts
+# a --gguf-dir file whose header says no file type: its format by its name, longest names first (bf16 before f16)
+_BY_NAME = sorted(formats_for("llama-server"), key=len, reverse=True)
 
 
 class SetupError(ValueError):
@@ -46,55 +49,73 @@ def find_executable(engine: ServerEngine, given: str | None) -> str:
     return found
 
 
-def gguf_dir_files(folder: str) -> dict[int, str]:
+def gguf_dir_files(folder: str) -> dict[str, str]:
+    """{format: file} for --gguf-dir's GGUFs: each by the file type it says (else its name); the first file
+    (by name) of a format wins."""
+    from app.managed.gguf import gguf_file_format, is_gguf
+
     files = sorted(Path(folder).glob("*.gguf"))
     if not files:
         raise SetupError(f"--gguf-dir {folder}: no .gguf files")
-    out: dict[int, str] = {}
-    for bits, parts in GGUF_NAMES.items():
-        match = next((f for part in parts for f in files if part in f.name.lower()), None)
-        if match is not None:
-            out[bits] = str(match)
-    from app.managed.gguf import is_gguf
-
-    bad = [Path(f).name for f in out.values() if not is_gguf(Path(f))]
+    bad = [f.name for f in files if not is_gguf(f)]
     if bad:  # said now, not as every point's failed load
         raise SetupError(f"--gguf-dir {folder}: not a GGUF file (no GGUF magic): {', '.join(bad)}")
+    out: dict[str, str] = {}
+    for f in files:
+        fmt = gguf_file_format(f) or next((n for n in _BY_NAME if n in f.name.lower()), None)
+        if fmt is not None:
+            out.setdefault(fmt, str(f))
     return out
 
 
+def smallest(by_format: dict[str, str]) -> str | None:
+    """The GGUF with the fewest bits per weight: the draft model (same model, same vocabulary)."""
+    rows = [SERVER_FORMAT_BY_NAME[f] for f in by_format if f in SERVER_FORMAT_BY_NAME and f != REFERENCE]
+    return by_format[min(rows, key=lambda r: r.bits_per_weight).name] if rows else None
+
+
 def served_model(args, engine: ServerEngine, say) -> tuple[ServedModel, str]:
-    """(what the server loads per bit width and as draft, a note on the draft model)."""
+    """(what the server loads per weight format and as draft, a note on the draft model)."""
     from engine.loading.errors import ModelLoadError
 
-    given = parse_weights(args.weights)  # before any conversion: what they name is not converted
-    drafting = engine.name == "llama-server" and any(args.draft)
-    needed = (set(args.bits) | ({4} if drafting else set())) - set(given)
-    if engine.name == "llama-server" and args.gguf_dir:
-        by_bits = gguf_dir_files(args.gguf_dir)
-    elif engine.name == "llama-server" and needed:
+    given = parse_weights(args.weights, engine.name)  # before any conversion: what they name is not converted
+    llama = engine.name == "llama-server"
+    drafting = llama and any(args.draft)
+    # the draft is the smallest GGUF: converted too when drafting (q4_1, the model's own Q4_1 weights)
+    needed = (set(args.formats) | ({"q4_1"} if drafting and not smallest(given) else set())) - set(given)
+    if llama and args.gguf_dir:
+        by_format = gguf_dir_files(args.gguf_dir)
+    elif llama and needed:
         from app.managed.gguf import gguf_variants
         from engine.loading.loader import resolve_model_folder
 
         try:
             folder = resolve_model_folder(args.model, lambda message, fraction: None)
-            by_bits = {b: str(p) for b, p in gguf_variants(str(folder), tuple(sorted(needed)), say=say).items()}
+            by_format = {f: str(p) for f, p in gguf_variants(str(folder), tuple(sorted(needed)), say=say).items()}
         except (ModelLoadError, OSError, ValueError) as exc:
             raise SetupError(f"model {args.model}: {exc}") from None
     else:
-        by_bits = {} if engine.name == "llama-server" else {16: args.model}
-    by_bits.update(given)
-    draft = by_bits.get(4) if engine.name == "llama-server" and any(args.draft) else None
-    note = (f"the 4-bit GGUF of the same model (same vocabulary): {Path(draft).name}" if draft else
-            "no draft model" if engine.name == "llama-server" else "the engine's own draft method (its table)")
-    return ServedModel(by_bits=by_bits, draft=draft, name=Path(args.model).name or args.model), note
+        by_format = {} if llama else {REFERENCE: args.model}
+    by_format.update(given)
+    draft = smallest(by_format) if drafting else None
+    note = (f"the smallest GGUF of the same model (same vocabulary): {Path(draft).name}" if draft else
+            "no draft model" if llama else "the engine's own draft method (its table)")
+    return ServedModel(by_format=by_format, draft=draft, name=Path(args.model).name or args.model), note
 
 
-def parse_weights(items: list[str]) -> dict[int, str]:
+def parse_weights(items: list[str], engine: str | None = None) -> dict[str, str]:
+    """--weights NAME=PATH items -> {format: path}; SetupError naming the formats for a bit count or an
+    unknown name (a bit count names no format: q4_0 and q4_1 are both 4 bits)."""
     out = {}
     for item in items:
-        bits, sep, path = item.partition("=")
-        if not sep or not bits.isdigit() or not path:
-            raise SetupError(f"--weights {item!r}: expected BITS=PATH, e.g. 8=/models/m-q8_0.gguf")
-        out[int(bits)] = path
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            raise SetupError(f"--weights {item!r}: expected FORMAT=PATH, e.g. q8_0=/models/m-q8_0.gguf")
+        if name.isdigit():
+            raise SetupError(f"--weights {item!r}: weights are named by format now, not bits: e.g. "
+                             f"q4_1={path} (the formats: {', '.join(formats_for(engine))})")
+        try:
+            out[server_format(name, engine).name] = path
+        except ValueError as exc:
+            raise SetupError(f"--weights {item!r}: {exc}") from None
     return out

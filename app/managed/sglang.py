@@ -9,7 +9,7 @@ stand-in that parses the same flags (tests/standin_server.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
 from app.managed.table import FlagRow, ServedModel, ServerPoint
@@ -37,12 +37,13 @@ SGLANG_CHOICES = EngineChoices("--max-running-requests", SGLANG_QUANTIZATION_MET
 SGLANG_ROWS = (
     # launch_server.py (module entry); fields/model.py `model_path` (alias --model)
     FlagRow("launch", "python -m sglang.launch_server --model-path CHECKPOINT",
-            "the checkpoint of the point's weight bits"),
+            "the checkpoint of the point's weight format"),
     # fields/schedule.py `max_running_requests`
     FlagRow("batch", "--max-running-requests N", "requests running at once"),
     # fields/model.py `quantization` (choices.py QUANTIZATION_CHOICES; "fp8" = online MoE + linear)
-    FlagRow("bits", "CHECKPOINT per bit width, else --quantization fp8",
-            "a quantized checkpoint from by_bits; 8-bit without one: the 16-bit one quantized at load"),
+    FlagRow("weight_format", "CHECKPOINT per format, else --quantization fp8",
+            "a checkpoint per format (by_format: bf16, awq, gptq, ...); fp8 without one: the bf16 checkpoint "
+            "quantized at load"),
     # fields/model.py `kv_cache_dtype`
     FlagRow("kv_dtype", "--kv-cache-dtype DTYPE", "KV cache element type: " + ", ".join(SGLANG_KV_CACHE_DTYPES)),
     # fields/spec.py speculative_algorithm (STANDALONE: a separate small draft model),
@@ -69,9 +70,8 @@ SGLANG_ROWS = (
 
 @dataclass(frozen=True, slots=True)
 class SglangEngine:
-    """SGLang's server, run as a module of `exe` (the Python that has sglang installed). `online_quantization`
-    maps weight bits to the `--quantization` method used when no checkpoint for those bits is given."""
-    online_quantization: dict[int, str] = field(default_factory=lambda: {8: "fp8"})
+    """SGLang's server, run as a module of `exe` (the Python that has sglang installed). A format without its
+    own checkpoint is quantized at load by its row's `--quantization` method (app/managed/formats.py)."""
     extra: tuple[str, ...] = ()  # appended to every command line (`inferlab tune --server-args`)
     name: str = "sglang"
     executable: str = "python"
@@ -81,7 +81,7 @@ class SglangEngine:
 
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         """The checkpoint and the flags that carry the point's knobs (no host or port)."""
-        checkpoint, flags = checkpoint_and_flags(self.name, SGLANG_CHOICES, self.online_quantization, model, point)
+        checkpoint, flags = checkpoint_and_flags(self.name, SGLANG_CHOICES, model, point)
         flags = ["--model-path", checkpoint, *flags]
         if draft_length(self.name, point.draft) and model.draft:
             flags += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", model.draft,

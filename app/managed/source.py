@@ -1,5 +1,5 @@
 """ManagedSource: the app attached to a server that inferlab started (`inferlab --manage ENGINE`), whose
-batch / weight bits / draft sliders work by restarting it with that engine's own flags.
+batch / weights / draft sliders work by restarting it with that engine's own flags.
 
 It is the attach source (app/remote/source.py: scrape, streams, load generator, all in its worker thread)
 plus a `ManagedServer` (app/managed/server.py) on a fixed port, so the URL survives restarts.
@@ -56,8 +56,12 @@ class ManagedSource(RemoteSource):
         super().reconfigure(**others)  # raises for what a server does not change from a client
         restart = {k: v for k, v in knobs.items() if k in RESTARTABLE}
         if restart:
-            point_with(self.server.point, restart)  # a bad value is refused here, in the caller's thread
+            self._moved(self.server.point, restart)  # a bad value is refused here, in the caller's thread
             self._post(lambda: self._wish(restart))
+
+    def _moved(self, point: ServerPoint, knobs: dict) -> ServerPoint:
+        """`point` with the sliders' values, the weights stop as this engine's format (one the model has)."""
+        return point_with(point, knobs, self.engine_name, tuple(self.server.model.by_format))
 
     # --- worker thread ------------------------------------------------------------------------
     async def _main(self) -> None:
@@ -87,7 +91,7 @@ class ManagedSource(RemoteSource):
         return {**knob_values(self.server.point), "command": shlex.join(self.server.command)}
 
     def _wish(self, knobs: dict) -> None:
-        self._wanted = point_with(self._wanted, knobs)
+        self._wanted = self._moved(self._wanted, knobs)
         self._wished_at = time.perf_counter()
         if self._restarter is None or self._restarter.done():
             self._restarter = asyncio.get_running_loop().create_task(self._restart_when_quiet())

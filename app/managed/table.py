@@ -1,6 +1,6 @@
 """One configuration point in the app's words, and the shape of one engine's flag table.
 
-The explorer's knobs (batch, weight bits, KV cache dtype, draft length, chunked prefill, prefix
+The explorer's knobs (batch, weight format, KV cache dtype, draft length, chunked prefill, prefix
 caching) mean the same on every engine; each engine spells them with its own flags. A `ServerEngine`
 turns a `ServerPoint` into the argv of that engine's server, and says, in `rows`, which flag carries
 which knob and where that spelling was read (the engine's source file and version), so the table can
@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.managed.formats import REFERENCE, SERVER_FORMAT_BY_NAME, ServerFormat, server_format
+
 
 class FlagError(ValueError):
     """A knob value this engine (or this model) cannot take; the message says why."""
@@ -22,14 +24,15 @@ class FlagError(ValueError):
 class ServerPoint:
     """One point of a tuning sweep; None means the engine's own default."""
     batch: int = 8                       # sequences served at once (slots / max running requests)
-    bits: int = 16                       # weight bits: 16, 8 or 4
+    weight_format: str = REFERENCE       # a format's name (app/managed/formats.py): "bf16", "q4_1", "fp8", ...
     kv_dtype: str | None = None          # KV cache element type, e.g. "f16", "q8_0", "fp8"
     draft: int = 0                       # speculative draft tokens per step; 0 = off
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
 
     def label(self) -> str:
-        parts = [f"batch {self.batch}", f"{self.bits}-bit"]
+        fmt = SERVER_FORMAT_BY_NAME.get(self.weight_format)
+        parts = [f"batch {self.batch}", fmt.label if fmt else str(self.weight_format)]
         if self.kv_dtype:
             parts.append(f"KV {self.kv_dtype}")
         parts.append(f"draft {self.draft}" if self.draft else "no draft")
@@ -42,27 +45,36 @@ class ServerPoint:
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """What the server loads. `by_bits` maps weight bits to what that engine loads for them (a GGUF per
-    bit width for llama.cpp, a checkpoint or HF id for vLLM/SGLang); `draft` is the draft model, if any."""
-    by_bits: dict[int, str] = field(default_factory=dict)
+    """What the server loads. `by_format` maps a weight format's name (app/managed/formats.py) to what that
+    engine loads for it (a GGUF per format for llama.cpp, a checkpoint or HF id for vLLM/SGLang); `draft` is
+    the draft model, if any."""
+    by_format: dict[str, str] = field(default_factory=dict)
     draft: str | None = None
     name: str = ""                       # the name shown on points and sent as "model"
 
     def __post_init__(self) -> None:
         # A file whose name begins with "-" would be read as a flag: "./-x" is the same file, and no flag.
-        object.__setattr__(self, "by_bits", {b: as_operand(w) for b, w in self.by_bits.items()})
+        object.__setattr__(self, "by_format", {f: as_operand(w) for f, w in self.by_format.items()})
         if self.draft:
             object.__setattr__(self, "draft", as_operand(self.draft))
 
-    def weights(self, bits: int) -> str:
+    def weights(self, fmt: str) -> str:
         try:
-            value = self.by_bits[bits]
+            value = self.by_format[fmt]
         except KeyError:
-            have = ", ".join(str(b) for b in sorted(self.by_bits)) or "none"
-            raise FlagError(f"no {bits}-bit weights for {self.name or 'this model'} (have: {have})") from None
+            have = ", ".join(self.by_format) or "none"
+            raise FlagError(f"no {fmt} weights for {self.name or 'this model'} (have: {have})") from None
         if value.startswith("-"):  # not a file here (as_operand left it): the server would read it as a flag
             raise FlagError(f"{value!r} begins with '-': the server would take it for a flag, not a model")
         return value
+
+
+def served_format(engine: str, point: ServerPoint) -> ServerFormat:
+    """The point's weight format, one `engine` serves; FlagError naming the ones it does."""
+    try:
+        return server_format(point.weight_format, engine)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
 
 
 def as_operand(value: str) -> str:

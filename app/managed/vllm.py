@@ -7,7 +7,7 @@ table is tested against a stand-in that parses the same flags (tests/standin_ser
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.managed.hf_flags import EngineChoices, checkpoint_and_flags, draft_length
 from app.managed.table import FlagRow, ServedModel, ServerPoint
@@ -40,12 +40,13 @@ VLLM_CHOICES = EngineChoices("--max-num-seqs", VLLM_QUANTIZATION_METHODS, VLLM_K
 
 VLLM_ROWS = (
     # vllm/entrypoints/cli/serve.py: usage "vllm serve [model_tag] [options]" (positional model_tag)
-    FlagRow("launch", "vllm serve CHECKPOINT", "the checkpoint of the point's weight bits"),
+    FlagRow("launch", "vllm serve CHECKPOINT", "the checkpoint of the point's weight format"),
     # arg_utils.py scheduler group; SchedulerConfig.max_num_seqs (Field ge=1)
     FlagRow("batch", "--max-num-seqs N", "sequences scheduled in one step"),
     # arg_utils.py model group "--quantization", "-q"; a quantized checkpoint carries its own method
-    FlagRow("bits", "CHECKPOINT per bit width, else --quantization fp8",
-            "a quantized checkpoint from by_bits; 8-bit without one: the 16-bit one quantized at load"),
+    FlagRow("weight_format", "CHECKPOINT per format, else --quantization fp8",
+            "a checkpoint per format (by_format: bf16, awq, gptq, ...); fp8 without one: the bf16 checkpoint "
+            "quantized at load"),
     # arg_utils.py cache group; CacheConfig.cache_dtype
     FlagRow("kv_dtype", "--kv-cache-dtype DTYPE", "KV cache element type: " + ", ".join(VLLM_KV_CACHE_DTYPES)),
     # arg_utils.py vllm group "--speculative-config", "-sc" (JSON); config/speculative.py SpeculativeConfig
@@ -75,9 +76,8 @@ VLLM_ROWS = (
 
 @dataclass(frozen=True, slots=True)
 class VllmEngine:
-    """vLLM's server. `online_quantization` maps weight bits to the `--quantization` method used when no
-    checkpoint for those bits is given (checked against `VLLM_QUANTIZATION_METHODS`)."""
-    online_quantization: dict[int, str] = field(default_factory=lambda: {8: "fp8"})
+    """vLLM's server. A format without its own checkpoint is quantized at load by its row's `--quantization`
+    method (app/managed/formats.py; checked against `VLLM_QUANTIZATION_METHODS`)."""
     extra: tuple[str, ...] = ()  # appended to every command line (`inferlab tune --server-args`)
     name: str = "vllm"
     executable: str = "vllm"
@@ -87,7 +87,7 @@ class VllmEngine:
 
     def point_flags(self, model: ServedModel, point: ServerPoint) -> list[str]:
         """The checkpoint and the flags that carry the point's knobs (no host or port)."""
-        checkpoint, flags = checkpoint_and_flags(self.name, VLLM_CHOICES, self.online_quantization, model, point)
+        checkpoint, flags = checkpoint_and_flags(self.name, VLLM_CHOICES, model, point)
         flags = [checkpoint, *flags]
         if draft_length(self.name, point.draft):
             # A draft model when given; else n-gram prompt lookup (prompt_lookup_min/max default to 5).

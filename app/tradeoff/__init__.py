@@ -1,3 +1,3 @@
-"""The speed/cost/quality tradeoff: the sweep over batch x bits x draft (one measured point each), quality
+"""The speed/cost/quality tradeoff: the sweep over batch x weight format x draft (one measured point each), quality
 scoring, the Pareto frontier, stored points per machine and model, the live meter, and the roofline feed
 (probed roofs, step verdicts)."""

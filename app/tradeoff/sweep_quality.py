@@ -1,4 +1,4 @@
-"""Quality of one bits setting against the 16-bit model in ONE scoring pass over the held-out text:
+"""Quality of one weight format against the 16-bit model in ONE scoring pass over the held-out text:
 perplexity, KL(16-bit || this) per token and teacher-forced top-1 agreement (the same definitions as
 engine/quant/quality.py's perplexity and compare_logits, which score the text once each; quality_of there)."""
 from __future__ import annotations

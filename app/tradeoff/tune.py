@@ -4,7 +4,7 @@ For each point: `ManagedServer.start` (a point that will not start is a failed p
 the server's log tail; the sweep goes on), a warm-up request, then the explorer's measurements through
 HTTP: the seeded load generator at each rate (streaming /v1/completions, temperature 0, ignore_eos;
 latencies from each request's due time), the server process's memory, its own /metrics, and greedy
-agreement with the 16-bit point of the same model on held-out prompts. A server that dies mid-measurement
+agreement with the bf16 point of the same model on held-out prompts. A server that dies mid-measurement
 is a failed point too, and so is one still running when the sweep is cancelled, its --point-timeout or
 the sweep's --time-limit runs out (a watchdog thread stops its server: a server that streams for ever
 cannot hold the sweep). Every read from the server is bounded in size and time (app/remote/bounded.py).
@@ -18,12 +18,13 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
       "engine": "llama-server",              # ENGINES name
       "engine_source": "common/arg.cpp ...",  # where the flags' spelling was read, with the version
       "executable": "/path/to/llama-server",
-      "model": {"name": str, "by_bits": {"16": path, "8": path, "4": path}, "draft": path | None,
-                "draft_note": "the Q4_1 GGUF of the same model (same vocabulary)"},
+      "model": {"name": str, "by_format": {"bf16": path, "q8_0": path, "q4_1": path}, "draft": path | None,
+                "draft_note": "the smallest GGUF of the same model (same vocabulary)"},
       "flag_table": [{"knob": "batch", "flag": "-np", "meaning": "..."}, ...],
       "points": [                            # measured points, in sweep order
-        {"engine", "model", "label",          # label: "batch 4, 8-bit, draft 4" (ServerPoint.label)
-         "batch", "bits", "kv_dtype", "draft", "chunked_prefill", "prefix_caching",
+        {"engine", "model", "label",          # label: "batch 4, Q8_0, draft 4" (ServerPoint.label)
+         "batch", "weight_format", "weight_label",   # the format's name and label (app/managed/formats.py)
+         "kv_dtype", "draft", "chunked_prefill", "prefix_caching",
          "flags": "-m ... -np 4 ...",         # the command line after the executable
          "command": "llama-server -m ...",    # shlex.join of the exact command line that ran
          "tokens_per_s_user",                 # 1 / p50 TPOT at the highest rate
@@ -40,17 +41,18 @@ The result (plain JSON; `inferlab tune --json OUT` writes it):
                     "rss_peak_bytes": int | None,   # VmHWM
                     "server_metrics": {family: value}},  # what the server's own /metrics says
          "draft_acceptance": float | None,    # accepted / proposed draft tokens, from the server's counters
-         "agreement": float | None,           # greedy agreement with the 16-bit point (see "quality")
+         "agreement": float | None,           # greedy agreement with the bf16 point (see "quality")
          "agreement_positions": int, "agreement_unit": "tokens" | "text characters" | None,
          "greedy": [[tokens, unit] per held-out prompt], "served_model": str, "errors": int,
          "kl": None, "ppl_delta_pct": None,   # only where the server returns prompt logprobs
          "on_frontier": bool, "predicted": false, "failed": false, "seconds": float}
       ],
-      "failed": [{"engine", "model", "label", "batch", "bits", "kv_dtype", "draft", "chunked_prefill",
+      "failed": [{"engine", "model", "label", "batch", "weight_format", "weight_label", "kv_dtype", "draft",
+                  "chunked_prefill",
                   "prefix_caching", "flags", "command", "failed": true, "stage": "start" | "measure",
                   "reason": str, "log_tail": str, "seconds": float}],
       "not_run": [label, ...],               # points left when the time limit was reached (or cancelled)
-      "frontier": [{"batch", "bits", "draft", "kv_dtype", "label"}],          # speed per user vs cost
+      "frontier": [{"batch", "weight_format", "draft", "kv_dtype", "label"}],  # speed per user vs cost
       "frontier_with_quality": [...],                                         # ... and agreement
       "chosen": {"label", "command", "why", "context"?, "context_said"?} | None,   # llama-server: the
                                              # context a slot holds, said (-c is shared by the -np slots)
@@ -71,6 +73,7 @@ from datetime import datetime, timezone
 
 import httpx
 
+from app.managed.formats import REFERENCE, SERVER_FORMAT_BY_NAME, SERVER_FORMATS
 from app.managed.server import ManagedServer, PointFailed
 from app.managed.table import FlagError, ServedModel, ServerEngine, ServerPoint
 from app.managed.watchdog import Watchdog
@@ -91,7 +94,7 @@ USER_PORT = 8080  # the port in the command line of a point that never ran (a me
 PROMPT_LOGPROBS = {"llama-server": "not returned by llama-server (no prompt logprobs in its API)"}
 QUALITY_METHOD = ("greedy agreement: the held-out prompts at temperature 0, ignore_eos, a fixed number of tokens "
                   "each, one request at a time; the tokens each point returned compared position by position "
-                  "with the 16-bit point's (text characters where the server lists no tokens)")
+                  "with the bf16 point's (text characters where the server lists no tokens)")
 Progress = Callable[[str, float], None]
 
 
@@ -115,14 +118,18 @@ class TuneSpec:
 
 
 def sweep_order(points: tuple[ServerPoint, ...]) -> list[ServerPoint]:
-    """16-bit points first (the first of them, with the fewest drafts, is the quality reference), then
-    by bits, draft and batch (each bit width's GGUF is read into the page cache once)."""
-    return sorted(points, key=lambda p: (p.bits != 16, -p.bits, p.draft, p.batch, str(p.kv_dtype)))
+    """bf16 points first (the first of them, with the fewest drafts, is the quality reference), then by bytes
+    per weight and name (two formats of one width apart), draft and batch (each file read into the cache once)."""
+    width = {f.name: f.bits_per_weight for f in SERVER_FORMATS}
+    return sorted(points, key=lambda p: (p.weight_format != REFERENCE, -width.get(p.weight_format, 0), p.weight_format,
+                                         p.draft, p.batch, str(p.kv_dtype)))
 
 
 def identity(spec: TuneSpec, point: ServerPoint) -> dict:
+    fmt = SERVER_FORMAT_BY_NAME.get(point.weight_format)
     return {"engine": spec.engine.name, "model": spec.model.name, "label": point.label(), "batch": point.batch,
-            "bits": point.bits, "kv_dtype": point.kv_dtype, "draft": point.draft,
+            "weight_format": point.weight_format, "weight_label": fmt.label if fmt else point.weight_format,
+            "kv_dtype": point.kv_dtype, "draft": point.draft,
             "chunked_prefill": point.chunked_prefill, "prefix_caching": point.prefix_caching}
 
 
@@ -229,7 +236,7 @@ def run_tune(spec: TuneSpec, progress: Progress | None = None, on_point: Callabl
             failed.append(result)
             report(f"{head}: FAILED at {result['stage']}: {result['reason'][:160]}", (i + 1) / len(order))
         else:
-            if reference is None and point.bits == 16:
+            if reference is None and point.weight_format == REFERENCE:
                 reference, ref_label = result["greedy"], result["label"]
                 result.update(agreement(reference, reference))
             points.append(result)
@@ -240,8 +247,8 @@ def run_tune(spec: TuneSpec, progress: Progress | None = None, on_point: Callabl
     return assemble(spec, points, failed, not_run, ref_label, stopped, time.perf_counter() - t0)
 
 
-CHOSEN_MIN_AGREEMENT = 0.9  # the chosen point keeps at least this greedy agreement with the 16-bit point
-FRONTIER_KEYS = ("batch", "bits", "draft", "kv_dtype", "label")
+CHOSEN_MIN_AGREEMENT = 0.9  # the chosen point keeps at least this greedy agreement with the bf16 point
+FRONTIER_KEYS = ("batch", "weight_format", "draft", "kv_dtype", "label")
 
 
 def kept_quality(p: dict) -> float:
@@ -286,7 +293,7 @@ def assemble(spec: TuneSpec, points: list[dict], failed: list[dict], not_run: li
     engine = spec.engine
     return {
         "engine": engine.name, "engine_source": engine.source, "executable": spec.exe,
-        "model": {"name": spec.model.name, "by_bits": {str(b): w for b, w in sorted(spec.model.by_bits.items())},
+        "model": {"name": spec.model.name, "by_format": dict(spec.model.by_format),
                   "draft": spec.model.draft, "draft_note": spec.draft_note},
         "flag_table": [{"knob": r.knob, "flag": r.flag, "meaning": r.meaning} for r in engine.rows],
         "points": points, "failed": failed, "not_run": not_run,

@@ -1,12 +1,13 @@
 """`inferlab tune --engine E --model M ...`: the tuning sweep on a real server, from the command line.
 
 The parser's options and what they become (TuneSpec); app/cli.py only adds the subcommand (and --png's
-drawing, which needs Qt: app/gui/tune_png.py). What the server loads per bit width and where its
-executable is: app/managed/setup.py (`--manage` uses the same rules). A bad engine, a missing executable
-or a model that cannot be found is one line on stderr and exit status 2.
+drawing, which needs Qt: app/gui/tune_png.py). Weight formats are named (app/managed/formats.py). What the
+server loads per format and where its executable is: app/managed/setup.py (`--manage` uses the same rules). A
+bad engine, a missing executable or a model that cannot be found is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import signal
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from app.managed.engines import ENGINES
+from app.managed.formats import default_formats, formats_for, parse_formats
 from app.managed.setup import SetupError, find_executable, served_model
 from app.managed.table import ServerEngine, ServerPoint
 from app.tradeoff.tune_measure import TuneLoad
@@ -24,13 +26,20 @@ from engine.core.metrics import SLO
 def add_tune_args(p) -> None:
     p.add_argument("--engine", required=True, help="the server to tune: " + ", ".join(ENGINES))
     p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, Hugging Face folder or .gguf file")
-    p.add_argument("--gguf-dir", default=None, help="llama-server: a folder with the GGUFs per bit width "
-                   "(*bf16*/*f16* 16-bit, *q8_0* 8-bit, *q4_1*/*q4_0* 4-bit; the 4-bit one is the draft)")
-    p.add_argument("--weights", action="append", default=[], metavar="BITS=PATH",
-                   help="what the server loads at BITS weight bits (repeatable; overrides the defaults)")
+    p.add_argument("--gguf-dir", default=None, help="llama-server: a folder of GGUFs, each the format its file "
+                   "type says (else its name: *bf16*, *f16*, *q8_0*, *q4_1*, *q4_k_m*, *q4_0*); the smallest one "
+                   "is the draft")
+    p.add_argument("--weights", action="append", default=[], metavar="FORMAT=PATH",
+                   help="what the server loads for the weight format FORMAT, e.g. q4_0=/models/m-q4_0.gguf or "
+                        "awq=org/m-awq (repeatable; overrides the defaults)")
     p.add_argument("--server-bin", default=None, help="the server's executable (default: looked up)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8], help="requests decoded at once (server slots)")
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 4], choices=[16, 8, 4], help="weight bits")
+    p.add_argument("--formats", nargs="+", default=None, metavar="FORMAT",
+                   help="weight formats by name, e.g. bf16,q8_0,q4_1 (llama-server: " + ", ".join(
+                       formats_for("llama-server")) + "; vllm/sglang: " + ", ".join(formats_for("vllm")) +
+                        "; inferlab: " + ", ".join(formats_for("inferlab")) + "; default: the engine's bf16 and "
+                        "one per quantized slider stop it can make)")
+    p.add_argument("--bits", nargs="+", action=Replaced, help=argparse.SUPPRESS)
     p.add_argument("--draft", type=int, nargs="+", default=[0, 4], help="draft tokens per step (0 = off)")
     p.add_argument("--kv-dtype", nargs="+", default=["default"],
                    help="KV cache element types in the engine's names; 'default' adds no flag")
@@ -69,6 +78,26 @@ def add_tune_args(p) -> None:
     p.add_argument("--png", metavar="OUT", help="also draw the points and the frontier as a PNG (no display needed)")
 
 
+class Replaced(argparse.Action):
+    """--bits (a bit count per weight format) is gone: two formats share a count (q4_0 and q4_1), so the
+    sweep takes names; said as an error naming the new flag, never read as an alias."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was replaced by --formats: name the weight formats, e.g. --formats "
+                     "bf16,q8_0,q4_1 for llama-server or bf16,int8,fp8-e4m3,int4 for inferlab (a bit count "
+                     "names no format: q4_0 and q4_1 are both 4 bits)")
+
+
+def sweep_formats(args, engine: str) -> tuple[str, ...]:
+    """--formats, checked against what `engine` serves (its defaults when not given)."""
+    if args.formats is None:
+        return default_formats(engine)
+    try:
+        return parse_formats(args.formats, engine)
+    except ValueError as exc:
+        raise SetupError(f"--formats: {exc}") from None
+
+
 def make_spec(args, say):
     from app.tradeoff.tune import TuneSpec
 
@@ -76,6 +105,7 @@ def make_spec(args, say):
     if base is None:
         raise SetupError(f"unknown engine {args.engine!r} (have: {', '.join(ENGINES)})")
     exe = find_executable(base, args.server_bin)
+    args.formats = list(sweep_formats(args, base.name))
     model, note = served_model(args, base, say)
     if getattr(args, "repeats", 1) < 1:
         raise SetupError(f"--repeats {args.repeats}: at least 1")
@@ -87,8 +117,8 @@ def make_spec(args, say):
     except ValueError as exc:  # e.g. an unclosed quote
         raise SetupError(f"--server-args {args.server_args!r}: {exc}") from None
     engine = sized_engine(base, load, extra, getattr(args, "ctx_per_slot", None))
-    points = tuple(ServerPoint(batch=b, bits=q, kv_dtype=kv, draft=d)
-                   for q in args.bits for d in args.draft for b in args.batch
+    points = tuple(ServerPoint(batch=b, weight_format=f, kv_dtype=kv, draft=d)
+                   for f in args.formats for d in args.draft for b in args.batch
                    for kv in (None if k == "default" else k for k in args.kv_dtype))
     return TuneSpec(engine=engine, exe=exe, model=model, points=points, load=load,
                     slo=SLO(args.slo_ttft, args.slo_tpot), price_per_hour=args.price_per_hour, threads=args.threads,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from app.tradeoff.sweep_store import export_csv
 
-TUNE_CSV_FIELDS = ("engine", "model", "label", "batch", "bits", "kv_dtype", "draft", "chunked_prefill",
+TUNE_CSV_FIELDS = ("engine", "model", "label", "batch", "weight_format", "kv_dtype", "draft", "chunked_prefill",
                    "prefix_caching", "tokens_per_s_user", "tokens_per_s_total", "usd_per_mtok", "p50_ttft_ms",
                    "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "goodput_rps", "slo_attainment", "agreement",
                    "rss_bytes", "on_frontier", "failed", "stage", "reason", "command")

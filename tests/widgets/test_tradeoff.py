@@ -188,22 +188,23 @@ def test_managed_server_points_show_their_command_line_when_chosen(panel, qtbot)
     """Issue 29: a tuning sweep's points, labelled engine · model · point; choosing one shows its command
     line under the plot; Copy command hands that line to the app; the frontier is the sweep's."""
     cmd = "llama-server -m m-q8_0.gguf -np {} -c 4096 --port 8080"
-    points = [{"engine": "llama-server", "model": "tiny", "label": f"batch {b}, 8-bit, no draft", "batch": b,
-               "bits": 8, "draft": 0, "flags": cmd.format(b)[13:], "command": cmd.format(b),
+    points = [{"engine": "llama-server", "model": "tiny", "label": f"batch {b}, Q8_0, no draft", "batch": b,
+               "weight_format": "q8_0", "weight_label": "Q8_0", "draft": 0, "flags": cmd.format(b)[13:],
+               "command": cmd.format(b),
                "tokens_per_s_user": 50.0 / b, "tokens_per_s_total": 50.0 * b ** 0.5, "agreement": 0.9}
               for b in (1, 4)]
-    panel.set_server_sweep("llama-server", "tiny", points, ["batch 1, 8-bit, no draft"])
+    panel.set_server_sweep("llama-server", "tiny", points, ["batch 1, Q8_0, no draft"])
     panel.flush()
     snap = panel.snapshot_data()
-    assert {p["label"] for p in snap["points"]} == {"llama-server · tiny · batch 1, 8-bit, no draft",
-                                                     "llama-server · tiny · batch 4, 8-bit, no draft"}
-    assert snap["frontier"] == ["llama-server · tiny · batch 1, 8-bit, no draft"]
+    assert {p["label"] for p in snap["points"]} == {"llama-server · tiny · batch 1, Q8_0, no draft",
+                                                     "llama-server · tiny · batch 4, Q8_0, no draft"}
+    assert snap["frontier"] == ["llama-server · tiny · batch 1, Q8_0, no draft"]
     assert not snap["command"]["shown"]
-    label = "llama-server · tiny · batch 4, 8-bit, no draft"
+    label = "llama-server · tiny · batch 4, Q8_0, no draft"
     assert "flags: -m m-q8_0.gguf -np 4" in panel._tip(data=label)
-    # a server's quality is its own greedy tokens against the 16-bit point's, not teacher-forced top-1
+    # a server's quality is its own greedy tokens against the bf16 point's, not teacher-forced top-1
     assert "greedy agreement 90.0 %" in panel._tip(data=label)
-    assert "greedy agreement with the 16-bit point" in panel._legend.text()
+    assert "greedy agreement with the bf16 point" in panel._legend.text()
     spot = next(s for s in panel._scatter.points() if s.data() == label)
     panel._on_clicked(panel._scatter, [spot])  # a click chooses it (it does not apply it to the live engine)
     snap = panel.snapshot_data()
@@ -216,4 +217,4 @@ def test_managed_server_points_show_their_command_line_when_chosen(panel, qtbot)
         panel._command.findChild(QPushButton, "run-point").click()
     assert run.args == [label]
     panel.set_server_sweep("llama-server", "tiny", points[:1], [])  # a new sweep of the same engine and model
-    assert [p["label"] for p in panel.snapshot_data()["points"]] == ["llama-server · tiny · batch 1, 8-bit, no draft"]
+    assert [p["label"] for p in panel.snapshot_data()["points"]] == ["llama-server · tiny · batch 1, Q8_0, no draft"]
