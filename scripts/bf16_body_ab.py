@@ -59,7 +59,8 @@ def main() -> None:
     base = statistics.median(medians[bodies[0]])
     for b in bodies:
         m = statistics.median(medians[b])
-        per = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in sorted(ops[b].items(), key=lambda kv: -sum(kv[1])))
+        by_time = sorted(ops[b].items(), key=lambda kv: -sum(kv[1]))
+        per = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in by_time)
         print(f"{b:7s} native step median {m:.3f} ms ({m / base:.3f}x {bodies[0]}); per op ms: {per}")
 
 
