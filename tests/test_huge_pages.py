@@ -158,6 +158,10 @@ def test_engine_weights_are_filled_straight_into_one_arena_ties_and_values_kept(
     gate_up, embed = m.layers[0].mlp.gate_up_proj.weight, m.embed_tokens.weight
     assert gate_up.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()  # one arena
     assert gate_up.untyped_storage().nbytes() > gate_up.nbytes
+    # a projection under 1 MiB too (o_proj here: 512 KiB; SmolLM2-135M's: 648 KiB, which on 4 KiB pages a
+    # decode step read at half its neighbours' speed)
+    o_proj = m.layers[0].self_attn.o_proj.weight
+    assert o_proj.nbytes < 1 << 20 and o_proj.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
     assert m.lm_head.weight.data_ptr() == embed.data_ptr()  # still tied: one copy, no slot for the head
     ckpt = {k: v.to(torch.bfloat16) for k, v in load_file(str(next(folder.glob("*.safetensors")))).items()}
     inter = 1024

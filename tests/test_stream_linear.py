@@ -50,6 +50,30 @@ def test_bf16_rows_together_are_bit_for_bit_the_rows_alone(kernel, rows, n, k):
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n, k", [(37, 200), (130, 1544)])
+def test_bf16_walks_give_the_same_numbers(kernel, rows, n, k):
+    # the walks of W the tier choice times (core/linear.h: tiles, rows, and rows with each line asked for
+    # ahead, "stream") differ in speed only: each sums every (weight row, row of x) in one order
+    g = torch.Generator().manual_seed(rows * 13 + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    before = kernel.bf16_body()
+    outs = {}
+    try:
+        for body in ("tiles", "rows", "stream"):
+            kernel.set_bf16_body(body)
+            assert kernel.bf16_body() == body
+            outs[body] = kernel.stream_linear_bf16(x, w, b)
+        with pytest.raises(RuntimeError, match="tiles, rows or stream"):
+            kernel.set_bf16_body("columns")
+    finally:
+        kernel.set_bf16_body(before)
+    close_to(outs["stream"], x.float() @ w.float().t() + b.float())
+    assert torch.equal(outs["stream"], outs["tiles"]) and torch.equal(outs["rows"], outs["tiles"])
+
+
 @pytest.mark.parametrize("rows", [9, 17, 40])
 def test_bf16_many_rows_are_bit_for_bit_the_rows_alone(kernel, rows):
     # a prompt's rows (where bf16 is emulated) or a large batch in one call, W read over in blocks (more than

@@ -12,8 +12,9 @@
 //
 // Threads: one OpenMP parallel region per step, torch's thread count (at::get_num_threads, what --threads
 // and EngineConfig.num_threads set; the extension shares torch's OpenMP runtime), or one team of our own
-// threads in a build without OpenMP (threads.h). Every thread takes its
-// static share of each product's output rows and of the attention's (sequence, KV head) jobs; barriers
+// threads in a build without OpenMP (threads.h). Every thread takes its static share of the attention's
+// (sequence, KV head) jobs, and of each product's output rows, then what others have not started of theirs
+// (Team::each_run); barriers
 // sit only where a stage reads what other threads wrote (see Team). The split never changes how a row
 // is summed: any thread count gives the same numbers (tests/test_fused_decode.py).
 //
@@ -40,8 +41,9 @@ namespace {
 
 // One thread's place in the step's one parallel region: its index and the team's size. A step used to
 // fork and join torch's threads once per product and once per attention (~180 times a step at 30
-// layers); now the team is formed once per step, every thread takes its static share of each stage, and
-// the stages that read what others wrote wait at a barrier (5 per layer; 6 when rows are chained).
+// layers); now the team is formed once per step, every thread takes its share of each stage, and the
+// stages that read what others wrote wait at a barrier (5 per layer; 6 when rows are chained; 1 before the
+// greedy scan of the logits).
 // The team's barrier: spin a short while (a stage ends within microseconds of the others on free cores),
 // then yield the core between checks. OpenMP's own barrier spins for its whole wait, so when another
 // busy process takes one of the cores (a screen recorder, slides), a thread spinning for a descheduled
@@ -68,11 +70,40 @@ struct SpinYieldBarrier {
   static constexpr std::chrono::microseconds kSpin{50};
 };
 
+// One thread's claim on its share of a product's output rows: the next run of 32 it (or another thread)
+// takes. Own cache line each: the owner takes from it all along, others only once their own share is done.
+struct alignas(64) Cursor {
+  std::atomic<int64_t> next{0};
+};
+
 struct Team {
   int tid = 0, size = 1;
   SpinYieldBarrier* barrier = nullptr;
+  Cursor* cursors = nullptr;  // 2 x size: one set per parity of the product (see each_run)
   void sync() const {
     if (size > 1) barrier->wait();
+  }
+
+  // fn(r0, r1) over runs of 32 of n output rows: this thread's share (share()) first, run by run, then the
+  // runs the other threads have not started of theirs. A static split alone waits at the next barrier for
+  // the slowest thread, and on a shared machine a thread that loses its core for a while holds up the step
+  // (2 threads on 2 cores with another process running ran ~1-thread speed). Which thread computes a row
+  // never changes its numbers. `stage` (the thread's own count of these calls, the same on every thread)
+  // picks the cursor set; the set of the next call is reset by its owner now: every call ends at a
+  // barrier, so no thread still takes from it, and none takes from it again before that barrier.
+  template <class F>
+  void each_run(int64_t n, int64_t& stage, const F& fn) const {
+    if (size == 1) return fn(0, n);
+    Cursor* set = cursors + (stage & 1) * size;
+    cursors[((stage + 1) & 1) * size + tid].next.store(0, std::memory_order_relaxed);
+    ++stage;
+    const int64_t runs = (n + 31) / 32;
+    for (int k = 0; k < size; ++k) {
+      const int v = (tid + k) % size;
+      const int64_t r0 = runs * v / size, r1 = runs * (v + 1) / size;
+      for (int64_t j; (j = r0 + set[v].next.fetch_add(1, std::memory_order_relaxed)) < r1;)
+        fn(j * 32, std::min(n, (j + 1) * 32));
+    }
   }
   // This thread's share [n0, n1) of n output rows: whole runs of 32 (a cache line of bf16 y is never
   // written by two threads), as even as that allows.
@@ -196,6 +227,7 @@ static void product_rows(const Proj& p, const uint16_t* x, int64_t M, uint16_t* 
 struct ThreadScratch {
   std::vector<uint16_t> res, h, hs, hl;  // hl: the rows whose logits are asked for, gathered
   std::vector<float> fs, scores, acc;
+  int64_t stage = 0;  // Team::each_run's calls this step
 };
 
 struct Layer {
@@ -319,13 +351,15 @@ class FusedModel {
     for (int64_t r = 0; r < n; ++r) max_len = std::max(max_len, lens[r]);
     const int threads = std::max(1, at::get_num_threads());
     ensure_scratch(threads, (max_len + 15) / 16 * 16, n, nl);  // nothing is allocated inside the region
+    for (int i = 0; i < 2 * threads; ++i) cursors_[i].next.store(0, std::memory_order_relaxed);
+    for (ThreadScratch& ts : scratch_) ts.stage = 0;
     StepArgs a{n, idp, pos, slot, bt, lens, max_blocks, block_size, total_slots,
                reinterpret_cast<uint16_t*>(hidden.data_ptr()), logits.data_ptr<float>(), &cost, chained};
     if (profile_) ++prof_steps_;
     for (Greedy& g : greedy_) g = Greedy{};  // a thread the runtime did not start leaves its share empty
     inferlab::run_team(threads, [&](int tid, int size) {  // the team may be smaller than asked (OpenMP)
       barrier_.size.store(size, std::memory_order_relaxed);  // the same value from every thread, before any wait
-      run_team(Team{tid, size, &barrier_}, a);
+      run_team(Team{tid, size, &barrier_, cursors_.get()}, a);
     });
     return {hidden, logits, greedy_tokens(nl, threads)};
   }
@@ -392,6 +426,7 @@ class FusedModel {
       h = hl;
     }
     if (nl > 0) product(*head_, h, nl, lh, s, t);
+    t.sync();  // runs of logits may come from any thread (each_run); each thread then scans its share
     const auto [v0, v1] = t.share(V);
     for (int64_t r = 0; r < nl; ++r) {  // float32 logits, and this share's greedy token and finiteness
       Greedy& g = greedy_[t.tid * nl + r];
@@ -442,22 +477,41 @@ class FusedModel {
   }
 
   // y (n, N) = x P^T: x prepared by this thread, this thread's share of the output rows.
+  // With more rows than one preparation holds (quantized, past 8 rows), the static share: x is prepared once
+  // per chunk of rows, which a run taken by another thread would repeat.
   void product(const Proj& p, const uint16_t* x, int64_t n, uint16_t* y, ThreadScratch& s, const Team& t) const {
-    const auto [n0, n1] = t.share(p.N);
-    product_rows(p, x, n, y, n0, n1, s.fs.data(), s.hs.data(), q8_);
+    if (p.kind != 0 && n > kMaxRows) {
+      const auto [n0, n1] = t.share(p.N);
+      return product_rows(p, x, n, y, n0, n1, s.fs.data(), s.hs.data(), q8_);
+    }
+    Prepared pr;
+    p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
+    t.each_run(p.N, s.stage, [&](int64_t r0, int64_t r1) { p.rows(pr, y, r0, r1, q8_); });
   }
 
   // gate_up and SiLU(gate) * up: this thread's share [i0, i1) of the intermediate columns, both halves of
   // gate_up for them, so the product needs no barrier before the activation.
   void gate_up_silu(const Proj& p, const uint16_t* x, int64_t n, uint16_t* gu, uint16_t* act, ThreadScratch& s,
                     const Team& t) const {
+    auto both = [&](const Prepared& pr, int64_t m0, int64_t i0, int64_t i1) {
+      p.rows(pr, gu + m0 * p.N, i0, i1, q8_);
+      p.rows(pr, gu + m0 * p.N, I_ + i0, I_ + i1, q8_);
+    };
+    if (p.kind == 0 || n <= kMaxRows) {  // runs of columns as product's, SiLU on each run as it is done
+      Prepared pr;
+      p.prepare(x, n, s.fs.data(), s.hs.data(), q8_, pr);
+      t.each_run(I_, s.stage, [&](int64_t i0, int64_t i1) {
+        both(pr, 0, i0, i1);
+        for (int64_t r = 0; r < n; ++r) silu_mul(gu + r * 2 * I_, gu + r * 2 * I_ + I_, act + r * I_, i0, i1);
+      });
+      return;
+    }
     const auto [i0, i1] = t.share(I_);
-    const int64_t chunk = p.kind == 0 ? n : kMaxRows;  // as product_rows: both halves per chunk of rows
+    const int64_t chunk = kMaxRows;  // as product_rows: both halves per chunk of rows
     for (int64_t m0 = 0; m0 < n; m0 += chunk) {
       Prepared pr;
       p.prepare(x + m0 * p.K, std::min(chunk, n - m0), s.fs.data(), s.hs.data(), q8_, pr);
-      p.rows(pr, gu + m0 * p.N, i0, i1, q8_);
-      p.rows(pr, gu + m0 * p.N, I_ + i0, I_ + i1, q8_);
+      both(pr, m0, i0, i1);
     }
     for (int64_t r = 0; r < n; ++r) silu_mul(gu + r * 2 * I_, gu + r * 2 * I_ + I_, act + r * I_, i0, i1);
   }
@@ -537,6 +591,7 @@ class FusedModel {
       gu_.resize(rows * 2 * I_); act_.resize(rows * I_);
     }
     if (static_cast<int>(scratch_.size()) < threads) scratch_.resize(threads);
+    if (cursor_threads_ < threads) cursors_.reset(new Cursor[2 * threads]), cursor_threads_ = threads;
     if (static_cast<int64_t>(greedy_.size()) < threads * std::max<int64_t>(nl, 8)) greedy_.resize(threads * std::max<int64_t>(nl, 8));
     for (ThreadScratch& s : scratch_) {
       if (s.fs.empty()) {
@@ -564,4 +619,6 @@ class FusedModel {
   std::vector<ThreadScratch> scratch_;  // one per thread
   std::vector<Greedy> greedy_;          // (thread, row)
   SpinYieldBarrier barrier_;            // the team's (see Team)
+  std::unique_ptr<Cursor[]> cursors_;   // Team::each_run's, 2 per thread
+  int cursor_threads_ = 0;
 };

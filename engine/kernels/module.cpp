@@ -50,11 +50,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
   m.def("set_bf16_body", [](const std::string& body) {
-        TORCH_CHECK(body == "tiles" || body == "rows", "bf16 body: tiles or rows");
-        inferlab::g_bf16_body.store(body == "rows" ? inferlab::kBf16Rows : inferlab::kBf16Tiles);
-      }, "how the bf16 bodies walk W for up to 8 rows (core/linear.h): tiles or rows; the same numbers either way");
-  m.def("bf16_body", [] { return std::string(inferlab::g_bf16_body.load() == inferlab::kBf16Rows ? "rows" : "tiles"); },
-        "the bf16 bodies' walk now: tiles or rows");
+        TORCH_CHECK(body == "tiles" || body == "rows" || body == "stream", "bf16 body: tiles, rows or stream");
+        inferlab::g_bf16_body.store(body == "rows"     ? inferlab::kBf16Rows
+                                    : body == "stream" ? inferlab::kBf16Stream
+                                                       : inferlab::kBf16Tiles);
+      }, "how the bf16 bodies walk W for up to 8 rows (core/linear.h): tiles, rows or stream; the same numbers "
+         "whichever");
+  m.def("bf16_body", [] {
+        const int b = inferlab::g_bf16_body.load();
+        return std::string(b == inferlab::kBf16Rows ? "rows" : b == inferlab::kBf16Stream ? "stream" : "tiles");
+      }, "the bf16 bodies' walk now: tiles, rows or stream");
   m.def("openmp", [] { return inferlab::kOpenMP; }, "whether this build splits work over OpenMP (else its own pool)");
 #ifdef _OPENMP
   m.def("pool_threads", [] { return 0; }, "worker threads of the build's own pool (none: OpenMP's)");

@@ -38,8 +38,8 @@ from engine.kernels.huge_arena import arena
 FAMILIES = ("bf16", "int4", "int8", "attention")
 MARGIN = 0.05  # candidates this close to the fastest count as fast as it (the highest tier among them runs)
 BUSY_LIMIT = 0.5  # cores other processes kept busy while timing, past which the choice is not stored
-BODIES = {"bf16": ("tiles", "rows")}  # families timed in several walks of the weights, within each tier
-VERSION = 5
+BODIES = {"bf16": ("tiles", "rows", "stream")}  # families timed in several walks of the weights, within each tier
+VERSION = 6
 ROUNDS = 11  # sweeps per tier and family, alternating tiers (the fastest is kept: interference only adds time)
 MAX_FILE_BYTES = 64 * 1024
 

@@ -42,12 +42,13 @@ static inline uint16_t out(float v, const float* bias, int64_t n) {
 // How the bodies below walk W for up to 8 rows of x, chosen per CPU by measurement at the first build
 // (engine/kernels/tier_choice.py, set_bf16_body): kBf16Tiles, R weight rows a tile with the next tile
 // prefetched (best on a Sapphire Rapids Xeon, below), or kBf16Rows, one weight row after the other with no
-// software prefetch: W read as one sequential stream, which a Zen 4's hardware prefetcher serves best (there
+// software prefetch (kBf16Stream: the same, each line also asked for kStreamAhead bytes early): W read as one
+// sequential stream, which a Zen 4 serves best (there
 // R rows a tile are R streams, and a decode step's bf16 sweep ran ~2x as long: SmolLM2-135M's matrices, one
 // row of x, 1 thread, scripts/bf16_rows_ab.sh). Each (weight row, row of x) pair keeps its own accumulator
 // in both, summed along K in the same order: the two give the same numbers, bit for bit, so the choice
 // changes speed only. More than 8 rows of x (blocks of W in cache) always take the tiles.
-enum Bf16Body : int { kBf16Tiles = 0, kBf16Rows = 1 };
+enum Bf16Body : int { kBf16Tiles = 0, kBf16Rows = 1, kBf16Stream = 2 };
 inline std::atomic<int> g_bf16_body{kBf16Tiles};
 
 // Every body below works in tiles: R weight rows against G rows of x, one accumulator per (weight row, row
@@ -60,6 +61,11 @@ inline std::atomic<int> g_bf16_body{kBf16Tiles};
 // tile crowded out the current one at K = 1536). Past the end of its rows it asks for whatever follows
 // (the next matrix in the weights' arena: a prefetch never faults), as the hardware prefetcher would.
 static constexpr int64_t kTileAhead = 3072;
+// kBf16Rows reads W as one stream; the hardware prefetcher alone kept a Zen 4 core ~5-10 % under its plain
+// read, so the walk also asks for the line kStreamAhead bytes past the one it loads, into L2 (1-2 KiB
+// ahead measured best, 4 KiB worse than none; a sweep of SmolLM2-135M's matrices, 1 and 2 threads).
+static constexpr int64_t kStreamAhead = 2048;
+enum Prefetch : int { kNoPrefetch = 0, kPrefetchTile = 1, kPrefetchStream = 2 };
 template <int R, int G>
 __attribute__((always_inline)) static inline void prefetch_tile(const char*& pf) {
   _Pragma("GCC unroll 16") for (int q = 0; q < R; ++q, pf += 64) {
@@ -96,7 +102,7 @@ static inline __m512 hsum16(const __m512* a) {
 
 // The tile of the AVX-512 body: bf16 pairs of a weight row and a row of x multiplied into float32 sums
 // (vdpbf16ps), 32 columns a step, K's last K % 32 columns masked.
-template <int R, int G, bool Prefetch>
+template <int R, int G, int Prefetch>
 __attribute__((always_inline)) static inline void bf16_tile(const uint16_t* x, int64_t ldx, const uint16_t* w,
                                                             uint16_t* y, const float* bias, int64_t K, int64_t N,
                                                             int64_t n) {
@@ -112,7 +118,8 @@ __attribute__((always_inline)) static inline void bf16_tile(const uint16_t* x, i
     }
   };
   _Pragma("GCC unroll 4") for (int64_t k = 0; k < k32; k += 32) {
-    if constexpr (Prefetch) prefetch_tile<R, G>(pf);
+    if constexpr (Prefetch == kPrefetchTile) prefetch_tile<R, G>(pf);
+    if constexpr (Prefetch == kPrefetchStream) prefetch_l2(reinterpret_cast<const char*>(wr + k) + kStreamAhead);
     __m512bh wv[R];
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(wr + r * K + k);
     step(wv, [&](int g) __attribute__((always_inline)) { return (__m512bh)_mm512_loadu_si512(x + g * ldx + k); });
@@ -140,15 +147,15 @@ template <int M>
 static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K, int64_t N,
                       int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) bf16_tile<2, M, true>(x, K, w, y, bias, K, N, n);
-  if (n < n1) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
+  for (; n + 2 <= n1; n += 2) bf16_tile<2, M, kPrefetchTile>(x, K, w, y, bias, K, N, n);
+  if (n < n1) bf16_tile<1, M, kNoPrefetch>(x, K, w, y, bias, K, N, n);
 }
 
-// kBf16Rows: one weight row after the other, every row of x in the one tile.
-template <int M>
+// kBf16Rows, kBf16Stream: one weight row after the other, every row of x in the one tile.
+template <int M, int Prefetch = kNoPrefetch>
 static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
                           int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) bf16_tile<1, M, false>(x, K, w, y, bias, K, N, n);
+  for (int64_t n = n0; n < n1; ++n) bf16_tile<1, M, Prefetch>(x, K, w, y, bias, K, N, n);
 }
 
 // Many rows of x (a prompt's), W in cache (bf16_rows_any's blocks): 4 weight rows against 4 rows of x, the 16
@@ -189,7 +196,7 @@ static void bf16_rows_x4(const uint16_t* x, const uint16_t* w, uint16_t* y, cons
                          int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) bf16_tile4x4(x, K, w, y, bias, K, N, n);
-  for (; n < n1; ++n) bf16_tile<1, 4, false>(x, K, w, y, bias, K, N, n);
+  for (; n < n1; ++n) bf16_tile<1, 4, kNoPrefetch>(x, K, w, y, bias, K, N, n);
 }
 #define INFERLAB_BF16_X4 1
 #elif defined(INFERLAB_SIMD8)
@@ -203,7 +210,7 @@ static inline const float* widen_rows(const uint16_t* x, int64_t n) {
 
 // The tile of the AVX2 and NEON bodies: weights widened to float32 eight at a time, x already float32,
 // fused multiply-adds; K's last K % 8 columns in plain C++.
-template <int R, int G, bool Prefetch>
+template <int R, int G, int Prefetch>
 __attribute__((always_inline)) static inline void bf16_tile(const float* xf, int64_t ldx, const uint16_t* w,
                                                             uint16_t* y, const float* bias, int64_t K, int64_t N,
                                                             int64_t n) {
@@ -223,7 +230,8 @@ __attribute__((always_inline)) static inline void bf16_tile(const float* xf, int
   };
   int64_t k = 0;
   for (; k + 32 <= k8; k += 32) {
-    if constexpr (Prefetch) prefetch_tile<R, G>(pf);
+    if constexpr (Prefetch == kPrefetchTile) prefetch_tile<R, G>(pf);
+    if constexpr (Prefetch == kPrefetchStream) prefetch_l2(reinterpret_cast<const char*>(wr + k) + kStreamAhead);
     step(k);
     step(k + 8);
     step(k + 16);
@@ -253,24 +261,24 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
   constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
-    bf16_tile<R, G1, true>(xf, K, w, y, bias, K, N, n);
-    if constexpr (G2 > 0) bf16_tile<R, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+    bf16_tile<R, G1, kPrefetchTile>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<R, G2, kNoPrefetch>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
   for (; n < n1; ++n) {
-    bf16_tile<1, G1, false>(xf, K, w, y, bias, K, N, n);
-    if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+    bf16_tile<1, G1, kNoPrefetch>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<1, G2, kNoPrefetch>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
 }
 
 // kBf16Rows: one weight row after the other (its two tiles of x rows read it from L1 the second time).
-template <int M>
+template <int M, int Prefetch = kNoPrefetch>
 static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
                           int64_t N, int64_t n0, int64_t n1) {
   const float* xf = widen_rows(x, M * K);
   constexpr int G1 = M <= 4 ? M : (M + 1) / 2, G2 = M - G1;
   for (int64_t n = n0; n < n1; ++n) {
-    bf16_tile<1, G1, false>(xf, K, w, y, bias, K, N, n);
-    if constexpr (G2 > 0) bf16_tile<1, G2, false>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
+    bf16_tile<1, G1, Prefetch>(xf, K, w, y, bias, K, N, n);
+    if constexpr (G2 > 0) bf16_tile<1, G2, kNoPrefetch>(xf + G1 * K, K, w, y + G1 * N, bias, K, N, n);
   }
 }
 #else
@@ -290,7 +298,7 @@ static void bf16_rows(const uint16_t* x, const uint16_t* w, uint16_t* y, const f
     }
   }
 }
-template <int M>
+template <int M, int Prefetch = kNoPrefetch>
 static void bf16_rows_seq(const uint16_t* x, const uint16_t* w, uint16_t* y, const float* bias, int64_t K,
                           int64_t N, int64_t n0, int64_t n1) {
   bf16_rows<M>(x, w, y, bias, K, N, n0, n1);  // one weight row at a time already
@@ -304,8 +312,12 @@ static RowsFn bf16_rows_for(int64_t m, int body = -1) {
                                          bf16_rows<5>, bf16_rows<6>, bf16_rows<7>, bf16_rows<8>};
   static const RowsFn rows[kMaxRows] = {bf16_rows_seq<1>, bf16_rows_seq<2>, bf16_rows_seq<3>, bf16_rows_seq<4>,
                                         bf16_rows_seq<5>, bf16_rows_seq<6>, bf16_rows_seq<7>, bf16_rows_seq<8>};
+  constexpr int S = kPrefetchStream;
+  static const RowsFn stream[kMaxRows] = {bf16_rows_seq<1, S>, bf16_rows_seq<2, S>, bf16_rows_seq<3, S>,
+                                          bf16_rows_seq<4, S>, bf16_rows_seq<5, S>, bf16_rows_seq<6, S>,
+                                          bf16_rows_seq<7, S>, bf16_rows_seq<8, S>};
   if (body < 0) body = g_bf16_body.load(std::memory_order_relaxed);
-  return (body == kBf16Rows ? rows : tiles)[m - 1];
+  return (body == kBf16Stream ? stream : body == kBf16Rows ? rows : tiles)[m - 1];
 }
 
 // Any number M of rows of x (a prompt's rows where bf16 is emulated, a large decode batch): blocks of
