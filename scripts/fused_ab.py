@@ -19,9 +19,9 @@ def load_other(src: Path, threads: int):
     """The fused-decode module built from the kernel sources in `src` (a kernels folder)."""
     from torch.utils.cpp_extension import load
 
-    digest = hashlib.sha256(b"".join((src / f).read_bytes() for f in
-                                     ("fused_decode.cpp", "stream_linear.cpp", "paged_decode.cpp", "common.h")))
-    return load(name=f"inferlab_fused_decode_other_{digest.hexdigest()[:10]}", sources=[str(src / "fused_decode.cpp")],
+    files = sorted([*src.glob("*.cpp"), *src.glob("*.h"), *(src / "core").glob("*.h")])  # the module's sources
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files))
+    return load(name=f"inferlab_fused_decode_other_{digest.hexdigest()[:10]}", sources=[str(src / "module.cpp")],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
