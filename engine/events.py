@@ -7,6 +7,7 @@ that widgets/ may import.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -115,7 +116,9 @@ class RequestOutput:
     request_id: str
     new_token_ids: tuple[int, ...]
     new_text: str
-    token_ids: tuple[int, ...]  # every generated token so far
+    # every generated token so far: from the engine a TokenIds (engine/token_ids.py), read-only and tuple-like,
+    # that shares the request's list instead of copying it every step (json: write list(token_ids))
+    token_ids: Sequence[int]
     text: str  # every generated (released) character so far
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "rejected"

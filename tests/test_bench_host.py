@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,6 +34,22 @@ def test_noop_model_skips_the_layers_and_the_sampler_still_runs(tiny_llama):
     assert engine.model.forward == noop.forward and "execute" not in vars(engine.runner)
     from engine.runner import model_runner, step_result
     assert model_runner.read_back_step is step_result.read_back_step
+
+
+def test_generated_streams_reach_the_timed_steps_with_that_many_tokens(tiny_llama):
+    """--generated N: each stream's answer is N tokens long before the timing starts (a long answer's per-step
+    costs), and the KV cache the bench sizes holds it."""
+    args = SimpleNamespace(streams=[3], prompt_tokens=4, generated=40, steps=3, model=str(tiny_llama),
+                           dtype="float32", threads=1, device="cpu")
+    engine = host_bench.host_engine(args)
+    host_bench.NoOpModel(engine, engine.config.max_num_batched_tokens, 7)
+    ids = host_bench._start(engine, [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], SamplingParams(), 3,
+                            args.generated)
+    running = engine.scheduler.running
+    assert sorted(r.request_id for r in running) == sorted(ids) and not engine.scheduler.waiting
+    assert all(r.num_output_tokens == 40 and r.num_computed_tokens == r.num_tokens - 1 for r in running)
+    host_bench._finish(engine, ids)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 @pytest.mark.slow

@@ -55,6 +55,9 @@ def add_args(p, engine_args) -> None:
     p.add_argument("--steps", type=int, default=64, help="decode steps timed per round")
     p.add_argument("--rounds", type=int, default=5, help="rounds alternating every configuration (medians)")
     p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--generated", type=int, default=0, metavar="N",
+                   help="tokens each stream has generated before the timed steps (a long answer's per-step costs; "
+                        "the KV cache is sized for them); default: the first few")
     p.add_argument("--no-profile", action="store_true", help="skip the breakdown passes (timed sections, cProfile)")
 
 
@@ -80,7 +83,7 @@ class NoOpModel:
 def host_engine(args) -> LLMEngine:
     """The engine under test: layer by layer (the fused native step would bypass the no-op), no compile."""
     n = max(args.streams)
-    tokens = n * (args.prompt_tokens + (args.steps + 8) * 2)
+    tokens = n * (args.prompt_tokens + args.generated + (args.steps + 8) * 2)
     engine = bench_engine(args, fused_decode=False, compile=False, max_num_seqs=n,
                           max_num_batched_tokens=max(512, n * args.prompt_tokens),
                           num_kv_blocks=-(-tokens // 16) + 2 * n)
@@ -94,15 +97,19 @@ def _prompts(engine: LLMEngine, n: int, length: int) -> list[list[int]]:
     return [[corpus[(i * 101 + j) % len(corpus)] for j in range(length)] for i in range(n)]
 
 
-def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[str]:
-    """Every prompt added and prefilled, every stream decoding; `steps` decode steps left to each. The prefix
+def _start(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int,
+           generated: int = 0) -> list[str]:
+    """Every prompt added and prefilled, every stream decoding with at least `generated` tokens out (and past
+    its first decode steps: a fresh batch shape stays out); `steps` decode steps left to each. The prefix
     cache (on, as by default: each full block is hashed as it fills) is emptied first: no round starts warm."""
     engine.block_manager.reset_prefix_cache()
-    ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=steps + 4, ignore_eos=True, seed=i))
+    ids = [engine.add_request(p, dataclasses.replace(params, max_tokens=generated + steps + 4, ignore_eos=True,
+                                                     seed=i))
            for i, p in enumerate(prompts)]
     drive(engine, until=lambda: not (any(not r.output_token_ids for r in engine.scheduler.running)
                                       or engine.scheduler.waiting))
     drive(engine, until=lambda: False, max_steps=2)  # the first decode steps (a fresh batch shape) stay out
+    drive(engine, until=lambda: all(r.num_output_tokens >= generated for r in engine.scheduler.running))
     return ids
 
 
@@ -113,10 +120,10 @@ def _finish(engine: LLMEngine, ids: list[str]) -> None:
 
 
 def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-                steps: int) -> tuple[list[float], list[float]]:
+                steps: int, generated: int = 0) -> tuple[list[float], list[float]]:
     """(wall-clock µs, this thread's CPU µs) of each of `steps` decode steps of len(prompts) streams. The CPU
     time leaves out the time other processes held the core (a shared machine's load)."""
-    ids = _start(engine, prompts, params, steps)
+    ids = _start(engine, prompts, params, steps, generated)
     wall, cpu, started = [], [], []
     clock, cpu_clock = time.perf_counter, time.thread_time
 
@@ -145,7 +152,8 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> dict:
+def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int,
+                   generated: int = 0) -> dict:
     """The engine thread's CPU µs a step in each of SECTIONS (a timer around each, restored after): the mean
     over `steps` decode steps."""
     import engine.runner.model_runner as runner_module
@@ -164,7 +172,7 @@ def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: Sampling
                 spent[label] += time.thread_time() - t
         return wrapper
 
-    ids = _start(engine, prompts, params, steps)
+    ids = _start(engine, prompts, params, steps, generated)
     for owner, attr, label in SECTIONS:
         obj = owners[owner]
         if hasattr(obj, attr):  # (a part renamed since: left out, not mistimed)
@@ -184,10 +192,11 @@ def timed_sections(engine: LLMEngine, prompts: list[list[int]], params: Sampling
     return {label: round(s / steps * 1e6, 1) for label, s in spent.items()}
 
 
-def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int) -> list[dict]:
+def profiled(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, steps: int,
+             generated: int = 0) -> list[dict]:
     """cProfile over `steps` decode steps: the functions with the most time of their own (the profiler's cost
     inflates the Python-heavy ones)."""
-    ids = _start(engine, prompts, params, steps)
+    ids = _start(engine, prompts, params, steps, generated)
     prof = cProfile.Profile()
     prof.enable()
     drive(engine, until=lambda: False, max_steps=steps)
@@ -209,9 +218,11 @@ def _decode_attention(backend) -> str:
 
 
 def run(args) -> dict:
-    if min(args.streams) < 1 or args.steps < 1 or args.rounds < 1:
-        raise ValueError("--streams, --steps and --rounds must be 1 or more")
+    if min(args.streams) < 1 or args.steps < 1 or args.rounds < 1 or args.generated < 0:
+        raise ValueError("--streams, --steps and --rounds must be 1 or more, --generated 0 or more")
     engine = host_engine(args)
+    if args.prompt_tokens + args.generated + args.steps + 4 > engine.max_model_len:
+        raise ValueError(f"--prompt-tokens + --generated + --steps pass the model's {engine.max_model_len} tokens")
     streams = sorted(set(args.streams))
     prompts = _prompts(engine, max(streams), args.prompt_tokens)
     NoOpModel(engine, engine.config.max_num_batched_tokens, prompts[0][-1])
@@ -223,14 +234,15 @@ def run(args) -> dict:
     loads = [_load()]
     for _ in range(args.rounds):  # alternating: every configuration sees the same drift of a shared machine
         for mode, n in configs:
-            w, c = timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps)
+            w, c = timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated)
             wall[(mode, n)].append(statistics.median(w))
             cpu[(mode, n)].append(statistics.median(c))
         loads.append(_load())
     out: dict = {"noop_replaced": NOOP_REPLACED, "engine": engine.compute_line(),
                  "vocab_size": engine.model_config.vocab_size, "attention_backend": engine.runner.backend.name,
                  "decode_attention": _decode_attention(engine.runner.backend),
-                 "prompt_tokens": args.prompt_tokens, "steps_per_round": args.steps, "rounds": args.rounds,
+                 "prompt_tokens": args.prompt_tokens, "generated_before_timing": args.generated,
+                 "steps_per_round": args.steps, "rounds": args.rounds,
                  "load_average_each_round": loads, "sampling": {m: repr(SAMPLING[m]) for m in args.sampling},
                  "clocks": "median: wall-clock µs a step (what a client waits); cpu_median: the engine thread's CPU "
                            "µs a step (time.thread_time: without the time other processes held the core); "
@@ -239,7 +251,7 @@ def run(args) -> dict:
                                  for mode in args.sampling}}
     if not args.no_profile:
         out["breakdown"] = {f"{mode} {n} streams": {
-            "cpu_us_per_step": timed_sections(engine, prompts[:n], SAMPLING[mode], args.steps),
-            "most_own_time_under_cprofile": profiled(engine, prompts[:n], SAMPLING[mode], args.steps)}
+            "cpu_us_per_step": timed_sections(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated),
+            "most_own_time_under_cprofile": profiled(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated)}
             for mode, n in configs}
     return out

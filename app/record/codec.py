@@ -7,7 +7,8 @@ string keys, and a value of the wrong kind refused (BadItem), so a lying file ca
 where it adds numbers.
 
 A step's RequestOutputs are written as deltas: `token_ids` and `text` (everything so far, growing with each
-token: quadratic over a request) are left out and rebuilt by the Decoder from the new tokens and text.
+token: quadratic over a request) are left out and rebuilt by the Decoder from the new tokens and text (the ids
+into one list per request, each output a TokenIds view of it, as the engine hands them out).
 """
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import enum
 import types
 import typing
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from app.remote import facts as remote_facts
 from app.source import channel
 from app.source.engine_info import Capabilities, EngineInfo
 from engine import events
+from engine.token_ids import AppendOnlyIds, TokenIds
 
 _CLASSES = [
     events.EngineStepEvent, events.StepStats, events.RequestOutput, events.TokenLogprob, events.RequestTimeline,
@@ -75,7 +77,7 @@ class Decoder:
     fields get a converter made once from their type hints (a replay decodes thousands of items a second)."""
 
     def __init__(self) -> None:
-        self._streams: OrderedDict[str, tuple[tuple[int, ...], str]] = OrderedDict()
+        self._streams: OrderedDict[str, tuple[AppendOnlyIds, str]] = OrderedDict()
 
     def item(self, kind: str, data) -> object:
         cls = REGISTRY.get(kind)
@@ -106,13 +108,14 @@ class Decoder:
 
     def _totals(self, kw: dict) -> dict:
         rid = kw.get("request_id", "")
-        ids, text = self._streams.pop(rid, ((), ""))
-        ids, text = ids + tuple(kw.get("new_token_ids", ())), text + kw.get("new_text", "")
+        ids, text = self._streams.pop(rid) if rid in self._streams else (AppendOnlyIds(), "")
+        ids.extend(kw.get("new_token_ids", ()))
+        text += kw.get("new_text", "")
         if not kw.get("finished"):
             self._streams[rid] = (ids, text)
             if len(self._streams) > MAX_STREAMS:
                 self._streams.popitem(last=False)
-        return {"token_ids": ids, "text": text}
+        return {"token_ids": TokenIds(ids), "text": text}
 
     def generic(self, value, depth: int):
         """A field typed `object` (a ServerSample's facts, a ClientOutput's output) or a plain dict's value (a
@@ -172,7 +175,7 @@ def _converter(hint, where: str) -> Converter:  # noqa: C901 (one branch per kin
                     continue
             return options[-1](d, v, depth)
         return union
-    if origin is frozenset or origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+    if origin in (frozenset, Sequence) or origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         each, make = _converter(args[0], where), frozenset if origin is frozenset else tuple
         return lambda d, v, depth: (make(each(d, x, depth + 1) for x in v) if type(v) is list
                                     else _bad(where, "expected a list"))

@@ -5,6 +5,7 @@ import time
 
 from engine.core.request import Request, RequestStatus
 from engine.events import RequestOutput, RequestTimeline, TokenLogprob, TokenSource
+from engine.token_ids import TokenIds
 
 _DECODED = (TokenSource.DECODED,)
 
@@ -48,7 +49,7 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
         request_id=req.request_id,
         new_token_ids=tuple(new_ids),
         new_text=new_text,
-        token_ids=tuple(req.output_token_ids),
+        token_ids=TokenIds(req.output_token_ids),  # O(1): a view of the list, which only grows
         text=detok.text if detok else "",
         finished=reason is not None,
         finish_reason=reason,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+from engine.token_ids import AppendOnlyIds
 
 if TYPE_CHECKING:
     from engine.core.detokenizer import IncrementalDetokenizer
@@ -49,7 +50,8 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    output_token_ids: list[int] = field(default_factory=list)
+    # only grows (AppendOnlyIds): every RequestOutput handed out shares it through a TokenIds view
+    output_token_ids: list[int] = field(default_factory=AppendOnlyIds)
     # Tokens whose K/V sit in the cache. Prefill and decode are the same thing: this count catching
     # up with num_tokens. A preempted request falls back to 0 and catches up again.
     num_computed_tokens: int = 0

@@ -54,7 +54,7 @@ class RunRecord:
                 self.outputs_with_held_back += 1
                 self.held_back_max = max(self.held_back_max, out.held_back_chars)
             if out.finished:
-                self.token_ids[out.request_id] = out.token_ids
+                self.token_ids[out.request_id] = tuple(out.token_ids)
         self.timelines.extend(ev.finished)
         if ev.spec is not None:
             self.spec_drafted += ev.spec.num_draft_tokens

@@ -1,0 +1,148 @@
+"""A step's RequestOutput.token_ids is a view of the request's list (engine/token_ids.py), not a copy made every
+step: it reads as a tuple everywhere, never changes once handed out, and building an output never walks the
+list (issue 46: a copy cost O(tokens so far) per request per step)."""
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+
+from app.record.codec import Decoder, encode
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.core.output_processor import append_token, make_output
+from engine.core.request import Request
+from engine.events import RequestOutput
+from engine.token_ids import AppendOnlyIds, TokenIds
+
+
+def _view(ids: list[int], n: int | None = None) -> TokenIds:
+    return TokenIds(AppendOnlyIds(ids), n)
+
+
+def test_a_view_reads_as_the_tuple_it_stands_for():
+    view = _view([3, 1, 4, 1, 5, 9], 5)  # a sixth token appended after the snapshot
+    want = (3, 1, 4, 1, 5)
+    assert len(view) == 5 and list(view) == list(want) and tuple(view) == want
+    assert view == want and want == view and view == list(want) and list(want) == view
+    assert view != want[:4] and want[:4] != view and view != (*want, 9) and view != "31415"
+    assert view == _view([3, 1, 4, 1, 5]) and _view([3, 1, 4, 1, 5]) == view and view != _view([3, 1, 4, 1, 6])
+    assert view[0] == 3 and view[-1] == 5 and view[-5] == 3
+    with pytest.raises(IndexError):
+        view[5]  # the token appended after the snapshot is not part of it
+    with pytest.raises(IndexError):
+        view[-6]
+    for cut in (slice(1, 3), slice(None, None, -1), slice(-2, None), slice(None, 99), slice(4, 0, -2), slice(7, 9)):
+        assert view[cut] == want[cut] and type(view[cut]) is tuple
+    assert 5 in view and 9 not in view and view.count(1) == 2 and view.index(5) == 4
+    assert tuple(reversed(view)) == want[::-1]
+    assert hash(view) == hash(want) and {want: "x"}[view] == "x" and {view: "x"}[want] == "x"
+    assert repr(view) == repr(want) and str(view) == str(want)
+    assert view + (2,) == (*want, 2) and (0,) + view == (0, *want)
+    with pytest.raises(TypeError):
+        [0] + view  # as a tuple: no adding to a list  # noqa: RUF005
+    assert bool(view) and not _view([])
+
+
+def test_a_view_pickles_and_copies_as_a_plain_tuple():
+    view = _view([7, 8, 9], 2)
+    for back in (pickle.loads(pickle.dumps(view)), copy.copy(view), copy.deepcopy(view)):
+        assert back == (7, 8) and type(back) is tuple
+
+
+def test_a_view_longer_than_its_list_is_refused():
+    with pytest.raises(ValueError):
+        TokenIds([1, 2], 3)
+
+
+def test_the_tokens_behind_the_views_only_grow():
+    ids = AppendOnlyIds([1, 2, 3])
+    ids.append(4)
+    ids += [5]
+    ids.extend([6])
+    for change in (lambda: ids.__setitem__(0, 9), lambda: ids.__delitem__(-1), ids.pop, ids.clear,
+                   lambda: ids.insert(0, 9), lambda: ids.remove(1), ids.sort, ids.reverse,
+                   lambda: ids.__setitem__(slice(0, 2), []), lambda: ids.__imul__(0)):
+        with pytest.raises(TypeError, match="only grow"):
+            change()
+    assert ids == [1, 2, 3, 4, 5, 6]
+    assert Request("r", [1], SamplingParams()).output_token_ids.__class__ is AppendOnlyIds
+
+
+def _stepped(n: int) -> tuple[Request, list[RequestOutput]]:
+    """A request given n tokens through the engine's own per-token path, keeping each step's output."""
+    req = Request("r", [1, 2], SamplingParams(max_tokens=10_000, ignore_eos=True))
+    outs = []
+    for tok in range(100, 100 + n):
+        text = append_token(req, tok, frozenset(), 100_000)
+        outs.append(make_output(req, [tok], text, None, str))
+    return req, outs
+
+
+def test_an_output_never_changes_after_it_is_handed_out():
+    req, outs = _stepped(6)
+    for k, out in enumerate(outs, start=1):
+        assert len(out.token_ids) == k and out.token_ids == tuple(range(100, 100 + k))
+        assert list(out.token_ids) == list(range(100, 100 + k)) and out.token_ids[-1] == 99 + k
+    assert req.output_token_ids == list(range(100, 106))
+
+
+class _Tripwire(AppendOnlyIds):
+    """The request's tokens, failing any read of the whole list (a copy, a walk, a slice)."""
+
+    __slots__ = ()
+
+    def __iter__(self):
+        raise AssertionError("the whole token list was walked")
+
+    def __getitem__(self, index):
+        raise AssertionError("the token list was read")
+
+    def copy(self):
+        raise AssertionError("the token list was copied")
+
+
+def test_building_an_output_never_reads_the_tokens_so_far():
+    """The per-step work does not grow with the output: make_output takes the list's length and nothing else
+    of it (a tuple() copy walks all of it and trips the wire)."""
+    req = Request("r", [1, 2], SamplingParams(max_tokens=100_000, ignore_eos=True))
+    req.output_token_ids = _Tripwire(range(5_000))
+    req.first_token_time = req.last_token_time = 1.0
+    out = make_output(req, [4_999], "", None, str)
+    assert len(out.token_ids) == 5_000
+    req.output_token_ids.append(5_000)  # the engine goes on appending: the output handed out stays at 5,000
+    assert len(out.token_ids) == 5_000 and len(req.output_token_ids) == 5_001
+
+
+@pytest.mark.parametrize("spec", [{}, {"spec_method": "ngram", "num_speculative_tokens": 3}])
+def test_every_streamed_output_is_the_prefix_the_request_had_at_its_step(tiny_llama, spec):
+    """Through the engine (one token a step, and several a step under speculative decoding): each output's
+    token_ids is what had been generated by its step, and the final one is the whole answer."""
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4, **spec))
+    rid = eng.add_request([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    seen: list[tuple[RequestOutput, tuple[int, ...], int]] = []
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.request_id == rid:
+                seen.append((out, tuple(out.token_ids), len(out.new_token_ids)))
+    final = seen[-1][0].token_ids
+    assert len(final) == 24 and seen[-1][0].finished
+    grown = 0
+    for out, at_step, n_new in seen:
+        grown += n_new
+        assert out.token_ids == at_step == tuple(final[:grown]) and len(out.token_ids) == grown
+
+
+def test_recordings_rebuild_the_running_tokens_as_views_and_never_write_them():
+    req, outs = _stepped(4)
+    lines = [json.dumps(encode(out)) for out in outs]
+    assert all("token_ids" not in json.loads(line) for line in lines)  # deltas only: new_token_ids
+    decoder = Decoder()
+    back = [decoder.item("RequestOutput", json.loads(line)) for line in lines]
+    for k, (got, sent) in enumerate(zip(back, outs), start=1):
+        assert isinstance(got, RequestOutput)
+        assert got.token_ids == sent.token_ids == tuple(range(100, 100 + k)) and len(got.token_ids) == k
+    assert json.dumps(list(back[-1].token_ids)) == "[100, 101, 102, 103]"  # how app/generate.py writes them
+    with pytest.raises(TypeError):
+        json.dumps(back[-1].token_ids)  # json takes only real lists and tuples: consumers write list(...)
