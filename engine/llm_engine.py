@@ -486,7 +486,7 @@ class LLMEngine:
         before = req.num_computed_tokens
         req.num_computed_tokens += s.num_tokens
         if req.num_computed_tokens // bm.block_size > before // bm.block_size:  # a block filled up
-            bm.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            bm.commit(req.request_id, req.tokens, req.num_computed_tokens)
         if token is None:
             return
         if i in result.hidden:  # for the MTP heads: the state that produced this token

@@ -146,3 +146,33 @@ def test_recordings_rebuild_the_running_tokens_as_views_and_never_write_them():
     assert json.dumps(list(back[-1].token_ids)) == "[100, 101, 102, 103]"  # how app/generate.py writes them
     with pytest.raises(TypeError):
         json.dumps(back[-1].token_ids)  # json takes only real lists and tuples: consumers write list(...)
+
+
+
+def test_a_filled_block_is_hashed_from_its_own_tokens_only(tiny_llama, monkeypatch):
+    """The prefix cache hashes each block as it fills: the engine hands it Request.tokens, which reads that
+    block's slice in place, not prompt + output copied every time (all_token_ids: O(tokens so far))."""
+    from engine.core.block_manager import BlockManager
+
+    req = Request("r", list(range(10)), SamplingParams(max_tokens=10_000, ignore_eos=True))
+    req.output_token_ids = AppendOnlyIds(range(10, 5_000))
+    tokens = req.tokens
+    assert len(tokens) == 5_000 and tokens[3] == 3 and tokens[-1] == 4_999 and tokens[12] == 12
+    assert tokens[8:13] == [8, 9, 10, 11, 12] and tokens[::1000] == [0, 1000, 2000, 3000, 4000]
+    with pytest.raises(IndexError):
+        tokens[5_000]
+    bm, other = BlockManager(400, 16), BlockManager(400, 16)
+    for b in (bm, other):
+        b.allocate("r", [], 5_000)
+    bm.commit("r", req.tokens, 5_000)
+    other.commit("r", list(range(5_000)), 5_000)  # the same blocks hashed from a plain list
+    assert bm._last_hash["r"] == other._last_hash["r"]
+    # an engine's decode steps never copy a request's whole token list (admission may, once)
+    eng = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4))
+    copies = []
+    real = Request.all_token_ids
+    monkeypatch.setattr(Request, "all_token_ids", property(lambda r: copies.append(r.num_tokens) or real.fget(r)))
+    eng.add_request([5, 17, 42, 99, 7], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert len(copies) <= 1  # 40 tokens fill 10 blocks: each was hashed from its own slice

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from engine.sampling_params import SamplingParams
 from engine.token_ids import AppendOnlyIds
@@ -96,6 +97,12 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    @property
+    def tokens(self) -> RequestTokens:
+        """prompt + output as a sequence that builds no list: a slice reads only its own tokens (the prefix
+        cache hashes each block as it fills; all_token_ids copied every token so far each time)."""
+        return RequestTokens(self)
+
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) without building the whole prompt + output list (a per-step hot path)."""
         n = len(self.prompt_token_ids)
@@ -117,3 +124,30 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+
+class RequestTokens(Sequence[int]):
+    """A request's prompt + output tokens, read in place (Request.tokens)."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: Request) -> None:
+        self._req = req
+
+    def __len__(self) -> int:
+        return self._req.num_tokens
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        n = len(self)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            return self._req.token_slice(start, max(start, stop)) if step == 1 else self._req.all_token_ids[i]
+        if not -n <= i < n:
+            raise IndexError("token index out of range")
+        return self._req.token_id_at(i % n)

@@ -225,7 +225,7 @@ class SpeculativeDecoder:
             self.proposer.rollback(req.request_id, req.num_computed_tokens)
         if not req.is_finished:
             self.block_manager.truncate(req.request_id, req.num_tokens)  # blocks of rejected drafts
-        self.block_manager.commit(req.request_id, req.all_token_ids, req.num_computed_tokens)
+        self.block_manager.commit(req.request_id, req.tokens, req.num_computed_tokens)
         return out
 
     def _keep_tree_path(self, req: Request, path: list[int]) -> None:
