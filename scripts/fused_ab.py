@@ -64,6 +64,8 @@ def main() -> None:
                                     quant_embeddings=args.quant_format == "int4", num_threads=args.threads))
     runner = engine.runner
     kernels = {"this": runner.fused.kernel, "other": load_other(Path(args.other), args.threads)}
+    if hasattr(kernels["other"], "set_bf16_body"):  # the same walk of bf16 weights as this build's (tier choice)
+        kernels["other"].set_bf16_body(kernels["this"].bf16_body())
     texts = heldout_texts()
     prompts = [engine.tokenizer.encode(texts[i % len(texts)])[:32] for i in range(args.rows)]
     p = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
