@@ -28,6 +28,7 @@
 #include "core/linear.h"
 #include "core/linear_tiles.h"
 #include "core/ops.h"
+#include "core/rows.h"
 
 using namespace inferlab;
 #include <array>
@@ -431,12 +432,12 @@ class FusedModel {
     for (int64_t r = 0; r < nl; ++r) {  // float32 logits, and this share's greedy token and finiteness
       Greedy& g = greedy_[t.tid * nl + r];
       g = Greedy{};
-      for (int64_t i = v0; i < v1; ++i) {
-        const float v = f(lh[r * V + i]);
-        a.logits[r * V + i] = v;
-        if (!std::isfinite(v)) g.finite = false;
-        else if (g.index < 0 || v > g.value) g.value = v, g.index = i;  // the first of equal maxima
-      }
+      float* row = a.logits + r * V;
+      for (int64_t i = v0; i < v1; ++i) row[i] = f(lh[r * V + i]);
+      if (v1 == v0) continue;  // an empty share: nothing to scan
+      const int64_t k = greedy_token(row + v0, v1 - v0);  // the sampler's scan (core/rows.h), -1: not finite
+      if (k < 0) g.finite = false;
+      else g.value = row[v0 + k], g.index = v0 + k;  // the first of equal maxima
     }
     tick(t, kHead, time);
   }
