@@ -6,10 +6,12 @@ to inf - inf = NaN, and a huge one flattens them towards 0), the top-ranked toke
 and top-p, and top_k is clamped to the vocabulary. A row whose logits are not finite (NaN or inf from
 the model) is never sampled: it is reported in `failed`, so its request fails alone instead of
 emitting a silent token (argmax over NaN is token 0) or making a draw over NaN probabilities for the batch.
-The check is two vectorised reductions a row, not a comparison of every logit and its reduction: a row
-is finite when its maximum and its minimum are (NaN propagates through both; +inf is a maximum, -inf a
-minimum). For a greedy row the maximum is its token's logit (argmax returns the first NaN where there is
-one), for a sampled row the one the temperature's shift reads anyway.
+Where the CPU's native module runs (ModelRunner.rows_kernel), each row's greedy token and its check are one
+native pass (engine/kernels/sample_rows.cpp). Otherwise the check is two vectorised reductions a row, not a
+comparison of every logit and its reduction: a row is finite when its maximum and its minimum are (NaN
+propagates through both; +inf is a maximum, -inf a minimum). For a greedy row the maximum is its token's
+logit (argmax returns the first NaN where there is one), for a sampled row the one the temperature's shift
+reads anyway.
 """
 from __future__ import annotations
 
