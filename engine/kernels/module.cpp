@@ -47,6 +47,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequant_int8", &dequant_int8, "int8 rows -> W (N, K) bf16 into out, as the reference", nogil);
   m.def("pack_int4", &pack_int4, "4-bit codes (N, K) -> the kernel's chunk layout (N, K / 2)");
   m.def("greedy_rows", &greedy_rows, "each row's first largest logit, -1 where a logit is not finite", nogil);
+  m.def("sample_rows", &sample_rows, "each row's greedy token (temperature 0) or one drawn at its temperature with "
+        "its uniform number u, -1 where a logit is not finite", nogil);
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (bf16)", nogil);
   m.def("tier", &inferlab::tier_name, "the ISA tier this build runs: portable, avx2, avx512 or neon");
   m.def("set_bf16_body", [](const std::string& body) {

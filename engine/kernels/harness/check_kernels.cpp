@@ -334,6 +334,35 @@ void check_greedy(int64_t n) {
   }
 }
 
+// sampled_token: the token a double-precision inverse CDF of softmax((x - max) / t) draws with the same u
+// (u put mid-way into the share of a token of some mass: away from a boundary), -1 where one value is NaN or
+// +-inf.
+void check_sampled(int64_t n) {
+  std::vector<float> row(n), sums(n / kGreedyBlock + 1);
+  for (auto& x : row) x = uniform(-5.f, 5.f);
+  const float t = 0.7f;
+  const float mx = *std::max_element(row.begin(), row.end());
+  std::vector<double> mass(n);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += (mass[i] = std::exp((double(row[i]) - mx) / t));
+  int ok = 0, tried = 0;
+  for (int64_t q = 0; q < 4; ++q) {  // the top token of each quarter: a share far wider than the rounding
+    const int64_t lo = q * n / 4, hi = std::max((q + 1) * n / 4, lo + 1);
+    const int64_t want = std::max_element(row.begin() + lo, row.begin() + std::min(hi, n)) - row.begin();
+    double before = 0.0;
+    for (int64_t i = 0; i < want; ++i) before += mass[i];
+    const double u = (before + mass[want] / 2) / total;
+    ++tried;
+    ok += sampled_token(row.data(), n, t, u, sums.data()) == want;
+  }
+  row[n / 2] = NAN;
+  ++tried;
+  ok += sampled_token(row.data(), n, t, 0.5, sums.data()) == -1;
+  (ok == tried ? passed : failed)++;
+  std::printf("%s sampled n=%lld: %d of %d draws as the reference\n", ok == tried ? "ok  " : "FAIL",
+              static_cast<long long>(n), ok, tried);
+}
+
 }  // namespace
 
 // Each row of M rows computed together is bit for bit the row computed alone (a verify's rows, a batch's
@@ -407,6 +436,7 @@ int main() {
   check_silu_mul(1536);
   check_silu_mul(13);
   for (int64_t n : {1, 63, 64, 65, 200, 49152}) check_greedy(n);
+  for (int64_t n : {1, 7, 256, 300, 49152}) check_sampled(n);
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -153,6 +153,26 @@ def _greedy_and_failed(logits: torch.Tensor, params: list[SamplingParams],
     return chosen, torch.stack((peak, logits.amin(dim=-1))).isfinite().all(dim=0).logical_not(), rows
 
 
+def _native_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                 native) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """_greedy_and_failed's result from the CPU's native module's sample_rows: every row's check, each greedy
+    row's token and each row sampled at its temperature alone (no top-k, no top-p) drawn in the same pass
+    (engine/kernels/core/rows.h sampled_token), its uniform number from its request's generator as draw_rows
+    takes it (the same draws: a seeded request's tokens do not depend on the path). The rows left to the torch
+    path are those cut by top-k or top-p (a sort of the row)."""
+    n = logits.shape[0]
+    rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
+    temps, u = [0.0] * n, [0.0] * n
+    for i, p in enumerate(params):
+        if not p.greedy and not (p.top_k or p.top_p < 1.0):
+            temps[i] = p.temperature
+            g = generators[i]
+            u[i] = torch.rand((), dtype=torch.float64, generator=g).item()
+    tokens = native.sample_rows(logits if logits.stride(-1) == 1 else logits.contiguous(),
+                                torch.tensor(temps, dtype=torch.float32), torch.tensor(u, dtype=torch.float64))
+    return tokens, tokens < 0 if rows else None, rows
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], extra: torch.Tensor | None = None,
            kernels=None, seeds: list[int] | None = None, native=None) -> SampleResult:
@@ -173,6 +193,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     if kernels is not None:
         drawn = kernels.sample(logits, *_kernel_params(params, seeds or [0] * n, logits.device))
         chosen, bad, rows = drawn[:n], drawn[n:], []
+    elif (native is not None and hasattr(native, "sample_rows") and logits.dtype == torch.float32
+          and logits.device.type == "cpu" and any(not p.greedy for p in params)):  # (all greedy: greedy_rows)
+        chosen, bad, rows = _native_rows(logits, params, generators, native)
     else:
         chosen, bad, rows = _greedy_and_failed(logits, params, native)
     if rows:
