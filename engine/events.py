@@ -7,8 +7,8 @@ that widgets/ may import.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 if sys.version_info >= (3, 11):  # a version check (not try/except) the type checker follows
@@ -134,6 +134,25 @@ class RequestOutput:
     # decode rate so far: (output tokens - 1) / (last token time - first token time); None below 2 tokens
     tokens_per_s: float | None = None
     lora_name: str | None = None  # the LoRA adapter the request runs with; None = the base model
+
+
+def _slot_writer(cls: type[RequestOutput]) -> Callable[..., RequestOutput]:
+    """A constructor of the frozen, slotted dataclass `cls` (RequestOutput) with the same keyword arguments (every field given):
+    it writes each slot through the slot's own descriptor. The same instance as cls(...), in half the time: the
+    dataclass's frozen __init__ reaches object.__setattr__ by a global and an attribute lookup for each field
+    (~3.5 us for RequestOutput's 16, against ~1.7; an engine step builds one a request). Generated as
+    dataclasses generates __init__."""
+    names = [f.name for f in fields(cls)]
+    lines = [f"def make(*, {', '.join(names)}):", "    o = _new(_cls)"]
+    lines += [f"    _set_{n}(o, {n})" for n in names] + ["    return o"]
+    scope = {"_new": object.__new__, "_cls": cls, **{f"_set_{n}": getattr(cls, n).__set__ for n in names}}
+    exec("\n".join(lines), scope)  # noqa: S102 (source made here from the dataclass's own field names)
+    make: Callable[..., RequestOutput] = scope["make"]
+    return make
+
+
+# RequestOutput(...) with every field by keyword, for the engine's step (engine/core/output_processor.py)
+new_request_output = _slot_writer(RequestOutput)
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,3 +176,20 @@ def test_a_filled_block_is_hashed_from_its_own_tokens_only(tiny_llama, monkeypat
     while eng.has_unfinished():
         eng.step()
     assert len(copies) <= 1  # 40 tokens fill 10 blocks: each was hashed from its own slice
+
+
+def test_the_steps_constructor_makes_the_dataclasss_own_output():
+    """engine.events.new_request_output (the step's faster constructor, each slot written through its descriptor)
+    makes the instance RequestOutput(...) makes: equal, same hash, as frozen; every field must be given."""
+    import dataclasses
+
+    from engine.events import new_request_output
+    values = {f.name: f"v{i}" if f.type == "str" else i for i, f in enumerate(dataclasses.fields(RequestOutput))}
+    values.update(new_token_ids=(5,), token_ids=(1, 5), sources=(), new_token_pieces=(), logprobs=None)
+    fast, slow = new_request_output(**values), RequestOutput(**values)
+    assert type(fast) is RequestOutput and fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert dataclasses.asdict(fast) == dataclasses.asdict(slow) and pickle.loads(pickle.dumps(fast)) == slow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.text = "changed"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        new_request_output(**{k: v for k, v in values.items() if k != "lora_name"})
