@@ -57,7 +57,9 @@ def main() -> int:
     for mode, by_streams in first["us_per_step"].items():
         for n in by_streams:
             row = {}
-            for clock, key in (("wall", "median"), ("cpu", "cpu_median")):
+            for clock, key in (("wall", "median"), ("cpu", "cpu_median"), ("host", "host_median")):
+                if any(key not in run["us_per_step"][mode][n] for name in sides for run in runs[name]):
+                    continue  # (host_median: a checkout from before it, or no native rows kernel)
                 each = {name: [run["us_per_step"][mode][n][key] for run in runs[name]] for name in sides}
                 med = {name: statistics.median(v) for name, v in each.items()}
                 row[clock] = {"before": round(med["before"], 1), "after": round(med["after"], 1),

@@ -76,3 +76,24 @@ def test_bench_host_writes_its_json(tiny_llama, tmp_path):
         whole = parts.pop("step (all of it)")
         assert whole >= parts["execute (runner)"] + parts["schedule"] + parts["publish (stats, event)"]
         assert breakdown["most_own_time_under_cprofile"][0]["own_us_per_step"] > 0
+
+
+def test_each_step_is_also_timed_less_its_pass_over_the_logits(tiny_llama_hd64):
+    """bf16 with the native decode attention: the sampler's rows kernel is timed inside each step (TimedRows),
+    each step's host work (the GPU path's: the pass is device work there) is the step less that, and the
+    runner gets its own kernel back afterwards."""
+    args = SimpleNamespace(streams=[2], prompt_tokens=4, generated=0, steps=4, model=str(tiny_llama_hd64),
+                           dtype="bfloat16", threads=1, device="cpu")
+    engine = host_bench.host_engine(args)
+    kernel = engine.runner.rows_kernel
+    if kernel is None:
+        pytest.skip("no native kernels built here")
+    host_bench.NoOpModel(engine, engine.config.max_num_batched_tokens, 7)
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8)):
+        wall, cpu, host = host_bench.timed_steps(engine, [[5, 6, 7, 8], [9, 10, 11, 12]], params, 4)
+        assert len(wall) == len(cpu) == len(host) == 4
+        assert all(0 < h < w for h, w in zip(host, wall))  # the pass took some of each step, not all of it
+        assert engine.runner.rows_kernel is kernel
+    row = host_bench._row(1, [100.0, 120.0], [90.0, 110.0], [80.0, 95.0])
+    assert row["host_median"] == 87.5 and row["host_meets_target"] and row["host_each_round"] == [80.0, 95.0]
+    assert "host_median" not in host_bench._row(1, [100.0], [90.0], None)  # torch's ops: not split off

@@ -11,8 +11,9 @@ Figures: µs a decode step at each stream count, greedy and sampled, medians of 
 where the time goes (one more pass with a CPU timer around each part of the step: schedule, inputs, the
 no-op forward, sample + read-back, outputs, publish; and a cProfile pass: the functions with the most time of
 their own, inflated by the profiler's own cost). On the CPU the
-sampler's ops over the logits (argmax, softmax, multinomial over the vocabulary) run inline and count
-here; on a GPU they are device work.
+sampler's pass over the logits (each row's argmax and check; for a sampled row its softmax and draw) runs
+inline and counts in the step; on a GPU it is device work, so each step is also given less the time its
+sampler spent in the native pass (host_median: the GPU path's host work, measured in the same steps).
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ NOOP_REPLACED = ("the model's forward pass (embedding, every layer, final norm) 
                  "rows of a preallocated zero (tokens, hidden) tensor, compute_logits rows of a preallocated float32 "
                  f"(rows, vocab) tensor, zero but {HOT_LOGIT} at one token per row; sampling, the read-back, "
                  "detokenizing and the outputs run on them as when serving")
+HOST_MEDIAN = ("the GPU path's host work: there the pass over the logits is the Triton sampling kernel's, device "
+               "work; absent where the sampler runs on torch's ops (no native rows kernel)")
 # top-p / top-k would add a sort of every row over the vocabulary (device work on a GPU)
 SAMPLING = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=0.8)}
 # the parts of a step timed apart (owner's path from the engine, attribute, label); each is called once a step
@@ -119,32 +122,79 @@ def _finish(engine: LLMEngine, ids: list[str]) -> None:
     drive(engine)
 
 
+class TimedRows:
+    """The runner's native rows kernel (ModelRunner.rows_kernel: the sampler's one pass over each row of logits,
+    engine/kernels/sample_rows.cpp) with a clock around each call: `spent` is the wall-clock seconds inside it.
+    On a GPU this pass is device work (the Triton sampling kernel), so a step's host work on the GPU path is
+    the step less this, measured in the same step."""
+
+    def __init__(self, module) -> None:
+        self.module, self.spent = module, 0.0
+
+    def tier(self) -> str:
+        return self.module.tier()
+
+    def greedy_rows(self, logits):
+        t = time.perf_counter()
+        try:
+            return self.module.greedy_rows(logits)
+        finally:
+            self.spent += time.perf_counter() - t
+
+    def sample_rows(self, logits, temperature, u):
+        t = time.perf_counter()
+        try:
+            return self.module.sample_rows(logits, temperature, u)
+        finally:
+            self.spent += time.perf_counter() - t
+
+
 def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-                steps: int, generated: int = 0) -> tuple[list[float], list[float]]:
-    """(wall-clock µs, this thread's CPU µs) of each of `steps` decode steps of len(prompts) streams. The CPU
-    time leaves out the time other processes held the core (a shared machine's load)."""
+                steps: int, generated: int = 0) -> tuple[list[float], list[float], list[float] | None]:
+    """(wall-clock µs, this thread's CPU µs, wall-clock µs less the pass over the logits) of each of `steps`
+    decode steps of len(prompts) streams. The CPU time leaves out the time other processes held the core (a
+    shared machine's load). The third: each step less the time its sampler spent in the native pass over the
+    logits (TimedRows), None where the runner has no native rows kernel (torch's ops scan the logits)."""
     ids = _start(engine, prompts, params, steps, generated)
-    wall, cpu, started = [], [], []
+    wall, cpu, host, started = [], [], [], []
     clock, cpu_clock = time.perf_counter, time.thread_time
+    runner = engine.runner
+    kernel = runner.rows_kernel
+    rows = TimedRows(kernel) if kernel is not None else None
+
+    def before() -> None:
+        if rows is not None:
+            rows.spent = 0.0
+        started.append((clock(), cpu_clock()))
 
     def after(_outputs) -> None:
         t, c = started.pop()
         cpu.append((cpu_clock() - c) * 1e6)
         wall.append((clock() - t) * 1e6)
+        if rows is not None:
+            host.append(wall[-1] - rows.spent * 1e6)
 
-    drive(engine, until=lambda: False, max_steps=steps, before_step=lambda: started.append((clock(), cpu_clock())),
-          on_outputs=after)
+    runner.rows_kernel = rows if rows is not None else kernel
+    try:
+        drive(engine, until=lambda: False, max_steps=steps, before_step=before, on_outputs=after)
+    finally:
+        runner.rows_kernel = kernel
     _finish(engine, ids)
-    return wall, cpu
+    return wall, cpu, host if rows is not None else None
 
 
-def _row(n: int, wall: list[float], cpu: list[float]) -> dict:
+def _row(n: int, wall: list[float], cpu: list[float], host: list[float] | None = None) -> dict:
     """One configuration's figures from its rounds' medians."""
     med, cpu_med = statistics.median(wall), statistics.median(cpu)
     row = {"median": round(med, 1), "each_round": [round(r, 1) for r in wall], "cpu_median": round(cpu_med, 1),
            "cpu_each_round": [round(r, 1) for r in cpu], "tokens_per_s_ceiling": round(n * 1e6 / med, 1)}
+    host_med = statistics.median(host) if host else None
+    if host:
+        row.update(host_median=round(host_med, 1), host_each_round=[round(r, 1) for r in host])
     if n in TARGETS_US:
         row.update(target=TARGETS_US[n], meets_target=med <= TARGETS_US[n], cpu_meets_target=cpu_med <= TARGETS_US[n])
+        if host_med is not None:
+            row["host_meets_target"] = host_med <= TARGETS_US[n]
     return row
 
 
@@ -231,12 +281,15 @@ def run(args) -> dict:
         timed_steps(engine, prompts[:n], SAMPLING[mode], 4)
     wall: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     cpu: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    host: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     loads = [_load()]
     for _ in range(args.rounds):  # alternating: every configuration sees the same drift of a shared machine
         for mode, n in configs:
-            w, c = timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated)
+            w, c, h = timed_steps(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated)
             wall[(mode, n)].append(statistics.median(w))
             cpu[(mode, n)].append(statistics.median(c))
+            if h is not None:
+                host[(mode, n)].append(statistics.median(h))
         loads.append(_load())
     out: dict = {"noop_replaced": NOOP_REPLACED, "engine": engine.compute_line(),
                  "vocab_size": engine.model_config.vocab_size, "attention_backend": engine.runner.backend.name,
@@ -246,9 +299,10 @@ def run(args) -> dict:
                  "load_average_each_round": loads, "sampling": {m: repr(SAMPLING[m]) for m in args.sampling},
                  "clocks": "median: wall-clock µs a step (what a client waits); cpu_median: the engine thread's CPU "
                            "µs a step (time.thread_time: without the time other processes held the core); "
-                           "medians of each round's median",
-                 "us_per_step": {mode: {str(n): _row(n, wall[(mode, n)], cpu[(mode, n)]) for n in streams}
-                                 for mode in args.sampling}}
+                           "host_median: wall-clock µs a step less, in each step, the time the sampler spent in its "
+                           f"native pass over the logits ({HOST_MEDIAN}); medians of each round's median",
+                 "us_per_step": {mode: {str(n): _row(n, wall[(mode, n)], cpu[(mode, n)], host[(mode, n)])
+                                        for n in streams} for mode in args.sampling}}
     if not args.no_profile:
         out["breakdown"] = {f"{mode} {n} streams": {
             "cpu_us_per_step": timed_sections(engine, prompts[:n], SAMPLING[mode], args.steps, args.generated),
