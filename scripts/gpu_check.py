@@ -20,6 +20,9 @@ brings back every figure it reached:
                 KV budget (order of the sizing, bytes measured, buckets, build time, replays) -> graphs_startup.json
   cuda_tests    the CUDA tests and the Triton kernels' tests on the GPU (tests/test_cuda.py,
                 tests/test_gpu_kernels.py, tests/test_gpu_path.py) -> cuda_tests.xml
+  bench_host    `inferlab bench host` on the GPU: the engine's own work a decode step with the model a no-op
+                (1 / 8 / 64 streams, greedy and sampled; sampling the Triton kernel's, one read-back), 45 s at
+                most -> in results.json
   bench_compile one stream with compile=True (inductor's own kernels), 60 s at most -> in results.json (its step's
                 "result": the device tool brings back 8 files, and the recording took a place)
   flex          scripts/cuda_probe.py: FlexAttention (compiled on CUDA), 60 s at most (results.json's log tail)
@@ -193,6 +196,12 @@ def step_commands(args: argparse.Namespace, model: str, out: Path,
                             "--json", str(out / "graphs_startup.json"), *startup], triton_cpu, 60 if dry else 90),
         ("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda" if dry else "cuda or not cuda", *tests,
                         f"--junitxml={out / 'cuda_tests.xml'}"], {}, 60 if dry else 120),
+        # issue 46's host time a step on the GPU itself: the model a no-op, sampling the Triton kernel's, the one
+        # read-back; folded into results.json (as bench_compile's)
+        ("bench_host", cli + ["bench", "host", "--device", dev, "--model", model,
+                              "--json", str(work / "bench_host.json"), "--no-profile",
+                              *(["--streams", "1", "2", "--steps", "2", "--rounds", "1", "--prompt-tokens", "6"]
+                                if dry else ["--rounds", "3", "--steps", "32"])], {}, 45),
         # its JSON goes into results.json (the device tool brings back 8 files; the recording took a place)
         *([] if dry else [("bench_compile", cli + ["bench", "decode", "--device", dev, "--model", model, "--json",
                                                    str(work / "bench_compile.json"), "--modes", "compile",
@@ -212,7 +221,8 @@ RECORDING = "run.inferlab-run"  # bench_decode's recording (app/record/): `infer
 RESULT_FILES = {"bench_decode": ("bench_decode.json", RECORDING), "bench_hf": ("bench_hf.json",),
                 "graphs_startup": ("graphs_startup.json",), "cuda_tests": ("cuda_tests.xml",),
                 "screenshot": ("app.png",)}
-FOLDED = {"bench_compile": "bench_compile.json"}  # written in the work folder, brought back inside results.json
+# written in the work folder, brought back inside results.json
+FOLDED = {"bench_host": "bench_host.json", "bench_compile": "bench_compile.json"}
 
 
 def run_step(name: str, command: list[str], extra_env: dict, limit: float, work: Path) -> StepResult:

@@ -45,7 +45,10 @@ def test_the_dry_run_in_the_gpu_images_packages_brings_every_result_back(tmp_pat
     assert {"PySide6", "platformdirs", "gguf", "fastapi"} <= set(missing) and "torch" not in missing
     assert "triton" not in missing  # the image has Triton: the CUDA path's kernels
     assert [s["name"] for s in results["steps"]] == ["environment", "bench_decode", "bench_hf", "graphs_startup",
-                                                     "cuda_tests", "flex", "screenshot"]  # figures first
+                                                     "cuda_tests", "bench_host", "flex", "screenshot"]  # figures first
+    host = steps["bench_host"]["result"]  # folded into results.json: the host time a step, with the model a no-op
+    assert host["benchmark"] == "host" and host["device"] == "cpu"
+    assert all(row["median"] > 0 for mode in ("greedy", "sampled") for row in host["us_per_step"][mode].values())
     ours = json.loads((out / "bench_decode.json").read_text())
     assert ours["device"] == "cpu" and ours["engine"]["triton_kernels"] and ours["finished"]  # the interpreter
     for streams in ("1_streams", "2_streams"):

@@ -17,6 +17,7 @@ sampler spent in the native pass (host_median: the GPU path's host work, measure
 """
 from __future__ import annotations
 
+import copy
 import cProfile
 import dataclasses
 import os
@@ -84,9 +85,12 @@ class NoOpModel:
 
 
 def host_engine(args) -> LLMEngine:
-    """The engine under test: layer by layer (the fused native step would bypass the no-op), no compile."""
+    """The engine under test: layer by layer (the fused native step would bypass the no-op), no compile, no CUDA
+    graphs (they would replay the model captured at build, not the no-op put in after)."""
     n = max(args.streams)
     tokens = n * (args.prompt_tokens + args.generated + (args.steps + 8) * 2)
+    args = copy.copy(args)
+    args.cuda_graphs = False
     engine = bench_engine(args, fused_decode=False, compile=False, max_num_seqs=n,
                           max_num_batched_tokens=max(512, n * args.prompt_tokens),
                           num_kv_blocks=-(-tokens // 16) + 2 * n)
