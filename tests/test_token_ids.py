@@ -193,3 +193,26 @@ def test_the_steps_constructor_makes_the_dataclasss_own_output():
         fast.text = "changed"  # type: ignore[misc]
     with pytest.raises(TypeError):
         new_request_output(**{k: v for k, v in values.items() if k != "lora_name"})
+
+
+def test_make_output_puts_each_field_in_its_place():
+    """make_output passes every field by position (the fast constructor): the output equals the one the dataclass
+    builds from the same request by field name, for one token, several (with their pieces and sources) and none."""
+    from engine.events import TokenSource
+
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=10_000, ignore_eos=True), arrival_time=0.5,
+                  lora_name="adapter")
+    req.error = "why"
+    for tok in (100, 101, 102):
+        append_token(req, tok, frozenset(), 100_000, now=1.0 + tok / 100)
+    for new, sources in (([102], None), ([101, 102], [TokenSource.ACCEPTED, TokenSource.BONUS]), ([], None)):
+        got = make_output(req, new, "tx", None, lambda t: f"<{t}>", sources)
+        want = RequestOutput(
+            request_id="r", new_token_ids=tuple(new), new_text="tx", token_ids=(100, 101, 102), text="",
+            finished=False, finish_reason=None,
+            sources=tuple(sources) if sources else (TokenSource.DECODED,) * len(new), logprobs=None,
+            num_prompt_tokens=3, error="why", held_back_chars=0,
+            new_token_pieces=tuple(f"<{t}>" for t in new) if len(new) > 1 else (),
+            ttft_s=req.first_token_time - 0.5, tokens_per_s=2 / (req.last_token_time - req.first_token_time),
+            lora_name="adapter")
+        assert got == want

@@ -36,6 +36,8 @@ def append_token(req: Request, token: int, stop_ids: frozenset[int], max_model_l
 def make_output(req: Request, new_ids: list[int], new_text: str,
                 new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None,
                 id_to_piece, sources: list[TokenSource] | None = None) -> RequestOutput:
+    """The request's RequestOutput for this step: its new tokens and text, and everything so far (a view, no copy).
+    Every field given by position, in RequestOutput's field order (new_request_output: once a request a step)."""
     logprobs = None
     if new_logprobs is not None and req.sampling_params.logprobs is not None:
         logprobs = tuple(
@@ -43,26 +45,26 @@ def make_output(req: Request, new_ids: list[int], new_text: str,
             for tok, (lp, alts) in zip(new_ids, new_logprobs)
         )
     detok = req.detokenizer
-    first, last, n = req.first_token_time, req.last_token_time, req.num_output_tokens
+    first, last, n = req.first_token_time, req.last_token_time, len(req.output_token_ids)
     reason = req.status.finish_reason
-    return new_request_output(  # RequestOutput(...) in half the time
-        request_id=req.request_id,
-        new_token_ids=tuple(new_ids),
-        new_text=new_text,
-        token_ids=TokenIds(req.output_token_ids),  # O(1): a view of the list, which only grows
-        text=detok.text if detok else "",
-        finished=reason is not None,
-        finish_reason=reason,
-        sources=tuple(sources) if sources is not None else (_DECODED if len(new_ids) == 1 else
-                                                             (TokenSource.DECODED,) * len(new_ids)),
-        logprobs=logprobs,
-        num_prompt_tokens=req.num_prompt_tokens,
-        error=req.error,
-        held_back_chars=detok.held_back_chars if detok else 0,
-        new_token_pieces=tuple(id_to_piece(t) for t in new_ids) if len(new_ids) > 1 else (),
-        ttft_s=None if first is None else first - req.arrival_time,
-        tokens_per_s=(n - 1) / (last - first) if first is not None and n >= 2 and last > first else None,
-        lora_name=req.lora_name,
+    k = len(new_ids)
+    return new_request_output(
+        req.request_id,  # request_id
+        tuple(new_ids),  # new_token_ids
+        new_text,  # new_text
+        TokenIds(req.output_token_ids),  # token_ids: O(1), a view of the list, which only grows
+        detok.text if detok else "",  # text
+        reason is not None,  # finished
+        reason,  # finish_reason
+        tuple(sources) if sources is not None else _DECODED if k == 1 else (TokenSource.DECODED,) * k,  # sources
+        logprobs,  # logprobs
+        len(req.prompt_token_ids),  # num_prompt_tokens
+        req.error,  # error
+        detok.held_back_chars if detok else 0,  # held_back_chars
+        tuple(id_to_piece(t) for t in new_ids) if k > 1 else (),  # new_token_pieces
+        None if first is None else first - req.arrival_time,  # ttft_s
+        (n - 1) / (last - first) if first is not None and n >= 2 and last > first else None,  # tokens_per_s
+        req.lora_name,  # lora_name
     )
 
 
