@@ -138,19 +138,18 @@ class TimedRows:
     def tier(self) -> str:
         return self.module.tier()
 
-    def greedy_rows(self, logits):
+    def _timed(self, fn, *args):
         t = time.perf_counter()
         try:
-            return self.module.greedy_rows(logits)
+            return fn(*args)
         finally:
             self.spent += time.perf_counter() - t
 
+    def greedy_rows(self, logits):
+        return self._timed(self.module.greedy_rows, logits)
+
     def sample_rows(self, logits, temperature, u):
-        t = time.perf_counter()
-        try:
-            return self.module.sample_rows(logits, temperature, u)
-        finally:
-            self.spent += time.perf_counter() - t
+        return self._timed(self.module.sample_rows, logits, temperature, u)
 
 
 def timed_steps(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,

@@ -8,8 +8,8 @@ ISA tier, like ggml's CPU variants. It holds:
   cache where they lie (EngineConfig.attention_backend "native");
 - the fused decode step (fused_decode.cpp over core/ops.h): the whole transformer for 1..8 decode rows in
   one native call and one OpenMP parallel region (EngineConfig.fused_decode, engine/runner/fused.py);
-- the sampler's greedy rows (sample_rows.cpp over core/rows.h): each row's argmax and finiteness in one pass
-  (engine/models/layers/sampler.py, ModelRunner.rows_kernel).
+- the sampler's rows (sample_rows.cpp over core/rows.h): each row's finiteness and its argmax, or its draw at
+  its temperature, in one call (engine/models/layers/sampler.py, ModelRunner.rows_kernel).
 
 Tiers (core/isa.h): "avx512" (AVX-512 with bf16 dot products and VNNI), "avx2" (AVX2 + FMA + F16C),
 "neon" (AArch64, sdot where the CPU has it) and "portable" (plain C++). Each tier is its own build (its

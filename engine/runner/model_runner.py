@@ -69,8 +69,8 @@ def tree_layout(parents: list[int], device: torch.device) -> tuple[list[int], to
 
 
 def rows_kernel(backend: AttentionBackend, fused: FusedDecode | None):
-    """The native module whose greedy_rows the sampler takes each row's argmax and finiteness with, in one pass
-    (engine/kernels/sample_rows.cpp): the build the step's fused path or decode attention runs already (none
+    """The native module whose greedy_rows / sample_rows the sampler takes each row's check and token with, in one
+    call (engine/kernels/sample_rows.cpp): the build the step's fused path or decode attention runs already (none
     is built for it), not the portable tier (its scalar pass is slower than torch's vectorised reductions),
     never on the readable reference path."""
     if backend.reference:

@@ -98,7 +98,7 @@ inline int64_t greedy_token(const float* row, int64_t n) {
 }
 
 // ---- a sampled row: softmax((x - max) / T) drawn by the inverse of its cumulative distribution ----------
-// Pass 1 is greedy_token's (the row's maximum and its check); pass 2 sums e^((x - max) / T) a 64-float block
+// Pass 1 is greedy_token's (the row's maximum and its check); pass 2 sums e^((x - max) / T) a block of 256
 // at a time (vectorised exp, the block sums kept); pass 3 walks the block sums to the block where the
 // cumulative mass passes u times the total and recomputes that block's terms, the same way, for the token.
 // The torch path (sampler.draw_rows) takes the same first token whose cumulative mass passes u of the total,
@@ -109,7 +109,8 @@ constexpr float kExpFloor = -87.f;  // below it a term is 0 (exp512 / s8::exp cl
 constexpr double kSumSlack = 1e-5;  // a block's float sum against its terms summed one by one in double
 
 #if defined(INFERLAB_AVX512_BF16)
-// e^((p[j] - mx) * inv) for j < 64 into e (when given), their sum returned
+// e^((p[j] - mx) * inv) for j < kGreedyBlock into e (when given), their sum returned; a term below
+// kExpFloor is 0
 inline float exp_block(const float* p, float mx, float inv, float* e) {
   const __m512 m = _mm512_set1_ps(mx), iv = _mm512_set1_ps(inv), floor = _mm512_set1_ps(kExpFloor);
   __m512 sum = _mm512_setzero_ps();
@@ -155,7 +156,7 @@ inline float exp_term(float x, float mx, float inv) {  // one term of the tail (
 }
 
 // The token drawn from row[0, n) at temperature t > 0 with the uniform number u in [0, 1), or -1 when a logit
-// is NaN or infinite (greedy_token's check); `sums`: room for n / 64 floats. A temperature so small that 1 / t
+// is NaN or infinite (greedy_token's check); `sums`: room for n / kGreedyBlock floats. A temperature so small that 1 / t
 // is not finite draws the greedy token (every other term is 0).
 inline int64_t sampled_token(const float* row, int64_t n, float t, double u, float* sums) {
   const int64_t greedy = greedy_token(row, n);

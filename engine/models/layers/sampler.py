@@ -6,8 +6,10 @@ to inf - inf = NaN, and a huge one flattens them towards 0), the top-ranked toke
 and top-p, and top_k is clamped to the vocabulary. A row whose logits are not finite (NaN or inf from
 the model) is never sampled: it is reported in `failed`, so its request fails alone instead of
 emitting a silent token (argmax over NaN is token 0) or making a draw over NaN probabilities for the batch.
-Where the CPU's native module runs (ModelRunner.rows_kernel), each row's greedy token and its check are one
-native pass (engine/kernels/sample_rows.cpp). Otherwise the check is two vectorised reductions a row, not a
+Where the CPU's native module runs (ModelRunner.rows_kernel), each row's check and token come from one native
+call (engine/kernels/sample_rows.cpp): a greedy row's in one pass, a row sampled at its temperature alone (no
+top-k, no top-p: those keep torch's sort) in three, from the same uniform number draw_rows would take.
+Otherwise the check is two vectorised reductions a row, not a
 comparison of every logit and its reduction: a row is finite when its maximum and its minimum are (NaN
 propagates through both; +inf is a maximum, -inf a minimum). For a greedy row the maximum is its token's
 logit (argmax returns the first NaN where there is one), for a sampled row the one the temperature's shift
@@ -63,13 +65,18 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
 
 
+def _cuts(p: SamplingParams) -> bool:
+    """Whether top-k or top-p cut the row's distribution (a sort of the row)."""
+    return bool(p.top_k) or p.top_p < 1.0
+
+
 def shape_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """logits (n, vocab), one row per params[i] (none greedy) -> the logits each row samples from: scaled
     by temperature, then cut by top-k and top-p. The sampler and speculative verification (engine/spec/
     verify.py) both read it, so a sampling knob that reshapes the distribution is written here once."""
     dev = logits.device
     logits = scale_by_temperature(logits, torch.tensor([p.temperature for p in params], device=dev))
-    if any(p.top_k or p.top_p < 1.0 for p in params):
+    if any(_cuts(p) for p in params):
         top_k = torch.tensor([p.top_k for p in params], device=dev)
         top_p = torch.tensor([p.top_p for p in params], device=dev)
         logits = apply_top_k_top_p(logits, top_k, top_p)
@@ -161,13 +168,12 @@ def _native_rows(logits: torch.Tensor, params: list[SamplingParams], generators:
     takes it (the same draws: a seeded request's tokens do not depend on the path). The rows left to the torch
     path are those cut by top-k or top-p (a sort of the row)."""
     n = logits.shape[0]
-    rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
+    rows = [i for i, p in enumerate(params) if not p.greedy and _cuts(p)]
     temps, u = [0.0] * n, [0.0] * n
     for i, p in enumerate(params):
-        if not p.greedy and not (p.top_k or p.top_p < 1.0):
+        if not p.greedy and not _cuts(p):
             temps[i] = p.temperature
-            g = generators[i]
-            u[i] = torch.rand((), dtype=torch.float64, generator=g).item()
+            u[i] = torch.rand((), dtype=torch.float64, generator=generators[i]).item()
     tokens = native.sample_rows(logits if logits.stride(-1) == 1 else logits.contiguous(),
                                 torch.tensor(temps, dtype=torch.float32), torch.tensor(u, dtype=torch.float64))
     return tokens, tokens < 0 if rows else None, rows
@@ -186,8 +192,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
     `kernels` (the CUDA path's Triton kernels, engine/kernels/gpu): every row sampled and checked in one kernel
     (greedy, temperature, top-k, top-p), its noise keyed by `seeds` (noise_seed of each row's request) instead of
-    the generators. `native`: the CPU's native module, whose greedy_rows takes every row's argmax and finiteness
-    in one pass (_greedy_and_failed)."""
+    the generators. `native`: the CPU's native module: its sample_rows checks every row and takes each greedy row's
+    token and each temperature-only row's draw in one call (_native_rows), or, when every row is greedy, its
+    greedy_rows (_greedy_and_failed)."""
     n = logits.shape[0]
     bad: torch.Tensor | None
     if kernels is not None:
